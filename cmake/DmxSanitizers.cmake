@@ -1,0 +1,13 @@
+# DMX_SANITIZE=address|undefined|thread adds the matching -fsanitize flags to everything.
+if(DMX_SANITIZE STREQUAL "")
+  return()
+endif()
+if(NOT DMX_SANITIZE MATCHES "^(address|undefined|thread)$")
+  message(FATAL_ERROR "DMX_SANITIZE must be address, undefined or thread (got '${DMX_SANITIZE}')")
+endif()
+set(_flags -fsanitize=${DMX_SANITIZE} -fno-omit-frame-pointer)
+if(DMX_SANITIZE STREQUAL "undefined")
+  list(APPEND _flags -fno-sanitize-recover=undefined)
+endif()
+add_compile_options(${_flags})
+add_link_options(-fsanitize=${DMX_SANITIZE})

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what dmx needs to build, test and benchmark on Debian 12 / Ubuntu 24.04 (run as root).
+# Idempotent: packages already present are left alone; nothing is downloaded outside the distribution.
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build pkg-config git
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
+  iproute2 iperf3 python3
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: need root to install: ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,118 @@
+#include "core/config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include "core/units.h"
+
+namespace dmx {
+
+std::string env_name(std::string_view name) {
+  std::string out = "DMX_";
+  for (char c : name) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+Result<Config> Config::resolve(const Options& options) {
+  auto table = config_table();
+  for (const auto& [name, value] : options.values()) {
+    bool known = std::any_of(table.begin(), table.end(), [&](const ConfigEntry& e) { return e.name == name; });
+    if (!known) return Status(Code::kInvalidArgument, fmt::format("unknown option '{}' (see dmx probe --config)", name));
+  }
+  Config config;
+  for (const ConfigEntry& e : table) {
+    Item item{&e, std::string(e.default_value), "default"};
+    std::string env = env_name(e.name);
+    if (const char* v = std::getenv(env.c_str()); v != nullptr) {
+      item.value = v;
+      item.source = "env " + env;
+    }
+    if (auto it = options.values().find(std::string(e.name)); it != options.values().end()) {
+      item.value = it->second;
+      item.source = "option";
+    }
+    Value value;
+    Status bad;
+    switch (e.type) {
+      case ConfigType::kBool: {
+        auto r = parse_bool(item.value);
+        if (r.ok()) value.b = *r; else bad = r.status();
+        break;
+      }
+      case ConfigType::kInt: {
+        auto r = parse_int(item.value);
+        if (r.ok()) value.i = *r; else bad = r.status();
+        break;
+      }
+      case ConfigType::kSize: {
+        auto r = parse_size(item.value);
+        if (r.ok()) value.size = *r; else bad = r.status();
+        break;
+      }
+      case ConfigType::kDuration: {
+        auto r = parse_duration(item.value);
+        if (r.ok()) value.duration = *r; else bad = r.status();
+        break;
+      }
+      case ConfigType::kString:
+        if (!e.choices.empty()) {
+          std::string_view rest = e.choices;
+          bool found = false;
+          while (!rest.empty()) {
+            size_t bar = rest.find('|');
+            if (rest.substr(0, bar) == item.value) found = true;
+            rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+          }
+          if (!found) bad = Status(Code::kInvalidArgument, fmt::format("must be one of {}", e.choices));
+        }
+        break;
+    }
+    if (!bad.ok())
+      return Status(Code::kInvalidArgument, fmt::format("setting {} ({}): {}", e.name, item.source, bad.message()));
+    config.items_.push_back(std::move(item));
+    config.values_.push_back(value);
+  }
+  return config;
+}
+
+const Config::Item& Config::item(std::string_view name, ConfigType type, size_t* index) const {
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (items_[i].entry->name == name) {
+      assert(items_[i].entry->type == type && "config getter of the wrong type");
+      *index = i;
+      return items_[i];
+    }
+  }
+  assert(false && "config name not in the table");
+  std::abort();
+}
+
+bool Config::get_bool(std::string_view name) const {
+  size_t i;
+  item(name, ConfigType::kBool, &i);
+  return values_[i].b;
+}
+int64_t Config::get_int(std::string_view name) const {
+  size_t i;
+  item(name, ConfigType::kInt, &i);
+  return values_[i].i;
+}
+uint64_t Config::get_size(std::string_view name) const {
+  size_t i;
+  item(name, ConfigType::kSize, &i);
+  return values_[i].size;
+}
+std::chrono::microseconds Config::get_duration(std::string_view name) const {
+  size_t i;
+  item(name, ConfigType::kDuration, &i);
+  return values_[i].duration;
+}
+const std::string& Config::get_string(std::string_view name) const {
+  size_t i;
+  return item(name, ConfigType::kString, &i).value;
+}
+
+}  // namespace dmx

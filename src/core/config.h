@@ -1,0 +1,65 @@
+// The configuration table: every tunable of dmx is one row (name, type, default, help).
+//
+// Values resolve as: API Options > environment DMX_<NAME upper-cased> > default. All values are
+// parsed and checked once, in Config::resolve; getters then cannot fail (asking for a name that is
+// not in the table is a bug and asserts). Config is immutable after resolve and safe to share.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dmx/options.h"
+#include "dmx/status.h"
+
+namespace dmx {
+
+enum class ConfigType { kBool, kInt, kSize, kDuration, kString };
+
+struct ConfigEntry {
+  std::string_view name;           // "streams"; environment DMX_STREAMS
+  ConfigType type;
+  std::string_view default_value;  // in the same syntax as the environment
+  std::string_view help;
+  std::string_view choices = {};   // for strings: "a|b|c" when only those are allowed
+};
+
+std::span<const ConfigEntry> config_table();
+std::string env_name(std::string_view name);  // "streams" -> "DMX_STREAMS"
+
+class Config {
+ public:
+  struct Item {
+    const ConfigEntry* entry;
+    std::string value;   // as given
+    std::string source;  // "default", "env DMX_STREAMS", "option"
+  };
+
+  // Resolves every row; the first bad value or unknown option name is an error naming it.
+  static Result<Config> resolve(const Options& options = {});
+
+  bool get_bool(std::string_view name) const;
+  int64_t get_int(std::string_view name) const;
+  uint64_t get_size(std::string_view name) const;
+  std::chrono::microseconds get_duration(std::string_view name) const;
+  const std::string& get_string(std::string_view name) const;
+
+  const std::vector<Item>& items() const { return items_; }
+
+ private:
+  struct Value {
+    bool b = false;
+    int64_t i = 0;
+    uint64_t size = 0;
+    std::chrono::microseconds duration{0};
+  };
+  const Item& item(std::string_view name, ConfigType type, size_t* index) const;
+
+  std::vector<Item> items_;
+  std::vector<Value> values_;
+};
+
+}  // namespace dmx

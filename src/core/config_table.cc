@@ -1,0 +1,40 @@
+// The one table of dmx settings. Add a row here to add a setting; `dmx probe --config` prints it.
+#include "core/config.h"
+
+namespace dmx {
+
+namespace {
+constexpr ConfigEntry kTable[] = {
+    // core
+    {"log_level", ConfigType::kString, "info", "log verbosity", "trace|debug|info|warn|error|off"},
+    // engine
+    {"transport", ConfigType::kString, "auto", "data path to use; auto picks the best both peers support",
+     "auto|tcp|devmem|shm|cuda_ipc"},
+    {"connect_timeout", ConfigType::kDuration, "10s", "deadline for connect() including the handshake"},
+    {"handshake_timeout", ConfigType::kDuration, "5s",
+     "how long a listener waits for an accepted connection to complete its handshake"},
+    {"keepalive_interval", ConfigType::kDuration, "1s", "idle time after which a stream sends a keepalive"},
+    {"peer_timeout", ConfigType::kDuration, "10s",
+     "a peer silent for this long on any stream is declared dead and its operations fail"},
+    {"eager_limit", ConfigType::kSize, "16K", "sends up to this size go without a rendezvous round trip"},
+    {"unexpected_budget", ConfigType::kSize, "64M",
+     "bytes of eager messages a receiver buffers before a matching recv is posted (per endpoint)"},
+    {"max_inflight_ops", ConfigType::kInt, "4096", "incoming operations a peer may have in flight at once"},
+    // authentication
+    {"auth_key", ConfigType::kString, "", "shared secret for peer authentication (overrides auth_key_file)"},
+    {"auth_key_file", ConfigType::kString, "",
+     "file holding the shared secret; default $XDG_CONFIG_HOME/dmx/auth.key (created 0600 on first use)"},
+    {"insecure", ConfigType::kBool, "false", "turn peer authentication off (both peers must agree)"},
+    // staged TCP
+    {"streams", ConfigType::kInt, "4", "TCP streams per endpoint (1-64)"},
+    {"chunk_size", ConfigType::kSize, "1M", "unit of striping and staging for large messages (64K-64M)"},
+    {"staging_slots", ConfigType::kInt, "4", "pinned staging slots per stream for device memory (2-64)"},
+    {"socket_buffer", ConfigType::kSize, "0", "SO_SNDBUF/SO_RCVBUF per stream; 0 keeps the kernel's autotuning"},
+    // topology
+    {"sysfs_root", ConfigType::kString, "/sys", "root of the sysfs tree that topology discovery reads"},
+};
+}  // namespace
+
+std::span<const ConfigEntry> config_table() { return kTable; }
+
+}  // namespace dmx

@@ -1,0 +1,59 @@
+// Memory backends and asynchronous copy queues (internal).
+//
+// One MemoryBackend per memory kind and device. Device backends (cuda, sim) hand out CopyQueues:
+// ordered queues of asynchronous device<->host copies (a CUDA stream on the copy engines; the sim
+// backend's worker thread) with numbered fences to learn when copies have finished.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/clock.h"
+#include "dmx/memory.h"
+
+namespace dmx {
+
+// Thread-safety: a CopyQueue is used by one thread at a time (its owner, e.g. a stream worker).
+class CopyQueue {
+ public:
+  virtual ~CopyQueue() = default;
+  // Enqueue a copy; `host` must be host memory (staging slots are pinned, for real async copies).
+  virtual Status to_host(void* host_dst, const void* dev_src, size_t n) = 0;
+  virtual Status to_device(void* dev_dst, const void* host_src, size_t n) = 0;
+  // A fence after every copy enqueued so far. Fence ids increase by one from 1.
+  virtual Result<uint64_t> record() = 0;
+  // Whether the copies before `fence` have finished. An error means the device failed.
+  virtual Result<bool> done(uint64_t fence) = 0;
+  virtual Status wait(uint64_t fence, Deadline deadline) = 0;
+};
+
+class MemoryBackend {
+ public:
+  virtual ~MemoryBackend() = default;
+  virtual MemSpec spec() const = 0;
+  // True when the CPU may load/store this memory directly (host, pinned).
+  virtual bool host_accessible() const = 0;
+  virtual Result<void*> allocate(size_t size) = 0;
+  virtual void free(void* ptr, size_t size) = 0;
+  // Device backends only.
+  virtual Result<std::unique_ptr<CopyQueue>> create_queue() { return Status(Code::kInternal, "no copy queue"); }
+  // Host memory suitable as the host side of this backend's asynchronous copies (pinned for CUDA).
+  virtual Result<void*> allocate_staging(size_t size) = 0;
+  virtual void free_staging(void* ptr, size_t size) = 0;
+};
+
+// The process-wide backend for a memory kind; Code::kUnavailable with the reason when this
+// process cannot use it. Backends live until the process exits.
+Result<MemoryBackend*> backend_for(MemSpec where);
+
+// Implemented in cuda_backend.cc when built with CUDA, else in cuda_stub.cc.
+Result<MemoryBackend*> cuda_backend(int device);  // MemKind::kCuda
+Result<MemoryBackend*> pinned_backend();          // MemKind::kPinned
+// Number of CUDA devices, or why none can be used ("built without CUDA", "no driver: ...").
+Result<int> cuda_device_count();
+
+MemoryBackend* host_backend();
+MemoryBackend* sim_backend(int device);
+
+}  // namespace dmx
