@@ -13,6 +13,7 @@ struct DmabufExport {
   UniqueFd fd;          // the dmabuf; closing it drops this reference
   size_t offset = 0;    // where region.ptr lies inside the dmabuf (the range is page-aligned)
   size_t size = 0;      // bytes covered by the dmabuf
+  bool pcie_mapping = false;  // exported with CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE (BAR1)
 };
 
 // Exports the page-aligned range covering `region` (CUDA device memory) as a dmabuf

@@ -1,0 +1,53 @@
+// The one door to the CUDA driver API (internal; CUDA builds only).
+//
+// dmx links the CUDA runtime statically and never links libcuda: driver-API functions are
+// resolved at run time through cudaGetDriverEntryPointByVersion (cudaGetDriverEntryPoint on
+// runtimes before 12.5), each at the oldest CUDA version that has the signature dmx uses, so an
+// old driver simply lacks a symbol and dmx says so. Only driver.cc includes <cuda.h>; callers
+// see dmx types. Call these only after cuda::device_count() succeeded (the runtime must be able
+// to load the driver). Thread-safe: symbols are resolved once and cached.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "dmx/status.h"
+
+namespace dmx::cuda::driver {
+
+// What a driver call answered, by the classes dmx reacts to; `text` is
+// "cuMemGetHandleForAddressRange(...) failed: CUDA_ERROR_NOT_SUPPORTED (operation not supported)".
+struct DriverError {
+  enum Kind { kOk, kInvalidValue, kNotSupported, kNotFound, kOutOfMemory, kOther } kind = kOk;
+  int code = 0;  // the CUresult, for logs
+  std::string text;
+  bool ok() const { return kind == kOk; }
+  Status to_status(Code code_if_error) const;
+};
+
+// The driver's CUDA version (e.g. 13000), or why the driver cannot be asked.
+Result<int> driver_version();
+
+// An integer device attribute by its CUdevice_attribute name, for the attributes dmx asks about.
+enum class DeviceAttribute { kDmaBufSupported, kGpuDirectRdmaSupported, kPciBusId, kPciDeviceId, kPciDomainId };
+Result<int> device_attribute(int device, DeviceAttribute attribute);
+
+// The allocation (base, size) that contains `ptr`, and the device that owns it;
+// kInvalidArgument when ptr is not CUDA device memory.
+struct AllocationRange {
+  uintptr_t base = 0;
+  size_t size = 0;
+  int device = -1;
+};
+Result<AllocationRange> allocation_range(const void* ptr);
+
+// cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) over [ptr, ptr+size), both
+// page aligned; `pcie_mapping` sets CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE. On success *fd
+// is a new dmabuf fd owned by the caller. A missing entry point reads kNotFound.
+DriverError get_dmabuf_fd(void* ptr, size_t size, bool pcie_mapping, int* fd);
+
+// Whether this driver knows the PCIe mapping flag at all (CUDA 12.8 and later).
+bool knows_pcie_mapping_flag(int driver_version);
+
+}  // namespace dmx::cuda::driver

@@ -1,0 +1,238 @@
+// CUDA device memory (MemKind::kCuda) and pinned host memory (MemKind::kPinned).
+//
+// Copies run on the copy engines only: cudaMemcpyAsync on a non-blocking stream per CopyQueue
+// (no kernels, no SMs). Fences are CUDA events from a per-device pool (cuda/event_pool.h),
+// recorded after the copies they cover; done() queries the event, wait() polls it against the
+// deadline and never blocks inside CUDA, so a stuck device cannot hang the caller past its
+// deadline. Allocation and free are set-up operations (cudaFree synchronises the device);
+// the engine keeps buffers for the life of a connection.
+//
+// Without a driver or device every entry point answers Code::kUnavailable with the reason from
+// cuda::device_count(); nothing here is called before that check, so a CUDA build runs anywhere.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/log.h"
+#include "memory/backend.h"
+#include "memory/cuda/event_pool.h"
+#include "memory/cuda/runtime.h"
+
+namespace dmx {
+namespace {
+
+using cuda::DeviceGuard;
+using cuda::error_status;
+
+// Events made up front per device, so that the first fences of the first queues do not create any.
+constexpr size_t kEventsReserved = 64;
+// How long a queue being destroyed waits for copies still in flight (their buffers are usually
+// freed right after).
+constexpr auto kDrainOnDestroy = std::chrono::seconds(10);
+
+// Thread-safety: one thread at a time (CopyQueue's contract); the pool it borrows from is shared.
+class CudaQueue final : public CopyQueue {
+ public:
+  CudaQueue(int device, cudaStream_t stream, cuda::EventPool* pool) : device_(device), stream_(stream), pool_(pool) {}
+
+  ~CudaQueue() override {
+    if (recorded_ > completed_ && error_.ok()) {
+      Status s = wait(recorded_, Deadline::after(kDrainOnDestroy));
+      if (!s.ok()) DMX_LOG_WARN("cuda:{} copy queue destroyed with copies in flight: {}", device_, s.to_string());
+    }
+    for (auto& [fence, ev] : pending_) pool_->release(ev);
+    // cudaStreamDestroy returns at once; work still queued completes first. During process exit the
+    // runtime may already be unloading; the error is ignored then.
+    (void)cudaStreamDestroy(stream_);
+  }
+
+  Status to_host(void* host_dst, const void* dev_src, size_t n) override {
+    return copy(host_dst, dev_src, n, cudaMemcpyDeviceToHost, "to_host");
+  }
+  Status to_device(void* dev_dst, const void* host_src, size_t n) override {
+    return copy(dev_dst, host_src, n, cudaMemcpyHostToDevice, "to_device");
+  }
+
+  Result<uint64_t> record() override {
+    DMX_RETURN_IF_ERROR(error_);
+    DMX_ASSIGN_OR_RETURN(cudaEvent_t ev, pool_->acquire());
+    cudaError_t err = cudaEventRecord(ev, stream_);
+    if (err != cudaSuccess) {
+      pool_->release(ev);
+      return fail(error_status("cudaEventRecord(copy fence)", device_, err));
+    }
+    pending_.emplace_back(++recorded_, ev);
+    return recorded_;
+  }
+
+  Result<bool> done(uint64_t fence) override {
+    if (fence <= completed_) return true;
+    DMX_RETURN_IF_ERROR(error_);
+    if (fence > recorded_)
+      return Status(Code::kInvalidArgument,
+                    fmt::format("cuda:{} copy fence {} was never recorded (last is {})", device_, fence, recorded_));
+    // pending_ holds fences completed_+1 .. recorded_ in order. Copies on one stream finish in
+    // order, so when `fence` has completed every earlier one has too: one query suffices.
+    size_t index = static_cast<size_t>(fence - completed_ - 1);
+    cudaError_t err = cudaEventQuery(pending_[index].second);
+    if (err == cudaErrorNotReady) return false;
+    if (err != cudaSuccess) return fail(error_status(fmt::format("cudaEventQuery(copy fence {})", fence), device_, err));
+    for (size_t i = 0; i <= index; ++i) {
+      pool_->release(pending_.front().second);
+      pending_.pop_front();
+    }
+    completed_ = fence;
+    return true;
+  }
+
+  Status wait(uint64_t fence, Deadline deadline) override {
+    // Poll, then sleep with growing naps capped by the deadline: never blocks inside CUDA (a
+    // blocking cudaEventSynchronize could outlive the deadline on a wedged device). The first
+    // polls only yield, because small copies finish in microseconds.
+    auto nap = std::chrono::microseconds(5);
+    for (int polls = 0;; ++polls) {
+      DMX_ASSIGN_OR_RETURN(bool finished, done(fence));
+      if (finished) return Status();
+      if (deadline.expired())
+        return Status(Code::kTimeout, fmt::format("cuda:{} copy fence {} not reached by the deadline (fence {} is the last "
+                                                  "completed)",
+                                                  device_, fence, completed_));
+      if (polls < 64) {
+        std::this_thread::yield();
+        continue;
+      }
+      auto sleep = std::chrono::duration_cast<std::chrono::nanoseconds>(nap);
+      if (!deadline.is_never()) sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time() - Clock::now()));
+      if (sleep.count() > 0) std::this_thread::sleep_for(sleep);
+      nap = std::min(nap * 2, std::chrono::microseconds(500));
+    }
+  }
+
+ private:
+  Status copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, const char* what) {
+    DMX_RETURN_IF_ERROR(error_);
+    if (n == 0) return Status();
+    // No device guard: cudaMemcpyAsync runs on the stream's device whatever is current.
+    cudaError_t err = cudaMemcpyAsync(dst, src, n, kind, stream_);
+    if (err == cudaSuccess) return Status();
+    Status s = error_status(fmt::format("cudaMemcpyAsync({}, {} -> {}, {} B)", what, src, dst, n), device_, err);
+    // Bad arguments leave the stream usable; anything else (a device fault) is sticky.
+    if (s.code() == Code::kInvalidArgument) return s;
+    return fail(std::move(s));
+  }
+
+  Status fail(Status s) {
+    DMX_LOG_ERROR("{}", s.message());
+    if (error_.ok()) error_ = s;
+    return s;
+  }
+
+  const int device_;
+  const cudaStream_t stream_;
+  cuda::EventPool* const pool_;
+  std::deque<std::pair<uint64_t, cudaEvent_t>> pending_;  // recorded, not yet seen complete
+  uint64_t recorded_ = 0;
+  uint64_t completed_ = 0;
+  Status error_;  // sticky: after a device error every call fails with it
+};
+
+Result<void*> host_alloc(size_t size, int device_for_errors) {
+  void* p = nullptr;
+  // Portable: pinned for every CUDA context, so staging works with any device.
+  cudaError_t err = cudaHostAlloc(&p, std::max<size_t>(size, 1), cudaHostAllocPortable);
+  if (err != cudaSuccess)
+    return error_status(fmt::format("cudaHostAlloc({} B, portable)", size), device_for_errors, err);
+  return p;
+}
+
+void host_free(void* ptr, int device_for_errors) {
+  if (ptr == nullptr) return;
+  cudaError_t err = cudaFreeHost(ptr);
+  if (err != cudaSuccess && err != cudaErrorCudartUnloading)
+    DMX_LOG_ERROR("{}", error_status(fmt::format("cudaFreeHost({})", ptr), device_for_errors, err).message());
+}
+
+class CudaBackend final : public MemoryBackend {
+ public:
+  explicit CudaBackend(int device) : device_(device), events_(device) {}
+  Status init() { return events_.reserve(kEventsReserved); }
+
+  MemSpec spec() const override { return MemSpec{MemKind::kCuda, device_}; }
+  bool host_accessible() const override { return false; }
+
+  Result<void*> allocate(size_t size) override {
+    DeviceGuard guard(device_);
+    DMX_RETURN_IF_ERROR(guard.status());
+    void* p = nullptr;
+    DMX_CUDA_RETURN_IF_ERROR(fmt::format("cudaMalloc({} B)", size), device_, cudaMalloc(&p, std::max<size_t>(size, 1)));
+    return p;
+  }
+
+  void free(void* ptr, size_t size) override {
+    if (ptr == nullptr) return;
+    DeviceGuard guard(device_);
+    cudaError_t err = cudaFree(ptr);
+    if (err != cudaSuccess && err != cudaErrorCudartUnloading)
+      DMX_LOG_ERROR("{}", error_status(fmt::format("cudaFree({}, {} B)", ptr, size), device_, err).message());
+  }
+
+  Result<std::unique_ptr<CopyQueue>> create_queue() override {
+    DeviceGuard guard(device_);
+    DMX_RETURN_IF_ERROR(guard.status());
+    cudaStream_t stream = nullptr;
+    DMX_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags(cudaStreamNonBlocking)", device_,
+                             cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return std::unique_ptr<CopyQueue>(std::make_unique<CudaQueue>(device_, stream, &events_));
+  }
+
+  Result<void*> allocate_staging(size_t size) override { return host_alloc(size, device_); }
+  void free_staging(void* ptr, size_t) override { host_free(ptr, device_); }
+
+ private:
+  const int device_;
+  cuda::EventPool events_;
+};
+
+class PinnedBackend final : public MemoryBackend {
+ public:
+  MemSpec spec() const override { return MemSpec{MemKind::kPinned, 0}; }
+  bool host_accessible() const override { return true; }
+  Result<void*> allocate(size_t size) override { return host_alloc(size, -1); }
+  void free(void* ptr, size_t) override { host_free(ptr, -1); }
+  Result<void*> allocate_staging(size_t size) override { return host_alloc(size, -1); }
+  void free_staging(void* ptr, size_t) override { host_free(ptr, -1); }
+};
+
+}  // namespace
+
+Result<int> cuda_device_count() { return cuda::device_count(); }
+
+Result<MemoryBackend*> cuda_backend(int device) {
+  DMX_RETURN_IF_ERROR(cuda::check_device(device));
+  // Leaked on purpose: backends live until the process exits, and their events and streams must
+  // not be destroyed by static destructors after the CUDA runtime has shut down.
+  static std::mutex mu;
+  static auto* backends = new std::map<int, CudaBackend*>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = backends->find(device);
+  if (it != backends->end()) return static_cast<MemoryBackend*>(it->second);
+  auto backend = std::make_unique<CudaBackend>(device);
+  DMX_RETURN_IF_ERROR(backend->init());
+  MemoryBackend* b = backend.get();
+  (*backends)[device] = backend.release();
+  return b;
+}
+
+Result<MemoryBackend*> pinned_backend() {
+  // Pinning goes through the driver, so pinned memory needs a usable device like kCuda does.
+  DMX_RETURN_IF_ERROR(cuda::device_count().status());
+  static auto* backend = new PinnedBackend();
+  return static_cast<MemoryBackend*>(backend);
+}
+
+}  // namespace dmx
