@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# gpu-check.sh — build dmx with CUDA, run the test suite and the benchmark sections on a GPU machine.
+#
+#   bash scripts/gpu-check.sh            (from the repository root)
+#
+# Results go to $OUT (default ./gpu-check-out), flat, at most 8 files (the device tool brings back
+# no more): gpu-check.log (everything printed), build.log, ctest.log, ctest-junit.xml and one
+# NAME.log per section. If more files exist at the end, all but gpu-check.log and ctest-junit.xml
+# are packed into logs.tar.gz. The last thing printed is a short summary table.
+#
+# Environment:
+#   GPU_CHECK_ONLY=a,b      run only these sections ("ctest" is a section too); default: all
+#   GPU_CHECK_SKIP=a,b      run all sections but these
+#   GPU_CHECK_SKIP_BUILD=1  reuse an existing build in $GPU_CHECK_BUILD_DIR, no configure/build
+#   GPU_CHECK_BUILD_DIR=d   build directory (default build-gpu; wiped first unless SKIP_BUILD)
+#   GPU_CHECK_TARGETS="t1 t2"  build only these targets (default: all, with -k 0)
+#   GPU_CHECK_CTEST_ARGS="-R Cuda"  extra ctest arguments (a filter, say)
+#   GPU_CHECK_JOBS=16       build parallelism;  GPU_CHECK_CTEST_JOBS=8  test parallelism
+#   GPU_CHECK_SECTION_TIMEOUT=600  seconds before a section is killed
+#   GPU_CHECK_CUDA_ARCH=90  CMAKE_CUDA_ARCHITECTURES (Hopper: H100, H200)
+#
+# Never stops at the first failure: every stage is timed and reported, failures included.
+set -u
+set -o pipefail
+
+ROOT=$(pwd)
+if [[ ! -f "$ROOT/CMakeLists.txt" || ! -d "$ROOT/src/memory" ]]; then
+  echo "gpu-check: run me from the dmx repository root (bash scripts/gpu-check.sh)" >&2
+  exit 2
+fi
+OUT=${OUT:-$ROOT/gpu-check-out}
+mkdir -p "$OUT"
+B=${GPU_CHECK_BUILD_DIR:-$ROOT/build-gpu}
+[[ "$B" = /* ]] || B="$ROOT/$B"
+JOBS=${GPU_CHECK_JOBS:-16}
+CTEST_JOBS=${GPU_CHECK_CTEST_JOBS:-8}
+SECTION_TIMEOUT=${GPU_CHECK_SECTION_TIMEOUT:-600}
+CUDA_ARCH=${GPU_CHECK_CUDA_ARCH:-90}
+ONLY=${GPU_CHECK_ONLY:-}
+SKIP=${GPU_CHECK_SKIP:-}
+DMX="$B/tools/dmx/dmx"   # the CLI, for sections
+export ROOT OUT B DMX JOBS
+
+# Everything printed also lands in $OUT/gpu-check.log.
+exec > >(tee -a "$OUT/gpu-check.log") 2>&1
+
+# ---- bookkeeping -----------------------------------------------------------------------------
+STAGE_NAMES=()
+STAGE_RESULTS=()
+STAGE_SECS=()
+STAGE_NOTES=()
+T_START=$(date +%s.%N)
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+banner() { printf '\n==== %s ==== %s\n' "$1" "$(date -u +%H:%M:%S)"; }
+record() {  # record NAME RESULT SECONDS NOTE
+  STAGE_NAMES+=("$1"); STAGE_RESULTS+=("$2"); STAGE_SECS+=("$3"); STAGE_NOTES+=("$4")
+}
+in_list() {  # in_list NAME "a,b,c"
+  local IFS=,
+  local x
+  for x in $2; do [[ "$x" == "$1" ]] && return 0; done
+  return 1
+}
+section_enabled() {
+  local name=$1
+  if [[ -n "$ONLY" ]] && ! in_list "$name" "$ONLY"; then return 1; fi
+  if [[ -n "$SKIP" ]] && in_list "$name" "$SKIP"; then return 1; fi
+  return 0
+}
+
+# The note for a finished section: gtest counts when its log has them, else its last line.
+log_note() {
+  local log=$1
+  if grep -q '^\[==========\] [0-9]* tests\? from .* ran' "$log"; then
+    local ran passed skipped failed
+    ran=$(grep -o '^\[==========\] [0-9]* tests\? from' "$log" | tail -n 1 | grep -o '[0-9]*')
+    passed=$(grep -o '^\[  PASSED  \] [0-9]*' "$log" | tail -n 1 | grep -o '[0-9]*$')
+    skipped=$(grep -o '^\[  SKIPPED \] [0-9]* tests\?,' "$log" | tail -n 1 | grep -o '[0-9]*')
+    failed=$(grep -o '^\[  FAILED  \] [0-9]* tests\?,' "$log" | tail -n 1 | grep -o '[0-9]*')
+    echo "gtest: ${ran} ran, ${passed:-0} passed, ${skipped:-0} skipped, ${failed:-0} failed"
+  else
+    tail -n 1 "$log" | cut -c1-80
+  fi
+}
+
+# run_section NAME CMD [ARGS...]
+#   Runs CMD (a program or a shell function) with stdout+stderr to $OUT/NAME.log, under a timeout,
+#   timed; a failure is recorded and the script goes on. Skipped when GPU_CHECK_ONLY/SKIP say so.
+#   CMD sees $ROOT, $B (build dir), $DMX (the dmx CLI), $OUT and $JOBS (exported). A shell
+#   function runs in a child bash: export -f any helper it calls. Keep NAME to [A-Za-z0-9._-].
+run_section() {
+  local name=$1; shift
+  if ! section_enabled "$name"; then
+    record "$name" "skipped" "0.0" "not selected (GPU_CHECK_ONLY/SKIP)"
+    return 0
+  fi
+  banner "section $name: $*"
+  local log="$OUT/$name.log" t0 t1 rc
+  t0=$(now)
+  if declare -F "$1" > /dev/null; then
+    # A shell function runs in a child bash under the same timeout as a program; it sees exported
+    # variables and functions only (this script exports its own; export -f your helpers).
+    # shellcheck disable=SC2163  # exports the function named by $1
+    export -f "$1"
+    timeout --kill-after=10 "$SECTION_TIMEOUT" bash -c '"$@"' run_section "$@" > "$log" 2>&1
+  else
+    timeout --kill-after=10 "$SECTION_TIMEOUT" "$@" > "$log" 2>&1
+  fi
+  rc=$?
+  t1=$(now)
+  local secs; secs=$(elapsed "$t0" "$t1")
+  if [[ $rc -eq 0 ]]; then
+    echo "section $name: ok in ${secs}s (log: $name.log)"
+    record "$name" "ok" "$secs" "$(log_note "$log")"
+  else
+    local why="exit $rc"
+    [[ $rc -eq 124 || $rc -eq 143 ]] && why="timed out after ${SECTION_TIMEOUT}s (exit $rc)"
+    echo "section $name: FAILED ($why) in ${secs}s; last lines of $name.log:"
+    tail -n 25 "$log" | sed 's/^/  | /'
+    record "$name" "FAILED" "$secs" "$why; $(log_note "$log")"
+  fi
+  return 0
+}
+
+# ---- stage: machine ----------------------------------------------------------------------------
+banner "machine"
+t0=$(now)
+echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)  kernel: $(uname -r)  cpus: $(nproc)"
+echo "tree: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no git metadata') $(git -C "$ROOT" status --short 2>/dev/null | wc -l | awk '{ if ($1 > 0) print "(+" $1 " uncommitted)" }')"
+machine_note="no GPU seen"
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,pci.bus_id,compute_cap --format=csv 2>&1
+  nvidia-smi -L 2>&1 | head -n 8
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  gpu_count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+  machine_note="${gpu_count}x ${gpu_name}, driver ${driver}"
+  nvidia-smi topo -m 2>&1 | head -n 12
+else
+  echo "nvidia-smi: not found"
+fi
+# Open or proprietary kernel module: dmabuf export needs the open one.
+if [[ -r /proc/driver/nvidia/version ]]; then head -n 1 /proc/driver/nvidia/version; fi
+command -v nvcc > /dev/null && nvcc --version | tail -n 2 | head -n 1
+command -v cmake > /dev/null && cmake --version | head -n 1
+command -v "${CXX:-g++}" > /dev/null && "${CXX:-g++}" --version | head -n 1
+record "machine" "ok" "$(elapsed "$t0" "$(now)")" "$machine_note"
+
+# ---- stage: configure + build ----------------------------------------------------------------
+build_ok=0
+if [[ "${GPU_CHECK_SKIP_BUILD:-0}" == 1 ]]; then
+  if [[ -f "$B/CMakeCache.txt" ]]; then
+    record "build" "skipped" "0.0" "GPU_CHECK_SKIP_BUILD=1, using $B"
+    build_ok=1
+  else
+    record "build" "FAILED" "0.0" "GPU_CHECK_SKIP_BUILD=1 but no build in $B"
+  fi
+else
+  banner "configure ($B, CUDA arch $CUDA_ARCH)"
+  t0=$(now)
+  rm -rf "$B"
+  gen=()
+  command -v ninja > /dev/null && gen=(-G Ninja)
+  if cmake -S "$ROOT" -B "$B" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDMX_ENABLE_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" > "$OUT/build.log" 2>&1; then
+    record "configure" "ok" "$(elapsed "$t0" "$(now)")" "$(grep -m1 'dmx: CUDA' "$OUT/build.log" | sed 's/^-- //')"
+    banner "build (-j$JOBS, targets: ${GPU_CHECK_TARGETS:-all})"
+    t0=$(now)
+    keep_going=(-k 0)
+    [[ ${#gen[@]} -eq 0 ]] && keep_going=(-k)
+    targets=()
+    for t in ${GPU_CHECK_TARGETS:-}; do targets+=(--target "$t"); done
+    echo "---- build ----" >> "$OUT/build.log"
+    cmake --build "$B" -j "$JOBS" "${targets[@]}" -- "${keep_going[@]}" >> "$OUT/build.log" 2>&1
+    rc=$?
+    secs=$(elapsed "$t0" "$(now)")
+    if [[ $rc -eq 0 ]]; then
+      record "build" "ok" "$secs" "${GPU_CHECK_TARGETS:-all targets}"
+      build_ok=1
+    else
+      # Which outputs failed (ninja: "FAILED: <output>"; make: "*** [<target>] Error").
+      failed=$(grep -E '^FAILED: |\*\*\* \[' "$OUT/build.log" | sed -E 's/^FAILED: //; s/.*\*\*\* \[([^]]*)\].*/\1/' |
+               awk '{print $1}' | sed -E 's#^.*/CMakeFiles/([^/]*)\.dir/.*#\1#' | sort -u | tr '\n' ' ')
+      echo "build FAILED (exit $rc); failed targets/objects: $failed"
+      grep -E -m 20 'error:|FAILED:' "$OUT/build.log" | sed 's/^/  | /'
+      record "build" "FAILED" "$secs" "failed: ${failed:-see build.log}"
+      build_ok=1   # -k 0: whatever did build can still be tested
+    fi
+  else
+    echo "configure FAILED; last lines of build.log:"
+    tail -n 30 "$OUT/build.log" | sed 's/^/  | /'
+    record "configure" "FAILED" "$(elapsed "$t0" "$(now)")" "see build.log"
+  fi
+fi
+
+# ---- section: ctest --------------------------------------------------------------------------
+ctest_section() {
+  # shellcheck disable=SC2086  # GPU_CHECK_CTEST_ARGS is a list of arguments on purpose
+  ctest --test-dir "$B" --output-on-failure --no-tests=error -j "$CTEST_JOBS" --timeout 300 \
+    --output-junit "$OUT/ctest-junit.xml" ${GPU_CHECK_CTEST_ARGS:-}
+  local rc=$?
+  # One line for the summary: "N passed, N failed, N skipped of N"
+  local total failed skipped
+  total=$(grep -Eo 'tests failed out of [0-9]+' "$OUT/ctest.log" | grep -Eo '[0-9]+$' | tail -n 1)
+  failed=$(grep -Eo '[0-9]+ tests failed out of' "$OUT/ctest.log" | grep -Eo '^[0-9]+' | tail -n 1)
+  skipped=$(grep -c '(Skipped)' "$OUT/ctest.log")
+  echo "ctest: ${total:-?} tests, ${failed:-?} failed, ${skipped} skipped (skips listed above with reasons in the test output)"
+  return $rc
+}
+
+# ---- section: cuda-memory --------------------------------------------------------------------
+# The CUDA memory tests with their own output (facts: device count, dmabuf mapping, copy times),
+# which ctest hides for passing tests.
+cuda_memory_section() {
+  local bin="$B/tests/memory/dmx_memory_tests"
+  [[ -x "$bin" ]] || { echo "no $bin (build failed?)"; return 1; }
+  "$bin" --gtest_filter='Cuda*:HostMemory*' --gtest_color=no
+}
+
+if [[ $build_ok -eq 1 ]]; then
+  if section_enabled ctest; then
+    banner "section ctest"
+    t0=$(now)
+    ctest_section > "$OUT/ctest.log" 2>&1
+    rc=$?
+    summary_line=$(tail -n 1 "$OUT/ctest.log")
+    echo "$summary_line"
+    if [[ $rc -eq 0 ]]; then
+      record "ctest" "ok" "$(elapsed "$t0" "$(now)")" "${summary_line#ctest: }"
+    else
+      grep -E '\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception|Not Run' "$OUT/ctest.log" | head -n 30 | sed 's/^/  | /'
+      record "ctest" "FAILED" "$(elapsed "$t0" "$(now)")" "${summary_line#ctest: }"
+    fi
+  else
+    record "ctest" "skipped" "0.0" "not selected (GPU_CHECK_ONLY/SKIP)"
+  fi
+  run_section cuda-memory cuda_memory_section
+
+  # ============================================================================================
+  # SECTIONS — other engineers append theirs here, one `run_section NAME CMD...` each.
+  #   NAME becomes $OUT/NAME.log; keep the total under 8 files (see the header).
+  #   CMD may be a shell function defined just above its run_section line.
+  #   Available: $ROOT $B $DMX $OUT $JOBS.  A failing section never stops the script.
+  # ============================================================================================
+
+  # ---- lead: dmx bench (staged TCP, copy engine) ----
+  # run_section bench-staged "$DMX" bench ...
+
+  # ---- devmem ----
+  # run_section devmem ...
+
+  # ==== end of SECTIONS ====
+else
+  record "sections" "skipped" "0.0" "nothing was built"
+fi
+
+# ---- what comes back ---------------------------------------------------------------------------
+nfiles=$(find "$OUT" -type f | wc -l)
+if [[ $nfiles -gt 8 ]]; then
+  # The device tool returns at most 8 files: pack all but the main log and the junit report.
+  ( cd "$OUT" && find . -maxdepth 1 -type f ! -name gpu-check.log ! -name ctest-junit.xml ! -name logs.tar.gz \
+      -printf '%P\n' | tar -czf logs.tar.gz -T - --remove-files )
+  echo "note: $nfiles files in \$OUT; packed into logs.tar.gz to stay within 8"
+fi
+
+# ---- summary (last) ----------------------------------------------------------------------------
+total_secs=$(elapsed "$T_START" "$(now)")
+nfail=0
+banner "summary (${total_secs}s total)"
+printf '%-16s %-8s %8s  %s\n' "stage" "result" "seconds" "note"
+for i in "${!STAGE_NAMES[@]}"; do
+  [[ "${STAGE_RESULTS[$i]}" == FAILED ]] && nfail=$((nfail + 1))
+  printf '%-16s %-8s %8s  %s\n' "${STAGE_NAMES[$i]}" "${STAGE_RESULTS[$i]}" "${STAGE_SECS[$i]}" "${STAGE_NOTES[$i]:0:90}"
+done
+echo "gpu-check: $nfail stage(s) failed; logs in $OUT"
+[[ $nfail -eq 0 ]]
