@@ -84,6 +84,8 @@ def parse_args(argv):
     p.add_argument("--keep-logs", metavar="DIR", help="copy NCCL logs and worker stderr here")
     p.add_argument("--inherit-nccl-env", action="store_true",
                    help="keep NCCL_* variables from the caller's environment")
+    p.add_argument("--check", action="store_true",
+                   help="only say whether this machine can run the reference (skip line or ok line)")
     # internal: worker process
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="socket", help=argparse.SUPPRESS)
@@ -336,6 +338,9 @@ def main(argv=None) -> int:
     modes = [m for m, on in (("socket", args.socket), ("socket-tuned", args.socket_tuned),
                              ("p2p", args.p2p)) if on] or list(MODES)
     reason = skip_reason()
+    if args.check and not reason:
+        refutil.emit({"ref": "nccl", "ok": True})
+        return 0
     if reason:
         for m in modes:
             refutil.emit({"ref": MODES[m][0], "mode": m, "skipped": reason})
