@@ -255,6 +255,35 @@ TEST_F(CudaTest, WaitHonoursTheDeadline) {
   backend_->free_staging(*staging, n);
 }
 
+// Informational: one queue's copy-engine rate each way with pinned staging (no assertion on
+// speed; the numbers land in the gpu-check log for docs/cuda-notes.md).
+TEST_F(CudaTest, CopyEngineRateOneQueue) {
+  auto q = queue();
+  ASSERT_NE(q, nullptr);
+  const size_t n = size_t{256} << 20;
+  auto staging = backend_->allocate_staging(n);
+  ASSERT_TRUE(staging.ok());
+  auto dev = Buffer::allocate(kCuda0, n);
+  ASSERT_TRUE(dev.ok());
+  for (bool to_device : {true, false}) {
+    for (int rep = 0; rep < 2; ++rep) {  // the first round warms up
+      auto t0 = Clock::now();
+      for (int i = 0; i < 4; ++i) {
+        Status s = to_device ? q->to_device(dev->data(), *staging, n) : q->to_host(*staging, dev->data(), n);
+        ASSERT_TRUE(s.ok()) << s.to_string();
+      }
+      auto f = q->record();
+      ASSERT_TRUE(f.ok());
+      ASSERT_TRUE(q->wait(*f, Deadline::after(std::chrono::seconds(30))).ok());
+      double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (rep == 1)
+        std::cout << (to_device ? "pinned host->device" : "device->pinned host") << ": " << 4.0 * n / s / 1e9
+                  << " GB/s (4 x 256 MiB, one queue)\n";
+    }
+  }
+  backend_->free_staging(*staging, n);
+}
+
 TEST_F(CudaTest, ManyQueuesOnManyThreads) {
   constexpr int kThreads = 4, kQueuesPerThread = 8, kRounds = 25;
   const size_t n = (size_t{64} << 10) + 13;

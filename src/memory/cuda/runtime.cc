@@ -46,13 +46,14 @@ DeviceGuard::DeviceGuard(int device) {
     status_ = error_status("cudaGetDevice", -1, err);
     return;
   }
-  if (current == device) return;
+  // cudaSetDevice even when the device is already current: since CUDA 12 it also makes the
+  // primary context current on this thread, which driver-API calls made under the guard need.
   err = cudaSetDevice(device);
   if (err != cudaSuccess) {
     status_ = error_status("cudaSetDevice", device, err);
     return;
   }
-  previous_ = current;
+  if (current != device) previous_ = current;
 }
 
 DeviceGuard::~DeviceGuard() {

@@ -33,9 +33,10 @@ Status error_status(std::string_view call, int device, cudaError_t err);
     if (dmx_cuda_err_ != cudaSuccess) return ::dmx::cuda::error_status(call_text, device, dmx_cuda_err_); \
   } while (0)
 
-// Makes `device` current for the calling thread for the guard's lifetime and restores the
-// caller's device afterwards (only when it differs, so the common case costs one cudaGetDevice).
-// Check status() before relying on the switch.
+// Makes `device` (and its primary context) current for the calling thread for the guard's
+// lifetime and restores the caller's device afterwards. Costs two thread-local runtime calls;
+// the copy hot path does not need one (cudaMemcpyAsync/cudaEventRecord/cudaEventQuery work on
+// the stream's or event's device whatever is current). Check status() before relying on it.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
