@@ -210,6 +210,46 @@ ctest_section() {
   return $rc
 }
 
+# When ctest cannot even read its test list (a CMake error in a generated *_tests.cmake, as
+# seen with CMake 4.4 and gtest_discover_tests), show the offending lines and run the gtest
+# binaries directly instead, so that the tests still run and still report skips.
+ctest_fallback() {
+  local f line
+  grep -Eo '/[^ :]*_tests\.cmake:[0-9]+' "$OUT/ctest.log" | sort -u | while IFS= read -r f; do
+    line=${f##*:}; f=${f%:*}
+    echo "---- $f, lines $((line > 2 ? line - 2 : 1))-$((line + 1)) (cut at 400 chars):"
+    sed -n "$((line > 2 ? line - 2 : 1)),$((line + 1))p" "$f" | cut -c1-400
+  done
+  echo "---- running the gtest binaries directly"
+  mkdir -p "$OUT/gtest-xml"
+  local bin rc=0
+  while IFS= read -r bin; do
+    echo "==== $bin"
+    timeout --kill-after=10 300 "$bin" --gtest_color=no --gtest_output="xml:$OUT/gtest-xml/$(basename "$bin").xml" || rc=1
+  done < <(find "$B/tests" -maxdepth 3 -type f -name '*_tests' -perm -u+x | sort)
+  # One junit file instead of one per binary (the device tool brings back at most 8 files).
+  if command -v python3 > /dev/null; then
+    python3 - "$OUT/gtest-xml" "$OUT/ctest-junit.xml" <<'PY'
+import glob, sys, xml.etree.ElementTree as ET
+root = ET.Element("testsuites", name="gtest-fallback")
+for f in sorted(glob.glob(sys.argv[1] + "/*.xml")):
+    try:
+        for suite in ET.parse(f).getroot():
+            root.append(suite)
+    except ET.ParseError as e:
+        print(f"{f}: {e}")
+ET.ElementTree(root).write(sys.argv[2], encoding="utf-8", xml_declaration=True)
+PY
+    rm -rf "$OUT/gtest-xml"
+  fi
+  local passed failed skipped
+  passed=$(grep -ho '^\[  PASSED  \] [0-9]*' "$OUT/ctest.log" | awk '{ s += $4 } END { print s + 0 }')
+  skipped=$(grep -ho '^\[  SKIPPED \] [0-9]* tests\?,' "$OUT/ctest.log" | awk '{ s += $4 } END { print s + 0 }')
+  failed=$(grep -ho '^\[  FAILED  \] [0-9]* tests\?,' "$OUT/ctest.log" | awk '{ s += $4 } END { print s + 0 }')
+  echo "ctest: list unreadable; gtest binaries run directly: ${passed} passed, ${failed} failed, ${skipped} skipped"
+  return $rc
+}
+
 # ---- section: cuda-memory --------------------------------------------------------------------
 # The CUDA memory tests with their own output (facts: device count, dmabuf mapping, copy times),
 # which ctest hides for passing tests.
@@ -225,6 +265,12 @@ if [[ $build_ok -eq 1 ]]; then
     t0=$(now)
     ctest_section > "$OUT/ctest.log" 2>&1
     rc=$?
+    if grep -q 'CMake Error at .*_tests\.cmake' "$OUT/ctest.log"; then
+      echo "ctest could not read its test list (CMake error in a generated file); see ctest.log"
+      ctest_fallback >> "$OUT/ctest.log" 2>&1
+      rc=1   # the broken test list stays a failure to fix, even when every test passed
+      grep -A3 -- '^---- .*_tests\.cmake' "$OUT/ctest.log" | head -n 12 | cut -c1-300 | sed 's/^/  | /'
+    fi
     summary_line=$(tail -n 1 "$OUT/ctest.log")
     echo "$summary_line"
     if [[ $rc -eq 0 ]]; then
