@@ -1,0 +1,177 @@
+// dmx shm transport: the same-host data path for host memory (and device memory staged through
+// host memory when GPU peer access is impossible), plus the Unix-socket side channel that same-host
+// paths (shm, cuda_ipc with fds) use to pass file descriptors.
+//
+// This is the only header of src/transport/shm visible outside the folder.
+//
+// Bootstrap (who talks to whom): the engine's control channel carries an "shm offer" (the listener
+// path from UnixListener::path() and a 16-byte nonce). The connecting side calls
+// UnixChannel::connect(), sends the nonce as its first message; the listening side accepts,
+// checks the peer's uid (SO_PEERCRED) and the nonce. Then the listening side calls
+// ShmLink::create() and the connecting side ShmLink::accept() on their channel ends.
+//
+// Threading: a UnixChannel, UnixListener and ShmLink are each owned by one thread at a time (the
+// engine's progress loop); none has internal locks. The shared ring is lock free across processes.
+//
+// Recovery contract: after any error on a ShmLink (peer died, corrupt ring, deadline), the link is
+// failed for good: every pending and later operation completes with that error. Make a new link.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/sys.h"
+#include "dmx/memory.h"
+#include "dmx/status.h"
+
+namespace dmx::shm {
+
+// Whether this process can use the shm path (memfd_create, eventfd, Unix sockets), or why not.
+Status available();
+
+// ---- side channel --------------------------------------------------------------------------
+
+// A connected Unix stream socket that carries small messages (length-prefixed) and file
+// descriptors (SCM_RIGHTS). Every receive is strict: the message must fit, the number of fds must
+// be exactly the expected one, truncated control data (MSG_CTRUNC) is an error, and any fd that
+// arrives unexpectedly is closed. Every wait takes a deadline. EOF/POLLHUP reads as kPeerFailed
+// naming the peer's pid.
+class UnixChannel {
+ public:
+  static constexpr size_t kMaxMessage = 64 * 1024;
+  static constexpr size_t kMaxFds = 8;
+
+  UnixChannel() = default;
+  // Both ends of a socketpair (threads, or a fork()ed child).
+  static Result<std::pair<UnixChannel, UnixChannel>> pair();
+  // Connect to a listener path ("@name" is the abstract namespace). Checks the listener's uid.
+  static Result<UnixChannel> connect(const std::string& path, Deadline deadline);
+
+  Status send(std::span<const std::byte> message, std::span<const int> fds, Deadline deadline);
+  // Receives one message into `out` (resized) and exactly `expect_fds` fds into `fds`.
+  Status recv(std::vector<std::byte>* out, size_t expect_fds, std::vector<UniqueFd>* fds, Deadline deadline);
+  // Non-blocking: kPeerFailed when the peer closed its end or died, else ok.
+  Status check_peer() const;
+
+  int fd() const { return fd_.get(); }
+  bool valid() const { return fd_.valid(); }
+  pid_t peer_pid() const { return peer_pid_; }
+  uid_t peer_uid() const { return peer_uid_; }
+  // "pid 1234" (for messages and Status::with_peer).
+  std::string peer_name() const;
+
+ private:
+  friend class UnixListener;
+  explicit UnixChannel(UniqueFd fd);
+  Status read_credentials();
+  Status peer_gone(std::string_view what) const;
+
+  UniqueFd fd_;
+  pid_t peer_pid_ = -1;
+  uid_t peer_uid_ = static_cast<uid_t>(-1);
+};
+
+// A listening Unix socket. accept() rejects peers with another uid.
+class UnixListener {
+ public:
+  // "@name" binds in the abstract namespace (no file); anything else is a filesystem path that is
+  // created 0600 and unlinked when the listener is destroyed. Empty: a random abstract name.
+  static Result<UnixListener> listen(const std::string& path = {});
+  Result<UnixChannel> accept(Deadline deadline);
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_.get(); }
+
+  UnixListener() = default;
+  ~UnixListener();
+  UnixListener(UnixListener&&) noexcept;
+  UnixListener& operator=(UnixListener&&) noexcept;
+
+ private:
+  UniqueFd fd_;
+  std::string path_;
+};
+
+// ---- the shm link ----------------------------------------------------------------------------
+
+struct LinkOptions {
+  size_t slot_size = 256 * 1024;  // bytes per ring slot (4 KiB - 64 MiB)
+  uint32_t slots = 16;            // slots per direction (2 - 1024)
+  // How long wait() spins before sleeping on the eventfd (latency vs CPU).
+  std::chrono::microseconds spin{50};
+};
+
+// The message ids both sides agree on (the engine assigns them on its control channel); ids of
+// one direction must be unique among the messages in flight in that direction.
+using MsgId = uint64_t;
+
+struct Completion {
+  enum Kind : uint8_t { kSend, kRecv };
+  MsgId id = 0;
+  Kind kind = kSend;
+  Status status;
+  size_t bytes = 0;  // for a recv: the message length
+};
+
+// Counters for statistics (each copy is accounted for).
+struct LinkStats {
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t host_copies = 0;    // memcpy into or out of a slot
+  uint64_t device_copies = 0;  // CopyQueue copies into or out of a slot (staging)
+  uint64_t wakeups_sent = 0;   // eventfd writes (peer was asleep)
+};
+
+// A bidirectional pipe of messages between two processes of one host, over a memfd shared by
+// both: one slot ring per direction, chunks of a message flow through the slots pipelined. Host
+// memory is copied straight into and out of slots (one copy each side); device memory (cuda, sim)
+// is staged through the slots with the device's CopyQueue, several chunks in flight.
+//
+// Everything the peer writes into shared memory is validated before use; a violation fails the
+// link with kProtocol. Messages may be received in any order relative to posting (they are matched
+// by MsgId); a chunk whose recv is not posted yet waits in the ring (head-of-line), so the engine
+// should post the recv before telling the sender to go (rendezvous), as with every path.
+class ShmLink {
+ public:
+  virtual ~ShmLink() = default;
+
+  // The listening side: makes the shared region and eventfd and sends them over `channel`.
+  static Result<std::unique_ptr<ShmLink>> create(UnixChannel channel, const LinkOptions& options,
+                                                 Deadline deadline);
+  // The connecting side: receives, validates and maps what create() sent.
+  static Result<std::unique_ptr<ShmLink>> accept(UnixChannel channel, Deadline deadline);
+
+  // Queue a message. `src`/`dst` stay owned by the caller until the completion; the region may be
+  // of any kind dmx knows (host, pinned, cuda, sim). A recv completes with kTruncated when the
+  // message is longer than `dst`, with the message length otherwise.
+  virtual Status post_send(MsgId id, MemRegion src) = 0;
+  virtual Status post_recv(MsgId id, MemRegion dst) = 0;
+
+  // Moves data without blocking; appends finished operations to `out`. Returns how many.
+  virtual size_t progress(std::vector<Completion>* out) = 0;
+  // Blocks until progress() may have something to do: spins for options.spin, then sleeps on the
+  // eventfd and the side channel. kTimeout at the deadline. Returns at once when nothing is pending.
+  virtual Status wait(Deadline deadline) = 0;
+
+  // For an epoll-based progress loop: readable when the peer rang the doorbell.
+  virtual int wake_fd() const = 0;
+  virtual size_t pending() const = 0;  // operations posted and not completed
+  virtual const Status& error() const = 0;  // ok until the link failed
+  virtual LinkStats stats() const = 0;
+  virtual std::string peer_name() const = 0;
+  virtual const LinkOptions& options() const = 0;
+
+  // For fault tests only: the shared control words (head, tail: 64-bit, 64 B apart) and the slot
+  // headers (msg_id, offset, total, len: 64-bit each) of the ring this side receives on, as the
+  // peer could overwrite them.
+  virtual void* debug_rx_ring_control() = 0;
+  virtual void* debug_rx_slot_header(uint32_t slot) = 0;
+};
+
+}  // namespace dmx::shm

@@ -1,0 +1,418 @@
+// The shm data path: two lock-free slot rings in a shared memfd, pipelined chunk copies, eventfd
+// doorbells. See ring.h for the layout and the trust model.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "core/log.h"
+#include "transport/shm/link_impl.h"
+
+namespace dmx::shm {
+namespace {
+
+constexpr std::chrono::seconds kDrainDeadline{5};  // device copies to settle after a failure
+constexpr uint32_t kIdleRoundsPerPeerCheck = 256;
+
+}  // namespace
+
+LinkImpl::LinkImpl(UnixChannel channel, const LinkOptions& options, const Layout& layout, char* base, int side)
+    : channel_(std::move(channel)), options_(options), layout_(layout), base_(base), side_(side) {
+  auto* ctl = reinterpret_cast<RingControl*>(base_ + layout_.control);
+  tx_ctl_ = &ctl[side_];
+  rx_ctl_ = &ctl[1 - side_];
+  bells_ = reinterpret_cast<Doorbells*>(base_ + layout_.doorbells);
+}
+
+LinkImpl::~LinkImpl() {
+  // Device copies may still read or write our mapping of the slots: let them finish first.
+  for (auto& [key, q] : queues_) {
+    auto fence = q->record();
+    if (fence.ok()) (void)q->wait(*fence, Deadline::after(kDrainDeadline));
+  }
+  bells_->sleeping[side_].v.store(0, std::memory_order_relaxed);
+  ::munmap(base_, layout_.total);
+}
+
+void LinkImpl::set_doorbells(UniqueFd mine, UniqueFd peers) {
+  my_bell_ = std::move(mine);
+  peer_bell_ = std::move(peers);
+  // The peer's fd must be an eventfd: writing to anything else (a pipe) could block us.
+  char target[64] = {};
+  std::string link = fmt::format("/proc/self/fd/{}", peer_bell_.get());
+  ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+  if (n <= 0 || std::string_view(target) != "anon_inode:[eventfd]") {
+    error_ = Status(Code::kProtocol, fmt::format("shm: doorbell fd from peer {} is not an eventfd ('{}')",
+                                                 peer_name(), target))
+                 .with_peer(peer_name());
+  }
+  int flags = ::fcntl(peer_bell_.get(), F_GETFL);
+  if (flags >= 0) ::fcntl(peer_bell_.get(), F_SETFL, flags | O_NONBLOCK);
+}
+
+char* LinkImpl::slot_data(int ring, uint64_t count) const {
+  return base_ + layout_.data_offset(ring, static_cast<uint32_t>(count % layout_.slots));
+}
+SlotHeader* LinkImpl::slot_header(int ring, uint64_t count) const {
+  return reinterpret_cast<SlotHeader*>(base_ + layout_.header_offset(ring, static_cast<uint32_t>(count % layout_.slots)));
+}
+
+Result<CopyQueue*> LinkImpl::queue_for(MemSpec where) {
+  auto key = std::make_pair(static_cast<int>(where.kind), where.device);
+  auto it = queues_.find(key);
+  if (it != queues_.end()) return it->second.get();
+  DMX_ASSIGN_OR_RETURN(MemoryBackend * backend, backend_for(where));
+  DMX_ASSIGN_OR_RETURN(std::unique_ptr<CopyQueue> q, backend->create_queue());
+  CopyQueue* raw = q.get();
+  queues_.emplace(key, std::move(q));
+  return raw;
+}
+
+Status LinkImpl::post_send(MsgId id, MemRegion src) {
+  if (src.ptr == nullptr && src.size != 0) return Status(Code::kInvalidArgument, "shm post_send: null buffer");
+  if (src.where.is_device()) DMX_RETURN_IF_ERROR(mem_available(src.where));
+  if (!error_.ok()) {
+    failed_.push_back(Completion{id, Completion::kSend, error_, 0});
+    return Status();
+  }
+  sends_.push_back(SendOp{id, src, 0});
+  return Status();
+}
+
+Status LinkImpl::post_recv(MsgId id, MemRegion dst) {
+  if (dst.ptr == nullptr && dst.size != 0) return Status(Code::kInvalidArgument, "shm post_recv: null buffer");
+  if (dst.where.is_device()) DMX_RETURN_IF_ERROR(mem_available(dst.where));
+  if (recvs_.count(id) != 0)
+    return Status(Code::kInvalidArgument, fmt::format("shm post_recv: message id {} is already posted", id));
+  if (!error_.ok()) {
+    failed_.push_back(Completion{id, Completion::kRecv, error_, 0});
+    return Status();
+  }
+  recvs_.emplace(id, RecvOp{dst});
+  return Status();
+}
+
+Status LinkImpl::corrupt(std::string_view what) {
+  return Status(Code::kProtocol, fmt::format("shm ring corrupt: {} (peer {})", what, peer_name())).with_peer(peer_name());
+}
+
+void LinkImpl::ring_peer() {
+  // Pairs with the sleeper's seq_cst store of its flag followed by its re-check of the rings.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (bells_->sleeping[1 - side_].v.load(std::memory_order_relaxed) != 0) {
+    uint64_t one = 1;
+    if (::write(peer_bell_.get(), &one, sizeof one) == sizeof one) ++stats_.wakeups_sent;
+  }
+}
+
+// Producer: publish finished chunks in order, then fill free slots from the send queue.
+bool LinkImpl::tx_step(std::vector<Completion>* out) {
+  bool moved = false;
+  uint64_t t = tx_ctl_->tail.v.load(std::memory_order_acquire);
+  if (t != peer_tail_) {
+    if (t < peer_tail_ || t > tx_head_) {
+      fail(corrupt(fmt::format("consumer tail {} outside [{}, {}]", t, peer_tail_, tx_head_)), out);
+      return true;
+    }
+    peer_tail_ = t;
+    moved = true;
+  }
+  uint64_t published = tx_head_;
+  if (!publish_ready(out)) return true;
+  while (!sends_.empty() && tx_reserved_ - peer_tail_ < layout_.slots) {
+    SendOp& op = sends_.front();
+    size_t len = std::min(layout_.slot_size, op.src.size - op.assigned);
+    char* data = slot_data(side_, tx_reserved_);
+    const char* src = static_cast<const char*>(op.src.ptr) + op.assigned;
+    TxChunk chunk{nullptr, 0, op.id, len, op.assigned + len == op.src.size};
+    if (len > 0 && host_side(op.src)) {
+      std::memcpy(data, src, len);
+      ++stats_.host_copies;
+    } else if (len > 0) {
+      auto q = queue_for(op.src.where);
+      Status s = q.ok() ? (*q)->to_host(data, src, len) : q.status();
+      auto fence = s.ok() ? (*q)->record() : Result<uint64_t>(s);
+      if (!fence.ok()) {
+        fail(fence.status(), out);
+        return true;
+      }
+      chunk.queue = *q;
+      chunk.fence = *fence;
+      ++stats_.device_copies;
+    }
+    SlotHeader* h = slot_header(side_, tx_reserved_);
+    h->msg_id.store(op.id, std::memory_order_relaxed);
+    h->offset.store(op.assigned, std::memory_order_relaxed);
+    h->total.store(op.src.size, std::memory_order_relaxed);
+    h->len.store(len, std::memory_order_relaxed);
+    ++tx_reserved_;
+    op.assigned += len;
+    tx_chunks_.push_back(chunk);
+    if (chunk.last) sends_.pop_front();
+    moved = true;
+  }
+  // Host chunks are complete as soon as they are copied: publish them in the same step.
+  if (!publish_ready(out)) return true;
+  return moved || tx_head_ != published;
+}
+
+// Publishes the chunks at the front whose copies have finished, in ring order. False when the link
+// failed.
+bool LinkImpl::publish_ready(std::vector<Completion>* out) {
+  uint64_t before = tx_head_;
+  while (!tx_chunks_.empty()) {
+    TxChunk& c = tx_chunks_.front();
+    if (c.queue != nullptr) {
+      auto done = c.queue->done(c.fence);
+      if (!done.ok()) {
+        fail(done.status(), out);
+        return false;
+      }
+      if (!*done) break;
+    }
+    ++tx_head_;
+    stats_.bytes_sent += c.bytes;
+    if (c.last) out->push_back(Completion{c.id, Completion::kSend, Status(), 0});
+    tx_chunks_.pop_front();
+  }
+  if (tx_head_ != before) {
+    tx_ctl_->head.v.store(tx_head_, std::memory_order_release);
+    ring_peer();
+  }
+  return true;
+}
+
+void LinkImpl::maybe_complete_recv(MsgId id, std::vector<Completion>* out) {
+  auto it = recvs_.find(id);
+  if (it == recvs_.end()) return;
+  RecvOp& op = it->second;
+  if (op.started && op.received == op.total && op.outstanding == 0) {
+    stats_.bytes_received += op.total;
+    out->push_back(Completion{id, Completion::kRecv, Status(), op.total});
+    recvs_.erase(it);
+  }
+}
+
+// Consumer: release slots whose copies finished, in order; then consume newly published slots.
+bool LinkImpl::rx_step(std::vector<Completion>* out) {
+  bool moved = false;
+  uint64_t released = rx_tail_;
+  while (!rx_chunks_.empty()) {
+    RxChunk& c = rx_chunks_.front();
+    if (c.queue != nullptr) {
+      auto done = c.queue->done(c.fence);
+      if (!done.ok()) {
+        fail(done.status(), out);
+        return true;
+      }
+      if (!*done) break;
+      auto it = recvs_.find(c.id);
+      if (it != recvs_.end()) --it->second.outstanding;
+    }
+    ++rx_tail_;
+    MsgId id = c.id;
+    bool credit = c.queue != nullptr && !c.discard;
+    rx_chunks_.pop_front();
+    if (credit) maybe_complete_recv(id, out);
+  }
+  if (rx_tail_ != released) {
+    rx_ctl_->tail.v.store(rx_tail_, std::memory_order_release);
+    ring_peer();
+    moved = true;
+  }
+  uint64_t h = rx_ctl_->head.v.load(std::memory_order_acquire);
+  if (h != peer_head_) {
+    if (h < peer_head_ || h - rx_tail_ > layout_.slots) {
+      fail(corrupt(fmt::format("producer head {} outside [{}, {}]", h, peer_head_, rx_tail_ + layout_.slots)), out);
+      return true;
+    }
+    peer_head_ = h;
+  }
+  bool host_released = false;
+  while (rx_read_ < peer_head_) {
+    SlotHeader* hd = slot_header(1 - side_, rx_read_);
+    // Copy the header once; never read the shared copy again for this chunk.
+    const MsgId id = hd->msg_id.load(std::memory_order_relaxed);
+    const uint64_t offset = hd->offset.load(std::memory_order_relaxed);
+    const uint64_t total = hd->total.load(std::memory_order_relaxed);
+    const uint64_t len = hd->len.load(std::memory_order_relaxed);
+    if (len > layout_.slot_size || offset > total || len > total - offset || (len == 0 && total != 0)) {
+      fail(corrupt(fmt::format("slot {}: chunk [{}, +{}) of a {} B message (slot size {})", rx_read_, offset, len,
+                               total, layout_.slot_size)),
+           out);
+      return true;
+    }
+    const char* data = slot_data(1 - side_, rx_read_);
+    RxChunk chunk{nullptr, 0, id, false};
+    if (auto d = discarding_.find(id); d != discarding_.end()) {
+      if (len > d->second) {
+        fail(corrupt(fmt::format("message {} runs past its announced length", id)), out);
+        return true;
+      }
+      d->second -= len;
+      if (d->second == 0) discarding_.erase(d);
+      chunk.discard = true;
+    } else {
+      auto it = recvs_.find(id);
+      if (it == recvs_.end()) break;  // not posted yet: wait (head-of-line)
+      RecvOp& op = it->second;
+      if (!op.started) {
+        if (offset != 0) {
+          fail(corrupt(fmt::format("message {} starts at offset {}", id, offset)), out);
+          return true;
+        }
+        op.started = true;
+        op.total = total;
+        if (total > op.dst.size) {
+          out->push_back(Completion{id, Completion::kRecv,
+                                    Status(Code::kTruncated, fmt::format("shm recv: message {} of {} B into a {} B buffer",
+                                                                         id, total, op.dst.size))
+                                        .with_peer(peer_name()),
+                                    total});
+          recvs_.erase(it);
+          if (total - len > 0) discarding_[id] = total - len;
+          chunk.discard = true;
+        }
+      } else if (total != op.total || offset != op.received) {
+        fail(corrupt(fmt::format("message {}: chunk at {} of {} B, expected at {} of {} B", id, offset, total,
+                                 op.received, op.total)),
+             out);
+        return true;
+      }
+      if (!chunk.discard) {
+        char* dst = static_cast<char*>(op.dst.ptr) + offset;
+        if (len > 0 && host_side(op.dst)) {
+          std::memcpy(dst, data, len);
+          ++stats_.host_copies;
+        } else if (len > 0) {
+          auto q = queue_for(op.dst.where);
+          Status s = q.ok() ? (*q)->to_device(dst, data, len) : q.status();
+          auto fence = s.ok() ? (*q)->record() : Result<uint64_t>(s);
+          if (!fence.ok()) {
+            fail(fence.status(), out);
+            return true;
+          }
+          chunk.queue = *q;
+          chunk.fence = *fence;
+          ++op.outstanding;
+          ++stats_.device_copies;
+        }
+        op.received += len;
+        if (chunk.queue == nullptr) maybe_complete_recv(id, out);
+      }
+    }
+    ++rx_read_;
+    moved = true;
+    if (chunk.queue == nullptr && rx_chunks_.empty()) {
+      ++rx_tail_;  // nothing in flight before it: release at once
+      host_released = true;
+    } else {
+      rx_chunks_.push_back(chunk);
+    }
+  }
+  if (host_released) {
+    rx_ctl_->tail.v.store(rx_tail_, std::memory_order_release);
+    ring_peer();
+  }
+  return moved;
+}
+
+size_t LinkImpl::progress(std::vector<Completion>* out) {
+  size_t before = out->size();
+  while (!failed_.empty()) {
+    out->push_back(std::move(failed_.front()));
+    failed_.pop_front();
+  }
+  if (!error_.ok()) {
+    if (pending() != 0) fail(error_, out);
+    return out->size() - before;
+  }
+  bool moved = rx_step(out);
+  if (error_.ok()) moved |= tx_step(out);
+  if (error_.ok() && (peer_hup_ || (!moved && ++idle_rounds_ >= kIdleRoundsPerPeerCheck))) {
+    idle_rounds_ = 0;
+    Status s = channel_.check_peer();
+    if (!s.ok()) {
+      // What the peer published before it went away is still good: take it, then fail the rest.
+      rx_step(out);
+      if (pending() != 0 && error_.ok()) fail(s, out);
+    }
+  }
+  if (moved) idle_rounds_ = 0;
+  return out->size() - before;
+}
+
+void LinkImpl::fail(Status status, std::vector<Completion>* out) {
+  if (error_.ok()) {
+    error_ = status.with_peer(peer_name()).with_origin("shm");
+    DMX_LOG_WARN("shm link to peer {} failed: {}", peer_name(), error_.to_string());
+  }
+  // Completion returns buffer ownership: device copies into or out of user buffers must be over.
+  for (auto& [key, q] : queues_) {
+    auto fence = q->record();
+    if (fence.ok()) (void)q->wait(*fence, Deadline::after(kDrainDeadline));
+  }
+  for (auto& op : sends_) out->push_back(Completion{op.id, Completion::kSend, error_, 0});
+  sends_.clear();
+  for (auto& c : tx_chunks_)
+    if (c.last) out->push_back(Completion{c.id, Completion::kSend, error_, 0});
+  tx_chunks_.clear();
+  for (auto& [id, op] : recvs_) out->push_back(Completion{id, Completion::kRecv, error_, 0});
+  recvs_.clear();
+  rx_chunks_.clear();
+  discarding_.clear();
+  while (!failed_.empty()) {
+    out->push_back(std::move(failed_.front()));
+    failed_.pop_front();
+  }
+}
+
+bool LinkImpl::has_work() {
+  if (!error_.ok() || !failed_.empty()) return true;
+  if (!tx_chunks_.empty() || !rx_chunks_.empty()) return true;  // device copies to poll
+  if (!sends_.empty() && tx_ctl_->tail.v.load(std::memory_order_acquire) != peer_tail_) return true;
+  if (!recvs_.empty() && rx_ctl_->head.v.load(std::memory_order_acquire) != peer_head_) return true;
+  if (!sends_.empty() && tx_reserved_ - peer_tail_ < layout_.slots) return true;
+  return false;
+}
+
+Status LinkImpl::wait(Deadline deadline) {
+  if (pending() == 0) return Status();
+  auto spin_end = Clock::now() + options_.spin;
+  while (Clock::now() < spin_end) {
+    if (has_work()) return Status();
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  if (!tx_chunks_.empty() || !rx_chunks_.empty()) {
+    // Device copies in flight: nothing will ring us when they finish; yield and let the caller poll.
+    std::this_thread::yield();
+    return deadline.expired() ? Status(Code::kTimeout, "shm wait: deadline passed") : Status();
+  }
+  auto& mine = bells_->sleeping[side_].v;
+  mine.store(1, std::memory_order_seq_cst);
+  Status result;
+  if (!has_work()) {
+    pollfd fds[2] = {{my_bell_.get(), POLLIN, 0}, {channel_.fd(), POLLRDHUP, 0}};
+    int n = ::poll(fds, 2, deadline.poll_timeout_ms());
+    if (n < 0 && errno != EINTR) {
+      result = errno_status("poll(shm doorbell)", errno);
+    } else if (n > 0 && (fds[1].revents & (POLLHUP | POLLRDHUP | POLLERR))) {
+      peer_hup_ = true;
+    } else if (n == 0 && deadline.expired()) {
+      result = Status(Code::kTimeout, fmt::format("shm wait: nothing from peer {} by the deadline", peer_name()));
+    }
+  }
+  mine.store(0, std::memory_order_relaxed);
+  uint64_t drained;
+  while (::read(my_bell_.get(), &drained, sizeof drained) == sizeof drained) {
+  }
+  return result;
+}
+
+}  // namespace dmx::shm

@@ -1,0 +1,216 @@
+// The shm link: byte-exact delivery across threads and processes, odd sizes and offsets, many
+// operations in flight, both directions at once, device memory staged through the ring (sim).
+#include <gtest/gtest.h>
+
+#include <future>
+#include <random>
+
+#include "memory/backend.h"
+#include "transport/transport_test_util.h"
+
+namespace dmx::shm {
+namespace {
+
+using testing::check_pattern;
+using testing::fill_pattern;
+using testing::Pump;
+using testing::secs;
+
+constexpr auto kSend = Completion::kSend;
+constexpr auto kRecv = Completion::kRecv;
+
+struct LinkPair {
+  std::unique_ptr<ShmLink> a, b;
+};
+
+LinkPair make_threaded_pair(LinkOptions options = {}) {
+  auto p = UnixChannel::pair();
+  EXPECT_TRUE(p.ok());
+  auto fut = std::async(std::launch::async, [&] { return ShmLink::accept(std::move(p->second), secs(10)); });
+  auto a = ShmLink::create(std::move(p->first), options, secs(10));
+  auto b = fut.get();
+  EXPECT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  if (!a.ok() || !b.ok()) return {};
+  return {std::move(*a), std::move(*b)};
+}
+
+// Sends `n` bytes at src offset `so` to a buffer at dst offset `dso`, through threads; checks the
+// bytes and that the guard bytes around the destination are untouched.
+void send_one(LinkPair& lp, MsgId id, size_t n, size_t so, size_t dso) {
+  std::vector<uint8_t> src(n + so), dst(n + dso + 64, 0xEE);
+  fill_pattern(src.data() + so, n, id);
+  MemRegion s{src.data() + so, n, {}}, d{dst.data() + dso, n, {}};
+  ASSERT_TRUE(lp.b->post_recv(id, d).ok());
+  ASSERT_TRUE(lp.a->post_send(id, s).ok());
+  auto rx = std::async(std::launch::async, [&] {
+    Pump pump(lp.b.get());
+    size_t bytes = 0;
+    Status st = pump.finish(kRecv, id, secs(60), &bytes);
+    return st.ok() && bytes != n ? Status(Code::kInternal, "wrong length") : st;
+  });
+  Pump pump(lp.a.get());
+  Status st = pump.finish(kSend, id, secs(60));
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  Status rs = rx.get();
+  ASSERT_TRUE(rs.ok()) << rs.to_string();
+  EXPECT_EQ(check_pattern(dst.data() + dso, n, id), SIZE_MAX) << "size " << n;
+  for (size_t i = 0; i < dso; ++i) ASSERT_EQ(dst[i], 0xEE);
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(dst[dso + n + i], 0xEE);
+}
+
+TEST(ShmLink, OddSizesAndOffsetsThreads) {
+  LinkPair lp = make_threaded_pair();
+  ASSERT_TRUE(lp.a && lp.b);
+  MsgId id = 1;
+  for (size_t n : {size_t(0), size_t(1), size_t(4097), size_t(256 * 1024), size_t(256 * 1024 + 1), size_t(64 << 20) + 3})
+    for (auto [so, dso] : {std::pair<size_t, size_t>{0, 0}, {1, 7}, {4093, 3}}) send_one(lp, id++, n, so, dso);
+  EXPECT_GT(lp.a->stats().host_copies, 0u);
+  EXPECT_EQ(lp.a->stats().device_copies, 0u);
+}
+
+TEST(ShmLink, TruncatedMessageFailsAloneAndTheNextArrives) {
+  LinkPair lp = make_threaded_pair({.slot_size = 4096, .slots = 4});
+  ASSERT_TRUE(lp.a && lp.b);
+  std::vector<uint8_t> big(100000), small(1000), next(5000), next_dst(5000);
+  fill_pattern(next.data(), next.size(), 9);
+  ASSERT_TRUE(lp.b->post_recv(1, {small.data(), small.size(), {}}).ok());
+  ASSERT_TRUE(lp.b->post_recv(2, {next_dst.data(), next_dst.size(), {}}).ok());
+  ASSERT_TRUE(lp.a->post_send(1, {big.data(), big.size(), {}}).ok());
+  ASSERT_TRUE(lp.a->post_send(2, {next.data(), next.size(), {}}).ok());
+  auto tx = std::async(std::launch::async, [&] {
+    Pump p(lp.a.get());
+    Status s = p.finish(kSend, 1, secs(10));
+    return s.ok() ? p.finish(kSend, 2, secs(10)) : s;
+  });
+  Pump p(lp.b.get());
+  Status s = p.finish(kRecv, 1, secs(10));
+  EXPECT_EQ(s.code(), Code::kTruncated) << s.to_string();
+  s = p.finish(kRecv, 2, secs(10));
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(tx.get().ok());
+  EXPECT_EQ(check_pattern(next_dst.data(), next_dst.size(), 9), SIZE_MAX);
+  EXPECT_TRUE(lp.b->error().ok());
+}
+
+TEST(ShmLink, DuplicateRecvIdIsRejected) {
+  LinkPair lp = make_threaded_pair();
+  ASSERT_TRUE(lp.a && lp.b);
+  char buf[8];
+  ASSERT_TRUE(lp.b->post_recv(5, {buf, 8, {}}).ok());
+  EXPECT_EQ(lp.b->post_recv(5, {buf, 8, {}}).code(), Code::kInvalidArgument);
+}
+
+// Runs `side` in a child process on one end of a link and `parent` here on the other.
+void run_in_two_processes(const LinkOptions& options, const std::function<int(ShmLink&)>& child_side,
+                          const std::function<void(ShmLink&)>& parent_side) {
+  auto p = UnixChannel::pair();
+  ASSERT_TRUE(p.ok());
+  pid_t child = testing::fork_child([&] {
+    { UnixChannel drop = std::move(p->first); }
+    auto link = ShmLink::accept(std::move(p->second), secs(10));
+    if (!link.ok()) return 50;
+    return child_side(**link);
+  });
+  { UnixChannel drop = std::move(p->second); }
+  auto link = ShmLink::create(std::move(p->first), options, secs(10));
+  ASSERT_TRUE(link.ok()) << link.status().to_string();
+  EXPECT_EQ((*link)->peer_name(), "pid " + std::to_string(child));
+  parent_side(**link);
+  EXPECT_EQ(testing::wait_child(child), 0);
+}
+
+// Each side sends kOps messages of sizes derived from the id and receives kOps, all posted at
+// once, the recvs in reverse order; everything is checked byte for byte.
+int exchange(ShmLink& link, uint64_t my_seed, uint64_t peer_seed, int ops) {
+  auto size_of = [](uint64_t seed, int i) { return size_t((seed * 7919 + i * 104729) % (3 << 20)) + (i % 3); };
+  std::vector<std::vector<uint8_t>> out(ops), in(ops);
+  for (int i = ops - 1; i >= 0; --i) {
+    in[i].resize(size_of(peer_seed, i) + 1);
+    if (!link.post_recv(peer_seed * 1000 + i, {in[i].data() + 1, in[i].size() - 1, {}}).ok()) return 10;
+  }
+  for (int i = 0; i < ops; ++i) {
+    out[i].resize(size_of(my_seed, i));
+    fill_pattern(out[i].data(), out[i].size(), my_seed * 1000 + i);
+    if (!link.post_send(my_seed * 1000 + i, {out[i].data(), out[i].size(), {}}).ok()) return 11;
+  }
+  Pump pump(&link);
+  for (int i = 0; i < ops; ++i) {
+    if (!pump.finish(kSend, my_seed * 1000 + i, secs(60)).ok()) return 12;
+    size_t bytes = 0;
+    if (!pump.finish(kRecv, peer_seed * 1000 + i, secs(60), &bytes).ok()) return 13;
+    if (bytes != in[i].size() - 1) return 14;
+    if (check_pattern(in[i].data() + 1, bytes, peer_seed * 1000 + i) != SIZE_MAX) return 15;
+  }
+  return link.pending() == 0 ? 0 : 16;
+}
+
+TEST(ShmLink, ManyOpsBothDirectionsAtOnceTwoProcesses) {
+  run_in_two_processes({.slot_size = 64 * 1024, .slots = 8}, [](ShmLink& l) { return exchange(l, 2, 1, 48); },
+                       [](ShmLink& l) { EXPECT_EQ(exchange(l, 1, 2, 48), 0); });
+}
+
+TEST(ShmLink, LargeOddMessageTwoProcesses) {
+  const size_t n = (64 << 20) + 3;
+  run_in_two_processes(
+      {},
+      [n](ShmLink& l) {
+        std::vector<uint8_t> dst(n + 5);
+        if (!l.post_recv(77, {dst.data() + 5, n, {}}).ok()) return 1;
+        Pump p(&l);
+        if (!p.finish(kRecv, 77, secs(60)).ok()) return 2;
+        return check_pattern(dst.data() + 5, n, 77) == SIZE_MAX ? 0 : 3;
+      },
+      [n](ShmLink& l) {
+        std::vector<uint8_t> src(n + 1);
+        fill_pattern(src.data() + 1, n, 77);
+        ASSERT_TRUE(l.post_send(77, {src.data() + 1, n, {}}).ok());
+        Pump p(&l);
+        Status s = p.finish(kSend, 77, secs(60));
+        EXPECT_TRUE(s.ok()) << s.to_string();
+      });
+}
+
+// Device memory on both ends (the simulated device: only its copy queue may touch it), staged
+// through the slots, with host on one end too.
+TEST(ShmLink, SimDeviceStagedThroughSlots) {
+  LinkPair lp = make_threaded_pair({.slot_size = 64 * 1024, .slots = 4});
+  ASSERT_TRUE(lp.a && lp.b);
+  const MemSpec sim{MemKind::kSim, 0}, host{};
+  MsgId id = 1;
+  for (auto [from, to] : {std::pair{sim, sim}, {host, sim}, {sim, host}}) {
+    for (size_t n : {size_t(1), size_t(4097), size_t(5 << 20) + 1}) {
+      auto src = Buffer::allocate(from, n + 3);
+      auto dst = Buffer::allocate(to, n + 5);
+      ASSERT_TRUE(src.ok() && dst.ok());
+      std::vector<uint8_t> pattern(n), back(n);
+      fill_pattern(pattern.data(), n, id);
+      ASSERT_TRUE(copy_memory(src->region().sub(3, n), {pattern.data(), n, {}}).ok());
+      ASSERT_TRUE(lp.b->post_recv(id, dst->region().sub(5, n)).ok());
+      ASSERT_TRUE(lp.a->post_send(id, src->region().sub(3, n)).ok());
+      auto rx = std::async(std::launch::async, [&] { return Pump(lp.b.get()).finish(kRecv, id, secs(30)); });
+      Status s = Pump(lp.a.get()).finish(kSend, id, secs(30));
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      s = rx.get();
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_TRUE(copy_memory({back.data(), n, {}}, dst->region().sub(5, n)).ok());
+      EXPECT_EQ(check_pattern(back.data(), n, id), SIZE_MAX) << n;
+      ++id;
+    }
+  }
+  EXPECT_GT(lp.a->stats().device_copies, 0u);
+  EXPECT_GT(lp.b->stats().device_copies, 0u);
+}
+
+TEST(ShmLink, SetupValidatesOptions) {
+  auto p = UnixChannel::pair();
+  ASSERT_TRUE(p.ok());
+  auto l = ShmLink::create(std::move(p->first), {.slot_size = 100, .slots = 4}, secs(1));
+  EXPECT_EQ(l.status().code(), Code::kInvalidArgument);
+  auto q = UnixChannel::pair();
+  l = ShmLink::create(std::move(q->first), {.slot_size = 4096, .slots = 1}, secs(1));
+  EXPECT_EQ(l.status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dmx::shm
