@@ -92,7 +92,7 @@ Status parse_recv(const msghdr& msg, size_t ret, size_t requested, const RxPool&
 
 Result<std::unique_ptr<DevmemRx>> DevmemRx::create(KernelSocket* sock, RxPool pool, Gatherer* gatherer,
                                                    RxOptions options) {
-  if (options.recv_chunk == 0 || options.recv_chunk > (1u << 31) || options.control_size < CMSG_SPACE(24) ||
+  if (options.recv_chunk == 0 || options.recv_chunk > (1u << 31) || options.control_size < sizeof(cmsghdr) ||
       options.control_max < options.control_size)
     return Status(Code::kInvalidArgument, "devmem rx: bad options (recv_chunk, control_size, control_max)");
   std::unique_ptr<DevmemRx> rx(new DevmemRx(sock, pool, gatherer, std::move(options)));

@@ -50,7 +50,7 @@ Status parse_recv(const msghdr& msg, size_t ret, size_t requested, const RxPool&
 
 struct RxOptions {
   size_t recv_chunk = 1 << 20;          // bytes asked per recvmsg (and host linear buffer size)
-  size_t control_size = 64 << 10;       // initial msg_control size; grows on ETOOSMALL
+  size_t control_size = 64 << 10;       // initial msg_control size; grows (x2) on ETOOSMALL
   size_t control_max = 4 << 20;         // ... up to this
   size_t max_outstanding_frags = 16384; // tokens held before waiting for the oldest gather
   std::string peer;                     // named in errors

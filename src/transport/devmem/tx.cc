@@ -88,8 +88,8 @@ Status DevmemTx::wait_until(const std::function<bool()>& done, Deadline deadline
   for (;;) {
     DMX_RETURN_IF_ERROR(poll_completions());
     if (done()) return Status();
-    if (deadline.expired())
-      return fail(Status(Code::kTimeout, fmt::format("devmem tx: {} not complete by the deadline", what)));
+    if (deadline.expired())  // not sticky: the sends are still in flight and may complete later
+      return Status(Code::kTimeout, fmt::format("devmem tx: {} not complete by the deadline", what));
     int ms = deadline.poll_timeout_ms();
     int r = sock_->poll(POLLERR, ms < 0 || ms > 1000 ? 1000 : ms);
     if (r < 0) return fail(errno_status("poll(devmem socket, POLLERR)", -r));

@@ -8,6 +8,7 @@
 //
 // Send lifecycle (per ticket):  queued (bytes handed to the kernel, ids pending) -> completed.
 // Errors are sticky: after one, every wait fails with it (the endpoint is closed; make a new one).
+// A wait that merely times out is not an error of the connection and is not sticky.
 // Thread-safety: one owner thread. The socket and binding must outlive the DevmemTx.
 #pragma once
 
