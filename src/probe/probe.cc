@@ -1,0 +1,48 @@
+#include "probe/probe.h"
+
+#include <functional>
+
+#include "transport/devmem/devmem.h"
+
+namespace dmx::probe {
+
+namespace {
+
+struct Check {
+  const char* name;  // for --only style filtering later
+  std::function<std::vector<Capability>(const ProbeOptions&)> run;
+};
+
+// Every check, in print order. Add transport lines here.
+const std::vector<Check>& checks() {
+  static const std::vector<Check> kChecks = {
+      {"kernel", [](const ProbeOptions&) { return probe_kernel(); }},
+      {"cuda",
+       [](const ProbeOptions& o) {
+         if (o.cuda) return probe_cuda();
+         return std::vector<Capability>{{"cuda.driver", false, "not probed (--no-cuda)"}};
+       }},
+      {"topo", [](const ProbeOptions& o) { return probe_topology(o.sysfs_root); }},
+      {"devmem",
+       [](const ProbeOptions& o) {
+         if (o.devmem) return devmem::probe();
+         return std::vector<Capability>{{"devmem", false, "not probed (--no-devmem)"}};
+       }},
+      {"io_uring", [](const ProbeOptions&) { return probe_io_uring_zcrx(); }},
+      {"netns", [](const ProbeOptions&) { return probe_network_namespaces(); }},
+  };
+  return kChecks;
+}
+
+}  // namespace
+
+std::vector<Capability> probe_all(const ProbeOptions& options) {
+  std::vector<Capability> out;
+  for (const Check& c : checks()) {
+    std::vector<Capability> part = c.run(options);
+    out.insert(out.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  return out;
+}
+
+}  // namespace dmx::probe
