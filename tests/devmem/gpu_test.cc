@@ -1,0 +1,172 @@
+// devmem on a GPU: dmabuf export of real GPU memory, binds with it on this machine's NICs, and the
+// gather kernel on random fragment layouts. Names say "Gpu"; skipped without a CUDA device.
+#include <gtest/gtest.h>
+#include <net/if.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "cuda/gather.h"
+#include "devmem/kernel_double.h"
+#include "memory/backend.h"
+#include "memory/dmabuf.h"
+#include "transport/devmem/kernel.h"
+#include "transport/devmem/nic.h"
+#include "transport/devmem/region.h"
+#include "transport/devmem/rx.h"
+
+namespace dmx::devmem {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                   \
+  do {                                                                       \
+    auto n = cuda_device_count();                                            \
+    if (!n.ok()) GTEST_SKIP() << "no GPU: " << n.status().message();         \
+    if (*n == 0) GTEST_SKIP() << "no GPU: no CUDA device";                   \
+  } while (0)
+
+struct DevMem {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit DevMem(size_t size) : n(size) {
+    auto r = cuda::device_alloc(0, size);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (r.ok()) p = *r;
+  }
+  ~DevMem() { cuda::device_free(p); }
+  MemRegion region() const { return MemRegion{p, n, {MemKind::kCuda, 0}}; }
+};
+
+TEST(Gpu, ExportDmabufOfGpuMemory) {
+  SKIP_WITHOUT_GPU();
+  DevMem mem(64 << 20);
+  auto e = export_dmabuf(mem.region());
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_TRUE(e->fd.valid());
+  EXPECT_GE(e->size, mem.n);
+  std::error_code ec;
+  auto link = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(e->fd.get()), ec).string();
+  std::printf("dmabuf fd %d -> %s, size %zu, offset %zu, %s mapping\n", e->fd.get(), link.c_str(), e->size, e->offset,
+              e->pcie_mapping ? "PCIe BAR1" : "default");
+  EXPECT_NE(link.find("dmabuf"), std::string::npos) << link;
+}
+
+// With a real GPU dmabuf, what each NIC of this machine answers. On virtio_net (the GPU machine
+// here) bind-rx must be EOPNOTSUPP and bind-tx EOPNOTSUPP with "Driver does not support netmem TX".
+TEST(Gpu, BindRealGpuDmabufOnEveryNic) {
+  SKIP_WITHOUT_GPU();
+  auto ops = make_kernel_netlink_ops();
+  if (!ops->detect().family) GTEST_SKIP() << "no netdev family";
+  DevMem mem(16 << 20);
+  for (const auto& e : std::filesystem::directory_iterator("/sys/class/net")) {
+    std::string name = e.path().filename();
+    int ifindex = static_cast<int>(::if_nametoindex(name.c_str()));
+    uint32_t q[] = {0};
+    auto rx = BoundRegion::bind_rx(*ops, ifindex, q, mem.region());
+    auto tx = BoundRegion::bind_tx(*ops, ifindex, mem.region());
+    std::string drv = driver_name(name);
+    std::printf("%s (%s):\n  bind-rx: %s\n  bind-tx: %s\n", name.c_str(), drv.c_str(),
+                rx.ok() ? "BOUND" : rx.status().message().c_str(), tx.ok() ? "BOUND" : tx.status().message().c_str());
+    if (drv == "virtio_net" || name == "lo") {
+      ASSERT_FALSE(rx.ok());
+      EXPECT_NE(rx.status().message().find("errno 95"), std::string::npos);
+      ASSERT_FALSE(tx.ok());
+      EXPECT_NE(tx.status().message().find("errno 95"), std::string::npos);
+      EXPECT_NE(tx.status().message().find("Driver does not support netmem TX"), std::string::npos);
+    }
+  }
+}
+
+struct Layout {
+  const char* name;
+  bool aligned;     // 4 KiB fragments at page offsets
+  uint32_t max_len;
+  bool odd_dst;     // destination base not 16-byte aligned
+};
+
+TEST(Gpu, GatherKernelMatchesHostOnRandomLayouts) {
+  SKIP_WITHOUT_GPU();
+  const size_t pool_size = 64 << 20;
+  DevMem pool(pool_size);
+  std::vector<uint8_t> host_pool(pool_size);
+  std::mt19937_64 rng(2026);
+  for (auto& b : host_pool) b = static_cast<uint8_t>(rng());
+  ASSERT_TRUE(cuda::copy_to_device(pool.p, host_pool.data(), pool_size).ok());
+  auto q = cuda::GatherQueue::create(0);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  for (Layout l : {Layout{"aligned-4k", true, 4096, false}, Layout{"random-1..4096", false, 4096, false},
+                   Layout{"mss-1448", false, 1448, false}, Layout{"random-odd-dst", false, 4096, true},
+                   Layout{"tiny-1..64", false, 64, false}}) {
+    std::vector<cuda::GatherDesc> d;
+    uint64_t dst = l.odd_dst ? 3 : 0;
+    std::uniform_int_distribution<uint32_t> len_d(1, l.max_len);
+    std::uniform_int_distribution<uint64_t> page_d(0, pool_size / 4096 - 1);
+    while (dst < (24u << 20)) {
+      uint32_t len = l.aligned ? 4096 : (l.max_len == 1448 ? 1448 : len_d(rng));
+      uint64_t page = page_d(rng) * 4096;
+      uint64_t off = l.aligned ? 0 : rng() % (4096 - std::min<uint32_t>(len, 4096) + 1);
+      d.push_back({page + off, dst, len, 0});
+      dst += len;
+    }
+    DevMem out(dst + 64);
+    ASSERT_TRUE(cuda::device_memset(out.p, 0x5A, out.n).ok());
+    auto f = (*q)->enqueue(pool.p, pool_size, out.p, out.n, d, {});
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    ASSERT_TRUE((*q)->wait(*f, Deadline::after(std::chrono::seconds(30))).ok()) << l.name;
+    std::vector<uint8_t> got(out.n), want(out.n, 0x5A);
+    for (const auto& g : d) std::memcpy(want.data() + g.dst, host_pool.data() + g.src, g.len);
+    ASSERT_TRUE(cuda::copy_to_host(got.data(), out.p, out.n).ok());
+    EXPECT_TRUE(got == want) << l.name;
+    std::printf("%-16s %zu fragments, %lu bytes: ok\n", l.name, d.size(), static_cast<unsigned long>(dst));
+  }
+}
+
+TEST(Gpu, GatherKernelRejectsOutOfBoundsDescriptors) {
+  SKIP_WITHOUT_GPU();
+  DevMem pool(1 << 20), out(1 << 20);
+  ASSERT_TRUE(cuda::device_memset(out.p, 0, out.n).ok());
+  auto q = cuda::GatherQueue::create(0);
+  ASSERT_TRUE(q.ok());
+  std::vector<cuda::GatherDesc> d = {{0, 0, 4096, 0},
+                                     {(1 << 20) - 100, 4096, 4096, 0},   // past the source
+                                     {0, (1 << 20) - 10, 4096, 0},       // past the destination
+                                     {~0ull - 10, 0, 4096, 0}};          // would overflow
+  auto f = (*q)->enqueue(pool.p, pool.n, out.p, out.n, d, {});
+  ASSERT_TRUE(f.ok());
+  Status s = (*q)->wait(*f, Deadline::after(std::chrono::seconds(10)));
+  EXPECT_EQ(s.code(), Code::kOutOfRange) << s.to_string();
+  EXPECT_NE(s.message().find("3 out-of-bounds"), std::string::npos) << s.message();
+}
+
+// The whole receive path with the GPU gather: fragments and linear chunks from the double,
+// pool in GPU memory, destination in GPU memory.
+TEST(Gpu, DevmemRxWithGpuGatherThroughTheDouble) {
+  SKIP_WITHOUT_GPU();
+  testing::KernelDouble k(48 << 20, 5, 77);
+  std::vector<uint8_t> data(12 << 20);
+  std::mt19937_64 rng(9);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  ASSERT_TRUE(k.inject(data, testing::RxLayout{1448, 0.1, 4096, false}));
+  DevMem pool(k.pool_size()), dst(data.size());
+  ASSERT_TRUE(cuda::copy_to_device(pool.p, k.pool(), k.pool_size()).ok());  // the NIC's writes
+  auto g = make_cuda_gatherer(0);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  auto rx = DevmemRx::create(&k, RxPool{5, 0, pool.region()}, g->get(), RxOptions{});
+  ASSERT_TRUE(rx.ok());
+  ASSERT_TRUE((*rx)->receive(dst.region(), Deadline::after(std::chrono::seconds(30))).ok()) << (*rx)->error().to_string();
+  std::vector<uint8_t> got(data.size());
+  ASSERT_TRUE(cuda::copy_to_host(got.data(), dst.p, got.size()).ok());
+  EXPECT_TRUE(got == data);
+  EXPECT_EQ(k.user_tokens(), 0u);
+  EXPECT_GT((*rx)->stats().linear_bytes, 0u);
+  std::printf("gpu rx: %lu frags, %lu devmem bytes, %lu linear bytes, %lu DONTNEED calls\n",
+              static_cast<unsigned long>((*rx)->stats().frags), static_cast<unsigned long>((*rx)->stats().devmem_bytes),
+              static_cast<unsigned long>((*rx)->stats().linear_bytes),
+              static_cast<unsigned long>((*rx)->stats().tokens.calls));
+}
+
+}  // namespace
+}  // namespace dmx::devmem
