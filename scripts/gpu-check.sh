@@ -294,8 +294,25 @@ if [[ $build_ok -eq 1 ]]; then
   # ---- lead: dmx bench (staged TCP, copy engine) ----
   # run_section bench-staged "$DMX" bench ...
 
-  # ---- devmem ----
-  # run_section devmem ...
+  # ---- devmem (owner: devmem) ----
+  # devmem tests with their output (bind errors and the kernel's extack text on this machine's
+  # NICs, dmabuf export facts, gather correctness) and the gather benchmark as JSON.
+  devmem_section() {
+    local rc=0 bin
+    for bin in dmx_devmem_gpu_tests dmx_devmem_kernel_tests; do
+      if [[ -x "$B/tests/devmem/$bin" ]]; then
+        "$B/tests/devmem/$bin" --gtest_color=no || rc=1
+      else
+        echo "no $B/tests/devmem/$bin (build failed?)"; rc=1
+      fi
+    done
+    return $rc
+  }
+  run_section devmem devmem_section
+  devmem_gather_section() {
+    "$B/bench/dmx_bench_devmem_gather" --size-mib 256 --iters 20 --json "$OUT/devmem_gather.json"
+  }
+  run_section devmem-gather devmem_gather_section
 
   # ==== end of SECTIONS ====
 else
