@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
+
 #include "core/log.h"
 #include "memory/backend.h"
 #include "memory/cuda/driver.h"
@@ -83,7 +85,18 @@ Result<DmabufExport> export_dmabuf(MemRegion region) {
     if (err.kind == drv::DriverError::kOutOfMemory) code = Code::kResourceExhausted;
     return Status(code, fmt::format("cuda:{}: dmabuf export failed: {}", device, why));
   }
-  if (!first.ok()) DMX_LOG_DEBUG("cuda:{}: dmabuf without the PCIe mapping flag ({})", device, first.text);
+  // The mapping chosen is logged once per process at info level (a silent fallback is a bug).
+  static std::atomic<bool> logged{false};
+  if (!logged.exchange(true)) {
+    if (pcie)
+      DMX_LOG_INFO("cuda:{}: dmabuf export uses the PCIe (BAR1) mapping", device);
+    else if (!first.ok())
+      DMX_LOG_INFO("cuda:{}: dmabuf export uses the default mapping; the PCIe mapping flag was refused: {}", device,
+                   first.text);
+    else
+      DMX_LOG_INFO("cuda:{}: dmabuf export uses the default mapping (driver {}.{} predates the PCIe mapping flag)",
+                   device, version / 1000, (version % 1000) / 10);
+  }
   (void)::fcntl(fd, F_SETFD, FD_CLOEXEC);
 
   DmabufExport out;
