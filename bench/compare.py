@@ -312,7 +312,8 @@ def scenario_host(runner, args, netns=False):
         if os.geteuid() != 0:
             raise Skip("host-netns needs root (ip netns)")
         suffix = f"cmp{os.getpid()}"
-        runner.run([os.path.join(ROOT, "scripts", "netns.sh"), "up", suffix], "netns.sh up")
+        runner.run([os.path.join(ROOT, "scripts", "netns.sh"), "up", suffix] +
+                   (["--mtu", str(args.netns_mtu)] if args.netns_mtu else []), "netns.sh up")
     result = {"dmx": [], "refs": [], "table": [], "targets": []}
     try:
         for n in refutil.parse_int_list(args.streams or "1,2,4,8"):
@@ -339,7 +340,7 @@ def scenario_host(runner, args, netns=False):
                 result["table"].append(row)
                 if size == judge:
                     result["targets"].append(target(
-                        f"{refutil.format_size(size)} x{n} streams: dmx / iperf3 -P {n}", rr, ">=",
+                        f"{refutil.format_size(size)} x{n} streams: dmx / iperf3 with {n} streams", rr, ">=",
                         args.host_target, f"iperf3 {ref.get('mode')} mode, {ref.get('threads')} thread(s)"))
     finally:
         if suffix:
@@ -521,6 +522,7 @@ def parse_args(argv):
                    help="host-loopback: dmx --listen/--connect instead of --loopback")
     p.add_argument("--listen-arg", action="append", metavar="ARG",
                    help="extra argument for the dmx --listen side (repeatable)")
+    p.add_argument("--netns-mtu", type=int, help="host-netns: veth MTU (default 1500)")
     p.add_argument("--time", type=int, default=5, help="iperf3 seconds per stream count")
     p.add_argument("--iperf-mode", default="auto", choices=("auto", "parallel", "procs"))
     p.add_argument("--judge-size", help="host scenarios: size the target applies to (default largest)")

@@ -133,7 +133,7 @@ def worker(args) -> int:
     except TypeError:  # torch < 2.3 has no device_id
         dist.init_process_group(**init)
 
-    flag = torch.ones(1, device=dev)
+    flag = torch.zeros(1, device=dev)  # stays 0: the all_reduce is only a rendezvous
 
     def sync():
         dist.all_reduce(flag)
@@ -317,7 +317,8 @@ def run_mode(args, mode: str) -> int:
                                          if l.startswith(MARK)))
     for obj in lines:
         obj["nccl_path"] = paths
-        obj["nccl_env"] = {k: v for k, v in env.items() if k.startswith("NCCL_") and not k.startswith("NCCL_DEBUG")}
+        obj["env"] = {k: v for k, v in env.items() if (k.startswith("NCCL_") and not k.startswith("NCCL_DEBUG"))
+                      or k in refutil.SAFETY_ENV}
         obj["nccl_env_seen"] = seen
         obj.setdefault("iters", args.iters)
         refutil.emit(obj)

@@ -1,0 +1,5 @@
+"""Fake torch.cuda.nccl."""
+
+
+def version():
+    return (2, 28, 3)
