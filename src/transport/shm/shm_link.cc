@@ -154,6 +154,9 @@ bool LinkImpl::tx_step(std::vector<Completion>* out) {
     tx_chunks_.push_back(chunk);
     if (chunk.last) sends_.pop_front();
     moved = true;
+    // Publish each host chunk as soon as it is copied, so that the consumer copies out of one slot
+    // while we fill the next (the pipeline), instead of after a whole ring's worth.
+    if (chunk.queue == nullptr && tx_chunks_.size() == 1 && !publish_ready(out)) return true;
   }
   // Host chunks are complete as soon as they are copied: publish them in the same step.
   if (!publish_ready(out)) return true;
@@ -232,7 +235,6 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
     }
     peer_head_ = h;
   }
-  bool host_released = false;
   while (rx_read_ < peer_head_) {
     SlotHeader* hd = slot_header(1 - side_, rx_read_);
     // Copy the header once; never read the shared copy again for this chunk.
@@ -308,15 +310,14 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
     ++rx_read_;
     moved = true;
     if (chunk.queue == nullptr && rx_chunks_.empty()) {
-      ++rx_tail_;  // nothing in flight before it: release at once
-      host_released = true;
+      // Nothing in flight before it: give the slot back at once, so the producer can refill it
+      // while we copy the next one.
+      ++rx_tail_;
+      rx_ctl_->tail.v.store(rx_tail_, std::memory_order_release);
+      ring_peer();
     } else {
       rx_chunks_.push_back(chunk);
     }
-  }
-  if (host_released) {
-    rx_ctl_->tail.v.store(rx_tail_, std::memory_order_release);
-    ring_peer();
   }
   return moved;
 }
