@@ -222,10 +222,17 @@ ctest_fallback() {
   done
   echo "---- running the gtest binaries directly"
   mkdir -p "$OUT/gtest-xml"
-  local bin rc=0
+  local bin rc=0 brc bad=""
   while IFS= read -r bin; do
     echo "==== $bin"
-    timeout --kill-after=10 300 "$bin" --gtest_color=no --gtest_output="xml:$OUT/gtest-xml/$(basename "$bin").xml" || rc=1
+    timeout --kill-after=10 300 "$bin" --gtest_color=no --gtest_output="xml:$OUT/gtest-xml/$(basename "$bin").xml"
+    brc=$?
+    if [[ $brc -ne 0 ]]; then
+      rc=1
+      # exit 1 is gtest's "some test failed"; anything else (139 = SIGSEGV, 124 = timeout) means
+      # the binary died and its own counts are incomplete.
+      [[ $brc -ne 1 ]] && bad+=" $(basename "$bin")(exit $brc)"
+    fi
   done < <(find "$B/tests" -maxdepth 3 -type f -name '*_tests' -perm -u+x | sort)
   # One junit file instead of one per binary (the device tool brings back at most 8 files).
   if command -v python3 > /dev/null; then
@@ -246,7 +253,7 @@ PY
   passed=$(grep -ho '^\[  PASSED  \] [0-9]*' "$OUT/ctest.log" | awk '{ s += $4 } END { print s + 0 }')
   skipped=$(grep -ho '^\[  SKIPPED \] [0-9]* tests\?,' "$OUT/ctest.log" | awk '{ s += $4 } END { print s + 0 }')
   failed=$(grep -ho '^\[  FAILED  \] [0-9]* tests\?,' "$OUT/ctest.log" | awk '{ s += $4 } END { print s + 0 }')
-  echo "ctest: list unreadable; gtest binaries run directly: ${passed} passed, ${failed} failed, ${skipped} skipped"
+  echo "ctest: list unreadable; gtest binaries run directly: ${passed} passed, ${failed} failed, ${skipped} skipped${bad:+; died:$bad}"
   return $rc
 }
 
@@ -335,7 +342,7 @@ banner "summary (${total_secs}s total)"
 printf '%-16s %-8s %8s  %s\n' "stage" "result" "seconds" "note"
 for i in "${!STAGE_NAMES[@]}"; do
   [[ "${STAGE_RESULTS[$i]}" == FAILED ]] && nfail=$((nfail + 1))
-  printf '%-16s %-8s %8s  %s\n' "${STAGE_NAMES[$i]}" "${STAGE_RESULTS[$i]}" "${STAGE_SECS[$i]}" "${STAGE_NOTES[$i]:0:90}"
+  printf '%-16s %-8s %8s  %s\n' "${STAGE_NAMES[$i]}" "${STAGE_RESULTS[$i]}" "${STAGE_SECS[$i]}" "${STAGE_NOTES[$i]:0:120}"
 done
 echo "gpu-check: $nfail stage(s) failed; logs in $OUT"
 [[ $nfail -eq 0 ]]
