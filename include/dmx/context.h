@@ -1,0 +1,71 @@
+// dmx/context.h — the entry point: configuration, listening, connecting, registering memory.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dmx/endpoint.h"
+#include "dmx/options.h"
+
+namespace dmx {
+
+class ContextImpl;
+class ListenerImpl;
+struct Registered;
+
+// Registered memory that peers may write into or read from. Move-only; destroying it (or
+// calling deregister) withdraws the key and waits until no transfer uses the memory any more.
+class Registration {
+ public:
+  Registration() = default;
+  Registration(std::shared_ptr<ContextImpl> ctx, std::shared_ptr<Registered> reg);
+  ~Registration();
+  Registration(Registration&&) noexcept = default;
+  Registration& operator=(Registration&&) noexcept;
+  Registration(const Registration&) = delete;
+  Registration& operator=(const Registration&) = delete;
+
+  RemoteRegion remote() const;  // what to give the peer
+  void deregister();
+
+ private:
+  std::shared_ptr<ContextImpl> ctx_;
+  std::shared_ptr<Registered> reg_;
+};
+
+// Thread-safe. Move-only; destroying it stops accepting.
+class Listener {
+ public:
+  Listener() = default;
+  explicit Listener(std::shared_ptr<ListenerImpl> impl);
+  ~Listener();
+  Listener(Listener&&) noexcept = default;
+  Listener& operator=(Listener&&) noexcept;
+
+  // The next authenticated endpoint; Code::kTimeout when none arrives in time.
+  Result<Endpoint> accept(Duration timeout = kForever);
+  std::string address() const;  // "tcp://host:port" with the actual port
+  void close();
+
+ private:
+  std::shared_ptr<ListenerImpl> impl_;
+};
+
+// Thread-safe; cheap to copy (a handle).
+class Context {
+ public:
+  // Resolves the configuration (options > DMX_* environment > defaults) and the auth key.
+  static Result<Context> create(const Options& options = {});
+
+  Result<Listener> listen(const std::string& address);  // "tcp://host:port"; port 0: any
+  // Connects and authenticates within the connect_timeout setting.
+  Result<Endpoint> connect(const std::string& address);
+  Result<Registration> register_memory(const MemRegion& region);
+
+  std::shared_ptr<ContextImpl> impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<ContextImpl> impl_;
+};
+
+}  // namespace dmx

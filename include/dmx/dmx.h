@@ -1,0 +1,9 @@
+// dmx — device memory exchange. Include this one header for the whole public API.
+#pragma once
+
+#include "dmx/context.h"
+#include "dmx/endpoint.h"
+#include "dmx/memory.h"
+#include "dmx/options.h"
+#include "dmx/request.h"
+#include "dmx/status.h"

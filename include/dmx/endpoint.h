@@ -1,0 +1,90 @@
+// dmx/endpoint.h — a connection to one peer, and the operations on it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dmx/memory.h"
+#include "dmx/request.h"
+
+namespace dmx {
+
+class EndpointImpl;
+
+// A region the peer registered and advertised (see Context::register_memory).
+struct RemoteRegion {
+  uint64_t key = 0;
+  uint64_t size = 0;
+  // 16 bytes to carry to the peer any way the application likes (e.g. in a send).
+  std::vector<unsigned char> serialize() const;
+  static Result<RemoteRegion> parse(const unsigned char* data, size_t len);
+};
+
+// Delivered to the target of a write made with OpOptions::notify, after the data has landed.
+struct Notification {
+  uint64_t value = 0;
+  uint64_t key = 0;
+  uint64_t length = 0;
+};
+
+struct EndpointStats {
+  std::string transport;  // the data path in use: "tcp"
+  std::string reason;     // why that path was chosen
+  std::string peer;
+  uint32_t streams = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;  // payload bytes on the wire
+  uint64_t messages_sent = 0, messages_received = 0;
+  uint64_t eager_sends = 0, rendezvous_sends = 0;
+  uint64_t writes = 0, reads = 0;
+  uint64_t d2h_copies = 0, d2h_bytes = 0;  // device -> pinned staging copies
+  uint64_t h2d_copies = 0, h2d_bytes = 0;  // pinned staging -> device copies
+  uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies (eager messages buffered early)
+  double send_seconds = 0, recv_seconds = 0, copy_wait_seconds = 0;  // time in each stage
+  std::vector<uint64_t> stream_bytes_sent;  // per stream: shows the balance
+};
+
+// Thread-safe. Move-only; destroying the last handle closes the endpoint.
+//
+// Recovery contract: after any connection error the endpoint is failed for good: every pending
+// and later operation completes with that error (it names the peer). Make a new endpoint.
+class Endpoint {
+ public:
+  Endpoint() = default;
+  explicit Endpoint(std::shared_ptr<EndpointImpl> impl);
+  ~Endpoint();
+  Endpoint(Endpoint&&) noexcept = default;
+  Endpoint& operator=(Endpoint&&) noexcept;
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  bool valid() const { return impl_ != nullptr; }
+
+  // Two-sided: the peer's recv with a matching tag receives the bytes of `src`.
+  Request send(const MemRegion& src, uint64_t tag, OpOptions options = {});
+  // Receives the next message with `tag` (or any tag: kAnyTag) into `dst`. A message larger
+  // than dst fails both sides' operations with Code::kTruncated.
+  Request recv(const MemRegion& dst, uint64_t tag, OpOptions options = {});
+  // One-sided: writes `src` into the peer's registered region at `offset`. Completes once the
+  // data has landed at the target.
+  Request write(const MemRegion& src, const RemoteRegion& dst, uint64_t offset, OpOptions options = {});
+  // One-sided: reads from the peer's registered region at `offset` into `dst`.
+  Request read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions options = {});
+
+  // The next notification of a write the peer made into our memory, waiting up to `timeout`.
+  Result<Notification> next_notification(Duration timeout = kForever);
+
+  EndpointStats stats() const;
+  std::string peer() const;
+  // Ok while the endpoint is healthy; otherwise the error that ended it.
+  Status health() const;
+  // Orderly close: tells the peer, fails pending operations with Code::kClosed, and returns once
+  // dmx no longer touches any of their buffers.
+  void close();
+
+ private:
+  std::shared_ptr<EndpointImpl> impl_;
+};
+
+}  // namespace dmx

@@ -1,0 +1,32 @@
+// Peer authentication: challenge-response over a shared secret (HMAC-SHA256, OpenSSL).
+//
+// The secret comes from the auth_key setting (DMX_AUTH_KEY), else from a key file
+// (auth_key_file; default $XDG_CONFIG_HOME/dmx/auth.key or ~/.config/dmx/auth.key), which is
+// created with 32 random bytes and mode 0600 on first use — so two processes of one user on one
+// host work with no set-up. A key file readable by others is refused. insecure=true turns
+// authentication off; both peers must agree.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/config.h"
+#include "wire/handshake.h"
+
+namespace dmx {
+
+struct AuthKey {
+  bool insecure = false;
+  std::vector<unsigned char> secret;
+  std::string source;  // "setting auth_key", "file /root/.config/dmx/auth.key", "insecure"
+};
+
+Result<AuthKey> load_auth_key(const Config& config);
+
+// HMAC-SHA256(secret, label || client nonce || server nonce || session || index).
+wire::Proof make_proof(const AuthKey& key, std::string_view label, const wire::Nonce& client,
+                       const wire::Nonce& server, uint64_t session, uint16_t index = 0);
+bool proofs_equal(const wire::Proof& a, const wire::Proof& b);  // constant time
+
+}  // namespace dmx

@@ -1,0 +1,266 @@
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "engine/context_impl.h"
+#include "engine/endpoint_impl.h"
+#include "engine/handshake.h"
+#include "wire/handshake.h"
+
+namespace dmx {
+namespace {
+
+std::string read_boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id.size() <= 64 ? id : id.substr(0, 64);
+}
+
+Result<EngineParams> params_from(const Config& c) {
+  EngineParams p;
+  int64_t streams = c.get_int("streams");
+  if (streams < 1 || streams > wire::kMaxStreams)
+    return Status(Code::kInvalidArgument, fmt::format("streams must be 1-{} (got {})", wire::kMaxStreams, streams));
+  p.streams = static_cast<uint16_t>(streams);
+  uint64_t chunk = c.get_size("chunk_size");
+  if (chunk < wire::kMinChunk || chunk > wire::kMaxChunk)
+    return Status(Code::kInvalidArgument, fmt::format("chunk_size must be 64K-64M (got {})", chunk));
+  p.chunk_size = static_cast<uint32_t>(chunk);
+  uint64_t eager = c.get_size("eager_limit");
+  if (eager > chunk) return Status(Code::kInvalidArgument, "eager_limit must not exceed chunk_size");
+  p.eager_limit = static_cast<uint32_t>(eager);
+  p.unexpected_budget = c.get_size("unexpected_budget");
+  int64_t slots = c.get_int("staging_slots");
+  if (slots < 2 || slots > 64) return Status(Code::kInvalidArgument, "staging_slots must be 2-64");
+  p.staging_slots = static_cast<int>(slots);
+  int64_t ops = c.get_int("max_inflight_ops");
+  if (ops < 16 || ops > (1 << 20)) return Status(Code::kInvalidArgument, "max_inflight_ops must be 16-1048576");
+  p.max_inflight_ops = static_cast<int>(ops);
+  p.keepalive = c.get_duration("keepalive_interval");
+  p.peer_timeout = c.get_duration("peer_timeout");
+  if (p.keepalive.count() <= 0 || p.peer_timeout <= 2 * p.keepalive)
+    return Status(Code::kInvalidArgument, "peer_timeout must exceed twice keepalive_interval");
+  p.connect_timeout = c.get_duration("connect_timeout");
+  p.handshake_timeout = c.get_duration("handshake_timeout");
+  uint64_t sb = c.get_size("socket_buffer");
+  if (sb > (1u << 30)) return Status(Code::kInvalidArgument, "socket_buffer must be at most 1G");
+  p.socket_buffer = static_cast<int>(sb);
+  p.transport = c.get_string("transport");
+  return p;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<ContextImpl>> ContextImpl::create(const Options& options) {
+  DMX_ASSIGN_OR_RETURN(Config config, Config::resolve(options));
+  set_log_level(config.get_string("log_level"));
+  DMX_ASSIGN_OR_RETURN(EngineParams params, params_from(config));
+  DMX_ASSIGN_OR_RETURN(AuthKey auth, load_auth_key(config));
+  return std::shared_ptr<ContextImpl>(new ContextImpl(std::move(config), std::move(params), std::move(auth)));
+}
+
+ContextImpl::ContextImpl(Config config, EngineParams params, AuthKey auth)
+    : config_(std::move(config)), params_(std::move(params)), auth_(std::move(auth)), staging_(params_.chunk_size) {
+  boot_id_ = read_boot_id();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  hostname_ = host;
+}
+
+std::shared_ptr<Registered> ContextImpl::add_registration(const MemRegion& region) {
+  auto reg = std::make_shared<Registered>();
+  reg->region = region;
+  std::lock_guard<std::mutex> lock(mu_);
+  do {
+    reg->key = random_u64();  // unguessable: a key is a capability
+  } while (reg->key == 0 || regs_.count(reg->key));
+  regs_[reg->key] = reg;
+  return reg;
+}
+
+std::shared_ptr<Registered> ContextImpl::acquire_registration(uint64_t key) {
+  std::shared_ptr<Registered> reg;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regs_.find(key);
+    if (it == regs_.end()) return nullptr;
+    reg = it->second;
+  }
+  std::lock_guard<std::mutex> lock(reg->mu);
+  if (reg->withdrawn) return nullptr;
+  ++reg->inflight;
+  return reg;
+}
+
+void ContextImpl::release_registration(Registered& reg) {
+  {
+    std::lock_guard<std::mutex> lock(reg.mu);
+    --reg.inflight;
+  }
+  reg.cv.notify_all();
+}
+
+void ContextImpl::remove_registration(Registered& reg) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    regs_.erase(reg.key);
+  }
+  std::unique_lock<std::mutex> lock(reg.mu);
+  reg.withdrawn = true;
+  // Transfers already using the memory finish (or fail with their endpoint) in bounded time.
+  if (!reg.cv.wait_for(lock, std::chrono::seconds(60), [&] { return reg.inflight == 0; }))
+    DMX_LOG_ERROR("deregister: key 0x{:x} still in use by {} transfers after 60 s", reg.key, reg.inflight);
+}
+
+// --- public handles ---
+
+Result<Context> Context::create(const Options& options) {
+  DMX_ASSIGN_OR_RETURN(auto impl, ContextImpl::create(options));
+  Context c;
+  c.impl_ = std::move(impl);
+  return c;
+}
+
+Result<Endpoint> Context::connect(const std::string& address) {
+  DMX_ASSIGN_OR_RETURN(auto ep, connect_endpoint(impl_, address));
+  return Endpoint(std::move(ep));
+}
+
+Result<Registration> Context::register_memory(const MemRegion& region) {
+  if (region.size > 0 && region.ptr == nullptr) return Status(Code::kInvalidArgument, "register_memory: null buffer");
+  DMX_RETURN_IF_ERROR(mem_available(region.where));
+  return Registration(impl_, impl_->add_registration(region));
+}
+
+Registration::Registration(std::shared_ptr<ContextImpl> ctx, std::shared_ptr<Registered> reg)
+    : ctx_(std::move(ctx)), reg_(std::move(reg)) {}
+
+Registration::~Registration() { deregister(); }
+
+Registration& Registration::operator=(Registration&& o) noexcept {
+  if (this != &o) {
+    deregister();
+    ctx_ = std::move(o.ctx_);
+    reg_ = std::move(o.reg_);
+  }
+  return *this;
+}
+
+RemoteRegion Registration::remote() const {
+  return reg_ ? RemoteRegion{reg_->key, reg_->region.size} : RemoteRegion{};
+}
+
+void Registration::deregister() {
+  if (reg_ && ctx_) ctx_->remove_registration(*reg_);
+  reg_.reset();
+}
+
+std::vector<unsigned char> RemoteRegion::serialize() const {
+  std::vector<unsigned char> out(16);
+  for (int i = 0; i < 8; ++i) {
+    out[static_cast<size_t>(i)] = static_cast<unsigned char>(key >> (8 * i));
+    out[static_cast<size_t>(8 + i)] = static_cast<unsigned char>(size >> (8 * i));
+  }
+  return out;
+}
+
+Result<RemoteRegion> RemoteRegion::parse(const unsigned char* data, size_t len) {
+  if (data == nullptr || len != 16) return Status(Code::kInvalidArgument, "a remote region descriptor is 16 bytes");
+  RemoteRegion r;
+  for (int i = 7; i >= 0; --i) {
+    r.key = (r.key << 8) | data[i];
+    r.size = (r.size << 8) | data[8 + i];
+  }
+  return r;
+}
+
+// --- Endpoint handle ---
+
+Endpoint::Endpoint(std::shared_ptr<EndpointImpl> impl) : impl_(std::move(impl)) {}
+Endpoint::~Endpoint() {
+  if (impl_) impl_->close();
+}
+Endpoint& Endpoint::operator=(Endpoint&& o) noexcept {
+  if (this != &o) {
+    if (impl_) impl_->close();
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
+
+namespace {
+Status no_endpoint() { return Status(Code::kInvalidArgument, "operation on an empty Endpoint handle"); }
+Request failed_request(Status s, const OpOptions& o) {
+  auto op = std::make_shared<OpState>();
+  op->final_status = s;
+  op->completed.store(true);
+  if (o.on_complete) o.on_complete(s, 0);
+  return Request(op);
+}
+}  // namespace
+
+Request Endpoint::send(const MemRegion& src, uint64_t tag, OpOptions o) {
+  return impl_ ? impl_->post_send(src, tag, std::move(o)) : failed_request(no_endpoint(), o);
+}
+Request Endpoint::recv(const MemRegion& dst, uint64_t tag, OpOptions o) {
+  return impl_ ? impl_->post_recv(dst, tag, std::move(o)) : failed_request(no_endpoint(), o);
+}
+Request Endpoint::write(const MemRegion& src, const RemoteRegion& dst, uint64_t offset, OpOptions o) {
+  return impl_ ? impl_->post_write(src, dst, offset, std::move(o)) : failed_request(no_endpoint(), o);
+}
+Request Endpoint::read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions o) {
+  return impl_ ? impl_->post_read(dst, src, offset, std::move(o)) : failed_request(no_endpoint(), o);
+}
+Result<Notification> Endpoint::next_notification(Duration timeout) {
+  if (!impl_) return no_endpoint();
+  return impl_->next_notification(timeout);
+}
+EndpointStats Endpoint::stats() const { return impl_ ? impl_->stats() : EndpointStats{}; }
+std::string Endpoint::peer() const { return impl_ ? impl_->peer() : std::string(); }
+Status Endpoint::health() const { return impl_ ? impl_->health() : no_endpoint(); }
+void Endpoint::close() {
+  if (impl_) impl_->close();
+}
+
+// --- Request ---
+
+bool Request::test() const { return op_ && op_->completed.load(std::memory_order_acquire); }
+
+Status Request::wait(Duration timeout) const {
+  if (!op_) return Status(Code::kInvalidArgument, "wait on an empty Request");
+  std::unique_lock<std::mutex> lock(op_->mu);
+  auto done = [&] { return op_->completed.load(std::memory_order_acquire); };
+  if (timeout == kForever) op_->cv.wait(lock, done);
+  else if (!op_->cv.wait_for(lock, timeout, done))
+    return Status(Code::kTimeout, "the operation has not completed yet");
+  return op_->final_status;
+}
+
+Status Request::status() const {
+  if (!test()) return Status(Code::kInternal, "the operation has not completed yet");
+  std::lock_guard<std::mutex> lock(op_->mu);
+  return op_->final_status;
+}
+
+size_t Request::bytes() const {
+  if (!test()) return 0;
+  std::lock_guard<std::mutex> lock(op_->mu);
+  return op_->final_bytes;
+}
+
+uint64_t Request::tag() const {
+  if (!test()) return 0;
+  std::lock_guard<std::mutex> lock(op_->mu);
+  return op_->matched_tag;
+}
+
+void Request::cancel() const {
+  if (!op_ || test()) return;
+  if (auto ep = op_->ep.lock()) ep->cancel(op_, Status(Code::kCancelled, "cancelled by the application"));
+}
+
+}  // namespace dmx

@@ -1,0 +1,73 @@
+// The shared state behind a Context handle.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/config.h"
+#include "dmx/context.h"
+#include "engine/auth.h"
+#include "transport/tcp/staging.h"
+
+namespace dmx {
+
+// Memory a peer may write into or read from. `inflight` counts transfers that use it;
+// deregistration waits for it to reach 0.
+struct Registered {
+  uint64_t key = 0;
+  MemRegion region;
+  std::mutex mu;  // guards inflight, withdrawn
+  std::condition_variable cv;
+  int inflight = 0;
+  bool withdrawn = false;
+};
+
+// Parameters one side proposes and enforces, derived from the configuration.
+struct EngineParams {
+  uint16_t streams = 4;
+  uint32_t chunk_size = 1 << 20;
+  uint32_t eager_limit = 16 << 10;
+  uint64_t unexpected_budget = 64 << 20;
+  int staging_slots = 4;
+  int max_inflight_ops = 4096;
+  std::chrono::microseconds keepalive{1'000'000};
+  std::chrono::microseconds peer_timeout{10'000'000};
+  std::chrono::microseconds connect_timeout{10'000'000};
+  std::chrono::microseconds handshake_timeout{5'000'000};
+  int socket_buffer = 0;
+  std::string transport = "auto";
+};
+
+class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
+ public:
+  static Result<std::shared_ptr<ContextImpl>> create(const Options& options);
+
+  const Config& config() const { return config_; }
+  const EngineParams& params() const { return params_; }
+  const AuthKey& auth() const { return auth_; }
+  const std::string& boot_id() const { return boot_id_; }
+  const std::string& hostname() const { return hostname_; }
+  tcp::StagingPool& staging() { return staging_; }
+
+  std::shared_ptr<Registered> add_registration(const MemRegion& region);
+  // The registration for `key`, with its inflight count raised; nullptr when unknown.
+  std::shared_ptr<Registered> acquire_registration(uint64_t key);
+  static void release_registration(Registered& reg);
+  void remove_registration(Registered& reg);
+
+ private:
+  ContextImpl(Config config, EngineParams params, AuthKey auth);
+
+  const Config config_;
+  const EngineParams params_;
+  const AuthKey auth_;
+  std::string boot_id_, hostname_;
+  tcp::StagingPool staging_;
+  std::mutex mu_;  // guards regs_
+  std::unordered_map<uint64_t, std::shared_ptr<Registered>> regs_;
+};
+
+}  // namespace dmx

@@ -1,0 +1,165 @@
+// The shared state behind an Endpoint: matching, one-sided targets, completion order, failure.
+//
+// Threads: user threads post operations; each stream's worker calls the StreamHost hooks.
+// mu_ guards everything below it. Lock order: mu_ -> a Stream's queue lock -> an OpState's mu.
+// Completion callbacks run with no lock held (deliver()).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dmx/endpoint.h"
+#include "engine/context_impl.h"
+#include "engine/op.h"
+#include "transport/tcp/stream.h"
+
+namespace dmx {
+
+// What both sides agreed in the handshake.
+struct Session {
+  uint16_t streams = 1;
+  uint32_t chunk_size = 1 << 20;
+  uint32_t peer_eager_limit = 0;        // largest EAGER we may send
+  uint64_t peer_unexpected_budget = 0;  // EAGER bytes the peer buffers for us
+  std::string peer;                     // "10.0.0.2:7000"
+  std::string transport = "tcp";
+  std::string reason;
+};
+
+class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_from_this<EndpointImpl> {
+ public:
+  static std::shared_ptr<EndpointImpl> create(std::shared_ptr<ContextImpl> ctx, Session session,
+                                              std::vector<UniqueFd> fds);
+  ~EndpointImpl() override;
+
+  Request post_send(const MemRegion& src, uint64_t tag, OpOptions o);
+  Request post_recv(const MemRegion& dst, uint64_t tag, OpOptions o);
+  Request post_write(const MemRegion& src, const RemoteRegion& dst, uint64_t offset, OpOptions o);
+  Request post_read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions o);
+  void cancel(const std::shared_ptr<OpState>& op, Status why);
+  Result<Notification> next_notification(Duration timeout);
+  EndpointStats stats() const;
+  Status health() const;
+  const std::string& peer() const { return session_.peer; }
+  void close();
+
+  // tcp::StreamHost
+  Result<tcp::RxPlan> on_header(int stream, const wire::FrameHeader& h) override;
+  Status on_landed(int stream, const wire::FrameHeader& h, tcp::RxPlan& plan) override;
+  bool next_chunk(int stream, tcp::TxItem* out) override;
+  void on_sent(int stream, tcp::TxItem& item) override;
+  void on_stream_failed(int stream, const Status& s) override;
+  void on_stream_stopped(int stream) override;
+  void on_tick() override;
+
+ private:
+  // An outgoing data transfer, chunked by whichever streams pull it.
+  struct Transfer {
+    std::shared_ptr<OpState> op;
+    wire::FrameType type;
+    const char* src;
+    MemSpec where;
+    uint64_t next = 0;
+    bool emitted = false;  // a zero-byte transfer still sends one (empty) chunk
+  };
+  // Bytes arriving for a matched recv (keyed by token) or a read (keyed by op id). Outlives its
+  // op when the op stops early: later chunks are then read and dropped until `expected`.
+  struct Inbound {
+    std::shared_ptr<OpState> op;  // null once the op has finished
+    uint64_t msg = 0;
+    uint64_t total = 0, received = 0, expected = 0;
+    uint64_t reserved = 0;  // bytes of chunks whose headers arrived (≥ received)
+  };
+  // A message that arrived before a matching recv.
+  struct Unexpected {
+    uint64_t msg = 0, tag = 0, size = 0;
+    bool eager = false, landed = false;
+    std::vector<unsigned char> data;
+    std::shared_ptr<OpState> waiting;  // a recv that claimed it before its payload landed
+  };
+  // The target side of a peer's write.
+  struct InWrite {
+    std::shared_ptr<Registered> reg;  // null when refused
+    uint64_t rkey = 0, total = 0, received = 0, expected = 0, reserved = 0;
+    bool notify = false, cancelled = false;
+    uint64_t value = 0;
+  };
+
+  EndpointImpl(std::shared_ptr<ContextImpl> ctx, Session session);
+
+  std::shared_ptr<OpState> new_op(OpType type, const MemRegion& region, const OpOptions& o);
+  Request start(const std::shared_ptr<OpState>& op, std::deque<std::shared_ptr<OpState>>& queue);
+  void push_control(wire::FrameHeader h, std::vector<unsigned char> payload = {},
+                    std::shared_ptr<OpState> op = nullptr);
+  void send_ack(uint64_t id, wire::OpKind kind, const Status& s);
+  void wake_streams();
+
+  void finish(OpState& op, Status s);
+  void stop(const std::shared_ptr<OpState>& op, Status why);
+  void settle_stopped(const std::shared_ptr<OpState>& op);
+  void fail(Status s);
+  void fail_all();
+  void deliver();
+  bool on_worker_thread() const;
+
+  // Receive side (endpoint_rx.cc).
+  Result<tcp::RxPlan> plan_eager(const wire::FrameHeader& h);
+  Status on_rts(const wire::FrameHeader& h);
+  void accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_t msg, uint64_t size, uint64_t tag);
+  Result<tcp::RxPlan> plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const wire::FrameHeader& h,
+                                   uint64_t offset, uint64_t total, std::string_view what);
+  Status land_inbound(std::unordered_map<uint64_t, Inbound>& map, uint64_t key, uint64_t len, bool counted);
+  Status on_cts(const wire::FrameHeader& h);
+  Result<tcp::RxPlan> plan_write(const wire::FrameHeader& h);
+  void land_write(const wire::FrameHeader& h);
+  Status on_read_req(const wire::FrameHeader& h);
+  Status on_ack(const wire::FrameHeader& h, const std::vector<unsigned char>& text);
+  Status on_cancel(const wire::FrameHeader& h);
+  Status consume_unexpected(const std::shared_ptr<Unexpected>& u, const std::shared_ptr<OpState>& op);
+  void return_credit(uint64_t bytes);
+  Status check_new_msg(uint64_t msg);
+  tcp::RxPlan plan_into(const MemRegion& dst, std::shared_ptr<void> ctx) const;
+
+  const std::shared_ptr<ContextImpl> ctx_;
+  const Session session_;
+  const EngineParams params_;
+  std::vector<std::unique_ptr<tcp::Stream>> streams_;  // fixed after create()
+
+  mutable std::mutex mu_;
+  Status status_;  // sticky: ok until the endpoint fails or closes
+  int running_ = 0;  // workers not yet stopped
+  std::condition_variable stopped_cv_;
+  bool delivering_ = false, redeliver_ = false;
+  std::deque<std::shared_ptr<OpState>> initiated_, received_;  // completion order per queue
+
+  uint64_t next_msg_ = 1, next_op_ = 1, next_token_ = 1;
+  int64_t peer_credit_ = 0;
+  std::unordered_map<uint64_t, std::shared_ptr<OpState>> sends_;   // rendezvous, by msg
+  std::deque<Transfer> tx_;
+  std::deque<std::shared_ptr<OpState>> posted_;                     // unmatched recvs
+  std::deque<std::shared_ptr<Unexpected>> unexpected_;
+  uint64_t unexpected_bytes_ = 0, credit_owed_ = 0, highest_msg_ = 0;
+  std::unordered_map<uint64_t, Inbound> tokens_;                    // matched recvs, by token
+  std::unordered_map<uint64_t, uint64_t> token_of_msg_;
+  std::unordered_map<uint64_t, std::shared_ptr<OpState>> writes_;  // awaiting ACK, by op id
+  std::unordered_map<uint64_t, Inbound> reads_;                     // by op id
+  std::unordered_map<uint64_t, InWrite> in_writes_;                 // peer's writes, by its op id
+  int read_responses_ = 0;
+  std::deque<Notification> notes_;
+  std::condition_variable notes_cv_;
+  std::multimap<Clock::time_point, std::weak_ptr<OpState>> deadlines_;
+  std::atomic<int64_t> next_deadline_ns_{INT64_MAX};
+
+  struct Counters {
+    uint64_t messages_sent = 0, messages_received = 0, eager = 0, rendezvous = 0, writes = 0, reads = 0;
+    uint64_t host_copies = 0, host_copy_bytes = 0;
+  } counters_;
+};
+
+}  // namespace dmx

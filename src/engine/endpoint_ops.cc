@@ -1,0 +1,580 @@
+// Endpoint: posting operations, cancellation, completion order, failure and close.
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/log.h"
+#include "core/units.h"
+#include "engine/endpoint_impl.h"
+
+namespace dmx {
+
+using wire::FrameHeader;
+using wire::FrameType;
+
+namespace {
+// Per-message cost charged against the peer's unexpected budget (so empty messages count too).
+constexpr uint64_t kEagerOverhead = 64;
+
+Status region_problem(const MemRegion& r, std::string_view what) {
+  if (r.size > 0 && r.ptr == nullptr) return Status(Code::kInvalidArgument, fmt::format("{}: null buffer", what));
+  return mem_available(r.where);
+}
+}  // namespace
+
+std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> ctx, Session session,
+                                                   std::vector<UniqueFd> fds) {
+  auto ep = std::shared_ptr<EndpointImpl>(new EndpointImpl(std::move(ctx), std::move(session)));
+  const EngineParams& p = ep->params_;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    tcp::StreamConfig sc;
+    sc.index = static_cast<int>(i);
+    sc.chunk_size = ep->session_.chunk_size;
+    sc.slots = p.staging_slots;
+    sc.limits = wire::Limits{ep->session_.chunk_size, p.eager_limit};
+    sc.keepalive = p.keepalive;
+    sc.peer_timeout = p.peer_timeout;
+    sc.peer = ep->session_.peer;
+    ep->streams_.push_back(std::make_unique<tcp::Stream>(sc, std::move(fds[i]), ep.get(), &ep->ctx_->staging()));
+  }
+  ep->running_ = static_cast<int>(ep->streams_.size());
+  for (auto& s : ep->streams_) s->start(ep);
+  DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
+               ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));
+  return ep;
+}
+
+EndpointImpl::EndpointImpl(std::shared_ptr<ContextImpl> ctx, Session session)
+    : ctx_(std::move(ctx)), session_(std::move(session)), params_(ctx_->params()) {
+  peer_credit_ = static_cast<int64_t>(session_.peer_unexpected_budget);
+}
+
+EndpointImpl::~EndpointImpl() = default;
+
+bool EndpointImpl::on_worker_thread() const {
+  for (const auto& s : streams_)
+    if (s->is_worker_thread()) return true;
+  return false;
+}
+
+std::shared_ptr<OpState> EndpointImpl::new_op(OpType type, const MemRegion& region, const OpOptions& o) {
+  auto op = std::make_shared<OpState>();
+  op->type = type;
+  op->region = region;
+  op->total = region.size;
+  op->callback = o.on_complete;
+  op->ep = weak_from_this();
+  if (o.timeout != kForever) op->deadline = Clock::now() + o.timeout;
+  return op;
+}
+
+// Queues `op` for ordered completion; registers its deadline. Caller holds mu_.
+Request EndpointImpl::start(const std::shared_ptr<OpState>& op, std::deque<std::shared_ptr<OpState>>& queue) {
+  queue.push_back(op);
+  if (op->deadline != Clock::time_point::max()) {
+    deadlines_.emplace(op->deadline, op);
+    int64_t ns = op->deadline.time_since_epoch().count();
+    if (ns < next_deadline_ns_.load()) next_deadline_ns_.store(ns);
+  }
+  return Request(op);
+}
+
+void EndpointImpl::push_control(FrameHeader h, std::vector<unsigned char> payload, std::shared_ptr<OpState> op) {
+  tcp::TxItem item;
+  item.header = h;
+  item.owned = std::move(payload);
+  item.src = item.owned.data();
+  item.len = item.owned.size();
+  item.ctx = std::move(op);
+  streams_[0]->push_control(std::move(item));
+}
+
+void EndpointImpl::send_ack(uint64_t id, wire::OpKind kind, const Status& s) {
+  FrameHeader h;
+  h.type = FrameType::kAck;
+  h.id = id;
+  h.a0 = static_cast<uint64_t>(s.code());
+  h.a1 = static_cast<uint64_t>(kind);
+  std::string text = s.message().substr(0, wire::kMaxControlPayload);
+  push_control(h, std::vector<unsigned char>(text.begin(), text.end()));
+}
+
+void EndpointImpl::wake_streams() {
+  for (auto& s : streams_) s->wake();
+}
+
+Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o) {
+  auto op = new_op(OpType::kSend, src, o);
+  op->tag = tag;
+  Status bad = region_problem(src, "send");
+  // Small messages travel inline (eager): copy them now, outside the lock.
+  std::vector<unsigned char> inline_copy;
+  bool try_eager = bad.ok() && src.size <= session_.peer_eager_limit;
+  if (try_eager) {
+    inline_copy.resize(src.size);
+    if (src.size > 0) bad = copy_memory(MemRegion{inline_copy.data(), src.size, {}}, src);
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  Request r = start(op, initiated_);
+  if (!status_.ok() || !bad.ok()) {
+    finish(*op, bad.ok() ? status_ : bad);
+  } else {
+    op->id = next_msg_++;
+    ++counters_.messages_sent;
+    uint64_t cost = src.size + kEagerOverhead;
+    FrameHeader h;
+    h.id = op->id;
+    h.a0 = tag;
+    if (try_eager && peer_credit_ >= static_cast<int64_t>(cost)) {
+      peer_credit_ -= static_cast<int64_t>(cost);
+      ++counters_.eager;
+      op->eager = true;
+      op->phase = OpPhase::kActive;
+      h.type = FrameType::kEager;
+      push_control(h, std::move(inline_copy), op);
+    } else {
+      ++counters_.rendezvous;
+      sends_[op->id] = op;
+      h.type = FrameType::kRts;
+      h.a1 = src.size;
+      push_control(h);
+    }
+  }
+  lock.unlock();
+  deliver();
+  return r;
+}
+
+Request EndpointImpl::post_recv(const MemRegion& dst, uint64_t tag, OpOptions o) {
+  auto op = new_op(OpType::kRecv, dst, o);
+  op->tag = tag;
+  Status bad = region_problem(dst, "recv");
+  std::unique_lock<std::mutex> lock(mu_);
+  Request r = start(op, received_);
+  if (!status_.ok() || !bad.ok()) {
+    finish(*op, bad.ok() ? status_ : bad);
+  } else {
+    std::shared_ptr<Unexpected> match;
+    for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+      if ((*it)->waiting == nullptr && (tag == kAnyTag || (*it)->tag == tag)) {
+        match = *it;
+        break;
+      }
+    }
+    if (!match) {
+      posted_.push_back(op);
+    } else if (!match->eager) {
+      std::erase(unexpected_, match);
+      accept_rendezvous(op, match->msg, match->size, match->tag);
+    } else if (!match->landed) {
+      match->waiting = op;  // completes when its payload lands
+      op->phase = OpPhase::kActive;
+    } else {
+      Status s = consume_unexpected(match, op);
+      if (!s.ok()) finish(*op, s);
+    }
+  }
+  lock.unlock();
+  deliver();
+  return r;
+}
+
+Request EndpointImpl::post_write(const MemRegion& src, const RemoteRegion& dst, uint64_t offset, OpOptions o) {
+  auto op = new_op(OpType::kWrite, src, o);
+  op->rkey = dst.key;
+  op->roffset = offset;
+  op->notify = o.notify;
+  op->notify_value = o.notify_value;
+  Status bad = region_problem(src, "write");
+  if (bad.ok() && (offset > dst.size || src.size > dst.size - offset))
+    bad = Status(Code::kOutOfRange, fmt::format("write of {} bytes at offset {} exceeds the remote region of {} bytes",
+                                                src.size, offset, dst.size));
+  std::unique_lock<std::mutex> lock(mu_);
+  Request r = start(op, initiated_);
+  if (!status_.ok() || !bad.ok()) {
+    finish(*op, bad.ok() ? status_ : bad);
+  } else {
+    op->id = next_op_++;
+    op->phase = OpPhase::kActive;
+    ++counters_.writes;
+    writes_[op->id] = op;
+    tx_.push_back(Transfer{op, FrameType::kWriteData, static_cast<const char*>(src.ptr), src.where});
+    wake_streams();
+  }
+  lock.unlock();
+  deliver();
+  return r;
+}
+
+Request EndpointImpl::post_read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions o) {
+  auto op = new_op(OpType::kRead, dst, o);
+  op->rkey = src.key;
+  op->roffset = offset;
+  Status bad = region_problem(dst, "read");
+  if (bad.ok() && (offset > src.size || dst.size > src.size - offset))
+    bad = Status(Code::kOutOfRange, fmt::format("read of {} bytes at offset {} exceeds the remote region of {} bytes",
+                                                dst.size, offset, src.size));
+  std::unique_lock<std::mutex> lock(mu_);
+  Request r = start(op, initiated_);
+  if (!status_.ok() || !bad.ok()) {
+    finish(*op, bad.ok() ? status_ : bad);
+  } else {
+    op->id = next_op_++;
+    ++counters_.reads;
+    reads_[op->id] = Inbound{op, 0, dst.size, 0, dst.size};
+    FrameHeader h;
+    h.type = FrameType::kReadReq;
+    h.id = op->id;
+    h.a0 = src.key;
+    h.a1 = offset;
+    h.a2 = dst.size;
+    push_control(h);
+  }
+  lock.unlock();
+  deliver();
+  return r;
+}
+
+// Decides the outcome. Caller holds mu_; deliver() runs later, without it.
+void EndpointImpl::finish(OpState& op, Status s) {
+  if (op.phase == OpPhase::kFinished || op.phase == OpPhase::kDelivered) return;
+  op.outcome = std::move(s);
+  op.phase = OpPhase::kFinished;
+  if (op.type == OpType::kReadResponse && op.reg) {
+    ContextImpl::release_registration(*op.reg);
+    op.reg.reset();
+    --read_responses_;
+  }
+}
+
+void EndpointImpl::cancel(const std::shared_ptr<OpState>& op, Status why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop(op, std::move(why));
+  }
+  deliver();
+}
+
+// Ends `op` early with `why`, releasing its buffer as soon as no chunk in flight uses it.
+// Caller holds mu_.
+void EndpointImpl::stop(const std::shared_ptr<OpState>& op, Status why) {
+  if (op->phase == OpPhase::kStopping || op->phase == OpPhase::kFinished || op->phase == OpPhase::kDelivered) return;
+  if (op->eager) return;  // already on the wire in one frame; completes when written
+  switch (op->type) {
+    case OpType::kRecv:
+      if (op->phase == OpPhase::kPosted) {
+        std::erase(posted_, op);
+        finish(*op, std::move(why));
+        return;
+      }
+      for (auto& u : unexpected_)
+        if (u->waiting == op) {  // claimed an eager message that has not landed yet: let it go
+          u->waiting = nullptr;
+          finish(*op, std::move(why));
+          return;
+        }
+      // Matched: tell the sender to stop; later chunks are dropped (the token stays).
+      send_ack(op->id, wire::OpKind::kSend, why);
+      break;
+    case OpType::kSend:
+      if (op->phase == OpPhase::kPosted) {  // RTS sent, no CTS yet
+        FrameHeader h;
+        h.type = FrameType::kCancel;
+        h.id = op->id;
+        h.a0 = 0;
+        h.a1 = static_cast<uint64_t>(wire::OpKind::kSend);
+        push_control(h);
+        sends_.erase(op->id);
+        finish(*op, std::move(why));
+        return;
+      }
+      [[fallthrough]];
+    case OpType::kWrite:
+      std::erase_if(tx_, [&](const Transfer& t) { return t.op == op; });
+      break;
+    case OpType::kRead:
+    case OpType::kReadResponse:
+      break;
+  }
+  op->phase = OpPhase::kStopping;
+  op->outcome = std::move(why);
+  settle_stopped(op);
+}
+
+// Finishes a stopping op once nothing in flight uses its buffer. Caller holds mu_.
+void EndpointImpl::settle_stopped(const std::shared_ptr<OpState>& op) {
+  if (op->phase != OpPhase::kStopping || op->inflight > 0) return;
+  if ((op->type == OpType::kSend || op->type == OpType::kWrite) && op->handed < op->total) {
+    // Tell the receiver how many bytes will come, so it can drop them and forget the message.
+    FrameHeader h;
+    h.type = FrameType::kCancel;
+    h.id = op->id;
+    h.a0 = op->handed;
+    h.a1 = static_cast<uint64_t>(op->type == OpType::kSend ? wire::OpKind::kSend : wire::OpKind::kWrite);
+    push_control(h);
+  }
+  if (op->type == OpType::kSend) sends_.erase(op->id);
+  if (op->type == OpType::kWrite) writes_.erase(op->id);
+  for (auto& [key, in] : tokens_)
+    if (in.op == op) in.op = nullptr;
+  if (auto it = reads_.find(op->id); op->type == OpType::kRead && it != reads_.end()) it->second.op = nullptr;
+  Status outcome = op->outcome;
+  finish(*op, std::move(outcome));
+}
+
+// Delivers finished operations in order: the front of each queue, while finished. One thread
+// delivers at a time; others leave their work to it.
+void EndpointImpl::deliver() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (delivering_) {
+    redeliver_ = true;
+    return;
+  }
+  delivering_ = true;
+  for (;;) {
+    redeliver_ = false;
+    std::vector<std::shared_ptr<OpState>> batch;
+    for (auto* q : {&initiated_, &received_}) {
+      while (!q->empty() && q->front()->phase == OpPhase::kFinished) {
+        q->front()->phase = OpPhase::kDelivered;
+        batch.push_back(std::move(q->front()));
+        q->pop_front();
+      }
+    }
+    if (batch.empty() && !redeliver_) break;
+    lock.unlock();
+    for (auto& op : batch) {
+      // The outcome and counters were written under mu_, which this thread took after them.
+      Status s = op->outcome;
+      size_t bytes = s.ok() ? op->done : 0;
+      if (!s.ok()) s = s.with_peer(session_.peer);
+      {
+        std::lock_guard<std::mutex> g(op->mu);
+        op->final_status = s;
+        op->final_bytes = bytes;
+        op->matched_tag = op->tag;
+      }
+      if (op->callback) op->callback(s, bytes);
+      {
+        std::lock_guard<std::mutex> g(op->mu);
+        op->completed.store(true, std::memory_order_release);
+      }
+      op->cv.notify_all();
+    }
+    lock.lock();
+  }
+  delivering_ = false;
+}
+
+void EndpointImpl::on_stream_failed(int stream, const Status& s) { fail(s); }
+
+void EndpointImpl::fail(Status s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) {
+      status_ = s;
+      if (s.code() != Code::kClosed) DMX_LOG_ERROR("endpoint to {} failed: {}", session_.peer, s.to_string());
+    }
+    for (auto& st : streams_) st->stop(false);  // one stream down ends them all
+  }
+  notes_cv_.notify_all();
+}
+
+void EndpointImpl::on_stream_stopped(int stream) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--running_ > 0) return;
+    fail_all();
+  }
+  stopped_cv_.notify_all();
+  notes_cv_.notify_all();
+  deliver();
+}
+
+// Every worker has exited: nothing touches user memory any more. Fails all that is left.
+// Caller holds mu_.
+void EndpointImpl::fail_all() {
+  if (status_.ok()) status_ = Status(Code::kClosed, "endpoint stopped");
+  for (auto* q : {&initiated_, &received_})
+    for (auto& op : *q) finish(*op, status_);
+  for (auto& t : tx_)
+    if (t.op->type == OpType::kReadResponse) finish(*t.op, status_);
+  for (auto& [id, w] : in_writes_)
+    if (w.reg) ContextImpl::release_registration(*w.reg);
+  tx_.clear();
+  posted_.clear();
+  sends_.clear();
+  writes_.clear();
+  reads_.clear();
+  tokens_.clear();
+  token_of_msg_.clear();
+  in_writes_.clear();
+  unexpected_.clear();
+  deadlines_.clear();
+}
+
+// Orderly close: CLOSE goes out on stream 0 and the peer answers by ending its streams, so it
+// learns "closed by the peer" rather than seeing a reset. A peer that does not answer in time is
+// cut off.
+void EndpointImpl::close() {
+  bool sent = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) {
+      status_ = Status(Code::kClosed, "the endpoint was closed by this side");
+      FrameHeader h;
+      h.type = FrameType::kClose;
+      std::string reason = "closed by the application";
+      push_control(h, std::vector<unsigned char>(reason.begin(), reason.end()));
+      sent = true;
+    }
+  }
+  notes_cv_.notify_all();
+  if (on_worker_thread()) {  // a callback closing its own endpoint: no waiting on ourselves
+    for (auto& st : streams_) st->stop(false);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (sent && stopped_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return running_ == 0; })) return;
+  for (auto& st : streams_) st->stop(false);
+  if (!stopped_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return running_ == 0; }))
+    DMX_LOG_ERROR("endpoint to {}: workers did not stop within 30 s of close", session_.peer);
+}
+
+void EndpointImpl::on_tick() {
+  int64_t due = next_deadline_ns_.load(std::memory_order_relaxed);
+  if (Clock::now().time_since_epoch().count() < due) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = Clock::now();
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      auto op = deadlines_.begin()->second.lock();
+      deadlines_.erase(deadlines_.begin());
+      if (!op) continue;
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - op->deadline).count();
+      (void)ms;
+      stop(op, Status(Code::kTimeout, "the operation did not complete before its deadline"));
+    }
+    next_deadline_ns_.store(deadlines_.empty() ? INT64_MAX : deadlines_.begin()->first.time_since_epoch().count());
+  }
+  deliver();
+}
+
+Result<Notification> EndpointImpl::next_notification(Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [&] { return !notes_.empty() || !status_.ok(); };
+  if (timeout == kForever) notes_cv_.wait(lock, ready);
+  else if (!notes_cv_.wait_for(lock, timeout, ready))
+    return Status(Code::kTimeout, "no notification arrived in time").with_peer(session_.peer);
+  if (notes_.empty()) return status_.with_peer(session_.peer);
+  Notification n = notes_.front();
+  notes_.pop_front();
+  return n;
+}
+
+Status EndpointImpl::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_.with_peer(session_.peer);
+}
+
+EndpointStats EndpointImpl::stats() const {
+  EndpointStats s;
+  s.transport = session_.transport;
+  s.reason = session_.reason;
+  s.peer = session_.peer;
+  s.streams = static_cast<uint32_t>(streams_.size());
+  for (const auto& st : streams_) {
+    tcp::StreamStats x = st->stats();
+    s.bytes_sent += x.bytes_sent;
+    s.bytes_received += x.bytes_received;
+    s.d2h_copies += x.d2h_copies;
+    s.d2h_bytes += x.d2h_bytes;
+    s.h2d_copies += x.h2d_copies;
+    s.h2d_bytes += x.h2d_bytes;
+    s.send_seconds += static_cast<double>(x.ns_send) * 1e-9;
+    s.recv_seconds += static_cast<double>(x.ns_recv) * 1e-9;
+    s.copy_wait_seconds += static_cast<double>(x.ns_copy_wait) * 1e-9;
+    s.stream_bytes_sent.push_back(x.bytes_sent);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  s.messages_sent = counters_.messages_sent;
+  s.messages_received = counters_.messages_received;
+  s.eager_sends = counters_.eager;
+  s.rendezvous_sends = counters_.rendezvous;
+  s.writes = counters_.writes;
+  s.reads = counters_.reads;
+  s.host_copies = counters_.host_copies;
+  s.host_copy_bytes = counters_.host_copy_bytes;
+  return s;
+}
+
+// Transmit side: streams pull chunks of the oldest transfer first.
+bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!tx_.empty()) {
+    Transfer& t = tx_.front();
+    OpState& op = *t.op;
+    uint64_t len = std::min<uint64_t>(session_.chunk_size, op.total - t.next);
+    if (len == 0 && t.emitted) {
+      tx_.pop_front();
+      continue;
+    }
+    FrameHeader& h = out->header;
+    h.type = t.type;
+    h.id = op.id;
+    switch (t.type) {
+      case FrameType::kSendData:  // id: the receiver's token
+        h.id = op.rkey;
+        h.a0 = t.next;
+        h.a1 = op.total;
+        break;
+      case FrameType::kWriteData:
+        h.a0 = op.rkey;
+        h.a1 = op.roffset + t.next;
+        h.a2 = op.total;
+        h.a3 = op.notify_value;
+        h.flags = op.notify ? wire::kFlagNotify : 0;
+        break;
+      default:  // kReadData
+        h.a0 = t.next;
+        h.a1 = op.total;
+        break;
+    }
+    out->src = t.src + t.next;
+    out->where = t.where;
+    out->len = len;
+    out->ctx = t.op;
+    t.next += len;
+    t.emitted = true;
+    op.handed += len;
+    ++op.inflight;
+    if (t.next == op.total) tx_.pop_front();
+    return true;
+  }
+  return false;
+}
+
+void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {
+  auto op = std::static_pointer_cast<OpState>(item.ctx);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (op->eager) {
+      op->done = op->total;
+      finish(*op, Status());
+    } else {
+      --op->inflight;
+      op->done += item.len;
+      if (op->phase == OpPhase::kStopping) {
+        settle_stopped(op);
+      } else if (op->done == op->total && op->type == OpType::kSend) {
+        sends_.erase(op->id);
+        finish(*op, Status());
+      } else if (op->done == op->total && op->type == OpType::kReadResponse) {
+        finish(*op, Status());
+      }
+    }
+  }
+  deliver();
+}
+
+}  // namespace dmx

@@ -1,0 +1,164 @@
+#include "engine/handshake.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "transport/tcp/socket.h"
+
+namespace dmx {
+
+wire::Hello make_hello(const ContextImpl& ctx, wire::Role role) {
+  const EngineParams& p = ctx.params();
+  wire::Hello h;
+  h.version = wire::kProtocolVersion;
+  h.role = role;
+  h.auth = ctx.auth().insecure ? wire::AuthMode::kInsecure : wire::AuthMode::kHmacSha256;
+  h.streams = p.streams;
+  h.chunk_size = p.chunk_size;
+  h.eager_limit = p.eager_limit;
+  h.unexpected_budget = p.unexpected_budget;
+  h.transports = wire::kTransportTcp;
+  Status s = random_bytes(h.nonce.data(), h.nonce.size());
+  assert(s.ok());
+  (void)s;
+  h.boot_id = ctx.boot_id();
+  h.hostname = ctx.hostname().substr(0, 255);
+  h.pid = static_cast<uint32_t>(::getpid());
+  return h;
+}
+
+Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs) {
+  bool they_insecure = theirs == wire::AuthMode::kInsecure;
+  if (mine.insecure == they_insecure) return Status();
+  if (mine.insecure)
+    return Status(Code::kAuth, "the peer requires authentication but this side runs insecure (both must agree)");
+  return Status(Code::kAuth, "the peer runs without authentication (insecure) but this side requires it; "
+                             "set insecure on both sides or give both the same key");
+}
+
+Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
+                          const std::string& peer) {
+  Session s;
+  s.streams = server.streams;
+  s.chunk_size = server.chunk_size;
+  s.peer = peer;
+  bool same_host = client.boot_id == server.boot_id && client.hostname == server.hostname && !client.boot_id.empty();
+  uint64_t common = client.transports & server.transports;
+  const std::string& forced = ctx.params().transport;
+  if (forced != "auto" && forced != "tcp")
+    return Status(Code::kUnavailable, fmt::format("transport={} was forced, but the engine can use only tcp so far "
+                                                  "(the {} data path is not wired into the engine yet)",
+                                                  forced, forced));
+  if ((common & wire::kTransportTcp) == 0) return Status(Code::kUnavailable, "the peers share no data path");
+  s.transport = "tcp";
+  if (forced == "tcp") s.reason = "forced by configuration (transport=tcp)";
+  else
+    s.reason = same_host ? "auto: tcp is the only path both peers offer (same host: shm and cuda_ipc not yet offered)"
+                         : "auto: tcp is the only path both peers offer (different hosts)";
+  return s;
+}
+
+Status send_frame(int fd, wire::FrameType type, const std::vector<unsigned char>& payload, Deadline deadline,
+                  const std::string& peer, uint64_t a0) {
+  wire::FrameHeader h;
+  h.type = type;
+  h.a0 = a0;
+  h.payload_len = static_cast<uint32_t>(payload.size());
+  wire::HeaderBytes b = wire::encode_header(h);
+  DMX_RETURN_IF_ERROR(tcp::send_exact(fd, b.data(), b.size(), deadline, peer));
+  if (!payload.empty()) DMX_RETURN_IF_ERROR(tcp::send_exact(fd, payload.data(), payload.size(), deadline, peer));
+  return Status();
+}
+
+Result<Frame> recv_frame(int fd, Deadline deadline, const std::string& peer) {
+  unsigned char b[wire::kHeaderSize];
+  DMX_RETURN_IF_ERROR(tcp::recv_exact(fd, b, sizeof b, deadline, peer));
+  Frame f;
+  auto h = wire::decode_header(b, wire::Limits{0, 0});
+  if (!h.ok()) return h.status().with_peer(peer);
+  f.header = *h;
+  f.payload.resize(f.header.payload_len);  // bounded by kMaxControlPayload for handshake frames
+  if (!f.payload.empty()) DMX_RETURN_IF_ERROR(tcp::recv_exact(fd, f.payload.data(), f.payload.size(), deadline, peer));
+  return f;
+}
+
+namespace {
+
+// Turns a REJECT or an unexpected frame into the error to report.
+Status unexpected_reply(const Frame& f, std::string_view waiting_for, const std::string& peer) {
+  if (f.header.type == wire::FrameType::kReject) {
+    Code code = f.header.a0 > 0 && f.header.a0 <= static_cast<uint64_t>(Code::kInternal) ? static_cast<Code>(f.header.a0)
+                                                                                         : Code::kProtocol;
+    return Status(code, fmt::format("the peer refused the connection: {}",
+                                    std::string(f.payload.begin(), f.payload.end())))
+        .with_peer(peer);
+  }
+  return Status(Code::kProtocol, fmt::format("expected {} but the peer sent {}", waiting_for,
+                                             wire::frame_type_name(f.header.type)))
+      .with_peer(peer);
+}
+
+Result<UniqueFd> open_stream(const tcp::Address& addr, const EngineParams& p, Deadline deadline) {
+  DMX_ASSIGN_OR_RETURN(UniqueFd fd, tcp::connect_to(addr, deadline));
+  tcp::StreamOptions so;
+  so.socket_buffer = p.socket_buffer;
+  so.user_timeout_ms = static_cast<unsigned>(p.peer_timeout.count() / 1000);
+  DMX_RETURN_IF_ERROR(tcp::configure_stream(fd.get(), so));
+  return fd;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<ContextImpl>& ctx,
+                                                       const std::string& address) {
+  DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(address));
+  const EngineParams& p = ctx->params();
+  Deadline deadline = Deadline::after(p.connect_timeout);
+  std::string peer = addr.to_string().substr(6);
+
+  std::vector<UniqueFd> fds;
+  DMX_ASSIGN_OR_RETURN(UniqueFd fd0, open_stream(addr, p, deadline));
+  wire::Hello mine = make_hello(*ctx, wire::Role::kClient);
+  DMX_RETURN_IF_ERROR(send_frame(fd0.get(), wire::FrameType::kHello, wire::encode_hello(mine), deadline, peer));
+  DMX_ASSIGN_OR_RETURN(Frame reply, recv_frame(fd0.get(), deadline, peer));
+  if (reply.header.type != wire::FrameType::kHello) return unexpected_reply(reply, "HELLO", peer);
+  auto theirs = wire::decode_hello(reply.payload.data(), reply.payload.size());
+  if (!theirs.ok()) return theirs.status().with_peer(peer);
+  if (theirs->role != wire::Role::kServer) return Status(Code::kProtocol, "the peer is not a dmx server").with_peer(peer);
+  DMX_RETURN_IF_ERROR(check_auth_modes(ctx->auth(), theirs->auth).with_peer(peer));
+  if (theirs->streams != mine.streams || theirs->chunk_size > mine.chunk_size)
+    return Status(Code::kProtocol, "the server changed the stream count or raised the chunk size").with_peer(peer);
+  uint64_t session = theirs->session;
+  DMX_ASSIGN_OR_RETURN(Session agreed, negotiate(*ctx, mine, *theirs, peer));
+  if (!ctx->auth().insecure) {
+    wire::Proof expect = make_proof(ctx->auth(), kServerLabel, mine.nonce, theirs->nonce, session);
+    if (!proofs_equal(expect, theirs->proof))
+      return Status(Code::kAuth, "the server could not prove it holds the dmx key (keys differ)").with_peer(peer);
+    wire::Proof proof = make_proof(ctx->auth(), kClientLabel, mine.nonce, theirs->nonce, session);
+    DMX_RETURN_IF_ERROR(send_frame(fd0.get(), wire::FrameType::kAuth,
+                                   std::vector<unsigned char>(proof.begin(), proof.end()), deadline, peer));
+  }
+  DMX_ASSIGN_OR_RETURN(Frame welcome, recv_frame(fd0.get(), deadline, peer));
+  if (welcome.header.type != wire::FrameType::kWelcome) return unexpected_reply(welcome, "WELCOME", peer);
+  fds.push_back(std::move(fd0));
+
+  for (uint16_t i = 1; i < mine.streams; ++i) {
+    DMX_ASSIGN_OR_RETURN(UniqueFd fd, open_stream(addr, p, deadline));
+    wire::Join j;
+    j.session = session;
+    j.index = i;
+    j.streams = mine.streams;
+    if (!ctx->auth().insecure) j.proof = make_proof(ctx->auth(), kJoinLabel, mine.nonce, theirs->nonce, session, i);
+    DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kJoin, wire::encode_join(j), deadline, peer));
+    DMX_ASSIGN_OR_RETURN(Frame ok, recv_frame(fd.get(), deadline, peer));
+    if (ok.header.type != wire::FrameType::kWelcome) return unexpected_reply(ok, "WELCOME", peer);
+    fds.push_back(std::move(fd));
+  }
+  agreed.peer_eager_limit = theirs->eager_limit;
+  agreed.peer_unexpected_budget = theirs->unexpected_budget;
+  return EndpointImpl::create(ctx, std::move(agreed), std::move(fds));
+}
+
+}  // namespace dmx

@@ -1,0 +1,42 @@
+// Connection set-up: the client's blocking handshake and the pieces both sides share.
+//
+// Exchange (see docs/wire.md): stream 0: C→S HELLO, S→C HELLO (with the server's proof of the
+// key), C→S AUTH (the client's proof), S→C WELCOME; each extra stream i: C→S JOIN (session, i,
+// proof), S→C WELCOME. Any refusal is a REJECT with the reason, then close.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "engine/context_impl.h"
+#include "engine/endpoint_impl.h"
+#include "wire/frame.h"
+#include "wire/handshake.h"
+
+namespace dmx {
+
+inline constexpr std::string_view kServerLabel = "dmx1 server proof";
+inline constexpr std::string_view kClientLabel = "dmx1 client proof";
+inline constexpr std::string_view kJoinLabel = "dmx1 join proof";
+
+wire::Hello make_hello(const ContextImpl& ctx, wire::Role role);
+// Chooses the data path and fills the agreed session; the same rule on both sides.
+Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
+                          const std::string& peer);
+// Whether the peer's authentication mode works with ours; the reason when not.
+Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs);
+
+struct Frame {
+  wire::FrameHeader header;
+  std::vector<unsigned char> payload;
+};
+Status send_frame(int fd, wire::FrameType type, const std::vector<unsigned char>& payload, Deadline deadline,
+                  const std::string& peer, uint64_t a0 = 0);
+Result<Frame> recv_frame(int fd, Deadline deadline, const std::string& peer);
+
+Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<ContextImpl>& ctx,
+                                                       const std::string& address);
+
+}  // namespace dmx

@@ -1,0 +1,380 @@
+// Listener: accepts connections and runs the server side of the handshake as a non-blocking
+// state machine on one thread, each connection with its own deadline — so a peer that connects
+// and says nothing, or says garbage, delays nobody else.
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <thread>
+#include <unordered_map>
+
+#include "core/log.h"
+#include "dmx/context.h"
+#include "engine/handshake.h"
+#include "transport/tcp/socket.h"
+
+namespace dmx {
+
+class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
+ public:
+  static Result<std::shared_ptr<ListenerImpl>> create(std::shared_ptr<ContextImpl> ctx, const std::string& url);
+  ~ListenerImpl();
+  Result<Endpoint> accept(Duration timeout);
+  const std::string& address() const { return address_; }
+  void close();
+
+ private:
+  struct Conn {
+    UniqueFd fd;
+    std::string peer;
+    Deadline deadline;
+    unsigned char hdr[wire::kHeaderSize];
+    size_t got = 0;
+    bool in_payload = false;
+    wire::FrameHeader h;
+    std::vector<unsigned char> payload;
+    uint64_t awaiting_auth = 0;  // session id whose AUTH this connection owes
+  };
+  struct Pending {  // an endpoint whose streams are still joining
+    wire::Hello client, server;
+    bool authed = false;
+    std::vector<UniqueFd> fds;
+    size_t joined = 0;
+    Deadline deadline;
+    std::string peer;
+  };
+  enum class Next { kKeep, kDrop, kTaken };
+
+  explicit ListenerImpl(std::shared_ptr<ContextImpl> ctx) : ctx_(std::move(ctx)) {}
+  void run();
+  void accept_new();
+  Next read_conn(Conn& c);
+  Next handle(Conn& c);
+  Next on_hello(Conn& c);
+  Next on_auth(Conn& c);
+  Next on_join(Conn& c);
+  Next reject(Conn& c, const Status& why);
+  void complete(uint64_t session);
+
+  std::shared_ptr<ContextImpl> ctx_;
+  UniqueFd fd_, wake_;
+  std::string address_;
+  std::thread thread_;
+  // Listener thread only.
+  std::list<Conn> conns_;
+  std::unordered_map<uint64_t, Pending> pending_;
+  // Shared with accept().
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<EndpointImpl>> ready_;
+  bool closed_ = false;
+};
+
+namespace {
+constexpr size_t kMaxPendingConns = 1024;
+}
+
+Result<std::shared_ptr<ListenerImpl>> ListenerImpl::create(std::shared_ptr<ContextImpl> ctx, const std::string& url) {
+  DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(url));
+  auto l = std::shared_ptr<ListenerImpl>(new ListenerImpl(std::move(ctx)));
+  DMX_ASSIGN_OR_RETURN(l->fd_, tcp::listen_on(addr));
+  l->wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!l->wake_.valid()) return errno_status("eventfd", errno);
+  std::string local = tcp::local_name(l->fd_.get());
+  l->address_ = "tcp://" + local;
+  l->thread_ = std::thread([raw = l.get()] { raw->run(); });
+  DMX_LOG_INFO("listening on {} (auth: {})", l->address_, l->ctx_->auth().source);
+  return l;
+}
+
+ListenerImpl::~ListenerImpl() { close(); }
+
+void ListenerImpl::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+  }
+  uint64_t one = 1;
+  ssize_t rc = ::write(wake_.get(), &one, sizeof one);
+  (void)rc;
+  if (thread_.joinable()) thread_.join();
+  cv_.notify_all();
+  std::lock_guard<std::mutex> lock(mu_);
+  ready_.clear();  // endpoints nobody accepted: dropping them closes them
+}
+
+Result<Endpoint> ListenerImpl::accept(Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [&] { return !ready_.empty() || closed_; };
+  if (timeout == kForever) cv_.wait(lock, ready);
+  else if (!cv_.wait_for(lock, timeout, ready))
+    return Status(Code::kTimeout, fmt::format("no peer connected to {} in time", address_));
+  if (ready_.empty()) return Status(Code::kClosed, fmt::format("listener {} is closed", address_));
+  auto ep = std::move(ready_.front());
+  ready_.pop_front();
+  return Endpoint(std::move(ep));
+}
+
+void ListenerImpl::run() {
+  std::vector<pollfd> fds;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) break;
+    }
+    Deadline next;
+    for (auto& c : conns_) next = next.earlier(c.deadline);
+    for (auto& [id, p] : pending_) next = next.earlier(p.deadline);
+    fds.assign({{fd_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}});
+    for (auto& c : conns_) fds.push_back({c.fd.get(), POLLIN, 0});
+    int rc = ::poll(fds.data(), fds.size(), next.poll_timeout_ms());
+    if (rc < 0 && errno != EINTR) {
+      DMX_LOG_ERROR("listener {}: {}", address_, errno_status("poll", errno).message());
+      break;
+    }
+    if (fds[0].revents & POLLIN) accept_new();
+    size_t i = 2;
+    for (auto it = conns_.begin(); it != conns_.end(); ++i) {
+      Next n = Next::kKeep;
+      if (i < fds.size() && fds[i].revents) n = read_conn(*it);
+      if (n == Next::kKeep && it->deadline.expired()) {
+        DMX_LOG_WARN("listener {}: peer {} did not complete the handshake in time; dropped", address_, it->peer);
+        n = Next::kDrop;
+      }
+      it = n == Next::kKeep ? std::next(it) : conns_.erase(it);
+    }
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.deadline.expired()) {
+        DMX_LOG_WARN("listener {}: peer {} opened {} of {} streams before the deadline; dropped", address_,
+                     it->second.peer, it->second.joined, it->second.fds.size());
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  conns_.clear();
+  pending_.clear();
+}
+
+void ListenerImpl::accept_new() {
+  for (;;) {
+    int raw = ::accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (raw < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        DMX_LOG_WARN("listener {}: {}", address_, errno_status("accept", errno).message());
+      return;
+    }
+    UniqueFd fd(raw);
+    std::string peer = tcp::peer_name(raw);
+    if (conns_.size() >= kMaxPendingConns) {
+      DMX_LOG_WARN("listener {}: {} handshakes pending; refusing {}", address_, conns_.size(), peer);
+      continue;
+    }
+    const EngineParams& p = ctx_->params();
+    tcp::StreamOptions so;
+    so.socket_buffer = p.socket_buffer;
+    so.user_timeout_ms = static_cast<unsigned>(p.peer_timeout.count() / 1000);
+    if (Status s = tcp::configure_stream(raw, so); !s.ok()) {
+      DMX_LOG_WARN("listener {}: peer {}: {}", address_, peer, s.message());
+      continue;
+    }
+    Conn c;
+    c.fd = std::move(fd);
+    c.peer = peer;
+    c.deadline = Deadline::after(p.handshake_timeout);
+    conns_.push_back(std::move(c));
+  }
+}
+
+ListenerImpl::Next ListenerImpl::read_conn(Conn& c) {
+  for (;;) {
+    unsigned char* dst;
+    size_t want;
+    if (!c.in_payload) {
+      dst = c.hdr + c.got;
+      want = wire::kHeaderSize - c.got;
+    } else {
+      dst = c.payload.data() + c.got;
+      want = c.payload.size() - c.got;
+    }
+    ssize_t k = ::recv(c.fd.get(), dst, want, 0);
+    if (k == 0) {
+      DMX_LOG_INFO("listener {}: peer {} closed the connection during the handshake", address_, c.peer);
+      return Next::kDrop;
+    }
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Next::kKeep;
+      DMX_LOG_WARN("listener {}: peer {}: {}", address_, c.peer, errno_status("recv", errno).message());
+      return Next::kDrop;
+    }
+    c.got += static_cast<size_t>(k);
+    if (!c.in_payload) {
+      if (c.got < wire::kHeaderSize) continue;
+      auto h = wire::decode_header(c.hdr, wire::Limits{0, 0});
+      if (!h.ok()) return reject(c, h.status());
+      c.h = *h;
+      c.got = 0;
+      c.payload.assign(c.h.payload_len, 0);  // at most kMaxControlPayload (checked by decode_header)
+      c.in_payload = c.h.payload_len > 0;
+      if (c.in_payload) continue;
+    } else if (c.got < c.payload.size()) {
+      continue;
+    }
+    c.in_payload = false;
+    c.got = 0;
+    Next n = handle(c);
+    if (n != Next::kKeep) return n;
+  }
+}
+
+ListenerImpl::Next ListenerImpl::handle(Conn& c) {
+  switch (c.h.type) {
+    case wire::FrameType::kHello: return c.awaiting_auth ? reject(c, Status(Code::kProtocol, "second HELLO")) : on_hello(c);
+    case wire::FrameType::kAuth: return on_auth(c);
+    case wire::FrameType::kJoin: return c.awaiting_auth ? reject(c, Status(Code::kProtocol, "JOIN before AUTH")) : on_join(c);
+    default:
+      return reject(c, Status(Code::kProtocol, fmt::format("{} frame during the handshake",
+                                                           wire::frame_type_name(c.h.type))));
+  }
+}
+
+ListenerImpl::Next ListenerImpl::reject(Conn& c, const Status& why) {
+  DMX_LOG_WARN("listener {}: refused peer {}: {}", address_, c.peer, why.to_string());
+  std::string text = why.message().substr(0, wire::kMaxControlPayload);
+  // Best effort: the socket is fresh and the frame small, so this does not block.
+  (void)send_frame(c.fd.get(), wire::FrameType::kReject, std::vector<unsigned char>(text.begin(), text.end()),
+                   Deadline::after(std::chrono::milliseconds(100)), c.peer, static_cast<uint64_t>(why.code()));
+  return Next::kDrop;
+}
+
+ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
+  auto client = wire::decode_hello(c.payload.data(), c.payload.size());
+  if (!client.ok()) return reject(c, client.status());
+  if (client->role != wire::Role::kClient) return reject(c, Status(Code::kProtocol, "HELLO from a non-client"));
+  if (Status s = check_auth_modes(ctx_->auth(), client->auth); !s.ok()) return reject(c, s);
+  wire::Hello server = make_hello(*ctx_, wire::Role::kServer);
+  server.streams = client->streams;  // the client decides; both are bounded by decode_hello
+  server.chunk_size = std::min(client->chunk_size, server.chunk_size);
+  do {
+    server.session = random_u64();
+  } while (server.session == 0 || pending_.count(server.session));
+  if (!ctx_->auth().insecure)
+    server.proof = make_proof(ctx_->auth(), kServerLabel, client->nonce, server.nonce, server.session);
+  if (auto agreed = negotiate(*ctx_, *client, server, c.peer); !agreed.ok()) return reject(c, agreed.status());
+  Status s = send_frame(c.fd.get(), wire::FrameType::kHello, wire::encode_hello(server),
+                        Deadline::after(std::chrono::seconds(1)), c.peer);
+  if (!s.ok()) {
+    DMX_LOG_WARN("listener {}: peer {}: {}", address_, c.peer, s.message());
+    return Next::kDrop;
+  }
+  Pending p;
+  p.client = *client;
+  p.server = server;
+  p.fds.resize(client->streams);
+  p.deadline = c.deadline;
+  p.peer = c.peer;
+  pending_[server.session] = std::move(p);
+  c.awaiting_auth = server.session;
+  if (ctx_->auth().insecure) return on_auth(c);
+  return Next::kKeep;
+}
+
+ListenerImpl::Next ListenerImpl::on_auth(Conn& c) {
+  auto it = pending_.find(c.awaiting_auth);
+  if (c.awaiting_auth == 0 || it == pending_.end()) return reject(c, Status(Code::kProtocol, "AUTH without HELLO"));
+  Pending& p = it->second;
+  if (!ctx_->auth().insecure) {
+    wire::Proof expect = make_proof(ctx_->auth(), kClientLabel, p.client.nonce, p.server.nonce, it->first);
+    wire::Proof got{};
+    if (c.payload.size() == got.size()) std::copy(c.payload.begin(), c.payload.end(), got.begin());
+    if (c.payload.size() != got.size() || !proofs_equal(expect, got)) {
+      pending_.erase(it);
+      return reject(c, Status(Code::kAuth, "authentication failed: the client does not hold this host's dmx key"));
+    }
+  }
+  if (!send_frame(c.fd.get(), wire::FrameType::kWelcome, {}, Deadline::after(std::chrono::seconds(1)), c.peer).ok()) {
+    pending_.erase(it);
+    return Next::kDrop;
+  }
+  p.authed = true;
+  p.fds[0] = std::move(c.fd);
+  p.joined = 1;
+  complete(it->first);
+  return Next::kTaken;
+}
+
+ListenerImpl::Next ListenerImpl::on_join(Conn& c) {
+  auto j = wire::decode_join(c.payload.data(), c.payload.size());
+  if (!j.ok()) return reject(c, j.status());
+  auto it = pending_.find(j->session);
+  if (it == pending_.end() || !it->second.authed)
+    return reject(c, Status(Code::kAuth, "JOIN for an unknown or unauthenticated session"));
+  Pending& p = it->second;
+  if (j->streams != p.fds.size() || p.fds[j->index].valid())
+    return reject(c, Status(Code::kProtocol, fmt::format("JOIN for stream {} of {} does not fit the session", j->index,
+                                                         j->streams)));
+  if (!ctx_->auth().insecure) {
+    wire::Proof expect = make_proof(ctx_->auth(), kJoinLabel, p.client.nonce, p.server.nonce, it->first, j->index);
+    if (!proofs_equal(expect, j->proof)) return reject(c, Status(Code::kAuth, "authentication failed for a JOIN"));
+  }
+  if (!send_frame(c.fd.get(), wire::FrameType::kWelcome, {}, Deadline::after(std::chrono::seconds(1)), c.peer).ok())
+    return Next::kDrop;
+  p.fds[j->index] = std::move(c.fd);
+  ++p.joined;
+  complete(it->first);
+  return Next::kTaken;
+}
+
+// Creates the endpoint once every stream has joined.
+void ListenerImpl::complete(uint64_t session) {
+  auto it = pending_.find(session);
+  if (it == pending_.end() || it->second.joined < it->second.fds.size()) return;
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  auto agreed = negotiate(*ctx_, p.client, p.server, p.peer);
+  if (!agreed.ok()) return;  // checked at HELLO already
+  agreed->peer_eager_limit = p.client.eager_limit;
+  agreed->peer_unexpected_budget = p.client.unexpected_budget;
+  auto ep = EndpointImpl::create(ctx_, std::move(*agreed), std::move(p.fds));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_.push_back(std::move(ep));
+  }
+  cv_.notify_one();
+}
+
+// --- handles ---
+
+Result<Listener> Context::listen(const std::string& address) {
+  DMX_ASSIGN_OR_RETURN(auto impl, ListenerImpl::create(impl_, address));
+  return Listener(std::move(impl));
+}
+
+Listener::Listener(std::shared_ptr<ListenerImpl> impl) : impl_(std::move(impl)) {}
+Listener::~Listener() {
+  if (impl_) impl_->close();
+}
+Listener& Listener::operator=(Listener&& o) noexcept {
+  if (this != &o) {
+    if (impl_) impl_->close();
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
+Result<Endpoint> Listener::accept(Duration timeout) {
+  if (!impl_) return Status(Code::kInvalidArgument, "accept on an empty Listener");
+  return impl_->accept(timeout);
+}
+std::string Listener::address() const { return impl_ ? impl_->address() : std::string(); }
+void Listener::close() {
+  if (impl_) impl_->close();
+}
+
+}  // namespace dmx

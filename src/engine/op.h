@@ -1,0 +1,69 @@
+// Per-operation state. The lifecycle is written as data; fields are guarded by the owning
+// endpoint's mutex unless marked otherwise.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+#include "core/clock.h"
+#include "dmx/memory.h"
+#include "dmx/request.h"
+#include "wire/frame.h"
+
+namespace dmx {
+
+class EndpointImpl;
+struct Registered;
+
+enum class OpType : uint8_t {
+  kSend,
+  kRecv,
+  kWrite,
+  kRead,
+  kReadResponse,  // internal: the target side of a peer's read (not in any completion queue)
+};
+
+// kPosted ──► kActive ──► kFinished ──► kDelivered
+//    │           │            ▲
+//    └───────────┴─► kStopping┘
+// kPosted:    waiting — a rendezvous send for CTS, a recv for a message, a read for its data
+// kActive:    data moving (chunks handed to streams, or arriving into the buffer)
+// kStopping:  the outcome is decided (cancel, timeout, refusal) but chunks in flight still use
+//             the buffer; finishes when `inflight` reaches 0
+// kFinished:  outcome final; waits for its turn in the completion order
+// kDelivered: completion delivered (test() is true, the callback has run)
+enum class OpPhase : uint8_t { kPosted, kActive, kStopping, kFinished, kDelivered };
+
+struct OpState {
+  OpType type = OpType::kSend;
+  OpPhase phase = OpPhase::kPosted;
+  MemRegion region;
+  uint64_t tag = 0;
+  uint64_t id = 0;      // message sequence (send/recv) or operation id (write/read)
+  uint64_t total = 0;   // bytes the operation moves
+  uint64_t handed = 0;  // transmit: bytes handed to streams
+  uint64_t done = 0;    // bytes written (transmit) or landed (receive)
+  int inflight = 0;     // chunks handed but not yet written / payloads being read into the buffer
+  bool eager = false;
+  Status outcome;       // decided at kStopping / kFinished
+  // One-sided.
+  uint64_t rkey = 0, roffset = 0;
+  bool notify = false;
+  uint64_t notify_value = 0;
+  std::shared_ptr<Registered> reg;  // kReadResponse: the region being read
+  std::weak_ptr<EndpointImpl> ep;
+  Clock::time_point deadline = Clock::time_point::max();
+  Callback callback;
+
+  // Completion, readable without the endpoint's mutex.
+  std::atomic<bool> completed{false};
+  std::mutex mu;  // guards the fields below until `completed`
+  std::condition_variable cv;
+  Status final_status;
+  size_t final_bytes = 0;
+  uint64_t matched_tag = 0;
+};
+
+}  // namespace dmx

@@ -1,0 +1,59 @@
+// Pinned staging memory for device<->socket pipelines: slots of one size, allocated once per
+// context (through the device's backend, so they are pinned for CUDA) and reused by streams.
+#pragma once
+
+#include <mutex>
+#include <vector>
+
+#include "memory/backend.h"
+
+namespace dmx::tcp {
+
+class StagingPool;
+
+// A stream's set of slots; given back to the pool on destruction.
+class StagingSlots {
+ public:
+  StagingSlots() = default;
+  ~StagingSlots();
+  StagingSlots(StagingSlots&&) noexcept;
+  StagingSlots& operator=(StagingSlots&&) noexcept;
+  StagingSlots(const StagingSlots&) = delete;
+  StagingSlots& operator=(const StagingSlots&) = delete;
+
+  bool empty() const { return slots_.empty(); }
+  size_t count() const { return slots_.size(); }
+  void* at(int i) const { return slots_[static_cast<size_t>(i)]; }
+
+ private:
+  friend class StagingPool;
+  void release();
+  StagingPool* pool_ = nullptr;
+  MemoryBackend* backend_ = nullptr;
+  std::vector<void*> slots_;
+};
+
+class StagingPool {
+ public:
+  explicit StagingPool(size_t slot_size) : slot_size_(slot_size) {}
+  ~StagingPool();
+  // `n` slots suitable for copies with `backend`'s device (reused when free, else allocated).
+  Result<StagingSlots> take(MemoryBackend* backend, size_t n);
+  size_t slot_size() const { return slot_size_; }
+  size_t allocated() const;
+
+ private:
+  friend class StagingSlots;
+  void give(MemoryBackend* backend, std::vector<void*>& slots);
+  struct Free {
+    MemoryBackend* backend;
+    void* ptr;
+  };
+  const size_t slot_size_;
+  mutable std::mutex mu_;  // guards free_, allocated_
+  std::vector<Free> free_;
+  size_t allocated_ = 0;
+  std::vector<Free> all_;
+};
+
+}  // namespace dmx::tcp

@@ -1,0 +1,411 @@
+#include "transport/tcp/stream.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/log.h"
+
+namespace dmx::tcp {
+namespace {
+
+uint64_t ns_since(Clock::time_point t) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
+}
+
+int queue_key(MemSpec w) { return (static_cast<int>(w.kind) << 16) | w.device; }
+
+}  // namespace
+
+Stream::Stream(StreamConfig config, UniqueFd fd, StreamHost* host, StagingPool* pool)
+    : config_(std::move(config)), fd_(std::move(fd)), host_(host), pool_(pool) {
+  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  scratch_.resize(64 << 10);
+  last_tx_ = last_rx_ = Clock::now();
+}
+
+Stream::~Stream() {
+  // The worker is detached (it may be the thread destroying us); by contract it has exited.
+}
+
+void Stream::start(std::shared_ptr<void> keep_alive) {
+  thread_ = std::thread([this, keep = std::move(keep_alive)]() mutable {
+    run();
+    // Drop the host last: if it is the final reference, the host (and this Stream) die here.
+    std::shared_ptr<void> drop = std::move(keep);
+  });
+  worker_id_ = thread_.get_id();
+  thread_.detach();
+}
+
+void Stream::push_control(TxItem item) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    control_.push_back(std::move(item));
+  }
+  wake();
+}
+
+void Stream::wake() {
+  uint64_t one = 1;
+  ssize_t rc = ::write(wake_fd_.get(), &one, sizeof one);
+  (void)rc;  // a full counter still wakes the worker
+}
+
+void Stream::stop(bool flush) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_flush_ = flush;
+  }
+  stop_.store(true, std::memory_order_release);
+  if (!flush) ::shutdown(fd_.get(), SHUT_RDWR);  // unblocks nothing (non-blocking) but ends the peer's wait
+  wake();
+}
+
+StreamStats Stream::stats() const {
+  StreamStats s;
+  s.bytes_sent = stats_.bytes_sent.load(std::memory_order_relaxed);
+  s.bytes_received = stats_.bytes_received.load(std::memory_order_relaxed);
+  s.frames_sent = stats_.frames_sent.load(std::memory_order_relaxed);
+  s.frames_received = stats_.frames_received.load(std::memory_order_relaxed);
+  s.d2h_copies = stats_.d2h_copies.load(std::memory_order_relaxed);
+  s.d2h_bytes = stats_.d2h_bytes.load(std::memory_order_relaxed);
+  s.h2d_copies = stats_.h2d_copies.load(std::memory_order_relaxed);
+  s.h2d_bytes = stats_.h2d_bytes.load(std::memory_order_relaxed);
+  s.ns_send = stats_.ns_send.load(std::memory_order_relaxed);
+  s.ns_recv = stats_.ns_recv.load(std::memory_order_relaxed);
+  s.ns_copy_wait = stats_.ns_copy_wait.load(std::memory_order_relaxed);
+  return s;
+}
+
+Result<CopyQueue*> Stream::queue_for(MemSpec where) {
+  auto& q = queues_[queue_key(where)];
+  if (!q) {
+    DMX_ASSIGN_OR_RETURN(MemoryBackend * backend, backend_for(where));
+    DMX_ASSIGN_OR_RETURN(q, backend->create_queue());
+  }
+  return q.get();
+}
+
+Status Stream::ensure_slots() {
+  if (!slots_.empty()) return Status();
+  // Slots come from the first device backend this stream meets; pinned memory serves every
+  // device, and plain host memory serves the simulated one.
+  MemoryBackend* backend = nullptr;
+  for (MemKind k : {MemKind::kCuda, MemKind::kSim}) {
+    for (auto& [key, q] : queues_) {
+      if ((key >> 16) == static_cast<int>(k)) {
+        auto b = backend_for(MemSpec{k, key & 0xffff});
+        if (b.ok()) backend = *b;
+      }
+    }
+    if (backend) break;
+  }
+  if (backend == nullptr) return Status(Code::kInternal, "staging requested with no device queue");
+  size_t per_dir = static_cast<size_t>(config_.slots);
+  DMX_ASSIGN_OR_RETURN(slots_, pool_->take(backend, 2 * per_dir));
+  for (int i = 0; i < static_cast<int>(per_dir); ++i) {
+    free_tx_slots_.push_back(i);
+    free_rx_slots_.push_back(static_cast<int>(per_dir) + i);
+  }
+  return Status();
+}
+
+// Pulls chunks while the pipeline has room; starts the device->host copy of staged ones.
+Status Stream::fill_pipeline(bool* progress) {
+  // Every chunk in the pipeline, and the one being written, may hold a slot.
+  while (chunks_.size() + (writing_ ? 1 : 0) < static_cast<size_t>(config_.slots)) {
+    TxItem item;
+    if (!host_->next_chunk(config_.index, &item)) break;
+    *progress = true;
+    if (item.where.is_device() && item.len > 0) {
+      DMX_ASSIGN_OR_RETURN(item.queue, queue_for(item.where));
+      DMX_RETURN_IF_ERROR(ensure_slots());
+      assert(!free_tx_slots_.empty() && "pipeline depth equals the number of tx slots");
+      item.slot = free_tx_slots_.back();
+      free_tx_slots_.pop_back();
+      DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(item.slot), item.src, item.len));
+      DMX_ASSIGN_OR_RETURN(item.fence, item.queue->record());
+      stats_.d2h_copies.fetch_add(1, std::memory_order_relaxed);
+      stats_.d2h_bytes.fetch_add(item.len, std::memory_order_relaxed);
+    }
+    chunks_.push_back(std::move(item));
+  }
+  return Status();
+}
+
+// Chooses the next frame to write: control frames first, then the oldest chunk once staged.
+bool Stream::next_tx(TxItem** item) {
+  if (writing_) {
+    *item = &current_;
+    return true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!control_.empty()) {
+      current_ = std::move(control_.front());
+      control_.pop_front();
+      writing_ = true;
+    }
+  }
+  if (!writing_ && !chunks_.empty()) {
+    TxItem& front = chunks_.front();
+    if (front.fence != 0) {
+      auto done = front.queue->done(front.fence);
+      if (!done.ok() || !*done) return false;  // errors surface on the next fill or wait
+    }
+    current_ = std::move(front);
+    chunks_.pop_front();
+    writing_ = true;
+  }
+  if (!writing_) return false;
+  current_.header.payload_len = static_cast<uint32_t>(current_.len);
+  cur_header_ = wire::encode_header(current_.header);
+  cur_written_ = 0;
+  *item = &current_;
+  return true;
+}
+
+Status Stream::step_tx(Io* io) {
+  *io = Io::kIdle;
+  for (int rounds = 0; rounds < 64; ++rounds) {
+    TxItem* item = nullptr;
+    if (!next_tx(&item)) return Status();
+    const void* payload = item->slot >= 0 ? slots_.at(item->slot) : item->src;
+    iovec iov[2];
+    int n = 0;
+    if (cur_written_ < wire::kHeaderSize) {
+      iov[n++] = {cur_header_.data() + cur_written_, wire::kHeaderSize - cur_written_};
+      if (item->len > 0) iov[n++] = {const_cast<void*>(payload), item->len};
+    } else {
+      size_t off = cur_written_ - wire::kHeaderSize;
+      iov[n++] = {static_cast<char*>(const_cast<void*>(payload)) + off, item->len - off};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    auto t0 = Clock::now();
+    ssize_t k = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    stats_.ns_send.fetch_add(ns_since(t0), std::memory_order_relaxed);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        *io = Io::kBlocked;
+        return Status();
+      }
+      return errno_status(fmt::format("send on stream {}", config_.index), errno, Code::kPeerFailed);
+    }
+    *io = Io::kProgress;
+    cur_written_ += static_cast<size_t>(k);
+    last_tx_ = Clock::now();
+    if (cur_written_ < wire::kHeaderSize + item->len) continue;
+    // The whole frame is out.
+    stats_.frames_sent.fetch_add(1, std::memory_order_relaxed);
+    stats_.bytes_sent.fetch_add(item->len, std::memory_order_relaxed);
+    if (item->slot >= 0) free_tx_slots_.push_back(item->slot);
+    TxItem done = std::move(current_);
+    writing_ = false;
+    current_ = TxItem();
+    if (done.ctx) host_->on_sent(config_.index, done);
+  }
+  return Status();
+}
+
+Status Stream::begin_payload() {
+  wire::FrameHeader& h = rx_;
+  DMX_ASSIGN_OR_RETURN(rx_plan_, host_->on_header(config_.index, h));
+  rx_payload_got_ = 0;
+  if (h.payload_len == 0) return finish_payload();
+  switch (rx_plan_.kind) {
+    case RxPlan::Kind::kNone:
+      return Status(Code::kInternal, fmt::format("no destination for the payload of {}", wire::describe(h)));
+    case RxPlan::Kind::kControl:
+      rx_plan_.control.resize(h.payload_len);
+      break;
+    case RxPlan::Kind::kDevice: {
+      DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));
+      (void)q;
+      DMX_RETURN_IF_ERROR(ensure_slots());
+      if (h.payload_len > pool_->slot_size())
+        return Status(Code::kProtocol, fmt::format("{} is larger than a staging slot", wire::describe(h)));
+      if (free_rx_slots_.empty()) {
+        bool progress = false;
+        auto t0 = Clock::now();
+        DMX_RETURN_IF_ERROR(reap_rx(/*block=*/true, &progress));
+        stats_.ns_copy_wait.fetch_add(ns_since(t0), std::memory_order_relaxed);
+      }
+      rx_slot_ = free_rx_slots_.back();
+      free_rx_slots_.pop_back();
+      break;
+    }
+    case RxPlan::Kind::kHost:
+    case RxPlan::Kind::kDiscard:
+      break;
+  }
+  in_payload_ = true;
+  return Status();
+}
+
+Status Stream::finish_payload() {
+  in_payload_ = false;
+  stats_.frames_received.fetch_add(1, std::memory_order_relaxed);
+  stats_.bytes_received.fetch_add(rx_.payload_len, std::memory_order_relaxed);
+  if (rx_plan_.kind == RxPlan::Kind::kDevice && rx_.payload_len > 0) {
+    DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));
+    DMX_RETURN_IF_ERROR(q->to_device(rx_plan_.dst, slots_.at(rx_slot_), rx_.payload_len));
+    DMX_ASSIGN_OR_RETURN(uint64_t fence, q->record());
+    stats_.h2d_copies.fetch_add(1, std::memory_order_relaxed);
+    stats_.h2d_bytes.fetch_add(rx_.payload_len, std::memory_order_relaxed);
+    pending_rx_.push_back(PendingRx{rx_, std::move(rx_plan_), rx_slot_, fence, q});
+    rx_slot_ = -1;
+    rx_plan_ = RxPlan();
+    return Status();
+  }
+  RxPlan plan = std::move(rx_plan_);
+  rx_plan_ = RxPlan();
+  return host_->on_landed(config_.index, rx_, plan);
+}
+
+// Hands finished device copies to the host, in order. block: wait for at least one.
+Status Stream::reap_rx(bool block, bool* progress) {
+  while (!pending_rx_.empty()) {
+    PendingRx& p = pending_rx_.front();
+    if (block) {
+      DMX_RETURN_IF_ERROR(p.queue->wait(p.fence, Deadline::after(std::chrono::seconds(30))));
+      block = false;
+    } else {
+      DMX_ASSIGN_OR_RETURN(bool done, p.queue->done(p.fence));
+      if (!done) return Status();
+    }
+    PendingRx ready = std::move(p);
+    pending_rx_.pop_front();
+    free_rx_slots_.push_back(ready.slot);
+    *progress = true;
+    DMX_RETURN_IF_ERROR(host_->on_landed(config_.index, ready.header, ready.plan));
+  }
+  return Status();
+}
+
+Status Stream::step_rx(Io* io) {
+  *io = Io::kIdle;
+  for (int rounds = 0; rounds < 64; ++rounds) {
+    void* dst;
+    size_t want;
+    if (!in_payload_) {
+      dst = rx_header_ + rx_header_got_;
+      want = wire::kHeaderSize - rx_header_got_;
+    } else {
+      size_t left = rx_.payload_len - rx_payload_got_;
+      switch (rx_plan_.kind) {
+        case RxPlan::Kind::kHost: dst = static_cast<char*>(rx_plan_.dst) + rx_payload_got_; break;
+        case RxPlan::Kind::kDevice: dst = static_cast<char*>(slots_.at(rx_slot_)) + rx_payload_got_; break;
+        case RxPlan::Kind::kControl: dst = rx_plan_.control.data() + rx_payload_got_; break;
+        default:
+          dst = scratch_.data();
+          left = std::min(left, scratch_.size());
+          break;
+      }
+      want = left;
+    }
+    auto t0 = Clock::now();
+    ssize_t k = ::recv(fd_.get(), dst, want, MSG_DONTWAIT);
+    stats_.ns_recv.fetch_add(ns_since(t0), std::memory_order_relaxed);
+    if (k == 0) return Status(Code::kPeerFailed, fmt::format("connection closed by the peer (stream {})", config_.index));
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status();
+      return errno_status(fmt::format("recv on stream {}", config_.index), errno, Code::kPeerFailed);
+    }
+    *io = Io::kProgress;
+    last_rx_ = Clock::now();
+    if (!in_payload_) {
+      rx_header_got_ += static_cast<size_t>(k);
+      if (rx_header_got_ < wire::kHeaderSize) continue;
+      rx_header_got_ = 0;
+      DMX_ASSIGN_OR_RETURN(rx_, wire::decode_header(rx_header_, config_.limits));
+      DMX_RETURN_IF_ERROR(begin_payload());
+    } else {
+      rx_payload_got_ += static_cast<size_t>(k);
+      if (rx_payload_got_ == rx_.payload_len) DMX_RETURN_IF_ERROR(finish_payload());
+    }
+  }
+  return Status();
+}
+
+void Stream::run() {
+  Status failure;
+  for (;;) {
+    if (stop_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stop_flush_ || (control_.empty() && !writing_)) break;
+    }
+    bool progress = false;
+    Io tx = Io::kIdle, rx = Io::kIdle;
+    failure = reap_rx(false, &progress);
+    if (failure.ok()) failure = fill_pipeline(&progress);
+    if (failure.ok()) failure = step_tx(&tx);
+    if (failure.ok() && !stop_.load(std::memory_order_acquire)) failure = step_rx(&rx);
+    if (!failure.ok()) break;
+    if (config_.index == 0) host_->on_tick();
+    auto now = Clock::now();
+    if (now - last_rx_ > config_.peer_timeout) {
+      failure = Status(Code::kPeerFailed,
+                       fmt::format("peer sent nothing for {} ms (stream {})",
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(now - last_rx_).count(),
+                                   config_.index));
+      break;
+    }
+    if (now - last_tx_ > config_.keepalive && !writing_ && chunks_.empty()) {
+      TxItem ka;
+      ka.header.type = wire::FrameType::kKeepalive;
+      std::lock_guard<std::mutex> lock(mu_);
+      control_.push_back(std::move(ka));
+      continue;
+    }
+    if (progress || tx == Io::kProgress || rx == Io::kProgress) continue;
+
+    // Nothing moved: sleep until the socket or a wake-up, or briefly while copies are in flight.
+    bool copies = !pending_rx_.empty() || (!chunks_.empty() && chunks_.front().fence != 0);
+    auto timeout = copies ? std::chrono::microseconds(20)
+                          : std::min<std::chrono::microseconds>(config_.keepalive, config_.index == 0 ? config_.tick : config_.keepalive);
+    bool want_write = tx == Io::kBlocked;
+    pollfd fds[2] = {{fd_.get(), static_cast<short>(POLLIN | (want_write ? POLLOUT : 0)), 0},
+                     {wake_fd_.get(), POLLIN, 0}};
+    timespec ts{static_cast<time_t>(timeout.count() / 1000000), static_cast<long>(timeout.count() % 1000000) * 1000};
+    int rc = ::ppoll(fds, 2, &ts, nullptr);
+    if (rc > 0 && (fds[1].revents & POLLIN)) {
+      uint64_t v;
+      ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
+      (void)r;
+    }
+  }
+  if (!failure.ok() && !stop_.load(std::memory_order_acquire))
+    host_->on_stream_failed(config_.index, failure.with_peer(config_.peer).with_origin(fmt::format("tcp/stream {}", config_.index)));
+  drain();
+  host_->on_stream_stopped(config_.index);
+}
+
+// Waits for copies still in flight (they may write user memory), then drops all references.
+void Stream::drain() {
+  if (stop_flush_) ::shutdown(fd_.get(), SHUT_WR);
+  for (auto& [key, q] : queues_) {
+    auto fence = q->record();
+    if (fence.ok()) {
+      Status s = q->wait(*fence, Deadline::after(std::chrono::seconds(30)));
+      if (!s.ok()) DMX_LOG_ERROR("stream {}: copies did not finish while closing: {}", config_.index, s.to_string());
+    }
+  }
+  pending_rx_.clear();
+  chunks_.clear();
+  current_ = TxItem();
+  rx_plan_ = RxPlan();
+  std::lock_guard<std::mutex> lock(mu_);
+  control_.clear();
+}
+
+}  // namespace dmx::tcp

@@ -1,0 +1,187 @@
+// One TCP stream of an endpoint and the worker thread that owns it.
+//
+// The worker moves frames both ways on its socket, non-blocking, in one loop:
+//  - transmit: control frames first (pushed by anyone, thread-safe), then data chunks it pulls
+//    from its host (the endpoint) whenever its pipeline has room — fast streams pull more, which
+//    balances the load across streams. A chunk whose source is device memory is staged: the
+//    worker copies it into a pinned slot on a copy engine (asynchronously; the copies of later
+//    chunks overlap the socket write of earlier ones) and writes the slot once the copy is done.
+//  - receive: it reads a header, asks the host where the payload goes (host memory: straight
+//    into the destination; device memory: into a pinned slot, then an asynchronous copy to the
+//    destination; or discarded), and tells the host when the payload has landed.
+// Liveness: it sends a keepalive when idle and fails when the peer is silent for too long.
+//
+// Threading: every member without a comment is owned by the worker thread. push_control, wake
+// and stop may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/sys.h"
+#include "dmx/memory.h"
+#include "memory/backend.h"
+#include "transport/tcp/staging.h"
+#include "wire/frame.h"
+
+namespace dmx::tcp {
+
+// A frame to transmit.
+struct TxItem {
+  wire::FrameHeader header;
+  const void* src = nullptr;  // payload: user memory of kind `where`, or owned.data()
+  MemSpec where;
+  size_t len = 0;
+  std::vector<unsigned char> owned;  // for small payloads copied at post time
+  std::shared_ptr<void> ctx;         // the host's handle, given back in on_sent
+  // Stream-internal staging state.
+  int slot = -1;
+  uint64_t fence = 0;
+  CopyQueue* queue = nullptr;
+};
+
+// Where an arriving payload goes.
+struct RxPlan {
+  enum class Kind : uint8_t {
+    kNone,     // no payload
+    kHost,     // read straight into dst (host-accessible memory)
+    kDevice,   // stage through a pinned slot, then copy to dst on `where`
+    kControl,  // read into `control` (≤ wire::kMaxControlPayload)
+    kDiscard,  // read and drop
+  };
+  Kind kind = Kind::kNone;
+  void* dst = nullptr;
+  MemSpec where;
+  std::vector<unsigned char> control;
+  std::shared_ptr<void> ctx;  // the host's handle, given back in on_landed
+  int host_tag = 0;           // the host's own marker, given back in on_landed
+};
+
+// What a stream needs from its endpoint. Called on the stream's worker thread, never while the
+// stream holds a lock of its own.
+class StreamHost {
+ public:
+  virtual ~StreamHost() = default;
+  virtual Result<RxPlan> on_header(int stream, const wire::FrameHeader& h) = 0;
+  // The payload is in place (for kDevice, after the copy to the device has finished).
+  virtual Status on_landed(int stream, const wire::FrameHeader& h, RxPlan& plan) = 0;
+  virtual bool next_chunk(int stream, TxItem* out) = 0;
+  virtual void on_sent(int stream, TxItem& item) = 0;
+  virtual void on_stream_failed(int stream, const Status& s) = 0;
+  // The worker has exited; it holds no user memory and no pending copies any more.
+  virtual void on_stream_stopped(int stream) = 0;
+  // Stream 0 calls this at least every `tick` (deadlines).
+  virtual void on_tick() = 0;
+};
+
+struct StreamConfig {
+  int index = 0;
+  size_t chunk_size = 1 << 20;
+  int slots = 4;  // pipeline depth and staging slots per direction
+  wire::Limits limits;
+  std::chrono::microseconds keepalive{1'000'000};
+  std::chrono::microseconds peer_timeout{10'000'000};
+  std::chrono::microseconds tick{10'000};
+  std::string peer;  // for messages
+};
+
+struct StreamStats {
+  uint64_t bytes_sent = 0, bytes_received = 0;  // payload bytes
+  uint64_t frames_sent = 0, frames_received = 0;
+  uint64_t d2h_copies = 0, d2h_bytes = 0, h2d_copies = 0, h2d_bytes = 0;
+  uint64_t ns_send = 0, ns_recv = 0, ns_copy_wait = 0;
+};
+
+class Stream {
+ public:
+  Stream(StreamConfig config, UniqueFd fd, StreamHost* host, StagingPool* pool);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // Starts the worker; it holds `keep_alive` (the host) until it has exited.
+  void start(std::shared_ptr<void> keep_alive);
+  void push_control(TxItem item);  // any thread
+  void wake();                     // any thread: chunks may be available
+  // Any thread. flush: write the queued control frames (e.g. CLOSE) before stopping.
+  void stop(bool flush);
+  StreamStats stats() const;
+  int index() const { return config_.index; }
+  bool is_worker_thread() const { return std::this_thread::get_id() == worker_id_; }
+
+ private:
+  struct PendingRx {  // a payload in a slot, on its way to the device
+    wire::FrameHeader header;
+    RxPlan plan;
+    int slot;
+    uint64_t fence;
+    CopyQueue* queue;
+  };
+  enum class Io { kProgress, kIdle, kBlocked };
+
+  void run();
+  Status step_tx(Io* io);
+  Status step_rx(Io* io);
+  Status fill_pipeline(bool* progress);
+  Status reap_rx(bool block, bool* progress);
+  Status begin_payload();
+  Status finish_payload();
+  Result<CopyQueue*> queue_for(MemSpec where);
+  Status ensure_slots();
+  void drain();
+  bool next_tx(TxItem** item);
+
+  const StreamConfig config_;
+  UniqueFd fd_;
+  UniqueFd wake_fd_;
+  StreamHost* host_;
+  StagingPool* pool_;
+  std::thread thread_;
+  std::thread::id worker_id_;
+
+  std::mutex mu_;                  // guards control_, stop_flush_
+  std::deque<TxItem> control_;
+  bool stop_flush_ = false;
+  std::atomic<bool> stop_{false};
+
+  // Transmit.
+  std::deque<TxItem> chunks_;  // pulled data chunks, in order; staged ones carry fences
+  TxItem current_;             // the frame being written
+  bool writing_ = false;
+  wire::HeaderBytes cur_header_{};
+  size_t cur_written_ = 0;
+  Clock::time_point last_tx_;
+
+  // Receive.
+  unsigned char rx_header_[wire::kHeaderSize];
+  size_t rx_header_got_ = 0;
+  bool in_payload_ = false;
+  wire::FrameHeader rx_;
+  RxPlan rx_plan_;
+  size_t rx_payload_got_ = 0;
+  int rx_slot_ = -1;
+  std::vector<unsigned char> scratch_;
+  std::deque<PendingRx> pending_rx_;
+  Clock::time_point last_rx_;
+
+  // Staging.
+  std::map<int, std::unique_ptr<CopyQueue>> queues_;  // by (kind << 16 | device)
+  StagingSlots slots_;
+  std::vector<int> free_tx_slots_, free_rx_slots_;
+
+  // Statistics (written by the worker, read by anyone).
+  struct AtomicStats {
+    std::atomic<uint64_t> bytes_sent{0}, bytes_received{0}, frames_sent{0}, frames_received{0};
+    std::atomic<uint64_t> d2h_copies{0}, d2h_bytes{0}, h2d_copies{0}, h2d_bytes{0};
+    std::atomic<uint64_t> ns_send{0}, ns_recv{0}, ns_copy_wait{0};
+  } stats_;
+};
+
+}  // namespace dmx::tcp

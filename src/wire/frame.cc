@@ -1,0 +1,107 @@
+#include "wire/frame.h"
+
+#include <fmt/format.h>
+
+#include "wire/le.h"
+
+namespace dmx::wire {
+
+HeaderBytes encode_header(const FrameHeader& h) {
+  HeaderBytes b{};
+  put_u32(b.data() + 0, kMagic);
+  b[4] = static_cast<unsigned char>(h.type);
+  b[5] = h.flags;
+  put_u32(b.data() + 8, h.payload_len);
+  put_u64(b.data() + 16, h.id);
+  put_u64(b.data() + 24, h.a0);
+  put_u64(b.data() + 32, h.a1);
+  put_u64(b.data() + 40, h.a2);
+  put_u64(b.data() + 48, h.a3);
+  return b;
+}
+
+std::string_view frame_type_name(FrameType t) {
+  switch (t) {
+    case FrameType::kHello: return "HELLO";
+    case FrameType::kAuth: return "AUTH";
+    case FrameType::kJoin: return "JOIN";
+    case FrameType::kWelcome: return "WELCOME";
+    case FrameType::kReject: return "REJECT";
+    case FrameType::kEager: return "EAGER";
+    case FrameType::kRts: return "RTS";
+    case FrameType::kCts: return "CTS";
+    case FrameType::kSendData: return "SEND_DATA";
+    case FrameType::kCancel: return "CANCEL";
+    case FrameType::kAck: return "ACK";
+    case FrameType::kCredit: return "CREDIT";
+    case FrameType::kWriteData: return "WRITE_DATA";
+    case FrameType::kReadReq: return "READ_REQ";
+    case FrameType::kReadData: return "READ_DATA";
+    case FrameType::kKeepalive: return "KEEPALIVE";
+    case FrameType::kClose: return "CLOSE";
+  }
+  return "?";
+}
+
+namespace {
+
+// The largest payload each type may carry; 0 means none at all.
+Result<uint32_t> max_payload(FrameType t, const Limits& limits) {
+  switch (t) {
+    case FrameType::kHello:
+    case FrameType::kJoin:
+    case FrameType::kReject:
+    case FrameType::kAck:
+    case FrameType::kClose:
+      return kMaxControlPayload;
+    case FrameType::kAuth: return 32;
+    case FrameType::kEager: return limits.max_eager;
+    case FrameType::kSendData:
+    case FrameType::kWriteData:
+    case FrameType::kReadData:
+      return limits.max_chunk;
+    case FrameType::kWelcome:
+    case FrameType::kRts:
+    case FrameType::kCts:
+    case FrameType::kCancel:
+    case FrameType::kCredit:
+    case FrameType::kReadReq:
+    case FrameType::kKeepalive:
+      return 0;
+  }
+  return Status(Code::kProtocol, fmt::format("unknown frame type {}", static_cast<int>(t)));
+}
+
+}  // namespace
+
+Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) {
+  uint32_t magic = get_u32(b);
+  if (magic != kMagic)
+    return Status(Code::kProtocol, fmt::format("bad magic 0x{:08x} (not a dmx peer, or the stream is out of sync)", magic));
+  FrameHeader h;
+  h.type = static_cast<FrameType>(b[4]);
+  h.flags = b[5];
+  if (get_u16(b + 6) != 0 || get_u32(b + 12) != 0)
+    return Status(Code::kProtocol, "reserved header fields are not zero");
+  h.payload_len = get_u32(b + 8);
+  h.id = get_u64(b + 16);
+  h.a0 = get_u64(b + 24);
+  h.a1 = get_u64(b + 32);
+  h.a2 = get_u64(b + 40);
+  h.a3 = get_u64(b + 48);
+  DMX_ASSIGN_OR_RETURN(uint32_t max, max_payload(h.type, limits));
+  if (h.payload_len > max)
+    return Status(Code::kProtocol, fmt::format("{} frame carries {} payload bytes; the limit is {}",
+                                               frame_type_name(h.type), h.payload_len, max));
+  uint8_t allowed_flags = h.type == FrameType::kWriteData ? kFlagNotify : 0;
+  if ((h.flags & ~allowed_flags) != 0)
+    return Status(Code::kProtocol, fmt::format("{} frame has unknown flags 0x{:02x}", frame_type_name(h.type), h.flags));
+  return h;
+}
+
+std::string describe(const FrameHeader& h) {
+  return fmt::format("{}(id={}, a0={}, a1={}, a2={}, len={})", frame_type_name(h.type), h.id, h.a0, h.a1, h.a2,
+                     h.payload_len);
+}
+
+}  // namespace dmx::wire

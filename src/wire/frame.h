@@ -1,0 +1,86 @@
+// The dmx frame: a fixed 56-byte header in host memory, followed by `payload_len` payload bytes
+// that live wherever the user's memory is (header/payload split). Pure code, no I/O.
+//
+// Layout (all integers little-endian):
+//   0  u32 magic        "DMX1"
+//   4  u8  type         FrameType
+//   5  u8  flags        FrameFlags
+//   6  u16 reserved     must be 0
+//   8  u32 payload_len  bytes that follow the header
+//   12 u32 reserved     must be 0
+//   16 u64 id           message / operation / token id (meaning per type)
+//   24 u64 a0, 32 u64 a1, 40 u64 a2, 48 u64 a3   arguments (meaning per type, see docs/wire.md)
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "dmx/status.h"
+
+namespace dmx::wire {
+
+inline constexpr uint32_t kMagic = 0x31584d44;  // bytes 'D' 'M' 'X' '1'
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderSize = 56;
+inline constexpr uint32_t kMaxControlPayload = 4096;  // handshake, ack texts, reject reasons
+
+enum class FrameType : uint8_t {
+  // Handshake (stream set-up only).
+  kHello = 1,    // payload: Hello
+  kAuth = 2,     // payload: 32-byte client proof
+  kJoin = 3,     // payload: Join (an extra stream of an existing endpoint)
+  kWelcome = 4,  // handshake accepted; no payload
+  kReject = 5,   // handshake refused; payload: reason text
+  // Two-sided messages.
+  kEager = 16,     // id=msg seq, a0=tag; payload = the whole message
+  kRts = 17,       // id=msg seq, a0=tag, a1=size
+  kCts = 18,       // id=msg seq, a0=receiver token
+  kSendData = 19,  // id=receiver token, a0=offset, a1=message size; payload = chunk
+  kCancel = 20,    // id=msg seq or write op, a0=bytes the sender handed out, a1=OpKind
+  kAck = 21,       // id=msg seq / op id, a0=status code, a1=OpKind; payload: error text
+  kCredit = 22,    // a0=eager bytes the receiver has consumed
+  // One-sided operations.
+  kWriteData = 24,  // id=op id, a0=remote key, a1=remote offset, a2=op length, a3=notify value
+  kReadReq = 25,    // id=op id, a0=remote key, a1=remote offset, a2=length
+  kReadData = 26,   // id=op id, a0=offset in op, a1=op length; payload = chunk
+  // Liveness.
+  kKeepalive = 30,
+  kClose = 31,  // orderly close; payload: reason text
+};
+
+enum FrameFlags : uint8_t {
+  kFlagNotify = 1,  // kWriteData: deliver a notification to the target when the write has landed
+};
+
+// Operation kinds named in kAck / kCancel.
+enum class OpKind : uint8_t { kSend = 1, kWrite = 2, kRead = 3 };
+
+struct FrameHeader {
+  FrameType type = FrameType::kKeepalive;
+  uint8_t flags = 0;
+  uint32_t payload_len = 0;
+  uint64_t id = 0;
+  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+};
+
+using HeaderBytes = std::array<unsigned char, kHeaderSize>;
+
+HeaderBytes encode_header(const FrameHeader& h);
+
+// Limits a receiver enforces on every header before looking at the payload.
+struct Limits {
+  uint32_t max_chunk = 0;      // kSendData / kWriteData / kReadData payloads
+  uint32_t max_eager = 0;      // kEager payloads
+};
+
+// Decodes and validates a header: magic, known type, reserved fields zero, flags known for the
+// type, payload length within the limit for the type. Code::kProtocol with the reason otherwise.
+Result<FrameHeader> decode_header(const unsigned char* bytes, const Limits& limits);
+
+std::string_view frame_type_name(FrameType t);
+std::string describe(const FrameHeader& h);  // for logs and errors
+
+}  // namespace dmx::wire

@@ -1,0 +1,161 @@
+#include "wire/handshake.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "wire/frame.h"
+#include "wire/le.h"
+
+namespace dmx::wire {
+namespace {
+
+class Writer {
+ public:
+  void u8(uint8_t v) { out_.push_back(v); }
+  void u16(uint16_t v) { grow(2), put_u16(end(2), v); }
+  void u32(uint32_t v) { grow(4), put_u32(end(4), v); }
+  void u64(uint64_t v) { grow(8), put_u64(end(8), v); }
+  void bytes(const unsigned char* p, size_t n) { out_.insert(out_.end(), p, p + n); }
+  void str(const std::string& s) {
+    u16(static_cast<uint16_t>(s.size()));
+    bytes(reinterpret_cast<const unsigned char*>(s.data()), s.size());
+  }
+  std::vector<unsigned char> take() { return std::move(out_); }
+
+ private:
+  void grow(size_t n) { out_.resize(out_.size() + n); }
+  unsigned char* end(size_t n) { return out_.data() + out_.size() - n; }
+  std::vector<unsigned char> out_;
+};
+
+// Reads fields in order; the first short read poisons the reader and is reported once.
+class Reader {
+ public:
+  Reader(const unsigned char* p, size_t n) : p_(p), n_(n) {}
+  bool take(size_t k) {
+    if (!ok_ || n_ - off_ < k) return ok_ = false;
+    return true;
+  }
+  uint8_t u8() { return take(1) ? p_[off_++] : 0; }
+  uint16_t u16() { return take(2) ? (off_ += 2, get_u16(p_ + off_ - 2)) : 0; }
+  uint32_t u32() { return take(4) ? (off_ += 4, get_u32(p_ + off_ - 4)) : 0; }
+  uint64_t u64() { return take(8) ? (off_ += 8, get_u64(p_ + off_ - 8)) : 0; }
+  void bytes(unsigned char* out, size_t k) {
+    if (take(k)) std::memcpy(out, p_ + off_, k), off_ += k;
+  }
+  std::string str(size_t max) {
+    uint16_t len = u16();
+    if (len > max) {
+      too_long_ = true;
+      ok_ = false;
+    }
+    if (!take(len)) return {};
+    std::string s(reinterpret_cast<const char*>(p_ + off_), len);
+    off_ += len;
+    return s;
+  }
+  Status finish(std::string_view what) const {
+    if (too_long_) return Status(Code::kProtocol, fmt::format("{}: a string field is too long", what));
+    if (!ok_) return Status(Code::kProtocol, fmt::format("{}: truncated ({} bytes)", what, n_));
+    if (off_ != n_) return Status(Code::kProtocol, fmt::format("{}: {} unexpected trailing bytes", what, n_ - off_));
+    return Status();
+  }
+
+ private:
+  const unsigned char* p_;
+  size_t n_;
+  size_t off_ = 0;
+  bool ok_ = true;
+  bool too_long_ = false;
+};
+
+bool printable(const std::string& s) {
+  for (unsigned char c : s)
+    if (c < 0x20 || c > 0x7e) return false;
+  return true;
+}
+
+}  // namespace
+
+std::vector<unsigned char> encode_hello(const Hello& h) {
+  Writer w;
+  w.u16(h.version);
+  w.u8(static_cast<uint8_t>(h.role));
+  w.u8(static_cast<uint8_t>(h.auth));
+  w.u16(h.streams);
+  w.u32(h.chunk_size);
+  w.u32(h.eager_limit);
+  w.u64(h.unexpected_budget);
+  w.u64(h.transports);
+  w.u64(h.session);
+  w.bytes(h.nonce.data(), h.nonce.size());
+  w.bytes(h.proof.data(), h.proof.size());
+  w.str(h.boot_id);
+  w.str(h.hostname);
+  w.u32(h.pid);
+  return w.take();
+}
+
+Result<Hello> decode_hello(const unsigned char* data, size_t len) {
+  Reader r(data, len);
+  Hello h;
+  h.version = r.u16();
+  uint8_t role = r.u8();
+  uint8_t auth = r.u8();
+  h.streams = r.u16();
+  h.chunk_size = r.u32();
+  h.eager_limit = r.u32();
+  h.unexpected_budget = r.u64();
+  h.transports = r.u64();
+  h.session = r.u64();
+  r.bytes(h.nonce.data(), h.nonce.size());
+  r.bytes(h.proof.data(), h.proof.size());
+  h.boot_id = r.str(64);
+  h.hostname = r.str(255);
+  h.pid = r.u32();
+  DMX_RETURN_IF_ERROR(r.finish("HELLO"));
+  // Version first: a newer peer may lay out the rest differently, and saying so is the useful error.
+  if (h.version != kProtocolVersion)
+    return Status(Code::kProtocol, fmt::format("peer speaks dmx protocol {}, this side speaks {}", h.version,
+                                               kProtocolVersion));
+  if (role != static_cast<uint8_t>(Role::kClient) && role != static_cast<uint8_t>(Role::kServer))
+    return Status(Code::kProtocol, fmt::format("HELLO: unknown role {}", role));
+  h.role = static_cast<Role>(role);
+  if (auth > static_cast<uint8_t>(AuthMode::kHmacSha256))
+    return Status(Code::kProtocol, fmt::format("HELLO: unknown auth mode {}", auth));
+  h.auth = static_cast<AuthMode>(auth);
+  if (h.streams < 1 || h.streams > kMaxStreams)
+    return Status(Code::kProtocol, fmt::format("HELLO: stream count {} outside 1-{}", h.streams, kMaxStreams));
+  if (h.chunk_size < kMinChunk || h.chunk_size > kMaxChunk)
+    return Status(Code::kProtocol, fmt::format("HELLO: chunk size {} outside {}-{}", h.chunk_size, kMinChunk, kMaxChunk));
+  if (h.eager_limit > kMaxChunk) return Status(Code::kProtocol, fmt::format("HELLO: eager limit {} too large", h.eager_limit));
+  if ((h.transports & kTransportTcp) == 0) return Status(Code::kProtocol, "HELLO: peer does not offer the tcp path");
+  if (!printable(h.boot_id) || !printable(h.hostname))
+    return Status(Code::kProtocol, "HELLO: host identity has non-printable characters");
+  return h;
+}
+
+std::vector<unsigned char> encode_join(const Join& j) {
+  Writer w;
+  w.u64(j.session);
+  w.u16(j.index);
+  w.u16(j.streams);
+  w.bytes(j.proof.data(), j.proof.size());
+  return w.take();
+}
+
+Result<Join> decode_join(const unsigned char* data, size_t len) {
+  Reader r(data, len);
+  Join j;
+  j.session = r.u64();
+  j.index = r.u16();
+  j.streams = r.u16();
+  r.bytes(j.proof.data(), j.proof.size());
+  DMX_RETURN_IF_ERROR(r.finish("JOIN"));
+  if (j.streams < 2 || j.streams > kMaxStreams || j.index < 1 || j.index >= j.streams)
+    return Status(Code::kProtocol, fmt::format("JOIN: stream {} of {} is not a valid extra stream", j.index, j.streams));
+  return j;
+}
+
+}  // namespace dmx::wire

@@ -1,0 +1,61 @@
+// Handshake messages (payloads of HELLO and JOIN frames): what each side is and can do.
+// Pure encode/decode with strict validation; see docs/wire.md for the exchange.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dmx/status.h"
+
+namespace dmx::wire {
+
+using Nonce = std::array<unsigned char, 32>;
+using Proof = std::array<unsigned char, 32>;
+
+enum class Role : uint8_t { kClient = 1, kServer = 2 };
+enum class AuthMode : uint8_t { kInsecure = 0, kHmacSha256 = 1 };
+
+// Data paths a side can use, as bits.
+enum TransportBits : uint64_t {
+  kTransportTcp = 1,
+  kTransportShm = 2,
+  kTransportCudaIpc = 4,
+  kTransportDevmem = 8,
+};
+
+inline constexpr uint16_t kMaxStreams = 64;
+inline constexpr uint32_t kMinChunk = 64 << 10;
+inline constexpr uint32_t kMaxChunk = 64 << 20;
+
+struct Hello {
+  uint16_t version = 0;
+  Role role = Role::kClient;
+  AuthMode auth = AuthMode::kHmacSha256;
+  uint16_t streams = 1;          // client: requested; server: agreed
+  uint32_t chunk_size = 0;       // client: proposed; server: agreed
+  uint32_t eager_limit = 0;      // largest EAGER payload this side accepts
+  uint64_t unexpected_budget = 0;  // EAGER bytes this side buffers before a matching recv
+  uint64_t transports = kTransportTcp;
+  uint64_t session = 0;          // server: the endpoint's session id; client: 0
+  Nonce nonce{};
+  Proof proof{};                 // server: proof of the key; client: zeros
+  std::string boot_id;           // /proc/sys/kernel/random/boot_id (same host detection)
+  std::string hostname;
+  uint32_t pid = 0;
+};
+
+struct Join {
+  uint64_t session = 0;
+  uint16_t index = 0;  // 1 .. streams-1
+  uint16_t streams = 0;
+  Proof proof{};
+};
+
+std::vector<unsigned char> encode_hello(const Hello& h);
+Result<Hello> decode_hello(const unsigned char* data, size_t len);
+std::vector<unsigned char> encode_join(const Join& j);
+Result<Join> decode_join(const unsigned char* data, size_t len);
+
+}  // namespace dmx::wire

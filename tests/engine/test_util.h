@@ -1,0 +1,90 @@
+// Helpers for engine tests: random data in any memory kind, and a connected endpoint pair.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "dmx/dmx.h"
+
+namespace dmx::test {
+
+inline std::vector<unsigned char> random_bytes(size_t n) {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  std::vector<unsigned char> v(n);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(v.data() + i, &x, 8);
+  }
+  for (; i < n; ++i) v[i] = static_cast<unsigned char>(rng());
+  return v;
+}
+
+// A buffer of `kind` filled with fresh random bytes; `data` keeps a host copy to compare with.
+struct Filled {
+  Buffer buf;
+  std::vector<unsigned char> data;
+};
+
+inline Filled filled(MemSpec where, size_t n) {
+  Filled f;
+  auto b = Buffer::allocate(where, n);
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  f.buf = std::move(*b);
+  f.data = random_bytes(n);
+  if (n > 0) EXPECT_TRUE(copy_memory(f.buf.region(), MemRegion{f.data.data(), n, {}}).ok());
+  return f;
+}
+
+// A buffer of `kind` filled with a poison pattern (so unwritten bytes show).
+inline Buffer poisoned(MemSpec where, size_t n) {
+  auto b = Buffer::allocate(where, n);
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  if (n > 0) {
+    std::vector<unsigned char> p(n, 0xA5);
+    EXPECT_TRUE(copy_memory(b->region(), MemRegion{p.data(), n, {}}).ok());
+  }
+  return std::move(*b);
+}
+
+inline std::vector<unsigned char> read_back(const MemRegion& r) {
+  std::vector<unsigned char> out(r.size);
+  if (r.size > 0) EXPECT_TRUE(copy_memory(MemRegion{out.data(), r.size, {}}, r).ok());
+  return out;
+}
+
+struct Pair {
+  Context ctx;
+  Listener listener;
+  Endpoint client, server;
+};
+
+inline Options test_options(int streams = 4) {
+  Options o;
+  o.set("auth_key", "dmx-test-key-0123456789").set("streams", std::to_string(streams)).set("log_level", "warn");
+  return o;
+}
+
+inline Pair connect_pair(const Options& o = test_options()) {
+  Pair p;
+  auto ctx = Context::create(o);
+  EXPECT_TRUE(ctx.ok()) << ctx.status().to_string();
+  p.ctx = *ctx;
+  auto l = p.ctx.listen("tcp://127.0.0.1:0");
+  EXPECT_TRUE(l.ok()) << l.status().to_string();
+  p.listener = std::move(*l);
+  auto c = p.ctx.connect(p.listener.address());
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  p.client = std::move(*c);
+  auto s = p.listener.accept(std::chrono::seconds(10));
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  p.server = std::move(*s);
+  return p;
+}
+
+inline bool gpu_available() { return mem_available(MemSpec{MemKind::kCuda, 0}).ok(); }
+
+}  // namespace dmx::test
