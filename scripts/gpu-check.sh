@@ -19,6 +19,11 @@
 #   GPU_CHECK_SECTION_TIMEOUT=600  seconds before a section is killed
 #   GPU_CHECK_CUDA_ARCH=90  CMAKE_CUDA_ARCHITECTURES (Hopper: H100, H200)
 #
+# Examples:
+#   GPU_CHECK_ONLY=cuda-memory GPU_CHECK_TARGETS=dmx_memory_tests bash scripts/gpu-check.sh
+#   GPU_CHECK_ONLY=ctest GPU_CHECK_CTEST_ARGS='-R Cuda' bash scripts/gpu-check.sh
+#   GPU_CHECK_SKIP_BUILD=1 GPU_CHECK_ONLY=devmem bash scripts/gpu-check.sh   (same machine, again)
+#
 # Never stops at the first failure: every stage is timed and reported, failures included.
 set -u
 set -o pipefail
