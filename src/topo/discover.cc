@@ -351,6 +351,7 @@ Result<Topology> discover(const SysfsTree& tree) {
   for (Nic& n : virtual_nics) topo.nics.push_back(std::move(n));
   for (const std::string& name : tree.list("class/infiniband")) {
     auto where = tree.resolve("class/infiniband/" + name);
+    if (where.ok()) tree.list(*where);  // so that a capture holds the link's target
     RdmaDevice r{name, where.ok() ? device_for_path(topo, by_path, *where) : -1};
     for (Nic& n : topo.nics)
       if (r.pci >= 0 && n.pci == r.pci) n.rdma.push_back(name);
@@ -358,6 +359,7 @@ Result<Topology> discover(const SysfsTree& tree) {
   }
   for (const std::string& name : tree.list("class/nvme")) {
     auto where = tree.resolve("class/nvme/" + name);
+    if (where.ok()) tree.list(*where);
     topo.nvme.push_back(NvmeController{name, where.ok() ? device_for_path(topo, by_path, *where) : -1});
   }
 
