@@ -304,7 +304,35 @@ if [[ $build_ok -eq 1 ]]; then
   # ============================================================================================
 
   # ---- lead: dmx bench (staged TCP, copy engine) ----
-  # run_section bench-staged "$DMX" bench ...
+  # Reference tools the image lacks (iperf3) travel as Debian packages in .carry/debs (ignored by
+  # git; `apt-get download iperf3 libiperf0 libsctp1` there) and are unpacked under /tmp.
+  if compgen -G "$ROOT/.carry/debs/*.deb" > /dev/null; then
+    for f in "$ROOT"/.carry/debs/*.deb; do dpkg -x "$f" /tmp/carry-root; done
+    export PATH=/tmp/carry-root/usr/bin:$PATH LD_LIBRARY_PATH=/tmp/carry-root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  fi
+  export DMX_BIN=$DMX
+  bench_host_section() {  # dmx host->host loopback vs iperf3 at the same stream counts
+    python3 "$ROOT/bench/compare.py" host-loopback --streams "${GPU_CHECK_STREAMS:-1,2,4,8}" --sizes 1M,256M \
+      --verify --json "$OUT/bench-host.json"
+  }
+  run_section bench-host bench_host_section
+  bench_gpu_section() {  # GPU memory over the staged path between two processes, and latency
+    local n peer port=7811 rc=0 s
+    n=$(nvidia-smi -L | wc -l); peer=cuda:0; [[ $n -ge 2 ]] && peer=cuda:1
+    "$DMX" bench --listen tcp://127.0.0.1:$port & local srv=$!
+    sleep 1
+    for s in ${GPU_CHECK_STREAMS:-4,8}; do
+      for st in ${s//,/ }; do
+        "$DMX" bench --connect tcp://127.0.0.1:$port --mem cuda:0 --peer-mem $peer --streams "$st" \
+          --sizes 8,64K,1M,16M,256M --verify --json | tee -a "$OUT/bench-gpu.jsonl" || rc=1
+        "$DMX" bench --connect tcp://127.0.0.1:$port --mem host --peer-mem host --streams "$st" \
+          --sizes 1M,256M --verify --json | tee -a "$OUT/bench-gpu.jsonl" || rc=1
+      done
+    done
+    kill $srv; wait $srv 2>/dev/null
+    return $rc
+  }
+  run_section bench-gpu bench_gpu_section
 
   # ---- devmem (owner: devmem) ----
   # devmem tests with their output (bind errors and the kernel's extack text on this machine's

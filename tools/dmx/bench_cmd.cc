@@ -1,15 +1,218 @@
-// Placeholder until the bench command lands.
-#include <cstdio>
+// dmx bench — the main job: measure transfers, side by side with what the peer sees.
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <csignal>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/units.h"
+#include "memory/backend.h"
+#include "tools/dmx/bench.h"
 #include "tools/dmx/commands.h"
 
 namespace dmx::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+
+struct Args {
+  bool loopback = false, json = false, verify = false, insecure = false;
+  std::string listen, connect, mem, peer_mem, op = "send", transport = "auto", sizes = "8,4K,64K,1M,16M,256M";
+  std::string chunk;
+  int streams = 0;
+  uint32_t iters = 0;
+  std::vector<std::string> options;
+};
+
+double cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+Result<Options> make_options(const Args& a) {
+  Options o;
+  for (const auto& kv : a.options) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos) return Status(Code::kInvalidArgument, fmt::format("--option '{}': expected NAME=VALUE", kv));
+    o.set(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  if (a.streams > 0) o.set("streams", std::to_string(a.streams));
+  if (!a.chunk.empty()) o.set("chunk_size", a.chunk);
+  o.set("transport", a.transport);
+  if (a.insecure) o.set("insecure", "true");
+  return o;
+}
+
+// Default memory: GPU memory when a GPU is present, else host memory. In loopback with two GPUs
+// the peer uses the second one.
+Status pick_memory(const Args& a, bench::ClientOptions& co) {
+  auto gpus = cuda_device_count();
+  int n = gpus.ok() ? *gpus : 0;
+  if (a.mem.empty()) co.mem = n > 0 ? MemSpec{MemKind::kCuda, 0} : MemSpec{MemKind::kHost, 0};
+  else {
+    DMX_ASSIGN_OR_RETURN(co.mem, parse_mem_spec(a.mem));
+  }
+  if (a.peer_mem.empty()) {
+    co.peer_mem = co.mem;
+    if (co.mem.kind == MemKind::kCuda && n > 1) co.peer_mem.device = (co.mem.device + 1) % n;
+  } else {
+    DMX_ASSIGN_OR_RETURN(co.peer_mem, parse_mem_spec(a.peer_mem));
+  }
+  return mem_available(co.mem);
+}
+
+Result<std::vector<uint64_t>> parse_sizes(const std::string& list) {
+  std::vector<uint64_t> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    DMX_ASSIGN_OR_RETURN(uint64_t v, parse_size(item));
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+void print_header(const bench::ClientOptions& co, const EndpointStats& st, size_t nsizes) {
+  fmt::print("# dmx bench: op {}, {} -> {}, path {} ({}), {} streams, peer {}\n", co.op, to_string(co.mem),
+             to_string(co.peer_mem), st.transport, st.reason, st.streams, st.peer);
+  fmt::print("# latency: {}\n", co.op == "send" ? "half round trip (ping-pong)" : "operation completion time");
+  fmt::print("#{:>11} {:>7} {:>9} {:>10} {:>10} {:>7} {:>9}\n", "size", "iters", "GB/s", "p50 us", "p99 us", "CPU %",
+             "verified");
+}
+
+void print_row(const bench::Result1& r, bool verify_asked, bool json, const bench::ClientOptions& co,
+               const EndpointStats& st) {
+  if (json) {
+    nlohmann::json j{{"size_bytes", r.plan.size}, {"gb_per_s", r.gb_per_s},     {"lat_p50_us", r.lat_p50_us},
+                     {"lat_p99_us", r.lat_p99_us}, {"transport", st.transport}, {"reason", st.reason},
+                     {"mem", to_string(co.mem)},   {"peer_mem", to_string(co.peer_mem)},
+                     {"streams", st.streams},      {"verified", r.verified},     {"op", co.op},
+                     {"iters", r.plan.iters},      {"window", r.plan.window},    {"cpu_pct", r.cpu_pct},
+                     {"d2h_copies", st.d2h_copies}, {"h2d_copies", st.h2d_copies}};
+    if (!r.error.empty()) j["error"] = r.error;
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print(" {:>11} {:>7} {:>9.2f} {:>10.1f} {:>10.1f} {:>7.0f} {:>9}\n", format_size(r.plan.size), r.plan.iters,
+               r.gb_per_s, r.lat_p50_us, r.lat_p99_us, r.cpu_pct,
+               !r.error.empty() ? "ERROR" : !verify_asked ? "-" : r.verified ? "yes" : "NO");
+    if (!r.error.empty()) fmt::print("#   error: {}\n", r.error);
+  }
+  std::fflush(stdout);
+}
+
+int run_client(Endpoint& ep, const Args& a, const bench::ClientOptions& co) {
+  EndpointStats st = ep.stats();
+  if (!a.json) print_header(co, st, co.sizes.size());
+  int rc = 0;
+  for (size_t i = 0; i < co.sizes.size(); ++i) {
+    uint64_t size = co.sizes[i];
+    if (!a.json && ::isatty(2)) fmt::print(stderr, "[{}/{}] {} ...\r", i + 1, co.sizes.size(), format_size(size));
+    double c0 = cpu_seconds();
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = bench::run_size(ep, co, size);
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bench::Result1 row;
+    if (r.ok()) {
+      row = *r;
+    } else {
+      row.plan.size = size;
+      row.error = r.status().to_string();
+      rc = 1;
+    }
+    row.cpu_pct = wall > 0 ? 100.0 * (cpu_seconds() - c0) / wall : 0;
+    if (co.verify && r.ok() && !row.verified) rc = 1;
+    print_row(row, co.verify, a.json, co, ep.stats());
+    if (!r.ok()) break;  // the endpoint is likely gone
+  }
+  if (rc == 0) (void)bench::quit(ep);
+  return rc;
+}
+
+int run(const Args& a) {
+  auto options = make_options(a);
+  if (!options.ok()) return fmt::print(stderr, "dmx bench: {}\n", options.status().to_string()), 2;
+  auto ctx = Context::create(*options);
+  if (!ctx.ok()) return fmt::print(stderr, "dmx bench: {}\n", ctx.status().to_string()), 2;
+  int modes = a.loopback + !a.listen.empty() + !a.connect.empty();
+  if (modes != 1) return fmt::print(stderr, "dmx bench: give exactly one of --loopback, --listen, --connect\n"), 2;
+
+  if (!a.listen.empty()) {
+    auto l = ctx->listen(a.listen);
+    if (!l.ok()) return fmt::print(stderr, "dmx bench: {}\n", l.status().to_string()), 1;
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    fmt::print(stderr, "dmx bench: serving on {} until interrupted\n", l->address());
+    while (!g_stop.load()) {
+      auto ep = l->accept(std::chrono::milliseconds(200));
+      if (!ep.ok()) continue;
+      std::thread([e = std::move(*ep)]() mutable {
+        std::string peer = e.peer();
+        Status s = bench::serve(std::move(e));
+        if (!s.ok()) fmt::print(stderr, "dmx bench: session with {} ended: {}\n", peer, s.to_string());
+      }).detach();
+    }
+    return 0;
+  }
+
+  bench::ClientOptions co;
+  co.op = a.op;
+  co.iters = a.iters;
+  co.verify = a.verify;
+  if (Status s = pick_memory(a, co); !s.ok()) return fmt::print(stderr, "dmx bench: --mem: {}\n", s.to_string()), 2;
+  auto sizes = parse_sizes(a.sizes);
+  if (!sizes.ok()) return fmt::print(stderr, "dmx bench: --sizes: {}\n", sizes.status().to_string()), 2;
+  co.sizes = *sizes;
+
+  if (a.loopback) {
+    auto l = ctx->listen("tcp://127.0.0.1:0");
+    if (!l.ok()) return fmt::print(stderr, "dmx bench: {}\n", l.status().to_string()), 1;
+    std::thread server([&] {
+      auto ep = l->accept(std::chrono::seconds(30));
+      if (ep.ok()) (void)bench::serve(std::move(*ep));
+    });
+    auto ep = ctx->connect(l->address());
+    int rc = 1;
+    if (ep.ok()) rc = run_client(*ep, a, co);
+    else fmt::print(stderr, "dmx bench: {}\n", ep.status().to_string());
+    if (ep.ok()) ep->close();
+    server.join();
+    return rc;
+  }
+  auto ep = ctx->connect(a.connect);
+  if (!ep.ok()) return fmt::print(stderr, "dmx bench: {}\n", ep.status().to_string()), 1;
+  return run_client(*ep, a, co);
+}
+
+}  // namespace
 
 void add_bench_command(CLI::App& app, int* exit_code) {
-  app.add_subcommand("bench", "(bench: not built yet)")->callback([exit_code] {
-    std::fprintf(stderr, "dmx bench: not built yet\n");
-    *exit_code = 2;
-  });
+  auto a = std::make_shared<Args>();
+  CLI::App* b = app.add_subcommand("bench", "measure transfers (loopback, or between two processes or hosts)");
+  b->add_flag("--loopback", a->loopback, "server and client in this process");
+  b->add_option("--listen", a->listen, "serve clients on ADDR (tcp://host:port) until interrupted");
+  b->add_option("--connect", a->connect, "run against a server at ADDR");
+  b->add_option("--mem", a->mem, "this side's memory: host|pinned|cuda[:N]|sim[:N] (default: cuda:0 if a GPU is present, else host)");
+  b->add_option("--peer-mem", a->peer_mem, "the server's memory (default: like --mem; the next GPU when there are two)");
+  b->add_option("--op", a->op, "send (two-sided) | write | read (one-sided)")->check(CLI::IsMember({"send", "write", "read"}));
+  b->add_option("--transport", a->transport, "auto | tcp | devmem | shm | cuda_ipc");
+  b->add_option("--sizes", a->sizes, "comma-separated sizes, e.g. 8,4K,1M,256M");
+  b->add_option("--streams", a->streams, "TCP streams per endpoint (default: the streams setting)");
+  b->add_option("--chunk-size", a->chunk, "striping/staging chunk (default: the chunk_size setting)");
+  b->add_option("--iters", a->iters, "operations per size (default: chosen per size)");
+  b->add_flag("--verify", a->verify, "check an end-to-end checksum of fresh random data in every buffer");
+  b->add_flag("--json", a->json, "one JSON object per line per size");
+  b->add_flag("--insecure", a->insecure, "no peer authentication (both sides must agree)");
+  b->add_option("--option", a->options, "any setting as NAME=VALUE (see dmx probe --config)");
+  b->callback([a, exit_code] { *exit_code = run(*a); });
 }
 
 }  // namespace dmx::cli

@@ -1,0 +1,85 @@
+// dmx bench: measurement sessions between a client (which decides the run) and a server.
+//
+// Per size, the client sends a Plan (JSON, tag kPlanTag); the server allocates its memory, answers
+// with a Reply, and then both run:
+//  1. throughput: `iters` operations with `window` in flight (send/recv, write or read);
+//  2. latency: sequential round trips (send: ping-pong, reported as half the round trip;
+//     write/read: the operation's completion time);
+//  3. verify (--verify): every buffer that received data is checksummed and compared with the
+//     checksum of the fresh random source.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dmx/dmx.h"
+
+namespace dmx::bench {
+
+inline constexpr uint64_t kPlanTag = 0xB0000001;
+inline constexpr uint64_t kReplyTag = 0xB0000002;
+inline constexpr uint64_t kDoneTag = 0xB0000003;
+inline constexpr uint64_t kDataTag = 0xB0000010;
+inline constexpr uint64_t kPingTag = 0xB0000011;
+inline constexpr uint64_t kPongTag = 0xB0000012;
+inline constexpr size_t kControlMax = 4096;
+
+struct Plan {
+  std::string op = "send";  // send | write | read
+  uint64_t size = 0;
+  uint32_t iters = 0, window = 1, lat_iters = 0;
+  std::string peer_mem = "host";
+  bool verify = false;
+  uint64_t checksum = 0;  // send/write: the source's
+  bool quit = false;      // the client is done with this endpoint
+};
+
+struct Reply {
+  bool ok = true;
+  std::string error;
+  RemoteRegion region;     // write/read: the server's registered memory (window slots of size)
+  uint64_t checksum = 0;   // read: the server's data
+  bool verified = false;   // after the run: every slot matched
+  std::string transport, reason;
+};
+
+std::string to_json(const Plan& p);
+Result<Plan> plan_from_json(const std::string& s);
+std::string to_json(const Reply& r);
+Result<Reply> reply_from_json(const std::string& s);
+
+// A fast 64-bit checksum of host memory (4 independent lanes, then mixed).
+uint64_t checksum(const unsigned char* p, size_t n);
+// Checksum of memory of any kind (copied to the host first when it is device memory).
+Result<uint64_t> checksum_region(const MemRegion& r);
+// Fills a region of any kind with fresh random bytes; returns their checksum.
+Result<uint64_t> fill_random(const MemRegion& r);
+
+// Small JSON control messages over the endpoint.
+Status send_text(Endpoint& ep, uint64_t tag, const std::string& text, Duration timeout);
+Result<std::string> recv_text(Endpoint& ep, uint64_t tag, Duration timeout);
+
+// Serves bench sessions on one endpoint until the client quits or the endpoint ends.
+Status serve(Endpoint ep);
+
+struct Result1 {  // one size
+  Plan plan;
+  double gb_per_s = 0, lat_p50_us = 0, lat_p99_us = 0, cpu_pct = 0;
+  bool verified = false;
+  std::string error;
+};
+
+struct ClientOptions {
+  std::string op = "send";
+  MemSpec mem, peer_mem;
+  std::vector<uint64_t> sizes;
+  uint32_t iters = 0;  // 0: chosen per size
+  bool verify = false;
+};
+
+// Runs one size against a server; fills everything but cpu_pct.
+Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size);
+Status quit(Endpoint& ep);
+
+}  // namespace dmx::bench

@@ -1,0 +1,125 @@
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <random>
+
+#include "tools/dmx/bench.h"
+
+namespace dmx::bench {
+
+using nlohmann::json;
+
+std::string to_json(const Plan& p) {
+  return json{{"op", p.op},         {"size", p.size},         {"iters", p.iters},   {"window", p.window},
+              {"lat_iters", p.lat_iters}, {"peer_mem", p.peer_mem}, {"verify", p.verify}, {"checksum", p.checksum},
+              {"quit", p.quit}}
+      .dump();
+}
+
+Result<Plan> plan_from_json(const std::string& s) {
+  auto j = json::parse(s, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status(Code::kProtocol, "bench plan is not a JSON object");
+  Plan p;
+  try {
+    p.op = j.at("op").get<std::string>();
+    p.size = j.at("size").get<uint64_t>();
+    p.iters = j.at("iters").get<uint32_t>();
+    p.window = j.at("window").get<uint32_t>();
+    p.lat_iters = j.at("lat_iters").get<uint32_t>();
+    p.peer_mem = j.at("peer_mem").get<std::string>();
+    p.verify = j.at("verify").get<bool>();
+    p.checksum = j.at("checksum").get<uint64_t>();
+    p.quit = j.at("quit").get<bool>();
+  } catch (const std::exception& e) {
+    return Status(Code::kProtocol, std::string("bench plan: ") + e.what());
+  }
+  if (p.op != "send" && p.op != "write" && p.op != "read") return Status(Code::kProtocol, "bench plan: unknown op");
+  if (p.window == 0 || p.window > 64) return Status(Code::kProtocol, "bench plan: window must be 1-64");
+  return p;
+}
+
+std::string to_json(const Reply& r) {
+  return json{{"ok", r.ok},
+              {"error", r.error},
+              {"key", r.region.key},
+              {"region_size", r.region.size},
+              {"checksum", r.checksum},
+              {"verified", r.verified},
+              {"transport", r.transport},
+              {"reason", r.reason}}
+      .dump();
+}
+
+Result<Reply> reply_from_json(const std::string& s) {
+  auto j = json::parse(s, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status(Code::kProtocol, "bench reply is not a JSON object");
+  Reply r;
+  try {
+    r.ok = j.at("ok").get<bool>();
+    r.error = j.at("error").get<std::string>();
+    r.region.key = j.at("key").get<uint64_t>();
+    r.region.size = j.at("region_size").get<uint64_t>();
+    r.checksum = j.at("checksum").get<uint64_t>();
+    r.verified = j.at("verified").get<bool>();
+    r.transport = j.at("transport").get<std::string>();
+    r.reason = j.at("reason").get<std::string>();
+  } catch (const std::exception& e) {
+    return Status(Code::kProtocol, std::string("bench reply: ") + e.what());
+  }
+  return r;
+}
+
+uint64_t checksum(const unsigned char* p, size_t n) {
+  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  uint64_t h[4] = {1, 2, 3, 4};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int l = 0; l < 4; ++l) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * l, 8);
+      h[l] = (h[l] ^ w) * kMul;
+      h[l] ^= h[l] >> 29;
+    }
+  }
+  uint64_t out = n * kMul;
+  for (; i < n; ++i) out = (out ^ p[i]) * kMul;
+  for (uint64_t x : h) out = (out ^ x) * kMul ^ (out >> 31);
+  return out;
+}
+
+Result<uint64_t> checksum_region(const MemRegion& r) {
+  if (r.where.kind == MemKind::kHost || r.where.kind == MemKind::kPinned)
+    return checksum(static_cast<const unsigned char*>(r.ptr), r.size);
+  std::vector<unsigned char> host(r.size);
+  if (r.size) DMX_RETURN_IF_ERROR(copy_memory(MemRegion{host.data(), r.size, {}}, r));
+  return checksum(host.data(), host.size());
+}
+
+Result<uint64_t> fill_random(const MemRegion& r) {
+  std::vector<unsigned char> host(r.size);
+  std::mt19937_64 rng(std::random_device{}());
+  size_t i = 0;
+  for (; i + 8 <= r.size; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(host.data() + i, &x, 8);
+  }
+  for (; i < r.size; ++i) host[i] = static_cast<unsigned char>(rng());
+  if (r.size) DMX_RETURN_IF_ERROR(copy_memory(r, MemRegion{host.data(), r.size, {}}));
+  return checksum(host.data(), host.size());
+}
+
+Status send_text(Endpoint& ep, uint64_t tag, const std::string& text, Duration timeout) {
+  if (text.size() > kControlMax) return Status(Code::kInvalidArgument, "bench control message too long");
+  Request r = ep.send(MemRegion{const_cast<char*>(text.data()), text.size(), {}}, tag, OpOptions{timeout});
+  return r.wait();
+}
+
+Result<std::string> recv_text(Endpoint& ep, uint64_t tag, Duration timeout) {
+  std::string buf(kControlMax, '\0');
+  Request r = ep.recv(MemRegion{buf.data(), buf.size(), {}}, tag, OpOptions{timeout});
+  DMX_RETURN_IF_ERROR(r.wait());
+  buf.resize(r.bytes());
+  return buf;
+}
+
+}  // namespace dmx::bench

@@ -1,0 +1,91 @@
+// dmx bench: the server side of a session (the client decides the run).
+#include <fmt/format.h>
+
+#include "tools/dmx/bench.h"
+
+namespace dmx::bench {
+namespace {
+
+constexpr auto kControlTimeout = std::chrono::seconds(120);
+constexpr auto kDataTimeout = std::chrono::seconds(300);
+
+// Checks that each of the first `n` slots of `buf` has checksum `want`.
+Result<bool> slots_match(const Buffer& buf, uint64_t size, uint32_t n, uint64_t want) {
+  for (uint32_t i = 0; i < n; ++i) {
+    DMX_ASSIGN_OR_RETURN(uint64_t got, checksum_region(buf.region().sub(i * size, size)));
+    if (got != want) return false;
+  }
+  return true;
+}
+
+Status serve_send(Endpoint& ep, const Plan& p, Buffer& buf, Reply& reply) {
+  DMX_RETURN_IF_ERROR(send_text(ep, kReplyTag, to_json(reply), kControlTimeout));
+  uint32_t w = std::min(p.window, std::max<uint32_t>(p.iters, 1));
+  std::vector<Request> reqs(w);
+  auto slot = [&](uint32_t i) { return buf.region().sub(uint64_t{i % w} * p.size, p.size); };
+  for (uint32_t i = 0; i < std::min(w, p.iters); ++i) reqs[i] = ep.recv(slot(i), kDataTag, OpOptions{kDataTimeout});
+  for (uint32_t i = 0; i < p.iters; ++i) {
+    DMX_RETURN_IF_ERROR(reqs[i % w].wait());
+    if (reqs[i % w].bytes() != p.size) return Status(Code::kInternal, "bench: short message");
+    if (i + w < p.iters) reqs[i % w] = ep.recv(slot(i), kDataTag, OpOptions{kDataTimeout});
+  }
+  DMX_RETURN_IF_ERROR(send_text(ep, kDoneTag, "done", kControlTimeout));
+  for (uint32_t j = 0; j < p.lat_iters; ++j) {
+    Request r = ep.recv(slot(0), kPingTag, OpOptions{kDataTimeout});
+    DMX_RETURN_IF_ERROR(r.wait());
+    DMX_RETURN_IF_ERROR(ep.send(slot(0), kPongTag, OpOptions{kDataTimeout}).wait());
+  }
+  if (p.verify) {
+    DMX_ASSIGN_OR_RETURN(reply.verified, slots_match(buf, p.size, std::min(w, p.iters), p.checksum));
+  }
+  return send_text(ep, kReplyTag, to_json(reply), kControlTimeout);
+}
+
+Status serve_one_sided(Endpoint& ep, const Plan& p, Context& ctx, Buffer& buf, Reply& reply) {
+  uint32_t w = p.op == "write" ? std::min(p.window, std::max<uint32_t>(p.iters, 1)) : 1;
+  if (p.op == "read") {
+    DMX_ASSIGN_OR_RETURN(reply.checksum, fill_random(buf.region().sub(0, p.size)));
+  }
+  DMX_ASSIGN_OR_RETURN(Registration reg, ctx.register_memory(buf.region().sub(0, uint64_t{w} * p.size)));
+  reply.region = reg.remote();
+  DMX_RETURN_IF_ERROR(send_text(ep, kReplyTag, to_json(reply), kControlTimeout));
+  DMX_ASSIGN_OR_RETURN(std::string done, recv_text(ep, kDoneTag, kDataTimeout));
+  if (p.op == "write" && p.verify) {
+    DMX_ASSIGN_OR_RETURN(reply.verified, slots_match(buf, p.size, std::min(w, p.iters), p.checksum));
+  }
+  return send_text(ep, kReplyTag, to_json(reply), kControlTimeout);
+}
+
+}  // namespace
+
+Status serve(Endpoint ep) {
+  // The server needs a Context only to register memory; options come from the environment.
+  auto ctx = Context::create();
+  for (;;) {
+    auto text = recv_text(ep, kPlanTag, kForever);
+    if (!text.ok()) return text.status().code() == Code::kClosed ? Status() : text.status();
+    Reply reply;
+    EndpointStats st = ep.stats();
+    reply.transport = st.transport;
+    reply.reason = st.reason;
+    auto plan = plan_from_json(*text);
+    Result<MemSpec> mem = plan.ok() ? parse_mem_spec(plan->peer_mem) : Result<MemSpec>(plan.status());
+    Result<Buffer> buf = Status(Code::kInternal, "unset");
+    if (plan.ok() && plan->quit) return Status();
+    if (mem.ok()) {
+      uint32_t slots = plan->op == "read" ? 1 : plan->window;
+      buf = Buffer::allocate(*mem, std::max<uint64_t>(1, uint64_t{slots} * plan->size));
+    }
+    Status bad = !plan.ok() ? plan.status() : !mem.ok() ? mem.status() : !buf.ok() ? buf.status() : ctx.status();
+    if (!bad.ok()) {
+      reply.ok = false;
+      reply.error = bad.to_string();
+      DMX_RETURN_IF_ERROR(send_text(ep, kReplyTag, to_json(reply), kControlTimeout));
+      continue;
+    }
+    Status s = plan->op == "send" ? serve_send(ep, *plan, *buf, reply) : serve_one_sided(ep, *plan, *ctx, *buf, reply);
+    if (!s.ok()) return s;
+  }
+}
+
+}  // namespace dmx::bench
