@@ -1,0 +1,283 @@
+// cuda_ipc with CUDA: legacy IPC handles (cudaIpcGetMemHandle / cudaIpcOpenMemHandle with lazy
+// peer access), copies with cudaMemcpyAsync on non-blocking streams (copy engines), completion by
+// pooled events. Allocation bases come from the driver wrapper in src/memory/cuda/driver.h.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+
+#include "core/log.h"
+#include "memory/backend.h"
+#include "memory/cuda/driver.h"
+#include "memory/cuda/event_pool.h"
+#include "memory/cuda/runtime.h"
+#include "transport/cuda_ipc/cuda_ipc.h"
+
+namespace dmx::cuda_ipc {
+namespace {
+
+using cuda::DeviceGuard;
+using cuda::error_status;
+
+static_assert(sizeof(cudaIpcMemHandle_t) == IpcDescriptor::kHandleSize);
+
+class CudaOpener final : public ImportCache::Opener {
+ public:
+  explicit CudaOpener(int device) : device_(device) {}
+  Result<void*> open(const IpcDescriptor& desc) override {
+    DeviceGuard guard(device_);
+    DMX_RETURN_IF_ERROR(guard.status());
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, desc.handle.data(), sizeof h);
+    void* base = nullptr;
+    cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess)
+      return error_status(fmt::format("cudaIpcOpenMemHandle(alloc {} of pid {}, {} B)", desc.alloc_id, desc.owner_pid,
+                                      desc.alloc_size),
+                          device_, err);
+    return base;
+  }
+  void close(void* base) override {
+    DeviceGuard guard(device_);
+    cudaError_t err = cudaIpcCloseMemHandle(base);
+    if (err != cudaSuccess)
+      DMX_LOG_WARN("cudaIpcCloseMemHandle({}) on cuda:{}: {}", base, device_, cuda::error_text(err));
+  }
+
+ private:
+  int device_;
+};
+
+class CopyEngineImpl final : public CopyEngine {
+ public:
+  explicit CopyEngineImpl(const Options& o) : options_(o), opener_(o.device), cache_(&opener_), events_(o.device) {}
+  ~CopyEngineImpl() override {
+    DeviceGuard guard(options_.device);
+    for (cudaStream_t s : streams_) (void)cudaStreamSynchronize(s);
+    for (auto& q : inflight_)
+      for (auto& c : q) {
+        events_.release(c.event);
+        cache_.release(c.peer, c.alloc_id);
+      }
+    for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
+  }
+
+  Status init() {
+    DMX_RETURN_IF_ERROR(cuda::check_device(options_.device));
+    DeviceGuard guard(options_.device);
+    DMX_RETURN_IF_ERROR(guard.status());
+    int n = 0;
+    DMX_CUDA_RETURN_IF_ERROR("cudaGetDeviceCount", -1, cudaGetDeviceCount(&n));
+    can_peer_.assign(static_cast<size_t>(n), false);
+    for (int d = 0; d < n; ++d) {
+      if (d == options_.device) {
+        can_peer_[d] = true;
+        report_ += fmt::format("cuda:{} -> cuda:{}: same device; ", d, d);
+        continue;
+      }
+      int can = 0;
+      cudaError_t err = cudaDeviceCanAccessPeer(&can, options_.device, d);
+      if (err != cudaSuccess || !can) {
+        report_ += fmt::format("cuda:{} -> cuda:{}: peer access not possible ({}); ", options_.device, d,
+                               err != cudaSuccess ? cuda::error_text(err) : "cudaDeviceCanAccessPeer says no");
+        continue;
+      }
+      err = cudaDeviceEnablePeerAccess(d, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+        err = cudaSuccess;
+      }
+      can_peer_[d] = err == cudaSuccess;
+      report_ += err == cudaSuccess ? fmt::format("cuda:{} -> cuda:{}: peer access enabled; ", options_.device, d)
+                                    : fmt::format("cuda:{} -> cuda:{}: enabling peer access failed ({}); ",
+                                                  options_.device, d, cuda::error_text(err));
+    }
+    DMX_LOG_INFO("cuda_ipc: {}", report_);
+    int streams = std::clamp(options_.streams, 1, 16);
+    for (int i = 0; i < streams; ++i) {
+      cudaStream_t s;
+      DMX_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags(cuda_ipc)", options_.device,
+                               cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      streams_.push_back(s);
+    }
+    inflight_.resize(streams_.size());
+    return events_.reserve(32);
+  }
+
+  Status write(uint64_t op, const MemRegion& local, const std::string& peer, const IpcDescriptor& remote,
+               size_t remote_offset) override {
+    ++stats_.writes;
+    return copy(op, local, peer, remote, remote_offset, /*to_remote=*/true);
+  }
+  Status read(uint64_t op, const MemRegion& local, const std::string& peer, const IpcDescriptor& remote,
+              size_t remote_offset) override {
+    ++stats_.reads;
+    return copy(op, local, peer, remote, remote_offset, /*to_remote=*/false);
+  }
+
+  size_t progress(std::vector<CopyCompletion>* out) override {
+    size_t before = out->size();
+    DeviceGuard guard(options_.device);
+    for (auto& q : inflight_) {
+      while (!q.empty()) {
+        Copy& c = q.front();
+        cudaError_t err = cudaEventQuery(c.event);
+        if (err == cudaErrorNotReady) break;
+        Status s = err == cudaSuccess ? Status() : error_status("cuda_ipc copy (cudaEventQuery)", options_.device, err);
+        out->push_back(CopyCompletion{c.op, s.ok() ? s : s.with_peer(c.peer)});
+        events_.release(c.event);
+        cache_.release(c.peer, c.alloc_id);
+        q.pop_front();
+      }
+    }
+    return out->size() - before;
+  }
+
+  Status wait(Deadline deadline) override {
+    if (pending() == 0) return Status();
+    DeviceGuard guard(options_.device);
+    for (;;) {
+      for (auto& q : inflight_)
+        if (!q.empty() && cudaEventQuery(q.front().event) != cudaErrorNotReady) return Status();
+      if (deadline.expired()) return Status(Code::kTimeout, "cuda_ipc wait: no copy completed by the deadline");
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+
+  size_t pending() const override {
+    size_t n = 0;
+    for (auto& q : inflight_) n += q.size();
+    return n;
+  }
+  void invalidate(const std::string& peer, uint64_t alloc_id) override { cache_.invalidate(peer, alloc_id); }
+  void drop_peer(const std::string& peer) override { cache_.drop_peer(peer); }
+  std::string peer_access_report() const override { return report_; }
+  bool can_access_peer(int d) const override { return d >= 0 && static_cast<size_t>(d) < can_peer_.size() && can_peer_[d]; }
+  CopyStats stats() const override { return stats_; }
+  const ImportCache::Stats& cache_stats() const override { return cache_.stats(); }
+
+ private:
+  struct Copy {
+    uint64_t op;
+    cudaEvent_t event;
+    std::string peer;
+    uint64_t alloc_id;
+  };
+
+  Status copy(uint64_t op, const MemRegion& local, const std::string& peer, const IpcDescriptor& remote,
+              size_t remote_offset, bool to_remote) {
+    if (remote_offset > remote.length || local.size > remote.length - remote_offset)
+      return Status(Code::kOutOfRange, fmt::format("cuda_ipc: [{}, +{}) is outside the peer's {} B region",
+                                                   remote_offset, local.size, remote.length))
+          .with_peer(peer);
+    if (local.where.kind == MemKind::kSim)
+      return Status(Code::kInvalidArgument, "cuda_ipc: simulated device memory cannot take part in CUDA copies");
+    DeviceGuard guard(options_.device);
+    DMX_RETURN_IF_ERROR(guard.status());
+    DMX_ASSIGN_OR_RETURN(void* base, cache_.acquire(peer, remote));
+    char* remote_ptr = static_cast<char*>(base) + remote.offset + remote_offset;
+    auto events = events_.acquire();
+    if (!events.ok()) {
+      cache_.release(peer, remote.alloc_id);
+      return events.status();
+    }
+    size_t i = next_stream_++ % streams_.size();
+    void* dst = to_remote ? static_cast<void*>(remote_ptr) : local.ptr;
+    const void* src = to_remote ? static_cast<const void*>(local.ptr) : remote_ptr;
+    cudaError_t err = local.size == 0 ? cudaSuccess : cudaMemcpyAsync(dst, src, local.size, cudaMemcpyDefault, streams_[i]);
+    if (err == cudaSuccess) err = cudaEventRecord(*events, streams_[i]);
+    if (err != cudaSuccess) {
+      events_.release(*events);
+      cache_.release(peer, remote.alloc_id);
+      return error_status(fmt::format("cudaMemcpyAsync(cuda_ipc {}, {} B, peer {})", to_remote ? "write" : "read",
+                                      local.size, peer),
+                          options_.device, err);
+    }
+    stats_.bytes += local.size;
+    if (local.where.kind == MemKind::kCuda && local.where.device != remote.device) ++stats_.peer_copies;
+    inflight_[i].push_back(Copy{op, *events, peer, remote.alloc_id});
+    return Status();
+  }
+
+  Options options_;
+  CudaOpener opener_;
+  ImportCache cache_;
+  cuda::EventPool events_;
+  std::vector<cudaStream_t> streams_;
+  std::vector<std::deque<Copy>> inflight_;  // per stream, in submission order
+  std::vector<bool> can_peer_;
+  size_t next_stream_ = 0;
+  std::string report_;
+  CopyStats stats_;
+};
+
+}  // namespace
+
+Status available() {
+  auto n = cuda::device_count();
+  if (!n.ok()) return Status(Code::kUnavailable, fmt::format("cuda_ipc: {}", n.status().message()));
+  return Status();
+}
+
+Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
+  if (region.where.kind != MemKind::kCuda)
+    return Status(Code::kInvalidArgument, fmt::format("cuda_ipc export: {} memory is not CUDA device memory",
+                                                      to_string(region.where)));
+  DMX_RETURN_IF_ERROR(available());
+  DMX_ASSIGN_OR_RETURN(cuda::driver::AllocationRange range, cuda::driver::allocation_range(region.ptr));
+  auto addr = reinterpret_cast<uintptr_t>(region.ptr);
+  if (addr - range.base > range.size || region.size > range.size - (addr - range.base))
+    return Status(Code::kOutOfRange, fmt::format("cuda_ipc export: [{}, +{}) runs past its allocation of {} B",
+                                                 region.ptr, region.size, range.size));
+  auto it = by_base_.find(range.base);
+  if (it != by_base_.end() && it->second.desc.alloc_size != range.size) {
+    by_base_.erase(it);  // freed and reallocated at the same address with another size
+    it = by_base_.end();
+  }
+  if (it == by_base_.end()) {
+    DeviceGuard guard(range.device);
+    DMX_RETURN_IF_ERROR(guard.status());
+    IpcDescriptor d;
+    cudaIpcMemHandle_t h;
+    DMX_CUDA_RETURN_IF_ERROR("cudaIpcGetMemHandle", range.device,
+                             cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(range.base)));
+    std::memcpy(d.handle.data(), &h, sizeof h);
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, range.device) == cudaSuccess)
+      std::memcpy(d.device_uuid.data(), &prop.uuid, d.device_uuid.size());
+    d.device = range.device;
+    d.owner_pid = ::getpid();
+    d.alloc_id = next_id_++;
+    d.alloc_size = range.size;
+    it = by_base_.emplace(range.base, Entry{d}).first;
+  }
+  IpcDescriptor d = it->second.desc;
+  d.offset = addr - range.base;
+  d.length = region.size;
+  return d;
+}
+
+Result<uint64_t> Exporter::forget(const void* ptr) {
+  auto addr = reinterpret_cast<uintptr_t>(ptr);
+  auto it = by_base_.upper_bound(addr);
+  if (it == by_base_.begin()) return Status(Code::kNotFound, fmt::format("cuda_ipc forget: {} was never exported", ptr));
+  --it;
+  if (addr - it->first >= it->second.desc.alloc_size)
+    return Status(Code::kNotFound, fmt::format("cuda_ipc forget: {} was never exported", ptr));
+  uint64_t id = it->second.desc.alloc_id;
+  by_base_.erase(it);
+  return id;
+}
+
+Result<std::unique_ptr<CopyEngine>> CopyEngine::create(const Options& options) {
+  DMX_RETURN_IF_ERROR(available());
+  auto engine = std::make_unique<CopyEngineImpl>(options);
+  DMX_RETURN_IF_ERROR(engine->init());
+  return std::unique_ptr<CopyEngine>(std::move(engine));
+}
+
+}  // namespace dmx::cuda_ipc

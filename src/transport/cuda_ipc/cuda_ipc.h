@@ -1,0 +1,173 @@
+// dmx cuda_ipc transport: GPU memory of one process read and written by another process of the
+// same host, over NVLink or PCIe P2P (or within one GPU shared by two processes), on the copy
+// engines, with no host memory on the payload path.
+//
+// This is the only header of src/transport/cuda_ipc visible outside the folder. It compiles
+// without CUDA; then available() and CopyEngine::create() say "built without CUDA".
+//
+// Pieces:
+//  - IpcDescriptor: what an owner sends to a peer (over the engine's control channel) so the peer
+//    can map a region of its device memory: the CUDA IPC handle of the whole allocation, an
+//    allocation id, and the region's offset and length within the allocation. decode() treats the
+//    bytes as untrusted.
+//  - Exporter: makes descriptors; one IPC handle per allocation, made once and cached (making a
+//    handle synchronises); forget() when the owner frees, which yields the invalidation to send.
+//  - ImportCache: (peer, allocation id) -> mapped base, with invalidation and peer drop; mappings
+//    in use by copies in flight are closed only after those copies complete. CUDA-free logic
+//    (the opener is an interface), so it is tested on machines without GPUs.
+//  - CopyEngine: one-sided write (local -> peer region) and read (peer region -> local) at any
+//    offset and length inside the described region, cudaMemcpyAsync on non-blocking streams,
+//    pooled events, several copies in flight; completion by progress() polling.
+//
+// Threading: Exporter, ImportCache and CopyEngine are each owned by one thread (the engine's
+// progress loop); none locks. Errors: Status values; a copy's failure fails that copy only, and a
+// device error (sticky in CUDA) fails the engine.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "dmx/memory.h"
+#include "dmx/status.h"
+
+namespace dmx::cuda_ipc {
+
+// Whether cuda_ipc can work in this process (CUDA build, driver, at least one device), or why not.
+Status available();
+
+struct IpcDescriptor {
+  static constexpr size_t kHandleSize = 64;  // sizeof(cudaIpcMemHandle_t)
+  static constexpr size_t kWireSize = 8 + 4 + 4 + kHandleSize + 16 + 8 * 4 + 8;
+
+  std::array<uint8_t, kHandleSize> handle{};  // cudaIpcMemHandle_t of the allocation
+  std::array<uint8_t, 16> device_uuid{};      // of the owner's GPU (cudaDeviceProp::uuid)
+  int32_t device = -1;                        // the owner's ordinal (informational only)
+  int32_t owner_pid = 0;
+  uint64_t alloc_id = 0;    // unique among the owner's live exports
+  uint64_t alloc_size = 0;  // bytes of the whole allocation
+  uint64_t offset = 0;      // of the region inside the allocation
+  uint64_t length = 0;      // of the region
+
+  std::vector<std::byte> encode() const;
+  // Validates everything: magic, version, size, offset + length <= alloc_size (no overflow).
+  static Result<IpcDescriptor> decode(std::span<const std::byte> bytes);
+};
+
+class Exporter {
+ public:
+  // A descriptor for `region` (MemKind::kCuda). The allocation's IPC handle is made on first use.
+  Result<IpcDescriptor> export_region(const MemRegion& region);
+  // The allocation holding `ptr` is about to be freed: drop its handle. Returns the allocation id
+  // the peers must invalidate (kNotFound when it was never exported).
+  Result<uint64_t> forget(const void* ptr);
+  size_t exported() const { return by_base_.size(); }
+
+ private:
+  struct Entry {
+    IpcDescriptor desc;  // offset/length unset
+  };
+  std::map<uintptr_t, Entry> by_base_;  // allocation base -> entry
+  uint64_t next_id_ = 1;
+};
+
+class ImportCache {
+ public:
+  // Opens and closes mappings (the CUDA one wraps cudaIpcOpenMemHandle / cudaIpcCloseMemHandle).
+  class Opener {
+   public:
+    virtual ~Opener() = default;
+    virtual Result<void*> open(const IpcDescriptor& desc) = 0;
+    virtual void close(void* base) = 0;
+  };
+  struct Stats {
+    uint64_t hits = 0, misses = 0, invalidations = 0, closes = 0;
+  };
+
+  explicit ImportCache(Opener* opener) : opener_(opener) {}
+  ~ImportCache();  // closes every mapping (callers make sure no copy is in flight)
+  ImportCache(const ImportCache&) = delete;
+  ImportCache& operator=(const ImportCache&) = delete;
+
+  // Pins the mapping of (peer, desc.alloc_id), opening it on a miss; returns its base. A cached
+  // entry whose handle or size differs from `desc` (the id was reused) is replaced. Every acquire
+  // is paired with one release once the copy using it has completed.
+  Result<void*> acquire(const std::string& peer, const IpcDescriptor& desc);
+  void release(const std::string& peer, uint64_t alloc_id);
+  // The owner freed the allocation: close the mapping (at once, or after its last release).
+  void invalidate(const std::string& peer, uint64_t alloc_id);
+  // The peer went away: invalidate all its mappings.
+  void drop_peer(const std::string& peer);
+
+  size_t size() const { return entries_.size(); }
+  const Stats& stats() const { return stats_; }
+
+ private:
+  struct Entry {
+    void* base = nullptr;
+    std::array<uint8_t, IpcDescriptor::kHandleSize> handle{};
+    uint64_t alloc_size = 0;
+    uint32_t in_use = 0;
+    bool stale = false;  // invalidated while in use: close at the last release
+  };
+  using Key = std::pair<std::string, uint64_t>;
+  void close_entry(std::map<Key, Entry>::iterator it);
+
+  Opener* opener_;
+  std::map<Key, Entry> entries_;
+  Stats stats_;
+};
+
+struct CopyCompletion {
+  uint64_t op = 0;
+  Status status;
+};
+
+struct CopyStats {
+  uint64_t writes = 0, reads = 0, bytes = 0;
+  uint64_t peer_copies = 0;  // between two different GPUs (NVLink / PCIe P2P)
+};
+
+// Copies between local memory and peers' exported device memory.
+class CopyEngine {
+ public:
+  struct Options {
+    int device = 0;   // the local GPU that issues the copies (its streams)
+    int streams = 2;  // round-robin; copies on one stream complete in order
+  };
+  virtual ~CopyEngine() = default;
+  // Enables peer access from `device` to every GPU that supports it (logged once with the reason
+  // when not), creates streams and reserves events.
+  static Result<std::unique_ptr<CopyEngine>> create(const Options& options);
+
+  // One-sided: copy `local` (cuda, pinned or host memory) to [remote_offset, +local.size) of the
+  // region `remote` describes (write), or that range to `local` (read). kOutOfRange when the
+  // range is not inside the described region. `op` comes back in the completion.
+  virtual Status write(uint64_t op, const MemRegion& local, const std::string& peer, const IpcDescriptor& remote,
+                       size_t remote_offset) = 0;
+  virtual Status read(uint64_t op, const MemRegion& local, const std::string& peer, const IpcDescriptor& remote,
+                      size_t remote_offset) = 0;
+  // Appends completed copies (in order per stream) to `out`; returns how many.
+  virtual size_t progress(std::vector<CopyCompletion>* out) = 0;
+  // Polls until a copy completes or the deadline (kTimeout); returns at once when none is pending.
+  virtual Status wait(Deadline deadline) = 0;
+  virtual size_t pending() const = 0;
+
+  // Forwarded to the import cache.
+  virtual void invalidate(const std::string& peer, uint64_t alloc_id) = 0;
+  virtual void drop_peer(const std::string& peer) = 0;
+
+  // "cuda:0 -> cuda:1 peer access enabled" / "... not possible: <reason>", for statistics.
+  virtual std::string peer_access_report() const = 0;
+  virtual bool can_access_peer(int other_device) const = 0;
+  virtual CopyStats stats() const = 0;
+  virtual const ImportCache::Stats& cache_stats() const = 0;
+};
+
+}  // namespace dmx::cuda_ipc

@@ -1,0 +1,16 @@
+// cuda_ipc without CUDA: everything says why it is unavailable.
+#include "transport/cuda_ipc/cuda_ipc.h"
+
+namespace dmx::cuda_ipc {
+namespace {
+Status no_cuda() {
+  return Status(Code::kUnavailable, "cuda_ipc: this dmx was built without CUDA (DMX_ENABLE_CUDA=OFF)");
+}
+}  // namespace
+
+Status available() { return no_cuda(); }
+Result<IpcDescriptor> Exporter::export_region(const MemRegion&) { return no_cuda(); }
+Result<uint64_t> Exporter::forget(const void* ptr) { return no_cuda(); }
+Result<std::unique_ptr<CopyEngine>> CopyEngine::create(const Options&) { return no_cuda(); }
+
+}  // namespace dmx::cuda_ipc

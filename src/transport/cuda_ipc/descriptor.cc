@@ -1,0 +1,144 @@
+// IpcDescriptor wire format and the import cache: CUDA-free, built and tested everywhere.
+//
+// Wire format (little endian, fixed size kWireSize):
+//   u64 magic "dmx-ipc1" | u32 version | u32 reserved(0) | 64 B handle | 16 B device uuid |
+//   u64 alloc_id | u64 alloc_size | u64 offset | u64 length | i32 device | i32 owner_pid
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/log.h"
+#include "transport/cuda_ipc/cuda_ipc.h"
+
+namespace dmx::cuda_ipc {
+namespace {
+
+constexpr uint64_t kMagic = 0x316370692d786d64ull;  // "dmx-ipc1" read little endian
+constexpr uint32_t kVersion = 1;
+
+template <typename T>
+void put(std::vector<std::byte>& out, const T& v) {
+  const auto* p = reinterpret_cast<const std::byte*>(&v);
+  out.insert(out.end(), p, p + sizeof v);
+}
+template <typename T>
+T get(std::span<const std::byte> in, size_t* at) {
+  T v;
+  std::memcpy(&v, in.data() + *at, sizeof v);
+  *at += sizeof v;
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::byte> IpcDescriptor::encode() const {
+  std::vector<std::byte> out;
+  out.reserve(kWireSize);
+  put(out, kMagic);
+  put(out, kVersion);
+  put(out, uint32_t{0});
+  put(out, handle);
+  put(out, device_uuid);
+  put(out, alloc_id);
+  put(out, alloc_size);
+  put(out, offset);
+  put(out, length);
+  put(out, device);
+  put(out, owner_pid);
+  assert(out.size() == kWireSize);
+  return out;
+}
+
+Result<IpcDescriptor> IpcDescriptor::decode(std::span<const std::byte> in) {
+  if (in.size() != kWireSize)
+    return Status(Code::kProtocol, fmt::format("cuda_ipc descriptor of {} B, expected {}", in.size(), kWireSize));
+  size_t at = 0;
+  if (get<uint64_t>(in, &at) != kMagic) return Status(Code::kProtocol, "cuda_ipc descriptor: bad magic");
+  uint32_t version = get<uint32_t>(in, &at);
+  if (version != kVersion)
+    return Status(Code::kProtocol, fmt::format("cuda_ipc descriptor version {} (we speak {})", version, kVersion));
+  (void)get<uint32_t>(in, &at);
+  IpcDescriptor d;
+  d.handle = get<decltype(d.handle)>(in, &at);
+  d.device_uuid = get<decltype(d.device_uuid)>(in, &at);
+  d.alloc_id = get<uint64_t>(in, &at);
+  d.alloc_size = get<uint64_t>(in, &at);
+  d.offset = get<uint64_t>(in, &at);
+  d.length = get<uint64_t>(in, &at);
+  d.device = get<int32_t>(in, &at);
+  d.owner_pid = get<int32_t>(in, &at);
+  if (d.alloc_size == 0 || d.offset > d.alloc_size || d.length > d.alloc_size - d.offset)
+    return Status(Code::kProtocol, fmt::format("cuda_ipc descriptor: region [{}, +{}) outside an allocation of {} B",
+                                               d.offset, d.length, d.alloc_size));
+  return d;
+}
+
+// ---- import cache ----
+
+ImportCache::~ImportCache() {
+  for (auto& [key, e] : entries_) opener_->close(e.base);
+}
+
+void ImportCache::close_entry(std::map<Key, Entry>::iterator it) {
+  opener_->close(it->second.base);
+  ++stats_.closes;
+  entries_.erase(it);
+}
+
+Result<void*> ImportCache::acquire(const std::string& peer, const IpcDescriptor& desc) {
+  Key key{peer, desc.alloc_id};
+  auto it = entries_.find(key);
+  if (it != entries_.end()) {
+    Entry& e = it->second;
+    if (!e.stale && e.handle == desc.handle && e.alloc_size == desc.alloc_size) {
+      ++e.in_use;
+      ++stats_.hits;
+      return e.base;
+    }
+    // The id now names another allocation (the owner freed and re-exported without telling us,
+    // or the message was lost): the old mapping must not be used for it.
+    if (e.in_use != 0)
+      return Status(Code::kProtocol, fmt::format("cuda_ipc: peer {} reused allocation id {} while copies into the "
+                                                 "old allocation are in flight", peer, desc.alloc_id));
+    close_entry(it);
+  }
+  ++stats_.misses;
+  DMX_ASSIGN_OR_RETURN(void* base, opener_->open(desc));
+  Entry e;
+  e.base = base;
+  e.handle = desc.handle;
+  e.alloc_size = desc.alloc_size;
+  e.in_use = 1;
+  entries_.emplace(std::move(key), e);
+  return base;
+}
+
+void ImportCache::release(const std::string& peer, uint64_t alloc_id) {
+  auto it = entries_.find({peer, alloc_id});
+  if (it == entries_.end() || it->second.in_use == 0) {
+    assert(false && "ImportCache::release without acquire");
+    return;
+  }
+  if (--it->second.in_use == 0 && it->second.stale) close_entry(it);
+}
+
+void ImportCache::invalidate(const std::string& peer, uint64_t alloc_id) {
+  auto it = entries_.find({peer, alloc_id});
+  if (it == entries_.end()) return;
+  ++stats_.invalidations;
+  if (it->second.in_use == 0) {
+    close_entry(it);
+  } else {
+    it->second.stale = true;
+  }
+}
+
+void ImportCache::drop_peer(const std::string& peer) {
+  for (auto it = entries_.lower_bound({peer, 0}); it != entries_.end() && it->first.first == peer;) {
+    auto next = std::next(it);
+    invalidate(peer, it->first.second);
+    it = next;
+  }
+}
+
+}  // namespace dmx::cuda_ipc

@@ -1,0 +1,177 @@
+// cuda_ipc pieces that need no GPU: the descriptor wire format (untrusted input) and the import
+// cache's hit/miss/invalidate/drop logic with a fake opener; availability reasons.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+
+#include "transport/cuda_ipc/cuda_ipc.h"
+
+namespace dmx::cuda_ipc {
+namespace {
+
+IpcDescriptor sample() {
+  IpcDescriptor d;
+  for (size_t i = 0; i < d.handle.size(); ++i) d.handle[i] = static_cast<uint8_t>(i * 7);
+  d.device_uuid[3] = 9;
+  d.device = 1;
+  d.owner_pid = 4242;
+  d.alloc_id = 17;
+  d.alloc_size = 1 << 20;
+  d.offset = 4097;
+  d.length = 12345;
+  return d;
+}
+
+TEST(IpcDescriptor, RoundTrip) {
+  IpcDescriptor d = sample();
+  auto bytes = d.encode();
+  ASSERT_EQ(bytes.size(), IpcDescriptor::kWireSize);
+  auto back = IpcDescriptor::decode(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->handle, d.handle);
+  EXPECT_EQ(back->device_uuid, d.device_uuid);
+  EXPECT_EQ(back->alloc_id, 17u);
+  EXPECT_EQ(back->offset, 4097u);
+  EXPECT_EQ(back->length, 12345u);
+  EXPECT_EQ(back->owner_pid, 4242);
+}
+
+TEST(IpcDescriptor, RejectsBadInput) {
+  auto bytes = sample().encode();
+  EXPECT_EQ(IpcDescriptor::decode(std::span(bytes).first(bytes.size() - 1)).status().code(), Code::kProtocol);
+  auto bad = bytes;
+  bad[0] = std::byte{0};
+  EXPECT_EQ(IpcDescriptor::decode(bad).status().code(), Code::kProtocol);
+  for (auto [off, len, size] : {std::tuple<uint64_t, uint64_t, uint64_t>{10, 10, 15}, {~0ull, 2, 100}, {1, ~0ull, 100},
+                                {0, 1, 0}}) {
+    IpcDescriptor d = sample();
+    d.offset = off;
+    d.length = len;
+    d.alloc_size = size;
+    auto r = IpcDescriptor::decode(d.encode());
+    EXPECT_EQ(r.status().code(), Code::kProtocol) << off << " " << len << " " << size;
+  }
+  // Random bytes and single-byte flips never crash and never yield a region outside its allocation.
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 20000; ++i) {
+    auto v = bytes;
+    if (i % 2) {
+      for (auto& b : v) b = std::byte(rng());
+    } else {
+      v[rng() % v.size()] = std::byte(rng());
+    }
+    auto r = IpcDescriptor::decode(v);
+    if (r.ok()) EXPECT_LE(r->offset + r->length, r->alloc_size);
+  }
+}
+
+class FakeOpener : public ImportCache::Opener {
+ public:
+  Result<void*> open(const IpcDescriptor& d) override {
+    if (fail_next) {
+      fail_next = false;
+      return Status(Code::kIo, "fake open failed");
+    }
+    void* p = reinterpret_cast<void*>(0x1000 * ++opened);
+    open_set.insert(p);
+    return p;
+  }
+  void close(void* base) override {
+    EXPECT_EQ(open_set.erase(base), 1u) << "closed twice or never opened";
+  }
+  int opened = 0;
+  bool fail_next = false;
+  std::set<void*> open_set;
+};
+
+TEST(ImportCache, HitsMissesAndInvalidation) {
+  FakeOpener opener;
+  {
+    ImportCache cache(&opener);
+    IpcDescriptor d = sample();
+    auto a = cache.acquire("pid 1", d);
+    ASSERT_TRUE(a.ok());
+    cache.release("pid 1", d.alloc_id);
+    auto b = cache.acquire("pid 1", d);  // hit: same mapping
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(*a, *b);
+    cache.release("pid 1", d.alloc_id);
+    EXPECT_EQ(cache.stats().hits, 1u);
+    EXPECT_EQ(cache.stats().misses, 1u);
+    // Another peer with the same id is another mapping.
+    auto c = cache.acquire("pid 2", d);
+    ASSERT_TRUE(c.ok());
+    EXPECT_NE(*a, *c);
+    cache.release("pid 2", d.alloc_id);
+    EXPECT_EQ(opener.open_set.size(), 2u);
+
+    cache.invalidate("pid 1", d.alloc_id);  // not in use: closed now
+    EXPECT_EQ(opener.open_set.size(), 1u);
+    EXPECT_EQ(cache.size(), 1u);
+
+    // In use: closed only at the last release; a new acquire after invalidation opens anew.
+    auto e = cache.acquire("pid 2", d);
+    ASSERT_TRUE(e.ok());
+    cache.invalidate("pid 2", d.alloc_id);
+    EXPECT_EQ(opener.open_set.count(*e), 1u);
+    cache.release("pid 2", d.alloc_id);
+    EXPECT_EQ(opener.open_set.count(*e), 0u);
+    EXPECT_EQ(cache.size(), 0u);
+  }
+  EXPECT_TRUE(opener.open_set.empty());
+}
+
+TEST(ImportCache, ReusedIdWithAnotherHandleReplacesTheMapping) {
+  FakeOpener opener;
+  ImportCache cache(&opener);
+  IpcDescriptor d = sample();
+  auto a = cache.acquire("p", d);
+  ASSERT_TRUE(a.ok());
+  IpcDescriptor other = d;
+  other.handle[0] ^= 1;
+  // In use: refusing is the only safe answer.
+  EXPECT_EQ(cache.acquire("p", other).status().code(), Code::kProtocol);
+  cache.release("p", d.alloc_id);
+  auto b = cache.acquire("p", other);
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE(*a, *b);
+  EXPECT_EQ(opener.open_set.size(), 1u);
+  cache.release("p", d.alloc_id);
+}
+
+TEST(ImportCache, DropPeerAndOpenFailure) {
+  FakeOpener opener;
+  ImportCache cache(&opener);
+  IpcDescriptor d = sample();
+  for (uint64_t id = 1; id <= 5; ++id) {
+    d.alloc_id = id;
+    ASSERT_TRUE(cache.acquire("dead", d).ok());
+    cache.release("dead", id);
+    ASSERT_TRUE(cache.acquire("alive", d).ok());
+    cache.release("alive", id);
+  }
+  cache.drop_peer("dead");
+  EXPECT_EQ(cache.size(), 5u);
+  EXPECT_EQ(opener.open_set.size(), 5u);
+  opener.fail_next = true;
+  d.alloc_id = 99;
+  EXPECT_EQ(cache.acquire("alive", d).status().code(), Code::kIo);
+  EXPECT_EQ(cache.size(), 5u);
+}
+
+TEST(CudaIpc, UnavailableSaysWhy) {
+#if DMX_HAVE_CUDA
+  GTEST_SKIP() << "CUDA build: availability is checked by the GPU tests (in child processes)";
+#else
+  Status s = available();
+  EXPECT_EQ(s.code(), Code::kUnavailable);
+  EXPECT_NE(s.message().find("built without CUDA"), std::string::npos);
+  EXPECT_EQ(CopyEngine::create({}).status().code(), Code::kUnavailable);
+  Exporter ex;
+  EXPECT_EQ(ex.export_region({}).status().code(), Code::kUnavailable);
+#endif
+}
+
+}  // namespace
+}  // namespace dmx::cuda_ipc
