@@ -7,6 +7,7 @@ import os
 import time
 
 __version__ = "0.0+fake"
+_dmx_fake = True
 __file__ = os.path.abspath(__file__)
 uint8 = "uint8"
 int64 = "int64"

@@ -38,9 +38,14 @@ def send(t, dst=None):
     pass
 
 
+_patterns = {}
+
+
 def recv(t, src=None):
     n = len(t.data)
-    t.data[:] = torch.arange(251).repeat(-(-n // 251)).data[:n]
+    if n not in _patterns:
+        _patterns[n] = torch.arange(251).repeat(-(-n // 251)).data[:n]
+    t.data[:] = _patterns[n]
 
 
 def all_reduce(t):
