@@ -111,7 +111,13 @@ fi
 [ -n "$host" ] || host=127.0.0.1
 
 listening() {  # port -> 0 when a TCP socket listens on it in the server's namespace
-  "${server_ns[@]}" ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+  if command -v ss >/dev/null 2>&1; then
+    "${server_ns[@]}" ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+  else  # images without iproute2 (the GPU machine): LISTEN sockets are state 0A in /proc/net/tcp*
+    local hex
+    hex=$(printf '%04X' "$1")
+    "${server_ns[@]}" cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk -v p=":$hex" '$2 ~ p"$" && $4 == "0A" {f=1} END {exit !f}'
+  fi
 }
 
 pick_port() {
