@@ -1,0 +1,99 @@
+// `dmx topo` and `dmx probe` end to end, through the built binary (DMX_BIN).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+std::string bin() {
+  const char* b = std::getenv("DMX_BIN");
+  return b ? b : "";
+}
+
+std::string fixture(const std::string& name) {
+  const char* base = std::getenv("DMX_TEST_FIXTURES");
+  return std::string(base ? base : "tests/fixtures") + "/topo/" + name;
+}
+
+// Runs a command, returns stdout; *rc gets the exit status.
+std::string run(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    *rc = -1;
+    return out;
+  }
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = ::pclose(p);
+  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+#define REQUIRE_BIN()                                                                   \
+  if (bin().empty() || ::access(bin().c_str(), X_OK) != 0) GTEST_SKIP() << "dmx binary not built: " << bin()
+
+TEST(Cli, TopoJsonOfTheGpuVm) {
+  REQUIRE_BIN();
+  int rc = 0;
+  std::string out = run(bin() + " topo --json --sysfs-root " + fixture("gpu-vm"), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["gpus"].size(), 2u);
+  ASSERT_EQ(j["gpu_gpu"].size(), 4u);
+  EXPECT_EQ(j["gpu_gpu"][1]["map_type"], "NOT_SUPPORTED");
+  EXPECT_EQ(j["gpu_gpu"][1]["p2pdma_distance"], 2);
+  EXPECT_EQ(j["advice"][0]["verdict"], "stage-host");
+  EXPECT_EQ(j["advice"][0]["staging_numa_node"], 0);
+}
+
+TEST(Cli, TopoOfANonTreeFailsClearly) {
+  REQUIRE_BIN();
+  int rc = 0;
+  std::string out = run(bin() + " topo --sysfs-root /nonexistent/sysfs 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("does not exist"), std::string::npos) << out;
+}
+
+TEST(Cli, TopoCaptureReplays) {
+  REQUIRE_BIN();
+  char tmpl[] = "/tmp/dmx-cap-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  int rc = 0;
+  std::string a = run(bin() + " topo --no-cuda --sysfs-root " + fixture("dual-socket-icelake") + " --capture " + dir +
+                          "/c 2>/dev/null | tail -n +2",
+                      &rc);
+  ASSERT_EQ(rc, 0);
+  std::string b = run(bin() + " topo --no-cuda --sysfs-root " + dir + "/c | tail -n +2", &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(a, b);
+  run("rm -rf " + dir, &rc);
+}
+
+TEST(Cli, ProbeLinesAndConfig) {
+  REQUIRE_BIN();
+  int rc = 0;
+  std::string out = run(bin() + " probe --json --no-cuda --sysfs-root " + fixture("gpu-vm"), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.is_array()) << out;
+  bool kernel = false;
+  for (const auto& c : j) {
+    EXPECT_FALSE(c["detail"].get<std::string>().empty()) << c.dump();
+    kernel |= c["name"] == "kernel.version";
+  }
+  EXPECT_TRUE(kernel);
+  out = run(bin() + " probe --config", &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_NE(out.find("sysfs_root"), std::string::npos) << out;
+}
+
+}  // namespace
