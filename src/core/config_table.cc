@@ -32,14 +32,14 @@ constexpr ConfigEntry kTable[] = {
     {"socket_buffer", ConfigType::kSize, "0", "SO_SNDBUF/SO_RCVBUF per stream; 0 keeps the kernel's autotuning"},
     // topology
     {"sysfs_root", ConfigType::kString, "/sys", "root of the sysfs tree that topology discovery reads"},
+    // same-host paths (shm, cuda_ipc)
+    {"shm_slot_size", ConfigType::kSize, "256K", "shm link: bytes per ring slot (4K-64M, multiple of 64)"},
+    {"shm_slots", ConfigType::kInt, "16", "shm link: slots per direction (2-1024)"},
+    {"shm_spin", ConfigType::kDuration, "50us", "shm link: how long a waiter spins before sleeping on its eventfd"},
+    {"cuda_ipc_streams", ConfigType::kInt, "2", "cuda_ipc: copy streams per local GPU (1-16), used round-robin"},
 };
 }  // namespace
 
 std::span<const ConfigEntry> config_table() { return kTable; }
 
 }  // namespace dmx
-    // same-host paths (shm, cuda_ipc)
-    {"shm_slot_size", ConfigType::kSize, "256K", "shm link: bytes per ring slot (4K-64M, multiple of 64)"},
-    {"shm_slots", ConfigType::kInt, "16", "shm link: slots per direction (2-1024)"},
-    {"shm_spin", ConfigType::kDuration, "50us", "shm link: how long a waiter spins before sleeping on its eventfd"},
-    {"cuda_ipc_streams", ConfigType::kInt, "2", "cuda_ipc: copy streams per local GPU (1-16), used round-robin"},
