@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/config.h"
 #include "core/log.h"
 #include "core/sys.h"
 #include "transport/devmem/kernel_abi.h"
@@ -88,6 +89,15 @@ Status parse_recv(const msghdr& msg, size_t ret, size_t requested, const RxPool&
                   fmt::format("recvmsg returned {} bytes but its control messages account for {}", ret, stream));
   out->bytes = stream;
   return Status();
+}
+
+RxOptions rx_options(const Config& config) {
+  RxOptions o;
+  o.recv_chunk = config.get_size("devmem_recv_chunk");
+  o.control_size = config.get_size("devmem_control_buffer");
+  o.control_max = std::max<size_t>(o.control_size, 4 << 20);
+  o.max_outstanding_frags = static_cast<size_t>(std::max<int64_t>(1, config.get_int("devmem_max_outstanding_frags")));
+  return o;
 }
 
 Result<std::unique_ptr<DevmemRx>> DevmemRx::create(KernelSocket* sock, RxPool pool, Gatherer* gatherer,

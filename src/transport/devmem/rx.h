@@ -24,6 +24,10 @@
 #include "transport/devmem/kernel.h"
 #include "transport/devmem/tokens.h"
 
+namespace dmx {
+class Config;
+}
+
 namespace dmx::devmem {
 
 // The RX dmabuf as bound: fragments must carry this binding id and lie inside `memory`, which
@@ -55,6 +59,9 @@ struct RxOptions {
   size_t max_outstanding_frags = 16384; // tokens held before waiting for the oldest gather
   std::string peer;                     // named in errors
 };
+
+// RxOptions from the devmem_* rows of the configuration table.
+RxOptions rx_options(const Config& config);
 
 struct RxStats {
   uint64_t recv_calls = 0;
