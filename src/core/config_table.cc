@@ -29,7 +29,17 @@ constexpr ConfigEntry kTable[] = {
     {"streams", ConfigType::kInt, "4", "TCP streams per endpoint (1-64)"},
     {"chunk_size", ConfigType::kSize, "1M", "unit of striping and staging for large messages (64K-64M)"},
     {"staging_slots", ConfigType::kInt, "4", "pinned staging slots per stream for device memory (2-64)"},
+    {"busy_poll", ConfigType::kDuration, "50us",
+     "after activity, stream workers poll this long before sleeping (latency vs. idle CPU)"},
     {"socket_buffer", ConfigType::kSize, "0", "SO_SNDBUF/SO_RCVBUF per stream; 0 keeps the kernel's autotuning"},
+    // devmem TCP
+    {"devmem_ifname", ConfigType::kString, "", "NIC whose queues receive into GPU memory (devmem TCP); empty: devmem off"},
+    {"devmem_queues", ConfigType::kString, "", "RX queues bound to the devmem pool, A-B (as given to dmx devmem setup)"},
+    {"devmem_rx_pool", ConfigType::kSize, "256M", "GPU memory bound to the devmem RX queues (the NIC's landing pool)"},
+    {"devmem_recv_chunk", ConfigType::kSize, "1M", "bytes asked per recvmsg(MSG_SOCK_DEVMEM); also the host linear buffer"},
+    {"devmem_control_buffer", ConfigType::kSize, "64K", "initial recvmsg control buffer; doubles on ETOOSMALL up to 4M"},
+    {"devmem_max_outstanding_frags", ConfigType::kInt, "16384",
+     "received fragments held before waiting for their gather and returning the tokens"},
     // topology
     {"sysfs_root", ConfigType::kString, "/sys", "root of the sysfs tree that topology discovery reads"},
     // same-host paths (shm, cuda_ipc)
