@@ -315,8 +315,14 @@ def run_mode(args, mode: str) -> int:
     os.rmdir(logdir)
     lines = refutil.json_lines("\n".join(l[len(MARK):] for l in (outs[0] + outs[1]).splitlines()
                                          if l.startswith(MARK)))
+    warning = None
+    if mode == "p2p" and paths and not all(p.startswith("P2P") for p in paths):
+        warning = f"NCCL defaults did not give P2P on this machine: {paths}"
+        print(f"nccl_socket.py: warning: {warning}", file=sys.stderr)
     for obj in lines:
         obj["nccl_path"] = paths
+        if warning:
+            obj["warning"] = warning
         obj["env"] = {k: v for k, v in env.items() if (k.startswith("NCCL_") and not k.startswith("NCCL_DEBUG"))
                       or k in refutil.SAFETY_ENV}
         obj["nccl_env_seen"] = seen
