@@ -224,6 +224,8 @@ def run_ref(runner, cmd, what, timeout=None):
     if runner.args.dry_run:
         return []
     lines = refutil.json_lines(out)
+    for w in sorted({l["warning"] for l in lines if l.get("warning")}):
+        runner.log(f"{what}: warning: {w}")
     skipped = [l for l in lines if l.get("skipped")]
     if skipped and all(l.get("skipped") for l in lines):
         raise Skip(f"{what}: {skipped[0]['skipped']}")

@@ -102,6 +102,15 @@ check "compare gpu-staged SKIPPED on 1 GPU" bash -c "
   FAKE_TORCH_GPUS=1 $PY bench/compare.py gpu-staged --fail-on-skip > /dev/null 2>&1; [ \$? -eq 3 ]"
 unset PYTHONPATH
 
+# -- the real dmx bench, when given (rates on a shared VM mean nothing: only the plumbing is judged)
+if [ -n "${DMX_REAL_BIN:-}" ]; then
+  check "compare host-loopback --two-process (real dmx: $DMX_REAL_BIN)" bash -c "
+    DMX_BIN=$DMX_REAL_BIN $PY bench/compare.py host-loopback --two-process --streams 1 --sizes 1M --time 1 --verify > $tmp/x 2>&1;
+    rc=\$?; [ \$rc -le 1 ] && grep -q 'host-loopback: \(PASS\|FAIL\)' $tmp/x && grep -q ' True\$' $tmp/x"
+else
+  echo "SKIP  real dmx checks (set DMX_REAL_BIN=path/to/dmx)"
+fi
+
 # -- real iperf3 and namespaces (root only)
 if command -v iperf3 >/dev/null 2>&1; then
   check "iperf3.sh loopback" bash -c "bench/ref/iperf3.sh --streams 1,2 --time 1 > $tmp/i.json &&
