@@ -142,6 +142,7 @@ class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_fro
   int64_t peer_credit_ = 0;
   std::unordered_map<uint64_t, std::shared_ptr<OpState>> sends_;   // rendezvous, by msg
   std::deque<Transfer> tx_;
+  std::atomic<bool> has_tx_{false};  // == !tx_.empty(); read without mu_ by polling streams
   std::deque<std::shared_ptr<OpState>> posted_;                     // unmatched recvs
   std::deque<std::shared_ptr<Unexpected>> unexpected_;
   uint64_t unexpected_bytes_ = 0, credit_owed_ = 0, highest_msg_ = 0;

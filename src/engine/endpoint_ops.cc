@@ -35,6 +35,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     sc.keepalive = p.keepalive;
     sc.peer_timeout = p.peer_timeout;
     sc.peer = ep->session_.peer;
+    sc.busy_poll = p.busy_poll;
     ep->streams_.push_back(std::make_unique<tcp::Stream>(sc, std::move(fds[i]), ep.get(), &ep->ctx_->staging()));
   }
   ep->running_ = static_cast<int>(ep->streams_.size());
@@ -199,6 +200,7 @@ Request EndpointImpl::post_write(const MemRegion& src, const RemoteRegion& dst, 
     ++counters_.writes;
     writes_[op->id] = op;
     tx_.push_back(Transfer{op, FrameType::kWriteData, static_cast<const char*>(src.ptr), src.where});
+    has_tx_.store(true, std::memory_order_release);
     wake_streams();
   }
   lock.unlock();
@@ -291,6 +293,7 @@ void EndpointImpl::stop(const std::shared_ptr<OpState>& op, Status why) {
       [[fallthrough]];
     case OpType::kWrite:
       std::erase_if(tx_, [&](const Transfer& t) { return t.op == op; });
+      has_tx_.store(!tx_.empty(), std::memory_order_release);
       break;
     case OpType::kRead:
     case OpType::kReadResponse:
@@ -402,6 +405,7 @@ void EndpointImpl::fail_all() {
   for (auto& [id, w] : in_writes_)
     if (w.reg) ContextImpl::release_registration(*w.reg);
   tx_.clear();
+  has_tx_.store(false, std::memory_order_release);
   posted_.clear();
   sends_.clear();
   writes_.clear();
@@ -510,7 +514,12 @@ EndpointStats EndpointImpl::stats() const {
 
 // Transmit side: streams pull chunks of the oldest transfer first.
 bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
+  if (!has_tx_.load(std::memory_order_acquire)) return false;  // idle streams poll without the lock
   std::lock_guard<std::mutex> lock(mu_);
+  struct Sync {  // keeps has_tx_ equal to !tx_.empty() on every return
+    EndpointImpl* ep;
+    ~Sync() { ep->has_tx_.store(!ep->tx_.empty(), std::memory_order_release); }
+  } sync{this};
   while (!tx_.empty()) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;

@@ -249,6 +249,7 @@ Status EndpointImpl::on_cts(const FrameHeader& h) {
   op->phase = OpPhase::kActive;
   op->rkey = h.a0;  // the receiver's token, carried in every SEND_DATA
   tx_.push_back(Transfer{op, FrameType::kSendData, static_cast<const char*>(op->region.ptr), op->region.where});
+  has_tx_.store(true, std::memory_order_release);
   wake_streams();
   return Status();
 }
@@ -378,6 +379,7 @@ Status EndpointImpl::on_read_req(const FrameHeader& h) {
   op->reg = std::move(reg);
   ++read_responses_;
   tx_.push_back(Transfer{op, FrameType::kReadData, static_cast<const char*>(op->region.ptr), op->region.where});
+  has_tx_.store(true, std::memory_order_release);
   wake_streams();
   return Status();
 }

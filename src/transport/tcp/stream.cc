@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -338,7 +339,10 @@ Status Stream::step_rx(Io* io) {
 }
 
 void Stream::run() {
+  // Sleeps below are short and deliberate; the default 50 us timer slack would dominate them.
+  ::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   Status failure;
+  Clock::time_point last_progress = Clock::now();
   for (;;) {
     if (stop_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -367,9 +371,14 @@ void Stream::run() {
       control_.push_back(std::move(ka));
       continue;
     }
-    if (progress || tx == Io::kProgress || rx == Io::kProgress) continue;
+    if (progress || tx == Io::kProgress || rx == Io::kProgress) {
+      last_progress = now;
+      continue;
+    }
+    if (now - last_progress < config_.busy_poll) continue;
 
-    // Nothing moved: sleep until the socket or a wake-up, or briefly while copies are in flight.
+    // Nothing moved for a while: sleep until the socket or a wake-up, or briefly while copies
+    // are in flight.
     bool copies = !pending_rx_.empty() || (!chunks_.empty() && chunks_.front().fence != 0);
     auto timeout = copies ? std::chrono::microseconds(20)
                           : std::min<std::chrono::microseconds>(config_.keepalive, config_.index == 0 ? config_.tick : config_.keepalive);

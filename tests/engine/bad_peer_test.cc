@@ -1,0 +1,260 @@
+// Bad input from the network: every case closes that connection with an error naming the peer
+// and the reason; the listener and other endpoints keep working; nothing hangs.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <thread>
+
+#include "engine/raw_peer.h"
+#include "engine/test_util.h"
+
+namespace dmx::test {
+namespace {
+
+using namespace std::chrono_literals;
+using wire::FrameHeader;
+using wire::FrameType;
+
+constexpr const char* kKey = "dmx-test-key-0123456789";
+
+struct Server {
+  Context ctx;
+  Listener listener;
+};
+
+Server make_server(Options o = test_options()) {
+  Server s;
+  s.ctx = *Context::create(o);
+  s.listener = std::move(*s.ctx.listen("tcp://127.0.0.1:0"));
+  return s;
+}
+
+// A good client can still connect and move data: the listener survived.
+void expect_listener_alive(Server& s) {
+  auto c = s.ctx.connect(s.listener.address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto e = s.listener.accept(10s);
+  ASSERT_TRUE(e.ok());
+  Filled src = filled(MemSpec{}, 1000);
+  Buffer dst = poisoned(MemSpec{}, 1000);
+  Request r = e->recv(dst.region(), 1);
+  ASSERT_TRUE(c->send(src.buf.region(), 1).wait(10s).ok());
+  ASSERT_TRUE(r.wait(10s).ok());
+}
+
+// Connects a raw peer, accepts its endpoint, posts a recv, sends `frames`, and returns the
+// server endpoint's error (waiting up to 5 s for it).
+Status provoke(Server& s, const std::vector<std::pair<FrameHeader, std::vector<unsigned char>>>& frames) {
+  auto peer = RawPeer::connect(s.listener.address(), kKey);
+  EXPECT_TRUE(peer.ok()) << peer.status().to_string();
+  auto ep = s.listener.accept(10s);
+  EXPECT_TRUE(ep.ok());
+  Buffer dst = poisoned(MemSpec{}, 4096);
+  Request pending = ep->recv(dst.region(), 999);  // must fail, not hang, once the peer misbehaves
+  for (const auto& [h, payload] : frames) (void)peer->send(h, payload);
+  Status st = pending.wait(5s);
+  EXPECT_NE(st.code(), Code::kTimeout) << "a pending recv hung after the peer misbehaved";
+  Status health = ep->health();
+  EXPECT_FALSE(health.ok());
+  EXPECT_FALSE(health.peer().empty()) << "the error must name the peer: " << health.to_string();
+  return health;
+}
+
+FrameHeader frame(FrameType t, uint64_t id = 0, uint64_t a0 = 0, uint64_t a1 = 0, uint64_t a2 = 0) {
+  FrameHeader h;
+  h.type = t;
+  h.id = id;
+  h.a0 = a0;
+  h.a1 = a1;
+  h.a2 = a2;
+  return h;
+}
+
+TEST(BadPeer, GarbageAfterHandshake) {
+  Server s = make_server();
+  auto peer = RawPeer::connect(s.listener.address(), kKey);
+  ASSERT_TRUE(peer.ok());
+  auto ep = s.listener.accept(10s);
+  ASSERT_TRUE(ep.ok());
+  Buffer dst = poisoned(MemSpec{}, 64);
+  Request pending = ep->recv(dst.region(), 1);
+  auto junk = random_bytes(4096);
+  ASSERT_TRUE(peer->send_bytes(junk.data(), junk.size()).ok());
+  Status st = pending.wait(5s);
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.to_string().find("magic"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.to_string().find("127.0.0.1"), std::string::npos) << st.to_string();
+  expect_listener_alive(s);
+}
+
+TEST(BadPeer, SendDataForUnknownToken) {
+  Server s = make_server();
+  FrameHeader h = frame(FrameType::kSendData, 12345, 0, 10);
+  h.payload_len = 10;
+  Status st = provoke(s, {{h, std::vector<unsigned char>(10, 1)}});
+  EXPECT_NE(st.message().find("unknown id"), std::string::npos) << st.to_string();
+  expect_listener_alive(s);
+}
+
+TEST(BadPeer, EagerLargerThanTheLimit) {
+  Server s = make_server();
+  FrameHeader h = frame(FrameType::kEager, 1, 999);
+  h.payload_len = (16 << 10) + 1;
+  Status st = provoke(s, {{h, std::vector<unsigned char>(h.payload_len, 2)}});
+  EXPECT_NE(st.message().find("limit"), std::string::npos) << st.to_string();
+  expect_listener_alive(s);
+}
+
+TEST(BadPeer, RendezvousChunkOutsideTheMessage) {
+  // A real rendezvous: the server's recv of 4096 bytes matches an RTS of 100 bytes and answers
+  // with a CTS; then the peer sends a chunk at offset 90 of length 20.
+  Server s = make_server();
+  auto peer = RawPeer::connect(s.listener.address(), kKey);
+  ASSERT_TRUE(peer.ok());
+  auto ep = s.listener.accept(10s);
+  ASSERT_TRUE(ep.ok());
+  Buffer dst = poisoned(MemSpec{}, 4096);
+  Request r = ep->recv(dst.region(), 5);
+  ASSERT_TRUE(peer->send(frame(FrameType::kRts, 1, 5, 100)).ok());
+  // Read the CTS to learn the token.
+  unsigned char hb[wire::kHeaderSize];
+  ASSERT_TRUE(tcp::recv_exact(peer->fd(), hb, sizeof hb, Deadline::after(5s), "server").ok());
+  auto cts = wire::decode_header(hb, wire::Limits{1 << 20, 1 << 20});
+  ASSERT_TRUE(cts.ok());
+  ASSERT_EQ(cts->type, FrameType::kCts);
+  FrameHeader d = frame(FrameType::kSendData, cts->a0, 90, 100);
+  d.payload_len = 20;
+  ASSERT_TRUE(peer->send(d, std::vector<unsigned char>(20, 3)).ok());
+  Status st = r.wait(5s);
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find("outside"), std::string::npos) << st.to_string();
+  auto got = read_back(dst.region());
+  for (unsigned char c : got) ASSERT_EQ(c, 0xA5) << "bytes of a bad chunk reached the buffer";
+}
+
+TEST(BadPeer, MoreDataThanAnnounced) {
+  Server s = make_server();
+  auto peer = RawPeer::connect(s.listener.address(), kKey);
+  ASSERT_TRUE(peer.ok());
+  auto ep = s.listener.accept(10s);
+  ASSERT_TRUE(ep.ok());
+  Buffer dst = poisoned(MemSpec{}, 4096);
+  Request r = ep->recv(dst.region(), 5);
+  ASSERT_TRUE(peer->send(frame(FrameType::kRts, 1, 5, 100)).ok());
+  unsigned char hb[wire::kHeaderSize];
+  ASSERT_TRUE(tcp::recv_exact(peer->fd(), hb, sizeof hb, Deadline::after(5s), "server").ok());
+  auto cts = wire::decode_header(hb, wire::Limits{1 << 20, 1 << 20});
+  ASSERT_TRUE(cts.ok());
+  // Two overlapping chunks that together exceed the 100 announced bytes.
+  for (int i = 0; i < 2; ++i) {
+    FrameHeader d = frame(FrameType::kSendData, cts->a0, 0, 100);
+    d.payload_len = 60;
+    (void)peer->send(d, std::vector<unsigned char>(60, 4));
+  }
+  Status st = r.wait(5s);
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find("more than"), std::string::npos) << st.to_string();
+}
+
+TEST(BadPeer, WriteOutsideTheRegion) {
+  Server s = make_server();
+  Buffer target = poisoned(MemSpec{}, 1000);
+  auto reg = s.ctx.register_memory(target.region());
+  ASSERT_TRUE(reg.ok());
+  FrameHeader h = frame(FrameType::kWriteData, 1, reg->remote().key, 990, 20);
+  h.payload_len = 20;
+  Status st = provoke(s, {{h, std::vector<unsigned char>(20, 5)}});
+  EXPECT_NE(st.message().find("outside"), std::string::npos) << st.to_string();
+  auto got = read_back(target.region());
+  for (unsigned char c : got) ASSERT_EQ(c, 0xA5) << "an out-of-bounds write touched the region";
+  expect_listener_alive(s);
+}
+
+TEST(BadPeer, UnexpectedEagerFloodBeyondTheBudget) {
+  Options o = test_options();
+  o.set("unexpected_budget", "64K");
+  Server s = make_server(o);
+  std::vector<std::pair<FrameHeader, std::vector<unsigned char>>> frames;
+  for (uint64_t i = 1; i <= 8; ++i) {  // 8 x 16 KiB to a tag nobody receives
+    FrameHeader h = frame(FrameType::kEager, i, 7);
+    h.payload_len = 16 << 10;
+    frames.push_back({h, std::vector<unsigned char>(h.payload_len, 6)});
+  }
+  Status st = provoke(s, frames);
+  EXPECT_NE(st.message().find("budget"), std::string::npos) << st.to_string();
+}
+
+TEST(BadPeer, HandshakeFrameAfterHandshake) {
+  Server s = make_server();
+  Status st = provoke(s, {{frame(FrameType::kWelcome), {}}});
+  EXPECT_NE(st.message().find("handshake frame"), std::string::npos) << st.to_string();
+}
+
+TEST(BadPeer, MessageIdsMustIncrease) {
+  Server s = make_server();
+  Status st = provoke(s, {{frame(FrameType::kRts, 5, 1, 100000), {}}, {frame(FrameType::kRts, 5, 1, 100000), {}}});
+  EXPECT_NE(st.message().find("does not follow"), std::string::npos) << st.to_string();
+}
+
+TEST(BadPeer, UnknownKeyIsRefusedPerOperation) {
+  // A stale or wrong key fails that operation on both sides; the connection stays up (keys can be
+  // withdrawn while a peer still holds them, which is not an attack).
+  Pair p = connect_pair();
+  Filled src = filled(MemSpec{}, 5000);
+  Request w = p.client.write(src.buf.region(), RemoteRegion{0xdeadbeef, 1 << 20}, 0);
+  Status st = w.wait(10s);
+  EXPECT_EQ(st.code(), Code::kNotFound) << st.to_string();
+  EXPECT_NE(st.message().find("unknown remote key"), std::string::npos);
+  Buffer dst = poisoned(MemSpec{}, 100);
+  Request r = p.client.read(dst.region(), RemoteRegion{0xdeadbeef, 1 << 20}, 0);
+  EXPECT_EQ(r.wait(10s).code(), Code::kNotFound);
+  EXPECT_TRUE(p.client.health().ok());
+  EXPECT_TRUE(p.server.health().ok());
+}
+
+TEST(Handshake, WrongKeyIsRefusedClearly) {
+  Server s = make_server();
+  Options o = test_options();
+  o.set("auth_key", "a-different-key-9876543210");
+  auto other = Context::create(o);
+  ASSERT_TRUE(other.ok());
+  auto c = other->connect(s.listener.address());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kAuth) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("key"), std::string::npos) << c.status().to_string();
+  expect_listener_alive(s);
+}
+
+TEST(Handshake, InsecureAgainstSecureIsRefusedClearly) {
+  Server s = make_server();
+  Options o = test_options();
+  o.set("insecure", "true");
+  auto c = Context::create(o)->connect(s.listener.address());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kAuth) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("insecure"), std::string::npos) << c.status().to_string();
+}
+
+TEST(Handshake, SilentAndGarbagePeersBlockNobody) {
+  Options o = test_options();
+  o.set("handshake_timeout", "1s");
+  Server s = make_server(o);
+  auto addr = *tcp::parse_address(s.listener.address());
+  std::vector<UniqueFd> silent;
+  for (int i = 0; i < 20; ++i) silent.push_back(std::move(*tcp::connect_to(addr, Deadline::after(5s))));
+  UniqueFd junk = std::move(*tcp::connect_to(addr, Deadline::after(5s)));
+  auto bytes = random_bytes(100);
+  ASSERT_TRUE(tcp::send_exact(junk.get(), bytes.data(), bytes.size(), Deadline::after(5s), "x").ok());
+  auto t0 = std::chrono::steady_clock::now();
+  expect_listener_alive(s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 900ms) << "a good client waited behind silent ones";
+  // The silent connections are dropped after the handshake timeout.
+  pollfd pfd{silent[0].get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&pfd, 1, 5000), 1);
+  char c;
+  EXPECT_EQ(::recv(silent[0].get(), &c, 1, 0), 0) << "the listener kept a silent connection";
+}
+
+}  // namespace
+}  // namespace dmx::test

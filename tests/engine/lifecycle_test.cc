@@ -1,0 +1,248 @@
+// Operation lifecycles: completion order, cancel, deadlines, truncation, close, peer death,
+// many operations in both directions at once.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "engine/test_util.h"
+
+namespace dmx::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+TEST(Lifecycle, ReceivesCompleteInPostingOrder) {
+  Pair p = connect_pair();
+  std::mutex mu;
+  std::vector<int> order;
+  Buffer a = poisoned(MemSpec{}, 100), b = poisoned(MemSpec{}, 100);
+  OpOptions oa, ob;
+  oa.on_complete = [&](const Status&, size_t) { std::lock_guard<std::mutex> l(mu); order.push_back(1); };
+  ob.on_complete = [&](const Status&, size_t) { std::lock_guard<std::mutex> l(mu); order.push_back(2); };
+  Request ra = p.server.recv(a.region(), 1, oa);
+  Request rb = p.server.recv(b.region(), 2, ob);
+  Filled m2 = filled(MemSpec{}, 100), m1 = filled(MemSpec{}, 100);
+  ASSERT_TRUE(p.client.send(m2.buf.region(), 2).wait(10s).ok());
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(rb.test()) << "the second receive completed before the first";
+  ASSERT_TRUE(p.client.send(m1.buf.region(), 1).wait(10s).ok());
+  ASSERT_TRUE(rb.wait(10s).ok());
+  ASSERT_TRUE(ra.test());
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+TEST(Lifecycle, AnyTagAndUnexpectedMessages) {
+  Pair p = connect_pair();
+  Filled small = filled(MemSpec{}, 300), big = filled(MemSpec{}, 3 << 20);
+  // Both arrive before any receive is posted: one eager (buffered), one rendezvous (announced).
+  ASSERT_TRUE(p.client.send(small.buf.region(), 11).wait(10s).ok());
+  Request sbig = p.client.send(big.buf.region(), 12);
+  std::this_thread::sleep_for(50ms);
+  Buffer d1 = poisoned(MemSpec{}, 3 << 20), d2 = poisoned(MemSpec{}, 3 << 20);
+  Request r1 = p.server.recv(d1.region(), kAnyTag);
+  Request r2 = p.server.recv(d2.region(), kAnyTag);
+  ASSERT_TRUE(r1.wait(10s).ok());
+  ASSERT_TRUE(r2.wait(10s).ok());
+  ASSERT_TRUE(sbig.wait(10s).ok());
+  EXPECT_EQ(r1.tag(), 11u);
+  EXPECT_EQ(r1.bytes(), 300u);
+  EXPECT_EQ(r2.tag(), 12u);
+  auto g1 = read_back(d1.region().sub(0, 300));
+  auto g2 = read_back(d2.region());
+  EXPECT_EQ(g1, small.data);
+  EXPECT_EQ(g2, big.data);
+}
+
+TEST(Lifecycle, TruncationFailsBothSidesAndKeepsTheEndpoint) {
+  Pair p = connect_pair();
+  Filled big = filled(MemSpec{}, 1 << 20), tiny = filled(MemSpec{}, 200);
+  Buffer small = poisoned(MemSpec{}, 1000);
+  Request r = p.server.recv(small.region(), 3);
+  Request s = p.client.send(big.buf.region(), 3);
+  EXPECT_EQ(r.wait(10s).code(), Code::kTruncated) << r.status().to_string();
+  EXPECT_EQ(s.wait(10s).code(), Code::kTruncated) << s.status().to_string();
+  for (unsigned char c : read_back(small.region())) ASSERT_EQ(c, 0xA5);
+  // Eager message too large for the buffer: the receive fails; the sender completed locally.
+  Request r2 = p.server.recv(small.region().sub(0, 100), 4);
+  ASSERT_TRUE(p.client.send(tiny.buf.region(), 4).wait(10s).ok());
+  EXPECT_EQ(r2.wait(10s).code(), Code::kTruncated);
+  // The endpoint still works.
+  Request r3 = p.server.recv(small.region(), 5);
+  ASSERT_TRUE(p.client.send(tiny.buf.region(), 5).wait(10s).ok());
+  ASSERT_TRUE(r3.wait(10s).ok());
+  EXPECT_EQ(read_back(small.region().sub(0, 200)), tiny.data);
+}
+
+TEST(Lifecycle, CancelAPostedReceiveAndAnUnmatchedSend) {
+  Pair p = connect_pair();
+  Buffer d = poisoned(MemSpec{}, 1 << 20);
+  Request r = p.server.recv(d.region(), 8);
+  r.cancel();
+  EXPECT_EQ(r.wait(5s).code(), Code::kCancelled);
+  // A rendezvous send nobody receives yet, cancelled: the next message with that tag is the one
+  // the receiver gets.
+  Filled a = filled(MemSpec{}, 2 << 20), b = filled(MemSpec{}, 2 << 20);
+  Request s1 = p.client.send(a.buf.region(), 9);
+  s1.cancel();
+  EXPECT_EQ(s1.wait(5s).code(), Code::kCancelled);
+  Request s2 = p.client.send(b.buf.region(), 9);
+  Request r2 = p.server.recv(d.region(), 9);
+  ASSERT_TRUE(r2.wait(10s).ok()) << r2.status().to_string();
+  ASSERT_TRUE(s2.wait(10s).ok());
+  auto got = read_back(d.region().sub(0, 2 << 20));
+  EXPECT_EQ(got, b.data);
+}
+
+TEST(Lifecycle, CancelInTheMiddleOfALargeTransfer) {
+  Pair p = connect_pair();
+  size_t n = 512u << 20;
+  Buffer src = poisoned(MemSpec{}, n);
+  Buffer dst = poisoned(MemSpec{}, n);
+  Request r = p.server.recv(dst.region(), 1);
+  Request s = p.client.send(src.region(), 1);
+  std::this_thread::sleep_for(20ms);
+  s.cancel();
+  Status ss = s.wait(10s), rs = r.wait(10s);
+  // Either it finished before the cancel landed, or both sides say cancelled; never a hang.
+  if (ss.ok()) {
+    EXPECT_TRUE(rs.ok()) << rs.to_string();
+  } else {
+    EXPECT_EQ(ss.code(), Code::kCancelled);
+    EXPECT_EQ(rs.code(), Code::kCancelled) << rs.to_string();
+  }
+  // The endpoint carries on.
+  Filled m = filled(MemSpec{}, 5 << 20);
+  Request r2 = p.server.recv(dst.region(), 2);
+  ASSERT_TRUE(p.client.send(m.buf.region(), 2).wait(20s).ok());
+  ASSERT_TRUE(r2.wait(20s).ok()) << r2.status().to_string();
+  EXPECT_EQ(read_back(dst.region().sub(0, 5 << 20)), m.data);
+}
+
+TEST(Lifecycle, DeadlinesFailOperationsInTime) {
+  Pair p = connect_pair();
+  Buffer d = poisoned(MemSpec{}, 100);
+  OpOptions o;
+  o.timeout = 200ms;
+  auto t0 = Clock::now();
+  Request r = p.server.recv(d.region(), 77, o);
+  Status s = r.wait(5s);
+  auto took = Clock::now() - t0;
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.to_string();
+  EXPECT_GE(took, 190ms);
+  EXPECT_LT(took, 2s);
+  // A wait() that gives up leaves the operation running.
+  Request r2 = p.server.recv(d.region(), 78);
+  EXPECT_EQ(r2.wait(50ms).code(), Code::kTimeout);
+  EXPECT_FALSE(r2.test());
+  Filled m = filled(MemSpec{}, 100);
+  ASSERT_TRUE(p.client.send(m.buf.region(), 78).wait(5s).ok());
+  EXPECT_TRUE(r2.wait(5s).ok());
+}
+
+TEST(Lifecycle, CloseFailsPendingOperationsOnBothSides) {
+  Pair p = connect_pair();
+  Buffer d1 = poisoned(MemSpec{}, 100), d2 = poisoned(MemSpec{}, 100);
+  Request mine = p.client.recv(d1.region(), 1);
+  Request theirs = p.server.recv(d2.region(), 1);
+  auto t0 = Clock::now();
+  p.client.close();
+  EXPECT_LT(Clock::now() - t0, 3s);
+  EXPECT_EQ(mine.wait(5s).code(), Code::kClosed);
+  Status ts = theirs.wait(5s);
+  EXPECT_EQ(ts.code(), Code::kClosed) << ts.to_string();
+  EXPECT_NE(ts.message().find("peer closed"), std::string::npos) << ts.to_string();
+  // Operations after close fail at once, through the same completion path.
+  bool called = false;
+  OpOptions o;
+  o.on_complete = [&](const Status& s, size_t) { called = s.code() == Code::kClosed; };
+  EXPECT_EQ(p.client.send(d1.region(), 1, o).wait(1s).code(), Code::kClosed);
+  EXPECT_TRUE(called);
+}
+
+// A real peer process: `dmx bench --connect` sends its plan, then we kill or stop it.
+pid_t start_bench_client(const std::string& addr) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("DMX_AUTH_KEY", "dmx-test-key-0123456789", 1);
+    ::execl(DMX_BIN_PATH, "dmx", "bench", "--connect", addr.c_str(), "--mem", "host", "--sizes", "64M", "--iters",
+            "1000000", nullptr);
+    ::_exit(127);
+  }
+  return pid;
+}
+
+void peer_dies(int sig, Options o, std::chrono::seconds bound) {
+  o.set("auth_key", "dmx-test-key-0123456789");
+  auto ctx = Context::create(o);
+  ASSERT_TRUE(ctx.ok());
+  auto l = ctx->listen("tcp://127.0.0.1:0");
+  ASSERT_TRUE(l.ok());
+  pid_t child = start_bench_client(l->address());
+  auto ep = l->accept(20s);
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  Buffer plan = poisoned(MemSpec{}, 4096);
+  ASSERT_TRUE(ep->recv(plan.region(), kAnyTag).wait(20s).ok());  // the client is up and talking
+  Buffer d = poisoned(MemSpec{}, 64 << 20);
+  Request pending = ep->recv(d.region(), 0x123456);  // nothing will ever match it
+  ::kill(child, sig);
+  auto t0 = Clock::now();
+  Status s = pending.wait(bound + 10s);
+  auto took = Clock::now() - t0;
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_EQ(s.code(), Code::kPeerFailed) << s.to_string();
+  EXPECT_NE(s.to_string().find("127.0.0.1"), std::string::npos) << "the error must name the peer";
+  EXPECT_LT(took, bound) << s.to_string();
+}
+
+TEST(PeerDeath, KilledPeerFailsPendingOperations) { peer_dies(SIGKILL, Options(), 5s); }
+
+TEST(PeerDeath, SilentPeerIsDetectedByTimeout) {
+  Options o;
+  o.set("keepalive_interval", "200ms").set("peer_timeout", "1s");
+  peer_dies(SIGSTOP, o, 5s);
+}
+
+TEST(Concurrency, ManyOperationsBothWaysAtOnce) {
+  Pair p = connect_pair();
+  constexpr int kOps = 60;
+  std::vector<Filled> out_c, out_s;
+  std::vector<Buffer> in_c, in_s;
+  std::vector<Request> reqs;
+  for (int i = 0; i < kOps; ++i) {
+    size_t n = (i * 7919u) % (3 << 20) + i;  // eager and rendezvous sizes mixed
+    out_c.push_back(filled(MemSpec{}, n));
+    out_s.push_back(filled(MemSpec{}, n));
+    in_c.push_back(poisoned(MemSpec{}, n));
+    in_s.push_back(poisoned(MemSpec{}, n));
+  }
+  for (int i = 0; i < kOps; ++i) {
+    reqs.push_back(p.server.recv(in_s[i].region(), i));
+    reqs.push_back(p.client.recv(in_c[i].region(), i));
+  }
+  for (int i = 0; i < kOps; ++i) {
+    reqs.push_back(p.client.send(out_c[i].buf.region(), i));
+    reqs.push_back(p.server.send(out_s[i].buf.region(), i));
+  }
+  for (auto& r : reqs) ASSERT_TRUE(r.wait(60s).ok()) << r.status().to_string();
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_EQ(read_back(in_s[i].region()), out_c[i].data) << i;
+    ASSERT_EQ(read_back(in_c[i].region()), out_s[i].data) << i;
+  }
+  EndpointStats st = p.client.stats();
+  EXPECT_EQ(st.messages_sent, static_cast<uint64_t>(kOps));
+  EXPECT_GT(st.eager_sends, 0u);
+  EXPECT_GT(st.rendezvous_sends, 0u);
+  size_t used = 0;
+  for (uint64_t b : st.stream_bytes_sent) used += b > 0;
+  EXPECT_GT(used, 1u) << "large messages were not striped over several streams";
+}
+
+}  // namespace
+}  // namespace dmx::test

@@ -1,0 +1,71 @@
+// A hand-driven dmx client for tests: completes a real handshake (with the test key), then sends
+// whatever frames a test crafts — to play a buggy or hostile peer.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "engine/auth.h"
+#include "engine/handshake.h"
+#include "transport/tcp/socket.h"
+#include "wire/frame.h"
+
+namespace dmx::test {
+
+class RawPeer {
+ public:
+  // Connects and authenticates as one stream with key `key` (empty: insecure).
+  static Result<RawPeer> connect(const std::string& address, const std::string& key) {
+    RawPeer p;
+    DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(address));
+    Deadline d = Deadline::after(std::chrono::seconds(10));
+    DMX_ASSIGN_OR_RETURN(p.fd_, tcp::connect_to(addr, d));
+    Options o;
+    if (key.empty()) o.set("insecure", "true");
+    else o.set("auth_key", key);
+    DMX_ASSIGN_OR_RETURN(Config config, Config::resolve(o));
+    DMX_ASSIGN_OR_RETURN(AuthKey auth, load_auth_key(config));
+    wire::Hello h;
+    h.version = wire::kProtocolVersion;
+    h.role = wire::Role::kClient;
+    h.auth = key.empty() ? wire::AuthMode::kInsecure : wire::AuthMode::kHmacSha256;
+    h.streams = 1;
+    h.chunk_size = 1 << 20;
+    h.eager_limit = 16 << 10;
+    h.unexpected_budget = 1 << 20;
+    h.nonce[0] = 7;
+    h.boot_id = "raw-peer";
+    h.hostname = "raw-peer";
+    std::string peer = "test-server";
+    DMX_RETURN_IF_ERROR(send_frame(p.fd_.get(), wire::FrameType::kHello, wire::encode_hello(h), d, peer));
+    DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(p.fd_.get(), d, peer));
+    if (f.header.type != wire::FrameType::kHello) return Status(Code::kProtocol, "raw peer: no HELLO back");
+    DMX_ASSIGN_OR_RETURN(wire::Hello s, wire::decode_hello(f.payload.data(), f.payload.size()));
+    if (!key.empty()) {
+      wire::Proof proof = make_proof(auth, kClientLabel, h.nonce, s.nonce, s.session);
+      DMX_RETURN_IF_ERROR(send_frame(p.fd_.get(), wire::FrameType::kAuth,
+                                     std::vector<unsigned char>(proof.begin(), proof.end()), d, peer));
+    }
+    DMX_ASSIGN_OR_RETURN(Frame w, recv_frame(p.fd_.get(), d, peer));
+    if (w.header.type != wire::FrameType::kWelcome) return Status(Code::kAuth, "raw peer: not welcomed");
+    return p;
+  }
+
+  Status send(const wire::FrameHeader& h, const std::vector<unsigned char>& payload = {}) {
+    wire::HeaderBytes b = wire::encode_header(h);
+    Deadline d = Deadline::after(std::chrono::seconds(10));
+    DMX_RETURN_IF_ERROR(tcp::send_exact(fd_.get(), b.data(), b.size(), d, "server"));
+    if (!payload.empty()) DMX_RETURN_IF_ERROR(tcp::send_exact(fd_.get(), payload.data(), payload.size(), d, "server"));
+    return Status();
+  }
+  Status send_bytes(const void* p, size_t n) {
+    return tcp::send_exact(fd_.get(), p, n, Deadline::after(std::chrono::seconds(10)), "server");
+  }
+  int fd() const { return fd_.get(); }
+
+ private:
+  UniqueFd fd_;
+};
+
+}  // namespace dmx::test

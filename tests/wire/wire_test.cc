@@ -1,0 +1,186 @@
+// The wire format: round trips, and every kind of malformed or truncated input.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "wire/frame.h"
+#include "wire/handshake.h"
+#include "wire/le.h"
+
+namespace dmx::wire {
+namespace {
+
+const Limits kLimits{1 << 20, 16 << 10};
+
+FrameHeader sample() {
+  FrameHeader h;
+  h.type = FrameType::kWriteData;
+  h.flags = kFlagNotify;
+  h.payload_len = 4097;
+  h.id = 0x0102030405060708ull;
+  h.a0 = ~0ull;
+  h.a1 = 17;
+  h.a2 = 1ull << 40;
+  h.a3 = 42;
+  return h;
+}
+
+TEST(Frame, RoundTrip) {
+  FrameHeader h = sample();
+  HeaderBytes b = encode_header(h);
+  EXPECT_EQ(b[0], 'D');
+  EXPECT_EQ(b[3], '1');
+  auto d = decode_header(b.data(), kLimits);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->type, h.type);
+  EXPECT_EQ(d->flags, h.flags);
+  EXPECT_EQ(d->payload_len, h.payload_len);
+  EXPECT_EQ(d->id, h.id);
+  EXPECT_EQ(d->a0, h.a0);
+  EXPECT_EQ(d->a2, h.a2);
+  EXPECT_EQ(d->a3, h.a3);
+}
+
+Status decode_modified(void (*mod)(HeaderBytes&)) {
+  HeaderBytes b = encode_header(sample());
+  mod(b);
+  return decode_header(b.data(), kLimits).status();
+}
+
+TEST(Frame, RejectsMalformedHeaders) {
+  Status s = decode_modified([](HeaderBytes& b) { b[0] = 'X'; });
+  EXPECT_EQ(s.code(), Code::kProtocol);
+  EXPECT_NE(s.message().find("magic"), std::string::npos);
+  s = decode_modified([](HeaderBytes& b) { b[4] = 99; });
+  EXPECT_NE(s.message().find("unknown frame type"), std::string::npos);
+  s = decode_modified([](HeaderBytes& b) { b[6] = 1; });
+  EXPECT_NE(s.message().find("reserved"), std::string::npos);
+  s = decode_modified([](HeaderBytes& b) { b[13] = 1; });
+  EXPECT_NE(s.message().find("reserved"), std::string::npos);
+  s = decode_modified([](HeaderBytes& b) { put_u32(b.data() + 8, (1 << 20) + 1); });
+  EXPECT_NE(s.message().find("limit"), std::string::npos);
+  s = decode_modified([](HeaderBytes& b) { b[5] = 0x80; });
+  EXPECT_NE(s.message().find("flags"), std::string::npos);
+}
+
+TEST(Frame, PayloadLimitsPerType) {
+  FrameHeader h;
+  h.type = FrameType::kEager;
+  h.payload_len = (16 << 10) + 1;  // one over the eager limit
+  EXPECT_FALSE(decode_header(encode_header(h).data(), kLimits).ok());
+  h.payload_len = 16 << 10;
+  EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
+  h.type = FrameType::kRts;  // carries no payload at all
+  h.payload_len = 1;
+  EXPECT_FALSE(decode_header(encode_header(h).data(), kLimits).ok());
+  h.type = FrameType::kAck;
+  h.payload_len = kMaxControlPayload + 1;
+  EXPECT_FALSE(decode_header(encode_header(h).data(), kLimits).ok());
+}
+
+Hello sample_hello() {
+  Hello h;
+  h.version = kProtocolVersion;
+  h.role = Role::kServer;
+  h.streams = 8;
+  h.chunk_size = 1 << 20;
+  h.eager_limit = 16 << 10;
+  h.unexpected_budget = 64 << 20;
+  h.transports = kTransportTcp | kTransportShm;
+  h.session = 77;
+  h.nonce[0] = 1;
+  h.proof[31] = 2;
+  h.boot_id = "0b5d8a3e-6a0f-4d0f-9b65-1c2f6f1f7e11";
+  h.hostname = "gpu-node-7";
+  h.pid = 4242;
+  return h;
+}
+
+TEST(Handshake, HelloRoundTrip) {
+  Hello h = sample_hello();
+  auto bytes = encode_hello(h);
+  auto d = decode_hello(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->streams, 8);
+  EXPECT_EQ(d->session, 77u);
+  EXPECT_EQ(d->nonce, h.nonce);
+  EXPECT_EQ(d->proof, h.proof);
+  EXPECT_EQ(d->boot_id, h.boot_id);
+  EXPECT_EQ(d->hostname, h.hostname);
+  EXPECT_EQ(d->pid, 4242u);
+}
+
+TEST(Handshake, EveryTruncationIsAnError) {
+  auto bytes = encode_hello(sample_hello());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    auto d = decode_hello(bytes.data(), n);
+    ASSERT_FALSE(d.ok()) << "accepted a HELLO cut to " << n << " bytes";
+    EXPECT_EQ(d.status().code(), Code::kProtocol);
+  }
+  bytes.push_back(0);
+  EXPECT_NE(decode_hello(bytes.data(), bytes.size()).status().message().find("trailing"), std::string::npos);
+}
+
+TEST(Handshake, FieldValidation) {
+  auto check = [](void (*mod)(Hello&), const char* expect) {
+    Hello h = sample_hello();
+    mod(h);
+    auto bytes = encode_hello(h);
+    auto d = decode_hello(bytes.data(), bytes.size());
+    ASSERT_FALSE(d.ok()) << expect;
+    EXPECT_NE(d.status().message().find(expect), std::string::npos) << d.status().message();
+  };
+  check([](Hello& h) { h.version = 9; }, "protocol 9");
+  check([](Hello& h) { h.streams = 0; }, "stream count");
+  check([](Hello& h) { h.streams = 65; }, "stream count");
+  check([](Hello& h) { h.chunk_size = 100; }, "chunk size");
+  check([](Hello& h) { h.chunk_size = 1u << 30; }, "chunk size");
+  check([](Hello& h) { h.transports = kTransportShm; }, "tcp");
+  check([](Hello& h) { h.hostname = std::string("a\nb"); }, "non-printable");
+  check([](Hello& h) { h.hostname = std::string(300, 'x'); }, "too long");
+}
+
+TEST(Handshake, JoinValidation) {
+  Join j;
+  j.session = 5;
+  j.index = 3;
+  j.streams = 4;
+  auto bytes = encode_join(j);
+  auto d = decode_join(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->index, 3);
+  j.index = 4;  // not below the stream count
+  bytes = encode_join(j);
+  EXPECT_FALSE(decode_join(bytes.data(), bytes.size()).ok());
+  j.index = 0;  // stream 0 never joins
+  bytes = encode_join(j);
+  EXPECT_FALSE(decode_join(bytes.data(), bytes.size()).ok());
+  EXPECT_FALSE(decode_join(bytes.data(), 5).ok());
+}
+
+TEST(Fuzz, RandomBytesNeverCrash) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<unsigned char> buf(600);
+  int accepted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    size_t n = rng() % buf.size();
+    for (size_t k = 0; k < n; ++k) buf[k] = static_cast<unsigned char>(rng());
+    if (n >= kHeaderSize) {
+      if (i % 2) put_u32(buf.data(), kMagic);  // get past the magic half of the time
+      accepted += decode_header(buf.data(), kLimits).ok();
+    }
+    accepted += decode_hello(buf.data(), n).ok();
+    accepted += decode_join(buf.data(), n).ok();
+  }
+  // Mutations of a valid HELLO: single bytes flipped.
+  auto good = encode_hello(sample_hello());
+  for (size_t i = 0; i < good.size(); ++i) {
+    auto b = good;
+    b[i] ^= static_cast<unsigned char>(1 + rng() % 255);
+    (void)decode_hello(b.data(), b.size());
+  }
+  SUCCEED() << accepted << " random inputs happened to be valid";
+}
+
+}  // namespace
+}  // namespace dmx::wire
