@@ -180,7 +180,7 @@ def run_peer(torch, args, rc_box):
                 "iters": args.iters, "gpu": torch.cuda.get_device_name(src)}
         for size in args.size_list:
             burst = burst_for(size, args.burst)
-            s = torch.arange(251, dtype=torch.uint8, device=f"cuda:{src}").repeat(-(-size // 251))[:size]
+            s = torch.arange(251, dtype=torch.int32, device=f"cuda:{src}").to(torch.uint8).repeat(-(-size // 251))[:size]
             d = torch.empty(size, dtype=torch.uint8, device=f"cuda:{dst}")
             try:
                 t = wall_timed(torch, [src, dst], lambda: d.copy_(s, non_blocking=True),

@@ -147,7 +147,7 @@ def worker(args) -> int:
 
     def pattern(size):
         reps = -(-size // 251)
-        return torch.arange(251, dtype=torch.uint8, device=dev).repeat(reps)[:size]
+        return torch.arange(251, dtype=torch.int32, device=dev).to(torch.uint8).repeat(reps)[:size]
 
     nv = torch.cuda.nccl.version()
     ref = MODES[args.mode][0]
