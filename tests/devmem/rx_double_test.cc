@@ -1,5 +1,6 @@
 // devmem RX logic against the kernel test double (every machine). Names say "Double".
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 
 #include <chrono>
@@ -310,6 +311,104 @@ TEST(BoundRegionDouble, BindingLivesExactlyAsLongAsTheRegion) {
   EXPECT_FALSE(tx.ok());
   EXPECT_NE(tx.status().message().find("Driver does not support netmem TX"), std::string::npos);
   EXPECT_TRUE(nl.open_bindings.empty());
+}
+
+}  // namespace
+}  // namespace dmx::devmem
+
+namespace dmx::devmem {
+namespace {
+
+// Hand-made control buffers for what the double never produces on its own.
+struct CmsgBuilder {
+  std::vector<uint8_t> buf = std::vector<uint8_t>(4096, 0);
+  size_t used = 0;
+  void add(int level, int type, const void* data, size_t len) {
+    auto* c = reinterpret_cast<cmsghdr*>(buf.data() + used);
+    c->cmsg_level = level;
+    c->cmsg_type = type;
+    c->cmsg_len = CMSG_LEN(len);
+    std::memcpy(CMSG_DATA(c), data, len);
+    used += CMSG_SPACE(len);
+  }
+  void frag(uint64_t off, uint32_t size, uint32_t token, uint32_t id = 42) {
+    abi::DmabufCmsg d{off, size, token, id, 0};
+    add(SOL_SOCKET, abi::kScmDevmemDmabuf, &d, sizeof d);
+  }
+  msghdr msg() {
+    msghdr m{};
+    m.msg_control = buf.data();
+    m.msg_controllen = used;
+    return m;
+  }
+};
+
+RxPool test_pool() {
+  static std::vector<uint8_t> mem(1 << 20);
+  return RxPool{42, 4096, MemRegion{mem.data(), mem.size(), {}}};
+}
+
+TEST(ParseRecvDouble, OffsetsAreRelativeToWhereThePoolStartsInTheDmabuf) {
+  CmsgBuilder b;
+  b.frag(4096 + 100, 1000, 5);
+  b.frag(4096 + 8192, 4096, 6);
+  msghdr m = b.msg();
+  ParsedRecv p;
+  ASSERT_TRUE(parse_recv(m, 5096, 8192, test_pool(), 777, &p).ok());
+  ASSERT_EQ(p.frags.size(), 2u);
+  EXPECT_EQ(p.frags[0].src_offset, 100u);
+  EXPECT_EQ(p.frags[0].dst_offset, 777u);
+  EXPECT_EQ(p.frags[1].src_offset, 8192u);
+  EXPECT_EQ(p.frags[1].dst_offset, 1777u);
+  EXPECT_EQ(p.tokens, std::vector<uint32_t>({5, 6}));
+}
+
+TEST(ParseRecvDouble, MalformedControlMessagesAreRejectedButTokensKept) {
+  {  // fragment before the pool's start in the dmabuf
+    CmsgBuilder b;
+    b.frag(100, 1000, 1);
+    msghdr m = b.msg();
+    ParsedRecv p;
+    EXPECT_EQ(parse_recv(m, 1000, 4096, test_pool(), 0, &p).code(), Code::kOutOfRange);
+    EXPECT_EQ(p.tokens.size(), 1u);
+  }
+  {  // byte counts that do not add up to the return value
+    CmsgBuilder b;
+    b.frag(4096, 1000, 1);
+    msghdr m = b.msg();
+    ParsedRecv p;
+    EXPECT_EQ(parse_recv(m, 2000, 4096, test_pool(), 0, &p).code(), Code::kProtocol);
+  }
+  {  // more than asked for
+    CmsgBuilder b;
+    b.frag(4096, 4096, 1);
+    msghdr m = b.msg();
+    ParsedRecv p;
+    EXPECT_EQ(parse_recv(m, 4096, 1000, test_pool(), 0, &p).code(), Code::kProtocol);
+  }
+  {  // oversized fragment, a foreign cmsg, a short devmem cmsg, a truncated control area
+    CmsgBuilder b;
+    b.frag(4096, 5000, 1);
+    int x = 0;
+    b.add(SOL_IP, 1, &x, sizeof x);
+    b.add(SOL_SOCKET, abi::kScmDevmemDmabuf, &x, sizeof x);
+    b.frag(4096, 10, 2);
+    msghdr m = b.msg();
+    ParsedRecv p;
+    EXPECT_EQ(parse_recv(m, 5010, 8192, test_pool(), 0, &p).code(), Code::kProtocol);
+    EXPECT_EQ(p.tokens, std::vector<uint32_t>({1, 2}));
+    m.msg_flags = MSG_CTRUNC;
+    ParsedRecv q;
+    EXPECT_EQ(parse_recv(m, 10, 8192, test_pool(), 0, &q).code(), Code::kProtocol);
+  }
+  {  // a linear chunk overrunning the iov
+    CmsgBuilder b;
+    abi::DmabufCmsg d{0, 9000, 0, 0, 0};
+    b.add(SOL_SOCKET, abi::kScmDevmemLinear, &d, sizeof d);
+    msghdr m = b.msg();
+    ParsedRecv p;
+    EXPECT_EQ(parse_recv(m, 9000, 9000 - 1, test_pool(), 0, &p).code(), Code::kProtocol);
+  }
 }
 
 }  // namespace

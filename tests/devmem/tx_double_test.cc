@@ -109,7 +109,9 @@ TEST(TxDouble, KernelErrorsAreExplained) {
   }
   {  // unknown binding id: EINVAL
     TxHarness h;
-    auto tx = DevmemTx::create(&h.k, TxBindingInfo{10, h.k.tx_dmabuf().size()}, TxOptions{"eth1"});
+    TxOptions o;
+    o.ifname = "eth1";
+    auto tx = DevmemTx::create(&h.k, TxBindingInfo{10, h.k.tx_dmabuf().size()}, o);
     ASSERT_TRUE(tx.ok());
     auto t = (*tx)->send(0, 100, soon());
     EXPECT_NE(t.status().message().find("binding id unknown"), std::string::npos) << t.status().to_string();
