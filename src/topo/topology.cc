@@ -81,6 +81,18 @@ std::string Topology::label(int dev) const {
   return fmt::format("{} {} {} {:04x}", d.addr.to_string(), device_kind_name(d.kind), vendor_name(d.vendor), d.device);
 }
 
+Result<std::shared_ptr<const Topology>> discover_local(const std::string& sysfs_root) {
+  DMX_ASSIGN_OR_RETURN(Topology t, discover(sysfs_root));
+  if (sysfs_root == "/sys" || sysfs_root == "/sys/") {
+    apply_cuda_overlay(t, query_cuda_overlay());
+  } else {
+    CudaOverlay none;
+    none.reason = "not queried: the sysfs root " + sysfs_root + " is not this machine's /sys";
+    apply_cuda_overlay(t, std::move(none));
+  }
+  return std::shared_ptr<const Topology>(std::make_shared<Topology>(std::move(t)));
+}
+
 void apply_cuda_overlay(Topology& topo, CudaOverlay overlay) {
   for (CudaDevice& c : overlay.devices) {
     c.pci = topo.find(c.bus_id);

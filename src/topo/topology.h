@@ -132,4 +132,8 @@ void apply_cuda_overlay(Topology& topo, CudaOverlay overlay);
 // Queries the CUDA runtime (built with CUDA) or says why not. Never fails, never crashes.
 CudaOverlay query_cuda_overlay();
 
+// This machine, for the engine: discover(sysfs_root) plus the CUDA overlay when sysfs_root is the
+// live "/sys" (a captured tree describes another machine, so no overlay is applied to it).
+Result<std::shared_ptr<const Topology>> discover_local(const std::string& sysfs_root = "/sys");
+
 }  // namespace dmx::topo

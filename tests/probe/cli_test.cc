@@ -11,9 +11,15 @@
 
 namespace {
 
+// DMX_BIN, else the dmx next to this build's test binary (<build>/tests/probe -> <build>/tools/dmx).
 std::string bin() {
-  const char* b = std::getenv("DMX_BIN");
-  return b ? b : "";
+  if (const char* b = std::getenv("DMX_BIN"); b != nullptr && *b != '\0') return b;
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "";
+  std::string path(self, static_cast<size_t>(n));
+  size_t tests = path.rfind("/tests/probe/");
+  return tests == std::string::npos ? "" : path.substr(0, tests) + "/tools/dmx/dmx";
 }
 
 std::string fixture(const std::string& name) {

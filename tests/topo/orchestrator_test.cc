@@ -139,3 +139,23 @@ TEST(Orchestrator, ConcurrentAllocateFreeKeepsTheBooks) {
 
 }  // namespace
 }  // namespace dmx::topo
+
+namespace dmx::topo {
+namespace {
+
+TEST(Orchestrator, FromDiscoverLocal) {
+  auto t = discover_local(testing::fixture_root("dual-socket-haswell"));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_FALSE((*t)->cuda.available);
+  EXPECT_NE((*t)->cuda.reason.find("not this machine"), std::string::npos);
+  Orchestrator o(*t);
+  ASSERT_TRUE(o.publish({"pinned:node0", PoolKind::kPinnedHost, -1, 0, 1 << 20, nullptr}).ok());
+  ASSERT_TRUE(o.publish({"pinned:node1", PoolKind::kPinnedHost, -1, 1, 1 << 20, nullptr}).ok());
+  auto s = o.allocate_staging(1, 4096);  // second GPU in PCI order: 81:00.0 on node 1
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(o.usage()[1].used, 4096u);
+  EXPECT_FALSE(discover_local("/nonexistent").ok());
+}
+
+}  // namespace
+}  // namespace dmx::topo
