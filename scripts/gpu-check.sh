@@ -316,21 +316,22 @@ if [[ $build_ok -eq 1 ]]; then
       --verify --json "$OUT/bench-host.json"
   }
   run_section bench-host bench_host_section
-  bench_gpu_section() {  # GPU memory over the staged path between two processes, and latency
-    local n peer port=7811 rc=0 s
-    n=$(nvidia-smi -L | wc -l); peer=cuda:0; [[ $n -ge 2 ]] && peer=cuda:1
-    "$DMX" bench --listen tcp://127.0.0.1:$port & local srv=$!
-    sleep 1
-    for s in ${GPU_CHECK_STREAMS:-4,8}; do
-      for st in ${s//,/ }; do
-        "$DMX" bench --connect tcp://127.0.0.1:$port --mem cuda:0 --peer-mem $peer --streams "$st" \
+  bench_gpu_section() {  # GPU memory over the staged path, two processes; NCCL socket alongside
+    local n
+    n=$(nvidia-smi -L | wc -l)
+    if [[ $n -ge 2 ]]; then
+      python3 "$ROOT/bench/compare.py" gpu-staged --streams "${GPU_CHECK_STREAMS:-4,8}" --sizes 8,64K,1M,16M,256M \
+        --verify --json "$OUT/bench-gpu.json"
+    else  # one GPU: both processes on it (no NCCL reference: it needs two GPUs)
+      "$DMX" bench --listen tcp://127.0.0.1:7811 & local srv=$! rc=0 st
+      sleep 1
+      for st in ${GPU_CHECK_STREAMS:-4 8}; do
+        "$DMX" bench --connect tcp://127.0.0.1:7811 --mem cuda:0 --peer-mem cuda:0 --streams "${st//,/ }" \
           --sizes 8,64K,1M,16M,256M --verify --json | tee -a "$OUT/bench-gpu.jsonl" || rc=1
-        "$DMX" bench --connect tcp://127.0.0.1:$port --mem host --peer-mem host --streams "$st" \
-          --sizes 1M,256M --verify --json | tee -a "$OUT/bench-gpu.jsonl" || rc=1
       done
-    done
-    kill $srv; wait $srv 2>/dev/null
-    return $rc
+      kill $srv; wait $srv 2>/dev/null
+      return $rc
+    fi
   }
   run_section bench-gpu bench_gpu_section
 

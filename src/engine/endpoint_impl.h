@@ -29,6 +29,7 @@ struct Session {
   uint64_t peer_unexpected_budget = 0;  // EAGER bytes the peer buffers for us
   std::string peer;                     // "10.0.0.2:7000"
   std::string transport = "tcp";
+  std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
   std::string reason;
 };
 
@@ -121,6 +122,7 @@ class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_fro
   Status on_read_req(const wire::FrameHeader& h);
   Status on_ack(const wire::FrameHeader& h, const std::vector<unsigned char>& text);
   Status on_cancel(const wire::FrameHeader& h);
+  void match_recv(const std::shared_ptr<OpState>& op, bool front);
   Status consume_unexpected(const std::shared_ptr<Unexpected>& u, const std::shared_ptr<OpState>& op);
   void return_credit(uint64_t bytes);
   Status check_new_msg(uint64_t msg);

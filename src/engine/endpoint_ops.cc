@@ -32,7 +32,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     sc.chunk_size = ep->session_.chunk_size;
     sc.slots = p.staging_slots;
     sc.limits = wire::Limits{ep->session_.chunk_size, p.eager_limit};
-    sc.keepalive = p.keepalive;
+    sc.keepalive = ep->session_.keepalive;
     sc.peer_timeout = p.peer_timeout;
     sc.peer = ep->session_.peer;
     sc.busy_poll = p.busy_poll;
@@ -148,36 +148,44 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
 
 Request EndpointImpl::post_recv(const MemRegion& dst, uint64_t tag, OpOptions o) {
   auto op = new_op(OpType::kRecv, dst, o);
-  op->tag = tag;
+  op->tag = op->posted_tag = tag;
   Status bad = region_problem(dst, "recv");
   std::unique_lock<std::mutex> lock(mu_);
   Request r = start(op, received_);
   if (!status_.ok() || !bad.ok()) {
     finish(*op, bad.ok() ? status_ : bad);
   } else {
-    std::shared_ptr<Unexpected> match;
-    for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
-      if ((*it)->waiting == nullptr && (tag == kAnyTag || (*it)->tag == tag)) {
-        match = *it;
-        break;
-      }
-    }
-    if (!match) {
-      posted_.push_back(op);
-    } else if (!match->eager) {
-      std::erase(unexpected_, match);
-      accept_rendezvous(op, match->msg, match->size, match->tag);
-    } else if (!match->landed) {
-      match->waiting = op;  // completes when its payload lands
-      op->phase = OpPhase::kActive;
-    } else {
-      Status s = consume_unexpected(match, op);
-      if (!s.ok()) finish(*op, s);
-    }
+    match_recv(op, /*front=*/false);
   }
   lock.unlock();
   deliver();
   return r;
+}
+
+// Matches a receive against the messages that arrived first, else queues it (at the front when it
+// is being re-queued: it was posted before everything queued). Caller holds mu_.
+void EndpointImpl::match_recv(const std::shared_ptr<OpState>& op, bool front) {
+  uint64_t tag = op->posted_tag;
+  std::shared_ptr<Unexpected> match;
+  for (auto& u : unexpected_) {
+    if (u->waiting == nullptr && (tag == kAnyTag || u->tag == tag)) {
+      match = u;
+      break;
+    }
+  }
+  if (!match) {
+    if (front) posted_.push_front(op);
+    else posted_.push_back(op);
+  } else if (!match->eager) {
+    std::erase(unexpected_, match);
+    accept_rendezvous(op, match->msg, match->size, match->tag);
+  } else if (!match->landed) {
+    match->waiting = op;  // completes when its payload lands
+    op->phase = OpPhase::kActive;
+  } else {
+    Status s = consume_unexpected(match, op);
+    if (!s.ok()) finish(*op, s);
+  }
 }
 
 Request EndpointImpl::post_write(const MemRegion& src, const RemoteRegion& dst, uint64_t offset, OpOptions o) {

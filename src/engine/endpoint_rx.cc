@@ -121,7 +121,7 @@ Result<tcp::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h) {
   uint64_t len = h.payload_len, cost = len + kEagerOverhead;
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
     const auto& op = *it;
-    if (op->tag != kAnyTag && op->tag != h.a0) continue;
+    if (op->posted_tag != kAnyTag && op->posted_tag != h.a0) continue;
     auto matched = op;
     posted_.erase(it);
     matched->tag = h.a0;
@@ -199,7 +199,7 @@ void EndpointImpl::return_credit(uint64_t bytes) {
 Status EndpointImpl::on_rts(const FrameHeader& h) {
   DMX_RETURN_IF_ERROR(check_new_msg(h.id));
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
-    if ((*it)->tag != kAnyTag && (*it)->tag != h.a0) continue;
+    if ((*it)->posted_tag != kAnyTag && (*it)->posted_tag != h.a0) continue;
     auto op = *it;
     posted_.erase(it);
     accept_rendezvous(op, h.id, h.a1, h.a0);
@@ -449,6 +449,17 @@ Status EndpointImpl::on_cancel(const FrameHeader& h) {
                                     in.reserved));
       in.expected = handed;
       auto op = in.op;
+      if (op && op->phase == OpPhase::kActive && handed == 0 && in.reserved == 0) {
+        // Nothing of the message reached the buffer: the receive was never really used, so it
+        // matches the next message instead of failing (as if the cancelled message never came).
+        tokens_.erase(token);
+        token_of_msg_.erase(h.id);
+        op->phase = OpPhase::kPosted;
+        op->total = op->region.size;
+        op->tag = op->posted_tag;
+        match_recv(op, /*front=*/true);
+        return Status();
+      }
       if (op && op->phase == OpPhase::kActive) {
         op->phase = OpPhase::kStopping;
         op->outcome = Status(Code::kCancelled,

@@ -26,7 +26,12 @@ wire::Hello make_hello(const ContextImpl& ctx, wire::Role role) {
   h.boot_id = ctx.boot_id();
   h.hostname = ctx.hostname().substr(0, 255);
   h.pid = static_cast<uint32_t>(::getpid());
+  h.peer_timeout_ms = static_cast<uint32_t>(std::min<int64_t>(p.peer_timeout.count() / 1000, UINT32_MAX));
   return h;
+}
+
+std::chrono::microseconds keepalive_for(const EngineParams& mine, const wire::Hello& theirs) {
+  return std::min(mine.keepalive, std::chrono::microseconds(uint64_t{theirs.peer_timeout_ms} * 1000 / 4));
 }
 
 Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs) {
@@ -156,6 +161,7 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
     if (ok.header.type != wire::FrameType::kWelcome) return unexpected_reply(ok, "WELCOME", peer);
     fds.push_back(std::move(fd));
   }
+  agreed.keepalive = keepalive_for(p, *theirs);
   agreed.peer_eager_limit = theirs->eager_limit;
   agreed.peer_unexpected_budget = theirs->unexpected_budget;
   return EndpointImpl::create(ctx, std::move(agreed), std::move(fds));

@@ -25,6 +25,8 @@ wire::Hello make_hello(const ContextImpl& ctx, wire::Role role);
 // Chooses the data path and fills the agreed session; the same rule on both sides.
 Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
                           const std::string& peer);
+// How often to send keepalives: our own interval, or more often when the peer gives up sooner.
+std::chrono::microseconds keepalive_for(const EngineParams& mine, const wire::Hello& theirs);
 // Whether the peer's authentication mode works with ours; the reason when not.
 Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs);
 

@@ -340,6 +340,7 @@ void ListenerImpl::complete(uint64_t session) {
   pending_.erase(it);
   auto agreed = negotiate(*ctx_, p.client, p.server, p.peer);
   if (!agreed.ok()) return;  // checked at HELLO already
+  agreed->keepalive = keepalive_for(ctx_->params(), p.client);
   agreed->peer_eager_limit = p.client.eager_limit;
   agreed->peer_unexpected_budget = p.client.unexpected_budget;
   auto ep = EndpointImpl::create(ctx_, std::move(*agreed), std::move(p.fds));

@@ -40,7 +40,8 @@ struct OpState {
   OpType type = OpType::kSend;
   OpPhase phase = OpPhase::kPosted;
   MemRegion region;
-  uint64_t tag = 0;
+  uint64_t tag = 0;         // recv: the matched tag once matched
+  uint64_t posted_tag = 0;  // recv: the tag (or kAnyTag) it was posted with
   uint64_t id = 0;      // message sequence (send/recv) or operation id (write/read)
   uint64_t total = 0;   // bytes the operation moves
   uint64_t handed = 0;  // transmit: bytes handed to streams

@@ -94,6 +94,7 @@ std::vector<unsigned char> encode_hello(const Hello& h) {
   w.str(h.boot_id);
   w.str(h.hostname);
   w.u32(h.pid);
+  w.u32(h.peer_timeout_ms);
   return w.take();
 }
 
@@ -114,6 +115,7 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
   h.boot_id = r.str(64);
   h.hostname = r.str(255);
   h.pid = r.u32();
+  h.peer_timeout_ms = r.u32();
   DMX_RETURN_IF_ERROR(r.finish("HELLO"));
   // Version first: a newer peer may lay out the rest differently, and saying so is the useful error.
   if (h.version != kProtocolVersion)
@@ -131,6 +133,8 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
     return Status(Code::kProtocol, fmt::format("HELLO: chunk size {} outside {}-{}", h.chunk_size, kMinChunk, kMaxChunk));
   if (h.eager_limit > kMaxChunk) return Status(Code::kProtocol, fmt::format("HELLO: eager limit {} too large", h.eager_limit));
   if ((h.transports & kTransportTcp) == 0) return Status(Code::kProtocol, "HELLO: peer does not offer the tcp path");
+  if (h.peer_timeout_ms < 100)
+    return Status(Code::kProtocol, fmt::format("HELLO: peer timeout of {} ms is too short", h.peer_timeout_ms));
   if (!printable(h.boot_id) || !printable(h.hostname))
     return Status(Code::kProtocol, "HELLO: host identity has non-printable characters");
   return h;

@@ -44,6 +44,7 @@ struct Hello {
   std::string boot_id;           // /proc/sys/kernel/random/boot_id (same host detection)
   std::string hostname;
   uint32_t pid = 0;
+  uint32_t peer_timeout_ms = 0;  // this side declares the peer dead after this much silence
 };
 
 struct Join {

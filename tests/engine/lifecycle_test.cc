@@ -81,7 +81,7 @@ TEST(Lifecycle, TruncationFailsBothSidesAndKeepsTheEndpoint) {
 
 TEST(Lifecycle, CancelAPostedReceiveAndAnUnmatchedSend) {
   Pair p = connect_pair();
-  Buffer d = poisoned(MemSpec{}, 1 << 20);
+  Buffer d = poisoned(MemSpec{}, 2 << 20);
   Request r = p.server.recv(d.region(), 8);
   r.cancel();
   EXPECT_EQ(r.wait(5s).code(), Code::kCancelled);

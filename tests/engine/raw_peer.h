@@ -37,6 +37,7 @@ class RawPeer {
     h.nonce[0] = 7;
     h.boot_id = "raw-peer";
     h.hostname = "raw-peer";
+    h.peer_timeout_ms = 10000;
     std::string peer = "test-server";
     DMX_RETURN_IF_ERROR(send_frame(p.fd_.get(), wire::FrameType::kHello, wire::encode_hello(h), d, peer));
     DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(p.fd_.get(), d, peer));

@@ -93,6 +93,7 @@ Hello sample_hello() {
   h.boot_id = "0b5d8a3e-6a0f-4d0f-9b65-1c2f6f1f7e11";
   h.hostname = "gpu-node-7";
   h.pid = 4242;
+  h.peer_timeout_ms = 10000;
   return h;
 }
 

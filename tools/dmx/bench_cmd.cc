@@ -154,9 +154,9 @@ int run(const Args& a) {
     while (!g_stop.load()) {
       auto ep = l->accept(std::chrono::milliseconds(200));
       if (!ep.ok()) continue;
-      std::thread([e = std::move(*ep)]() mutable {
+      std::thread([c = *ctx, e = std::move(*ep)]() mutable {
         std::string peer = e.peer();
-        Status s = bench::serve(std::move(e));
+        Status s = bench::serve(c, std::move(e));
         if (!s.ok()) fmt::print(stderr, "dmx bench: session with {} ended: {}\n", peer, s.to_string());
       }).detach();
     }
@@ -177,7 +177,7 @@ int run(const Args& a) {
     if (!l.ok()) return fmt::print(stderr, "dmx bench: {}\n", l.status().to_string()), 1;
     std::thread server([&] {
       auto ep = l->accept(std::chrono::seconds(30));
-      if (ep.ok()) (void)bench::serve(std::move(*ep));
+      if (ep.ok()) (void)bench::serve(*ctx, std::move(*ep));
     });
     auto ep = ctx->connect(l->address());
     int rc = 1;
