@@ -201,7 +201,6 @@ int Orchestrator::numa_node_for_cuda_device(int cuda_device) const {
 Result<Allocation> Orchestrator::allocate_staging(int cuda_device, uint64_t bytes) {
   if (bytes == 0) return Status(Code::kInvalidArgument, "allocate_staging: zero bytes");
   int node = numa_node_for_cuda_device(cuda_device);
-  int dev = topo_->device_of_cuda(cuda_device);
   std::lock_guard lock(mu_);
   std::vector<std::pair<int, PoolId>> order;  // (penalty, id): same node first, then by SLIT distance
   for (const auto& [id, p] : pools_) {
@@ -220,7 +219,6 @@ Result<Allocation> Orchestrator::allocate_staging(int cuda_device, uint64_t byte
     auto a = take_locked(id, bytes);
     if (a.ok()) return a;
   }
-  (void)dev;
   return Status(Code::kResourceExhausted,
                 fmt::format("no pinned host pool has {} bytes free for CUDA device {} (NUMA node {})", bytes,
                             cuda_device, node));
