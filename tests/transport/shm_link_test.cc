@@ -5,6 +5,7 @@
 #include <future>
 #include <random>
 
+#include "core/config.h"
 #include "memory/backend.h"
 #include "transport/transport_test_util.h"
 
@@ -210,6 +211,28 @@ TEST(ShmLink, SetupValidatesOptions) {
   auto q = UnixChannel::pair();
   l = ShmLink::create(std::move(q->first), {.slot_size = 4096, .slots = 1}, secs(1));
   EXPECT_EQ(l.status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dmx::shm
+
+namespace dmx::shm {
+namespace {
+
+TEST(ShmLink, OptionsFromTheConfigTable) {
+  auto c = Config::resolve(Options().set("shm_slots", "8").set("shm_slot_size", "1M").set("shm_spin", "10us"));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto o = link_options(*c);
+  ASSERT_TRUE(o.ok()) << o.status().to_string();
+  EXPECT_EQ(o->slots, 8u);
+  EXPECT_EQ(o->slot_size, 1u << 20);
+  EXPECT_EQ(o->spin, std::chrono::microseconds(10));
+  c = Config::resolve(Options().set("shm_slots", "1"));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(link_options(*c).status().code(), Code::kInvalidArgument);
+  c = Config::resolve(Options().set("shm_slot_size", "100"));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(link_options(*c).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -25,6 +25,9 @@ class LinkImpl final : public ShmLink {
   size_t progress(std::vector<Completion>* out) override;
   Status wait(Deadline deadline) override;
   int wake_fd() const override { return my_bell_.get(); }
+  int channel_fd() const override { return channel_.fd(); }
+  bool arm_wakeup() override;
+  void disarm_wakeup() override;
   size_t pending() const override { return sends_.size() + tx_chunks_.size() + recvs_.size() + failed_.size(); }
   const Status& error() const override { return error_; }
   LinkStats stats() const override { return stats_; }

@@ -32,6 +32,10 @@
 #include "dmx/memory.h"
 #include "dmx/status.h"
 
+namespace dmx {
+class Config;
+}
+
 namespace dmx::shm {
 
 // Whether this process can use the shm path (memfd_create, eventfd, Unix sockets), or why not.
@@ -108,6 +112,9 @@ struct LinkOptions {
   std::chrono::microseconds spin{50};
 };
 
+// The options from the configuration table (shm_slot_size, shm_slots, shm_spin), checked.
+Result<LinkOptions> link_options(const Config& config);
+
 // The message ids both sides agree on (the engine assigns them on its control channel); ids of
 // one direction must be unique among the messages in flight in that direction.
 using MsgId = uint64_t;
@@ -159,8 +166,14 @@ class ShmLink {
   // eventfd and the side channel. kTimeout at the deadline. Returns at once when nothing is pending.
   virtual Status wait(Deadline deadline) = 0;
 
-  // For an epoll-based progress loop: readable when the peer rang the doorbell.
+  // For an epoll-based progress loop: readable when the peer rang the doorbell. The peer rings
+  // only a side that announced it sleeps: call arm_wakeup() before sleeping in epoll (false: there
+  // is work already, do not sleep) and disarm_wakeup() after waking.
   virtual int wake_fd() const = 0;
+  virtual bool arm_wakeup() = 0;
+  virtual void disarm_wakeup() = 0;
+  // Also for epoll (POLLRDHUP): the side channel, which hangs up when the peer dies.
+  virtual int channel_fd() const = 0;
   virtual size_t pending() const = 0;  // operations posted and not completed
   virtual const Status& error() const = 0;  // ok until the link failed
   virtual LinkStats stats() const = 0;

@@ -381,6 +381,19 @@ bool LinkImpl::has_work() {
   return false;
 }
 
+bool LinkImpl::arm_wakeup() {
+  // seq_cst store, then re-check: pairs with ring_peer()'s fence and load of this word.
+  bells_->sleeping[side_].v.store(1, std::memory_order_seq_cst);
+  return !has_work();
+}
+
+void LinkImpl::disarm_wakeup() {
+  bells_->sleeping[side_].v.store(0, std::memory_order_relaxed);
+  uint64_t drained;
+  while (::read(my_bell_.get(), &drained, sizeof drained) == sizeof drained) {
+  }
+}
+
 Status LinkImpl::wait(Deadline deadline) {
   if (pending() == 0) return Status();
   auto spin_end = Clock::now() + options_.spin;
@@ -395,10 +408,8 @@ Status LinkImpl::wait(Deadline deadline) {
     std::this_thread::yield();
     return deadline.expired() ? Status(Code::kTimeout, "shm wait: deadline passed") : Status();
   }
-  auto& mine = bells_->sleeping[side_].v;
-  mine.store(1, std::memory_order_seq_cst);
   Status result;
-  if (!has_work()) {
+  if (arm_wakeup()) {
     pollfd fds[2] = {{my_bell_.get(), POLLIN, 0}, {channel_.fd(), POLLRDHUP, 0}};
     int n = ::poll(fds, 2, deadline.poll_timeout_ms());
     if (n < 0 && errno != EINTR) {
@@ -409,10 +420,7 @@ Status LinkImpl::wait(Deadline deadline) {
       result = Status(Code::kTimeout, fmt::format("shm wait: nothing from peer {} by the deadline", peer_name()));
     }
   }
-  mine.store(0, std::memory_order_relaxed);
-  uint64_t drained;
-  while (::read(my_bell_.get(), &drained, sizeof drained) == sizeof drained) {
-  }
+  disarm_wakeup();
   return result;
 }
 

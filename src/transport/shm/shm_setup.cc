@@ -16,6 +16,7 @@
 
 #include <cstring>
 
+#include "core/config.h"
 #include "core/log.h"
 #include "transport/shm/link_impl.h"
 
@@ -88,6 +89,18 @@ Result<Layout> compute_layout(uint32_t slots, size_t slot_size) {
   if (l.total > kMaxRegion)
     return Status(Code::kInvalidArgument, fmt::format("shm: region of {} B over the {} B limit", l.total, kMaxRegion));
   return l;
+}
+
+Result<LinkOptions> link_options(const Config& config) {
+  LinkOptions o;
+  int64_t slots = config.get_int("shm_slots");
+  if (slots < kMinSlots || slots > kMaxSlots)
+    return Status(Code::kInvalidArgument, fmt::format("shm_slots = {}: allowed {}-{}", slots, kMinSlots, kMaxSlots));
+  o.slots = static_cast<uint32_t>(slots);
+  o.slot_size = config.get_size("shm_slot_size");
+  o.spin = config.get_duration("shm_spin");
+  DMX_RETURN_IF_ERROR(compute_layout(o.slots, o.slot_size).status());
+  return o;
 }
 
 Result<std::unique_ptr<ShmLink>> ShmLink::create(UnixChannel channel, const LinkOptions& options, Deadline deadline) {
