@@ -1,7 +1,11 @@
 // dmx topo: the PCI tree, GPU x GPU and GPU x NIC matrices (path class, kernel P2PDMA distance and
 // map type), and the path advisor's recommendations; --json for machines; --capture DIR copies
 // the sysfs subset discovery read, for bug reports and test fixtures.
+#include <sys/utsname.h>
+
 #include <cstdio>
+#include <ctime>
+#include <fstream>
 #include <string>
 
 #include "core/config.h"
@@ -52,6 +56,15 @@ int run_topo(const TopoArgs& args) {
       std::fprintf(stderr, "dmx topo: capture to %s failed: %s\n", args.capture.c_str(), s.to_string().c_str());
       return 1;
     }
+    // Where the capture came from, for whoever reads the bug report; discovery ignores the file.
+    struct utsname u {};
+    ::uname(&u);
+    std::time_t now = std::time(nullptr);
+    char when[64] = {};
+    std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::ofstream(args.capture + "/dmx-capture.txt")
+        << "dmx topo --capture of " << tree.root() << ", " << u.sysname << " " << u.release
+        << " " << u.machine << ", " << when << "\n";
     std::fprintf(stderr, "dmx topo: captured %zu sysfs paths into %s (replay with --sysfs-root %s)\n",
                  tree.recorded().size(), args.capture.c_str(), args.capture.c_str());
   }
