@@ -112,3 +112,18 @@ TEST(RealKernel, ProbeReportsReasons) {
 
 }  // namespace
 }  // namespace dmx::devmem
+
+namespace dmx::devmem {
+namespace {
+
+TEST(RealKernel, UsableSaysWhyNot) {
+  EXPECT_NE(usable("").message().find("off"), std::string::npos);
+  EXPECT_NE(usable("no-such-if0").message().find("no interface"), std::string::npos);
+  Status s = usable("lo");
+  EXPECT_FALSE(s.ok());  // loopback can never carry devmem
+  EXPECT_EQ(s.code(), Code::kUnavailable);
+  std::printf("usable(lo): %s\n", s.message().c_str());
+}
+
+}  // namespace
+}  // namespace dmx::devmem

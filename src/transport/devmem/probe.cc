@@ -113,4 +113,33 @@ std::vector<Capability> probe() {
   return caps;
 }
 
+Status usable(const std::string& ifname) {
+  auto off = [](std::string why) { return Status(Code::kUnavailable, "devmem: " + why); };
+  if (ifname.empty()) return off("off (setting devmem_ifname is empty)");
+  int ifindex = static_cast<int>(::if_nametoindex(ifname.c_str()));
+  if (ifindex == 0) return off(fmt::format("no interface named {}", ifname));
+  auto ops = make_kernel_netlink_ops();
+  NetdevSupport s = ops->detect();
+  if (!s.family) return off("kernel has no netdev genl family: " + s.detail);
+  if (!s.bind_rx || !s.bind_tx) return off("kernel lacks bind-rx/bind-tx (needs Linux >= 6.16 for both)");
+  auto st = read_nic_state(ifname);
+  if (!st.ok()) return off(st.status().message());
+  if (st->tcp_data_split != abi::kTcpDataSplitEnabled || st->hds_thresh.value_or(1) != 0 || !st->ntuple.value_or(false))
+    return off(fmt::format("{} is not set up ({}); run dmx devmem setup", ifname, describe(*st)));
+  UniqueFd probe_fd(::memfd_create("dmx-devmem-probe", MFD_CLOEXEC));
+  uint32_t q[] = {0};
+  if (auto b = ops->bind_rx(ifindex, probe_fd.get(), q); !b.ok()) {
+    Capability c = classify("bind_rx", b.status(), false);
+    if (!c.available) return off(c.detail);
+  }
+  if (auto b = ops->bind_tx(ifindex, probe_fd.get()); !b.ok()) {
+    Capability c = classify("bind_tx", b.status(), true);
+    if (!c.available) return off(c.detail);
+  }
+  auto ndev = cuda_device_count();
+  if (!ndev.ok()) return off(ndev.status().message());
+  if (*ndev == 0) return off("no CUDA device");
+  return Status();
+}
+
 }  // namespace dmx::devmem

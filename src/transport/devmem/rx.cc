@@ -52,7 +52,9 @@ Status parse_recv(const msghdr& msg, size_t ret, size_t requested, const RxPool&
       stream += d.frag_size;
       continue;
     }
-    out->tokens.push_back(d.frag_token);
+    // Every real token goes back, even from a fragment we reject; one beyond 31 bits cannot be
+    // real (the kernel's xarray never hands it out), so it is not sent back either.
+    if (d.frag_token <= abi::kMaxToken) out->tokens.push_back(d.frag_token);
     if (d.dmabuf_id != pool.dmabuf_id) {
       note(Status(Code::kProtocol, fmt::format("recvmsg: fragment of unknown dmabuf id {} (this socket's binding is {})",
                                                d.dmabuf_id, pool.dmabuf_id)));
