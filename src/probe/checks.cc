@@ -1,6 +1,8 @@
 // The host checks of dmx_probe: kernel, CUDA, topology, io_uring zero-copy receive, namespaces.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <net/if.h>
+#include <sys/mman.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "core/sys.h"
@@ -151,6 +154,60 @@ std::vector<Capability> probe_topology(const std::string& sysfs_root) {
   return out;
 }
 
+namespace {
+
+// The highest RX queue of a live interface (the least disruptive one to borrow), -1 unknown.
+int last_rx_queue(const std::string& ifname) {
+  int last = -1;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/sys/class/net/" + ifname + "/queues", ec)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("rx-", 0) == 0) last = std::max(last, std::atoi(n.c_str() + 3));
+  }
+  return last;
+}
+
+// An actual IORING_REGISTER_ZCRX_IFQ on one queue of `ifname`, released at once: the kernel's errno
+// is the answer. Like devmem's bind attempts this briefly restarts the queue when it succeeds.
+Capability try_zcrx(const std::string& ifname, unsigned ifindex) {
+  std::string name = fmt::format("io_uring.zcrx[{}]", ifname);
+  int queue = last_rx_queue(ifname);
+  if (queue < 0) return no(name, "/sys/class/net/" + ifname + "/queues has no rx queue");
+  io_uring_params p{};
+  p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_CQE32;
+  long fd = ::syscall(__NR_io_uring_setup, 8, &p);
+  if (fd < 0) return no(name, errno_status("io_uring_setup(SINGLE_ISSUER|DEFER_TASKRUN|CQE32)", errno).message());
+  UniqueFd ring(static_cast<int>(fd));
+  constexpr size_t kAreaBytes = 16 * 4096;
+  void* mem = ::mmap(nullptr, kAreaBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return no(name, errno_status("mmap", errno).message());
+  uapi::ZcrxAreaReg area{};
+  area.addr = reinterpret_cast<uint64_t>(mem);
+  area.len = kAreaBytes;
+  uapi::RegionDesc region{};
+  region.size = 4096;  // refill ring of 64 entries, allocated by the kernel
+  uapi::ZcrxIfqReg reg{};
+  reg.if_idx = ifindex;
+  reg.if_rxq = static_cast<uint32_t>(queue);
+  reg.rq_entries = 64;
+  reg.area_ptr = reinterpret_cast<uint64_t>(&area);
+  reg.region_ptr = reinterpret_cast<uint64_t>(&region);
+  long r = ::syscall(__NR_io_uring_register, ring.get(), uapi::kIoringRegisterZcrxIfq, &reg, 1);
+  int err = r < 0 ? errno : 0;
+  ring.reset();  // unregisters the queue
+  ::munmap(mem, kAreaBytes);
+  std::string call = fmt::format("io_uring_register(ZCRX_IFQ, {} rx queue {})", ifname, queue);
+  if (err == 0) return yes(name, call + " succeeded (released again)");
+  std::string hint;
+  if (err == EOPNOTSUPP) hint = " (the driver has no queue API for memory providers, or the interface has no parent device)";
+  else if (err == EPERM) hint = " (needs CAP_NET_ADMIN)";
+  else if (err == EINVAL) hint = " (the kernel refused the queue: header split off or hds-thresh non-zero are the usual causes)";
+  else if (err == ENODEV) hint = " (no such device, or the queue has no DMA device)";
+  return no(name, errno_status(call, err).message() + hint);
+}
+
+}  // namespace
+
 std::vector<Capability> probe_io_uring_zcrx() {
   io_uring_params p{};
   long fd = ::syscall(__NR_io_uring_setup, 1, &p);
@@ -171,11 +228,15 @@ std::vector<Capability> probe_io_uring_zcrx() {
   if (!supported)
     return {no("io_uring.zcrx", fmt::format("the kernel's io_uring does not support IORING_OP_RECV_ZC (op {}; last op {})",
                                             op, probe->last_op))};
-  Capability c = yes("io_uring.zcrx",
-                     "IORING_OP_RECV_ZC supported by the kernel; a NIC still needs header split, flow steering and "
-                     "queue API support (see the devmem lines)");
+  Capability c = yes("io_uring.zcrx", "IORING_OP_RECV_ZC supported by the kernel");
   c.facts = {{"last_op", std::to_string(probe->last_op)}};
-  return {c};
+  std::vector<Capability> out{c};
+  if (struct if_nameindex* names = ::if_nameindex(); names != nullptr) {
+    for (struct if_nameindex* n = names; n->if_index != 0 && n->if_name != nullptr; ++n)
+      if (std::string(n->if_name) != "lo") out.push_back(try_zcrx(n->if_name, n->if_index));
+    ::if_freenameindex(names);
+  }
+  return out;
 }
 
 std::vector<Capability> probe_network_namespaces() {
