@@ -10,7 +10,7 @@ TEST(Config, DefaultsEnvAndOptions) {
   unsetenv("DMX_STREAMS");
   auto c = Config::resolve();
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_EQ(c->get_int("streams"), 4);
+  EXPECT_EQ(c->get_int("streams"), 8);
   EXPECT_EQ(c->get_size("chunk_size"), 1u << 20);
 
   setenv("DMX_STREAMS", "7", 1);

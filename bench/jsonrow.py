@@ -1,0 +1,11 @@
+#!/usr/bin/env python3
+"""Prints dmx bench --json lines as one compact row each, labelled with argv[1]."""
+import json
+import sys
+
+label = sys.argv[1] if len(sys.argv) > 1 else ""
+for line in sys.stdin:
+    j = json.loads(line)
+    err = j.get("error", "")
+    print(f"{label:34s} {j['mem']:>7s}->{j['peer_mem']:<7s} {j['size_bytes']:>10d} {j['gb_per_s']:7.2f} GB/s"
+          f"  p50 {j['lat_p50_us']:8.1f} us  cpu {j['cpu_pct']:4.0f}% {err}")
