@@ -2,8 +2,8 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <net/if.h>
-#include <sys/mman.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -29,8 +29,12 @@ namespace dmx::probe {
 
 namespace {
 
-Capability yes(std::string name, std::string detail) { return Capability{std::move(name), true, std::move(detail)}; }
-Capability no(std::string name, std::string detail) { return Capability{std::move(name), false, std::move(detail)}; }
+Capability yes(std::string name, std::string detail) {
+  return Capability{std::move(name), true, std::move(detail)};
+}
+Capability no(std::string name, std::string detail) {
+  return Capability{std::move(name), false, std::move(detail)};
+}
 
 // "6.18.44-fc-v769" -> {6, 18}
 std::pair<int, int> kernel_version(const std::string& release) {
@@ -82,9 +86,9 @@ std::vector<Capability> probe_cuda() {
   }
   Capability devs = yes("cuda.devices", fmt::format("{} device(s)", *count));
   for (const topo::CudaDevice& d : overlay.devices)
-    devs.facts.emplace_back(fmt::format("cuda:{}", d.ordinal),
-                            fmt::format("{} {} sm_{}{} {} MiB", d.name, d.bus_id, d.cc_major, d.cc_minor,
-                                        d.total_memory >> 20));
+    devs.facts.emplace_back(
+        fmt::format("cuda:{}", d.ordinal),
+        fmt::format("{} {} sm_{}{} {} MiB", d.name, d.bus_id, d.cc_major, d.cc_minor, d.total_memory >> 20));
   out.push_back(devs);
   if (!overlay.available) {
     out.push_back(no("cuda.p2p", overlay.reason));
@@ -100,10 +104,12 @@ std::vector<Capability> probe_cuda() {
       out.push_back(no(name, "cudaDeviceGetP2PAttribute: peer access not supported"));
       continue;
     }
-    Capability c = yes(name, fmt::format("peer access{}, performance rank {}",
-                                         l.native_atomics ? ", native atomics (NVLink/C2C)" : " (PCIe, no native atomics)",
-                                         l.perf_rank));
-    c.facts = {{"access", "1"}, {"native_atomics", l.native_atomics ? "1" : "0"}, {"perf_rank", std::to_string(l.perf_rank)}};
+    Capability c =
+        yes(name, fmt::format("peer access{}, performance rank {}",
+                              l.native_atomics ? ", native atomics (NVLink/C2C)" : " (PCIe, no native atomics)",
+                              l.perf_rank));
+    c.facts = {
+        {"access", "1"}, {"native_atomics", l.native_atomics ? "1" : "0"}, {"perf_rank", std::to_string(l.perf_rank)}};
     out.push_back(c);
   }
   return out;
@@ -119,16 +125,19 @@ std::vector<Capability> probe_topology(const std::string& sysfs_root) {
                                                "{} NVMe, {} NUMA node(s)",
                                                sysfs_root, t->devices.size(), t->host_bridges.size(), t->gpus.size(),
                                                pci_nics, t->nvme.size(), t->numa.size()));
-  if (!t->warnings.empty()) s.facts.emplace_back("unknown", fmt::format("{} attribute(s) unreadable; see dmx topo", t->warnings.size()));
+  if (!t->warnings.empty())
+    s.facts.emplace_back("unknown", fmt::format("{} attribute(s) unreadable; see dmx topo", t->warnings.size()));
   out.push_back(s);
   std::string cpu = fmt::format("{} {} family {:#x}", t->cpu.arch, t->cpu.vendor, t->cpu.family);
   if (topo::cpu_supports_p2pdma(t->cpu))
-    out.push_back(yes("topo.p2pdma_host_bridge", cpu + ": the kernel allows P2PDMA through host bridges (AMD Zen or later)"));
+    out.push_back(
+        yes("topo.p2pdma_host_bridge", cpu + ": the kernel allows P2PDMA through host bridges (AMD Zen or later)"));
   else
     out.push_back(no("topo.p2pdma_host_bridge",
                      cpu + ": P2PDMA through a host bridge only where its first device is in the kernel's whitelist"));
   if (t->rdma.empty()) {
-    out.push_back(no("rdma.devices", sysfs_root + "/class/infiniband has no devices (no RDMA NIC, or its driver is not loaded)"));
+    out.push_back(
+        no("rdma.devices", sysfs_root + "/class/infiniband has no devices (no RDMA NIC, or its driver is not loaded)"));
   } else {
     Capability r = yes("rdma.devices", fmt::format("{} RDMA device(s)", t->rdma.size()));
     for (const topo::RdmaDevice& d : t->rdma)
@@ -143,12 +152,15 @@ std::vector<Capability> probe_topology(const std::string& sysfs_root) {
   std::string example;
   for (const topo::Advice& a : topo::advise_all(*t)) {
     ++total;
-    if (a.verdict == topo::Verdict::kNicDirect) ++direct;
-    else if (example.empty()) example = a.why;
+    if (a.verdict == topo::Verdict::kNicDirect)
+      ++direct;
+    else if (example.empty())
+      example = a.why;
   }
   if (direct > 0)
     out.push_back(yes("topo.gpu_nic_direct", fmt::format("{} of {} GPU-NIC pair directions favour NIC-direct access "
-                                                         "(dmx topo shows each)", direct, total)));
+                                                         "(dmx topo shows each)",
+                                                         direct, total)));
   else
     out.push_back(no("topo.gpu_nic_direct", fmt::format("no GPU-NIC pair shares a PCIe switch: {}", example)));
   return out;
@@ -199,10 +211,14 @@ Capability try_zcrx(const std::string& ifname, unsigned ifindex) {
   std::string call = fmt::format("io_uring_register(ZCRX_IFQ, {} rx queue {})", ifname, queue);
   if (err == 0) return yes(name, call + " succeeded (released again)");
   std::string hint;
-  if (err == EOPNOTSUPP) hint = " (the driver has no queue API for memory providers, or the interface has no parent device)";
-  else if (err == EPERM) hint = " (needs CAP_NET_ADMIN)";
-  else if (err == EINVAL) hint = " (the kernel refused the queue: header split off or hds-thresh non-zero are the usual causes)";
-  else if (err == ENODEV) hint = " (no such device, or the queue has no DMA device)";
+  if (err == EOPNOTSUPP)
+    hint = " (the driver has no queue API for memory providers, or the interface has no parent device)";
+  else if (err == EPERM)
+    hint = " (needs CAP_NET_ADMIN)";
+  else if (err == EINVAL)
+    hint = " (the kernel refused the queue: header split off or hds-thresh non-zero are the usual causes)";
+  else if (err == ENODEV)
+    hint = " (no such device, or the queue has no DMA device)";
   return no(name, errno_status(call, err).message() + hint);
 }
 
@@ -226,8 +242,9 @@ std::vector<Capability> probe_io_uring_zcrx() {
   unsigned op = uapi::kIoringOpRecvZc;
   bool supported = op <= probe->last_op && op < kOps && (probe->ops[op].flags & IO_URING_OP_SUPPORTED) != 0;
   if (!supported)
-    return {no("io_uring.zcrx", fmt::format("the kernel's io_uring does not support IORING_OP_RECV_ZC (op {}; last op {})",
-                                            op, probe->last_op))};
+    return {
+        no("io_uring.zcrx", fmt::format("the kernel's io_uring does not support IORING_OP_RECV_ZC (op {}; last op {})",
+                                        op, probe->last_op))};
   Capability c = yes("io_uring.zcrx", "IORING_OP_RECV_ZC supported by the kernel");
   c.facts = {{"last_op", std::to_string(probe->last_op)}};
   std::vector<Capability> out{c};
@@ -254,7 +271,8 @@ std::vector<Capability> probe_network_namespaces() {
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   int err = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  bool have_ip = ::access("/usr/sbin/ip", X_OK) == 0 || ::access("/sbin/ip", X_OK) == 0 || ::access("/usr/bin/ip", X_OK) == 0;
+  bool have_ip =
+      ::access("/usr/sbin/ip", X_OK) == 0 || ::access("/sbin/ip", X_OK) == 0 || ::access("/usr/bin/ip", X_OK) == 0;
   if (err != 0)
     return {no("netns", err > 0 ? errno_status("unshare(CLONE_NEWNET)", err).message() +
                                       (err == EPERM ? " (needs CAP_SYS_ADMIN)" : "")

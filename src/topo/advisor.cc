@@ -18,10 +18,16 @@ double read_efficiency(uint64_t bytes, uint32_t completion) {
   return static_cast<double>(bytes) / static_cast<double>(bytes + cpls * kCompletionOverhead);
 }
 
-std::string_view direction_name(Direction d) { return d == Direction::kSend ? "send" : "receive"; }
-std::string_view verdict_name(Verdict v) { return v == Verdict::kNicDirect ? "nic-direct" : "stage-host"; }
+std::string_view direction_name(Direction d) {
+  return d == Direction::kSend ? "send" : "receive";
+}
+std::string_view verdict_name(Verdict v) {
+  return v == Verdict::kNicDirect ? "nic-direct" : "stage-host";
+}
 
-int closest_numa_node(const Topology& topo, int dev) { return topo.numa_of(dev); }
+int closest_numa_node(const Topology& topo, int dev) {
+  return topo.numa_of(dev);
+}
 
 namespace {
 
@@ -59,8 +65,8 @@ Advice advise(const Topology& topo, int gpu_dev, int nic_index, Direction dir) {
   a.p2pdma = p2pdma_distance(topo, gpu_dev, nic_dev);
   uint32_t mg = path_mps(topo, gpu_dev), mn = path_mps(topo, nic_dev);
   a.mps = mg && mn ? std::min(mg, mn) : (mg ? mg : (mn ? mn : 256));
-  bool through_rc = a.path.cls == PathClass::kPhb || a.path.cls == PathClass::kSys ||
-                    a.p2pdma.map == MapType::kThruHostBridge;
+  bool through_rc =
+      a.path.cls == PathClass::kPhb || a.path.cls == PathClass::kSys || a.p2pdma.map == MapType::kThruHostBridge;
   // Through the root complex completions are split at its RCB; below it the GPU completes in up to
   // MPS-sized pieces (128 B RCB is the device rule, the conservative figure).
   uint32_t rc = root_rcb(topo, gpu_dev);
@@ -73,9 +79,10 @@ Advice advise(const Topology& topo, int gpu_dev, int nic_index, Direction dir) {
   a.staging_numa = gpu_node >= 0 ? gpu_node : nic_node;
   std::string node = a.staging_numa >= 0 ? fmt::format("NUMA node {}", a.staging_numa) : "an unknown NUMA node";
   std::string eff = dir == Direction::kSend
-                        ? fmt::format("NIC reads of GPU memory come back in {} B completions ({:.1f} % of the wire) "
-                                      "vs {:.1f} % for the GPU's {} B posted writes into host memory",
-                                      a.rcb, 100 * a.direct_efficiency, 100 * a.staged_efficiency, a.mps)
+                        ? fmt::format(
+                              "NIC reads of GPU memory come back in {} B completions ({:.1f} % of the wire) "
+                              "vs {:.1f} % for the GPU's {} B posted writes into host memory",
+                              a.rcb, 100 * a.direct_efficiency, 100 * a.staged_efficiency, a.mps)
                         : fmt::format("NIC writes into GPU memory are posted {} B writes ({:.1f} % of the wire)", a.mps,
                                       100 * a.direct_efficiency);
   std::string where = fmt::format("{} {} (P2PDMA {} distance {})", path_class_name(a.path.cls), a.path.why,
@@ -97,9 +104,10 @@ Advice advise(const Topology& topo, int gpu_dev, int nic_index, Direction dir) {
     std::string cross = gpu_node >= 0 && nic_node >= 0 && gpu_node != nic_node
                             ? fmt::format(" (the NIC is on node {}: its reads cross the socket link)", nic_node)
                             : "";
-    a.why = fmt::format("stage through pinned host memory on {}{}: the path goes {}; peer traffic through the root "
-                        "complex is slower than staging; {}",
-                        node, cross, where, eff);
+    a.why = fmt::format(
+        "stage through pinned host memory on {}{}: the path goes {}; peer traffic through the root "
+        "complex is slower than staging; {}",
+        node, cross, where, eff);
   }
   return a;
 }

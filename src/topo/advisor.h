@@ -25,8 +25,8 @@
 namespace dmx::topo {
 
 // PCIe transaction-layer overheads in bytes on the wire (framing 8 + generic header 4 + rest):
-inline constexpr int kMemWriteOverhead = 24;   // MWr, 64-bit address
-inline constexpr int kMemReadOverhead = 24;    // MRd, 64-bit address (flows the other way)
+inline constexpr int kMemWriteOverhead = 24;    // MWr, 64-bit address
+inline constexpr int kMemReadOverhead = 24;     // MRd, 64-bit address (flows the other way)
 inline constexpr int kCompletionOverhead = 20;  // CplD
 
 // Fraction of wire bytes that are payload when moving `bytes` as posted writes of at most `mps`.
@@ -41,15 +41,15 @@ enum class Verdict : uint8_t { kNicDirect, kStageHost };
 std::string_view verdict_name(Verdict v);
 
 struct Advice {
-  int gpu = -1;             // device index
-  int nic = -1;             // index into Topology::nics
+  int gpu = -1;  // device index
+  int nic = -1;  // index into Topology::nics
   Direction direction = Direction::kSend;
   Verdict verdict = Verdict::kStageHost;
-  int staging_numa = -1;    // where staging buffers belong (always filled in when known)
+  int staging_numa = -1;  // where staging buffers belong (always filled in when known)
   PathInfo path;
-  P2pdmaResult p2pdma;      // provider GPU, client NIC
-  uint32_t mps = 256;       // max payload size on the path (smallest seen; 256 when unknown)
-  uint32_t rcb = 64;        // completion size NIC reads of GPU memory would see
+  P2pdmaResult p2pdma;           // provider GPU, client NIC
+  uint32_t mps = 256;            // max payload size on the path (smallest seen; 256 when unknown)
+  uint32_t rcb = 64;             // completion size NIC reads of GPU memory would see
   double direct_efficiency = 0;  // PCIe wire efficiency of the NIC-direct transfer
   double staged_efficiency = 0;  // of the GPU's posted writes into host memory
   std::string why;

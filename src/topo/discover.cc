@@ -56,8 +56,8 @@ struct RawDevice {
   std::string parent_path;  // empty on a root bus
 };
 
-void walk(const SysfsTree& tree, const std::string& dir, const std::string& host, const std::string& parent,
-          int depth, std::vector<RawDevice>* out, std::vector<std::string>* warnings) {
+void walk(const SysfsTree& tree, const std::string& dir, const std::string& host, const std::string& parent, int depth,
+          std::vector<RawDevice>* out, std::vector<std::string>* warnings) {
   if (depth > kMaxDepth) {
     warnings->push_back(fmt::format("{}: PCI tree deeper than {} levels; not descending further", dir, kMaxDepth));
     return;
@@ -99,8 +99,10 @@ void read_attrs(const SysfsTree& tree, PciDevice& d) {
   }
   if (auto t = tree.read(d.path + "/numa_node"); t.ok()) {
     auto v = parse_dec(*t);
-    if (v && *v >= -1 && *v < 4096) d.numa_node = static_cast<int>(*v);
-    else d.problems.push_back(fmt::format("numa_node: garbage '{}'", t->substr(0, 32)));
+    if (v && *v >= -1 && *v < 4096)
+      d.numa_node = static_cast<int>(*v);
+    else
+      d.problems.push_back(fmt::format("numa_node: garbage '{}'", t->substr(0, 32)));
   }
   if (auto t = tree.read(d.path + "/local_cpulist"); t.ok()) d.local_cpulist = *t;
   auto width = [&](const char* attr) {
@@ -172,7 +174,8 @@ void read_numa(const SysfsTree& tree, Topology& topo) {
       std::string_view s = *t;
       while (!s.empty()) {
         size_t sp = s.find(' ');
-        if (auto v = parse_dec(s.substr(0, sp)); v && *v >= 0 && *v < 256) node.distances.push_back(static_cast<int>(*v));
+        if (auto v = parse_dec(s.substr(0, sp)); v && *v >= 0 && *v < 256)
+          node.distances.push_back(static_cast<int>(*v));
         s = sp == std::string_view::npos ? std::string_view() : s.substr(sp + 1);
       }
     }
@@ -203,12 +206,24 @@ void read_cpu(const SysfsTree& tree, Topology& topo) {
       if (auto ven = parse_hex_attr(s.substr(v + 3, 4))) {
         // X86_VENDOR_* numbering of arch/x86/include/asm/processor.h
         switch (*ven) {
-          case 0: topo.cpu.vendor = "Intel"; break;
-          case 2: topo.cpu.vendor = "AMD"; break;
-          case 5: topo.cpu.vendor = "Centaur"; break;
-          case 9: topo.cpu.vendor = "Hygon"; break;
-          case 10: topo.cpu.vendor = "Zhaoxin"; break;
-          default: topo.cpu.vendor = fmt::format("x86 vendor {}", *ven); break;
+          case 0:
+            topo.cpu.vendor = "Intel";
+            break;
+          case 2:
+            topo.cpu.vendor = "AMD";
+            break;
+          case 5:
+            topo.cpu.vendor = "Centaur";
+            break;
+          case 9:
+            topo.cpu.vendor = "Hygon";
+            break;
+          case 10:
+            topo.cpu.vendor = "Zhaoxin";
+            break;
+          default:
+            topo.cpu.vendor = fmt::format("x86 vendor {}", *ven);
+            break;
         }
       }
     }
@@ -230,7 +245,9 @@ int device_for_path(const Topology& topo, const std::map<std::string, int>& by_p
 
 }  // namespace
 
-Result<Topology> discover(const std::string& root) { return discover(SysfsTree(root)); }
+Result<Topology> discover(const std::string& root) {
+  return discover(SysfsTree(root));
+}
 
 Result<Topology> discover(const SysfsTree& tree) {
   if (!tree.exists("")) return Status(Code::kNotFound, fmt::format("sysfs root {} does not exist", tree.root()));
@@ -260,7 +277,8 @@ Result<Topology> discover(const SysfsTree& tree) {
     topo.host_bridges.push_back(hb);
     walk(tree, r, hb.name, "", 0, &raw, &topo.warnings);
   }
-  if (roots.empty()) topo.warnings.push_back(fmt::format("{}: no PCI root bus (devices/pciDDDD:BB) found", tree.root()));
+  if (roots.empty())
+    topo.warnings.push_back(fmt::format("{}: no PCI root bus (devices/pciDDDD:BB) found", tree.root()));
   std::sort(raw.begin(), raw.end(), [](const RawDevice& a, const RawDevice& b) { return a.dev.addr < b.dev.addr; });
   std::map<std::string, int> by_path;
   for (size_t i = 0; i < raw.size(); ++i) by_path[raw[i].dev.path] = static_cast<int>(i);
@@ -300,9 +318,12 @@ Result<Topology> discover(const SysfsTree& tree) {
       continue;
     }
     const PciDevice* up = d.parent >= 0 ? &topo.devices[d.parent] : nullptr;
-    if (up == nullptr) d.port_type = PortType::kRootPort;
-    else if (up->port_type == PortType::kSwitchUpstream) d.port_type = PortType::kSwitchDownstream;
-    else d.port_type = PortType::kSwitchUpstream;
+    if (up == nullptr)
+      d.port_type = PortType::kRootPort;
+    else if (up->port_type == PortType::kSwitchUpstream)
+      d.port_type = PortType::kSwitchDownstream;
+    else
+      d.port_type = PortType::kSwitchUpstream;
   }
   // Host bridges: the device the kernel's whitelist looks at, and a NUMA node.
   for (HostBridge& hb : topo.host_bridges) {

@@ -41,34 +41,49 @@ constexpr WhitelistEntry kWhitelist[] = {
     {0x1ae0, kAny, false, "Google SoC"},
 };
 
-bool in_range(const Topology& t, int i) { return i >= 0 && i < static_cast<int>(t.devices.size()); }
+bool in_range(const Topology& t, int i) {
+  return i >= 0 && i < static_cast<int>(t.devices.size());
+}
 
 }  // namespace
 
 std::string_view map_type_name(MapType m) {
   switch (m) {
-    case MapType::kUnknown: return "UNKNOWN";
-    case MapType::kNotSupported: return "NOT_SUPPORTED";
-    case MapType::kBusAddr: return "BUS_ADDR";
-    case MapType::kThruHostBridge: return "THRU_HOST_BRIDGE";
+    case MapType::kUnknown:
+      return "UNKNOWN";
+    case MapType::kNotSupported:
+      return "NOT_SUPPORTED";
+    case MapType::kBusAddr:
+      return "BUS_ADDR";
+    case MapType::kThruHostBridge:
+      return "THRU_HOST_BRIDGE";
   }
   return "UNKNOWN";
 }
 
 std::string_view path_class_name(PathClass c) {
   switch (c) {
-    case PathClass::kLoc: return "LOC";
-    case PathClass::kNvl: return "NVL";
-    case PathClass::kPix: return "PIX";
-    case PathClass::kPxb: return "PXB";
-    case PathClass::kPhb: return "PHB";
-    case PathClass::kSys: return "SYS";
-    case PathClass::kUnknown: return "unknown";
+    case PathClass::kLoc:
+      return "LOC";
+    case PathClass::kNvl:
+      return "NVL";
+    case PathClass::kPix:
+      return "PIX";
+    case PathClass::kPxb:
+      return "PXB";
+    case PathClass::kPhb:
+      return "PHB";
+    case PathClass::kSys:
+      return "SYS";
+    case PathClass::kUnknown:
+      return "unknown";
   }
   return "unknown";
 }
 
-bool cpu_supports_p2pdma(const CpuInfo& cpu) { return cpu.arch == "x86" && cpu.vendor == "AMD" && cpu.family >= 0x17; }
+bool cpu_supports_p2pdma(const CpuInfo& cpu) {
+  return cpu.arch == "x86" && cpu.vendor == "AMD" && cpu.family >= 0x17;
+}
 
 bool host_bridge_whitelisted(const Topology& topo, const HostBridge& hb, bool same_host_bridge, std::string* why) {
   if (hb.root_device < 0) {
@@ -90,7 +105,8 @@ bool host_bridge_whitelisted(const Topology& topo, const HostBridge& hb, bool sa
     *why = fmt::format("{} {:04x}:{:04x} ({}) is in the P2PDMA whitelist", hb.name, root.vendor, root.device, e.what);
     return true;
   }
-  *why = fmt::format("host bridge {:04x}:{:04x} of {} is not in the P2PDMA whitelist", root.vendor, root.device, hb.name);
+  *why =
+      fmt::format("host bridge {:04x}:{:04x} of {} is not in the P2PDMA whitelist", root.vendor, root.device, hb.name);
   return false;
 }
 
@@ -102,8 +118,10 @@ P2pdmaResult p2pdma_distance(const Topology& topo, int provider, int client) {
   }
   auto check_acs = [&](int dev) {
     auto redir = topo.devices[dev].acs_redirects();
-    if (!redir) r.acs_unknown.push_back(dev);
-    else if (*redir) r.acs_devices.push_back(dev);
+    if (!redir)
+      r.acs_unknown.push_back(dev);
+    else if (*redir)
+      r.acs_devices.push_back(dev);
   };
   std::vector<int> pc = topo.chain(provider);
   std::vector<int> cc = topo.chain(client);
@@ -132,7 +150,8 @@ P2pdmaResult p2pdma_distance(const Topology& topo, int provider, int client) {
     }
     if (r.acs_devices.empty()) {
       r.map = MapType::kBusAddr;
-      r.reason = fmt::format("common upstream {} ; no ACS redirect on the path", topo.devices[r.common].addr.to_string());
+      r.reason =
+          fmt::format("common upstream {} ; no ACS redirect on the path", topo.devices[r.common].addr.to_string());
     } else {
       acs_redirects = true;
     }
@@ -191,8 +210,10 @@ DistanceMany p2pdma_distance_many(const Topology& topo, int provider, std::span<
   bool not_supported = false;
   for (int c : clients) {
     P2pdmaResult r = p2pdma_distance(topo, provider, c);
-    if (r.map == MapType::kNotSupported || r.map == MapType::kUnknown) not_supported = true;
-    else total += r.distance;
+    if (r.map == MapType::kNotSupported || r.map == MapType::kUnknown)
+      not_supported = true;
+    else
+      total += r.distance;
     m.per_client.push_back(std::move(r));
   }
   m.total = not_supported || clients.empty() ? -1 : total;

@@ -26,10 +26,10 @@ std::string_view map_type_name(MapType m);  // "BUS_ADDR", "THRU_HOST_BRIDGE", "
 struct P2pdmaResult {
   MapType map = MapType::kUnknown;
   int distance = -1;
-  int common = -1;                  // the common upstream device, -1 when only the host bridge is shared
-  std::vector<int> acs_devices;     // devices on the path whose ACS redirect bits are set
-  std::vector<int> acs_unknown;     // devices on the path whose ACS state could not be read
-  std::string reason;               // in words, including whitelist and CPU facts
+  int common = -1;               // the common upstream device, -1 when only the host bridge is shared
+  std::vector<int> acs_devices;  // devices on the path whose ACS redirect bits are set
+  std::vector<int> acs_unknown;  // devices on the path whose ACS state could not be read
+  std::string reason;            // in words, including whitelist and CPU facts
 };
 
 // The kernel's calc_map_type_and_dist(provider, client). Devices whose ACS state is unknown
@@ -38,7 +38,7 @@ struct P2pdmaResult {
 P2pdmaResult p2pdma_distance(const Topology& topo, int provider, int client);
 
 struct DistanceMany {
-  int total = -1;                   // -1 when any client is NOT_SUPPORTED (as the kernel returns)
+  int total = -1;  // -1 when any client is NOT_SUPPORTED (as the kernel returns)
   std::vector<P2pdmaResult> per_client;
 };
 DistanceMany p2pdma_distance_many(const Topology& topo, int provider, std::span<const int> clients);
@@ -53,7 +53,7 @@ std::string_view path_class_name(PathClass c);
 
 struct PathInfo {
   PathClass cls = PathClass::kUnknown;
-  int switches = 0;   // PCIe switches traversed below the root complex
+  int switches = 0;  // PCIe switches traversed below the root complex
   std::string why;
 };
 

@@ -13,9 +13,12 @@ constexpr int kUnknownNumaPenalty = 10;
 
 std::string_view pool_kind_name(PoolKind k) {
   switch (k) {
-    case PoolKind::kPinnedHost: return "pinned-host";
-    case PoolKind::kGpu: return "gpu";
-    case PoolKind::kDeviceBar: return "device-bar";
+    case PoolKind::kPinnedHost:
+      return "pinned-host";
+    case PoolKind::kGpu:
+      return "gpu";
+    case PoolKind::kDeviceBar:
+      return "device-bar";
   }
   return "?";
 }
@@ -24,9 +27,9 @@ Orchestrator::Orchestrator(std::shared_ptr<const Topology> topo) : topo_(std::mo
 
 Result<PoolId> Orchestrator::publish(PoolDesc desc) {
   if (desc.capacity == 0) return Status(Code::kInvalidArgument, fmt::format("pool {}: capacity is zero", desc.name));
-  if (desc.kind != PoolKind::kPinnedHost &&
-      (desc.pci < 0 || desc.pci >= static_cast<int>(topo_->devices.size())))
-    return Status(Code::kInvalidArgument, fmt::format("pool {}: device index {} is not in the topology", desc.name, desc.pci));
+  if (desc.kind != PoolKind::kPinnedHost && (desc.pci < 0 || desc.pci >= static_cast<int>(topo_->devices.size())))
+    return Status(Code::kInvalidArgument,
+                  fmt::format("pool {}: device index {} is not in the topology", desc.name, desc.pci));
   std::lock_guard lock(mu_);
   PoolId id = next_id_++;
   Pool p;
@@ -42,8 +45,10 @@ Status Orchestrator::unpublish(PoolId id) {
   auto it = pools_.find(id);
   if (it == pools_.end() || !it->second.usage.published)
     return Status(Code::kNotFound, fmt::format("pool {} is not published", id));
-  if (it->second.usage.allocations == 0) pools_.erase(it);
-  else it->second.usage.published = false;
+  if (it->second.usage.allocations == 0)
+    pools_.erase(it);
+  else
+    it->second.usage.published = false;
   return Status();
 }
 
@@ -136,7 +141,8 @@ Result<Allocation> Orchestrator::take_locked(PoolId id, uint64_t bytes) {
     ++p.usage.total_allocations;
     return a;
   }
-  return Status(Code::kResourceExhausted, fmt::format("pool {} has no free range of {} bytes", p.usage.desc.name, bytes));
+  return Status(Code::kResourceExhausted,
+                fmt::format("pool {} has no free range of {} bytes", p.usage.desc.name, bytes));
 }
 
 Result<Allocation> Orchestrator::allocate(std::span<const int> clients, uint64_t bytes) {
@@ -160,15 +166,18 @@ Status Orchestrator::free(const Allocation& a) {
   if (it == pools_.end()) return Status(Code::kNotFound, fmt::format("free: pool {} unknown", a.pool));
   Pool& p = it->second;
   if (a.size == 0 || a.offset + a.size > p.usage.desc.capacity || a.offset + a.size < a.offset)
-    return Status(Code::kInvalidArgument, fmt::format("free: range {}+{} outside pool {}", a.offset, a.size, p.usage.desc.name));
+    return Status(Code::kInvalidArgument,
+                  fmt::format("free: range {}+{} outside pool {}", a.offset, a.size, p.usage.desc.name));
   // Refuse ranges that overlap free space: a double free is a caller bug we report, not absorb.
   auto next = p.free_ranges.lower_bound(a.offset);
   if (next != p.free_ranges.end() && next->first < a.offset + a.size)
-    return Status(Code::kInvalidArgument, fmt::format("free: {}+{} in pool {} is not allocated", a.offset, a.size, p.usage.desc.name));
+    return Status(Code::kInvalidArgument,
+                  fmt::format("free: {}+{} in pool {} is not allocated", a.offset, a.size, p.usage.desc.name));
   if (next != p.free_ranges.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second > a.offset)
-      return Status(Code::kInvalidArgument, fmt::format("free: {}+{} in pool {} is not allocated", a.offset, a.size, p.usage.desc.name));
+      return Status(Code::kInvalidArgument,
+                    fmt::format("free: {}+{} in pool {} is not allocated", a.offset, a.size, p.usage.desc.name));
   }
   uint64_t off = a.offset, len = a.size;
   if (next != p.free_ranges.end() && next->first == off + len) {
@@ -219,9 +228,9 @@ Result<Allocation> Orchestrator::allocate_staging(int cuda_device, uint64_t byte
     auto a = take_locked(id, bytes);
     if (a.ok()) return a;
   }
-  return Status(Code::kResourceExhausted,
-                fmt::format("no pinned host pool has {} bytes free for CUDA device {} (NUMA node {})", bytes,
-                            cuda_device, node));
+  return Status(
+      Code::kResourceExhausted,
+      fmt::format("no pinned host pool has {} bytes free for CUDA device {} (NUMA node {})", bytes, cuda_device, node));
 }
 
 int Orchestrator::publish_p2pmem_bars() {
@@ -229,8 +238,12 @@ int Orchestrator::publish_p2pmem_bars() {
   for (size_t i = 0; i < topo_->devices.size(); ++i) {
     const PciDevice& d = topo_->devices[i];
     if (!d.p2pmem.present || !d.p2pmem.published || d.p2pmem.size == 0) continue;
-    PoolDesc desc{d.addr.to_string() + " p2pmem", PoolKind::kDeviceBar, static_cast<int>(i), d.numa_node,
-                  d.p2pmem.available ? d.p2pmem.available : d.p2pmem.size, nullptr};
+    PoolDesc desc{d.addr.to_string() + " p2pmem",
+                  PoolKind::kDeviceBar,
+                  static_cast<int>(i),
+                  d.numa_node,
+                  d.p2pmem.available ? d.p2pmem.available : d.p2pmem.size,
+                  nullptr};
     if (publish(std::move(desc)).ok()) ++n;
   }
   return n;

@@ -34,12 +34,12 @@ enum class PoolKind : uint8_t { kPinnedHost, kGpu, kDeviceBar };
 std::string_view pool_kind_name(PoolKind k);
 
 struct PoolDesc {
-  std::string name;         // for logs: "pinned:node0", "cuda:1", "0000:05:00.0 bar"
+  std::string name;  // for logs: "pinned:node0", "cuda:1", "0000:05:00.0 bar"
   PoolKind kind = PoolKind::kPinnedHost;
-  int pci = -1;             // provider device index (kGpu, kDeviceBar)
-  int numa_node = -1;       // kPinnedHost
+  int pci = -1;        // provider device index (kGpu, kDeviceBar)
+  int numa_node = -1;  // kPinnedHost
   uint64_t capacity = 0;
-  void* base = nullptr;     // optional: where the memory is mapped in this process
+  void* base = nullptr;  // optional: where the memory is mapped in this process
 };
 
 using PoolId = uint32_t;
@@ -48,7 +48,7 @@ struct Allocation {
   PoolId pool = 0;
   uint64_t offset = 0;
   uint64_t size = 0;
-  void* ptr = nullptr;      // base + offset when the pool has a base
+  void* ptr = nullptr;  // base + offset when the pool has a base
 };
 
 struct Candidate {

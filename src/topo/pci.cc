@@ -34,34 +34,54 @@ std::optional<PciAddress> PciAddress::parse(std::string_view text) {
   return a;
 }
 
-std::string PciAddress::to_string() const { return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", domain, bus, dev, fn); }
+std::string PciAddress::to_string() const {
+  return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", domain, bus, dev, fn);
+}
 
 std::string_view port_type_name(PortType t) {
   switch (t) {
-    case PortType::kUnknown: return "unknown";
-    case PortType::kNotPcie: return "pci";
-    case PortType::kEndpoint: return "endpoint";
-    case PortType::kLegacyEndpoint: return "legacy-endpoint";
-    case PortType::kRootPort: return "root-port";
-    case PortType::kSwitchUpstream: return "switch-upstream";
-    case PortType::kSwitchDownstream: return "switch-downstream";
-    case PortType::kPcieToPciBridge: return "pcie-to-pci-bridge";
-    case PortType::kPciToPcieBridge: return "pci-to-pcie-bridge";
-    case PortType::kRcEndpoint: return "rc-endpoint";
-    case PortType::kRcEventCollector: return "rc-event-collector";
+    case PortType::kUnknown:
+      return "unknown";
+    case PortType::kNotPcie:
+      return "pci";
+    case PortType::kEndpoint:
+      return "endpoint";
+    case PortType::kLegacyEndpoint:
+      return "legacy-endpoint";
+    case PortType::kRootPort:
+      return "root-port";
+    case PortType::kSwitchUpstream:
+      return "switch-upstream";
+    case PortType::kSwitchDownstream:
+      return "switch-downstream";
+    case PortType::kPcieToPciBridge:
+      return "pcie-to-pci-bridge";
+    case PortType::kPciToPcieBridge:
+      return "pci-to-pcie-bridge";
+    case PortType::kRcEndpoint:
+      return "rc-endpoint";
+    case PortType::kRcEventCollector:
+      return "rc-event-collector";
   }
   return "unknown";
 }
 
 std::string_view device_kind_name(DeviceKind k) {
   switch (k) {
-    case DeviceKind::kOther: return "device";
-    case DeviceKind::kHostBridge: return "host-bridge";
-    case DeviceKind::kBridge: return "bridge";
-    case DeviceKind::kGpu: return "gpu";
-    case DeviceKind::kNic: return "nic";
-    case DeviceKind::kNvme: return "nvme";
-    case DeviceKind::kAccelerator: return "accelerator";
+    case DeviceKind::kOther:
+      return "device";
+    case DeviceKind::kHostBridge:
+      return "host-bridge";
+    case DeviceKind::kBridge:
+      return "bridge";
+    case DeviceKind::kGpu:
+      return "gpu";
+    case DeviceKind::kNic:
+      return "nic";
+    case DeviceKind::kNvme:
+      return "nvme";
+    case DeviceKind::kAccelerator:
+      return "accelerator";
   }
   return "device";
 }
@@ -90,16 +110,36 @@ ConfigInfo parse_config(std::string_view b) {
         info.has_pcie_cap = true;
         uint32_t flags = le(b, pos + 2, 2);
         switch ((flags >> 4) & 0xf) {
-          case 0x0: info.port_type = PortType::kEndpoint; break;
-          case 0x1: info.port_type = PortType::kLegacyEndpoint; break;
-          case 0x4: info.port_type = PortType::kRootPort; break;
-          case 0x5: info.port_type = PortType::kSwitchUpstream; break;
-          case 0x6: info.port_type = PortType::kSwitchDownstream; break;
-          case 0x7: info.port_type = PortType::kPcieToPciBridge; break;
-          case 0x8: info.port_type = PortType::kPciToPcieBridge; break;
-          case 0x9: info.port_type = PortType::kRcEndpoint; break;
-          case 0xa: info.port_type = PortType::kRcEventCollector; break;
-          default: info.port_type = PortType::kUnknown; break;
+          case 0x0:
+            info.port_type = PortType::kEndpoint;
+            break;
+          case 0x1:
+            info.port_type = PortType::kLegacyEndpoint;
+            break;
+          case 0x4:
+            info.port_type = PortType::kRootPort;
+            break;
+          case 0x5:
+            info.port_type = PortType::kSwitchUpstream;
+            break;
+          case 0x6:
+            info.port_type = PortType::kSwitchDownstream;
+            break;
+          case 0x7:
+            info.port_type = PortType::kPcieToPciBridge;
+            break;
+          case 0x8:
+            info.port_type = PortType::kPciToPcieBridge;
+            break;
+          case 0x9:
+            info.port_type = PortType::kRcEndpoint;
+            break;
+          case 0xa:
+            info.port_type = PortType::kRcEventCollector;
+            break;
+          default:
+            info.port_type = PortType::kUnknown;
+            break;
         }
         uint32_t devctl = le(b, pos + 0x08, 2);
         info.max_payload = 128u << ((devctl >> 5) & 0x7);
@@ -154,22 +194,38 @@ double link_bytes_per_second(std::string_view speed, int width) {
 
 std::string vendor_name(uint16_t vendor) {
   switch (vendor) {
-    case 0x10de: return "NVIDIA";
-    case 0x1002: return "AMD";
-    case 0x1022: return "AMD";
-    case 0x8086: return "Intel";
-    case 0x15b3: return "Mellanox";
-    case 0x14e4: return "Broadcom";
-    case 0x1000: return "Broadcom/LSI";
-    case 0x10b5: return "PLX";
-    case 0x1af4: return "virtio";
-    case 0x1ae0: return "Google";
-    case 0x1d0f: return "Amazon";
-    case 0x144d: return "Samsung";
-    case 0x1344: return "Micron";
-    case 0x1dd8: return "AMD Pensando";
-    case 0x1fc9: return "Tehuti";
-    default: return fmt::format("{:04x}", vendor);
+    case 0x10de:
+      return "NVIDIA";
+    case 0x1002:
+      return "AMD";
+    case 0x1022:
+      return "AMD";
+    case 0x8086:
+      return "Intel";
+    case 0x15b3:
+      return "Mellanox";
+    case 0x14e4:
+      return "Broadcom";
+    case 0x1000:
+      return "Broadcom/LSI";
+    case 0x10b5:
+      return "PLX";
+    case 0x1af4:
+      return "virtio";
+    case 0x1ae0:
+      return "Google";
+    case 0x1d0f:
+      return "Amazon";
+    case 0x144d:
+      return "Samsung";
+    case 0x1344:
+      return "Micron";
+    case 0x1dd8:
+      return "AMD Pensando";
+    case 0x1fc9:
+      return "Tehuti";
+    default:
+      return fmt::format("{:04x}", vendor);
   }
 }
 

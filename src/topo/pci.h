@@ -25,8 +25,8 @@ struct PciAddress {
 
 // PCI Express device/port type (PCIe capability, flags bits 7:4).
 enum class PortType : uint8_t {
-  kUnknown,          // config space unreadable and not inferable
-  kNotPcie,          // conventional PCI device (no PCIe capability)
+  kUnknown,  // config space unreadable and not inferable
+  kNotPcie,  // conventional PCI device (no PCIe capability)
   kEndpoint,
   kLegacyEndpoint,
   kRootPort,
@@ -48,10 +48,10 @@ struct ConfigInfo {
   size_t length = 0;
   bool has_pcie_cap = false;
   PortType port_type = PortType::kUnknown;
-  std::optional<uint32_t> max_payload;      // bytes, from Device Control
+  std::optional<uint32_t> max_payload;       // bytes, from Device Control
   std::optional<uint32_t> max_read_request;  // bytes, from Device Control
-  std::optional<uint32_t> rcb;              // read completion boundary, from Link Control (64/128)
-  bool ext_space_readable = false;          // 4096 bytes were read
+  std::optional<uint32_t> rcb;               // read completion boundary, from Link Control (64/128)
+  bool ext_space_readable = false;           // 4096 bytes were read
   bool has_acs = false;
   uint16_t acs_ctrl = 0;
   std::string problem;  // non-empty when the bytes were malformed
@@ -85,21 +85,21 @@ struct P2pmemInfo {
 
 struct PciDevice {
   PciAddress addr;
-  std::string path;           // directory relative to the sysfs root
-  std::string host_bridge;    // "pci0000:00": the root bus this device hangs under
-  int parent = -1;            // index of the bridge whose directory holds this one; -1 on a root bus
-  int upstream = -1;          // pci_upstream_bridge(): the PF's parent for a VF; -1 on a root bus
-  int physfn = -1;            // index of the PF for a virtual function
+  std::string path;         // directory relative to the sysfs root
+  std::string host_bridge;  // "pci0000:00": the root bus this device hangs under
+  int parent = -1;          // index of the bridge whose directory holds this one; -1 on a root bus
+  int upstream = -1;        // pci_upstream_bridge(): the PF's parent for a VF; -1 on a root bus
+  int physfn = -1;          // index of the PF for a virtual function
   bool ids_known = false;
   uint16_t vendor = 0;
   uint16_t device = 0;
-  uint32_t class_code = 0;    // 24-bit class/subclass/prog-if
+  uint32_t class_code = 0;  // 24-bit class/subclass/prog-if
   DeviceKind kind = DeviceKind::kOther;
   PortType port_type = PortType::kUnknown;
   bool port_type_inferred = false;  // from the tree's shape, config space did not say
   ConfigInfo config;
   bool config_read = false;
-  int numa_node = -1;         // as sysfs says; -1 unknown
+  int numa_node = -1;  // as sysfs says; -1 unknown
   std::string local_cpulist;
   LinkInfo link;
   std::string driver;

@@ -49,7 +49,8 @@ void tree_lines(const Topology& t, int parent, const std::string& hb, int depth,
     const PciDevice& d = t.devices[i];
     if (d.parent != parent || d.host_bridge != hb) continue;
     std::string extra;
-    if (d.kind == DeviceKind::kBridge) extra += fmt::format(" {}{}", port_type_name(d.port_type), d.port_type_inferred ? "?" : "");
+    if (d.kind == DeviceKind::kBridge)
+      extra += fmt::format(" {}{}", port_type_name(d.port_type), d.port_type_inferred ? "?" : "");
     if (!d.driver.empty()) extra += " [" + d.driver + "]";
     for (const Nic& n : t.nics)
       if (n.pci == static_cast<int>(i)) extra += " " + n.name;
@@ -62,7 +63,8 @@ void tree_lines(const Topology& t, int parent, const std::string& hb, int depth,
     if (d.numa_node >= 0) extra += fmt::format(" numa {}", d.numa_node);
     if (auto l = link_text(d.link); !l.empty()) extra += " " + l;
     if (auto a = acs_text(d); !a.empty()) extra += " " + a;
-    if (d.p2pmem.present) extra += fmt::format(" p2pmem {}{}", format_size(d.p2pmem.size), d.p2pmem.published ? " published" : "");
+    if (d.p2pmem.present)
+      extra += fmt::format(" p2pmem {}{}", format_size(d.p2pmem.size), d.p2pmem.published ? " published" : "");
     *out += fmt::format("{:{}}{}{}\n", "", 2 * depth, t.label(static_cast<int>(i)), extra);
     tree_lines(t, static_cast<int>(i), hb, depth + 1, out);
   }
@@ -73,10 +75,14 @@ nlohmann::json pair_json(const Topology& t, int a, int b) {
   P2pdmaResult r = p2pdma_distance(t, a, b);
   nlohmann::json acs = nlohmann::json::array();
   for (int d : r.acs_devices) acs.push_back(t.devices[d].addr.to_string());
-  return {{"a", t.devices[a].addr.to_string()}, {"b", t.devices[b].addr.to_string()},
-          {"path_class", path_class_name(p.cls)}, {"path_why", p.why},
-          {"p2pdma_distance", r.distance}, {"map_type", map_type_name(r.map)},
-          {"acs_redirect", acs}, {"reason", r.reason}};
+  return {{"a", t.devices[a].addr.to_string()},
+          {"b", t.devices[b].addr.to_string()},
+          {"path_class", path_class_name(p.cls)},
+          {"path_why", p.why},
+          {"p2pdma_distance", r.distance},
+          {"map_type", map_type_name(r.map)},
+          {"acs_redirect", acs},
+          {"reason", r.reason}};
 }
 
 }  // namespace
@@ -140,27 +146,40 @@ std::string render_json(const Topology& t, int indent) {
   using nlohmann::json;
   json j;
   j["sysfs_root"] = t.root;
-  j["cpu"] = {{"arch", t.cpu.arch}, {"vendor", t.cpu.vendor}, {"family", t.cpu.family},
+  j["cpu"] = {{"arch", t.cpu.arch},
+              {"vendor", t.cpu.vendor},
+              {"family", t.cpu.family},
               {"p2pdma_through_host_bridge", cpu_supports_p2pdma(t.cpu)}};
   j["numa"] = json::array();
   for (const NumaNode& n : t.numa)
-    j["numa"].push_back({{"id", n.id}, {"cpulist", n.cpulist}, {"mem_total_kib", n.mem_total_kib}, {"distances", n.distances}});
+    j["numa"].push_back(
+        {{"id", n.id}, {"cpulist", n.cpulist}, {"mem_total_kib", n.mem_total_kib}, {"distances", n.distances}});
   j["host_bridges"] = json::array();
   for (const HostBridge& hb : t.host_bridges)
-    j["host_bridges"].push_back({{"name", hb.name}, {"numa_node", hb.numa_node},
-                                 {"whitelist_device", hb.root_device >= 0 ? t.devices[hb.root_device].addr.to_string() : ""}});
+    j["host_bridges"].push_back(
+        {{"name", hb.name},
+         {"numa_node", hb.numa_node},
+         {"whitelist_device", hb.root_device >= 0 ? t.devices[hb.root_device].addr.to_string() : ""}});
   j["devices"] = json::array();
   for (const PciDevice& d : t.devices) {
     auto acs = d.acs_redirects();
-    json e = {{"bdf", d.addr.to_string()}, {"path", d.path}, {"host_bridge", d.host_bridge},
-              {"kind", device_kind_name(d.kind)}, {"port_type", port_type_name(d.port_type)},
+    json e = {{"bdf", d.addr.to_string()},
+              {"path", d.path},
+              {"host_bridge", d.host_bridge},
+              {"kind", device_kind_name(d.kind)},
+              {"port_type", port_type_name(d.port_type)},
               {"port_type_inferred", d.port_type_inferred},
               {"parent", d.parent >= 0 ? t.devices[d.parent].addr.to_string() : ""},
               {"upstream", d.upstream >= 0 ? t.devices[d.upstream].addr.to_string() : ""},
-              {"numa_node", d.numa_node}, {"driver", d.driver},
-              {"link", {{"current_speed", d.link.cur_speed}, {"current_width", d.link.cur_width},
-                        {"max_speed", d.link.max_speed}, {"max_width", d.link.max_width}}},
-              {"acs", acs ? (*acs ? "redirect" : "no-redirect") : "unknown"}, {"acs_ctrl", d.config.acs_ctrl},
+              {"numa_node", d.numa_node},
+              {"driver", d.driver},
+              {"link",
+               {{"current_speed", d.link.cur_speed},
+                {"current_width", d.link.cur_width},
+                {"max_speed", d.link.max_speed},
+                {"max_width", d.link.max_width}}},
+              {"acs", acs ? (*acs ? "redirect" : "no-redirect") : "unknown"},
+              {"acs_ctrl", d.config.acs_ctrl},
               {"problems", d.problems}};
     if (d.ids_known) {
       e["vendor"] = fmt::format("{:04x}", d.vendor);
@@ -175,25 +194,39 @@ std::string render_json(const Topology& t, int indent) {
     j["devices"].push_back(std::move(e));
   }
   j["gpus"] = json::array();
-  for (int g : t.gpus) j["gpus"].push_back({{"bdf", t.devices[g].addr.to_string()}, {"cuda", t.cuda_ordinal(g)}, {"numa_node", t.numa_of(g)}});
+  for (int g : t.gpus)
+    j["gpus"].push_back(
+        {{"bdf", t.devices[g].addr.to_string()}, {"cuda", t.cuda_ordinal(g)}, {"numa_node", t.numa_of(g)}});
   j["nics"] = json::array();
   for (const Nic& n : t.nics)
-    j["nics"].push_back({{"name", n.name}, {"bdf", n.pci >= 0 ? t.devices[n.pci].addr.to_string() : ""},
-                         {"ifindex", n.ifindex}, {"mtu", n.mtu}, {"speed_mbps", n.speed_mbps},
-                         {"operstate", n.operstate}, {"driver", n.driver}, {"rdma", n.rdma},
+    j["nics"].push_back({{"name", n.name},
+                         {"bdf", n.pci >= 0 ? t.devices[n.pci].addr.to_string() : ""},
+                         {"ifindex", n.ifindex},
+                         {"mtu", n.mtu},
+                         {"speed_mbps", n.speed_mbps},
+                         {"operstate", n.operstate},
+                         {"driver", n.driver},
+                         {"rdma", n.rdma},
                          {"numa_node", n.pci >= 0 ? t.numa_of(n.pci) : -1}});
   j["rdma"] = json::array();
-  for (const RdmaDevice& r : t.rdma) j["rdma"].push_back({{"name", r.name}, {"bdf", r.pci >= 0 ? t.devices[r.pci].addr.to_string() : ""}});
+  for (const RdmaDevice& r : t.rdma)
+    j["rdma"].push_back({{"name", r.name}, {"bdf", r.pci >= 0 ? t.devices[r.pci].addr.to_string() : ""}});
   j["nvme"] = json::array();
-  for (const NvmeController& n : t.nvme) j["nvme"].push_back({{"name", n.name}, {"bdf", n.pci >= 0 ? t.devices[n.pci].addr.to_string() : ""}});
+  for (const NvmeController& n : t.nvme)
+    j["nvme"].push_back({{"name", n.name}, {"bdf", n.pci >= 0 ? t.devices[n.pci].addr.to_string() : ""}});
   j["cuda"] = {{"available", t.cuda.available}, {"reason", t.cuda.reason}, {"driver_version", t.cuda.driver_version}};
   j["cuda"]["devices"] = json::array();
   for (const CudaDevice& c : t.cuda.devices)
-    j["cuda"]["devices"].push_back({{"ordinal", c.ordinal}, {"name", c.name}, {"bus_id", c.bus_id}, {"total_memory", c.total_memory}});
+    j["cuda"]["devices"].push_back(
+        {{"ordinal", c.ordinal}, {"name", c.name}, {"bus_id", c.bus_id}, {"total_memory", c.total_memory}});
   j["cuda"]["p2p"] = json::array();
   for (const CudaPeerLink& l : t.cuda.links)
-    j["cuda"]["p2p"].push_back({{"a", l.a}, {"b", l.b}, {"access", l.access}, {"native_atomics", l.native_atomics},
-                                {"perf_rank", l.perf_rank}, {"nvlink", l.nvlink()}});
+    j["cuda"]["p2p"].push_back({{"a", l.a},
+                                {"b", l.b},
+                                {"access", l.access},
+                                {"native_atomics", l.native_atomics},
+                                {"perf_rank", l.perf_rank},
+                                {"nvlink", l.nvlink()}});
   j["gpu_gpu"] = json::array();
   for (int a : t.gpus)
     for (int b : t.gpus) j["gpu_gpu"].push_back(pair_json(t, a, b));
@@ -207,12 +240,18 @@ std::string render_json(const Topology& t, int indent) {
       }
   j["advice"] = json::array();
   for (const Advice& a : advise_all(t))
-    j["advice"].push_back({{"gpu", t.devices[a.gpu].addr.to_string()}, {"nic", t.nics[a.nic].name},
-                           {"direction", direction_name(a.direction)}, {"verdict", verdict_name(a.verdict)},
-                           {"staging_numa_node", a.staging_numa}, {"path_class", path_class_name(a.path.cls)},
-                           {"map_type", map_type_name(a.p2pdma.map)}, {"p2pdma_distance", a.p2pdma.distance},
-                           {"max_payload", a.mps}, {"completion_size", a.rcb},
-                           {"direct_efficiency", a.direct_efficiency}, {"staged_efficiency", a.staged_efficiency},
+    j["advice"].push_back({{"gpu", t.devices[a.gpu].addr.to_string()},
+                           {"nic", t.nics[a.nic].name},
+                           {"direction", direction_name(a.direction)},
+                           {"verdict", verdict_name(a.verdict)},
+                           {"staging_numa_node", a.staging_numa},
+                           {"path_class", path_class_name(a.path.cls)},
+                           {"map_type", map_type_name(a.p2pdma.map)},
+                           {"p2pdma_distance", a.p2pdma.distance},
+                           {"max_payload", a.mps},
+                           {"completion_size", a.rcb},
+                           {"direct_efficiency", a.direct_efficiency},
+                           {"staged_efficiency", a.staged_efficiency},
                            {"why", a.why}});
   j["warnings"] = t.warnings;
   return j.dump(indent);

@@ -77,8 +77,9 @@ Result<std::string> SysfsTree::read_link(std::string_view rel) const {
 Result<std::string> SysfsTree::resolve(std::string_view rel) const {
   std::error_code ec;
   fs::path c = fs::canonical(full(rel), ec);
-  if (ec) return Status(ec == std::errc::no_such_file_or_directory ? Code::kNotFound : Code::kIo,
-                        "cannot resolve " + full(rel) + ": " + ec.message());
+  if (ec)
+    return Status(ec == std::errc::no_such_file_or_directory ? Code::kNotFound : Code::kIo,
+                  "cannot resolve " + full(rel) + ": " + ec.message());
   std::string s = c.string();
   if (s == canonical_root_) return std::string();
   if (s.size() <= canonical_root_.size() || s.compare(0, canonical_root_.size(), canonical_root_) != 0 ||

@@ -97,8 +97,8 @@ void apply_cuda_overlay(Topology& topo, CudaOverlay overlay) {
   for (CudaDevice& c : overlay.devices) {
     c.pci = topo.find(c.bus_id);
     if (c.pci < 0 && overlay.available)
-      topo.warnings.push_back(fmt::format("CUDA device {} ({}) has bus id {} which is not in the sysfs tree", c.ordinal,
-                                          c.name, c.bus_id));
+      topo.warnings.push_back(
+          fmt::format("CUDA device {} ({}) has bus id {} which is not in the sysfs tree", c.ordinal, c.name, c.bus_id));
   }
   topo.cuda = std::move(overlay);
 }

@@ -43,7 +43,7 @@ std::string run(const std::string& cmd, int* rc) {
   return out;
 }
 
-#define REQUIRE_BIN()                                                                   \
+#define REQUIRE_BIN() \
   if (bin().empty() || ::access(bin().c_str(), X_OK) != 0) GTEST_SKIP() << "dmx binary not built: " << bin()
 
 TEST(Cli, TopoJsonOfTheGpuVm) {

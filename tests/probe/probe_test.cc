@@ -1,10 +1,10 @@
 // The host checks of dmx_probe. What they find depends on the machine; what they must never do
 // is crash, throw, or answer without a reason.
+#include "probe/probe.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-
-#include "probe/probe.h"
 
 namespace dmx::probe {
 namespace {

@@ -1,7 +1,8 @@
+#include "topo/advisor.h"
+
 #include <gtest/gtest.h>
 
 #include "topo/topo_fixture.h"
-#include "topo/advisor.h"
 
 namespace dmx::topo {
 namespace {

@@ -1,10 +1,11 @@
+#include "topo/orchestrator.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <thread>
 
 #include "topo/topo_fixture.h"
-#include "topo/orchestrator.h"
 
 namespace dmx::topo {
 namespace {
@@ -12,7 +13,9 @@ namespace {
 using testing::dev;
 using testing::load;
 
-std::shared_ptr<const Topology> shared(const char* name) { return std::make_shared<const Topology>(load(name)); }
+std::shared_ptr<const Topology> shared(const char* name) {
+  return std::make_shared<const Topology>(load(name));
+}
 
 TEST(Orchestrator, GpuVmPicksPinnedHostForGpuPlusNic) {
   auto t = shared("gpu-vm");

@@ -8,10 +8,10 @@
 #include <fstream>
 #include <random>
 
-#include "topo/topo_fixture.h"
 #include "topo/distance.h"
 #include "topo/report.h"
 #include "topo/sysfs.h"
+#include "topo/topo_fixture.h"
 
 namespace dmx::topo {
 namespace {
@@ -87,7 +87,7 @@ TEST(TopoBadInput, GarbageMissingAndUnreadableAttributes) {
   write(root / "devices/system/cpu/modalias", "garbage");
   fs::create_symlink("../../devices/nowhere/net/eth9", root / "class/net/eth9");  // dangling
   fs::create_symlink("/etc", root / "class/net/eth8");                            // outside the root
-  fs::create_directories(root / "devices/pci0000:00/0000:00:1f.7");                // no files at all
+  fs::create_directories(root / "devices/pci0000:00/0000:00:1f.7");               // no files at all
   fs::create_directories(root / "devices/pci0000:00/not-a-bdf");
   write(root / "devices/system/node/node0/distance", "10 x 99999");
   auto t = discover(d.path());

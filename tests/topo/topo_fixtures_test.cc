@@ -7,8 +7,8 @@
 // the root bus, else NOT_SUPPORTED.
 #include <gtest/gtest.h>
 
-#include "topo/topo_fixture.h"
 #include "topo/distance.h"
+#include "topo/topo_fixture.h"
 
 namespace dmx::topo {
 namespace {
@@ -64,7 +64,7 @@ TEST(TopoFixtures, GpuVmFlatVirtualPci) {
   EXPECT_EQ(t.cuda_ordinal(dev(t, "0000:00:07.0")), 1);
   expect_class(t, "0000:00:06.0", "0000:00:07.0", PathClass::kNvl);
   expect_class(t, "0000:00:06.0", "0000:00:03.0", PathClass::kPhb);  // NVLink does not reach the NIC
-  EXPECT_EQ(t.numa_of(dev(t, "0000:00:06.0")), 0);  // numa_node -1, one node
+  EXPECT_EQ(t.numa_of(dev(t, "0000:00:06.0")), 0);                   // numa_node -1, one node
 }
 
 TEST(TopoFixtures, DualSocketIcelake) {
@@ -167,7 +167,8 @@ TEST(TopoFixtures, CapturedCpuVm) {
 }
 
 TEST(TopoFixtures, EveryPairIsSymmetricAndNeverUnknown) {
-  for (const char* name : {"gpu-vm", "dual-socket-icelake", "dual-socket-haswell", "switch-cascade-amd", "this-cpu-vm"}) {
+  for (const char* name :
+       {"gpu-vm", "dual-socket-icelake", "dual-socket-haswell", "switch-cascade-amd", "this-cpu-vm"}) {
     Topology t = load(name);
     for (size_t a = 0; a < t.devices.size(); ++a)
       for (size_t b = 0; b < t.devices.size(); ++b) {

@@ -1,9 +1,8 @@
 // dmx probe: what this host can do, one line per capability: "available: ..." or
 // "unavailable: <exact reason>"; --json for machines; --config prints the settings table.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/config.h"
@@ -26,7 +25,10 @@ int print_config(const Config& config, bool json) {
   if (json) {
     nlohmann::json j = nlohmann::json::array();
     for (const Config::Item& it : config.items())
-      j.push_back({{"name", it.entry->name}, {"value", it.value}, {"source", it.source}, {"help", it.entry->help},
+      j.push_back({{"name", it.entry->name},
+                   {"value", it.value},
+                   {"source", it.source},
+                   {"help", it.entry->help},
                    {"default", it.entry->default_value}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;

@@ -62,9 +62,8 @@ int run_topo(const TopoArgs& args) {
     std::time_t now = std::time(nullptr);
     char when[64] = {};
     std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::ofstream(args.capture + "/dmx-capture.txt")
-        << "dmx topo --capture of " << tree.root() << ", " << u.sysname << " " << u.release
-        << " " << u.machine << ", " << when << "\n";
+    std::ofstream(args.capture + "/dmx-capture.txt") << "dmx topo --capture of " << tree.root() << ", " << u.sysname
+                                                     << " " << u.release << " " << u.machine << ", " << when << "\n";
     std::fprintf(stderr, "dmx topo: captured %zu sysfs paths into %s (replay with --sysfs-root %s)\n",
                  tree.recorded().size(), args.capture.c_str(), args.capture.c_str());
   }
