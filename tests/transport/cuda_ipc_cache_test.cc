@@ -62,7 +62,9 @@ TEST(IpcDescriptor, RejectsBadInput) {
       v[rng() % v.size()] = std::byte(rng());
     }
     auto r = IpcDescriptor::decode(v);
-    if (r.ok()) EXPECT_LE(r->offset + r->length, r->alloc_size);
+    if (r.ok()) {
+      EXPECT_LE(r->offset + r->length, r->alloc_size);
+    }
   }
 }
 
