@@ -3,6 +3,9 @@
 // with an error naming the peer; nothing may hang or touch memory out of bounds.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+
 #include <future>
 
 #include "transport/transport_test_util.h"
@@ -197,6 +200,51 @@ TEST(ShmFault, CorruptTailIsAProtocolErrorForTheSender) {
   ASSERT_TRUE(lp.a->post_send(1, {src.data(), src.size(), {}}).ok());
   Status s = Pump(lp.a.get()).finish(kSend, 1, secs(5));
   EXPECT_EQ(s.code(), Code::kProtocol) << s.to_string();
+}
+
+}  // namespace
+}  // namespace dmx::shm
+
+namespace dmx::shm {
+namespace {
+
+// A "creator" that sends a pipe where the doorbell eventfd belongs, and a region that is not
+// sealed: accept() must refuse both with kProtocol, not map or write to them.
+TEST(ShmFault, SetupRejectsForgedFds) {
+  struct Hello {
+    uint64_t magic;
+    uint32_t version, slots;
+    uint64_t slot_size, total_size;
+  };
+  for (bool seal : {false, true}) {
+    auto p = UnixChannel::pair();
+    ASSERT_TRUE(p.ok());
+    uint32_t slots = 4;
+    size_t slot = 4096;
+    // The layout size as compute_layout makes it: header page, control, headers, page-aligned data.
+    size_t data = 4096 + 64 * 2 + 128 * 2 + 2 * slots * 64;
+    data = (data + 4095) / 4096 * 4096;
+    size_t total = data + 2 * slots * slot;
+    UniqueFd mem(::memfd_create("forged", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    ASSERT_EQ(::ftruncate(mem.get(), static_cast<off_t>(total)), 0);
+    void* m = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, mem.get(), 0);
+    ASSERT_NE(m, MAP_FAILED);
+    uint64_t hdr[4] = {0x646d782d73686d31ull, uint64_t(1) | (uint64_t(slots) << 32), slot, total};
+    std::memcpy(m, hdr, sizeof hdr);
+    ::munmap(m, total);
+    if (seal) ASSERT_EQ(::fcntl(mem.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    int pipefd[2];
+    ASSERT_EQ(::pipe(pipefd), 0);
+    UniqueFd r(pipefd[0]), w(pipefd[1]);
+    Hello h{0x646d782d73686d31ull, 1, slots, slot, total};
+    int fds[2] = {mem.get(), w.get()};
+    ASSERT_TRUE(p->first.send({reinterpret_cast<std::byte*>(&h), sizeof h}, fds, secs(5)).ok());
+    auto link = ShmLink::accept(std::move(p->second), secs(5));
+    ASSERT_FALSE(link.ok()) << "seal=" << seal;
+    EXPECT_EQ(link.status().code(), Code::kProtocol) << link.status().to_string();
+    EXPECT_NE(link.status().message().find(seal ? "not an eventfd" : "not sealed"), std::string::npos)
+        << link.status().to_string();
+  }
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ class LinkImpl final : public ShmLink {
 
   UnixChannel& channel() { return channel_; }
   // The eventfd we sleep on and the peer's, which we ring.
-  void set_doorbells(UniqueFd mine, UniqueFd peers);
+  // Fails (kProtocol) when the peer's fd is not an eventfd.
+  Status set_doorbells(UniqueFd mine, UniqueFd peers);
 
   Status post_send(MsgId id, MemRegion src) override;
   Status post_recv(MsgId id, MemRegion dst) override;

@@ -38,20 +38,21 @@ LinkImpl::~LinkImpl() {
   ::munmap(base_, layout_.total);
 }
 
-void LinkImpl::set_doorbells(UniqueFd mine, UniqueFd peers) {
+Status LinkImpl::set_doorbells(UniqueFd mine, UniqueFd peers) {
   my_bell_ = std::move(mine);
   peer_bell_ = std::move(peers);
   // The peer's fd must be an eventfd: writing to anything else (a pipe) could block us.
   char target[64] = {};
   std::string link = fmt::format("/proc/self/fd/{}", peer_bell_.get());
   ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
-  if (n <= 0 || std::string_view(target) != "anon_inode:[eventfd]") {
-    error_ = Status(Code::kProtocol, fmt::format("shm: doorbell fd from peer {} is not an eventfd ('{}')",
-                                                 peer_name(), target))
-                 .with_peer(peer_name());
-  }
+  if (n <= 0 || std::string_view(target) != "anon_inode:[eventfd]")
+    return Status(Code::kProtocol, fmt::format("shm setup: doorbell fd from peer {} is not an eventfd ('{}')",
+                                               peer_name(), target))
+        .with_peer(peer_name());
   int flags = ::fcntl(peer_bell_.get(), F_GETFL);
-  if (flags >= 0) ::fcntl(peer_bell_.get(), F_SETFL, flags | O_NONBLOCK);
+  if (flags < 0 || ::fcntl(peer_bell_.get(), F_SETFL, flags | O_NONBLOCK) != 0)
+    return errno_status("fcntl(peer doorbell, O_NONBLOCK)", errno);
+  return Status();
 }
 
 char* LinkImpl::slot_data(int ring, uint64_t count) const {

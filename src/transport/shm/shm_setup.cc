@@ -127,7 +127,7 @@ Result<std::unique_ptr<ShmLink>> ShmLink::create(UnixChannel channel, const Link
   DMX_ASSIGN_OR_RETURN(Hello ack, parse_hello(msg, link->channel()));
   if (ack.slots != layout.slots || ack.slot_size != layout.slot_size || ack.total_size != layout.total)
     return Status(Code::kProtocol, fmt::format("shm setup: peer {} acknowledged another layout", link->peer_name()));
-  link->set_doorbells(std::move(my_bell), std::move(got[0]));
+  DMX_RETURN_IF_ERROR(link->set_doorbells(std::move(my_bell), std::move(got[0])));
   DMX_LOG_DEBUG("shm link to peer {}: {} slots x {} B per direction", link->peer_name(), layout.slots,
                 layout.slot_size);
   return std::unique_ptr<ShmLink>(std::move(link));
@@ -165,9 +165,9 @@ Result<std::unique_ptr<ShmLink>> ShmLink::accept(UnixChannel channel, Deadline d
   options.slot_size = layout.slot_size;
   auto link = std::make_unique<LinkImpl>(std::move(channel), options, layout, base, /*side=*/1);
   DMX_ASSIGN_OR_RETURN(UniqueFd my_bell, make_eventfd());
-  int fds[1] = {my_bell.get()};
+  DMX_RETURN_IF_ERROR(link->set_doorbells(std::move(my_bell), std::move(got[1])));
+  int fds[1] = {link->wake_fd()};
   DMX_RETURN_IF_ERROR(link->channel().send(bytes_of(hello), fds, deadline));
-  link->set_doorbells(std::move(my_bell), std::move(got[1]));
   return std::unique_ptr<ShmLink>(std::move(link));
 }
 
