@@ -89,6 +89,7 @@ class CopyEngineImpl final : public CopyEngine {
         (void)cudaGetLastError();
         err = cudaSuccess;
       }
+      if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky: clear it
       can_peer_[d] = err == cudaSuccess;
       report_ += err == cudaSuccess ? fmt::format("cuda:{} -> cuda:{}: peer access enabled; ", options_.device, d)
                                     : fmt::format("cuda:{} -> cuda:{}: enabling peer access failed ({}); ",
@@ -119,7 +120,7 @@ class CopyEngineImpl final : public CopyEngine {
 
   size_t progress(std::vector<CopyCompletion>* out) override {
     size_t before = out->size();
-    DeviceGuard guard(options_.device);
+    // No device guard: querying an event needs no current device, and this is the hot path.
     for (auto& q : inflight_) {
       while (!q.empty()) {
         Copy& c = q.front();
@@ -137,7 +138,6 @@ class CopyEngineImpl final : public CopyEngine {
 
   Status wait(Deadline deadline) override {
     if (pending() == 0) return Status();
-    DeviceGuard guard(options_.device);
     for (;;) {
       for (auto& q : inflight_)
         if (!q.empty() && cudaEventQuery(q.front().event) != cudaErrorNotReady) return Status();
