@@ -86,7 +86,8 @@ int receiver(shm::UnixChannel ch, size_t max_size) {
   CHECK_OK("recv descriptor", ch.recv(&msg, 0, nullptr, soon()));
   auto peer_buf = cuda_ipc::IpcDescriptor::decode(msg);
   if (!peer_buf.ok()) die("decode", peer_buf.status());
-  auto link = shm::ShmLink::accept(std::move(ch), soon());
+  // The parent measures bandwidth before it sets up the link: allow it time.
+  auto link = shm::ShmLink::accept(std::move(ch), Deadline::after(std::chrono::minutes(10)));
   if (!link.ok()) die("shm accept", link.status());
   auto engine = cuda_ipc::CopyEngine::create({.device = 1, .streams = 1});
   if (!engine.ok()) die("engine", engine.status());
