@@ -108,12 +108,12 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
   auto op = new_op(OpType::kSend, src, o);
   op->tag = tag;
   Status bad = region_problem(src, "send");
-  // Small messages travel inline (eager): copy them now, outside the lock.
+  // Small messages travel inline (eager). Host memory is copied now, outside the lock, so the
+  // frame owns its payload; device memory is staged by the stream through a pinned slot.
   std::vector<unsigned char> inline_copy;
   bool try_eager = bad.ok() && src.size <= session_.peer_eager_limit;
-  if (try_eager) {
-    inline_copy.resize(src.size);
-    if (src.size > 0) bad = copy_memory(MemRegion{inline_copy.data(), src.size, {}}, src);
+  if (try_eager && !src.where.is_device() && src.size > 0) {
+    inline_copy.assign(static_cast<const unsigned char*>(src.ptr), static_cast<const unsigned char*>(src.ptr) + src.size);
   }
   std::unique_lock<std::mutex> lock(mu_);
   Request r = start(op, initiated_);
@@ -132,7 +132,17 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
       op->eager = true;
       op->phase = OpPhase::kActive;
       h.type = FrameType::kEager;
-      push_control(h, std::move(inline_copy), op);
+      if (src.where.is_device()) {
+        tcp::TxItem item;
+        item.header = h;
+        item.src = src.ptr;
+        item.where = src.where;
+        item.len = src.size;
+        item.ctx = op;
+        streams_[0]->push_control(std::move(item));
+      } else {
+        push_control(h, std::move(inline_copy), op);
+      }
     } else {
       ++counters_.rendezvous;
       sends_[op->id] = op;

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "core/log.h"
 
@@ -109,7 +110,8 @@ Status Stream::ensure_slots() {
   }
   if (backend == nullptr) return Status(Code::kInternal, "staging requested with no device queue");
   size_t per_dir = static_cast<size_t>(config_.slots);
-  DMX_ASSIGN_OR_RETURN(slots_, pool_->take(backend, 2 * per_dir));
+  // Per direction `slots`, plus one for control frames with a device payload (eager sends).
+  DMX_ASSIGN_OR_RETURN(slots_, pool_->take(backend, 2 * per_dir + 1));
   for (int i = 0; i < static_cast<int>(per_dir); ++i) {
     free_tx_slots_.push_back(i);
     free_rx_slots_.push_back(static_cast<int>(per_dir) + i);
@@ -154,6 +156,15 @@ bool Stream::next_tx(TxItem** item) {
       writing_ = true;
     }
   }
+  if (writing_ && current_.where.is_device() && current_.len > 0 && current_.slot < 0) {
+    // A small device payload travelling inline (eager): stage it through the reserved pinned slot
+    // now, and wait for the copy (microseconds), so the frame can go out.
+    Status s = stage_control(current_);
+    if (!s.ok()) {
+      control_error_ = s;
+      return false;
+    }
+  }
   if (!writing_ && !chunks_.empty()) {
     TxItem& front = chunks_.front();
     if (front.fence != 0) {
@@ -172,11 +183,26 @@ bool Stream::next_tx(TxItem** item) {
   return true;
 }
 
+Status Stream::stage_control(TxItem& item) {
+  DMX_ASSIGN_OR_RETURN(item.queue, queue_for(item.where));
+  DMX_RETURN_IF_ERROR(ensure_slots());
+  if (item.len > pool_->slot_size()) return Status(Code::kInternal, "inline payload larger than a staging slot");
+  int slot = 2 * config_.slots;  // the reserved control slot
+  DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(slot), item.src, item.len));
+  DMX_ASSIGN_OR_RETURN(uint64_t fence, item.queue->record());
+  DMX_RETURN_IF_ERROR(item.queue->wait(fence, Deadline::after(std::chrono::seconds(30))));
+  stats_.d2h_copies.fetch_add(1, std::memory_order_relaxed);
+  stats_.d2h_bytes.fetch_add(item.len, std::memory_order_relaxed);
+  item.slot = slot;
+  item.fence = 0;
+  return Status();
+}
+
 Status Stream::step_tx(Io* io) {
   *io = Io::kIdle;
   for (int rounds = 0; rounds < 64; ++rounds) {
     TxItem* item = nullptr;
-    if (!next_tx(&item)) return Status();
+    if (!next_tx(&item)) return std::exchange(control_error_, Status());
     const void* payload = item->slot >= 0 ? slots_.at(item->slot) : item->src;
     iovec iov[2];
     int n = 0;
@@ -208,7 +234,7 @@ Status Stream::step_tx(Io* io) {
     // The whole frame is out.
     stats_.frames_sent.fetch_add(1, std::memory_order_relaxed);
     stats_.bytes_sent.fetch_add(item->len, std::memory_order_relaxed);
-    if (item->slot >= 0) free_tx_slots_.push_back(item->slot);
+    if (item->slot >= 0 && item->slot < 2 * config_.slots) free_tx_slots_.push_back(item->slot);
     TxItem done = std::move(current_);
     writing_ = false;
     current_ = TxItem();

@@ -140,6 +140,7 @@ class Stream {
   Status ensure_slots();
   void drain();
   bool next_tx(TxItem** item);
+  Status stage_control(TxItem& item);
 
   const StreamConfig config_;
   UniqueFd fd_;
@@ -158,6 +159,7 @@ class Stream {
   std::deque<TxItem> chunks_;  // pulled data chunks, in order; staged ones carry fences
   TxItem current_;             // the frame being written
   bool writing_ = false;
+  Status control_error_;  // staging of an inline device payload failed
   wire::HeaderBytes cur_header_{};
   size_t cur_written_ = 0;
   Clock::time_point last_tx_;
