@@ -2,6 +2,8 @@
 
 #include <functional>
 
+#include "core/config.h"
+#include "engine/paths.h"
 #include "transport/devmem/devmem.h"
 
 namespace dmx::probe {
@@ -30,6 +32,12 @@ const std::vector<Check>& checks() {
        }},
       {"io_uring", [](const ProbeOptions&) { return probe_io_uring_zcrx(); }},
       {"netns", [](const ProbeOptions&) { return probe_network_namespaces(); }},
+      {"engine",
+       [](const ProbeOptions&) {
+         auto config = Config::resolve();
+         if (!config.ok()) return std::vector<Capability>{{"engine", false, config.status().to_string()}};
+         return probe_engine_paths(*config);
+       }},
   };
   return kChecks;
 }

@@ -25,6 +25,12 @@ inline constexpr uint64_t kPingTag = 0xB0000011;
 inline constexpr uint64_t kPongTag = 0xB0000012;
 inline constexpr size_t kControlMax = 4096;
 
+inline OpOptions with_timeout(Duration t) {
+  OpOptions o;
+  o.timeout = t;
+  return o;
+}
+
 struct Plan {
   std::string op = "send";  // send | write | read
   uint64_t size = 0;

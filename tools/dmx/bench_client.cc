@@ -84,7 +84,7 @@ Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size) {
   DMX_ASSIGN_OR_RETURN(Reply reply, reply_from_json(rtext));
   if (!reply.ok) return Status(Code::kPeerFailed, "bench server: " + reply.error);
 
-  OpOptions data{kDataTimeout};
+  OpOptions data = with_timeout(kDataTimeout);
   auto slot = [&](uint32_t i) { return local.region().sub(uint64_t{i % w} * size, size); };
   auto t0 = Clock::now();
   if (o.op == "send") {

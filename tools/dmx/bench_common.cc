@@ -110,13 +110,13 @@ Result<uint64_t> fill_random(const MemRegion& r) {
 
 Status send_text(Endpoint& ep, uint64_t tag, const std::string& text, Duration timeout) {
   if (text.size() > kControlMax) return Status(Code::kInvalidArgument, "bench control message too long");
-  Request r = ep.send(MemRegion{const_cast<char*>(text.data()), text.size(), {}}, tag, OpOptions{timeout});
+  Request r = ep.send(MemRegion{const_cast<char*>(text.data()), text.size(), {}}, tag, with_timeout(timeout));
   return r.wait();
 }
 
 Result<std::string> recv_text(Endpoint& ep, uint64_t tag, Duration timeout) {
   std::string buf(kControlMax, '\0');
-  Request r = ep.recv(MemRegion{buf.data(), buf.size(), {}}, tag, OpOptions{timeout});
+  Request r = ep.recv(MemRegion{buf.data(), buf.size(), {}}, tag, with_timeout(timeout));
   DMX_RETURN_IF_ERROR(r.wait());
   buf.resize(r.bytes());
   return buf;

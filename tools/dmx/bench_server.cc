@@ -25,17 +25,17 @@ Status serve_send(Endpoint& ep, const Plan& p, Buffer& buf, Reply& reply) {
   uint32_t w = std::min(p.window, std::max<uint32_t>(p.iters, 1));
   std::vector<Request> reqs(w);
   auto slot = [&](uint32_t i) { return buf.region().sub(uint64_t{i % w} * p.size, p.size); };
-  for (uint32_t i = 0; i < std::min(w, p.iters); ++i) reqs[i] = ep.recv(slot(i), kDataTag, OpOptions{kDataTimeout});
+  for (uint32_t i = 0; i < std::min(w, p.iters); ++i) reqs[i] = ep.recv(slot(i), kDataTag, with_timeout(kDataTimeout));
   for (uint32_t i = 0; i < p.iters; ++i) {
     DMX_RETURN_IF_ERROR(reqs[i % w].wait());
     if (reqs[i % w].bytes() != p.size) return Status(Code::kInternal, "bench: short message");
-    if (i + w < p.iters) reqs[i % w] = ep.recv(slot(i), kDataTag, OpOptions{kDataTimeout});
+    if (i + w < p.iters) reqs[i % w] = ep.recv(slot(i), kDataTag, with_timeout(kDataTimeout));
   }
   DMX_RETURN_IF_ERROR(send_text(ep, kDoneTag, "done", kControlTimeout));
   for (uint32_t j = 0; j < p.lat_iters; ++j) {
-    Request r = ep.recv(slot(0), kPingTag, OpOptions{kDataTimeout});
+    Request r = ep.recv(slot(0), kPingTag, with_timeout(kDataTimeout));
     DMX_RETURN_IF_ERROR(r.wait());
-    DMX_RETURN_IF_ERROR(ep.send(slot(0), kPongTag, OpOptions{kDataTimeout}).wait());
+    DMX_RETURN_IF_ERROR(ep.send(slot(0), kPongTag, with_timeout(kDataTimeout)).wait());
   }
   if (p.verify) {
     DMX_ASSIGN_OR_RETURN(reply.verified, slots_match(buf, p.size, std::min(w, p.iters), p.checksum));

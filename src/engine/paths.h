@@ -1,0 +1,14 @@
+// The data paths this engine can choose between endpoints, each "available" or "unavailable: why"
+// (for `dmx probe`). The rule that picks one per endpoint is negotiate() in handshake.cc.
+#pragma once
+
+#include <vector>
+
+#include "core/capability.h"
+#include "core/config.h"
+
+namespace dmx {
+
+std::vector<Capability> probe_engine_paths(const Config& config);
+
+}  // namespace dmx
