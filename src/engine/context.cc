@@ -66,11 +66,48 @@ Result<std::shared_ptr<ContextImpl>> ContextImpl::create(const Options& options)
 }
 
 ContextImpl::ContextImpl(Config config, EngineParams params, AuthKey auth)
-    : config_(std::move(config)), params_(std::move(params)), auth_(std::move(auth)), staging_(params_.chunk_size) {
+    : config_(std::move(config)),
+      params_(std::move(params)),
+      auth_(std::move(auth)),
+      placement_(config_.get_string("sysfs_root")),
+      staging_(params_.chunk_size, &placement_) {
   boot_id_ = read_boot_id();
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   hostname_ = host;
+}
+
+int StagingPlacement::place(MemSpec device, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!tried_) {
+    tried_ = true;
+    auto topo = topo::discover_local(sysfs_root_);
+    if (!topo.ok()) {
+      DMX_LOG_INFO("staging placement: topology unknown ({}); staging uses the default NUMA policy",
+                   topo.status().message());
+      return -1;
+    }
+    orch_ = std::make_unique<topo::Orchestrator>(*topo);
+    for (const auto& node : (*topo)->numa) {
+      uint64_t capacity = std::max<uint64_t>(node.mem_total_kib * 1024 / 2, uint64_t{1} << 30);
+      (void)orch_->publish({fmt::format("pinned:node{}", node.id), topo::PoolKind::kPinnedHost, -1, node.id, capacity,
+                            nullptr});
+    }
+  }
+  if (!orch_) return -1;
+  auto a = orch_->allocate_staging(device.device, bytes);
+  if (!a.ok()) {
+    DMX_LOG_DEBUG("staging placement for {}: {}", to_string(device), a.status().message());
+    return -1;
+  }
+  for (const auto& u : orch_->usage())
+    if (u.id == a->pool) return u.desc.numa_node;
+  return -1;
+}
+
+std::vector<topo::PoolUsage> StagingPlacement::usage() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return orch_ ? orch_->usage() : std::vector<topo::PoolUsage>{};
 }
 
 std::shared_ptr<Registered> ContextImpl::add_registration(const MemRegion& region) {

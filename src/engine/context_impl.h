@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "dmx/context.h"
 #include "engine/auth.h"
+#include "topo/orchestrator.h"
 #include "transport/tcp/staging.h"
 
 namespace dmx {
@@ -42,6 +43,23 @@ struct EngineParams {
   std::string transport = "auto";
 };
 
+// Places TCP staging memory with the p2p-memory orchestrator: pinned host pools, one per NUMA node,
+// published from the discovered topology; each device's staging goes to the node nearest to it.
+// Built on first use; when the topology cannot be read, says why once and places nothing.
+class StagingPlacement final : public tcp::StagingPlacer {
+ public:
+  explicit StagingPlacement(std::string sysfs_root) : sysfs_root_(std::move(sysfs_root)) {}
+  int place(MemSpec device, size_t bytes) override;
+  // Pools and their use, for statistics and tests (empty before first use or without topology).
+  std::vector<topo::PoolUsage> usage() const;
+
+ private:
+  const std::string sysfs_root_;
+  mutable std::mutex mu_;  // guards orch_, tried_
+  std::unique_ptr<topo::Orchestrator> orch_;
+  bool tried_ = false;
+};
+
 class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
  public:
   static Result<std::shared_ptr<ContextImpl>> create(const Options& options);
@@ -52,6 +70,7 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   const std::string& boot_id() const { return boot_id_; }
   const std::string& hostname() const { return hostname_; }
   tcp::StagingPool& staging() { return staging_; }
+  const StagingPlacement& placement() const { return placement_; }
 
   std::shared_ptr<Registered> add_registration(const MemRegion& region);
   // The registration for `key`, with its inflight count raised; nullptr when unknown.
@@ -66,7 +85,8 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   const EngineParams params_;
   const AuthKey auth_;
   std::string boot_id_, hostname_;
-  tcp::StagingPool staging_;
+  StagingPlacement placement_;
+  tcp::StagingPool staging_;  // after placement_, which it uses
   std::mutex mu_;  // guards regs_
   std::unordered_map<uint64_t, std::shared_ptr<Registered>> regs_;
 };

@@ -35,7 +35,9 @@ inline Filled filled(MemSpec where, size_t n) {
   EXPECT_TRUE(b.ok()) << b.status().to_string();
   f.buf = std::move(*b);
   f.data = random_bytes(n);
-  if (n > 0) EXPECT_TRUE(copy_memory(f.buf.region(), MemRegion{f.data.data(), n, {}}).ok());
+  if (n > 0) {
+    EXPECT_TRUE(copy_memory(f.buf.region(), MemRegion{f.data.data(), n, {}}).ok());
+  }
   return f;
 }
 
@@ -52,7 +54,9 @@ inline Buffer poisoned(MemSpec where, size_t n) {
 
 inline std::vector<unsigned char> read_back(const MemRegion& r) {
   std::vector<unsigned char> out(r.size);
-  if (r.size > 0) EXPECT_TRUE(copy_memory(MemRegion{out.data(), r.size, {}}, r).ok());
+  if (r.size > 0) {
+    EXPECT_TRUE(copy_memory(MemRegion{out.data(), r.size, {}}, r).ok());
+  }
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Byte-exact delivery over the staged TCP path: every memory kind pair, odd sizes, offsets.
 #include <gtest/gtest.h>
 
+#include "engine/context_impl.h"
 #include "engine/test_util.h"
 
 namespace dmx::test {
@@ -96,6 +97,32 @@ INSTANTIATE_TEST_SUITE_P(Kinds, Transfer,
                              if (c == ':') c = '_';
                            return n;
                          });
+
+}  // namespace
+}  // namespace dmx::test
+
+namespace dmx::test {
+namespace {
+
+// Staging slots come from the p2p-memory orchestrator: pinned pools per NUMA node, booked there.
+TEST(Staging, SlotsArePlacedAndAccountedByTheOrchestrator) {
+  Pair p = connect_pair(test_options(2));
+  size_t n = 3 << 20;
+  Filled src = filled(MemSpec{MemKind::kSim, 0}, n);
+  Buffer dst = poisoned(MemSpec{MemKind::kSim, 1}, n);
+  Request r = p.server.recv(dst.region(), 1);
+  ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(std::chrono::seconds(30)).ok());
+  ASSERT_TRUE(r.wait(std::chrono::seconds(30)).ok());
+  EXPECT_EQ(read_back(dst.region()), src.data);
+  auto usage = p.ctx.impl()->placement().usage();
+  if (usage.empty()) GTEST_SKIP() << "no readable topology here: staging is not placed (logged at info)";
+  uint64_t used = 0;
+  for (const auto& u : usage) used += u.used;
+  // 2 streams x 2 endpoints x (2 x 4 slots + 1 reserved) slots of 1 MiB, at most.
+  EXPECT_GT(used, 0u);
+  EXPECT_LE(used, uint64_t{2 * 2 * 9} << 20);
+  EXPECT_EQ(p.ctx.impl()->staging().allocated() << 20, used);
+}
 
 }  // namespace
 }  // namespace dmx::test

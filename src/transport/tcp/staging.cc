@@ -1,5 +1,11 @@
 #include "transport/tcp/staging.h"
 
+#include <linux/mempolicy.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "core/log.h"
+
 namespace dmx::tcp {
 
 StagingSlots::~StagingSlots() { release(); }
@@ -29,6 +35,24 @@ StagingPool::~StagingPool() {
   for (const Free& f : all_) f.backend->free_staging(f.ptr, slot_size_);
 }
 
+namespace {
+
+// Allocates through `backend` with this thread's memory policy preferring NUMA node `node`: pinned
+// pages are allocated and touched by the calling thread, so the policy decides where they live.
+Result<void*> allocate_on_node(MemoryBackend* backend, size_t size, int node) {
+  bool bound = false;
+  if (node >= 0 && node < 64) {
+    unsigned long mask = 1UL << node;
+    bound = ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, &mask, 64UL) == 0;
+    if (!bound) DMX_LOG_DEBUG("staging: set_mempolicy(node {}) failed: errno {}", node, errno);
+  }
+  auto p = backend->allocate_staging(size);
+  if (bound) ::syscall(SYS_set_mempolicy, MPOL_DEFAULT, nullptr, 0UL);
+  return p;
+}
+
+}  // namespace
+
 Result<StagingSlots> StagingPool::take(MemoryBackend* backend, size_t n) {
   StagingSlots out;
   out.pool_ = this;
@@ -43,7 +67,8 @@ Result<StagingSlots> StagingPool::take(MemoryBackend* backend, size_t n) {
     }
   }
   while (out.slots_.size() < n) {
-    auto p = backend->allocate_staging(slot_size_);
+    int node = placer_ ? placer_->place(backend->spec(), slot_size_) : -1;
+    auto p = allocate_on_node(backend, slot_size_, node);
     if (!p.ok()) {
       for (void* s : out.slots_) free_.push_back({backend, s});  // under mu_: not via release()
       out.slots_.clear();

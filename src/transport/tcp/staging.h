@@ -11,6 +11,15 @@ namespace dmx::tcp {
 
 class StagingPool;
 
+// Decides where staging memory for a device lives, and keeps the books (the context implements it
+// with the topology orchestrator). Thread-safe.
+class StagingPlacer {
+ public:
+  virtual ~StagingPlacer() = default;
+  // The NUMA node for `bytes` of staging serving `device` (-1: no preference). Recorded as used.
+  virtual int place(MemSpec device, size_t bytes) = 0;
+};
+
 // A stream's set of slots; given back to the pool on destruction.
 class StagingSlots {
  public:
@@ -35,9 +44,10 @@ class StagingSlots {
 
 class StagingPool {
  public:
-  explicit StagingPool(size_t slot_size) : slot_size_(slot_size) {}
+  explicit StagingPool(size_t slot_size, StagingPlacer* placer = nullptr) : slot_size_(slot_size), placer_(placer) {}
   ~StagingPool();
-  // `n` slots suitable for copies with `backend`'s device (reused when free, else allocated).
+  // `n` slots suitable for copies with `backend`'s device: reused when free, else allocated once,
+  // on the NUMA node the placer names for that device.
   Result<StagingSlots> take(MemoryBackend* backend, size_t n);
   size_t slot_size() const { return slot_size_; }
   size_t allocated() const;
@@ -50,6 +60,7 @@ class StagingPool {
     void* ptr;
   };
   const size_t slot_size_;
+  StagingPlacer* const placer_;
   mutable std::mutex mu_;  // guards free_, allocated_
   std::vector<Free> free_;
   size_t allocated_ = 0;
