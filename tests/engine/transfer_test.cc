@@ -13,6 +13,7 @@ struct KindPair {
   const char* src;
   const char* dst;
 };
+void PrintTo(const KindPair& k, std::ostream* os) { *os << k.src << " -> " << k.dst; }
 
 class Transfer : public ::testing::TestWithParam<KindPair> {
  protected:
