@@ -334,6 +334,18 @@ if [[ $build_ok -eq 1 ]]; then
     fi
   }
   run_section bench-gpu bench_gpu_section
+  bench_big_section() {  # sizes past 4 GiB, verified: 16 GiB host->host, 5 GiB GPU0->GPU1 (or GPU0->GPU0)
+    local peer=cuda:0
+    [[ $(nvidia-smi -L | wc -l) -ge 2 ]] && peer=cuda:1
+    "$DMX" bench --loopback --mem host --peer-mem host --sizes 16G --iters 1 --verify &&
+      "$DMX" bench --loopback --mem cuda:0 --peer-mem $peer --sizes 5G --iters 2 --verify
+  }
+  run_section bench-big bench_big_section
+  probe_topo_section() {  # what dmx sees on the real GPU machine; a capture of its sysfs for fixtures
+    "$DMX" probe && "$DMX" topo && "$DMX" topo --capture /tmp/topo-capture >/dev/null &&
+      tar -C /tmp -czf "$OUT/topo-capture.tgz" topo-capture && bash "$ROOT/scripts/perf-sweep.sh" "$DMX" latency
+  }
+  run_section probe-topo probe_topo_section
 
   # ---- devmem (owner: devmem) ----
   # devmem tests with their output (bind errors and the kernel's extack text on this machine's
