@@ -51,8 +51,10 @@ void send_one(LinkPair& lp, MsgId id, size_t n, size_t so, size_t dso) {
     return st.ok() && bytes != n ? Status(Code::kInternal, "wrong length") : st;
   });
   Pump pump(lp.a.get());
-  Status st = pump.finish(kSend, id, secs(60));
+  size_t sent = 99;
+  Status st = pump.finish(kSend, id, secs(60), &sent);
   EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(sent, n);
   Status rs = rx.get();
   ASSERT_TRUE(rs.ok()) << rs.to_string();
   EXPECT_EQ(check_pattern(dst.data() + dso, n, id), SIZE_MAX) << "size " << n;
@@ -85,8 +87,10 @@ TEST(ShmLink, TruncatedMessageFailsAloneAndTheNextArrives) {
     return s.ok() ? p.finish(kSend, 2, secs(10)) : s;
   });
   Pump p(lp.b.get());
-  Status s = p.finish(kRecv, 1, secs(10));
+  size_t announced = 0;
+  Status s = p.finish(kRecv, 1, secs(10), &announced);
   EXPECT_EQ(s.code(), Code::kTruncated) << s.to_string();
+  EXPECT_EQ(announced, big.size());
   s = p.finish(kRecv, 2, secs(10));
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_TRUE(tx.get().ok());

@@ -52,6 +52,7 @@ class LinkImpl final : public ShmLink {
     MsgId id;
     size_t bytes;
     bool last;
+    size_t msg_bytes;  // the message length (reported with the last chunk's completion)
   };
   // Lifecycle of a recv: kPosted (in recvs_) -> chunks arriving (received grows, device copies
   // outstanding) -> received == total and outstanding == 0 -> completed. Truncation fails it at the

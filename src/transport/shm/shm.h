@@ -124,7 +124,7 @@ struct Completion {
   MsgId id = 0;
   Kind kind = kSend;
   Status status;
-  size_t bytes = 0;  // for a recv: the message length
+  size_t bytes = 0;  // the message length (also for a kTruncated recv; 0 for other failures)
 };
 
 // Counters for statistics (each copy is accounted for).

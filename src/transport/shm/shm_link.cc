@@ -129,7 +129,7 @@ bool LinkImpl::tx_step(std::vector<Completion>* out) {
     size_t len = std::min(layout_.slot_size, op.src.size - op.assigned);
     char* data = slot_data(side_, tx_reserved_);
     const char* src = static_cast<const char*>(op.src.ptr) + op.assigned;
-    TxChunk chunk{nullptr, 0, op.id, len, op.assigned + len == op.src.size};
+    TxChunk chunk{nullptr, 0, op.id, len, op.assigned + len == op.src.size, op.src.size};
     if (len > 0 && host_side(op.src)) {
       std::memcpy(data, src, len);
       ++stats_.host_copies;
@@ -180,7 +180,7 @@ bool LinkImpl::publish_ready(std::vector<Completion>* out) {
     }
     ++tx_head_;
     stats_.bytes_sent += c.bytes;
-    if (c.last) out->push_back(Completion{c.id, Completion::kSend, Status(), 0});
+    if (c.last) out->push_back(Completion{c.id, Completion::kSend, Status(), c.msg_bytes});
     tx_chunks_.pop_front();
   }
   if (tx_head_ != before) {
