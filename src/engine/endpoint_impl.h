@@ -138,6 +138,9 @@ class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_fro
   int running_ = 0;  // workers not yet stopped
   std::condition_variable stopped_cv_;
   bool delivering_ = false, redeliver_ = false;
+  // Operations finished but not yet delivered: lets deliver() skip the lock when there are none
+  // (it is called after every chunk). Written under mu_.
+  std::atomic<int> undelivered_{0};
   std::deque<std::shared_ptr<OpState>> initiated_, received_;  // completion order per queue
 
   uint64_t next_msg_ = 1, next_op_ = 1, next_token_ = 1;

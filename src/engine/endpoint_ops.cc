@@ -260,6 +260,7 @@ void EndpointImpl::finish(OpState& op, Status s) {
   if (op.phase == OpPhase::kFinished || op.phase == OpPhase::kDelivered) return;
   op.outcome = std::move(s);
   op.phase = OpPhase::kFinished;
+  if (op.type != OpType::kReadResponse) undelivered_.fetch_add(1, std::memory_order_release);
   if (op.type == OpType::kReadResponse && op.reg) {
     ContextImpl::release_registration(*op.reg);
     op.reg.reset();
@@ -346,6 +347,7 @@ void EndpointImpl::settle_stopped(const std::shared_ptr<OpState>& op) {
 // Delivers finished operations in order: the front of each queue, while finished. One thread
 // delivers at a time; others leave their work to it.
 void EndpointImpl::deliver() {
+  if (undelivered_.load(std::memory_order_acquire) == 0) return;  // nothing finished: no lock
   std::unique_lock<std::mutex> lock(mu_);
   if (delivering_) {
     redeliver_ = true;
@@ -358,6 +360,7 @@ void EndpointImpl::deliver() {
     for (auto* q : {&initiated_, &received_}) {
       while (!q->empty() && q->front()->phase == OpPhase::kFinished) {
         q->front()->phase = OpPhase::kDelivered;
+        undelivered_.fetch_sub(1, std::memory_order_release);
         batch.push_back(std::move(q->front()));
         q->pop_front();
       }
