@@ -346,6 +346,10 @@ if [[ $build_ok -eq 1 ]]; then
       tar -C /tmp -czf "$OUT/topo-capture.tgz" topo-capture && bash "$ROOT/scripts/perf-sweep.sh" "$DMX" latency
   }
   run_section probe-topo probe_topo_section
+  same_host_section() {  # shm and cuda_ipc data-path layers (not yet in the engine) vs memcpy / cudaMemcpyPeer
+    "$B/bench/shm_bench" && "$B/bench/cuda_ipc_bench"
+  }
+  run_section same-host same_host_section
 
   # ---- devmem (owner: devmem) ----
   # devmem tests with their output (bind errors and the kernel's extack text on this machine's

@@ -399,7 +399,7 @@ void EndpointImpl::fail(Status s) {
       status_ = s;
       if (s.code() != Code::kClosed) DMX_LOG_ERROR("endpoint to {} failed: {}", session_.peer, s.to_string());
     }
-    for (auto& st : streams_) st->stop(false);  // one stream down ends them all
+    for (auto& st : streams_) st->stop();  // one stream down ends them all
   }
   notes_cv_.notify_all();
 }
@@ -456,12 +456,12 @@ void EndpointImpl::close() {
   }
   notes_cv_.notify_all();
   if (on_worker_thread()) {  // a callback closing its own endpoint: no waiting on ourselves
-    for (auto& st : streams_) st->stop(false);
+    for (auto& st : streams_) st->stop();
     return;
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (sent && stopped_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return running_ == 0; })) return;
-  for (auto& st : streams_) st->stop(false);
+  for (auto& st : streams_) st->stop();
   if (!stopped_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return running_ == 0; }))
     DMX_LOG_ERROR("endpoint to {}: workers did not stop within 30 s of close", session_.peer);
 }
@@ -476,8 +476,6 @@ void EndpointImpl::on_tick() {
       auto op = deadlines_.begin()->second.lock();
       deadlines_.erase(deadlines_.begin());
       if (!op) continue;
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - op->deadline).count();
-      (void)ms;
       stop(op, Status(Code::kTimeout, "the operation did not complete before its deadline"));
     }
     next_deadline_ns_.store(deadlines_.empty() ? INT64_MAX : deadlines_.begin()->first.time_since_epoch().count());

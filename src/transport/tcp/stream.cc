@@ -59,13 +59,9 @@ void Stream::wake() {
   (void)rc;  // a full counter still wakes the worker
 }
 
-void Stream::stop(bool flush) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_flush_ = flush;
-  }
+void Stream::stop() {
   stop_.store(true, std::memory_order_release);
-  if (!flush) ::shutdown(fd_.get(), SHUT_RDWR);  // unblocks nothing (non-blocking) but ends the peer's wait
+  ::shutdown(fd_.get(), SHUT_RDWR);  // the peer's streams see the end now, not at the next keepalive
   wake();
 }
 
@@ -370,10 +366,7 @@ void Stream::run() {
   Status failure;
   Clock::time_point last_progress = Clock::now();
   for (;;) {
-    if (stop_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!stop_flush_ || (control_.empty() && !writing_)) break;
-    }
+    if (stop_.load(std::memory_order_acquire)) break;
     bool progress = false;
     Io tx = Io::kIdle, rx = Io::kIdle;
     failure = reap_rx(false, &progress);
@@ -427,7 +420,6 @@ void Stream::run() {
 
 // Waits for copies still in flight (they may write user memory), then drops all references.
 void Stream::drain() {
-  if (stop_flush_) ::shutdown(fd_.get(), SHUT_WR);
   for (auto& [key, q] : queues_) {
     auto fence = q->record();
     if (fence.ok()) {

@@ -113,8 +113,8 @@ class Stream {
   void start(std::shared_ptr<void> keep_alive);
   void push_control(TxItem item);  // any thread
   void wake();                     // any thread: chunks may be available
-  // Any thread. flush: write the queued control frames (e.g. CLOSE) before stopping.
-  void stop(bool flush);
+  // Any thread: the worker stops at once; the socket is shut down so the peer learns now.
+  void stop();
   StreamStats stats() const;
   int index() const { return config_.index; }
   bool is_worker_thread() const { return std::this_thread::get_id() == worker_id_; }
@@ -150,9 +150,8 @@ class Stream {
   std::thread thread_;
   std::thread::id worker_id_;
 
-  std::mutex mu_;                  // guards control_, stop_flush_
+  std::mutex mu_;  // guards control_
   std::deque<TxItem> control_;
-  bool stop_flush_ = false;
   std::atomic<bool> stop_{false};
 
   // Transmit.
