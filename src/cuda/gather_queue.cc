@@ -157,6 +157,9 @@ void device_free(void* p) {
 }
 Status copy_to_device(void* dst, const void* src, size_t n) {
   DMX_CUDA_RETURN_IF_ERROR("cudaMemcpy(H2D)", -1, cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return before the DMA has reached the device; work on
+  // other (non-blocking) streams must not see the old bytes.
+  DMX_CUDA_RETURN_IF_ERROR("cudaStreamSynchronize", -1, cudaStreamSynchronize(nullptr));
   return Status();
 }
 Status copy_to_host(void* dst, const void* src, size_t n) {
@@ -165,6 +168,9 @@ Status copy_to_host(void* dst, const void* src, size_t n) {
 }
 Status device_memset(void* dst, int value, size_t n) {
   DMX_CUDA_RETURN_IF_ERROR("cudaMemset", -1, cudaMemset(dst, value, n));
+  // cudaMemset is asynchronous and runs on the legacy stream, which does not order against the
+  // gather queue's non-blocking stream: wait, or a later gather can be overwritten (seen on H200).
+  DMX_CUDA_RETURN_IF_ERROR("cudaStreamSynchronize", -1, cudaStreamSynchronize(nullptr));
   return Status();
 }
 
