@@ -102,8 +102,9 @@ class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_fro
   void wake_streams();
 
   void finish(OpState& op, Status s);
-  void stop(const std::shared_ptr<OpState>& op, Status why);
-  void settle_stopped(const std::shared_ptr<OpState>& op);
+  // By value: callers often pass a pointer held in a table that these functions erase.
+  void stop(std::shared_ptr<OpState> op, Status why);
+  void settle_stopped(std::shared_ptr<OpState> op);
   void fail(Status s);
   void fail_all();
   void deliver();

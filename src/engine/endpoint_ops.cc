@@ -278,7 +278,7 @@ void EndpointImpl::cancel(const std::shared_ptr<OpState>& op, Status why) {
 
 // Ends `op` early with `why`, releasing its buffer as soon as no chunk in flight uses it.
 // Caller holds mu_.
-void EndpointImpl::stop(const std::shared_ptr<OpState>& op, Status why) {
+void EndpointImpl::stop(std::shared_ptr<OpState> op, Status why) {
   if (op->phase == OpPhase::kStopping || op->phase == OpPhase::kFinished || op->phase == OpPhase::kDelivered) return;
   if (op->eager) return;  // already on the wire in one frame; completes when written
   switch (op->type) {
@@ -324,7 +324,7 @@ void EndpointImpl::stop(const std::shared_ptr<OpState>& op, Status why) {
 }
 
 // Finishes a stopping op once nothing in flight uses its buffer. Caller holds mu_.
-void EndpointImpl::settle_stopped(const std::shared_ptr<OpState>& op) {
+void EndpointImpl::settle_stopped(std::shared_ptr<OpState> op) {
   if (op->phase != OpPhase::kStopping || op->inflight > 0) return;
   if ((op->type == OpType::kSend || op->type == OpType::kWrite) && op->handed < op->total) {
     // Tell the receiver how many bytes will come, so it can drop them and forget the message.
