@@ -166,9 +166,27 @@ TEST(TopoFixtures, CapturedCpuVm) {
   EXPECT_EQ(t.numa_of(dev(t, "0000:00:03.0")), 0);
 }
 
+// Captured on the GPU machine itself (nvidia-h200-x2, 2026-11-22, `dmx topo --capture`): the
+// hand-made gpu-vm above must agree with reality. 8 devices: host bridge, 4 virtio (2 more than
+// the hand-made tree), the NIC, and the two H200s on the root bus.
+TEST(TopoFixtures, GpuMachineCapturedMatchesTheHandWorkedRule) {
+  Topology t = load("gpu-h200x2");
+  ASSERT_EQ(t.gpus.size(), 2u);
+  EXPECT_EQ(t.cpu.vendor, "Intel");
+  ASSERT_EQ(t.host_bridges.size(), 1u);
+  ASSERT_GE(t.nic_by_name("eth0"), 0);
+  EXPECT_EQ(t.nics[t.nic_by_name("eth0")].pci, dev(t, "0000:00:03.0"));
+  // Same hand-worked answers as gpu-vm: root-bus chains of one, through the non-whitelisted
+  // host bridge 8086:0d57: NOT_SUPPORTED at distance 1 + 1.
+  expect_p2p(t, "0000:00:06.0", "0000:00:07.0", 2, MapType::kNotSupported);
+  expect_p2p(t, "0000:00:06.0", "0000:00:03.0", 2, MapType::kNotSupported);
+  expect_p2p(t, "0000:00:07.0", "0000:00:03.0", 2, MapType::kNotSupported);
+  expect_class(t, "0000:00:06.0", "0000:00:07.0", PathClass::kPhb);  // PCIe view; NVLink comes from CUDA
+}
+
 TEST(TopoFixtures, EveryPairIsSymmetricAndNeverUnknown) {
   for (const char* name :
-       {"gpu-vm", "dual-socket-icelake", "dual-socket-haswell", "switch-cascade-amd", "this-cpu-vm"}) {
+       {"gpu-vm", "gpu-h200x2", "dual-socket-icelake", "dual-socket-haswell", "switch-cascade-amd", "this-cpu-vm"}) {
     Topology t = load(name);
     for (size_t a = 0; a < t.devices.size(); ++a)
       for (size_t b = 0; b < t.devices.size(); ++b) {
