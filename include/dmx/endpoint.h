@@ -40,7 +40,8 @@ struct EndpointStats {
   uint64_t writes = 0, reads = 0;
   uint64_t d2h_copies = 0, d2h_bytes = 0;  // device -> pinned staging copies
   uint64_t h2d_copies = 0, h2d_bytes = 0;  // pinned staging -> device copies
-  uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies (eager messages buffered early)
+  uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies: eager host payloads framed inline,
+                                                   // eager messages buffered before their recv
   double send_seconds = 0, recv_seconds = 0, copy_wait_seconds = 0;  // time in each stage
   std::vector<uint64_t> stream_bytes_sent;  // per stream: shows the balance
 };

@@ -141,6 +141,8 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
         item.ctx = op;
         streams_[0]->push_control(std::move(item));
       } else {
+        ++counters_.host_copies;  // the inline copy made above
+        counters_.host_copy_bytes += src.size;
         push_control(h, std::move(inline_copy), op);
       }
     } else {
