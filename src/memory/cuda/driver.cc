@@ -159,6 +159,11 @@ Result<AllocationRange> allocation_range(const void* ptr) {
   r = attr.fn(&out.device, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr);
   if (r != CUDA_SUCCESS)
     return make_error(fmt::format("cuPointerGetAttribute({}, DEVICE_ORDINAL)", ptr), r).to_status(Code::kIo);
+  // cuMemGetAddressRange looks the pointer up in the calling thread's current context: make the
+  // owning device's primary context current (a pointer on cuda:1 asked under cuda:0 is NOT_FOUND,
+  // seen on 2xH200).
+  DeviceGuard guard(out.device);
+  DMX_RETURN_IF_ERROR(guard.status());
   CUdeviceptr base = 0;
   size_t size = 0;
   r = range.fn(&base, &size, dptr);
