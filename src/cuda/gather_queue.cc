@@ -21,6 +21,9 @@ struct GatherQueue::Impl {
     GatherDesc* dev = nullptr;
     cudaEvent_t event = nullptr;
     uint64_t fence = 0;  // the fence last recorded on this slot's event
+    // Whether that event follows the *last* batch of its fence. A large enqueue spans several
+    // slots under one fence; only its last slot's event says the whole fence has finished.
+    bool last = true;
   };
   cudaStream_t stream = nullptr;
   Slot slots[kSlots];
@@ -88,7 +91,7 @@ Result<uint64_t> GatherQueue::enqueue(const void* src, uint64_t src_size, void* 
     m.next_slot = (m.next_slot + 1) % Impl::kSlots;
     if (s.fence > m.completed) {  // the slot's descriptors may still be read by the GPU
       DMX_CUDA_RETURN_IF_ERROR("cudaEventSynchronize", device_, cudaEventSynchronize(s.event));
-      m.completed = std::max(m.completed, s.fence);
+      if (s.last) m.completed = std::max(m.completed, s.fence);
     }
     const uint32_t n = static_cast<uint32_t>(std::min<size_t>(descs.size() - at, Impl::kSlotDescs));
     if (n) {
@@ -101,6 +104,7 @@ Result<uint64_t> GatherQueue::enqueue(const void* src, uint64_t src_size, void* 
     }
     at += n;
     s.fence = m.next_fence;
+    s.last = at >= descs.size();
     DMX_CUDA_RETURN_IF_ERROR("cudaEventRecord", device_, cudaEventRecord(s.event, m.stream));
   } while (at < descs.size());
   return m.next_fence++;
@@ -111,7 +115,7 @@ Result<bool> GatherQueue::done(uint64_t fence) {
   if (fence > m.completed) {
     // Fences complete in order; the slot holding `fence` (or a later one) answers for it.
     for (auto& s : m.slots) {
-      if (s.fence < fence || s.fence <= m.completed) continue;
+      if (!s.last || s.fence < fence || s.fence <= m.completed) continue;
       cudaError_t e = cudaEventQuery(s.event);
       if (e == cudaErrorNotReady) continue;
       if (e != cudaSuccess) return error_status("cudaEventQuery(gather)", device_, e);
