@@ -30,7 +30,8 @@ constexpr ConfigEntry kTable[] = {
     {"chunk_size", ConfigType::kSize, "1M", "unit of striping and staging for large messages (64K-64M)"},
     {"staging_slots", ConfigType::kInt, "4", "pinned staging slots per stream for device memory (2-64)"},
     {"busy_poll", ConfigType::kDuration, "50us",
-     "after activity, stream workers poll this long before sleeping (latency vs. idle CPU)"},
+     "after activity, stream workers poll this long before sleeping (latency vs. idle CPU); the default "
+     "applies on machines with 8 or more CPUs, below that it is 0 (spinning starves the other threads)"},
     {"socket_buffer", ConfigType::kSize, "0", "SO_SNDBUF/SO_RCVBUF per stream; 0 keeps the kernel's autotuning"},
     // devmem TCP
     {"devmem_ifname", ConfigType::kString, "", "NIC whose queues receive into GPU memory (devmem TCP); empty: devmem off"},

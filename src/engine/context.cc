@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <thread>
 
 #include "core/log.h"
 #include "core/sys.h"
@@ -51,6 +52,9 @@ Result<EngineParams> params_from(const Config& c) {
   p.socket_buffer = static_cast<int>(sb);
   p.transport = c.get_string("transport");
   p.busy_poll = c.get_duration("busy_poll");
+  for (const auto& item : c.items())  // an explicit value is always honoured; the default adapts
+    if (item.entry->name == "busy_poll" && item.source == "default" && std::thread::hardware_concurrency() < 8)
+      p.busy_poll = std::chrono::microseconds(0);
   if (p.busy_poll > std::chrono::milliseconds(100)) return Status(Code::kInvalidArgument, "busy_poll must be at most 100ms");
   return p;
 }

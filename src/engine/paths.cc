@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <thread>
+
 #include "core/units.h"
 #include "memory/backend.h"
 
@@ -15,7 +17,15 @@ std::vector<Capability> probe_engine_paths(const Config& c) {
                              format_size(c.get_size("chunk_size")),
                              gpus.ok() ? fmt::format("({} CUDA device(s)) staged through pinned slots on copy engines", *gpus)
                                        : "unavailable (" + gpus.status().message() + "); host and sim memory only")};
+  bool default_poll = false;
+  for (const auto& item : c.items())
+    if (item.entry->name == "busy_poll") default_poll = item.source == "default";
+  unsigned cpus = std::thread::hardware_concurrency();
+  std::string poll = default_poll && cpus < 8
+                         ? fmt::format("0 (default adapted: {} CPUs; spinning would starve other threads)", cpus)
+                         : fmt::format("{} us", c.get_duration("busy_poll").count());
   tcp.facts = {{"auth", c.get_bool("insecure") ? "off (insecure)" : "HMAC-SHA256 shared key"},
+               {"busy_poll", poll},
                {"transport_setting", c.get_string("transport")}};
   out.push_back(std::move(tcp));
   // Paths whose data layers exist (tested on their own) but which negotiate() does not offer yet.
