@@ -94,6 +94,8 @@ class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_fro
 
   EndpointImpl(std::shared_ptr<ContextImpl> ctx, Session session);
 
+  Request post_one_sided(OpType type, const MemRegion& local, const RemoteRegion& remote, uint64_t offset,
+                         OpOptions o);
   std::shared_ptr<OpState> new_op(OpType type, const MemRegion& region, const OpOptions& o);
   Request start(const std::shared_ptr<OpState>& op, std::deque<std::shared_ptr<OpState>>& queue);
   void push_control(wire::FrameHeader h, std::vector<unsigned char> payload = {},

@@ -201,55 +201,49 @@ void EndpointImpl::match_recv(const std::shared_ptr<OpState>& op, bool front) {
 }
 
 Request EndpointImpl::post_write(const MemRegion& src, const RemoteRegion& dst, uint64_t offset, OpOptions o) {
-  auto op = new_op(OpType::kWrite, src, o);
-  op->rkey = dst.key;
+  return post_one_sided(OpType::kWrite, src, dst, offset, std::move(o));
+}
+
+Request EndpointImpl::post_read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions o) {
+  return post_one_sided(OpType::kRead, dst, src, offset, std::move(o));
+}
+
+// A write (local -> remote) or a read (remote -> local) of `local.size` bytes at `offset` of the
+// peer's registered region. Bounds are checked against the advertised size before anything is sent.
+Request EndpointImpl::post_one_sided(OpType type, const MemRegion& local, const RemoteRegion& remote, uint64_t offset,
+                                     OpOptions o) {
+  const bool write = type == OpType::kWrite;
+  auto op = new_op(type, local, o);
+  op->rkey = remote.key;
   op->roffset = offset;
-  op->notify = o.notify;
+  op->notify = write && o.notify;
   op->notify_value = o.notify_value;
-  Status bad = region_problem(src, "write");
-  if (bad.ok() && (offset > dst.size || src.size > dst.size - offset))
-    bad = Status(Code::kOutOfRange, fmt::format("write of {} bytes at offset {} exceeds the remote region of {} bytes",
-                                                src.size, offset, dst.size));
+  Status bad = region_problem(local, write ? "write" : "read");
+  if (bad.ok() && (offset > remote.size || local.size > remote.size - offset))
+    bad = Status(Code::kOutOfRange, fmt::format("{} of {} bytes at offset {} exceeds the remote region of {} bytes",
+                                                write ? "write" : "read", local.size, offset, remote.size));
   std::unique_lock<std::mutex> lock(mu_);
   Request r = start(op, initiated_);
   if (!status_.ok() || !bad.ok()) {
     finish(*op, bad.ok() ? status_ : bad);
-  } else {
+  } else if (write) {
     op->id = next_op_++;
     op->phase = OpPhase::kActive;
     ++counters_.writes;
     writes_[op->id] = op;
-    tx_.push_back(Transfer{op, FrameType::kWriteData, static_cast<const char*>(src.ptr), src.where});
+    tx_.push_back(Transfer{op, FrameType::kWriteData, static_cast<const char*>(local.ptr), local.where});
     has_tx_.store(true, std::memory_order_release);
     wake_streams();
-  }
-  lock.unlock();
-  deliver();
-  return r;
-}
-
-Request EndpointImpl::post_read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions o) {
-  auto op = new_op(OpType::kRead, dst, o);
-  op->rkey = src.key;
-  op->roffset = offset;
-  Status bad = region_problem(dst, "read");
-  if (bad.ok() && (offset > src.size || dst.size > src.size - offset))
-    bad = Status(Code::kOutOfRange, fmt::format("read of {} bytes at offset {} exceeds the remote region of {} bytes",
-                                                dst.size, offset, src.size));
-  std::unique_lock<std::mutex> lock(mu_);
-  Request r = start(op, initiated_);
-  if (!status_.ok() || !bad.ok()) {
-    finish(*op, bad.ok() ? status_ : bad);
   } else {
     op->id = next_op_++;
     ++counters_.reads;
-    reads_[op->id] = Inbound{op, 0, dst.size, 0, dst.size};
+    reads_[op->id] = Inbound{op, 0, local.size, 0, local.size};
     FrameHeader h;
     h.type = FrameType::kReadReq;
     h.id = op->id;
-    h.a0 = src.key;
+    h.a0 = remote.key;
     h.a1 = offset;
-    h.a2 = dst.size;
+    h.a2 = local.size;
     push_control(h);
   }
   lock.unlock();

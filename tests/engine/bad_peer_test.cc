@@ -106,24 +106,39 @@ TEST(BadPeer, EagerLargerThanTheLimit) {
   expect_listener_alive(s);
 }
 
-TEST(BadPeer, RendezvousChunkOutsideTheMessage) {
-  // A real rendezvous: the server's recv of 4096 bytes matches an RTS of 100 bytes and answers
-  // with a CTS; then the peer sends a chunk at offset 90 of length 20.
+// A real rendezvous with a raw peer: the server's recv of 4096 bytes matches an RTS of 100 bytes
+// and answers CTS; the peer then plays with the token the CTS carried.
+struct Rendezvous {
   Server s = make_server();
-  auto peer = RawPeer::connect(s.listener.address(), kKey);
-  ASSERT_TRUE(peer.ok());
-  auto ep = s.listener.accept(10s);
-  ASSERT_TRUE(ep.ok());
+  Result<RawPeer> peer = Status(Code::kInternal, "unset");
+  Result<Endpoint> ep = Status(Code::kInternal, "unset");
   Buffer dst = poisoned(MemSpec{}, 4096);
-  Request r = ep->recv(dst.region(), 5);
-  ASSERT_TRUE(peer->send(frame(FrameType::kRts, 1, 5, 100)).ok());
-  // Read the CTS to learn the token.
-  unsigned char hb[wire::kHeaderSize];
-  ASSERT_TRUE(tcp::recv_exact(peer->fd(), hb, sizeof hb, Deadline::after(5s), "server").ok());
-  auto cts = wire::decode_header(hb, wire::Limits{1 << 20, 1 << 20});
-  ASSERT_TRUE(cts.ok());
-  ASSERT_EQ(cts->type, FrameType::kCts);
-  FrameHeader d = frame(FrameType::kSendData, cts->a0, 90, 100);
+  Request r;
+  uint64_t token = 0;
+
+  void start() {
+    peer = RawPeer::connect(s.listener.address(), kKey);
+    ASSERT_TRUE(peer.ok());
+    ep = s.listener.accept(10s);
+    ASSERT_TRUE(ep.ok());
+    r = ep->recv(dst.region(), 5);
+    ASSERT_TRUE(peer->send(frame(FrameType::kRts, 1, 5, 100)).ok());
+    unsigned char hb[wire::kHeaderSize];
+    ASSERT_TRUE(tcp::recv_exact(peer->fd(), hb, sizeof hb, Deadline::after(5s), "server").ok());
+    auto cts = wire::decode_header(hb, wire::Limits{1 << 20, 1 << 20});
+    ASSERT_TRUE(cts.ok());
+    ASSERT_EQ(cts->type, FrameType::kCts);
+    token = cts->a0;
+  }
+};
+
+TEST(BadPeer, RendezvousChunkOutsideTheMessage) {
+  Rendezvous z;
+  ASSERT_NO_FATAL_FAILURE(z.start());
+  auto& peer = z.peer;
+  auto& r = z.r;
+  auto& dst = z.dst;
+  FrameHeader d = frame(FrameType::kSendData, z.token, 90, 100);
   d.payload_len = 20;
   ASSERT_TRUE(peer->send(d, std::vector<unsigned char>(20, 3)).ok());
   Status st = r.wait(5s);
@@ -134,21 +149,13 @@ TEST(BadPeer, RendezvousChunkOutsideTheMessage) {
 }
 
 TEST(BadPeer, MoreDataThanAnnounced) {
-  Server s = make_server();
-  auto peer = RawPeer::connect(s.listener.address(), kKey);
-  ASSERT_TRUE(peer.ok());
-  auto ep = s.listener.accept(10s);
-  ASSERT_TRUE(ep.ok());
-  Buffer dst = poisoned(MemSpec{}, 4096);
-  Request r = ep->recv(dst.region(), 5);
-  ASSERT_TRUE(peer->send(frame(FrameType::kRts, 1, 5, 100)).ok());
-  unsigned char hb[wire::kHeaderSize];
-  ASSERT_TRUE(tcp::recv_exact(peer->fd(), hb, sizeof hb, Deadline::after(5s), "server").ok());
-  auto cts = wire::decode_header(hb, wire::Limits{1 << 20, 1 << 20});
-  ASSERT_TRUE(cts.ok());
+  Rendezvous z;
+  ASSERT_NO_FATAL_FAILURE(z.start());
+  auto& peer = z.peer;
+  auto& r = z.r;
   // Two overlapping chunks that together exceed the 100 announced bytes.
   for (int i = 0; i < 2; ++i) {
-    FrameHeader d = frame(FrameType::kSendData, cts->a0, 0, 100);
+    FrameHeader d = frame(FrameType::kSendData, z.token, 0, 100);
     d.payload_len = 60;
     (void)peer->send(d, std::vector<unsigned char>(60, 4));
   }
