@@ -190,11 +190,7 @@ Status DevmemRx::receive(MemRegion dst, Deadline deadline) {
     size_t want = std::min(dst.size - got, opt_.recv_chunk);
     iovec iov{linear_, want};
     msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control_.data();
-    msg.msg_controllen = control_.size();
-    ssize_t n = sock_->recvmsg(&msg, abi::kMsgSockDevmem | MSG_DONTWAIT);
+    ssize_t n = recv_devmem(&msg, &iov);
     ++stats_.recv_calls;
     if (n == -EAGAIN || n == -EWOULDBLOCK) {
       if (deadline.expired())
@@ -247,15 +243,21 @@ Status DevmemRx::receive(MemRegion dst, Deadline deadline) {
   return Status();
 }
 
+// One non-blocking recvmsg(MSG_SOCK_DEVMEM) into `iov` (the linear buffer) with the full control
+// buffer; returns what the seam returns (bytes, or -errno).
+ssize_t DevmemRx::recv_devmem(msghdr* msg, iovec* iov) {
+  msg->msg_iov = iov;
+  msg->msg_iovlen = 1;
+  msg->msg_control = control_.data();
+  msg->msg_controllen = control_.size();
+  return sock_->recvmsg(msg, abi::kMsgSockDevmem | MSG_DONTWAIT);
+}
+
 Status DevmemRx::reject_unexpected() {
   if (!failed_.ok()) return failed_;
   iovec iov{linear_, opt_.recv_chunk};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control_.data();
-  msg.msg_controllen = control_.size();
-  ssize_t n = sock_->recvmsg(&msg, abi::kMsgSockDevmem | MSG_DONTWAIT);
+  ssize_t n = recv_devmem(&msg, &iov);
   if (n == -EAGAIN || n == -EWOULDBLOCK) return Status();
   if (n > 0) {
     ParsedRecv p;

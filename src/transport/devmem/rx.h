@@ -12,6 +12,9 @@
 // binding and the socket must outlive the DevmemRx.
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -89,6 +92,7 @@ class DevmemRx {
   // Called when the socket turns readable while no receive is posted: the peer sent more than
   // it announced. Consumes what is there, returns its tokens, and fails the receive side.
   Status reject_unexpected();
+  ssize_t recv_devmem(msghdr* msg, iovec* iov);
 
   const RxStats& stats() const { return stats_; }
   uint64_t outstanding_tokens() const { return outstanding_; }

@@ -76,6 +76,14 @@ class LinkImpl final : public ShmLink {
   bool rx_step(std::vector<Completion>* out);
   bool publish_ready(std::vector<Completion>* out);
   Result<CopyQueue*> queue_for(MemSpec where);
+  // Copies `len` bytes between a slot and user memory of kind `user`: a memcpy for host memory
+  // (returns a null queue), else an asynchronous copy on the device's queue (returns it and the
+  // fence to wait for). to_slot: user -> slot; else slot -> user.
+  struct SlotCopy {
+    CopyQueue* queue = nullptr;
+    uint64_t fence = 0;
+  };
+  Result<SlotCopy> copy_slot(void* dst, const void* src, size_t len, MemSpec user, bool to_slot);
   bool host_side(const MemRegion& r) const { return !r.where.is_device(); }
   char* slot_data(int ring, uint64_t count) const;
   SlotHeader* slot_header(int ring, uint64_t count) const;

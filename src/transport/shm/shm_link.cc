@@ -62,6 +62,21 @@ SlotHeader* LinkImpl::slot_header(int ring, uint64_t count) const {
   return reinterpret_cast<SlotHeader*>(base_ + layout_.header_offset(ring, static_cast<uint32_t>(count % layout_.slots)));
 }
 
+Result<LinkImpl::SlotCopy> LinkImpl::copy_slot(void* dst, const void* src, size_t len, MemSpec user, bool to_slot) {
+  SlotCopy c;
+  if (len == 0) return c;
+  if (!user.is_device()) {
+    std::memcpy(dst, src, len);
+    ++stats_.host_copies;
+    return c;
+  }
+  DMX_ASSIGN_OR_RETURN(c.queue, queue_for(user));
+  DMX_RETURN_IF_ERROR(to_slot ? c.queue->to_host(dst, src, len) : c.queue->to_device(dst, src, len));
+  DMX_ASSIGN_OR_RETURN(c.fence, c.queue->record());
+  ++stats_.device_copies;
+  return c;
+}
+
 Result<CopyQueue*> LinkImpl::queue_for(MemSpec where) {
   auto key = std::make_pair(static_cast<int>(where.kind), where.device);
   auto it = queues_.find(key);
@@ -130,21 +145,13 @@ bool LinkImpl::tx_step(std::vector<Completion>* out) {
     char* data = slot_data(side_, tx_reserved_);
     const char* src = static_cast<const char*>(op.src.ptr) + op.assigned;
     TxChunk chunk{nullptr, 0, op.id, len, op.assigned + len == op.src.size, op.src.size};
-    if (len > 0 && host_side(op.src)) {
-      std::memcpy(data, src, len);
-      ++stats_.host_copies;
-    } else if (len > 0) {
-      auto q = queue_for(op.src.where);
-      Status s = q.ok() ? (*q)->to_host(data, src, len) : q.status();
-      auto fence = s.ok() ? (*q)->record() : Result<uint64_t>(s);
-      if (!fence.ok()) {
-        fail(fence.status(), out);
-        return true;
-      }
-      chunk.queue = *q;
-      chunk.fence = *fence;
-      ++stats_.device_copies;
+    auto copied = copy_slot(data, src, len, op.src.where, /*to_slot=*/true);
+    if (!copied.ok()) {
+      fail(copied.status(), out);
+      return true;
     }
+    chunk.queue = copied->queue;
+    chunk.fence = copied->fence;
     SlotHeader* h = slot_header(side_, tx_reserved_);
     h->msg_id.store(op.id, std::memory_order_relaxed);
     h->offset.store(op.assigned, std::memory_order_relaxed);
@@ -288,22 +295,14 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
       }
       if (!chunk.discard) {
         char* dst = static_cast<char*>(op.dst.ptr) + offset;
-        if (len > 0 && host_side(op.dst)) {
-          std::memcpy(dst, data, len);
-          ++stats_.host_copies;
-        } else if (len > 0) {
-          auto q = queue_for(op.dst.where);
-          Status s = q.ok() ? (*q)->to_device(dst, data, len) : q.status();
-          auto fence = s.ok() ? (*q)->record() : Result<uint64_t>(s);
-          if (!fence.ok()) {
-            fail(fence.status(), out);
-            return true;
-          }
-          chunk.queue = *q;
-          chunk.fence = *fence;
-          ++op.outstanding;
-          ++stats_.device_copies;
+        auto copied = copy_slot(dst, data, len, op.dst.where, /*to_slot=*/false);
+        if (!copied.ok()) {
+          fail(copied.status(), out);
+          return true;
         }
+        chunk.queue = copied->queue;
+        chunk.fence = copied->fence;
+        if (chunk.queue != nullptr) ++op.outstanding;
         op.received += len;
         if (chunk.queue == nullptr) maybe_complete_recv(id, out);
       }
