@@ -1,0 +1,1 @@
+#include "engine/devmem_path.h"

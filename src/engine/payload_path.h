@@ -1,0 +1,99 @@
+// A payload path: where the bytes of a data chunk travel when they do not follow their header on
+// a TCP stream. The endpoint keeps every decision on its TCP streams (matching, RTS/CTS, bounds,
+// cancel, ACKs): a chunk's header still goes out on stream 0, flagged with the path, and carries
+// the path's *descriptor* of the chunk as its payload (≤ kMaxPathDescriptor bytes: the length for
+// shm, the IPC descriptor for cuda_ipc, the length for devmem). The path only moves bytes:
+//
+//   sender:   seq = next tx seq of the path; desc = path->post_tx(seq, src)   (stream 0 writes the
+//             header + desc)  ...  Events::on_path_tx_done(seq) — the source is free again
+//   receiver: stream 0 reads header + desc; len = path->chunk_length(desc); bounds checked as for
+//             inline chunks; path->post_rx(seq, desc, dst)  ...  Events::on_path_rx_done(seq) — the
+//             bytes are in dst
+//
+// Sequence numbers are per path and per direction, counted by both sides in the order the headers
+// travel on stream 0 (the only stream that carries path chunks). A path that delivers the bytes
+// by having the *receiver* copy out of the sender's memory (cuda_ipc) sets `receiver_releases()`:
+// the receiving endpoint then answers every chunk with a PATH_DONE frame (id = seq) and the
+// sending endpoint treats that frame as the chunk's tx completion (the path never calls
+// on_path_tx_done itself).
+//
+// Threading: each path runs its own progress thread. post_tx/post_rx/chunk_length may be called
+// from any thread (the endpoint calls them under its mutex, so they must not block on I/O or call
+// back into Events). Events are called on the path's thread with no path lock held.
+//
+// Errors: a chunk that cannot move completes with an error status (that chunk only); a path that
+// is broken for good (peer died, corrupt ring, device error) calls on_path_failed once, then
+// completes every pending chunk with that error. stop() is prompt; when it returns, or when
+// on_path_stopped has been called, the path no longer touches any user memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dmx/memory.h"
+#include "dmx/status.h"
+
+namespace dmx {
+
+inline constexpr size_t kMaxPathDescriptor = 256;
+
+enum class PathKind : uint8_t { kShm = 0, kCudaIpc = 1, kDevmem = 2 };
+inline constexpr int kPathKinds = 3;
+const char* path_name(PathKind k);
+
+// Counters of one path, for EndpointStats (each copy is accounted for).
+struct PathStats {
+  uint64_t chunks_sent = 0, chunks_received = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t host_copies = 0;    // CPU memcpy (shm slots, devmem linear data)
+  uint64_t device_copies = 0;  // copy-engine copies (staging, IPC, gather)
+  uint64_t wakeups = 0;        // sleeps of the progress thread that a peer or poster ended
+};
+
+class PayloadPath {
+ public:
+  class Events {
+   public:
+    virtual ~Events() = default;
+    virtual void on_path_tx_done(PathKind path, uint64_t seq, const Status& s) = 0;
+    virtual void on_path_rx_done(PathKind path, uint64_t seq, const Status& s) = 0;
+    virtual void on_path_failed(PathKind path, const Status& s) = 0;
+    // The progress thread has exited: the path no longer touches user memory.
+    virtual void on_path_stopped(PathKind path) = 0;
+  };
+
+  virtual ~PayloadPath() = default;
+  virtual PathKind kind() const = 0;
+
+  // Starts the progress thread; events go to `events`, which `keep_alive` keeps alive until
+  // on_path_stopped has returned.
+  virtual void start(Events* events, std::shared_ptr<void> keep_alive) = 0;
+
+  // Whether chunks whose source is of this kind can travel on this path (cuda_ipc: cuda only).
+  virtual bool carries(const MemSpec& src) const = 0;
+  // The largest chunk this path takes in one post_tx (the endpoint cuts transfers to it).
+  virtual uint64_t max_chunk() const = 0;
+
+  // Sender: moves `src` (which stays valid until on_path_tx_done / PATH_DONE for `seq`). Returns
+  // the descriptor to send as the header's payload (≤ kMaxPathDescriptor bytes).
+  virtual Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src) = 0;
+  // Receiver: the chunk length a descriptor announces. Untrusted input: kProtocol when malformed.
+  virtual Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) = 0;
+  // Receiver: moves the chunk into `dst` (dst.size == chunk_length(descriptor)); when dst.ptr is
+  // null, consumes the chunk and drops it (a cancelled or refused transfer).
+  virtual Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) = 0;
+  // True when the receiver copies out of the sender's memory (see the top of this file).
+  virtual bool receiver_releases() const = 0;
+
+  // Stops the progress thread without waiting for pending chunks (they complete with an error);
+  // waits until nothing of the user's memory is in use. Idempotent; any thread but the path's.
+  virtual void stop() = 0;
+  virtual PathStats stats() const = 0;
+  // One line for `dmx bench` and statistics: "shm 16 x 256 KiB slots", "cuda_ipc cuda:0->cuda:1 peer".
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace dmx
