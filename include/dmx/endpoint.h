@@ -30,7 +30,14 @@ struct Notification {
 };
 
 struct EndpointStats {
-  std::string transport;  // the data path in use: "tcp"
+  // A payload path beside the TCP streams (same host: shm, cuda_ipc), with its own counters.
+  struct PathUse {
+    std::string name;    // "shm", "cuda_ipc"
+    std::string detail;  // e.g. "cuda_ipc: cuda:0 -> cuda:1 peer access enabled"
+    uint64_t chunks_sent = 0, chunks_received = 0, bytes_sent = 0, bytes_received = 0;
+    uint64_t host_copies = 0, device_copies = 0;
+  };
+  std::string transport;  // the data paths in use: "tcp", "shm", "cuda_ipc", "shm+cuda_ipc"
   std::string reason;     // why that path was chosen
   std::string peer;
   uint32_t streams = 0;
@@ -44,6 +51,7 @@ struct EndpointStats {
                                                    // eager messages buffered before their recv
   double send_seconds = 0, recv_seconds = 0, copy_wait_seconds = 0;  // time in each stage
   std::vector<uint64_t> stream_bytes_sent;  // per stream: shows the balance
+  std::vector<PathUse> paths;               // empty for "tcp"
 };
 
 // Thread-safe. Move-only; destroying the last handle closes the endpoint.

@@ -17,6 +17,7 @@
 #include "dmx/endpoint.h"
 #include "engine/context_impl.h"
 #include "engine/op.h"
+#include "engine/payload_path.h"
 #include "transport/tcp/stream.h"
 
 namespace dmx {
@@ -29,14 +30,18 @@ struct Session {
   uint64_t peer_unexpected_budget = 0;  // EAGER bytes the peer buffers for us
   std::string peer;                     // "10.0.0.2:7000"
   std::string transport = "tcp";
+  uint64_t paths = 0;  // wire::kTransportShm | kTransportCudaIpc: payload paths beside the streams
   std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
   std::string reason;
 };
 
-class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_from_this<EndpointImpl> {
+class EndpointImpl final : public tcp::StreamHost,
+                           public PayloadPath::Events,
+                           public std::enable_shared_from_this<EndpointImpl> {
  public:
   static std::shared_ptr<EndpointImpl> create(std::shared_ptr<ContextImpl> ctx, Session session,
-                                              std::vector<UniqueFd> fds);
+                                              std::vector<UniqueFd> fds,
+                                              std::vector<std::unique_ptr<PayloadPath>> paths = {});
   ~EndpointImpl() override;
 
   Request post_send(const MemRegion& src, uint64_t tag, OpOptions o);
@@ -59,7 +64,30 @@ class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_fro
   void on_stream_stopped(int stream) override;
   void on_tick() override;
 
+  // PayloadPath::Events (endpoint_paths.cc)
+  void on_path_tx_done(PathKind path, uint64_t seq, const Status& s) override;
+  void on_path_rx_done(PathKind path, uint64_t seq, const Status& s) override;
+  void on_path_failed(PathKind path, const Status& s) override;
+  void on_path_stopped(PathKind path) override;
+
  private:
+  // A payload path and its chunks in flight (endpoint_paths.cc). Sequence numbers count the
+  // path's chunk headers on stream 0, per direction.
+  struct PathState {
+    std::unique_ptr<PayloadPath> path;
+    uint64_t tx_seq = 0, rx_seq = 0;
+    struct Tx {
+      std::shared_ptr<OpState> op;
+      uint64_t len = 0;
+    };
+    struct Rx {
+      wire::FrameHeader header;
+      uint64_t len = 0;
+      bool counted = false;  // an op's inflight was raised for it
+    };
+    std::unordered_map<uint64_t, Tx> tx;
+    std::unordered_map<uint64_t, Rx> rx;
+  };
   // An outgoing data transfer, chunked by whichever streams pull it.
   struct Transfer {
     std::shared_ptr<OpState> op;
@@ -90,6 +118,7 @@ class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_fro
     uint64_t rkey = 0, total = 0, received = 0, expected = 0, reserved = 0;
     bool notify = false, cancelled = false;
     uint64_t value = 0;
+    Status failed;  // a chunk did not arrive (payload path error): the ACK reports it
   };
 
   EndpointImpl(std::shared_ptr<ContextImpl> ctx, Session session);
@@ -111,17 +140,30 @@ class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_fro
   void fail_all();
   void deliver();
   bool on_worker_thread() const;
+  // A chunk of `op` left this side (written to a socket, or released by a path). Caller holds mu_.
+  void chunk_sent(const std::shared_ptr<OpState>& op, uint64_t len, const Status& s);
+
+  // Payload paths (endpoint_paths.cc).
+  PayloadPath* path_for(const MemSpec& src) const;
+  // Hands the next chunk of `t` to `path`; fills the header frame to write. Caller holds mu_.
+  Status post_path_chunk(PayloadPath* path, Transfer& t, uint64_t len, tcp::TxItem* out);
+  // A path-flagged data header with its descriptor arrived on stream 0. Caller holds mu_.
+  Status on_path_header(const wire::FrameHeader& h, const std::vector<unsigned char>& desc);
+  void stop_paths();
 
   // Receive side (endpoint_rx.cc).
   Result<tcp::RxPlan> plan_eager(const wire::FrameHeader& h);
   Status on_rts(const wire::FrameHeader& h);
   void accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_t msg, uint64_t size, uint64_t tag);
+  // `len`: the chunk's length (the frame's payload, or what a path's descriptor announced).
   Result<tcp::RxPlan> plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const wire::FrameHeader& h,
-                                   uint64_t offset, uint64_t total, std::string_view what);
-  Status land_inbound(std::unordered_map<uint64_t, Inbound>& map, uint64_t key, uint64_t len, bool counted);
+                                   uint64_t offset, uint64_t total, uint64_t len, std::string_view what);
+  // `moved`: whether the bytes reached the buffer (a path may fail a chunk).
+  Status land_inbound(std::unordered_map<uint64_t, Inbound>& map, uint64_t key, uint64_t len, bool counted,
+                      const Status& moved = Status());
   Status on_cts(const wire::FrameHeader& h);
-  Result<tcp::RxPlan> plan_write(const wire::FrameHeader& h);
-  void land_write(const wire::FrameHeader& h);
+  Result<tcp::RxPlan> plan_write(const wire::FrameHeader& h, uint64_t len);
+  void land_write(const wire::FrameHeader& h, uint64_t len, const Status& moved = Status());
   Status on_read_req(const wire::FrameHeader& h);
   Status on_ack(const wire::FrameHeader& h, const std::vector<unsigned char>& text);
   Status on_cancel(const wire::FrameHeader& h);
@@ -135,6 +177,8 @@ class EndpointImpl final : public tcp::StreamHost, public std::enable_shared_fro
   const Session session_;
   const EngineParams params_;
   std::vector<std::unique_ptr<tcp::Stream>> streams_;  // fixed after create()
+  PathState paths_[kPathKinds];                        // path pointers fixed after create()
+  bool has_paths_ = false;
 
   mutable std::mutex mu_;
   Status status_;  // sticky: ok until the endpoint fails or closes

@@ -15,6 +15,8 @@ using wire::FrameType;
 namespace {
 // Per-message cost charged against the peer's unexpected budget (so empty messages count too).
 constexpr uint64_t kEagerOverhead = 64;
+// Chunks one payload path may have in flight from this side.
+constexpr size_t kPathWindow = 8;
 
 Status region_problem(const MemRegion& r, std::string_view what) {
   if (r.size > 0 && r.ptr == nullptr) return Status(Code::kInvalidArgument, fmt::format("{}: null buffer", what));
@@ -23,8 +25,14 @@ Status region_problem(const MemRegion& r, std::string_view what) {
 }  // namespace
 
 std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> ctx, Session session,
-                                                   std::vector<UniqueFd> fds) {
+                                                   std::vector<UniqueFd> fds,
+                                                   std::vector<std::unique_ptr<PayloadPath>> paths) {
   auto ep = std::shared_ptr<EndpointImpl>(new EndpointImpl(std::move(ctx), std::move(session)));
+  for (auto& p : paths) {
+    PathKind k = p->kind();
+    ep->paths_[static_cast<int>(k)].path = std::move(p);
+    ep->has_paths_ = true;
+  }
   const EngineParams& p = ep->params_;
   for (size_t i = 0; i < fds.size(); ++i) {
     tcp::StreamConfig sc;
@@ -40,8 +48,12 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   }
   ep->running_ = static_cast<int>(ep->streams_.size());
   for (auto& s : ep->streams_) s->start(ep);
+  for (auto& ps : ep->paths_)
+    if (ps.path) ps.path->start(ep.get(), ep);
   DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
                ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));
+  for (auto& ps : ep->paths_)
+    if (ps.path) DMX_LOG_INFO("endpoint to {}: {}", ep->session_.peer, ps.path->describe());
   return ep;
 }
 
@@ -331,6 +343,11 @@ void EndpointImpl::settle_stopped(std::shared_ptr<OpState> op) {
     h.a1 = static_cast<uint64_t>(op->type == OpType::kSend ? wire::OpKind::kSend : wire::OpKind::kWrite);
     push_control(h);
   }
+  if (op->type == OpType::kReadResponse && op->handed < op->total && status_.ok()) {
+    // A read response that cannot go on (a payload path failed a chunk): the reader stops
+    // waiting for the rest.
+    send_ack(op->id, wire::OpKind::kRead, op->outcome);
+  }
   if (op->type == OpType::kSend) sends_.erase(op->id);
   if (op->type == OpType::kWrite) writes_.erase(op->id);
   for (auto& [key, in] : tokens_)
@@ -404,6 +421,12 @@ void EndpointImpl::on_stream_stopped(int stream) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (--running_ > 0) return;
+  }
+  // The last stream is gone; the paths stop too (each waits until its copies no longer use user
+  // memory) before everything left fails.
+  stop_paths();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     fail_all();
   }
   stopped_cv_.notify_all();
@@ -515,6 +538,20 @@ EndpointStats EndpointImpl::stats() const {
     s.copy_wait_seconds += static_cast<double>(x.ns_copy_wait) * 1e-9;
     s.stream_bytes_sent.push_back(x.bytes_sent);
   }
+  for (const auto& ps : paths_) {
+    if (!ps.path) continue;
+    PathStats x = ps.path->stats();
+    EndpointStats::PathUse u;
+    u.name = path_name(ps.path->kind());
+    u.detail = ps.path->describe();
+    u.chunks_sent = x.chunks_sent;
+    u.chunks_received = x.chunks_received;
+    u.bytes_sent = x.bytes_sent;
+    u.bytes_received = x.bytes_received;
+    u.host_copies = x.host_copies;
+    u.device_copies = x.device_copies;
+    s.paths.push_back(std::move(u));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   s.messages_sent = counters_.messages_sent;
   s.messages_received = counters_.messages_received;
@@ -535,10 +572,14 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     EndpointImpl* ep;
     ~Sync() { ep->has_tx_.store(!ep->tx_.empty(), std::memory_order_release); }
   } sync{this};
+  if (has_paths_ && stream != 0) return false;  // path chunk headers keep their order on stream 0
   while (!tx_.empty()) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
-    uint64_t len = std::min<uint64_t>(session_.chunk_size, op.total - t.next);
+    PayloadPath* path = has_paths_ ? path_for(t.where) : nullptr;
+    // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
+    if (path != nullptr && paths_[static_cast<int>(path->kind())].tx.size() >= kPathWindow) return false;
+    uint64_t len = std::min<uint64_t>(path ? path->max_chunk() : session_.chunk_size, op.total - t.next);
     if (len == 0 && t.emitted) {
       tx_.pop_front();
       continue;
@@ -564,6 +605,13 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
         h.a1 = op.total;
         break;
     }
+    if (path != nullptr) {
+      if (Status st = post_path_chunk(path, t, len, out); !st.ok()) {
+        stop(t.op, st);  // removes the transfer
+        continue;
+      }
+      return true;
+    }
     out->src = t.src + t.next;
     out->where = t.where;
     out->len = len;
@@ -586,19 +634,24 @@ void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {
       op->done = op->total;
       finish(*op, Status());
     } else {
-      --op->inflight;
-      op->done += item.len;
-      if (op->phase == OpPhase::kStopping) {
-        settle_stopped(op);
-      } else if (op->done == op->total && op->type == OpType::kSend) {
-        sends_.erase(op->id);
-        finish(*op, Status());
-      } else if (op->done == op->total && op->type == OpType::kReadResponse) {
-        finish(*op, Status());
-      }
+      chunk_sent(op, item.len, Status());
     }
   }
   deliver();
+}
+
+void EndpointImpl::chunk_sent(const std::shared_ptr<OpState>& op, uint64_t len, const Status& s) {
+  --op->inflight;
+  if (s.ok()) op->done += len;
+  else stop(op, s);
+  if (op->phase == OpPhase::kStopping) {
+    settle_stopped(op);
+  } else if (op->done == op->total && op->type == OpType::kSend) {
+    sends_.erase(op->id);
+    finish(*op, Status());
+  } else if (op->done == op->total && op->type == OpType::kReadResponse) {
+    finish(*op, Status());
+  }
 }
 
 }  // namespace dmx

@@ -41,11 +41,17 @@ Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
     case FrameType::kEager:
       return plan_eager(h);
     case FrameType::kSendData:
-      return plan_inbound(tokens_, h, h.a0, h.a1, "SEND_DATA");
     case FrameType::kReadData:
-      return plan_inbound(reads_, h, h.a0, h.a1, "READ_DATA");
     case FrameType::kWriteData:
-      return plan_write(h);
+      if (h.flags & wire::kPathFlags) {  // the payload is the path's descriptor of the chunk
+        if (stream != 0) return protocol(fmt::format("{} arrived on stream {}, not 0", wire::describe(h), stream));
+        tcp::RxPlan p;
+        p.kind = tcp::RxPlan::Kind::kControl;
+        return p;
+      }
+      if (h.type == FrameType::kSendData) return plan_inbound(tokens_, h, h.a0, h.a1, h.payload_len, "SEND_DATA");
+      if (h.type == FrameType::kReadData) return plan_inbound(reads_, h, h.a0, h.a1, h.payload_len, "READ_DATA");
+      return plan_write(h, h.payload_len);
     case FrameType::kAck:
     case FrameType::kClose: {
       tcp::RxPlan p;
@@ -89,12 +95,33 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
         break;
       case FrameType::kRts: st = on_rts(h); break;
       case FrameType::kCts: st = on_cts(h); break;
-      case FrameType::kSendData: st = land_inbound(tokens_, h.id, h.payload_len, plan.host_tag == kTagCounted); break;
-      case FrameType::kReadData: st = land_inbound(reads_, h.id, h.payload_len, plan.host_tag == kTagCounted); break;
+      case FrameType::kSendData:
+      case FrameType::kReadData:
       case FrameType::kWriteData:
-        land_write(h);
-        noted = h.flags & wire::kFlagNotify;
+        if (h.flags & wire::kPathFlags) st = on_path_header(h, plan.control);
+        else if (h.type == FrameType::kSendData)
+          st = land_inbound(tokens_, h.id, h.payload_len, plan.host_tag == kTagCounted);
+        else if (h.type == FrameType::kReadData)
+          st = land_inbound(reads_, h.id, h.payload_len, plan.host_tag == kTagCounted);
+        else {
+          land_write(h, h.payload_len);
+          noted = h.flags & wire::kFlagNotify;
+        }
         break;
+      case FrameType::kPathDone: {
+        auto k = static_cast<size_t>(h.a0);
+        if (k >= kPathKinds || !paths_[k].path || !paths_[k].path->receiver_releases())
+          st = protocol(fmt::format("PATH_DONE for path {}, which releases nothing here", h.a0));
+        else if (auto it = paths_[k].tx.find(h.id); it == paths_[k].tx.end())
+          st = protocol(fmt::format("PATH_DONE for {} chunk {}, which is not in flight", path_name(PathKind(k)), h.id));
+        else {
+          auto tx = std::move(it->second);
+          paths_[k].tx.erase(it);
+          chunk_sent(tx.op, tx.len, Status());
+          streams_[0]->wake();  // the window has room again
+        }
+        break;
+      }
       case FrameType::kReadReq: st = on_read_req(h); break;
       case FrameType::kAck: st = on_ack(h, plan.control); break;
       case FrameType::kCancel: st = on_cancel(h); break;
@@ -255,11 +282,10 @@ Status EndpointImpl::on_cts(const FrameHeader& h) {
 }
 
 Result<tcp::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const FrameHeader& h,
-                                               uint64_t offset, uint64_t total, std::string_view what) {
+                                               uint64_t offset, uint64_t total, uint64_t len, std::string_view what) {
   auto it = map.find(h.id);
   if (it == map.end()) return protocol(fmt::format("{} for unknown id {}", what, h.id));
   Inbound& in = it->second;
-  uint64_t len = h.payload_len;
   if (total != in.total)
     return protocol(fmt::format("{} announces a {}-byte transfer; {} bytes were agreed", what, total, in.total));
   if (offset > in.total || len > in.total - offset)
@@ -281,15 +307,16 @@ Result<tcp::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, Inbo
 }
 
 Status EndpointImpl::land_inbound(std::unordered_map<uint64_t, Inbound>& map, uint64_t key, uint64_t len,
-                                  bool counted) {
+                                  bool counted, const Status& moved) {
   auto it = map.find(key);
   if (it == map.end()) return Status(Code::kInternal, "landed chunk of a forgotten transfer");
   Inbound& in = it->second;
   in.received += len;
   std::shared_ptr<OpState> op = in.op;
   if (counted && op) {
-    op->done += len;
     --op->inflight;
+    if (moved.ok()) op->done += len;
+    else stop(op, moved);
     if (op->phase == OpPhase::kStopping) settle_stopped(op);
   }
   if (in.received == in.expected) {
@@ -300,7 +327,7 @@ Status EndpointImpl::land_inbound(std::unordered_map<uint64_t, Inbound>& map, ui
   return Status();
 }
 
-Result<tcp::RxPlan> EndpointImpl::plan_write(const FrameHeader& h) {
+Result<tcp::RxPlan> EndpointImpl::plan_write(const FrameHeader& h, uint64_t len) {
   auto it = in_writes_.find(h.id);
   if (it == in_writes_.end()) {
     if (in_writes_.size() >= static_cast<size_t>(params_.max_inflight_ops))
@@ -322,7 +349,6 @@ Result<tcp::RxPlan> EndpointImpl::plan_write(const FrameHeader& h) {
     it->second.rkey = h.a0;
   }
   InWrite& w = it->second;
-  uint64_t len = h.payload_len;
   if (h.a2 != w.total || h.a0 != w.rkey)
     return protocol(fmt::format("WRITE_DATA for op {} changed its key or length mid-transfer", h.id));
   if (len > w.expected - w.reserved)
@@ -340,15 +366,16 @@ Result<tcp::RxPlan> EndpointImpl::plan_write(const FrameHeader& h) {
   return plan_into(r.sub(h.a1, len), nullptr);
 }
 
-void EndpointImpl::land_write(const FrameHeader& h) {
+void EndpointImpl::land_write(const FrameHeader& h, uint64_t len, const Status& moved) {
   auto it = in_writes_.find(h.id);
   if (it == in_writes_.end()) return;
   InWrite& w = it->second;
-  w.received += h.payload_len;
+  w.received += len;
+  if (!moved.ok() && w.failed.ok()) w.failed = moved;
   if (w.received != w.expected) return;
   if (w.reg && !w.cancelled) {
-    send_ack(h.id, wire::OpKind::kWrite, Status());
-    if (w.notify) notes_.push_back(Notification{w.value, w.rkey, w.total});
+    send_ack(h.id, wire::OpKind::kWrite, w.failed);
+    if (w.notify && w.failed.ok()) notes_.push_back(Notification{w.value, w.rkey, w.total});
   }
   if (w.reg) ContextImpl::release_registration(*w.reg);
   in_writes_.erase(it);
@@ -418,9 +445,18 @@ Status EndpointImpl::on_ack(const FrameHeader& h, const std::vector<unsigned cha
         if (h.id < next_op_) return Status();
         return protocol(fmt::format("ACK for read op {} that was never issued", h.id));
       }
-      if (code == Code::kOk || it->second.reserved > 0) return protocol(fmt::format("unexpected ACK for read op {}", h.id));
-      if (it->second.op) finish(*it->second.op, Status(code, fmt::format("the target refused the read: {}", text)));
-      reads_.erase(it);
+      Inbound& in = it->second;
+      if (code == Code::kOk) return protocol(fmt::format("ACK(ok) for read op {}", h.id));
+      Status why(code, fmt::format("the target ended the read: {}", text));
+      if (in.reserved == 0) {  // refused up front
+        if (in.op) finish(*in.op, Status(code, fmt::format("the target refused the read: {}", text)));
+        reads_.erase(it);
+        return Status();
+      }
+      // Ended midway: the chunks already announced still arrive; nothing more comes.
+      in.expected = in.reserved;
+      if (in.op) stop(in.op, why);
+      if (in.received == in.expected) reads_.erase(it);
       return Status();
     }
   }

@@ -5,6 +5,7 @@
 
 #include "core/log.h"
 #include "core/sys.h"
+#include "engine/local_paths.h"
 #include "transport/tcp/socket.h"
 
 namespace dmx {
@@ -44,24 +45,47 @@ Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs) {
 }
 
 Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
-                          const std::string& peer) {
+                          const std::string& peer, const std::string& why_not) {
   Session s;
   s.streams = server.streams;
   s.chunk_size = server.chunk_size;
   s.peer = peer;
   bool same_host = client.boot_id == server.boot_id && client.hostname == server.hostname && !client.boot_id.empty();
   uint64_t common = client.transports & server.transports;
-  const std::string& forced = ctx.params().transport;
-  if (forced != "auto" && forced != "tcp")
-    return Status(Code::kUnavailable, fmt::format("transport={} was forced, but the engine can use only tcp so far "
-                                                  "(the {} data path is not wired into the engine yet)",
-                                                  forced, forced));
   if ((common & wire::kTransportTcp) == 0) return Status(Code::kUnavailable, "the peers share no data path");
-  s.transport = "tcp";
-  if (forced == "tcp") s.reason = "forced by configuration (transport=tcp)";
-  else
-    s.reason = same_host ? "auto: tcp is the only path both peers offer (same host: shm and cuda_ipc not yet offered)"
-                         : "auto: tcp is the only path both peers offer (different hosts)";
+  const std::string& forced = ctx.params().transport;
+  std::string detail = why_not.empty() ? "" : fmt::format(" ({})", why_not);
+  uint64_t local = common & (wire::kTransportShm | wire::kTransportCudaIpc);
+  if (forced == "devmem")
+    return Status(Code::kUnavailable, "transport=devmem was forced, but the devmem data path is not wired into the "
+                                      "engine yet (docs/devmem.md)");
+  if (forced == "shm" || forced == "cuda_ipc") {
+    uint64_t bit = forced == "shm" ? uint64_t{wire::kTransportShm} : uint64_t{wire::kTransportCudaIpc};
+    if ((local & bit) == 0)
+      return Status(Code::kUnavailable, fmt::format("transport={} was forced, but the peers cannot use it{}", forced,
+                                                    detail.empty() ? (same_host ? "" : " (different hosts)") : detail));
+    local = bit;
+  }
+  if (forced == "tcp") local = 0;
+  s.paths = local;
+  if (local == (wire::kTransportShm | wire::kTransportCudaIpc)) {
+    s.transport = "shm+cuda_ipc";
+    s.reason = "same host: device sources go by cuda_ipc, everything else through shm";
+  } else if (local == wire::kTransportShm) {
+    s.transport = "shm";
+    s.reason = fmt::format("same host: payloads go through shm{}", detail);
+  } else if (local == wire::kTransportCudaIpc) {
+    s.transport = "cuda_ipc";
+    s.reason = fmt::format("same host: device sources go by cuda_ipc, host sources inline on TCP stream 0{}", detail);
+  } else {
+    s.transport = "tcp";
+    s.reason = forced == "tcp" ? "forced by configuration (transport=tcp)"
+                               : fmt::format("auto: {}{}", same_host ? "same host, no same-host path agreed"
+                                                                     : "different hosts (devmem not wired in yet)",
+                                             detail);
+  }
+  if (forced == "shm" || forced == "cuda_ipc")
+    s.reason = fmt::format("forced by configuration (transport={}); {}", forced, s.reason);
   return s;
 }
 
@@ -126,6 +150,9 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
   std::vector<UniqueFd> fds;
   DMX_ASSIGN_OR_RETURN(UniqueFd fd0, open_stream(addr, p, deadline));
   wire::Hello mine = make_hello(*ctx, wire::Role::kClient);
+  std::optional<shm::UnixListener> local_listener;
+  std::string why_not;
+  offer_paths(*ctx, &mine, &local_listener, &why_not);
   DMX_RETURN_IF_ERROR(send_frame(fd0.get(), wire::FrameType::kHello, wire::encode_hello(mine), deadline, peer));
   DMX_ASSIGN_OR_RETURN(Frame reply, recv_frame(fd0.get(), deadline, peer));
   if (reply.header.type != wire::FrameType::kHello) return unexpected_reply(reply, "HELLO", peer);
@@ -136,7 +163,11 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
   if (theirs->streams != mine.streams || theirs->chunk_size > mine.chunk_size)
     return Status(Code::kProtocol, "the server changed the stream count or raised the chunk size").with_peer(peer);
   uint64_t session = theirs->session;
-  DMX_ASSIGN_OR_RETURN(Session agreed, negotiate(*ctx, mine, *theirs, peer));
+  for (uint64_t bit : {uint64_t{wire::kTransportShm}, uint64_t{wire::kTransportCudaIpc}})
+    if ((mine.transports & bit) && !(theirs->transports & bit))
+      why_not += fmt::format("{}the server did not accept {} (see its log)", why_not.empty() ? "" : "; ",
+                             bit == wire::kTransportShm ? "shm" : "cuda_ipc");
+  DMX_ASSIGN_OR_RETURN(Session agreed, negotiate(*ctx, mine, *theirs, peer, why_not));
   if (!ctx->auth().insecure) {
     wire::Proof expect = make_proof(ctx->auth(), kServerLabel, mine.nonce, theirs->nonce, session);
     if (!proofs_equal(expect, theirs->proof))
@@ -164,7 +195,10 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
   agreed.keepalive = keepalive_for(p, *theirs);
   agreed.peer_eager_limit = theirs->eager_limit;
   agreed.peer_unexpected_budget = theirs->unexpected_budget;
-  return EndpointImpl::create(ctx, std::move(agreed), std::move(fds));
+  if (agreed.paths == 0) local_listener.reset();
+  DMX_ASSIGN_OR_RETURN(auto paths, build_paths(*ctx, agreed.paths, mine, *theirs, std::move(local_listener),
+                                                std::nullopt, peer, deadline));
+  return EndpointImpl::create(ctx, std::move(agreed), std::move(fds), std::move(paths));
 }
 
 }  // namespace dmx

@@ -22,9 +22,11 @@ inline constexpr std::string_view kClientLabel = "dmx1 client proof";
 inline constexpr std::string_view kJoinLabel = "dmx1 join proof";
 
 wire::Hello make_hello(const ContextImpl& ctx, wire::Role role);
-// Chooses the data path and fills the agreed session; the same rule on both sides.
+// Chooses the data paths and fills the agreed session; the same rule on both sides, from the two
+// HELLOs (the server has already dropped the bits it cannot accept). `why_not`: this side's
+// reasons for paths not offered or not accepted, quoted in the session's reason.
 Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
-                          const std::string& peer);
+                          const std::string& peer, const std::string& why_not);
 // How often to send keepalives: our own interval, or more often when the peer gives up sooner.
 std::chrono::microseconds keepalive_for(const EngineParams& mine, const wire::Hello& theirs);
 // Whether the peer's authentication mode works with ours; the reason when not.

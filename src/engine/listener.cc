@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "dmx/context.h"
 #include "engine/handshake.h"
+#include "engine/local_paths.h"
 #include "transport/tcp/socket.h"
 
 namespace dmx {
@@ -46,6 +47,8 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
     size_t joined = 0;
     Deadline deadline;
     std::string peer;
+    std::optional<shm::UnixChannel> channel;  // the shm side channel, when agreed
+    std::string why_not;                      // reasons for same-host paths not used
   };
   enum class Next { kKeep, kDrop, kTaken };
 
@@ -267,7 +270,12 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   } while (server.session == 0 || pending_.count(server.session));
   if (!ctx_->auth().insecure)
     server.proof = make_proof(ctx_->auth(), kServerLabel, client->nonce, server.nonce, server.session);
-  if (auto agreed = negotiate(*ctx_, *client, server, c.peer); !agreed.ok()) return reject(c, agreed.status());
+  std::optional<shm::UnixChannel> channel;
+  std::string why_not;
+  offer_paths(*ctx_, &server, nullptr, &why_not);
+  accept_paths(*ctx_, *client, &server, &channel, &why_not);
+  if (auto agreed = negotiate(*ctx_, *client, server, c.peer, why_not); !agreed.ok())
+    return reject(c, agreed.status());
   Status s = send_frame(c.fd.get(), wire::FrameType::kHello, wire::encode_hello(server),
                         Deadline::after(std::chrono::seconds(1)), c.peer);
   if (!s.ok()) {
@@ -280,6 +288,8 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   p.fds.resize(client->streams);
   p.deadline = c.deadline;
   p.peer = c.peer;
+  p.channel = std::move(channel);
+  p.why_not = std::move(why_not);
   pending_[server.session] = std::move(p);
   c.awaiting_auth = server.session;
   if (ctx_->auth().insecure) return on_auth(c);
@@ -338,12 +348,19 @@ void ListenerImpl::complete(uint64_t session) {
   if (it == pending_.end() || it->second.joined < it->second.fds.size()) return;
   Pending p = std::move(it->second);
   pending_.erase(it);
-  auto agreed = negotiate(*ctx_, p.client, p.server, p.peer);
+  auto agreed = negotiate(*ctx_, p.client, p.server, p.peer, p.why_not);
   if (!agreed.ok()) return;  // checked at HELLO already
   agreed->keepalive = keepalive_for(ctx_->params(), p.client);
   agreed->peer_eager_limit = p.client.eager_limit;
   agreed->peer_unexpected_budget = p.client.unexpected_budget;
-  auto ep = EndpointImpl::create(ctx_, std::move(*agreed), std::move(p.fds));
+  // Bounded by the handshake deadline; the client builds its side at the same time.
+  auto paths = build_paths(*ctx_, agreed->paths, p.client, p.server, std::nullopt, std::move(p.channel), p.peer,
+                           p.deadline);
+  if (!paths.ok()) {
+    DMX_LOG_WARN("listener {}: peer {}: same-host path set-up failed: {}", address_, p.peer, paths.status().message());
+    return;  // dropping the streams tells the client
+  }
+  auto ep = EndpointImpl::create(ctx_, std::move(*agreed), std::move(p.fds), std::move(*paths));
   {
     std::lock_guard<std::mutex> lock(mu_);
     ready_.push_back(std::move(ep));

@@ -37,6 +37,7 @@ std::string_view frame_type_name(FrameType t) {
     case FrameType::kWriteData: return "WRITE_DATA";
     case FrameType::kReadReq: return "READ_REQ";
     case FrameType::kReadData: return "READ_DATA";
+    case FrameType::kPathDone: return "PATH_DONE";
     case FrameType::kKeepalive: return "KEEPALIVE";
     case FrameType::kClose: return "CLOSE";
   }
@@ -66,6 +67,7 @@ Result<uint32_t> max_payload(FrameType t, const Limits& limits) {
     case FrameType::kCancel:
     case FrameType::kCredit:
     case FrameType::kReadReq:
+    case FrameType::kPathDone:
     case FrameType::kKeepalive:
       return 0;
   }
@@ -90,12 +92,18 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   h.a2 = get_u64(b + 40);
   h.a3 = get_u64(b + 48);
   DMX_ASSIGN_OR_RETURN(uint32_t max, max_payload(h.type, limits));
+  bool data = h.type == FrameType::kSendData || h.type == FrameType::kWriteData || h.type == FrameType::kReadData;
+  uint8_t allowed_flags = (h.type == FrameType::kWriteData ? kFlagNotify : 0) | (data ? kPathFlags : 0);
+  if ((h.flags & ~allowed_flags) != 0)
+    return Status(Code::kProtocol, fmt::format("{} frame has unknown flags 0x{:02x}", frame_type_name(h.type), h.flags));
+  uint8_t path = h.flags & kPathFlags;
+  if ((path & (path - 1)) != 0)
+    return Status(Code::kProtocol, fmt::format("{} frame names more than one payload path (flags 0x{:02x})",
+                                               frame_type_name(h.type), h.flags));
+  if (path != 0) max = kMaxPathDescriptor;
   if (h.payload_len > max)
     return Status(Code::kProtocol, fmt::format("{} frame carries {} payload bytes; the limit is {}",
                                                frame_type_name(h.type), h.payload_len, max));
-  uint8_t allowed_flags = h.type == FrameType::kWriteData ? kFlagNotify : 0;
-  if ((h.flags & ~allowed_flags) != 0)
-    return Status(Code::kProtocol, fmt::format("{} frame has unknown flags 0x{:02x}", frame_type_name(h.type), h.flags));
   return h;
 }
 

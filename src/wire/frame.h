@@ -46,6 +46,8 @@ enum class FrameType : uint8_t {
   kWriteData = 24,  // id=op id, a0=remote key, a1=remote offset, a2=op length, a3=notify value
   kReadReq = 25,    // id=op id, a0=remote key, a1=remote offset, a2=length
   kReadData = 26,   // id=op id, a0=offset in op, a1=op length; payload = chunk
+  kPathDone = 27,   // id=path sequence number, a0=PathKind: the receiver is done with a chunk the
+                    // sender lent through a path that releases at the receiver (cuda_ipc)
   // Liveness.
   kKeepalive = 30,
   kClose = 31,  // orderly close; payload: reason text
@@ -53,7 +55,15 @@ enum class FrameType : uint8_t {
 
 enum FrameFlags : uint8_t {
   kFlagNotify = 1,  // kWriteData: deliver a notification to the target when the write has landed
+  // Data frames (kSendData / kWriteData / kReadData): the chunk's bytes travel on a payload path;
+  // the frame's payload is the path's descriptor of the chunk (≤ kMaxPathDescriptor bytes).
+  // At most one of these, and only when the handshake agreed that path.
+  kFlagPathShm = 2,
+  kFlagPathCudaIpc = 4,
+  kFlagPathDevmem = 8,
 };
+inline constexpr uint8_t kPathFlags = kFlagPathShm | kFlagPathCudaIpc | kFlagPathDevmem;
+inline constexpr uint32_t kMaxPathDescriptor = 256;
 
 // Operation kinds named in kAck / kCancel.
 enum class OpKind : uint8_t { kSend = 1, kWrite = 2, kRead = 3 };

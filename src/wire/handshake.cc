@@ -95,6 +95,7 @@ std::vector<unsigned char> encode_hello(const Hello& h) {
   w.str(h.hostname);
   w.u32(h.pid);
   w.u32(h.peer_timeout_ms);
+  w.str(h.local_channel);
   return w.take();
 }
 
@@ -116,6 +117,7 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
   h.hostname = r.str(255);
   h.pid = r.u32();
   h.peer_timeout_ms = r.u32();
+  h.local_channel = r.str(108);  // sun_path
   DMX_RETURN_IF_ERROR(r.finish("HELLO"));
   // Version first: a newer peer may lay out the rest differently, and saying so is the useful error.
   if (h.version != kProtocolVersion)
@@ -135,7 +137,7 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
   if ((h.transports & kTransportTcp) == 0) return Status(Code::kProtocol, "HELLO: peer does not offer the tcp path");
   if (h.peer_timeout_ms < 100)
     return Status(Code::kProtocol, fmt::format("HELLO: peer timeout of {} ms is too short", h.peer_timeout_ms));
-  if (!printable(h.boot_id) || !printable(h.hostname))
+  if (!printable(h.boot_id) || !printable(h.hostname) || !printable(h.local_channel))
     return Status(Code::kProtocol, "HELLO: host identity has non-printable characters");
   return h;
 }

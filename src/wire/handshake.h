@@ -45,6 +45,9 @@ struct Hello {
   std::string hostname;
   uint32_t pid = 0;
   uint32_t peer_timeout_ms = 0;  // this side declares the peer dead after this much silence
+  // Client, same-host paths: the Unix socket where it waits for the server's side channel
+  // (shm); empty when it offers none.
+  std::string local_channel;
 };
 
 struct Join {

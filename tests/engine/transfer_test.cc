@@ -1,4 +1,5 @@
-// Byte-exact delivery over the staged TCP path: every memory kind pair, odd sizes, offsets.
+// Byte-exact delivery over each data path (staged TCP, and the same-host paths auto picks): every
+// memory kind pair, odd sizes, offsets, both operation styles.
 #include <gtest/gtest.h>
 
 #include "engine/context_impl.h"
@@ -12,8 +13,9 @@ using namespace std::chrono_literals;
 struct KindPair {
   const char* src;
   const char* dst;
+  const char* transport;  // "tcp", or "auto" (same host: shm, cuda_ipc for device sources)
 };
-void PrintTo(const KindPair& k, std::ostream* os) { *os << k.src << " -> " << k.dst; }
+void PrintTo(const KindPair& k, std::ostream* os) { *os << k.src << " -> " << k.dst << " over " << k.transport; }
 
 class Transfer : public ::testing::TestWithParam<KindPair> {
  protected:
@@ -22,6 +24,16 @@ class Transfer : public ::testing::TestWithParam<KindPair> {
     dst_ = *parse_mem_spec(GetParam().dst);
     for (MemSpec m : {src_, dst_})
       if (Status s = mem_available(m); !s.ok()) GTEST_SKIP() << to_string(m) << ": " << s.to_string();
+  }
+  Pair connect_pair() {
+    Options o = test_options();
+    o.set("transport", GetParam().transport);
+    Pair p = test::connect_pair(o);
+    std::string want = GetParam().transport;
+    EndpointStats st = p.client.stats();
+    if (want == "tcp") EXPECT_EQ(st.transport, "tcp");
+    else EXPECT_NE(st.transport, "tcp") << "auto should pick a same-host path here: " << st.reason;
+    return p;
   }
   MemSpec src_, dst_;
 };
@@ -87,17 +99,20 @@ TEST_P(Transfer, WriteAndReadOneSided) {
   EXPECT_TRUE(std::equal(again.begin(), again.end(), src.data.begin() + 7));
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, Transfer,
-                         ::testing::Values(KindPair{"host", "host"}, KindPair{"host", "sim"}, KindPair{"sim", "host"},
-                                           KindPair{"sim", "sim:1"}, KindPair{"cuda:0", "cuda:0"},
-                                           KindPair{"cuda:0", "host"}, KindPair{"host", "cuda:0"},
-                                           KindPair{"pinned", "cuda:0"}),
-                         [](const auto& info) {
-                           std::string n = std::string(info.param.src) + "_to_" + info.param.dst;
-                           for (char& c : n)
-                             if (c == ':') c = '_';
-                           return n;
-                         });
+#define DMX_KIND_PAIRS(t)                                                                                   \
+  KindPair{"host", "host", t}, KindPair{"host", "sim", t}, KindPair{"sim", "host", t},                      \
+      KindPair{"sim", "sim:1", t}, KindPair{"cuda:0", "cuda:0", t}, KindPair{"cuda:0", "host", t},          \
+      KindPair{"host", "cuda:0", t}, KindPair{"pinned", "cuda:0", t}
+
+std::string kind_pair_name(const ::testing::TestParamInfo<KindPair>& info) {
+  std::string n = std::string(info.param.src) + "_to_" + info.param.dst;
+  for (char& c : n)
+    if (c == ':') c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Tcp, Transfer, ::testing::Values(DMX_KIND_PAIRS("tcp")), kind_pair_name);
+INSTANTIATE_TEST_SUITE_P(SameHost, Transfer, ::testing::Values(DMX_KIND_PAIRS("auto")), kind_pair_name);
 
 }  // namespace
 }  // namespace dmx::test

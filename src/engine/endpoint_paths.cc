@@ -1,0 +1,154 @@
+// Endpoint: chunks whose bytes travel on a payload path (payload_path.h). The headers and every
+// decision stay with the streams; this file hands chunks to paths and takes their completions.
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "engine/endpoint_impl.h"
+
+namespace dmx {
+
+using wire::FrameHeader;
+using wire::FrameType;
+
+namespace {
+
+uint8_t flag_of(PathKind k) {
+  switch (k) {
+    case PathKind::kShm: return wire::kFlagPathShm;
+    case PathKind::kCudaIpc: return wire::kFlagPathCudaIpc;
+    case PathKind::kDevmem: return wire::kFlagPathDevmem;
+  }
+  return 0;
+}
+
+PathKind kind_of(uint8_t flags) {
+  if (flags & wire::kFlagPathCudaIpc) return PathKind::kCudaIpc;
+  if (flags & wire::kFlagPathDevmem) return PathKind::kDevmem;
+  return PathKind::kShm;
+}
+
+}  // namespace
+
+// The path for a chunk from `src`: cuda_ipc for what it carries (device memory), then shm, then
+// none (inline on stream 0).
+PayloadPath* EndpointImpl::path_for(const MemSpec& src) const {
+  for (PathKind k : {PathKind::kCudaIpc, PathKind::kDevmem, PathKind::kShm}) {
+    const auto& p = paths_[static_cast<int>(k)].path;
+    if (p && p->carries(src)) return p.get();
+  }
+  return nullptr;
+}
+
+Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t len, tcp::TxItem* out) {
+  PathState& ps = paths_[static_cast<int>(path->kind())];
+  OpState& op = *t.op;
+  uint64_t seq = ps.tx_seq;
+  DMX_ASSIGN_OR_RETURN(std::vector<unsigned char> desc, path->post_tx(seq, MemRegion{const_cast<char*>(t.src) + t.next, len, t.where}));
+  if (desc.empty() || desc.size() > kMaxPathDescriptor)
+    return Status(Code::kInternal, fmt::format("{} path made a {}-byte descriptor", path_name(path->kind()), desc.size()));
+  ++ps.tx_seq;
+  ps.tx[seq] = PathState::Tx{t.op, len};
+  out->header.flags |= flag_of(path->kind());
+  out->header.payload_len = static_cast<uint32_t>(desc.size());
+  out->owned = std::move(desc);
+  out->src = out->owned.data();
+  out->where = MemSpec{};
+  out->len = out->owned.size();
+  out->ctx = nullptr;  // the chunk is done when the path says so, not when the header is written
+  t.next += len;
+  t.emitted = true;
+  op.handed += len;
+  ++op.inflight;
+  if (t.next == op.total) tx_.pop_front();
+  return Status();
+}
+
+Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsigned char>& desc) {
+  PathKind k = kind_of(h.flags);
+  PathState& ps = paths_[static_cast<int>(k)];
+  if (!ps.path)
+    return Status(Code::kProtocol, fmt::format("{} uses the {} path, which was not agreed", wire::describe(h),
+                                               path_name(k)));
+  auto len = ps.path->chunk_length(desc);
+  if (!len.ok()) return Status(Code::kProtocol, fmt::format("{}: {}", wire::describe(h), len.status().message()));
+  Result<tcp::RxPlan> plan = h.type == FrameType::kSendData ? plan_inbound(tokens_, h, h.a0, h.a1, *len, "SEND_DATA")
+                             : h.type == FrameType::kReadData ? plan_inbound(reads_, h, h.a0, h.a1, *len, "READ_DATA")
+                                                              : plan_write(h, *len);
+  if (!plan.ok()) return plan.status();
+  uint64_t seq = ps.rx_seq++;
+  MemRegion dst{nullptr, *len, {}};
+  if (plan->kind != tcp::RxPlan::Kind::kDiscard) dst = MemRegion{plan->dst, *len, plan->where};
+  ps.rx[seq] = PathState::Rx{h, *len, plan->host_tag != 0};
+  if (Status s = ps.path->post_rx(seq, desc, dst); !s.ok()) {
+    // The chunk cannot move: account for it as arrived-but-failed, like a failed copy.
+    auto rx = std::move(ps.rx[seq]);
+    ps.rx.erase(seq);
+    if (h.type == FrameType::kWriteData) land_write(h, rx.len, s);
+    else return land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.counted, s);
+  }
+  return Status();
+}
+
+void EndpointImpl::on_path_tx_done(PathKind path, uint64_t seq, const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PathState& ps = paths_[static_cast<int>(path)];
+    auto it = ps.tx.find(seq);
+    if (it == ps.tx.end()) return;  // the endpoint failed meanwhile
+    auto tx = std::move(it->second);
+    ps.tx.erase(it);
+    chunk_sent(tx.op, tx.len, s.ok() ? s : s.with_peer(session_.peer));
+  }
+  streams_[0]->wake();  // the window has room again
+  deliver();
+}
+
+void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s) {
+  bool noted = false;
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PathState& ps = paths_[static_cast<int>(path)];
+    auto it = ps.rx.find(seq);
+    if (it == ps.rx.end()) return;  // the endpoint failed meanwhile
+    auto rx = std::move(it->second);
+    ps.rx.erase(it);
+    const FrameHeader& h = rx.header;
+    if (h.type == FrameType::kWriteData) {
+      land_write(h, rx.len, s);
+      noted = (h.flags & wire::kFlagNotify) != 0;
+    } else {
+      st = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.counted, s);
+    }
+    if (ps.path->receiver_releases() && status_.ok()) {
+      FrameHeader done;
+      done.type = FrameType::kPathDone;
+      done.id = seq;
+      done.a0 = static_cast<uint64_t>(path);
+      push_control(done);
+    }
+  }
+  if (!st.ok()) fail(st);
+  if (noted) notes_cv_.notify_all();
+  deliver();
+}
+
+void EndpointImpl::on_path_failed(PathKind path, const Status& s) {
+  fail(Status(s.code(), fmt::format("the {} path failed: {}", path_name(path), s.message())).with_peer(session_.peer));
+}
+
+void EndpointImpl::on_path_stopped(PathKind path) {}
+
+// Called once every stream has stopped, without mu_: each path stops and waits until it no longer
+// uses user memory. Its pending chunks are then forgotten; fail_all() ends their operations.
+void EndpointImpl::stop_paths() {
+  for (auto& ps : paths_)
+    if (ps.path) ps.path->stop();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& ps : paths_) {
+    ps.tx.clear();
+    ps.rx.clear();
+  }
+}
+
+}  // namespace dmx
