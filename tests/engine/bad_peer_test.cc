@@ -164,6 +164,28 @@ TEST(BadPeer, MoreDataThanAnnounced) {
   EXPECT_NE(st.message().find("more than"), std::string::npos) << st.to_string();
 }
 
+// A peer that did not agree a payload path may not use one, nor release chunks it never got.
+TEST(BadPeer, PayloadPathThatWasNotAgreed) {
+  Rendezvous z;
+  ASSERT_NO_FATAL_FAILURE(z.start());
+  FrameHeader d = frame(FrameType::kSendData, z.token, 0, 100);
+  d.flags = wire::kFlagPathShm;
+  d.payload_len = 8;
+  std::vector<unsigned char> len(8, 0);
+  len[0] = 100;
+  ASSERT_TRUE(z.peer->send(d, len).ok());
+  Status st = z.r.wait(5s);
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find("not agreed"), std::string::npos) << st.to_string();
+}
+
+TEST(BadPeer, PathDoneForNothing) {
+  Server s = make_server();
+  Status st = provoke(s, {{frame(FrameType::kPathDone, 3, 1), {}}});
+  EXPECT_NE(st.message().find("PATH_DONE"), std::string::npos) << st.to_string();
+  expect_listener_alive(s);
+}
+
 TEST(BadPeer, WriteOutsideTheRegion) {
   Server s = make_server();
   Buffer target = poisoned(MemSpec{}, 1000);

@@ -78,6 +78,32 @@ TEST(Frame, PayloadLimitsPerType) {
   EXPECT_FALSE(decode_header(encode_header(h).data(), kLimits).ok());
 }
 
+TEST(Frame, PayloadPathFlags) {
+  FrameHeader h;
+  h.type = FrameType::kSendData;
+  h.flags = kFlagPathShm;
+  h.payload_len = 8;  // the path's descriptor, not the chunk
+  EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
+  h.payload_len = kMaxPathDescriptor + 1;
+  EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("limit"), std::string::npos);
+  h.payload_len = 8;
+  h.flags = kFlagPathShm | kFlagPathCudaIpc;
+  EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("more than one"),
+            std::string::npos);
+  h.type = FrameType::kWriteData;
+  h.flags = kFlagNotify | kFlagPathCudaIpc;
+  EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
+  h.type = FrameType::kEager;  // only data frames travel on paths
+  h.flags = kFlagPathShm;
+  EXPECT_FALSE(decode_header(encode_header(h).data(), kLimits).ok());
+  FrameHeader d;
+  d.type = FrameType::kPathDone;
+  d.id = 9;
+  EXPECT_TRUE(decode_header(encode_header(d).data(), kLimits).ok());
+  d.payload_len = 1;
+  EXPECT_FALSE(decode_header(encode_header(d).data(), kLimits).ok());
+}
+
 Hello sample_hello() {
   Hello h;
   h.version = kProtocolVersion;
@@ -94,6 +120,7 @@ Hello sample_hello() {
   h.hostname = "gpu-node-7";
   h.pid = 4242;
   h.peer_timeout_ms = 10000;
+  h.local_channel = "@dmx-side-channel";
   return h;
 }
 
