@@ -48,12 +48,12 @@ void offer_paths(const ContextImpl& ctx, wire::Hello* hello, std::optional<shm::
       }
     }
     if (s.ok()) hello->transports |= wire::kTransportShm;
-    else note(why_not, fmt::format("shm not offered: {}", s.message()));
+    else note(why_not, s.message().starts_with("shm") ? s.message() : "shm: " + s.message());
   }
   if (allowed(forced, "cuda_ipc")) {
     Status s = cuda_ipc_path_available();
     if (s.ok()) hello->transports |= wire::kTransportCudaIpc;
-    else note(why_not, fmt::format("cuda_ipc not offered: {}", s.message()));
+    else note(why_not, s.message().starts_with("cuda_ipc") ? s.message() : "cuda_ipc: " + s.message());
   }
 }
 
