@@ -17,7 +17,11 @@ Scenarios
                  8-byte half round trip <= 20 us; dmx really used transport tcp.
   same-host      dmx two processes --mem cuda:0 --peer-mem cuda:1 --transport auto
                  vs cudaMemcpyPeer / torch copy (bench/ref/memcpy_peer.py) and NCCL p2p.
-                 No target unless --same-host-target R (dmx >= R x best peer copy).
+                 No target unless --same-host-target R (dmx >= R x best peer copy at --large)
+                 and/or --nccl-p2p-target R (dmx >= R x NCCL p2p at --small).
+  shm-host       dmx two processes --mem host --peer-mem host --transport auto (shm) vs
+                 single-thread memcpy (bench/ref/memcpy_host.py). No target unless
+                 --shm-target R (dmx >= R x memcpy at --large).
 
 dmx is --dmx PATH, else $DMX_BIN, else build/tools/dmx/dmx under the repository root.
 Output: a table on stdout, and with --json FILE everything (commands, raw lines, targets).
@@ -47,7 +51,7 @@ refutil.apply_safety_env()
 
 REQUIRED_DMX_KEYS = ("size_bytes", "gb_per_s", "lat_p50_us", "lat_p99_us", "transport", "mem",
                      "peer_mem", "streams", "verified")
-SCENARIOS = ("host-loopback", "host-netns", "gpu-staged", "same-host")
+SCENARIOS = ("host-loopback", "host-netns", "gpu-staged", "same-host", "shm-host")
 
 
 class Failure(Exception):
@@ -490,6 +494,12 @@ def scenario_same_host(runner, args):
                 f"x{n} {refutil.format_size(large)}: dmx / best peer copy",
                 ratio(g.get(large, {}).get("gb_per_s"), best.get(large, {}).get("gb_per_s")),
                 ">=", args.same_host_target))
+        if args.nccl_p2p_target:
+            small = refutil.parse_size(args.small)
+            result["targets"].append(target(
+                f"x{n} {refutil.format_size(small)}: dmx / NCCL p2p",
+                ratio(g.get(small, {}).get("gb_per_s"), nccl.get(small, {}).get("gb_per_s")),
+                ">=", args.nccl_p2p_target))
     if args.dry_run:
         return result
     print("\nsame-host: dmx cuda:0 -> cuda:1 vs peer copy and NCCL p2p")
@@ -501,6 +511,44 @@ def scenario_same_host(runner, args):
                   r["transport"], r["verified"]] for r in result["table"]])
     if not result["targets"]:
         print("  (no target: pass --same-host-target R to judge dmx against the best peer copy)")
+    print_targets(result["targets"])
+    return result
+
+
+def scenario_shm_host(runner, args):
+    sizes = args.sizes or "1M,256M"
+    large = refutil.parse_size(args.large)
+    dmx = dmx_path(args)
+    ref = run_ref(runner, [sys.executable, os.path.join(HERE, "ref", "memcpy_host.py"), "--sizes", sizes],
+                  "memcpy_host.py", timeout=args.timeout)
+    mc = by_size(ref, ref="memcpy-host")
+    result = {"dmx": [], "refs": ref, "table": [], "targets": []}
+    for n in refutil.parse_int_list(args.streams or "1"):
+        rows = dmx_pair(runner, dmx, args, "host", "host", n, sizes, args.transport or "auto")
+        result["dmx"] += rows
+        if args.dry_run:
+            continue
+        g = by_size(rows)
+        for size in sorted(g):
+            rate = g[size].get("gb_per_s")
+            result["table"].append({
+                "size_bytes": size, "streams": n, "dmx_gb_per_s": rate,
+                "memcpy_gb_per_s": mc.get(size, {}).get("gb_per_s"),
+                "of_memcpy": ratio(rate, mc.get(size, {}).get("gb_per_s")),
+                "lat_p50_us": g[size].get("lat_p50_us"),
+                "transport": g[size].get("transport"), "verified": g[size].get("verified")})
+        if args.shm_target:
+            result["targets"].append(target(
+                f"x{n} {refutil.format_size(large)}: dmx / single-thread memcpy",
+                ratio(g.get(large, {}).get("gb_per_s"), mc.get(large, {}).get("gb_per_s")),
+                ">=", args.shm_target))
+    if args.dry_run:
+        return result
+    print("\nshm-host: dmx host -> host, two processes, vs single-thread memcpy")
+    print_table(["size", "streams", "dmx GB/s", "memcpy", "of memcpy", "dmx p50us", "transport", "verified"],
+                [[refutil.format_size(r["size_bytes"]), r["streams"], fmt(r["dmx_gb_per_s"]),
+                  fmt(r["memcpy_gb_per_s"]), fmt(r["of_memcpy"]), fmt(r["lat_p50_us"], ".1f"),
+                  r["transport"], r["verified"]] for r in result["table"]])
     print_targets(result["targets"])
     return result
 
@@ -532,6 +580,8 @@ def parse_args(argv):
     p.add_argument("--large", default="256M", help="gpu scenarios: the large message size")
     p.add_argument("--small", default="1M", help="gpu-staged: the size judged against --large")
     p.add_argument("--same-host-target", type=float, help="same-host: dmx / best peer copy")
+    p.add_argument("--nccl-p2p-target", type=float, help="same-host: dmx / NCCL p2p at --small")
+    p.add_argument("--shm-target", type=float, help="shm-host: dmx / single-thread memcpy at --large")
     p.add_argument("--timeout", type=int, default=600, help="seconds per command")
     p.add_argument("--json", metavar="FILE", help="write everything as JSON here")
     p.add_argument("--keep-logs", metavar="DIR", help="keep NCCL logs here")
@@ -563,6 +613,8 @@ def main(argv=None) -> int:
             result = scenario_host(runner, args, netns=True)
         elif args.scenario == "gpu-staged":
             result = scenario_gpu_staged(runner, args)
+        elif args.scenario == "shm-host":
+            result = scenario_shm_host(runner, args)
         else:
             result = scenario_same_host(runner, args)
         verdicts = [t["verdict"] for t in result["targets"]]

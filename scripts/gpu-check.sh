@@ -346,8 +346,22 @@ if [[ $build_ok -eq 1 ]]; then
       tar -C /tmp -czf "$OUT/topo-capture.tgz" topo-capture && bash "$ROOT/scripts/perf-sweep.sh" "$DMX" latency
   }
   run_section probe-topo probe_topo_section
-  same_host_section() {  # shm and cuda_ipc data-path layers (not yet in the engine) vs memcpy / cudaMemcpyPeer
-    "$B/bench/shm_bench" && "$B/bench/cuda_ipc_bench"
+  same_host_section() {  # the engine's same-host paths (two processes) vs memcpy / cudaMemcpyPeer / NCCL p2p
+    local rc=0
+    if [[ $(nvidia-smi -L | wc -l) -ge 2 ]]; then
+      python3 "$ROOT/bench/compare.py" same-host --streams 1 --sizes 8,64K,1M,16M,256M --verify \
+        --same-host-target 0.95 --nccl-p2p-target 2.0 --json "$OUT/same-host.json" || rc=1
+    else  # one GPU: both processes on it (cuda_ipc within one GPU); no peer-copy reference
+      "$DMX" bench --listen tcp://127.0.0.1:7812 & local srv=$!
+      sleep 1
+      "$DMX" bench --connect tcp://127.0.0.1:7812 --mem cuda:0 --peer-mem cuda:0 --sizes 8,64K,1M,16M,256M \
+        --verify --json | tee -a "$OUT/same-host.jsonl" || rc=1
+      kill $srv; wait $srv 2>/dev/null
+    fi
+    python3 "$ROOT/bench/compare.py" shm-host --streams 1 --sizes 8,64K,1M,256M --verify --shm-target 0.70 \
+      --json "$OUT/shm-host.json" || rc=1
+    "$B/bench/shm_bench" && "$B/bench/cuda_ipc_bench" || rc=1  # the layers alone
+    return $rc
   }
   run_section same-host same_host_section
 
