@@ -364,6 +364,10 @@ if [[ $build_ok -eq 1 ]]; then
     return $rc
   }
   run_section same-host same_host_section
+  small_copy_section() {  # what an 8-byte device<->host copy costs by method (small-message latency)
+    "$B/bench/small_copy_probe" --iters 2000
+  }
+  run_section small-copy small_copy_section
 
   # ---- devmem (owner: devmem) ----
   # devmem tests with their output (bind errors and the kernel's extack text on this machine's
