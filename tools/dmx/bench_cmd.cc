@@ -84,6 +84,7 @@ Result<std::vector<uint64_t>> parse_sizes(const std::string& list) {
 void print_header(const bench::ClientOptions& co, const EndpointStats& st, size_t nsizes) {
   fmt::print("# dmx bench: op {}, {} -> {}, path {} ({}), {} streams, peer {}\n", co.op, to_string(co.mem),
              to_string(co.peer_mem), st.transport, st.reason, st.streams, st.peer);
+  for (const auto& p : st.paths) fmt::print("# payload path: {}\n", p.detail);
   fmt::print("# latency: {}\n", co.op == "send" ? "half round trip (ping-pong)" : "operation completion time");
   fmt::print("#{:>11} {:>7} {:>9} {:>10} {:>10} {:>7} {:>9}\n", "size", "iters", "GB/s", "p50 us", "p99 us", "CPU %",
              "verified");
@@ -98,6 +99,13 @@ void print_row(const bench::Result1& r, bool verify_asked, bool json, const benc
                      {"streams", st.streams},      {"verified", r.verified},     {"op", co.op},
                      {"iters", r.plan.iters},      {"window", r.plan.window},    {"cpu_pct", r.cpu_pct},
                      {"d2h_copies", st.d2h_copies}, {"h2d_copies", st.h2d_copies}};
+    for (const auto& p : st.paths)
+      j["paths"].push_back({{"name", p.name},
+                            {"detail", p.detail},
+                            {"chunks_sent", p.chunks_sent},
+                            {"bytes_sent", p.bytes_sent},
+                            {"host_copies", p.host_copies},
+                            {"device_copies", p.device_copies}});
     if (!r.error.empty()) j["error"] = r.error;
     fmt::print("{}\n", j.dump());
   } else {
