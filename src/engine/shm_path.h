@@ -1,4 +1,26 @@
-// The shm payload path (placeholder until written): see payload_path.h.
+// The shm payload path (see payload_path.h): chunk bytes of an endpoint whose peer is on the same
+// host travel through an shm::ShmLink (two slot rings in a shared memfd) instead of TCP.
+//
+//   descriptor   the chunk length, 8 bytes little-endian (nothing else: the ShmLink message id is
+//                the path's sequence number, which both sides count on stream 0)
+//   memory       host, pinned, cuda and sim sources and destinations (the link stages device
+//                memory through its slots with the device's copy queue)
+//   discard      post_rx with dst.ptr == nullptr consumes the chunk from the ring without copying
+//                (ShmLink::post_discard; the message must still be exactly the announced length)
+//
+// Threading: one progress thread per path owns the link. post_tx/post_rx queue under a small
+// mutex and wake the thread (eventfd) only when it sleeps. The thread spins for `shm_spin` after
+// the last activity, then sleeps in ppoll on its eventfd, the link's doorbell and the side channel
+// (POLLRDHUP: peer death). Events are delivered on that thread with no path lock held.
+//
+// Lifecycle: posts are accepted from creation until the path stops or fails (later ones return
+// kClosed and produce no event); posts made before start() are applied once it runs. Every
+// accepted post completes exactly once. on_path_stopped is called exactly once per start(), on the
+// path's thread, after every completion — also when stop() came before start(). Without start()
+// no event is ever called (there is no Events to call). stop() destroys the link itself (waiting
+// for the thread's current round, never for an event callback), so it is prompt and may be called
+// while holding a lock the events take; the destructor joins the thread, so do not destroy a path
+// under such a lock while its thread may still be delivering events.
 #pragma once
 
 #include <memory>
@@ -10,8 +32,14 @@
 
 namespace dmx {
 
+// The largest chunk post_tx takes, and the largest length chunk_length() accepts from a peer. A
+// constant, not a setting, so that both sides agree on it.
+inline constexpr uint64_t kShmMaxChunk = 4ull << 20;
+inline constexpr size_t kShmDescriptorSize = 8;
+
 // `creator`: this side makes the shared region (ShmLink::create) — the side that accepted the
-// Unix connection; the other side maps it (ShmLink::accept).
+// Unix connection; the other side maps it (ShmLink::accept). The layout comes from the creator's
+// configuration (shm_slot_size, shm_slots); the spin time from each side's own (shm_spin).
 Result<std::unique_ptr<PayloadPath>> make_shm_path(shm::UnixChannel channel, bool creator, const Config& config,
                                                    Deadline deadline);
 

@@ -241,3 +241,77 @@ TEST(ShmLink, OptionsFromTheConfigTable) {
 
 }  // namespace
 }  // namespace dmx::shm
+
+namespace dmx::shm {
+namespace {
+
+// post_discard: the message is consumed from the ring without a copy (several ring's worth, and
+// 0 B), and the message after it arrives intact.
+TEST(ShmLink, DiscardConsumesWithoutCopyingAndTheNextArrives) {
+  LinkPair lp = make_threaded_pair({.slot_size = 4096, .slots = 4});
+  ASSERT_TRUE(lp.a && lp.b);
+  std::vector<uint8_t> big(5 * 4 * 4096 + 11), next(9000), next_dst(9000);
+  fill_pattern(big.data(), big.size(), 1);
+  fill_pattern(next.data(), next.size(), 3);
+  ASSERT_TRUE(lp.b->post_discard(1, big.size()).ok());
+  ASSERT_TRUE(lp.b->post_discard(2, 0).ok());
+  ASSERT_TRUE(lp.b->post_recv(3, {next_dst.data(), next_dst.size(), {}}).ok());
+  EXPECT_EQ(lp.b->post_discard(3, 5).code(), Code::kInvalidArgument);  // id already posted
+  ASSERT_TRUE(lp.a->post_send(1, {big.data(), big.size(), {}}).ok());
+  ASSERT_TRUE(lp.a->post_send(2, {nullptr, 0, {}}).ok());
+  ASSERT_TRUE(lp.a->post_send(3, {next.data(), next.size(), {}}).ok());
+  auto tx = std::async(std::launch::async, [&] {
+    Pump p(lp.a.get());
+    for (MsgId id : {1, 2, 3}) DMX_RETURN_IF_ERROR(p.finish(kSend, id, secs(10)));
+    return Status();
+  });
+  Pump p(lp.b.get());
+  size_t bytes = 0;
+  Status s = p.finish(kRecv, 1, secs(10), &bytes);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(bytes, big.size());
+  s = p.finish(kRecv, 2, secs(10), &bytes);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(bytes, 0u);
+  s = p.finish(kRecv, 3, secs(10));
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(tx.get().ok());
+  EXPECT_EQ(check_pattern(next_dst.data(), next_dst.size(), 3), SIZE_MAX);
+  EXPECT_EQ(lp.b->stats().host_copies, (next.size() + 4095) / 4096);  // only the kept message
+  EXPECT_TRUE(lp.b->error().ok());
+}
+
+// A discard of N bytes checks the message is exactly N bytes: shorter or longer is kProtocol.
+TEST(ShmLink, DiscardOfAnotherLengthIsAProtocolError) {
+  for (size_t announced : {size_t(4000), size_t(6000)}) {
+    LinkPair lp = make_threaded_pair({.slot_size = 4096, .slots = 4});
+    ASSERT_TRUE(lp.a && lp.b);
+    std::vector<uint8_t> src(5000);
+    ASSERT_TRUE(lp.b->post_discard(1, announced).ok());
+    ASSERT_TRUE(lp.a->post_send(1, {src.data(), src.size(), {}}).ok());
+    auto tx = std::async(std::launch::async, [&] { return Pump(lp.a.get()).finish(kSend, 1, secs(10)); });
+    Status s = Pump(lp.b.get()).finish(kRecv, 1, secs(10));
+    EXPECT_EQ(s.code(), Code::kProtocol) << s.to_string();
+    EXPECT_NE(s.message().find("announced as"), std::string::npos) << s.to_string();
+    EXPECT_FALSE(lp.b->error().ok());
+    EXPECT_TRUE(tx.get().ok());  // both chunks fit in the ring: the send itself completed
+  }
+}
+
+// check_peer fails even an idle link once the peer is gone, so that error() says why; a live peer
+// leaves it alone.
+TEST(ShmLink, CheckPeerFailsAnIdleLinkWhenThePeerIsGone) {
+  LinkPair lp = make_threaded_pair();
+  ASSERT_TRUE(lp.a && lp.b);
+  std::vector<Completion> out;
+  EXPECT_TRUE(lp.a->check_peer(&out).ok());
+  EXPECT_TRUE(lp.a->error().ok());
+  lp.b.reset();
+  Status s = lp.a->check_peer(&out);
+  EXPECT_EQ(s.code(), Code::kPeerFailed) << s.to_string();
+  EXPECT_EQ(lp.a->error().code(), Code::kPeerFailed);
+  EXPECT_TRUE(out.empty());
+}
+
+}  // namespace
+}  // namespace dmx::shm

@@ -23,6 +23,8 @@ class LinkImpl final : public ShmLink {
 
   Status post_send(MsgId id, MemRegion src) override;
   Status post_recv(MsgId id, MemRegion dst) override;
+  Status post_discard(MsgId id, size_t bytes) override;
+  Status check_peer(std::vector<Completion>* out) override;
   size_t progress(std::vector<Completion>* out) override;
   Status wait(Deadline deadline) override;
   int wake_fd() const override { return my_bell_.get(); }
@@ -56,9 +58,11 @@ class LinkImpl final : public ShmLink {
   };
   // Lifecycle of a recv: kPosted (in recvs_) -> chunks arriving (received grows, device copies
   // outstanding) -> received == total and outstanding == 0 -> completed. Truncation fails it at the
-  // first chunk; the rest of that message is discarded.
+  // first chunk; the rest of that message is discarded. A discard recv (post_discard) goes
+  // through the same states and checks but copies nothing: dst.size is the exact length expected.
   struct RecvOp {
     MemRegion dst;
+    bool discard = false;
     bool started = false;
     uint64_t total = 0;
     size_t received = 0;

@@ -159,6 +159,12 @@ class ShmLink {
   // message is longer than `dst`, with the message length otherwise.
   virtual Status post_send(MsgId id, MemRegion src) = 0;
   virtual Status post_recv(MsgId id, MemRegion dst) = 0;
+  // Consumes message `id` without copying it anywhere (a cancelled or refused transfer): its
+  // chunks are released from the ring as they arrive. Completes as a recv (kRecv) with `bytes`.
+  // The message must be exactly `bytes` long: any other length fails the link with kProtocol (the
+  // peer announced that length elsewhere; a mismatch means it is broken), as does every other
+  // header violation a normal recv checks.
+  virtual Status post_discard(MsgId id, size_t bytes) = 0;
 
   // Moves data without blocking; appends finished operations to `out`. Returns how many.
   virtual size_t progress(std::vector<Completion>* out) = 0;
@@ -174,6 +180,12 @@ class ShmLink {
   virtual void disarm_wakeup() = 0;
   // Also for epoll (POLLRDHUP): the side channel, which hangs up when the peer dies.
   virtual int channel_fd() const = 0;
+  // Checks now whether the peer has gone (what progress() does every few hundred idle rounds, and
+  // what to call when channel_fd() reports a hang-up). If it has: first takes what the peer had
+  // published (a message it sent before exiting is still delivered), then fails the link — even
+  // with nothing pending, so that error() says why — and appends the failed operations to `out`.
+  // Returns error().
+  virtual Status check_peer(std::vector<Completion>* out) = 0;
   virtual size_t pending() const = 0;  // operations posted and not completed
   virtual const Status& error() const = 0;  // ok until the link failed
   virtual LinkStats stats() const = 0;

@@ -112,6 +112,35 @@ Status LinkImpl::post_recv(MsgId id, MemRegion dst) {
   return Status();
 }
 
+Status LinkImpl::post_discard(MsgId id, size_t bytes) {
+  if (recvs_.count(id) != 0)
+    return Status(Code::kInvalidArgument, fmt::format("shm post_discard: message id {} is already posted", id));
+  if (!error_.ok()) {
+    failed_.push_back(Completion{id, Completion::kRecv, error_, 0});
+    return Status();
+  }
+  RecvOp op{MemRegion{nullptr, bytes, {}}};
+  op.discard = true;
+  recvs_.emplace(id, op);
+  return Status();
+}
+
+Status LinkImpl::check_peer(std::vector<Completion>* out) {
+  if (!error_.ok()) return error_;
+  Status s = channel_.check_peer();
+  if (s.ok()) return error_;
+  // What the peer published before it went away is still good: take it, then fail the rest.
+  rx_step(out);
+  if (error_.ok() && pending() == 0) {
+    // An idle link whose peer went away (often a peer that closed normally): the end, not news.
+    error_ = s.with_peer(peer_name()).with_origin("shm");
+    DMX_LOG_DEBUG("shm link: peer {} hung up with nothing pending", peer_name());
+  } else if (error_.ok()) {
+    fail(s, out);
+  }
+  return error_;
+}
+
 Status LinkImpl::corrupt(std::string_view what) {
   return Status(Code::kProtocol, fmt::format("shm ring corrupt: {} (peer {})", what, peer_name())).with_peer(peer_name());
 }
@@ -277,6 +306,10 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
         }
         op.started = true;
         op.total = total;
+        if (op.discard && total != op.dst.size) {
+          fail(corrupt(fmt::format("message {} is {} B, announced as {} B", id, total, op.dst.size)), out);
+          return true;
+        }
         if (total > op.dst.size) {
           out->push_back(Completion{id, Completion::kRecv,
                                     Status(Code::kTruncated, fmt::format("shm recv: message {} of {} B into a {} B buffer",
@@ -293,7 +326,12 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
              out);
         return true;
       }
-      if (!chunk.discard) {
+      if (!chunk.discard && op.discard) {  // (op is gone when the recv was truncated above)
+        // Validated above like any chunk; nothing to copy: the slot is released below.
+        chunk.discard = true;
+        op.received += len;
+        maybe_complete_recv(id, out);
+      } else if (!chunk.discard) {
         char* dst = static_cast<char*>(op.dst.ptr) + offset;
         auto copied = copy_slot(dst, data, len, op.dst.where, /*to_slot=*/false);
         if (!copied.ok()) {
