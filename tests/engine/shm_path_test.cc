@@ -611,3 +611,36 @@ TEST(ShmPath, PeerKilledMidTransferFailsEveryPendingChunk) {
 
 }  // namespace
 }  // namespace dmx
+
+namespace dmx {
+namespace {
+
+// Indicative only (not run by default): throughput of 256 MiB cut into chunks of several sizes,
+// all posted at once, as the engine would. Run with --gtest_also_run_disabled_tests.
+TEST(ShmPath, DISABLED_ThroughputByChunkSize) {
+  auto p = make_paths();
+  ASSERT_TRUE(p->ok());
+  const size_t total = 256u << 20;
+  std::vector<unsigned char> src(total), dst(total);
+  fill_random(src.data(), total);
+  uint64_t seq = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    for (size_t chunk : {size_t(256) << 10, size_t(1) << 20, size_t(kShmMaxChunk)}) {
+      uint64_t first = seq;
+      auto t0 = Clock::now();
+      for (size_t off = 0; off < total; off += chunk) {
+        auto d = p->a->post_tx(seq, {src.data() + off, chunk, {}});
+        ASSERT_TRUE(d.ok());
+        ASSERT_TRUE(p->b->post_rx(seq, *d, {dst.data() + off, chunk, {}}).ok());
+        ++seq;
+      }
+      for (uint64_t s = first; s < seq; ++s) ASSERT_TRUE(p->rb.wait(false, s).ok());
+      double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::printf("chunk %7zu KiB: %.2f GB/s\n", chunk >> 10, total / secs / 1e9);
+    }
+  }
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), total), 0);
+}
+
+}  // namespace
+}  // namespace dmx
