@@ -1,11 +1,427 @@
+// The cuda_ipc payload path: see ipc_path.h for the shape, payload_path.h for the contract.
+//
+// This file is CUDA-free: it drives the cuda_ipc layer (Exporter, CopyEngine) through its public
+// header, which says "built without CUDA" in builds without it.
 #include "engine/ipc_path.h"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "core/clock.h"
+#include "core/log.h"
+
 namespace dmx {
+namespace {
 
-Status cuda_ipc_path_available() { return Status(Code::kUnavailable, "the cuda_ipc payload path is not written yet"); }
+using cuda_ipc::CopyCompletion;
+using cuda_ipc::CopyEngine;
+using cuda_ipc::IpcDescriptor;
 
-Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config&, std::string) {
-  return Status(Code::kUnavailable, "the cuda_ipc payload path is not written yet");
+constexpr auto kSpin = std::chrono::microseconds(20);       // polling copies before the first sleep
+constexpr auto kPollSleep = std::chrono::microseconds(30);  // sleeps while copies are pending
+constexpr auto kStopDrain = std::chrono::seconds(10);       // bound on waiting for copies at stop
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+class CudaIpcPath final : public PayloadPath {
+ public:
+  CudaIpcPath(std::string peer, int streams) : peer_(std::move(peer)), streams_(streams) {}
+
+  ~CudaIpcPath() override {
+    stop();
+    std::lock_guard lock(join_mu_);
+    // Still joinable only when the last owner let go on the path's own thread (keep_alive released
+    // after on_path_stopped): that thread is past its last use of *this.
+    if (thread_.joinable()) thread_.detach();
+  }
+
+  PathKind kind() const override { return PathKind::kCudaIpc; }
+
+  void start(Events* events, std::shared_ptr<void> keep_alive) override {
+    std::lock_guard lock(join_mu_);
+    assert(!started_ && "PayloadPath::start called twice");
+    if (started_) return;
+    started_ = true;
+    events_ = events;
+    keep_alive_ = std::move(keep_alive);
+    thread_ = std::thread([this] { run(); });
+  }
+
+  bool carries(const MemSpec& src) const override { return src.kind == MemKind::kCuda; }
+  uint64_t max_chunk() const override { return kCudaIpcMaxChunk; }
+  bool receiver_releases() const override { return true; }
+
+  Result<std::vector<unsigned char>> post_tx(uint64_t /*seq*/, const MemRegion& src) override {
+    if (!carries(src.where))
+      return Status(Code::kInvalidArgument,
+                    fmt::format("cuda_ipc carries CUDA device memory only, not {}", to_string(src.where)));
+    if (src.size > kCudaIpcMaxChunk)
+      return Status(Code::kInvalidArgument,
+                    fmt::format("cuda_ipc chunk of {} B is larger than the path's {} B", src.size, kCudaIpcMaxChunk));
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return closed();
+    }
+    IpcChunkDescriptor d;
+    {
+      std::lock_guard lock(tx_mu_);
+      auto e = exporter_.export_region(src);
+      if (!e.ok()) return e.status().with_peer(peer_);
+      d.source = *e;
+      d.retired = exporter_.take_retired(kCudaIpcMaxRetired);
+    }
+    chunks_sent_.fetch_add(1, std::memory_order_relaxed);
+    bytes_sent_.fetch_add(src.size, std::memory_order_relaxed);
+    return d.encode();
+  }
+
+  Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) override {
+    auto d = IpcChunkDescriptor::decode(descriptor);
+    if (!d.ok()) return d.status().with_peer(peer_);
+    return d->source.length;
+  }
+
+  Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override {
+    auto d = IpcChunkDescriptor::decode(descriptor);
+    if (!d.ok()) return d.status().with_peer(peer_);
+    if (dst.ptr != nullptr) {
+      if (dst.size != d->source.length)
+        return Status(Code::kInvalidArgument, fmt::format("cuda_ipc chunk {}: destination of {} B for a {} B chunk",
+                                                          seq, dst.size, d->source.length))
+            .with_peer(peer_);
+      if (dst.where.kind == MemKind::kSim)
+        return Status(Code::kInvalidArgument, "cuda_ipc: simulated device memory cannot receive CUDA copies")
+            .with_peer(peer_);
+    }
+    std::lock_guard lock(mu_);
+    if (stopping_) return closed();
+    if (!failed_.ok()) return failed_;
+    queue_.push_back(RxItem{seq, std::move(d->source), std::move(d->retired), dst});
+    if (sleeping_) cv_.notify_one();
+    return Status();
+  }
+
+  void stop() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    std::lock_guard lock(join_mu_);
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  }
+
+  PathStats stats() const override {
+    PathStats s;
+    s.chunks_sent = chunks_sent_.load(std::memory_order_relaxed);
+    s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
+    s.chunks_received = chunks_received_.load(std::memory_order_relaxed);
+    s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+    s.device_copies = device_copies_.load(std::memory_order_relaxed);
+    s.wakeups = wakeups_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  std::string describe() const override {
+    std::lock_guard lock(mu_);
+    if (report_.empty()) return "cuda_ipc: no chunk received yet (copy engines start on the first)";
+    return "cuda_ipc: " + report_;
+  }
+
+ private:
+  struct RxItem {
+    uint64_t seq;
+    IpcDescriptor source;
+    std::vector<uint64_t> retired;
+    MemRegion dst;  // ptr == nullptr: drop
+  };
+  struct Done {
+    uint64_t seq;
+    Status status;
+  };
+  struct Inflight {
+    uint64_t bytes;
+  };
+
+  Status closed() const { return Status(Code::kClosed, "the cuda_ipc path is stopped").with_peer(peer_); }
+
+  // ---- the progress thread ----
+
+  void run() {
+    std::vector<RxItem> batch;
+    std::vector<Done> done;
+    bool idle = false;
+    Clock::time_point idle_since;
+    for (;;) {
+      {
+        std::unique_lock lock(mu_);
+        auto ready = [&] { return stopping_ || !queue_.empty(); };
+        if (!ready()) {
+          if (inflight_.empty()) {
+            sleeping_ = true;
+            cv_.wait(lock, ready);
+            sleeping_ = false;
+            if (!stopping_) wakeups_.fetch_add(1, std::memory_order_relaxed);
+          } else if (idle && Clock::now() - idle_since >= kSpin) {
+            sleeping_ = true;
+            if (cv_.wait_for(lock, kPollSleep, ready) && !stopping_) wakeups_.fetch_add(1, std::memory_order_relaxed);
+            sleeping_ = false;
+          }
+        }
+        if (stopping_) break;
+        batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+        queue_.clear();
+      }
+      bool worked = !batch.empty();
+      for (RxItem& item : batch) issue(item, &done);
+      batch.clear();
+      poll(&done);
+      worked = worked || !done.empty();
+      deliver(&done);
+      if (worked) {
+        idle = false;
+      } else if (!idle) {
+        idle = true;
+        idle_since = Clock::now();
+      } else {
+        cpu_relax();
+      }
+    }
+    shutdown(&done);
+  }
+
+  void issue(RxItem& item, std::vector<Done>* done) {
+    for (uint64_t id : item.retired)
+      for (auto& [dev, engine] : engines_) engine->invalidate(peer_, id);
+    if (!failure_.ok()) {
+      done->push_back({item.seq, failure_});
+      return;
+    }
+    if (item.dst.ptr == nullptr) {  // a dropped chunk: nothing to copy, the sender may release it
+      done->push_back({item.seq, Status()});
+      return;
+    }
+    int device = 0;
+    if (item.dst.where.kind == MemKind::kCuda) {
+      device = item.dst.where.device;
+    } else {
+      // Host destination: the GPU that owns the source reads it out (a device-to-host copy on its
+      // own copy engine); another GPU would pull it over the peer link first.
+      auto d = cuda_ipc::device_by_uuid(item.source.device_uuid);
+      if (d.ok()) device = *d;
+    }
+    auto engine = engine_for(device);
+    if (!engine.ok()) {
+      done->push_back({item.seq, engine.status().with_peer(peer_)});
+      return;
+    }
+    Status s = (*engine)->read(item.seq, item.dst, peer_, item.source, 0);
+    if (!s.ok()) {
+      done->push_back({item.seq, s.with_peer(peer_)});
+      check_device(**engine, s, done);
+      return;
+    }
+    inflight_.emplace(item.seq, Inflight{item.dst.size});
+  }
+
+  void poll(std::vector<Done>* done) {
+    if (inflight_.empty()) return;
+    completions_.clear();
+    for (auto& [dev, engine] : engines_) {
+      size_t before = completions_.size();
+      if (engine->progress(&completions_) == 0) continue;
+      for (size_t i = before; i < completions_.size(); ++i)
+        if (!completions_[i].status.ok()) {
+          check_device(*engine, completions_[i].status, done);
+          break;
+        }
+    }
+    for (CopyCompletion& c : completions_) {
+      auto it = inflight_.find(c.op);
+      assert(it != inflight_.end());
+      if (it == inflight_.end()) continue;
+      uint64_t bytes = it->second.bytes;
+      inflight_.erase(it);
+      if (c.status.ok() && failure_.ok()) {
+        chunks_received_.fetch_add(1, std::memory_order_relaxed);
+        bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+        device_copies_.fetch_add(1, std::memory_order_relaxed);
+        done->push_back({c.op, Status()});
+      } else {
+        done->push_back({c.op, !failure_.ok() ? failure_ : c.status.with_peer(peer_)});
+      }
+    }
+  }
+
+  // A copy failed: if the device is broken for good (sticky CUDA error), so is the path.
+  void check_device(CopyEngine& engine, const Status& why, std::vector<Done>* done) {
+    Status sticky = engine.device_error();
+    if (sticky.ok() || !failure_.ok()) return;
+    failure_ = Status(sticky.code(), fmt::format("cuda_ipc path failed: {} (after: {})", sticky.message(),
+                                                 why.message()))
+                   .with_peer(peer_);
+    DMX_LOG_ERROR("{}", failure_.to_string());
+    {
+      std::lock_guard lock(mu_);
+      failed_ = failure_;
+    }
+    deliver(done);  // what completed before the failure, with its own status
+    if (events_ != nullptr) events_->on_path_failed(PathKind::kCudaIpc, failure_);
+  }
+
+  Result<CopyEngine*> engine_for(int device) {
+    auto it = engines_.find(device);
+    if (it != engines_.end()) return it->second.get();
+    auto e = CopyEngine::create({.device = device, .streams = streams_});
+    if (!e.ok()) return e.status();
+    CopyEngine* raw = e->get();
+    engines_.emplace(device, std::move(*e));
+    std::string report;
+    for (auto& [dev, engine] : engines_) report += engine->peer_access_report();
+    std::lock_guard lock(mu_);
+    report_ = std::move(report);
+    return raw;
+  }
+
+  void deliver(std::vector<Done>* done) {
+    if (events_ != nullptr)
+      for (Done& d : *done) events_->on_path_rx_done(PathKind::kCudaIpc, d.seq, d.status);
+    done->clear();
+  }
+
+  void shutdown(std::vector<Done>* done) {
+    std::deque<RxItem> rest;
+    {
+      std::lock_guard lock(mu_);
+      rest.swap(queue_);
+    }
+    for (RxItem& item : rest)
+      done->push_back({item.seq, item.dst.ptr == nullptr
+                                     ? Status()
+                                     : Status(Code::kCancelled, "the cuda_ipc path stopped before the chunk was copied")
+                                           .with_peer(peer_)});
+    deliver(done);
+    // Copies in flight write into the user's memory: wait for them before saying we are done.
+    Deadline deadline = Deadline::after(kStopDrain);
+    while (!inflight_.empty() && !deadline.expired()) {
+      poll(done);
+      deliver(done);
+      if (!inflight_.empty()) std::this_thread::sleep_for(kPollSleep);
+    }
+    if (!inflight_.empty()) {
+      // A hung device: never hang the caller. The engines are leaked rather than destroyed (their
+      // destructor would synchronise with the hung streams).
+      Status s = Status(Code::kTimeout, fmt::format("cuda_ipc path stop: {} copies still in flight after {} s; the "
+                                                    "device seems hung, their destinations may still change",
+                                                    inflight_.size(), kStopDrain.count()))
+                     .with_peer(peer_);
+      DMX_LOG_ERROR("{}", s.to_string());
+      for (auto& [seq, f] : inflight_) done->push_back({seq, s});
+      inflight_.clear();
+      for (auto& [dev, engine] : engines_) (void)engine.release();
+      deliver(done);
+    }
+    // Drop our mappings of the peer's memory (the engines' import caches close them).
+    for (auto& [dev, engine] : engines_)
+      if (engine) engine->drop_peer(peer_);
+    engines_.clear();
+    Events* events = events_;
+    std::shared_ptr<void> keep = std::move(keep_alive_);
+    if (events != nullptr) events->on_path_stopped(PathKind::kCudaIpc);
+    // `keep` goes last: it may own this path, whose destructor then runs here and detaches us.
+  }
+
+  const std::string peer_;
+  const int streams_;
+
+  // Set by start() before the thread runs, read by the thread.
+  Events* events_ = nullptr;
+  std::shared_ptr<void> keep_alive_;
+
+  std::mutex join_mu_;  // guards thread_, started_
+  std::thread thread_;
+  bool started_ = false;
+
+  std::mutex tx_mu_;  // guards exporter_
+  cuda_ipc::Exporter exporter_;
+
+  mutable std::mutex mu_;  // guards queue_, stopping_, sleeping_, failed_, report_
+  std::condition_variable cv_;
+  std::deque<RxItem> queue_;
+  bool stopping_ = false;
+  bool sleeping_ = false;
+  Status failed_;
+  std::string report_;
+
+  // Owned by the progress thread.
+  std::map<int, std::unique_ptr<CopyEngine>> engines_;  // by local device
+  std::unordered_map<uint64_t, Inflight> inflight_;     // by seq (the copy's op)
+  std::vector<CopyCompletion> completions_;
+  Status failure_;
+
+  std::atomic<uint64_t> chunks_sent_{0}, bytes_sent_{0}, chunks_received_{0}, bytes_received_{0}, device_copies_{0},
+      wakeups_{0};
+};
+
+}  // namespace
+
+std::vector<unsigned char> IpcChunkDescriptor::encode() const {
+  assert(retired.size() <= kCudaIpcMaxRetired);
+  std::vector<std::byte> ipc = source.encode();
+  std::vector<unsigned char> out(ipc.size() + 8 * retired.size());
+  std::memcpy(out.data(), ipc.data(), ipc.size());
+  for (size_t i = 0; i < retired.size(); ++i) std::memcpy(out.data() + ipc.size() + 8 * i, &retired[i], 8);
+  return out;
+}
+
+Result<IpcChunkDescriptor> IpcChunkDescriptor::decode(std::span<const unsigned char> in) {
+  constexpr size_t kBase = IpcDescriptor::kWireSize;
+  if (in.size() < kBase || (in.size() - kBase) % 8 != 0 || (in.size() - kBase) / 8 > kCudaIpcMaxRetired)
+    return Status(Code::kProtocol, fmt::format("cuda_ipc chunk descriptor of {} B (expected {} + 8 x [0, {}])",
+                                               in.size(), kBase, kCudaIpcMaxRetired));
+  IpcChunkDescriptor d;
+  DMX_ASSIGN_OR_RETURN(d.source, IpcDescriptor::decode(std::as_bytes(in.first(kBase))));
+  for (size_t at = kBase; at < in.size(); at += 8) {
+    uint64_t id = 0;
+    std::memcpy(&id, in.data() + at, 8);
+    if (id == 0) return Status(Code::kProtocol, "cuda_ipc chunk descriptor: retired allocation id 0");
+    d.retired.push_back(id);
+  }
+  return d;
+}
+
+Status cuda_ipc_path_available() { return cuda_ipc::available(); }
+
+Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid) {
+  if (my_pid == peer_pid)
+    return Status(Code::kUnavailable, fmt::format("both endpoints are in one process (pid {}): CUDA IPC cannot open "
+                                                  "its own handles",
+                                                  my_pid));
+  return Status();
+}
+
+std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer) {
+  int streams = static_cast<int>(std::clamp<int64_t>(config.get_int("cuda_ipc_streams"), 1, 16));
+  return std::make_unique<CudaIpcPath>(std::move(peer), streams);
+}
+
+Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer) {
+  DMX_RETURN_IF_ERROR(cuda_ipc_path_available());
+  return new_cuda_ipc_path(config, std::move(peer));
 }
 
 }  // namespace dmx

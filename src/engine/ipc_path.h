@@ -1,17 +1,68 @@
-// The cuda_ipc payload path (placeholder until written): see payload_path.h.
+// The cuda_ipc payload path (see payload_path.h): chunks whose source is CUDA device memory, between
+// two processes of one host. The sender exports the chunk (one IPC handle per allocation, made once
+// and cached) and sends its descriptor in the chunk header; the receiver maps the allocation (import
+// cache) and copies the chunk out of the sender's memory into its destination (cuda, pinned or host
+// memory) on a copy engine of one of its GPUs; its engine then answers PATH_DONE, which frees the
+// source (receiver_releases() is true; the path never calls on_path_tx_done).
+//
+// Threading: post_tx exports under the path's tx mutex (quick: a few driver calls; the first chunk
+// of an allocation also makes its IPC handle). post_rx validates the descriptor and queues the chunk
+// under the queue mutex; the path's progress thread owns the copy engines (one per local GPU used,
+// created lazily), issues the copies, polls them (spin ~20 us, then 30 us sleeps that a post ends)
+// and reports completions with no lock held. Lock order: none (the two mutexes are never nested).
+//
+// Same process: CUDA IPC cannot open a handle in the process that made it, so the engine must not
+// choose this path between two endpoints of one process (cuda_ipc_usable_between says so); a
+// descriptor that names our own pid fails its chunk with that reason.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "engine/payload_path.h"
+#include "transport/cuda_ipc/cuda_ipc.h"
 
 namespace dmx {
 
-// Whether this process can offer cuda_ipc (CUDA build, driver, a GPU), or why not.
+// The largest chunk of one post_tx: big enough that per-chunk costs (header, export, PATH_DONE)
+// vanish next to the copy (16 MiB is ~40 us at NVLink speed), small enough that a large transfer
+// has several copies in flight on the receiver's streams.
+inline constexpr uint64_t kCudaIpcMaxChunk = 16ull << 20;
+
+// What a cuda_ipc chunk header carries: the IpcDescriptor of the source chunk (136 B), then the ids
+// of up to kCudaIpcMaxRetired allocations the sender found freed since it last said so (8 B each;
+// the count follows from the size). The receiver unmaps those before it copies this chunk, so a
+// user who frees and re-allocates sender memory does not leave the old memory mapped (and alive)
+// in the receiver.
+inline constexpr size_t kCudaIpcMaxRetired = (kMaxPathDescriptor - cuda_ipc::IpcDescriptor::kWireSize) / 8;
+struct IpcChunkDescriptor {
+  cuda_ipc::IpcDescriptor source;
+  std::vector<uint64_t> retired;  // allocation ids, none zero
+
+  std::vector<unsigned char> encode() const;
+  // Untrusted input: kProtocol when malformed (size, IpcDescriptor::decode, zero ids).
+  static Result<IpcChunkDescriptor> decode(std::span<const unsigned char> bytes);
+};
+
+// Whether this process can offer cuda_ipc (CUDA build, driver, a GPU), or why not. Calls CUDA.
 Status cuda_ipc_path_available();
-// `peer`: names the peer in messages and keys the import cache.
+
+// Whether two endpoints whose processes have these pids may use cuda_ipc: kUnavailable when they
+// are one process ("both endpoints are in one process (pid N): CUDA IPC cannot open its own
+// handles"). Pids compare only within one pid namespace: the caller must already know the peer is
+// on this host and in our pid namespace.
+Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid);
+
+// `peer`: names the peer in messages and keys the import cache. Fails with the reason when
+// cuda_ipc_path_available() does.
 Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer);
+
+// The same path without the availability check: makes no CUDA call until a chunk is exported or
+// copied (tests of the CUDA-free logic use it in processes that must not initialise CUDA).
+std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer);
 
 }  // namespace dmx

@@ -173,6 +173,17 @@ Result<AllocationRange> allocation_range(const void* ptr) {
   return out;
 }
 
+Result<uint64_t> buffer_id(const void* ptr) {
+  const auto& attr = DMX_DRIVER_SYMBOL(cuPointerGetAttribute, 4000);
+  if (attr.fn == nullptr) return attr.missing;
+  unsigned long long id = 0;  // NOLINT(google-runtime-int): the attribute's type
+  CUresult r = attr.fn(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(ptr)));
+  if (r == CUDA_ERROR_INVALID_VALUE) return Status(Code::kInvalidArgument, fmt::format("{} is not CUDA memory", ptr));
+  if (r != CUDA_SUCCESS)
+    return make_error(fmt::format("cuPointerGetAttribute({}, BUFFER_ID)", ptr), r).to_status(Code::kIo);
+  return static_cast<uint64_t>(id);
+}
+
 DriverError get_dmabuf_fd(void* ptr, size_t size, bool pcie_mapping, int* fd) {
   const auto& get = DMX_DRIVER_SYMBOL(cuMemGetHandleForAddressRange, 11070);
   if (get.fn == nullptr) return missing_error(get.missing);

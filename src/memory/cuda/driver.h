@@ -42,6 +42,12 @@ struct AllocationRange {
 };
 Result<AllocationRange> allocation_range(const void* ptr);
 
+// CU_POINTER_ATTRIBUTE_BUFFER_ID of the allocation holding `ptr`: an id the driver never reuses
+// within a process, so memory freed and allocated again at the same address gets a new one (what
+// a cache keyed by address checks before trusting an entry). kInvalidArgument when ptr is not
+// CUDA memory.
+Result<uint64_t> buffer_id(const void* ptr);
+
 // cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) over [ptr, ptr+size), both
 // page aligned; `pcie_mapping` sets CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE. On success *fd
 // is a new dmabuf fd owned by the caller. A missing entry point reads kNotFound.

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <deque>
+#include <mutex>
 
 #include "core/log.h"
 #include "memory/backend.h"
@@ -23,28 +24,91 @@ using cuda::error_status;
 
 static_assert(sizeof(cudaIpcMemHandle_t) == IpcDescriptor::kHandleSize);
 
-class CudaOpener final : public ImportCache::Opener {
+// One mapping per IPC handle per process. CUDA refuses to open a handle that this process has
+// open already (UCX saw "Element already exists", openucx/ucx#3192, #4599), which two copy
+// engines of one path (two local GPUs) or two paths to one peer process would otherwise do.
+// So every opener shares this table: the first open maps (under its device), later ones count a
+// reference and get the same base, and the last close unmaps (under the device that mapped).
+class Mappings {
  public:
-  explicit CudaOpener(int device) : device_(device) {}
-  Result<void*> open(const IpcDescriptor& desc) override {
-    DeviceGuard guard(device_);
+  static Mappings& get() {
+    static Mappings* m = new Mappings;  // never destroyed: closes may run during static destruction
+    return *m;
+  }
+  Result<void*> open(const IpcDescriptor& desc, int device) {
+    std::lock_guard lock(mu_);
+    auto it = by_handle_.find(desc.handle);
+    if (it != by_handle_.end()) {
+      if (it->second.size != 0 && it->second.size < desc.alloc_size)
+        return Status(Code::kProtocol, fmt::format("cuda_ipc: pid {} described allocation {} as {} B, but its handle "
+                                                   "maps {} B", desc.owner_pid, desc.alloc_id, desc.alloc_size,
+                                                   it->second.size));
+      ++it->second.refs;
+      return it->second.base;
+    }
+    DeviceGuard guard(device);
     DMX_RETURN_IF_ERROR(guard.status());
     cudaIpcMemHandle_t h;
     std::memcpy(&h, desc.handle.data(), sizeof h);
     void* base = nullptr;
     cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess)
-      return error_status(fmt::format("cudaIpcOpenMemHandle(alloc {} of pid {}, {} B)", desc.alloc_id, desc.owner_pid,
-                                      desc.alloc_size),
-                          device_, err);
+    if (err != cudaSuccess) {
+      Status s = error_status(fmt::format("cudaIpcOpenMemHandle(alloc {} of pid {}, {} B)", desc.alloc_id,
+                                          desc.owner_pid, desc.alloc_size),
+                              device, err);
+      if (desc.owner_pid == ::getpid())
+        s = Status(s.code(), s.message() + " (the descriptor names this process: CUDA IPC cannot open a handle in the "
+                                           "process that made it)");
+      return s;
+    }
+    // The descriptor is the peer's word: check its allocation size against what was mapped, or a
+    // lie would make our copies fault (a sticky error that breaks every copy of this process).
+    // Only a size the driver does report is held against it.
+    auto range = cuda::driver::allocation_range(base);
+    if (range.ok() && range->size < desc.alloc_size) {
+      (void)cudaIpcCloseMemHandle(base);
+      return Status(Code::kProtocol, fmt::format("cuda_ipc: pid {} described allocation {} as {} B, but its handle maps "
+                                                 "{} B", desc.owner_pid, desc.alloc_id, desc.alloc_size, range->size));
+    }
+    by_handle_.emplace(desc.handle, Mapping{base, device, 1, range.ok() ? range->size : 0});
+    by_base_.emplace(base, desc.handle);
     return base;
   }
-  void close(void* base) override {
-    DeviceGuard guard(device_);
+  void close(void* base) {
+    std::lock_guard lock(mu_);
+    auto b = by_base_.find(base);
+    if (b == by_base_.end()) {
+      assert(false && "closing an IPC mapping that is not open");
+      return;
+    }
+    auto it = by_handle_.find(b->second);
+    if (--it->second.refs > 0) return;
+    int device = it->second.device;
+    by_handle_.erase(it);
+    by_base_.erase(b);
+    DeviceGuard guard(device);
     cudaError_t err = cudaIpcCloseMemHandle(base);
     if (err != cudaSuccess)
-      DMX_LOG_WARN("cudaIpcCloseMemHandle({}) on cuda:{}: {}", base, device_, cuda::error_text(err));
+      DMX_LOG_WARN("cudaIpcCloseMemHandle({}) on cuda:{}: {}", base, device, cuda::error_text(err));
   }
+
+ private:
+  struct Mapping {
+    void* base;
+    int device;  // whose context mapped it
+    uint32_t refs;
+    size_t size;  // as the driver reports it; 0: unknown
+  };
+  std::mutex mu_;  // guards both maps
+  std::map<std::array<uint8_t, IpcDescriptor::kHandleSize>, Mapping> by_handle_;
+  std::map<void*, std::array<uint8_t, IpcDescriptor::kHandleSize>> by_base_;
+};
+
+class CudaOpener final : public ImportCache::Opener {
+ public:
+  explicit CudaOpener(int device) : device_(device) {}
+  Result<void*> open(const IpcDescriptor& desc) override { return Mappings::get().open(desc, device_); }
+  void close(void* base) override { Mappings::get().close(base); }
 
  private:
   int device_;
@@ -153,6 +217,14 @@ class CopyEngineImpl final : public CopyEngine {
     for (auto& q : inflight_) n += q.size();
     return n;
   }
+  Status device_error() override {
+    DeviceGuard guard(options_.device);
+    DMX_RETURN_IF_ERROR(guard.status());
+    (void)cudaGetLastError();  // clears an error a failed call left behind; a sticky one stays
+    cudaError_t err = cudaStreamQuery(streams_.empty() ? nullptr : streams_[0]);
+    if (err == cudaSuccess || err == cudaErrorNotReady) return Status();
+    return error_status("cuda_ipc device check (cudaStreamQuery)", options_.device, err);
+  }
   void invalidate(const std::string& peer, uint64_t alloc_id) override { cache_.invalidate(peer, alloc_id); }
   void drop_peer(const std::string& peer) override { cache_.drop_peer(peer); }
   std::string peer_access_report() const override { return report_; }
@@ -223,6 +295,24 @@ Status available() {
   return Status();
 }
 
+Result<int> device_by_uuid(const std::array<uint8_t, 16>& uuid) {
+  DMX_ASSIGN_OR_RETURN(int n, cuda::device_count());
+  static std::mutex mu;
+  static std::vector<std::array<uint8_t, 16>> uuids;  // by ordinal; filled once (properties are slow)
+  std::lock_guard lock(mu);
+  if (uuids.empty()) {
+    for (int d = 0; d < n; ++d) {
+      cudaDeviceProp prop{};
+      std::array<uint8_t, 16> u{};
+      if (cudaGetDeviceProperties(&prop, d) == cudaSuccess) std::memcpy(u.data(), &prop.uuid, u.size());
+      uuids.push_back(u);
+    }
+  }
+  for (size_t d = 0; d < uuids.size(); ++d)
+    if (uuids[d] == uuid && uuid != std::array<uint8_t, 16>{}) return static_cast<int>(d);
+  return Status(Code::kNotFound, "cuda_ipc: no visible GPU has the descriptor's uuid");
+}
+
 Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
   if (region.where.kind != MemKind::kCuda)
     return Status(Code::kInvalidArgument, fmt::format("cuda_ipc export: {} memory is not CUDA device memory",
@@ -233,9 +323,18 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
   if (addr - range.base > range.size || region.size > range.size - (addr - range.base))
     return Status(Code::kOutOfRange, fmt::format("cuda_ipc export: [{}, +{}) runs past its allocation of {} B",
                                                  region.ptr, region.size, range.size));
+  // The driver's buffer id tells a live allocation from one freed and allocated again at the same
+  // base (cudaMalloc readily returns the same address): a stale handle must never be sent.
+  DMX_ASSIGN_OR_RETURN(uint64_t buffer_id, cuda::driver::buffer_id(reinterpret_cast<void*>(range.base)));
   auto it = by_base_.find(range.base);
-  if (it != by_base_.end() && it->second.desc.alloc_size != range.size) {
-    by_base_.erase(it);  // freed and reallocated at the same address with another size
+  if (it != by_base_.end() && (it->second.buffer_id != buffer_id || it->second.desc.alloc_size != range.size)) {
+    if (retired_.size() >= kMaxRetired) {
+      DMX_LOG_WARN("cuda_ipc export: {} freed allocations not yet announced to the peer; forgetting the oldest "
+                   "(its peer keeps that mapping until it drops us)", retired_.size());
+      retired_.erase(retired_.begin());
+    }
+    retired_.push_back(it->second.desc.alloc_id);
+    by_base_.erase(it);
     it = by_base_.end();
   }
   if (it == by_base_.end()) {
@@ -253,7 +352,7 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
     d.owner_pid = ::getpid();
     d.alloc_id = next_id_++;
     d.alloc_size = range.size;
-    it = by_base_.emplace(range.base, Entry{d}).first;
+    it = by_base_.emplace(range.base, Entry{d, buffer_id}).first;
   }
   IpcDescriptor d = it->second.desc;
   d.offset = addr - range.base;

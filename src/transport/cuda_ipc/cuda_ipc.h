@@ -63,19 +63,33 @@ struct IpcDescriptor {
 class Exporter {
  public:
   // A descriptor for `region` (MemKind::kCuda). The allocation's IPC handle is made on first use.
+  // A cached entry is trusted only while the driver's buffer id of the allocation is the one it was
+  // made for: memory freed and allocated again at the same base (same size or not) gets a new
+  // handle and a new allocation id, and the old id goes to the retired list (take_retired).
   Result<IpcDescriptor> export_region(const MemRegion& region);
   // The allocation holding `ptr` is about to be freed: drop its handle. Returns the allocation id
   // the peers must invalidate (kNotFound when it was never exported).
   Result<uint64_t> forget(const void* ptr);
+  // Ids of allocations export_region found freed (replaced at the same base), oldest first, at
+  // most `max`; the peers must invalidate them. Removed from the list.
+  std::vector<uint64_t> take_retired(size_t max);
   size_t exported() const { return by_base_.size(); }
+  size_t retired() const { return retired_.size(); }
+  static constexpr size_t kMaxRetired = 4096;  // beyond this the oldest is dropped (and logged)
 
  private:
   struct Entry {
-    IpcDescriptor desc;  // offset/length unset
+    IpcDescriptor desc;      // offset/length unset
+    uint64_t buffer_id = 0;  // CU_POINTER_ATTRIBUTE_BUFFER_ID when the handle was made
   };
   std::map<uintptr_t, Entry> by_base_;  // allocation base -> entry
+  std::vector<uint64_t> retired_;
   uint64_t next_id_ = 1;
 };
+
+// The ordinal of the local GPU whose uuid is `uuid` (as IpcDescriptor::device_uuid), kNotFound when
+// no visible GPU has it. Cached per process after the first call.
+Result<int> device_by_uuid(const std::array<uint8_t, 16>& uuid);
 
 class ImportCache {
  public:
@@ -158,6 +172,9 @@ class CopyEngine {
   // Polls until a copy completes or the deadline (kTimeout); returns at once when none is pending.
   virtual Status wait(Deadline deadline) = 0;
   virtual size_t pending() const = 0;
+  // Ok, or the device's sticky error (the context is unusable: every later copy fails too). Ask
+  // after a copy failed to tell a failure of that copy from a broken device.
+  virtual Status device_error() = 0;
 
   // Forwarded to the import cache.
   virtual void invalidate(const std::string& peer, uint64_t alloc_id) = 0;

@@ -11,6 +11,7 @@ Status no_cuda() {
 Status available() { return no_cuda(); }
 Result<IpcDescriptor> Exporter::export_region(const MemRegion&) { return no_cuda(); }
 Result<uint64_t> Exporter::forget(const void* ptr) { return no_cuda(); }
+Result<int> device_by_uuid(const std::array<uint8_t, 16>&) { return no_cuda(); }
 Result<std::unique_ptr<CopyEngine>> CopyEngine::create(const Options&) { return no_cuda(); }
 
 }  // namespace dmx::cuda_ipc

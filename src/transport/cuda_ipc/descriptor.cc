@@ -5,6 +5,7 @@
 //   u64 alloc_id | u64 alloc_size | u64 offset | u64 length | i32 device | i32 owner_pid
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/log.h"
@@ -71,6 +72,15 @@ Result<IpcDescriptor> IpcDescriptor::decode(std::span<const std::byte> in) {
     return Status(Code::kProtocol, fmt::format("cuda_ipc descriptor: region [{}, +{}) outside an allocation of {} B",
                                                d.offset, d.length, d.alloc_size));
   return d;
+}
+
+// ---- exporter (CUDA-free part) ----
+
+std::vector<uint64_t> Exporter::take_retired(size_t max) {
+  size_t n = std::min(max, retired_.size());
+  std::vector<uint64_t> out(retired_.begin(), retired_.begin() + static_cast<ptrdiff_t>(n));
+  retired_.erase(retired_.begin(), retired_.begin() + static_cast<ptrdiff_t>(n));
+  return out;
 }
 
 // ---- import cache ----
