@@ -1,1 +1,673 @@
+// The devmem payload path: see devmem_path.h for the contract and the design choices.
 #include "engine/devmem_path.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "core/log.h"
+#include "memory/backend.h"
+#include "transport/devmem/region.h"
+#include "transport/devmem/rx.h"
+#include "transport/devmem/tx.h"
+
+namespace dmx {
+namespace {
+
+using devmem::BoundRegion;
+using devmem::DevmemRx;
+using devmem::DevmemTx;
+using devmem::Gatherer;
+
+constexpr auto kDeviceWait = std::chrono::seconds(10);  // a copy or gather that takes longer: device failure
+constexpr auto kQuiesceWait = std::chrono::seconds(5);  // stop/fail: bounded wait for user memory copies
+constexpr int kRxCallsPerRound = 16;                     // recvmsg calls before looking at TX again
+constexpr uint32_t kStagePiece = 4096;                   // D2D staging descriptors (gather kernel)
+
+bool host_memory(const MemSpec& m) { return m.kind == MemKind::kHost || m.kind == MemKind::kPinned; }
+
+// The RX gatherer with a discard mode: while `discard` is set, fragments are validated by DevmemRx
+// as always but nothing is copied (fence 0 is complete), so a dropped chunk costs no copy.
+class SwitchGatherer final : public Gatherer {
+ public:
+  explicit SwitchGatherer(std::unique_ptr<Gatherer> inner) : inner_(std::move(inner)) {}
+  bool discard = false;
+  Result<uint64_t> enqueue(MemRegion pool, std::span<const devmem::Fragment> frags, const uint8_t* linear_host,
+                           std::span<const devmem::LinearChunk> linear, MemRegion dst) override {
+    if (discard) return uint64_t{0};
+    return inner_->enqueue(pool, frags, linear_host, linear, dst);
+  }
+  Result<bool> done(uint64_t fence) override { return fence == 0 ? Result<bool>(true) : inner_->done(fence); }
+  Status wait(uint64_t fence, Deadline d) override { return fence == 0 ? Status() : inner_->wait(fence, d); }
+  Result<void*> allocate_linear(size_t size) override { return inner_->allocate_linear(size); }
+  void free_linear(void* p, size_t size) override { inner_->free_linear(p, size); }
+
+ private:
+  std::unique_ptr<Gatherer> inner_;
+};
+
+// Copies chunk sources into the TX ring. Device rings: the gather kernel with 4 KiB descriptors
+// (source and ring on one device). Host rings (the double): the source's copy queue (to_host).
+class Stager {
+ public:
+  struct Fence {
+    CopyQueue* queue = nullptr;  // null: the gatherer's fence
+    uint64_t id = 0;
+  };
+  explicit Stager(std::unique_ptr<Gatherer> gatherer) : gatherer_(std::move(gatherer)) {}
+
+  Result<Fence> enqueue(MemRegion src, MemRegion slot) {
+    if (gatherer_) {
+      pieces_.clear();
+      for (uint64_t at = 0; at < src.size; at += kStagePiece)
+        pieces_.push_back({at, at, static_cast<uint32_t>(std::min<uint64_t>(kStagePiece, src.size - at))});
+      DMX_ASSIGN_OR_RETURN(uint64_t f, gatherer_->enqueue(src, pieces_, nullptr, {}, slot));
+      return Fence{nullptr, f};
+    }
+    auto key = std::make_pair(static_cast<int>(src.where.kind), src.where.device);
+    auto& q = queues_[key];
+    if (!q) {
+      DMX_ASSIGN_OR_RETURN(MemoryBackend * b, backend_for(src.where));
+      DMX_ASSIGN_OR_RETURN(q, b->create_queue());
+    }
+    DMX_RETURN_IF_ERROR(q->to_host(slot.ptr, src.ptr, src.size));
+    DMX_ASSIGN_OR_RETURN(uint64_t f, q->record());
+    return Fence{q.get(), f};
+  }
+  Result<bool> done(Fence f) { return f.queue ? f.queue->done(f.id) : gatherer_->done(f.id); }
+  Status wait(Fence f, Deadline d) { return f.queue ? f.queue->wait(f.id, d) : gatherer_->wait(f.id, d); }
+
+ private:
+  std::unique_ptr<Gatherer> gatherer_;
+  std::vector<devmem::Fragment> pieces_;
+  std::map<std::pair<int, int>, std::unique_ptr<CopyQueue>> queues_;
+};
+
+class DevmemPath final : public PayloadPath {
+ public:
+  struct Parts {
+    UniqueFd fd;
+    std::string peer;
+    devmem::HostSeams seams;
+    Buffer pool, ring;
+    std::unique_ptr<BoundRegion> rx_bound, tx_bound;
+    std::unique_ptr<devmem::KernelSocket> sock;
+    std::unique_ptr<SwitchGatherer> gatherer;
+    std::unique_ptr<Stager> stager;
+    std::unique_ptr<DevmemRx> rx;
+    std::unique_ptr<DevmemTx> tx;
+    UniqueFd wake;
+  };
+  explicit DevmemPath(Parts p) : p_(std::move(p)) {}
+  ~DevmemPath() override {
+    stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  PathKind kind() const override { return PathKind::kDevmem; }
+
+  void start(Events* events, std::shared_ptr<void> keep_alive) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (started_) return;
+    started_ = true;
+    events_ = events;
+    keep_alive_ = std::move(keep_alive);
+    thread_ = std::thread([this] { run(); });
+  }
+
+  bool carries(const MemSpec& src) const override {
+    if (src.kind == MemKind::kCuda) return host_memory(p_.seams.memory) || src.device == p_.seams.memory.device;
+    return src.kind == MemKind::kSim && host_memory(p_.seams.memory);
+  }
+  uint64_t max_chunk() const override { return kDevmemMaxChunk; }
+
+  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src) override {
+    if (!carries(src.where))
+      return Status(Code::kInvalidArgument, fmt::format("devmem path: does not carry {} sources", to_string(src.where)));
+    if (src.size > kDevmemMaxChunk)
+      return Status(Code::kInvalidArgument,
+                    fmt::format("devmem path: chunk of {} bytes above the {}-byte maximum", src.size, kDevmemMaxChunk));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return closed_status();
+      tx_posts_.push_back(TxSeg{seq, src});
+    }
+    wake();
+    std::vector<unsigned char> d(kDevmemDescriptorSize);
+    for (size_t i = 0; i < 8; ++i) d[i] = static_cast<unsigned char>(src.size >> (8 * i));
+    return d;
+  }
+
+  Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) override {
+    if (descriptor.size() != kDevmemDescriptorSize)
+      return Status(Code::kProtocol, fmt::format("devmem descriptor of {} bytes (expected {})", descriptor.size(),
+                                                 kDevmemDescriptorSize))
+          .with_peer(p_.peer);
+    uint64_t len = 0;
+    for (size_t i = 0; i < 8; ++i) len |= uint64_t{descriptor[i]} << (8 * i);
+    if (len > kDevmemMaxChunk)
+      return Status(Code::kProtocol, fmt::format("devmem chunk of {} bytes announced (maximum {})", len, kDevmemMaxChunk))
+          .with_peer(p_.peer);
+    return len;
+  }
+
+  Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override {
+    DMX_ASSIGN_OR_RETURN(uint64_t len, chunk_length(descriptor));
+    if (dst.ptr != nullptr && dst.size != len)
+      return Status(Code::kInvalidArgument,
+                    fmt::format("devmem path: destination of {} bytes for a {}-byte chunk", dst.size, len));
+    RxItem item{seq, len, dst};
+    if (dst.ptr != nullptr && len > 0 && !gatherable(dst.where))
+      item.status = Status(Code::kUnavailable,
+                           fmt::format("devmem path: cannot gather into {} memory (the RX pool is {}); chunk dropped",
+                                       to_string(dst.where), to_string(p_.seams.memory)))
+                        .with_peer(p_.peer);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return closed_status();
+      rx_posts_.push_back(std::move(item));
+    }
+    wake();
+    return Status();
+  }
+
+  bool receiver_releases() const override { return false; }
+
+  void stop() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_requested_ = true;
+      if (!closed_) {
+        closed_ = true;
+        closed_reason_ = Status(Code::kClosed, "devmem path stopped").with_peer(p_.peer);
+      }
+    }
+    wake();
+    std::lock_guard<std::mutex> io(io_mu_);  // waits for the thread's current round, never for an event
+    quiesce();
+  }
+
+  PathStats stats() const override {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+  }
+  DevmemPathCounters counters() const {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return counters_;
+  }
+
+  std::string describe() const override {
+    return fmt::format("devmem {} queues {}-{}, {} MiB RX pool (binding {}), {} MiB TX ring (binding {}) in {}",
+                       p_.seams.ifname, p_.seams.queues.empty() ? 0 : p_.seams.queues.front(),
+                       p_.seams.queues.empty() ? 0 : p_.seams.queues.back(), p_.pool.size() >> 20, rx_binding_,
+                       p_.ring.size() >> 20, tx_binding_, to_string(p_.seams.memory));
+  }
+
+  void set_bindings(uint32_t rx, uint32_t tx) { rx_binding_ = rx, tx_binding_ = tx; }
+
+ private:
+  // TX chunk lifecycle:  kNew -> kStaging (copy into the ring enqueued) -> kStaged (copy done:
+  // on_path_tx_done) -> kSending (bytes being queued on the socket, in order) -> kInFlight (all
+  // queued; the ring space is freed when the kernel reports the zerocopy completion).
+  enum class TxState { kNew, kStaging, kStaged, kSending, kInFlight };
+  struct TxSeg {
+    uint64_t seq;
+    MemRegion src;
+    TxState state = TxState::kNew;
+    uint64_t ring_off = 0;
+    Stager::Fence fence;
+    uint64_t ticket = 0;
+    bool reported = false;  // on_path_tx_done delivered (the source is free)
+  };
+  // RX chunk: queued -> receiving (bytes read, gathers enqueued) -> finished (gathers complete,
+  // tokens back: on_path_rx_done).
+  struct RxItem {
+    uint64_t seq;
+    uint64_t len;
+    MemRegion dst;
+    Status status;  // a chunk-only error (dropped): reported at its completion
+    size_t got = 0;
+  };
+  struct Event {
+    enum Kind { kTx, kRx, kFailed } kind;
+    uint64_t seq;
+    Status status;
+  };
+
+  Status closed_status() const {
+    return failed_.ok() ? closed_reason_ : failed_;
+  }
+  bool gatherable(const MemSpec& dst) const {
+    if (host_memory(p_.seams.memory)) return dst.kind != MemKind::kCuda;  // the host gatherer: host, pinned, sim
+    return dst == p_.seams.memory;
+  }
+  void wake() {
+    uint64_t one = 1;
+    ssize_t r = ::write(p_.wake.get(), &one, sizeof one);
+    (void)r;
+  }
+
+  // --- progress thread ---
+
+  void run() {
+    for (;;) {
+      std::vector<Event> events;
+      bool exit = false;
+      pollfd fds[2] = {{p_.wake.get(), POLLIN, 0}, {-1, 0, 0}};
+      int timeout = -1;
+      {
+        std::lock_guard<std::mutex> io(io_mu_);
+        bool stopping;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          stopping = stop_requested_;
+          for (auto& t : tx_posts_) tx_.push_back(std::move(t));
+          for (auto& r : rx_posts_) rx_.push_back(std::move(r));
+          tx_posts_.clear();
+          rx_posts_.clear();
+        }
+        if (stopping) {
+          quiesce();
+          Status s = closed_status();
+          for (auto& t : tx_)
+            if (!t.reported) events.push_back({Event::kTx, t.seq, s});
+          for (auto& r : rx_) events.push_back({Event::kRx, r.seq, s});
+          tx_.clear();
+          rx_.clear();
+          exit = true;
+        } else if (failed_.ok()) {
+          Status s = round(events);
+          if (!s.ok()) fail(std::move(s), events);
+          if (failed_.ok()) timeout = poll_plan(&fds[1]);
+        }
+        if (!failed_.ok() && !exit) {  // failed: every chunk posted meanwhile completes with the failure
+          for (auto& t : tx_)
+            if (!t.reported) events.push_back({Event::kTx, t.seq, failed_});
+          for (auto& r : rx_) events.push_back({Event::kRx, r.seq, failed_});
+          tx_.clear();
+          rx_.clear();
+        }
+        publish_stats();
+      }
+      deliver(events);
+      if (exit) {
+        events_->on_path_stopped(PathKind::kDevmem);
+        std::shared_ptr<void> keep = std::move(keep_alive_);  // released after on_path_stopped returned
+        return;
+      }
+      int n = ::poll(fds, fds[1].fd >= 0 ? 2 : 1, timeout);
+      if (n > 0 && (fds[0].revents & POLLIN)) {
+        uint64_t v;
+        ssize_t r = ::read(p_.wake.get(), &v, sizeof v);
+        (void)r;
+        wakeups_.fetch_add(1, std::memory_order_relaxed);
+      }
+      if (n > 0 && fds[1].fd >= 0) last_revents_ = fds[1].revents;
+    }
+  }
+
+  void deliver(std::vector<Event>& events) {
+    for (auto& e : events) {
+      switch (e.kind) {
+        case Event::kTx: events_->on_path_tx_done(PathKind::kDevmem, e.seq, e.status); break;
+        case Event::kRx: events_->on_path_rx_done(PathKind::kDevmem, e.seq, e.status); break;
+        case Event::kFailed: events_->on_path_failed(PathKind::kDevmem, e.status); break;
+      }
+    }
+  }
+
+  // One round of I/O (io_mu_ held). An error is a failure of the path.
+  Status round(std::vector<Event>& events) {
+    DMX_RETURN_IF_ERROR(check_socket());
+    DMX_RETURN_IF_ERROR(tx_round(events));
+    DMX_RETURN_IF_ERROR(rx_round(events));
+    return check_unclaimed();
+  }
+
+  // What poll() should wait for on the data socket, and how long.
+  int poll_plan(pollfd* pfd) {
+    short ev = 0;
+    int timeout = -1;
+    if (!rx_.empty()) ev |= POLLIN;
+    else if (!peer_shut_) ev |= POLLRDHUP;  // no receive posted: learn when the peer stops sending
+    if (tx_blocked_) ev |= POLLOUT;
+    bool device_work = std::any_of(tx_.begin(), tx_.end(), [](const TxSeg& t) {
+      return t.state == TxState::kStaging || t.state == TxState::kInFlight;
+    });
+    // Staging copies and (over the double) zerocopy completions have no fd to wait on.
+    if (device_work) timeout = 1;
+    if (unclaimed_since_) timeout = timeout < 0 ? 50 : std::min(timeout, 50);
+    if (!tx_.empty() && !device_work && !tx_blocked_) timeout = 0;  // more to stage or send now
+    if (!rx_.empty() && rx_.front().len == 0) timeout = 0;
+    if (ev != 0 || timeout >= 0) {
+      pfd->fd = p_.fd.get();
+      pfd->events = ev;
+    }
+    return timeout;
+  }
+
+  // A socket error (peer reset) while idle would make poll return at once forever: fail on it.
+  Status check_socket() {
+    short rev = std::exchange(last_revents_, 0);
+    if (rev & (POLLERR | POLLHUP)) {
+      int err = 0;
+      socklen_t len = sizeof err;
+      if (::getsockopt(p_.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0)
+        return errno_status("devmem data connection", err, Code::kPeerFailed);
+      if ((rev & POLLHUP) && rx_.empty() && tx_.empty())
+        peer_shut_ = true;  // a later post fails on its first call
+    }
+    if ((rev & POLLRDHUP) && rx_.empty()) peer_shut_ = true;
+    return Status();
+  }
+
+  // Bytes on the socket that no receive claims while the peer has stopped sending: more than it
+  // announced. Bytes that merely arrived before their header (stream 0 lags) are claimed soon.
+  Status check_unclaimed() {
+    if (!rx_.empty() || !peer_shut_) {
+      unclaimed_since_.reset();
+      return Status();
+    }
+    int avail = 0;
+    if (::ioctl(p_.fd.get(), FIONREAD, &avail) != 0 || avail <= 0) {
+      unclaimed_since_.reset();
+      return Status();
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (!unclaimed_since_) unclaimed_since_ = now;
+    if (now - *unclaimed_since_ < std::chrono::milliseconds(kDevmemExtraGraceMs)) return Status();
+    Status s = p_.rx->reject_unexpected();
+    if (s.ok()) s = Status(Code::kProtocol, fmt::format("peer sent {} bytes more than it announced", avail));
+    return s;
+  }
+
+  Status tx_round(std::vector<Event>& events) {
+    if (tx_.empty()) return Status();
+    DMX_RETURN_IF_ERROR(p_.tx->poll_completions());
+    // Retire: ring space comes back in FIFO order once the kernel is done with it.
+    while (!tx_.empty() && tx_.front().state == TxState::kInFlight && p_.tx->completed(tx_.front().ticket))
+      tx_.pop_front();
+    for (auto& t : tx_) {
+      if (t.state == TxState::kNew) {
+        if (t.src.size == 0) {
+          t.state = TxState::kStaged;
+          t.reported = true;
+          events.push_back({Event::kTx, t.seq, Status()});
+          continue;
+        }
+        auto off = ring_alloc(t.src.size);
+        if (!off) break;  // ring full: later chunks wait (order is kept)
+        t.ring_off = *off;
+        DMX_ASSIGN_OR_RETURN(t.fence, p_.stager->enqueue(t.src, p_.ring.region().sub(t.ring_off, t.src.size)));
+        t.state = TxState::kStaging;
+        ++stagings_;
+      }
+      if (t.state == TxState::kStaging) {
+        DMX_ASSIGN_OR_RETURN(bool done, p_.stager->done(t.fence));
+        if (!done) continue;
+        t.state = TxState::kStaged;
+        t.reported = true;
+        events.push_back({Event::kTx, t.seq, Status()});  // the source is free again
+      }
+    }
+    // Send in order: the byte order on the data socket is the order of the headers on stream 0.
+    tx_blocked_ = false;
+    for (auto& t : tx_) {
+      if (t.state == TxState::kInFlight) continue;
+      if (t.state == TxState::kStaged) {
+        DMX_ASSIGN_OR_RETURN(t.ticket, p_.tx->start_send(p_.tx_bound->tx_offset(t.ring_off), t.src.size));
+        t.state = TxState::kSending;
+      }
+      if (t.state != TxState::kSending) break;
+      DMX_ASSIGN_OR_RETURN(bool queued, p_.tx->push_send(t.ticket));
+      if (!queued) {
+        tx_blocked_ = true;
+        break;
+      }
+      t.state = TxState::kInFlight;
+    }
+    while (!tx_.empty() && tx_.front().state == TxState::kInFlight && p_.tx->completed(tx_.front().ticket))
+      tx_.pop_front();
+    return Status();
+  }
+
+  // A contiguous range of the ring for `len` bytes; ranges are freed in allocation order.
+  std::optional<uint64_t> ring_alloc(uint64_t len) {
+    uint64_t size = p_.ring.size();
+    bool any = false;
+    uint64_t tail = 0;  // start of the oldest live range
+    for (const auto& t : tx_) {
+      if (t.state != TxState::kNew && t.src.size > 0) {
+        tail = t.ring_off;
+        any = true;
+        break;
+      }
+    }
+    if (!any) {
+      ring_head_ = 0;
+      return len <= size ? std::optional<uint64_t>(0) : std::nullopt;
+    }
+    uint64_t at;
+    if (ring_head_ > tail) {  // live data in [tail, head)
+      if (size - ring_head_ >= len) at = ring_head_;
+      else if (tail >= len) at = 0;
+      else return std::nullopt;
+    } else {  // wrapped: live data in [tail, size) and [0, head)
+      if (tail - ring_head_ >= len) at = ring_head_;
+      else return std::nullopt;
+    }
+    ring_head_ = at + len;
+    return at;
+  }
+
+  Status rx_round(std::vector<Event>& events) {
+    for (int calls = 0; !rx_.empty() && calls < kRxCallsPerRound;) {
+      RxItem& r = rx_.front();
+      if (r.got < r.len) {
+        bool discard = r.dst.ptr == nullptr || !r.status.ok();
+        p_.gatherer->discard = discard;
+        MemRegion dst = discard ? MemRegion{nullptr, r.len, p_.seams.memory} : r.dst;
+        size_t before = r.got;
+        DMX_RETURN_IF_ERROR(p_.rx->receive_some(dst, &r.got, Deadline::after(kDeviceWait)));
+        ++calls;
+        if (r.got == before) break;  // nothing ready: poll for POLLIN
+        if (r.got < r.len) continue;
+        DMX_RETURN_IF_ERROR(p_.rx->finish(Deadline::after(kDeviceWait)));
+        p_.gatherer->discard = false;
+      }
+      ++received_;
+      received_bytes_ += r.len;
+      events.push_back({Event::kRx, r.seq, r.status});
+      rx_.pop_front();
+    }
+    return Status();
+  }
+
+  void fail(Status s, std::vector<Event>& events) {
+    if (s.peer().empty()) s = s.with_peer(p_.peer);
+    s = s.with_origin("devmem/path");
+    DMX_LOG_ERROR("devmem path: {}", s.to_string());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failed_ = s;
+      closed_ = true;
+    }
+    quiesce();  // user memory is free before the chunks complete
+    events.push_back({Event::kFailed, 0, s});
+  }
+
+  // Waits (bounded) for every copy out of user sources and into user destinations, returns every
+  // token and closes the data socket. io_mu_ held. Idempotent.
+  void quiesce() {
+    if (quiesced_) return;
+    quiesced_ = true;
+    Deadline d = Deadline::after(kQuiesceWait);
+    for (auto& t : tx_)
+      if (t.state == TxState::kStaging) (void)p_.stager->wait(t.fence, d);
+    // The NIC reads the ring until the zerocopy completions; wait for them (bounded) before the
+    // ring can go.
+    for (auto& t : tx_)
+      if (t.state == TxState::kInFlight || t.state == TxState::kSending) (void)p_.tx->wait(t.ticket, Deadline::after(std::chrono::milliseconds(200)));
+    publish_stats();
+    p_.rx.reset();  // waits (bounded) for its gathers and returns every token
+    p_.tx.reset();
+    p_.sock.reset();
+    ::shutdown(p_.fd.get(), SHUT_RDWR);
+  }
+
+  void publish_stats() {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    if (p_.rx) {
+      const auto& r = p_.rx->stats();
+      counters_.fragments = r.frags;
+      counters_.linear_bytes = r.linear_bytes;
+      counters_.linear_chunks = r.linear_chunks;
+      counters_.devmem_bytes = r.devmem_bytes;
+      counters_.plain_calls = r.plain_calls;
+      counters_.tokens_returned = r.tokens.returned;
+      counters_.tokens_unknown = r.tokens.unknown;
+      counters_.tokens_outstanding = p_.rx->outstanding_tokens();
+      counters_.gathers = r.gathers;
+    }
+    if (p_.tx) {
+      const auto& t = p_.tx->stats();
+      counters_.sendmsg_calls = t.sendmsg_calls;
+      counters_.notifications = t.notifications;
+      counters_.zerocopy_copied = t.copied;
+      stats_.chunks_sent = t.sends;
+      stats_.bytes_sent = t.bytes;
+    }
+    counters_.stagings = stagings_;
+    stats_.chunks_received = received_;
+    stats_.bytes_received = received_bytes_;
+    stats_.device_copies = counters_.gathers + stagings_;
+    stats_.host_copies = counters_.linear_chunks;
+    stats_.wakeups = wakeups_.load(std::memory_order_relaxed);
+  }
+
+  Parts p_;
+  uint32_t rx_binding_ = 0, tx_binding_ = 0;
+
+  // mu_ guards the posts, the flags and the failure (lock order: io_mu_, then mu_, then stats_mu_).
+  mutable std::mutex mu_;
+  std::deque<TxSeg> tx_posts_;
+  std::deque<RxItem> rx_posts_;
+  bool started_ = false, stop_requested_ = false, closed_ = false;
+  Status closed_reason_, failed_;
+  Events* events_ = nullptr;
+  std::shared_ptr<void> keep_alive_;
+
+  // io_mu_ guards the I/O state below: held by the thread for one round, and by stop().
+  std::mutex io_mu_;
+  std::deque<TxSeg> tx_;
+  std::deque<RxItem> rx_;
+  uint64_t ring_head_ = 0;
+  bool tx_blocked_ = false, peer_shut_ = false, quiesced_ = false;
+  short last_revents_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> unclaimed_since_;
+  uint64_t stagings_ = 0, received_ = 0, received_bytes_ = 0;
+  std::atomic<uint64_t> wakeups_{0};  // counted after poll, outside io_mu_
+
+  mutable std::mutex stats_mu_;
+  PathStats stats_;
+  DevmemPathCounters counters_;
+
+  std::thread thread_;
+};
+
+}  // namespace
+
+Status devmem_path_offer(const Config& config) {
+  DMX_RETURN_IF_ERROR(devmem::usable(config.get_string("devmem_ifname")));
+  const std::string& queues = config.get_string("devmem_queues");
+  if (queues.empty())
+    return Status(Code::kUnavailable, "devmem: setting devmem_queues is empty (the RX queues given to dmx devmem setup)");
+  if (auto q = devmem::parse_queue_range(queues); !q.ok()) return Status(Code::kUnavailable, q.status().message());
+  return Status();
+}
+
+Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, const Config& config, std::string peer,
+                                                      int cuda_device) {
+  DMX_ASSIGN_OR_RETURN(devmem::HostSeams seams, devmem::kernel_seams(config, cuda_device));
+  return make_devmem_path(std::move(data_socket), config, std::move(peer), std::move(seams));
+}
+
+Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, const Config& config, std::string peer,
+                                                      devmem::HostSeams seams) {
+  auto why = [&](const Status& s, std::string_view what) {
+    return Status(s.code(), fmt::format("devmem path: {}: {}", what, s.message())).with_peer(peer);
+  };
+  if (!data_socket.valid()) return Status(Code::kInvalidArgument, "devmem path: no data socket");
+  if (!seams.netlink || !seams.exporter || !seams.socket || !seams.gatherer)
+    return Status(Code::kInvalidArgument, "devmem path: incomplete seams");
+  DevmemPath::Parts p;
+  p.fd = std::move(data_socket);
+  p.peer = peer;
+  uint64_t pool_size = std::max<uint64_t>(config.get_size("devmem_rx_pool") / 4096 * 4096, 1 << 20);
+  auto pool = Buffer::allocate(seams.memory, pool_size);
+  if (!pool.ok()) return why(pool.status(), fmt::format("allocating the RX pool ({} bytes)", pool_size));
+  p.pool = std::move(*pool);
+  auto ring = Buffer::allocate(seams.memory, kDevmemTxRing);
+  if (!ring.ok()) return why(ring.status(), "allocating the TX ring");
+  p.ring = std::move(*ring);
+  auto rxb = BoundRegion::bind_rx(*seams.netlink, seams.ifindex, seams.queues, p.pool.region(), seams.exporter);
+  if (!rxb.ok()) return why(rxb.status(), fmt::format("bind-rx of the RX pool to {}", seams.ifname));
+  p.rx_bound = std::move(*rxb);
+  auto txb = BoundRegion::bind_tx(*seams.netlink, seams.ifindex, p.ring.region(), seams.exporter);
+  if (!txb.ok()) return why(txb.status(), fmt::format("bind-tx of the TX ring to {}", seams.ifname));
+  p.tx_bound = std::move(*txb);
+  p.sock = seams.socket(p.fd.get());
+  auto g = seams.gatherer();
+  if (!g.ok()) return why(g.status(), "RX gatherer");
+  p.gatherer = std::make_unique<SwitchGatherer>(std::move(*g));
+  if (host_memory(seams.memory)) {
+    p.stager = std::make_unique<Stager>(nullptr);
+  } else {
+    auto sg = seams.gatherer();
+    if (!sg.ok()) return why(sg.status(), "TX staging gatherer");
+    p.stager = std::make_unique<Stager>(std::move(*sg));
+  }
+  devmem::RxOptions ro = devmem::rx_options(config);
+  ro.peer = peer;
+  // Never hold more than a quarter of the pool's pages in tokens (a fragment pins a page).
+  ro.max_outstanding_frags = std::max<size_t>(1, std::min<size_t>(ro.max_outstanding_frags, pool_size / 4096 / 4));
+  auto rx = DevmemRx::create(p.sock.get(), p.rx_bound->rx_pool(), p.gatherer.get(), ro);
+  if (!rx.ok()) return why(rx.status(), "receive side");
+  p.rx = std::move(*rx);
+  devmem::TxOptions to;
+  to.ifname = seams.ifname;
+  to.peer = peer;
+  auto tx = DevmemTx::create(p.sock.get(), p.tx_bound->tx_info(), to);
+  if (!tx.ok()) return why(tx.status(), "send side");
+  p.tx = std::move(*tx);
+  p.wake.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!p.wake.valid()) return errno_status("eventfd(devmem path)", errno);
+  uint32_t rx_id = p.rx_bound->id(), tx_id = p.tx_bound->id();
+  p.seams = std::move(seams);
+  auto path = std::make_unique<DevmemPath>(std::move(p));
+  path->set_bindings(rx_id, tx_id);
+  DMX_LOG_INFO("devmem path to {}: {}", peer, path->describe());
+  return std::unique_ptr<PayloadPath>(std::move(path));
+}
+
+bool devmem_path_counters(const PayloadPath& path, DevmemPathCounters* out) {
+  auto* d = dynamic_cast<const DevmemPath*>(&path);
+  if (!d) return false;
+  *out = d->counters();
+  return true;
+}
+
+}  // namespace dmx

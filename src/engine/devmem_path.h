@@ -1,4 +1,98 @@
-// The devmem payload path (placeholder until written): see payload_path.h.
+// The devmem payload path (see payload_path.h): chunk bytes of an endpoint whose peer is on
+// another host travel on a DEDICATED TCP connection (the "data socket") that carries raw payload
+// bytes only — with devmem RX the whole TCP payload lands in the bound dmabuf, so no dmx header may
+// travel on it. Both sides process chunks in the same order (the order of their headers on stream
+// 0 = the byte order on the data socket), so the receiver, given (seq, length, dst), reads exactly
+// `length` bytes.
+//
+//   descriptor   the chunk length, 8 bytes little-endian; at most kDevmemMaxChunk
+//   carries      CUDA sources (and sim sources when the path's memory is host memory, i.e. over the
+//                socket-pair double). Host and pinned sources are not carried: their payload stays
+//                inline on the TCP streams (the NIC would have to read host memory through a dmabuf
+//                of host memory, which gains nothing).
+//   TX           a path-owned TX ring in `HostSeams::memory` (64 MiB), bound with bind-tx once at
+//                creation. Each chunk is copied device-to-device into the ring (the CUDA gather
+//                kernel with 4 KiB descriptors, or, when the ring is host memory, the source's copy
+//                queue), then sent zero-copy (sendmsg MSG_ZEROCOPY + SCM_DEVMEM_DMABUF) from the
+//                ring. The source is free — on_path_tx_done — as soon as its copy into the ring is
+//                complete; the ring space is reused only after the kernel reported the send's
+//                zerocopy completion. Why a ring and not a binding of each user allocation: no
+//                per-allocation export/bind on the hot path, no cache to invalidate when the user
+//                frees memory, bounded pinned NIC mappings; the cost is one D2D copy per chunk
+//                (~1.4 TB/s on H100, far above any NIC).
+//   RX           a path-owned RX pool in `memory` (setting devmem_rx_pool), bound with bind-rx to
+//                the devmem queues once at creation. DevmemRx receives (recvmsg MSG_SOCK_DEVMEM),
+//                validates every cmsg, gathers fragments and linear chunks into dst, and returns
+//                the tokens after the gather completed. Destinations must be memory the gatherer
+//                can write (CUDA on the pool's device; host, pinned or sim over the double); a chunk
+//                for any other destination is consumed, dropped and completed with kUnavailable
+//                (that chunk only).
+//   discard      post_rx with dst.ptr == nullptr consumes the bytes without copying (tokens are
+//                still returned).
+//   failures     a bad cmsg (unknown dmabuf id, fragment outside the pool, token beyond 31 bits,
+//                byte counts that do not add up), a peer that closed or reset the data socket, a
+//                failed sendmsg, or bytes the peer sent beyond what it announced (detected when the
+//                peer has shut its sending side down and unclaimed bytes stay unread for
+//                kDevmemExtraGrace with no receive posted) fail the path: on_path_failed once, with
+//                an error naming the peer, then every pending chunk completes with it. Tokens are
+//                never leaked (DevmemRx returns every one it saw, valid or not).
+//
+// Threading and lifecycle (the same contract as shm_path.h): one progress thread per path owns the
+// socket, DevmemRx/DevmemTx, the gatherers and the ring. post_tx/post_rx queue under a small mutex
+// and wake the thread (eventfd). Posts are accepted from creation until the path stops or fails
+// (later ones return kClosed / the failure and produce no event); posts made before start() are
+// applied once it runs. Every accepted post completes exactly once. on_path_stopped is called
+// exactly once per start(), on the path's thread, after every completion — also when stop() came
+// before start(). The thread does its I/O in rounds under `io_mu_` and delivers events outside it;
+// stop() takes `io_mu_` (waiting for the current round, never for an event callback), waits for
+// the copies into and out of user memory (bounded), and returns: it is prompt and may be called
+// while holding a lock the events take. The destructor joins the thread, so do not destroy a path
+// under such a lock while its thread may still be delivering events.
 #pragma once
 
+#include <memory>
+#include <string>
+
+#include "core/config.h"
+#include "core/sys.h"
 #include "engine/payload_path.h"
+#include "transport/devmem/devmem.h"
+
+namespace dmx {
+
+// The largest chunk post_tx takes and chunk_length() accepts from a peer: a constant, not a
+// setting, so that both sides agree on it.
+inline constexpr uint64_t kDevmemMaxChunk = 16ull << 20;
+inline constexpr uint64_t kDevmemTxRing = 64ull << 20;
+inline constexpr size_t kDevmemDescriptorSize = 8;
+// How long unclaimed bytes may sit on a data socket whose peer has shut down its sending side.
+inline constexpr int kDevmemExtraGraceMs = 500;
+
+// Whether this side can offer devmem for new endpoints: devmem::usable(devmem_ifname), then the
+// path's own needs (devmem_queues set and well-formed, a CUDA device). Ok, or kUnavailable with
+// the exact first reason (for statistics and `dmx bench`).
+Status devmem_path_offer(const Config& config);
+
+// The path over `data_socket` (a connected TCP socket dedicated to payload, already authenticated
+// by the engine; the path owns it from now on) with the production seams on CUDA device
+// `cuda_device` (devmem::kernel_seams): binds a devmem_rx_pool-byte RX pool and the TX ring.
+// kUnavailable / kIo with the kernel's reason when a binding or allocation fails.
+Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, const Config& config, std::string peer,
+                                                      int cuda_device = 0);
+
+// The same over any seams: tests pass devmem::testing::SimNic::seams() (tests/devmem/
+// socket_double.h, library dmx_devmem_double) and a connected socket pair, so real bytes move.
+Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, const Config& config, std::string peer,
+                                                      devmem::HostSeams seams);
+
+// Devmem-specific counters of a path made by make_devmem_path (for tests and detailed statistics;
+// PathStats folds them: device_copies = gathers + TX staging copies, host_copies = linear chunks).
+struct DevmemPathCounters {
+  uint64_t fragments = 0, linear_bytes = 0, linear_chunks = 0, devmem_bytes = 0, plain_calls = 0;
+  uint64_t tokens_returned = 0, tokens_unknown = 0, tokens_outstanding = 0;
+  uint64_t gathers = 0, stagings = 0, sendmsg_calls = 0, notifications = 0, zerocopy_copied = 0;
+};
+// Counters of `path` when it is a devmem path, else nullopt-like false.
+bool devmem_path_counters(const PayloadPath& path, DevmemPathCounters* out);
+
+}  // namespace dmx

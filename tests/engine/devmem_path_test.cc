@@ -1,4 +1,492 @@
-// Tests of the devmem payload path (placeholder until written).
+// Tests of the devmem payload path. DevmemPathDouble.* run it over the socket-pair double
+// (tests/devmem/socket_double.h): a real connected TCP socket pair on loopback, the sender's double
+// reading the TX-bound ring and writing the bytes, the receiver's double scattering them into the
+// RX-bound pool as fragments with tokens. No devmem NIC is involved. DevmemPathRealHost.* ask this
+// machine.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/config.h"
+#include "devmem/socket_double.h"
 #include "engine/devmem_path.h"
+#include "engine/test_util.h"
+
+namespace dmx {
+namespace {
+
+using devmem::testing::SimNic;
+using devmem::testing::SimNicOptions;
+using test::filled;
+using test::poisoned;
+using test::random_bytes;
+using test::read_back;
+
+constexpr auto kWait = std::chrono::seconds(60);
+const MemSpec kSimMem{MemKind::kSim, 0};
+const MemSpec kHostMem{MemKind::kHost, 0};
+
+// A connected TCP pair on loopback (what the engine's data connection is).
+std::pair<UniqueFd, UniqueFd> tcp_pair() {
+  UniqueFd l(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(l.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(::listen(l.get(), 1), 0);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::getsockname(l.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
+  UniqueFd c(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  EXPECT_EQ(::connect(c.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  UniqueFd s(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  int one = 1;
+  ::setsockopt(c.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ::setsockopt(s.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return {std::move(c), std::move(s)};
+}
+
+Config config() {
+  Options o;
+  o.set("devmem_rx_pool", "32M");
+  auto c = Config::resolve(o);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return std::move(*c);
+}
+
+std::vector<unsigned char> desc(uint64_t len) {
+  std::vector<unsigned char> d(8);
+  for (int i = 0; i < 8; ++i) d[i] = static_cast<unsigned char>(len >> (8 * i));
+  return d;
+}
+
+// Records every event; waits with a deadline.
+class Recorder final : public PayloadPath::Events {
+ public:
+  void on_path_tx_done(PathKind, uint64_t seq, const Status& s) override { add(&tx_, seq, s); }
+  void on_path_rx_done(PathKind, uint64_t seq, const Status& s) override { add(&rx_, seq, s); }
+  void on_path_failed(PathKind, const Status& s) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_.push_back(s);
+    cv_.notify_all();
+  }
+  void on_path_stopped(PathKind) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stopped_;
+    cv_.notify_all();
+  }
+
+  Status tx(uint64_t seq) { return get(&tx_, seq); }
+  Status rx(uint64_t seq) { return get(&rx_, seq); }
+  bool wait_failed() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kWait, [&] { return !failed_.empty(); });
+  }
+  bool wait_stopped() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kWait, [&] { return stopped_ > 0; });
+  }
+  std::vector<Status> failed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed_;
+  }
+  int stopped() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopped_;
+  }
+  size_t completions() {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (auto& [k, v] : tx_) n += v.size();
+    for (auto& [k, v] : rx_) n += v.size();
+    return n;
+  }
+  bool exactly_once() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto* m : {&tx_, &rx_})
+      for (auto& [k, v] : *m)
+        if (v.size() != 1) return false;
+    return true;
+  }
+
+ private:
+  using Map = std::map<uint64_t, std::vector<Status>>;
+  void add(Map* m, uint64_t seq, const Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    (*m)[seq].push_back(s);
+    cv_.notify_all();
+  }
+  Status get(Map* m, uint64_t seq) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, kWait, [&] { return m->contains(seq); }))
+      return Status(Code::kTimeout, "test: no completion for seq " + std::to_string(seq));
+    return m->at(seq).front();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Map tx_, rx_;
+  std::vector<Status> failed_;
+  int stopped_ = 0;
+};
+
+std::unique_ptr<PayloadPath> make_path(UniqueFd fd, SimNic& nic, const std::string& peer) {
+  auto p = make_devmem_path(std::move(fd), config(), peer, nic.seams());
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return p.ok() ? std::move(*p) : nullptr;
+}
+
+// Two paths over one TCP pair, each over its own SimNic ("host").
+struct PathPair {
+  SimNic nic_a{SimNicOptions{"simdev0", 11}};
+  SimNic nic_b{SimNicOptions{"simdev0", 22, 512, 9000, 0.05}};
+  Recorder ev_a, ev_b;
+  std::unique_ptr<PayloadPath> a, b;
+  PathPair() {
+    auto [x, y] = tcp_pair();
+    a = make_path(std::move(x), nic_a, "host-b");
+    b = make_path(std::move(y), nic_b, "host-a");
+    a->start(&ev_a, nullptr);
+    b->start(&ev_b, nullptr);
+  }
+  ~PathPair() {
+    if (a) a->stop();
+    if (b) b->stop();
+  }
+  void expect_clean() {
+    a->stop();
+    b->stop();
+    EXPECT_TRUE(ev_a.wait_stopped());
+    EXPECT_TRUE(ev_b.wait_stopped());
+    for (SimNic* n : {&nic_a, &nic_b}) {
+      EXPECT_EQ(n->outstanding_tokens(), 0u) << "tokens leaked";
+      EXPECT_EQ(n->unknown_returns(), 0u) << "tokens returned twice or made up";
+      EXPECT_EQ(n->reused_before_completion(), 0u) << "TX ring reused before its zerocopy completion";
+    }
+    EXPECT_TRUE(ev_a.failed().empty());
+    EXPECT_TRUE(ev_b.failed().empty());
+    EXPECT_TRUE(ev_a.exactly_once());
+    EXPECT_TRUE(ev_b.exactly_once());
+  }
+};
+
+TEST(DevmemPathDouble, DeliversExactBytesOfManySizesWithManyChunksInFlight) {
+  PathPair pp;
+  // 64 MiB + 3 is cut to max_chunk pieces, as the endpoint does.
+  std::vector<size_t> sizes = {1, 4097, (1 << 20) + 3, 0, 4096, 12345};
+  for (size_t left = (64u << 20) + 3; left > 0;) {
+    size_t n = std::min<size_t>(left, pp.a->max_chunk());
+    sizes.push_back(n);
+    left -= n;
+  }
+  std::vector<test::Filled> src;
+  std::vector<Buffer> dst;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    src.push_back(filled(kSimMem, sizes[i]));
+    dst.push_back(poisoned(i % 2 ? kSimMem : kHostMem, sizes[i]));
+  }
+  // Everything in flight at once, receives posted first for half of them and after for the rest.
+  for (size_t i = 0; i < sizes.size() / 2; ++i) ASSERT_TRUE(pp.b->post_rx(i, desc(sizes[i]), dst[i].region()).ok());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(pp.a->carries(src[i].buf.where()));
+    auto d = pp.a->post_tx(i, src[i].buf.region());
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    ASSERT_EQ(*pp.b->chunk_length(*d), sizes[i]);
+  }
+  for (size_t i = sizes.size() / 2; i < sizes.size(); ++i)
+    ASSERT_TRUE(pp.b->post_rx(i, desc(sizes[i]), dst[i].region()).ok());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Status t = pp.ev_a.tx(i), r = pp.ev_b.rx(i);
+    ASSERT_TRUE(t.ok()) << t.to_string();
+    ASSERT_TRUE(r.ok()) << r.to_string();
+    ASSERT_TRUE(read_back(dst[i].region()) == src[i].data) << "chunk " << i << " of " << sizes[i] << " bytes differs";
+  }
+  DevmemPathCounters c;
+  ASSERT_TRUE(devmem_path_counters(*pp.b, &c));
+  EXPECT_GT(c.fragments, 1000u);
+  EXPECT_GT(c.linear_chunks, 0u);
+  EXPECT_EQ(c.tokens_returned, c.fragments);
+  EXPECT_EQ(c.tokens_outstanding, 0u);
+  PathStats sb = pp.b->stats(), sa = pp.a->stats();
+  size_t total = 0;
+  for (size_t s : sizes) total += s;
+  EXPECT_EQ(sb.bytes_received, total);
+  EXPECT_EQ(sb.chunks_received, sizes.size());
+  EXPECT_EQ(sa.bytes_sent, total);
+  EXPECT_GT(sa.device_copies, 0u);  // staging copies into the TX ring
+  EXPECT_GT(sb.host_copies, 0u);    // linear chunks
+  EXPECT_NE(pp.a->describe().find("devmem simdev0"), std::string::npos) << pp.a->describe();
+  EXPECT_FALSE(pp.a->receiver_releases());
+  EXPECT_FALSE(pp.a->carries(kHostMem));
+  pp.expect_clean();
+}
+
+TEST(DevmemPathDouble, BothDirectionsAtOnceDoNotDeadlock) {
+  PathPair pp;
+  const size_t n = 16u << 20;
+  std::vector<test::Filled> sa, sb;
+  std::vector<Buffer> da, db;
+  for (int i = 0; i < 3; ++i) {
+    sa.push_back(filled(kSimMem, n));
+    sb.push_back(filled(kSimMem, n));
+    da.push_back(poisoned(kHostMem, n));
+    db.push_back(poisoned(kHostMem, n));
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pp.a->post_tx(i, sa[i].buf.region()).ok());
+    ASSERT_TRUE(pp.b->post_tx(i, sb[i].buf.region()).ok());
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pp.a->post_rx(i, desc(n), da[i].region()).ok());
+    ASSERT_TRUE(pp.b->post_rx(i, desc(n), db[i].region()).ok());
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pp.ev_a.rx(i).ok());
+    ASSERT_TRUE(pp.ev_b.rx(i).ok());
+    EXPECT_TRUE(read_back(db[i].region()) == sa[i].data);
+    EXPECT_TRUE(read_back(da[i].region()) == sb[i].data);
+  }
+  pp.expect_clean();
+}
+
+TEST(DevmemPathDouble, DropThenIntactChunk) {
+  PathPair pp;
+  auto s0 = filled(kSimMem, (3u << 20) + 7), s1 = filled(kSimMem, 70001);
+  Buffer d1 = poisoned(kHostMem, s1.data.size());
+  ASSERT_TRUE(pp.a->post_tx(0, s0.buf.region()).ok());
+  ASSERT_TRUE(pp.a->post_tx(1, s1.buf.region()).ok());
+  ASSERT_TRUE(pp.b->post_rx(0, desc(s0.data.size()), MemRegion{nullptr, s0.data.size(), kHostMem}).ok());
+  ASSERT_TRUE(pp.b->post_rx(1, desc(s1.data.size()), d1.region()).ok());
+  ASSERT_TRUE(pp.ev_b.rx(0).ok());
+  ASSERT_TRUE(pp.ev_b.rx(1).ok());
+  EXPECT_TRUE(read_back(d1.region()) == s1.data);
+  pp.expect_clean();
+}
+
+// A receiving path whose peer is a raw socket the test writes into (for hostile or broken peers).
+struct RawPeer {
+  SimNic nic{SimNicOptions{"simdev0", 33, 512, 9000, 0.05}};
+  Recorder ev;
+  UniqueFd raw;
+  std::unique_ptr<PayloadPath> path;
+  RawPeer() {
+    auto [x, y] = tcp_pair();
+    raw = std::move(x);
+    path = make_path(std::move(y), nic, "evil-peer:7");
+    path->start(&ev, nullptr);
+  }
+  ~RawPeer() {
+    if (path) path->stop();
+  }
+  void write(const std::vector<unsigned char>& b) {
+    size_t at = 0;
+    while (at < b.size()) {
+      ssize_t n = ::send(raw.get(), b.data() + at, b.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return;  // the path failed and closed the connection (what the fault tests expect)
+      at += static_cast<size_t>(n);
+    }
+  }
+  // The path failed once with `code` and a message containing `text`, naming the peer; the
+  // pending chunk completed with that error; no token leaked beyond `held` (the kernel frees
+  // those at close); stop then reports stopped once.
+  void expect_failed(uint64_t seq, Code code, const std::string& text, size_t held = 0) {
+    ASSERT_TRUE(ev.wait_failed());
+    Status f = ev.failed().front();
+    EXPECT_EQ(f.code(), code) << f.to_string();
+    EXPECT_NE(f.message().find(text), std::string::npos) << f.to_string();
+    EXPECT_EQ(f.peer(), "evil-peer:7") << f.to_string();
+    Status r = ev.rx(seq);
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.code(), code) << r.to_string();
+    path->stop();
+    EXPECT_TRUE(ev.wait_stopped());
+    EXPECT_EQ(ev.failed().size(), 1u);
+    EXPECT_EQ(ev.stopped(), 1);
+    EXPECT_EQ(nic.outstanding_tokens(), held);
+    EXPECT_EQ(nic.unknown_returns(), 0u);
+    Buffer d = poisoned(kHostMem, 10);
+    EXPECT_FALSE(path->post_rx(seq + 1, desc(10), d.region()).ok()) << "posts after a failure are refused";
+  }
+};
+
+TEST(DevmemPathDouble, UnknownDmabufIdFailsThePath) {
+  RawPeer p;
+  Buffer d = poisoned(kHostMem, 1 << 20);
+  ASSERT_TRUE(p.path->post_rx(0, desc(1 << 20), d.region()).ok());
+  p.nic.corrupt_next_id(99);
+  p.write(random_bytes(1 << 20));
+  p.expect_failed(0, Code::kProtocol, "unknown dmabuf id 99");
+}
+
+TEST(DevmemPathDouble, FragmentOutsideTheBoundBufferFailsThePath) {
+  RawPeer p;
+  Buffer d = poisoned(kHostMem, 1 << 20);
+  ASSERT_TRUE(p.path->post_rx(0, desc(1 << 20), d.region()).ok());
+  p.nic.corrupt_next_offset();
+  p.write(random_bytes(1 << 20));
+  p.expect_failed(0, Code::kOutOfRange, "outside the bound buffer");
+}
+
+TEST(DevmemPathDouble, TokenOverflowFailsThePath) {
+  RawPeer p;
+  Buffer d = poisoned(kHostMem, 1 << 20);
+  ASSERT_TRUE(p.path->post_rx(0, desc(1 << 20), d.region()).ok());
+  p.nic.corrupt_next_token();
+  p.write(random_bytes(1 << 20));
+  // The real token behind the corrupted one cannot be named back; the kernel frees it at close.
+  p.expect_failed(0, Code::kProtocol, "beyond the kernel's 31-bit range", 1);
+}
+
+TEST(DevmemPathDouble, MoreBytesThanAnnouncedFailsThePath) {
+  RawPeer p;
+  auto data = random_bytes(100000);
+  Buffer d = poisoned(kHostMem, 90000);
+  ASSERT_TRUE(p.path->post_rx(0, desc(90000), d.region()).ok());
+  p.write(data);  // 10000 bytes more than announced
+  ::shutdown(p.raw.get(), SHUT_WR);
+  ASSERT_TRUE(p.ev.rx(0).ok());
+  EXPECT_TRUE(read_back(d.region()) == std::vector<unsigned char>(data.begin(), data.begin() + 90000));
+  ASSERT_TRUE(p.ev.wait_failed());
+  Status f = p.ev.failed().front();
+  EXPECT_EQ(f.code(), Code::kProtocol) << f.to_string();
+  EXPECT_NE(f.message().find("more than it announced"), std::string::npos) << f.to_string();
+  EXPECT_EQ(f.peer(), "evil-peer:7");
+  p.path->stop();
+  EXPECT_TRUE(p.ev.wait_stopped());
+  EXPECT_EQ(p.nic.outstanding_tokens(), 0u);
+  EXPECT_EQ(p.nic.unknown_returns(), 0u);
+}
+
+TEST(DevmemPathDouble, PeerCloseMidTransferFailsEveryPendingChunk) {
+  RawPeer p;
+  Buffer d0 = poisoned(kHostMem, 1 << 20), d1 = poisoned(kHostMem, 4096);
+  ASSERT_TRUE(p.path->post_rx(0, desc(1 << 20), d0.region()).ok());
+  ASSERT_TRUE(p.path->post_rx(1, desc(4096), d1.region()).ok());
+  p.write(random_bytes(300000));
+  p.raw.reset();
+  ASSERT_TRUE(p.ev.wait_failed());
+  Status f = p.ev.failed().front();
+  EXPECT_TRUE(f.code() == Code::kClosed || f.code() == Code::kPeerFailed) << f.to_string();
+  EXPECT_EQ(f.peer(), "evil-peer:7");
+  EXPECT_FALSE(p.ev.rx(0).ok());
+  EXPECT_FALSE(p.ev.rx(1).ok());
+  p.path->stop();
+  EXPECT_TRUE(p.ev.wait_stopped());
+  EXPECT_EQ(p.nic.outstanding_tokens(), 0u);
+}
+
+TEST(DevmemPathDouble, SenderFailsWhenThePeerIsGone) {
+  SimNic nic;
+  Recorder ev;
+  auto [x, y] = tcp_pair();
+  auto path = make_path(std::move(x), nic, "gone-peer");
+  path->start(&ev, nullptr);
+  y.reset();  // the peer's socket closes (RST once data arrives)
+  std::vector<test::Filled> src;
+  for (int i = 0; i < 4; ++i) src.push_back(filled(kSimMem, 16u << 20));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(path->post_tx(i, src[i].buf.region()).ok());
+  ASSERT_TRUE(ev.wait_failed());
+  EXPECT_EQ(ev.failed().front().peer(), "gone-peer");
+  for (int i = 0; i < 4; ++i) (void)ev.tx(i);  // every chunk completes (staged ones ok, others with the error)
+  EXPECT_TRUE(ev.exactly_once());
+  path->stop();
+  EXPECT_TRUE(ev.wait_stopped());
+}
+
+TEST(DevmemPathDouble, StopWithPendingChunksCompletesThemAndStopsOnce) {
+  PathPair pp;
+  // B waits for chunks A never sends, and sends chunks A never reads: more than the socket
+  // buffers hold stays pending in B.
+  std::vector<Buffer> dst;
+  for (int i = 0; i < 3; ++i) dst.push_back(poisoned(kHostMem, 1 << 20));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pp.b->post_rx(i, desc(1 << 20), dst[i].region()).ok());
+  std::vector<test::Filled> src;
+  for (int i = 0; i < 6; ++i) src.push_back(filled(kSimMem, 16u << 20));
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(pp.b->post_tx(100 + i, src[i].buf.region()).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto t0 = std::chrono::steady_clock::now();
+  pp.b->stop();
+  pp.b->stop();  // idempotent
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << "stop is prompt";
+  ASSERT_TRUE(pp.ev_b.wait_stopped());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(pp.ev_b.rx(i).code(), Code::kClosed);
+  int failed_tx = 0;
+  for (int i = 0; i < 6; ++i) failed_tx += pp.ev_b.tx(100 + i).ok() ? 0 : 1;
+  EXPECT_GT(failed_tx, 0) << "some sends could not even be staged (ring full) and complete with the error";
+  EXPECT_TRUE(pp.ev_b.exactly_once());
+  EXPECT_EQ(pp.ev_b.stopped(), 1);
+  EXPECT_FALSE(pp.b->post_rx(9, desc(1), dst[0].region().sub(0, 1)).ok());
+  EXPECT_FALSE(pp.b->post_tx(9, src[0].buf.region()).ok());
+  EXPECT_EQ(pp.nic_b.outstanding_tokens(), 0u);
+  EXPECT_EQ(pp.nic_b.unknown_returns(), 0u);
+  pp.a->stop();
+  ASSERT_TRUE(pp.ev_a.wait_stopped());
+  EXPECT_EQ(pp.ev_a.stopped(), 1);
+}
+
+TEST(DevmemPathDouble, StopBeforeStartStillReportsStoppedAfterTheCompletions) {
+  SimNic nic;
+  Recorder ev;
+  auto [x, y] = tcp_pair();
+  auto path = make_path(std::move(x), nic, "p");
+  Buffer d = poisoned(kHostMem, 10);
+  ASSERT_TRUE(path->post_rx(0, desc(10), d.region()).ok());
+  path->stop();
+  path->start(&ev, nullptr);
+  ASSERT_TRUE(ev.wait_stopped());
+  EXPECT_EQ(ev.rx(0).code(), Code::kClosed);
+}
+
+TEST(DevmemPathDouble, MalformedDescriptorsAreProtocolErrors) {
+  SimNic nic;
+  auto [x, y] = tcp_pair();
+  auto path = make_path(std::move(x), nic, "p");
+  std::vector<unsigned char> seven(7, 1);
+  EXPECT_EQ(path->chunk_length(seven).status().code(), Code::kProtocol);
+  EXPECT_EQ(path->chunk_length(desc(kDevmemMaxChunk + 1)).status().code(), Code::kProtocol);
+  EXPECT_EQ(*path->chunk_length(desc(kDevmemMaxChunk)), kDevmemMaxChunk);
+  auto big = filled(kSimMem, kDevmemMaxChunk + 1);
+  EXPECT_FALSE(path->post_tx(0, big.buf.region()).ok());
+  Buffer d = poisoned(kHostMem, 10);
+  EXPECT_FALSE(path->post_rx(0, desc(11), d.region()).ok()) << "dst size must equal the announced length";
+}
+
+TEST(DevmemPathDouble, BindingsAreReleasedWithThePath) {
+  SimNic nic;
+  {
+    auto [x, y] = tcp_pair();
+    auto path = make_path(std::move(x), nic, "p");
+    EXPECT_EQ(nic.open_bindings(), 2u);
+  }
+  EXPECT_EQ(nic.open_bindings(), 0u);
+}
+
+TEST(DevmemPathRealHost, OfferGivesThePreciseReasonOnThisMachine) {
+  auto off = Config::resolve();
+  ASSERT_TRUE(off.ok());
+  Status s = devmem_path_offer(*off);
+  EXPECT_EQ(s.code(), Code::kUnavailable);
+  EXPECT_EQ(s.message(), "devmem: off (setting devmem_ifname is empty)");
+  Options o;
+  o.set("devmem_ifname", "lo");
+  auto lo = Config::resolve(o);
+  ASSERT_TRUE(lo.ok());
+  Status l = devmem_path_offer(*lo);
+  EXPECT_EQ(l.code(), Code::kUnavailable);
+  EXPECT_EQ(l.message().rfind("devmem: ", 0), 0u) << l.message();
+  std::cout << "devmem_path_offer(devmem_ifname=lo) on this machine: " << l.to_string() << "\n";
+  o.set("devmem_ifname", "no-such-if0");
+  auto none = Config::resolve(o);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(devmem_path_offer(*none).message(), "devmem: no interface named no-such-if0");
+}
+
+}  // namespace
+}  // namespace dmx

@@ -1,11 +1,21 @@
 // The devmem transport's factory header: the only one visible outside this folder.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/capability.h"
+#include "dmx/memory.h"
 #include "dmx/status.h"
+#include "transport/devmem/gather.h"
+#include "transport/devmem/kernel.h"
+#include "transport/devmem/region.h"
+
+namespace dmx {
+class Config;
+}
 
 namespace dmx::devmem {
 
@@ -22,5 +32,29 @@ std::vector<Capability> probe();
 // The building blocks for the engine live in this folder: region.h (BoundRegion: dmabuf export +
 // netlink binding), rx.h (DevmemRx), tx.h (DevmemTx), kernel.h (the seam), nic.h (steering).
 Status usable(const std::string& ifname);
+
+// What one devmem connection needs from this host, as seams: the kernel in production
+// (kernel_seams), the socket-pair double in tests (tests/devmem/socket_double.h, SimNic::seams).
+// Copyable; the functions may be called from any thread, one call at a time per object made.
+struct HostSeams {
+  std::shared_ptr<NetlinkOps> netlink;  // binds the RX pool (bind-rx) and the TX ring (bind-tx)
+  DmabufExporter exporter;              // memory -> dmabuf (export_dmabuf for CUDA memory)
+  // One connected TCP socket's devmem system calls (the fd stays owned by the caller).
+  std::function<std::unique_ptr<KernelSocket>(int fd)> socket;
+  // A gatherer out of pools in `memory` (CUDA gather kernel; host gatherer for host pools).
+  std::function<Result<std::unique_ptr<Gatherer>>()> gatherer;
+  MemSpec memory;                 // where the RX pool and the TX ring are allocated (cuda:N)
+  std::string ifname;             // the devmem NIC (TX sockets are bound to it: SO_BINDTODEVICE)
+  int ifindex = 0;
+  std::vector<uint32_t> queues;   // the RX queues the pool is bound to (setting devmem_queues)
+};
+
+// The production seams: netlink and sockets of the running kernel, CUDA dmabuf export and the
+// CUDA gather kernel on `cuda_device`, the NIC and queues of settings devmem_ifname and
+// devmem_queues ("A-B" or "A"). kUnavailable / kInvalidArgument with the reason otherwise.
+Result<HostSeams> kernel_seams(const Config& config, int cuda_device);
+
+// "A-B" or "A" -> the queue ids; kInvalidArgument when malformed.
+Result<std::vector<uint32_t>> parse_queue_range(const std::string& text);
 
 }  // namespace dmx::devmem

@@ -177,69 +177,91 @@ Status DevmemRx::receive(MemRegion dst, Deadline deadline) {
   if (!failed_.ok()) return failed_;
   size_t got = 0;
   while (got < dst.size) {
-    if (Status s = reclaim(false, deadline); !s.ok()) return fail(std::move(s));
-    while (outstanding_ >= opt_.max_outstanding_frags && !pending_.empty()) {
-      Status s = gatherer_->wait(pending_.front().fence, deadline);
-      if (!s.ok()) return fail(std::move(s));
-      if (Status r = reclaim(false, deadline); !r.ok()) return fail(std::move(r));
-    }
-    if (linear_fence_ != 0) {  // the kernel is about to overwrite the linear buffer
-      if (Status s = gatherer_->wait(linear_fence_, deadline); !s.ok()) return fail(std::move(s));
-      linear_fence_ = 0;
-    }
-    size_t want = std::min(dst.size - got, opt_.recv_chunk);
-    iovec iov{linear_, want};
-    msghdr msg{};
-    ssize_t n = recv_devmem(&msg, &iov);
-    ++stats_.recv_calls;
-    if (n == -EAGAIN || n == -EWOULDBLOCK) {
-      if (deadline.expired())
-        return fail(Status(Code::kTimeout, fmt::format("devmem receive: {} of {} bytes by the deadline", got, dst.size)));
-      int r = sock_->poll(POLLIN, std::min(deadline.poll_timeout_ms() < 0 ? 1000 : deadline.poll_timeout_ms(), 1000));
-      if (r < 0) return fail(errno_status("poll(devmem socket)", -r));
-      continue;
-    }
-    if (n == -abi::kEtoosmall) {
-      if (control_.size() >= opt_.control_max)
-        return fail(Status(Code::kResourceExhausted,
-                           fmt::format("recvmsg(MSG_SOCK_DEVMEM): ETOOSMALL with a {}-byte control buffer", control_.size())));
-      control_.resize(std::min(control_.size() * 2, opt_.control_max));
-      ++stats_.control_grows;
-      continue;
-    }
-    if (n == -EFAULT)
-      return fail(Status(Code::kIo, "recvmsg(MSG_SOCK_DEVMEM) failed: EFAULT: the kernel could not deliver devmem data "
-                                    "(fragments of another binding on this socket, or a bad host iov)"));
-    if (n < 0) return fail(errno_status("recvmsg(MSG_SOCK_DEVMEM)", static_cast<int>(-n)));
-    if (n == 0)
-      return fail(Status(Code::kClosed, fmt::format("peer closed the connection after {} of {} bytes", got, dst.size)));
-
-    ParsedRecv p;
-    Status ps = parse_recv(msg, static_cast<size_t>(n), want, pool_, got, &p);
-    if (!ps.ok()) {
-      pending_.push_back({0, std::move(p.tokens)});  // fence 0: nothing to wait for
-      outstanding_ += pending_.back().tokens.size();
-      return fail(std::move(ps));
-    }
-    auto fence = gatherer_->enqueue(pool_.memory, p.frags, linear_, p.linear, dst);
-    if (!fence.ok()) {
-      pending_.push_back({0, std::move(p.tokens)});
-      outstanding_ += pending_.back().tokens.size();
-      return fail(fence.status());
-    }
-    ++stats_.gathers;
-    stats_.frags += p.frags.size();
-    for (const auto& c : p.linear) stats_.linear_bytes += c.len;
-    for (const auto& f : p.frags) stats_.devmem_bytes += f.len;
-    if (p.plain) ++stats_.plain_calls;
-    if (!p.linear.empty()) linear_fence_ = *fence;
-    outstanding_ += p.tokens.size();
-    pending_.push_back({*fence, std::move(p.tokens)});
-    got += p.bytes;
+    bool would_block = false;
+    DMX_RETURN_IF_ERROR(step(dst, &got, deadline, &would_block));
+    if (!would_block) continue;
+    if (deadline.expired())
+      return fail(Status(Code::kTimeout, fmt::format("devmem receive: {} of {} bytes by the deadline", got, dst.size)));
+    int r = sock_->poll(POLLIN, std::min(deadline.poll_timeout_ms() < 0 ? 1000 : deadline.poll_timeout_ms(), 1000));
+    if (r < 0) return fail(errno_status("poll(devmem socket)", -r));
   }
+  return finish(deadline);
+}
+
+Status DevmemRx::receive_some(MemRegion dst, size_t* got, Deadline device_deadline) {
+  if (!failed_.ok()) return failed_;
+  if (*got >= dst.size) return Status();
+  bool would_block = false;
+  return step(dst, got, device_deadline, &would_block);
+}
+
+Status DevmemRx::finish(Deadline deadline) {
+  if (!failed_.ok()) return failed_;
   // Completion contract: dst holds the bytes and the kernel has its buffers back.
   if (Status s = reclaim(true, deadline); !s.ok()) return fail(std::move(s));
   linear_fence_ = 0;
+  return Status();
+}
+
+Status DevmemRx::step(MemRegion dst, size_t* got_io, Deadline deadline, bool* would_block) {
+  size_t& got = *got_io;
+  if (Status s = reclaim(false, deadline); !s.ok()) return fail(std::move(s));
+  while (outstanding_ >= opt_.max_outstanding_frags && !pending_.empty()) {
+    Status s = gatherer_->wait(pending_.front().fence, deadline);
+    if (!s.ok()) return fail(std::move(s));
+    if (Status r = reclaim(false, deadline); !r.ok()) return fail(std::move(r));
+  }
+  if (linear_fence_ != 0) {  // the kernel is about to overwrite the linear buffer
+    if (Status s = gatherer_->wait(linear_fence_, deadline); !s.ok()) return fail(std::move(s));
+    linear_fence_ = 0;
+  }
+  size_t want = std::min(dst.size - got, opt_.recv_chunk);
+  iovec iov{linear_, want};
+  msghdr msg{};
+  ssize_t n = recv_devmem(&msg, &iov);
+  ++stats_.recv_calls;
+  if (n == -EAGAIN || n == -EWOULDBLOCK) {
+    *would_block = true;
+    return Status();
+  }
+  if (n == -abi::kEtoosmall) {
+    if (control_.size() >= opt_.control_max)
+      return fail(Status(Code::kResourceExhausted,
+                         fmt::format("recvmsg(MSG_SOCK_DEVMEM): ETOOSMALL with a {}-byte control buffer", control_.size())));
+    control_.resize(std::min(control_.size() * 2, opt_.control_max));
+    ++stats_.control_grows;
+    return Status();
+  }
+  if (n == -EFAULT)
+    return fail(Status(Code::kIo, "recvmsg(MSG_SOCK_DEVMEM) failed: EFAULT: the kernel could not deliver devmem data "
+                                  "(fragments of another binding on this socket, or a bad host iov)"));
+  if (n < 0) return fail(errno_status("recvmsg(MSG_SOCK_DEVMEM)", static_cast<int>(-n)));
+  if (n == 0)
+    return fail(Status(Code::kClosed, fmt::format("peer closed the connection after {} of {} bytes", got, dst.size)));
+
+  ParsedRecv p;
+  Status ps = parse_recv(msg, static_cast<size_t>(n), want, pool_, got, &p);
+  if (!ps.ok()) {
+    pending_.push_back({0, std::move(p.tokens)});  // fence 0: nothing to wait for
+    outstanding_ += pending_.back().tokens.size();
+    return fail(std::move(ps));
+  }
+  auto fence = gatherer_->enqueue(pool_.memory, p.frags, linear_, p.linear, dst);
+  if (!fence.ok()) {
+    pending_.push_back({0, std::move(p.tokens)});
+    outstanding_ += pending_.back().tokens.size();
+    return fail(fence.status());
+  }
+  ++stats_.gathers;
+  stats_.frags += p.frags.size();
+  for (const auto& c : p.linear) stats_.linear_bytes += c.len;
+  stats_.linear_chunks += p.linear.size();
+  for (const auto& f : p.frags) stats_.devmem_bytes += f.len;
+  if (p.plain) ++stats_.plain_calls;
+  if (!p.linear.empty()) linear_fence_ = *fence;
+  outstanding_ += p.tokens.size();
+  pending_.push_back({*fence, std::move(p.tokens)});
+  got += p.bytes;
   return Status();
 }
 

@@ -72,6 +72,7 @@ struct RxStats {
   uint64_t linear_bytes = 0;   // payload that landed in host memory (copied to the destination)
   uint64_t plain_calls = 0;    // recvmsg calls with no devmem cmsgs (flow not steered)
   uint64_t frags = 0;
+  uint64_t linear_chunks = 0;  // SCM_DEVMEM_LINEAR chunks (and plain calls) copied from the host iov
   uint64_t gathers = 0;
   uint64_t control_grows = 0;  // ETOOSMALL answers
   TokenStats tokens;
@@ -89,6 +90,17 @@ class DevmemRx {
   // dst (gathers complete) and every token is back with the kernel.
   Status receive(MemRegion dst, Deadline deadline);
 
+  // The same, in steps, for a progress loop that also does other things (the engine's devmem
+  // path): one non-blocking recvmsg into dst at *got (asking at most dst.size - *got bytes), its
+  // gather enqueued and *got advanced. Ok with *got unchanged when nothing was ready (EAGAIN; poll
+  // the socket for POLLIN). Waits on the device only (bounded by `device_deadline`): for the
+  // oldest gather when max_outstanding_frags tokens are held, and for the linear buffer's last
+  // gather. Errors are sticky, as for receive(); a peer that closed is kClosed.
+  Status receive_some(MemRegion dst, size_t* got, Deadline device_deadline);
+  // Once receive_some brought *got to dst.size: waits for the gathers and returns every token
+  // (the completion contract of receive()).
+  Status finish(Deadline deadline);
+
   // Called when the socket turns readable while no receive is posted: the peer sent more than
   // it announced. Consumes what is there, returns its tokens, and fails the receive side.
   Status reject_unexpected();
@@ -104,6 +116,9 @@ class DevmemRx {
     std::vector<uint32_t> tokens;
   };
   DevmemRx(KernelSocket* sock, RxPool pool, Gatherer* gatherer, RxOptions options);
+  // One recvmsg step; *would_block when the socket had nothing (else *got may be unchanged after
+  // an ETOOSMALL that grew the control buffer).
+  Status step(MemRegion dst, size_t* got, Deadline deadline, bool* would_block);
   Status reclaim(bool wait_all, Deadline deadline);  // returns tokens of finished gathers
   Status fail(Status s);
   Status release_everything();  // waits (bounded) and returns all tokens

@@ -45,7 +45,8 @@ void DevmemTx::complete_id(uint32_t id) {
   }
   auto t = tickets_.find(it->second);
   id_ticket_.erase(it);
-  if (t != tickets_.end() && --t->second.pending_ids == 0) tickets_.erase(t);
+  // A ticket whose bytes are not all queued yet stays (its later sendmsg calls take more ids).
+  if (t != tickets_.end() && --t->second.pending_ids == 0 && t->second.sent == t->second.len) tickets_.erase(t);
 }
 
 Status DevmemTx::poll_completions() {
@@ -96,7 +97,7 @@ Status DevmemTx::wait_until(const std::function<bool()>& done, Deadline deadline
   }
 }
 
-Result<uint64_t> DevmemTx::send(uint64_t offset, uint64_t len, Deadline deadline) {
+Result<uint64_t> DevmemTx::start_send(uint64_t offset, uint64_t len) {
   if (!failed_.ok()) return failed_;
   if (offset > binding_.dmabuf_size || len > binding_.dmabuf_size - offset)
     return Status(Code::kOutOfRange, fmt::format("devmem send [{}, +{}) outside the {}-byte dmabuf", offset, len,
@@ -104,14 +105,21 @@ Result<uint64_t> DevmemTx::send(uint64_t offset, uint64_t len, Deadline deadline
   uint64_t ticket = next_ticket_++;
   ++stats_.sends;
   if (len == 0) return ticket;  // nothing in flight: complete at once
-  tickets_[ticket] = Ticket{offset, len, 0};
-  uint64_t sent = 0;
+  tickets_[ticket] = Ticket{offset, len, 0, 0};
+  return ticket;
+}
+
+Result<bool> DevmemTx::push_send(uint64_t ticket) {
+  if (!failed_.ok()) return failed_;
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) return true;  // empty, or already complete
   alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(uint32_t))];
-  while (sent < len) {
+  while (it->second.sent < it->second.len) {
     DMX_RETURN_IF_ERROR(poll_completions());
+    Ticket& t = tickets_.at(ticket);  // still there: its bytes are not all queued
     std::memset(control, 0, sizeof control);
-    iovec iov{reinterpret_cast<void*>(static_cast<uintptr_t>(offset + sent)),
-              static_cast<size_t>(std::min<uint64_t>(len - sent, opt_.max_send))};
+    iovec iov{reinterpret_cast<void*>(static_cast<uintptr_t>(t.offset + t.sent)),
+              static_cast<size_t>(std::min<uint64_t>(t.len - t.sent, opt_.max_send))};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -125,21 +133,16 @@ Result<uint64_t> DevmemTx::send(uint64_t offset, uint64_t len, Deadline deadline
     ssize_t n = sock_->sendmsg(&msg, abi::kMsgZerocopy | MSG_DONTWAIT);
     if (n > 0) {
       id_ticket_[next_id_++] = ticket;
-      ++tickets_[ticket].pending_ids;
+      ++t.pending_ids;
       ++stats_.sendmsg_calls;
       stats_.bytes += static_cast<uint64_t>(n);
-      sent += static_cast<uint64_t>(n);
+      t.sent += static_cast<uint64_t>(n);
       continue;
     }
     if (n == -EAGAIN || n == -EWOULDBLOCK || n == -ENOBUFS) {
       // ENOBUFS: too many unread notifications (optmem); reading the error queue frees them.
       if (n == -ENOBUFS) ++stats_.enobufs;
-      if (deadline.expired())
-        return fail(Status(Code::kTimeout, fmt::format("devmem send: {} of {} bytes queued by the deadline", sent, len)));
-      int ms = deadline.poll_timeout_ms();
-      int r = sock_->poll(POLLOUT | POLLERR, ms < 0 || ms > 1000 ? 1000 : ms);
-      if (r < 0) return fail(errno_status("poll(devmem socket)", -r));
-      continue;
+      return false;
     }
     int err = n == 0 ? EPIPE : static_cast<int>(-n);
     std::string why;
@@ -147,10 +150,27 @@ Result<uint64_t> DevmemTx::send(uint64_t offset, uint64_t len, Deadline deadline
     if (err == ENODEV) why = " (the route leaves through another device than the bound NIC: bind the socket to it)";
     if (err == EFAULT) why = " (offset beyond the dmabuf)";
     return fail(errno_status(fmt::format("sendmsg(MSG_ZEROCOPY, dmabuf id {}, offset {}, {} bytes){}",
-                                         binding_.dmabuf_id, offset + sent, iov.iov_len, why),
+                                         binding_.dmabuf_id, t.offset + t.sent, iov.iov_len, why),
                              err));
   }
-  return ticket;
+  if (it->second.pending_ids == 0) tickets_.erase(it);  // every id already reported
+  return true;
+}
+
+Result<uint64_t> DevmemTx::send(uint64_t offset, uint64_t len, Deadline deadline) {
+  DMX_ASSIGN_OR_RETURN(uint64_t ticket, start_send(offset, len));
+  for (;;) {
+    DMX_ASSIGN_OR_RETURN(bool queued, push_send(ticket));
+    if (queued) return ticket;
+    if (deadline.expired()) {
+      auto it = tickets_.find(ticket);
+      uint64_t sent = it == tickets_.end() ? len : it->second.sent;
+      return fail(Status(Code::kTimeout, fmt::format("devmem send: {} of {} bytes queued by the deadline", sent, len)));
+    }
+    int ms = deadline.poll_timeout_ms();
+    int r = sock_->poll(POLLOUT | POLLERR, ms < 0 || ms > 1000 ? 1000 : ms);
+    if (r < 0) return fail(errno_status("poll(devmem socket)", -r));
+  }
 }
 
 bool DevmemTx::completed(uint64_t ticket) const { return ticket < next_ticket_ && !tickets_.contains(ticket); }

@@ -53,6 +53,12 @@ class DevmemTx {
   // Hands [offset, offset+len) of the dmabuf to the kernel (blocking until all bytes are queued,
   // or the deadline) and returns a ticket that completes when the NIC is done with the region.
   Result<uint64_t> send(uint64_t offset, uint64_t len, Deadline deadline);
+  // The same in steps, for a progress loop that also does other things (the engine's devmem path):
+  // start_send registers the send and returns its ticket; push_send queues what the socket takes
+  // now without blocking and returns true once every byte is queued (poll for POLLOUT otherwise).
+  // A ticket completes only after all its bytes were queued and all their ids reported.
+  Result<uint64_t> start_send(uint64_t offset, uint64_t len);
+  Result<bool> push_send(uint64_t ticket);
   // Reads the error queue without blocking and completes what it reports.
   Status poll_completions();
   bool completed(uint64_t ticket) const;
@@ -65,8 +71,9 @@ class DevmemTx {
 
  private:
   struct Ticket {
-    uint64_t offset;
-    uint64_t len;
+    uint64_t offset = 0;
+    uint64_t len = 0;
+    uint64_t sent = 0;        // bytes queued so far
     uint32_t pending_ids = 0;
   };
   DevmemTx(KernelSocket* sock, TxBindingInfo binding, TxOptions options)

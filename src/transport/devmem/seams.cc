@@ -1,0 +1,51 @@
+// The production HostSeams (see devmem.h).
+#include <fmt/format.h>
+#include <net/if.h>
+
+#include <charconv>
+
+#include "core/config.h"
+#include "transport/devmem/devmem.h"
+
+namespace dmx::devmem {
+
+Result<std::vector<uint32_t>> parse_queue_range(const std::string& text) {
+  auto bad = [&] {
+    return Status(Code::kInvalidArgument, fmt::format("devmem queues '{}': expected A-B or A (queue ids)", text));
+  };
+  uint32_t first = 0, last = 0;
+  const char* b = text.data();
+  const char* e = b + text.size();
+  auto r = std::from_chars(b, e, first);
+  if (r.ec != std::errc() || r.ptr == b) return bad();
+  last = first;
+  if (r.ptr != e) {
+    if (*r.ptr != '-') return bad();
+    auto r2 = std::from_chars(r.ptr + 1, e, last);
+    if (r2.ec != std::errc() || r2.ptr != e || r2.ptr == r.ptr + 1) return bad();
+  }
+  if (last < first || last - first >= 1024) return bad();
+  std::vector<uint32_t> q;
+  for (uint32_t i = first; i <= last; ++i) q.push_back(i);
+  return q;
+}
+
+Result<HostSeams> kernel_seams(const Config& config, int cuda_device) {
+  HostSeams s;
+  s.ifname = config.get_string("devmem_ifname");
+  if (s.ifname.empty()) return Status(Code::kUnavailable, "devmem: off (setting devmem_ifname is empty)");
+  s.ifindex = static_cast<int>(::if_nametoindex(s.ifname.c_str()));
+  if (s.ifindex == 0) return Status(Code::kUnavailable, fmt::format("devmem: no interface named {}", s.ifname));
+  const std::string& queues = config.get_string("devmem_queues");
+  if (queues.empty())
+    return Status(Code::kUnavailable, "devmem: setting devmem_queues is empty (the RX queues given to dmx devmem setup)");
+  DMX_ASSIGN_OR_RETURN(s.queues, parse_queue_range(queues));
+  s.netlink = std::shared_ptr<NetlinkOps>(make_kernel_netlink_ops());
+  s.exporter = export_dmabuf;
+  s.socket = [](int fd) { return make_kernel_socket(fd); };
+  s.gatherer = [cuda_device] { return make_cuda_gatherer(cuda_device); };
+  s.memory = MemSpec{MemKind::kCuda, cuda_device};
+  return s;
+}
+
+}  // namespace dmx::devmem

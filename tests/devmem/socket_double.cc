@@ -1,0 +1,435 @@
+#include "devmem/socket_double.h"
+
+#include <linux/errqueue.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "transport/devmem/kernel_abi.h"
+
+namespace dmx::devmem::testing {
+namespace {
+constexpr uint32_t kPage = 4096;
+
+uint64_t fnv(const uint8_t* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+struct SimNic::State {
+  explicit State(SimNicOptions o) : opt(std::move(o)), rng(opt.seed) {}
+  SimNicOptions opt;
+  mutable std::mutex mu;
+  std::mt19937_64 rng;
+
+  struct Export {
+    MemRegion memory;
+  };
+  std::map<int, Export> exports;  // memfd stand-in fd -> what it exports
+  struct Bound {
+    MemRegion memory;
+    bool rx;
+  };
+  std::map<uint32_t, Bound> bindings;
+  uint32_t next_id = 7;
+
+  // RX pages of the current RX binding (one pool per SimNic).
+  uint32_t rx_id = 0;
+  std::vector<uint32_t> free_pages;
+  std::map<uint32_t, uint32_t> tokens;  // token -> page
+  std::set<uint32_t> free_tokens;
+  uint32_t next_token = 0;
+
+  uint32_t corrupt_id = 0;
+  bool corrupt_offset = false, corrupt_token = false, plain_next = false;
+  size_t unknown_returns = 0, reused = 0, frags = 0, linear = 0, sends = 0, etoosmall = 0;
+
+  uint32_t alloc_token() {
+    if (!free_tokens.empty()) {
+      uint32_t t = *free_tokens.begin();
+      free_tokens.erase(free_tokens.begin());
+      return t;
+    }
+    return next_token++;
+  }
+  void free_page(uint32_t page) {
+    auto it = bindings.find(rx_id);
+    if (it != bindings.end())
+      std::memset(static_cast<uint8_t*>(it->second.memory.ptr) + size_t{page} * kPage, 0xEE, kPage);
+    free_pages.push_back(page);
+  }
+};
+
+namespace {
+
+class SimBinding final : public Binding {
+ public:
+  SimBinding(std::shared_ptr<SimNic::State> st, uint32_t id) : st_(std::move(st)), id_(id) {}
+  ~SimBinding() override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    st_->bindings.erase(id_);
+    if (st_->rx_id == id_) {
+      st_->rx_id = 0;
+      st_->free_pages.clear();
+    }
+  }
+  uint32_t id() const override { return id_; }
+
+ private:
+  std::shared_ptr<SimNic::State> st_;
+  uint32_t id_;
+};
+
+class SimNetlink final : public NetlinkOps {
+ public:
+  explicit SimNetlink(std::shared_ptr<SimNic::State> st) : st_(std::move(st)) {}
+  NetdevSupport detect() override { return {true, true, true, ""}; }
+  Result<std::unique_ptr<Binding>> bind_rx(int, int fd, std::span<const uint32_t> queues) override {
+    if (queues.empty()) return Status(Code::kInvalidArgument, "sim bind-rx: no queues");
+    return bind(fd, true);
+  }
+  Result<std::unique_ptr<Binding>> bind_tx(int, int fd) override { return bind(fd, false); }
+
+ private:
+  Result<std::unique_ptr<Binding>> bind(int fd, bool rx) {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    auto it = st_->exports.find(fd);
+    if (it == st_->exports.end()) return Status(Code::kIo, "sim bind: Bad file descriptor (errno 9): not a dmabuf");
+    MemRegion m = it->second.memory;
+    if (m.where.kind != MemKind::kHost && m.where.kind != MemKind::kPinned)
+      return Status(Code::kInvalidArgument, "sim bind: the SimNic binds host memory only");
+    uint32_t id = st_->next_id++;
+    st_->bindings[id] = {m, rx};
+    if (rx) {
+      st_->rx_id = id;
+      st_->free_pages.clear();
+      for (uint32_t p = 0; p < m.size / kPage; ++p) st_->free_pages.push_back(p);
+    }
+    return std::unique_ptr<Binding>(new SimBinding(st_, id));
+  }
+  std::shared_ptr<SimNic::State> st_;
+};
+
+class SimSocket final : public KernelSocket {
+ public:
+  SimSocket(std::shared_ptr<SimNic::State> st, int fd) : st_(std::move(st)), fd_(fd) {}
+
+  ssize_t recvmsg(msghdr* msg, int flags) override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    if (flags & MSG_ERRQUEUE) return recv_errqueue(msg);
+    return recv_devmem(msg, flags);
+  }
+
+  ssize_t sendmsg(const msghdr* msg, int flags) override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    const cmsghdr* dm = nullptr;
+    for (cmsghdr* c = CMSG_FIRSTHDR(const_cast<msghdr*>(msg)); c; c = CMSG_NXTHDR(const_cast<msghdr*>(msg), c))
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == abi::kScmDevmemDmabuf) dm = c;
+    if (!dm) return -EFAULT;  // an offset is not a user pointer
+    if (dm->cmsg_len != CMSG_LEN(sizeof(uint32_t))) return -EINVAL;
+    if (!(flags & abi::kMsgZerocopy) || !zerocopy_) return -EINVAL;
+    uint32_t id;
+    std::memcpy(&id, CMSG_DATA(dm), sizeof id);
+    auto b = st_->bindings.find(id);
+    if (b == st_->bindings.end() || b->second.rx) return -EINVAL;
+    if (bound_dev_ != st_->opt.ifname) return -ENODEV;  // the route must leave through the NIC
+    if (msg->msg_iovlen != 1) return -EINVAL;
+    auto offset = reinterpret_cast<uintptr_t>(msg->msg_iov[0].iov_base);
+    size_t len = msg->msg_iov[0].iov_len;
+    const MemRegion& m = b->second.memory;
+    if (offset < SimNic::kDmabufOffset || offset - SimNic::kDmabufOffset > m.size ||
+        len > m.size - (offset - SimNic::kDmabufOffset))
+      return -EFAULT;
+    len = std::min(len, st_->opt.max_send);
+    const uint8_t* src = static_cast<const uint8_t*>(m.ptr) + (offset - SimNic::kDmabufOffset);
+    ssize_t n = ::send(fd_, src, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) return -errno;
+    if (n == 0) return -EAGAIN;
+    inflight_.push_back({zc_id_++, id, offset - SimNic::kDmabufOffset, static_cast<size_t>(n),
+                         fnv(src, static_cast<size_t>(n))});
+    ++st_->sends;
+    return n;
+  }
+
+  int setsockopt(int level, int name, const void* value, socklen_t len) override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    if (level != SOL_SOCKET) return -ENOPROTOOPT;
+    if (name == abi::kSoDevmemDontneed) return dontneed(value, len);
+    if (name == abi::kSoZerocopy) {
+      if (len < sizeof(int)) return -EINVAL;
+      int v;
+      std::memcpy(&v, value, sizeof v);
+      zerocopy_ = v != 0;
+      return 0;
+    }
+    if (name == SO_BINDTODEVICE) {
+      bound_dev_.assign(static_cast<const char*>(value), len);
+      bound_dev_.erase(std::find(bound_dev_.begin(), bound_dev_.end(), '\0'), bound_dev_.end());
+      return 0;
+    }
+    return -ENOPROTOOPT;
+  }
+
+  int poll(short events, int timeout_ms) override {
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      if (!errqueue_.empty() || !inflight_.empty()) return POLLERR;
+    }
+    pollfd p{fd_, events, 0};
+    int r = ::poll(&p, 1, timeout_ms);
+    if (r < 0) return -errno;
+    return r == 0 ? 0 : p.revents;
+  }
+
+ private:
+  struct InFlight {
+    uint32_t zc_id;
+    uint32_t binding;
+    uint64_t offset;  // into the bound memory
+    size_t len;
+    uint64_t hash;
+  };
+
+  void complete_inflight() {
+    for (const auto& f : inflight_) {
+      auto b = st_->bindings.find(f.binding);
+      if (b != st_->bindings.end() &&
+          fnv(static_cast<const uint8_t*>(b->second.memory.ptr) + f.offset, f.len) != f.hash)
+        ++st_->reused;  // the sender wrote into a region the NIC had not finished with
+      if (!errqueue_.empty() && errqueue_.back().second + 1 == f.zc_id)
+        errqueue_.back().second = f.zc_id;  // the kernel coalesces unread notifications
+      else
+        errqueue_.push_back({f.zc_id, f.zc_id});
+    }
+    inflight_.clear();
+  }
+
+  ssize_t recv_errqueue(msghdr* msg) {
+    msg->msg_flags = 0;
+    if (!inflight_.empty() && std::uniform_int_distribution<int>(0, 1)(st_->rng) == 0) complete_inflight();
+    if (errqueue_.empty()) return -EAGAIN;
+    if (msg->msg_controllen < CMSG_SPACE(sizeof(sock_extended_err))) {
+      msg->msg_flags |= MSG_CTRUNC;
+      return -EAGAIN;
+    }
+    auto [lo, hi] = errqueue_.front();
+    errqueue_.pop_front();
+    sock_extended_err ee{};
+    ee.ee_origin = SO_EE_ORIGIN_ZEROCOPY;
+    ee.ee_info = lo;
+    ee.ee_data = hi;
+    auto* c = static_cast<cmsghdr*>(msg->msg_control);
+    c->cmsg_level = SOL_IP;
+    c->cmsg_type = IP_RECVERR;
+    c->cmsg_len = CMSG_LEN(sizeof ee);
+    std::memcpy(CMSG_DATA(c), &ee, sizeof ee);
+    msg->msg_controllen = CMSG_SPACE(sizeof ee);
+    return 0;
+  }
+
+  ssize_t recv_devmem(msghdr* msg, int flags) {
+    msg->msg_flags = 0;
+    size_t want = 0;
+    for (size_t i = 0; i < msg->msg_iovlen; ++i) want += msg->msg_iov[i].iov_len;
+    if (msg->msg_iovlen != 1) return -EINVAL;  // dmx passes one iov
+    peek_.resize(std::max<size_t>(want, 1));
+    ssize_t r = ::recv(fd_, peek_.data(), want, MSG_PEEK | MSG_DONTWAIT);
+    if (r < 0) return -errno;
+    if (r == 0) {
+      msg->msg_controllen = 0;
+      return 0;  // the peer closed
+    }
+    auto* iov = static_cast<uint8_t*>(msg->msg_iov[0].iov_base);
+    auto avail = static_cast<size_t>(r);
+    if (st_->plain_next) {  // an ordinary skb (the flow reached an unbound queue): plain copy
+      st_->plain_next = false;
+      std::memcpy(iov, peek_.data(), avail);
+      msg->msg_controllen = 0;
+      return consume(avail);
+    }
+    if (!(flags & abi::kMsgSockDevmem)) return -EFAULT;
+    auto b = st_->bindings.find(st_->rx_id);
+    if (b == st_->bindings.end()) return -EFAULT;  // no RX binding: "devmem data" nowhere
+    auto* pool = static_cast<uint8_t*>(b->second.memory.ptr);
+
+    auto* ctrl = static_cast<uint8_t*>(msg->msg_control);
+    size_t ctrl_cap = msg->msg_control ? msg->msg_controllen : 0, ctrl_used = 0;
+    auto room = [&] { return ctrl_cap >= sizeof(cmsghdr) && ctrl_used + CMSG_LEN(sizeof(abi::DmabufCmsg)) <= ctrl_cap; };
+    auto put = [&](int type, const abi::DmabufCmsg& d) {
+      cmsghdr h{};
+      h.cmsg_len = CMSG_LEN(sizeof d);
+      h.cmsg_level = SOL_SOCKET;
+      h.cmsg_type = type;
+      std::memcpy(ctrl + ctrl_used, &h, sizeof h);
+      std::memcpy(ctrl + ctrl_used + CMSG_LEN(0), &d, sizeof d);
+      ctrl_used += std::min(CMSG_SPACE(sizeof d), ctrl_cap - ctrl_used);
+    };
+    std::uniform_int_distribution<uint32_t> pkt_size(st_->opt.min_packet, st_->opt.max_packet);
+    std::uniform_real_distribution<double> coin(0, 1);
+    std::uniform_int_distribution<uint32_t> page_off(0, kPage - 1);
+    size_t at = 0, iov_at = 0;
+    bool no_room = false, no_pages = false;
+    while (at < avail && !no_room && !no_pages) {
+      size_t pkt = std::min<size_t>(pkt_size(st_->rng), avail - at);
+      if (coin(st_->rng) < st_->opt.linear_fraction) {
+        if (!room()) {
+          no_room = true;
+          break;
+        }
+        abi::DmabufCmsg d{};
+        d.frag_size = static_cast<uint32_t>(pkt);
+        std::memcpy(iov + iov_at, peek_.data() + at, pkt);
+        put(abi::kScmDevmemLinear, d);
+        iov_at += pkt, at += pkt;
+        ++st_->linear;
+        continue;
+      }
+      while (pkt > 0) {
+        if (!room()) {
+          no_room = true;
+          break;
+        }
+        if (st_->free_pages.empty()) {
+          no_pages = true;
+          break;
+        }
+        std::uniform_int_distribution<size_t> pick(0, st_->free_pages.size() - 1);
+        size_t i = pick(st_->rng);
+        uint32_t page = st_->free_pages[i];
+        st_->free_pages[i] = st_->free_pages.back();
+        st_->free_pages.pop_back();
+        uint32_t off = page_off(st_->rng);
+        auto len = static_cast<uint32_t>(std::min<size_t>(pkt, kPage - off));
+        std::memcpy(pool + size_t{page} * kPage + off, peek_.data() + at, len);
+        uint32_t token = st_->alloc_token();
+        st_->tokens[token] = page;
+        abi::DmabufCmsg d{};
+        d.frag_offset = SimNic::kDmabufOffset + uint64_t{page} * kPage + off;
+        d.frag_size = len;
+        d.frag_token = token;
+        d.dmabuf_id = st_->rx_id;
+        if (st_->corrupt_id) d.dmabuf_id = std::exchange(st_->corrupt_id, 0);
+        if (st_->corrupt_offset) d.frag_offset = SimNic::kDmabufOffset + b->second.memory.size + kPage, st_->corrupt_offset = false;
+        if (st_->corrupt_token) d.frag_token = 0x80000000u + token, st_->corrupt_token = false;
+        put(abi::kScmDevmemDmabuf, d);
+        ++st_->frags;
+        at += len, pkt -= len;
+      }
+    }
+    msg->msg_controllen = ctrl_used;
+    if (at == 0) {
+      if (no_room) {
+        ++st_->etoosmall;
+        return -abi::kEtoosmall;
+      }
+      return -EAGAIN;  // page pool empty
+    }
+    return consume(at);
+  }
+
+  // Removes `n` peeked bytes from the real socket (they are there: this is its only reader).
+  ssize_t consume(size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::recv(fd_, peek_.data(), n - done, MSG_DONTWAIT);
+      if (r <= 0) return r < 0 ? -errno : -EPIPE;
+      done += static_cast<size_t>(r);
+    }
+    return static_cast<ssize_t>(n);
+  }
+
+  int dontneed(const void* value, socklen_t len) {
+    if (len % sizeof(abi::DmabufToken) || len > abi::kMaxDontneedTokens * sizeof(abi::DmabufToken)) return -EINVAL;
+    size_t n = len / sizeof(abi::DmabufToken);
+    std::vector<abi::DmabufToken> ranges(n);
+    std::memcpy(ranges.data(), value, len);
+    int freed = 0;
+    size_t frags = 0;
+    for (const auto& r : ranges) {
+      for (uint32_t j = 0; j < r.token_count; ++j) {
+        if (++frags > abi::kMaxDontneedFrags) return freed;
+        auto it = st_->tokens.find(r.token_start + j);
+        if (it == st_->tokens.end()) {
+          ++st_->unknown_returns;
+          continue;
+        }
+        st_->free_page(it->second);
+        st_->free_tokens.insert(it->first);
+        st_->tokens.erase(it);
+        ++freed;
+      }
+    }
+    return freed;
+  }
+
+  std::shared_ptr<SimNic::State> st_;
+  int fd_;
+  bool zerocopy_ = false;
+  std::string bound_dev_;
+  uint32_t zc_id_ = 0;
+  std::deque<InFlight> inflight_;
+  std::deque<std::pair<uint32_t, uint32_t>> errqueue_;
+  std::vector<uint8_t> peek_;
+};
+
+}  // namespace
+
+SimNic::SimNic(SimNicOptions options) : state_(std::make_shared<State>(std::move(options))) {}
+SimNic::~SimNic() = default;
+
+HostSeams SimNic::seams() {
+  HostSeams s;
+  auto st = state_;
+  s.netlink = std::make_shared<SimNetlink>(st);
+  s.exporter = [st](MemRegion m) -> Result<DmabufExport> {
+    DmabufExport e;
+    e.fd.reset(::memfd_create("dmx-sim-dmabuf", MFD_CLOEXEC));
+    if (!e.fd.valid()) return errno_status("memfd_create(sim dmabuf)", errno);
+    e.offset = kDmabufOffset;
+    e.size = kDmabufOffset + m.size;
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->exports[e.fd.get()] = {m};
+    return e;
+  };
+  s.socket = [st](int fd) { return std::unique_ptr<KernelSocket>(new SimSocket(st, fd)); };
+  s.gatherer = [] { return Result<std::unique_ptr<Gatherer>>(make_host_gatherer()); };
+  s.memory = MemSpec{MemKind::kHost, 0};
+  s.ifname = state_->opt.ifname;
+  s.ifindex = 1000;
+  s.queues = {12, 13};
+  return s;
+}
+
+#define DMX_SIM_LOCKED(expr)                   \
+  std::lock_guard<std::mutex> lock(state_->mu); \
+  expr
+
+void SimNic::corrupt_next_id(uint32_t id) { DMX_SIM_LOCKED(state_->corrupt_id = id;) }
+void SimNic::corrupt_next_offset() { DMX_SIM_LOCKED(state_->corrupt_offset = true;) }
+void SimNic::corrupt_next_token() { DMX_SIM_LOCKED(state_->corrupt_token = true;) }
+void SimNic::plain_next_call() { DMX_SIM_LOCKED(state_->plain_next = true;) }
+size_t SimNic::outstanding_tokens() const { DMX_SIM_LOCKED(return state_->tokens.size();) }
+size_t SimNic::unknown_returns() const { DMX_SIM_LOCKED(return state_->unknown_returns;) }
+size_t SimNic::reused_before_completion() const { DMX_SIM_LOCKED(return state_->reused;) }
+size_t SimNic::fragments() const { DMX_SIM_LOCKED(return state_->frags;) }
+size_t SimNic::linear_chunks() const { DMX_SIM_LOCKED(return state_->linear;) }
+size_t SimNic::sendmsg_calls() const { DMX_SIM_LOCKED(return state_->sends;) }
+size_t SimNic::open_bindings() const { DMX_SIM_LOCKED(return state_->bindings.size();) }
+size_t SimNic::etoosmall() const { DMX_SIM_LOCKED(return state_->etoosmall;) }
+
+#undef DMX_SIM_LOCKED
+
+}  // namespace dmx::devmem::testing

@@ -1,0 +1,83 @@
+// A devmem TCP double over a REAL connected TCP socket, so that real bytes move end to end on a
+// machine without a devmem NIC (the engine's devmem path is tested through it).
+//
+// One SimNic stands for one host's devmem NIC and kernel side. It provides every HostSeams seam:
+//  - exporter: a memfd stand-in for the dmabuf of host memory (the pool and ring of the path);
+//    the "dmabuf" starts kDmabufOffset bytes before the memory, so offsets are really translated;
+//  - netlink: bind-rx / bind-tx of those stand-ins, by fd; ids from 7 up; unbinding on destruction;
+//  - socket(fd): a KernelSocket over the connected TCP socket `fd`:
+//      TX  sendmsg(MSG_ZEROCOPY, SCM_DEVMEM_DMABUF id, iov_base = dmabuf offset) checks what 6.18
+//          checks (zerocopy on, a TX binding's id, SO_BINDTODEVICE to the NIC, offsets inside),
+//          reads the bytes from the TX-bound memory ("the NIC's DMA") and writes them to the real
+//          socket (partial writes and EAGAIN as the socket gives them). Each sendmsg that queued
+//          bytes takes the next zerocopy id; completions reach the error queue later, at random
+//          (a reader of MSG_ERRQUEUE sees them about every other call), coalesced into [lo, hi]
+//          ranges. At completion the double checks that the sent region still holds what was sent
+//          (a source reused before its completion is counted in reused_before_completion);
+//      RX  recvmsg(MSG_SOCK_DEVMEM) peeks the real socket, cuts the bytes into "packets" of random
+//          sizes, and places each packet as <= 4 KiB fragments at random offsets of random free
+//          4 KiB pages of the RX-bound memory (one page per fragment, held until its token is
+//          returned, scribbled when freed), or, with probability linear_fraction, copies it into
+//          the iov as an SCM_DEVMEM_LINEAR chunk; then consumes exactly the bytes it described. A
+//          full control buffer ends the call (ETOOSMALL when nothing fitted); a full page pool
+//          ends it too (EAGAIN when nothing fitted: a NIC would drop and TCP retransmit).
+//          SO_DEVMEM_DONTNEED frees tokens like sock_devmem_dontneed (returns a count, skips
+//          unknown ones, which are counted here as unknown_returns: a double return or a made-up
+//          token is a bug of the caller).
+// Fault injection (next fragment delivered by any socket of this SimNic): an unknown dmabuf id,
+// an offset outside the bound buffer, a token beyond 31 bits (the real token is then held until
+// "close", as the kernel would), a plain (non-devmem) call.
+// Thread-safety: every call locks the SimNic's state; accounting may be read from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "transport/devmem/devmem.h"
+#include "transport/devmem/kernel.h"
+
+namespace dmx::devmem::testing {
+
+struct SimNicOptions {
+  std::string ifname = "simdev0";
+  uint64_t seed = 1;
+  uint32_t min_packet = 512;     // packet payload sizes, uniformly in [min_packet, max_packet]
+  uint32_t max_packet = 9000;
+  double linear_fraction = 0.02; // packets whose payload lands in the linear (host) area
+  size_t max_send = 256 << 10;   // bytes one sendmsg hands to the socket at most (partial sends)
+};
+
+class SimNic {
+ public:
+  static constexpr uint64_t kDmabufOffset = 8192;
+
+  explicit SimNic(SimNicOptions options = {});
+  ~SimNic();
+
+  // The seams for make_devmem_path: memory = host (pool and ring), gatherer = host gatherer.
+  HostSeams seams();
+
+  // Fault injection, for the next fragment delivered (then cleared).
+  void corrupt_next_id(uint32_t id);
+  void corrupt_next_offset();
+  void corrupt_next_token();
+  void plain_next_call();
+
+  // Accounting.
+  size_t outstanding_tokens() const;     // handed out, not yet returned
+  size_t unknown_returns() const;        // returned tokens that were not outstanding
+  size_t reused_before_completion() const;
+  size_t fragments() const;              // fragments handed out
+  size_t linear_chunks() const;
+  size_t sendmsg_calls() const;
+  size_t open_bindings() const;
+  size_t etoosmall() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace dmx::devmem::testing
