@@ -71,11 +71,11 @@ void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello
     note(why_not, "shm and cuda_ipc need both ends on one host");
     return;
   }
-  if ((both & wire::kTransportCudaIpc) && client.pid == server->pid) {
-    server->transports &= ~uint64_t{wire::kTransportCudaIpc};
-    note(why_not, fmt::format("cuda_ipc not used: both ends are in one process (pid {}), and CUDA IPC cannot open "
-                              "its own handles",
-                              client.pid));
+  if (both & wire::kTransportCudaIpc) {
+    if (Status s = cuda_ipc_usable_between(server->pid, client.pid); !s.ok()) {
+      server->transports &= ~uint64_t{wire::kTransportCudaIpc};
+      note(why_not, fmt::format("cuda_ipc not used: {}", s.message()));
+    }
   }
   if (both & wire::kTransportShm) {
     Deadline deadline = Deadline::after(std::chrono::seconds(1));
