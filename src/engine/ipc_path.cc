@@ -39,7 +39,8 @@ inline void cpu_relax() {
 
 class CudaIpcPath final : public PayloadPath {
  public:
-  CudaIpcPath(std::string peer, int streams) : peer_(std::move(peer)), streams_(streams) {}
+  CudaIpcPath(std::string peer, int streams, uint64_t max_chunk, bool copy_by_source)
+      : peer_(std::move(peer)), streams_(streams), max_chunk_(max_chunk), copy_by_source_(copy_by_source) {}
 
   ~CudaIpcPath() override {
     stop();
@@ -62,16 +63,16 @@ class CudaIpcPath final : public PayloadPath {
   }
 
   bool carries(const MemSpec& src) const override { return src.kind == MemKind::kCuda; }
-  uint64_t max_chunk() const override { return kCudaIpcMaxChunk; }
+  uint64_t max_chunk() const override { return max_chunk_; }
   bool receiver_releases() const override { return true; }
 
   Result<std::vector<unsigned char>> post_tx(uint64_t /*seq*/, const MemRegion& src) override {
     if (!carries(src.where))
       return Status(Code::kInvalidArgument,
                     fmt::format("cuda_ipc carries CUDA device memory only, not {}", to_string(src.where)));
-    if (src.size > kCudaIpcMaxChunk)
+    if (src.size > max_chunk_)
       return Status(Code::kInvalidArgument,
-                    fmt::format("cuda_ipc chunk of {} B is larger than the path's {} B", src.size, kCudaIpcMaxChunk));
+                    fmt::format("cuda_ipc chunk of {} B is larger than the path's {} B", src.size, max_chunk_));
     {
       std::lock_guard lock(mu_);
       if (stopping_) return closed();
@@ -218,6 +219,13 @@ class CudaIpcPath final : public PayloadPath {
     int device = 0;
     if (item.dst.where.kind == MemKind::kCuda) {
       device = item.dst.where.device;
+      // cuda_ipc_copy_by=source: the source's GPU, when it is one of ours and reaches the
+      // destination's, writes over the peer link instead of the destination's GPU reading.
+      auto s = cuda_ipc::device_by_uuid(item.source.device_uuid);
+      if (copy_by_source_ && s.ok() && *s != device) {
+        auto e = engine_for(*s);
+        if (e.ok() && (*e)->can_access_peer(device)) device = *s;
+      }
     } else {
       // Host destination: the GPU that owns the source reads it out (a device-to-host copy on its
       // own copy engine); another GPU would pull it over the peer link first.
@@ -347,6 +355,8 @@ class CudaIpcPath final : public PayloadPath {
 
   const std::string peer_;
   const int streams_;
+  const uint64_t max_chunk_;
+  const bool copy_by_source_;
 
   // Set by start() before the thread runs, read by the thread.
   Events* events_ = nullptr;
@@ -416,7 +426,8 @@ Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid) {
 
 std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer) {
   int streams = static_cast<int>(std::clamp<int64_t>(config.get_int("cuda_ipc_streams"), 1, 16));
-  return std::make_unique<CudaIpcPath>(std::move(peer), streams);
+  uint64_t chunk = std::clamp<uint64_t>(config.get_size("cuda_ipc_chunk"), 1ull << 20, 1ull << 30);
+  return std::make_unique<CudaIpcPath>(std::move(peer), streams, chunk, config.get_string("cuda_ipc_copy_by") != "destination");
 }
 
 Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer) {

@@ -28,10 +28,9 @@
 
 namespace dmx {
 
-// The largest chunk of one post_tx: big enough that per-chunk costs (header, export, PATH_DONE)
-// vanish next to the copy (16 MiB is ~40 us at NVLink speed), small enough that a large transfer
-// has several copies in flight on the receiver's streams.
-inline constexpr uint64_t kCudaIpcMaxChunk = 16ull << 20;
+// The largest chunk of one post_tx is the setting cuda_ipc_chunk (default 16 MiB, ~40 us at NVLink
+// speed): big enough that per-chunk costs (header, export, PATH_DONE) vanish next to the copy, small
+// enough that a large transfer has several copies in flight on the receiver's streams.
 
 // What a cuda_ipc chunk header carries: the IpcDescriptor of the source chunk (136 B), then the ids
 // of up to kCudaIpcMaxRetired allocations the sender found freed since it last said so (8 B each;
