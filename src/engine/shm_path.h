@@ -19,8 +19,11 @@
 // path's thread, after every completion — also when stop() came before start(). Without start()
 // no event is ever called (there is no Events to call). stop() destroys the link itself (waiting
 // for the thread's current round, never for an event callback), so it is prompt and may be called
-// while holding a lock the events take; the destructor joins the thread, so do not destroy a path
-// under such a lock while its thread may still be delivering events.
+// while holding a lock the events take, and from an event handler; the destructor joins the
+// thread, so do not destroy a path under such a lock while its thread may still be delivering
+// events. The thread drops keep_alive after on_path_stopped: if that was the path's last owner,
+// the path is destroyed there (and detaches the thread), so a caller of stop() must hold its own
+// reference to whatever owns the path.
 #pragma once
 
 #include <memory>
