@@ -48,7 +48,7 @@ constexpr ConfigEntry kTable[] = {
     {"shm_slots", ConfigType::kInt, "16", "shm link: slots per direction (2-1024)"},
     {"shm_spin", ConfigType::kDuration, "50us", "shm link: how long a waiter spins before sleeping on its eventfd"},
     {"cuda_ipc_streams", ConfigType::kInt, "2", "cuda_ipc: copy streams per local GPU (1-16), used round-robin"},
-    {"cuda_ipc_chunk", ConfigType::kSize, "16M",
+    {"cuda_ipc_chunk", ConfigType::kSize, "256M",
      "cuda_ipc: largest chunk one copy moves (1M-1G); larger transfers are cut and copied pipelined"},
     {"cuda_ipc_copy_by", ConfigType::kString, "source",
      "cuda_ipc: which GPU of the receiving process issues a GPU-to-GPU copy: the source's (it writes "

@@ -222,7 +222,7 @@ TEST(CudaIpcPath, Properties) {
   EXPECT_FALSE(p->carries({MemKind::kHost, 0}));
   EXPECT_FALSE(p->carries({MemKind::kPinned, 0}));
   EXPECT_FALSE(p->carries({MemKind::kSim, 0}));
-  EXPECT_EQ(p->max_chunk(), uint64_t{16} << 20);  // the default of cuda_ipc_chunk
+  EXPECT_EQ(p->max_chunk(), uint64_t{256} << 20);  // the default of cuda_ipc_chunk
   EXPECT_GE(p->max_chunk(), uint64_t{4} << 20);
   std::vector<char> host(64);
   auto tx = p->post_tx(0, {host.data(), host.size(), {MemKind::kHost, 0}});
