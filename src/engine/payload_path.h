@@ -21,10 +21,18 @@
 // from any thread (the endpoint calls them under its mutex, so they must not block on I/O or call
 // back into Events). Events are called on the path's thread with no path lock held.
 //
-// Errors: a chunk that cannot move completes with an error status (that chunk only); a path that
-// is broken for good (peer died, corrupt ring, device error) calls on_path_failed once, then
-// completes every pending chunk with that error. stop() is prompt; when it returns, or when
-// on_path_stopped has been called, the path no longer touches any user memory.
+// Errors: a post that returns an error did not take the chunk and no event follows for it (the
+// endpoint settles it itself); an accepted chunk that cannot move completes with an error status
+// (that chunk only); a path that is broken for good (peer died, corrupt ring, device error) calls
+// on_path_failed once, then completes every pending chunk with that error. Completions may come
+// in any order (match them by seq). on_path_tx_done means "the source is free", not "delivered":
+// delivery is confirmed by the endpoint's own ACKs.
+//
+// Lifecycle: posts are accepted from creation (applied once start() runs) until stop() or a
+// failure; on_path_stopped comes exactly once per start(), after every completion. stop() is
+// prompt and idempotent; when it returns the path no longer touches any user memory. Its caller
+// must hold its own reference (the thread drops `keep_alive` after on_path_stopped). max_chunk()
+// bounds only what this side sends; a receiver checks lengths against the transfer it agreed.
 #pragma once
 
 #include <cstdint>
