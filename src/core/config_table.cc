@@ -41,11 +41,12 @@ constexpr ConfigEntry kTable[] = {
     {"devmem_control_buffer", ConfigType::kSize, "64K", "initial recvmsg control buffer; doubles on ETOOSMALL up to 4M"},
     {"devmem_max_outstanding_frags", ConfigType::kInt, "16384",
      "received fragments held before waiting for their gather and returning the tokens"},
+    {"devmem_gpu", ConfigType::kInt, "0", "CUDA device whose memory holds the devmem RX pool and TX ring"},
     // topology
     {"sysfs_root", ConfigType::kString, "/sys", "root of the sysfs tree that topology discovery reads"},
     // same-host paths (shm, cuda_ipc)
-    {"shm_slot_size", ConfigType::kSize, "256K", "shm link: bytes per ring slot (4K-64M, multiple of 64)"},
-    {"shm_slots", ConfigType::kInt, "16", "shm link: slots per direction (2-1024)"},
+    {"shm_slot_size", ConfigType::kSize, "4M", "shm link: bytes per ring slot (4K-64M, multiple of 64)"},
+    {"shm_slots", ConfigType::kInt, "8", "shm link: slots per direction (2-1024); the ring of a direction is shm_slots x shm_slot_size"},
     {"shm_spin", ConfigType::kDuration, "50us", "shm link: how long a waiter spins before sleeping on its eventfd"},
     {"cuda_ipc_streams", ConfigType::kInt, "2", "cuda_ipc: copy streams per local GPU (1-16), used round-robin"},
     {"cuda_ipc_chunk", ConfigType::kSize, "256M",

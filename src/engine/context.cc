@@ -114,6 +114,16 @@ std::vector<topo::PoolUsage> StagingPlacement::usage() const {
   return orch_ ? orch_->usage() : std::vector<topo::PoolUsage>{};
 }
 
+void ContextImpl::set_devmem_factory_for_testing(DevmemPathFactory factory) {
+  std::lock_guard<std::mutex> lock(mu_);
+  devmem_factory_ = std::move(factory);
+}
+
+ContextImpl::DevmemPathFactory ContextImpl::devmem_factory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return devmem_factory_;
+}
+
 std::shared_ptr<Registered> ContextImpl::add_registration(const MemRegion& region) {
   auto reg = std::make_shared<Registered>();
   reg->region = region;

@@ -2,14 +2,17 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
 #include "core/config.h"
+#include "core/sys.h"
 #include "dmx/context.h"
 #include "engine/auth.h"
+#include "engine/payload_path.h"
 #include "topo/orchestrator.h"
 #include "transport/tcp/staging.h"
 
@@ -72,6 +75,15 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   tcp::StagingPool& staging() { return staging_; }
   const StagingPlacement& placement() const { return placement_; }
 
+  // Tests only: makes the devmem payload path out of the data socket instead of
+  // make_devmem_path with the kernel's seams (tests pass the socket-pair double, SimNic). While one
+  // is installed this context offers devmem whatever devmem_path_offer says (the reason says "test
+  // double"), and no NIC flow rule is added. Install before listening or connecting; any thread.
+  using DevmemPathFactory =
+      std::function<Result<std::unique_ptr<PayloadPath>>(UniqueFd data_socket, const std::string& peer)>;
+  void set_devmem_factory_for_testing(DevmemPathFactory factory);
+  DevmemPathFactory devmem_factory() const;
+
   std::shared_ptr<Registered> add_registration(const MemRegion& region);
   // The registration for `key`, with its inflight count raised; nullptr when unknown.
   std::shared_ptr<Registered> acquire_registration(uint64_t key);
@@ -87,8 +99,9 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   std::string boot_id_, hostname_;
   StagingPlacement placement_;
   tcp::StagingPool staging_;  // after placement_, which it uses
-  std::mutex mu_;  // guards regs_
+  mutable std::mutex mu_;  // guards regs_, devmem_factory_
   std::unordered_map<uint64_t, std::shared_ptr<Registered>> regs_;
+  DevmemPathFactory devmem_factory_;
 };
 
 }  // namespace dmx

@@ -30,7 +30,7 @@ struct Session {
   uint64_t peer_unexpected_budget = 0;  // EAGER bytes the peer buffers for us
   std::string peer;                     // "10.0.0.2:7000"
   std::string transport = "tcp";
-  uint64_t paths = 0;  // wire::kTransportShm | kTransportCudaIpc: payload paths beside the streams
+  uint64_t paths = 0;  // wire::kTransportShm | kTransportCudaIpc | kTransportDevmem: paths beside the streams
   std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
   std::string reason;
 };
@@ -96,6 +96,7 @@ class EndpointImpl final : public tcp::StreamHost,
     MemSpec where;
     uint64_t next = 0;
     bool emitted = false;  // a zero-byte transfer still sends one (empty) chunk
+    uint64_t accepts = 0;  // wire::kAcceptPathFlags the peer's buffer accepts (CTS a1, READ_REQ a3)
   };
   // Bytes arriving for a matched recv (keyed by token) or a read (keyed by op id). Outlives its
   // op when the op stops early: later chunks are then read and dropped until `expected`.
@@ -144,7 +145,12 @@ class EndpointImpl final : public tcp::StreamHost,
   void chunk_sent(const std::shared_ptr<OpState>& op, uint64_t len, const Status& s);
 
   // Payload paths (endpoint_paths.cc).
-  PayloadPath* path_for(const MemSpec& src) const;
+  // The path for a chunk from `src` into a buffer that accepts `accepts` (wire::kAcceptPathFlags).
+  PayloadPath* path_for(const MemSpec& src, uint64_t accepts) const;
+  // Receiver: the wire::kAcceptPathFlags to announce for a buffer in `dst` (CTS a1, READ_REQ a3).
+  uint64_t accepts_for(const MemSpec& dst) const;
+  // Checks a peer's kAcceptPathFlags (`what`: the frame). Caller holds mu_.
+  Status check_accepts(uint64_t flags, std::string_view what) const;
   // Hands the next chunk of `t` to `path`; fills the header frame to write. Caller holds mu_.
   Status post_path_chunk(PayloadPath* path, Transfer& t, uint64_t len, tcp::TxItem* out);
   // A path-flagged data header with its descriptor arrived on stream 0. Caller holds mu_.

@@ -256,6 +256,7 @@ Request EndpointImpl::post_one_sided(OpType type, const MemRegion& local, const 
     h.a0 = remote.key;
     h.a1 = offset;
     h.a2 = local.size;
+    h.a3 = accepts_for(local.where);
     push_control(h);
   }
   lock.unlock();
@@ -576,7 +577,7 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
   while (!tx_.empty()) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
-    PayloadPath* path = has_paths_ ? path_for(t.where) : nullptr;
+    PayloadPath* path = has_paths_ ? path_for(t.where, t.accepts) : nullptr;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
     if (path != nullptr && paths_[static_cast<int>(path->kind())].tx.size() >= kPathWindow) return false;
     uint64_t len = std::min<uint64_t>(path ? path->max_chunk() : session_.chunk_size, op.total - t.next);

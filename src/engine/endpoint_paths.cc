@@ -29,14 +29,28 @@ PathKind kind_of(uint8_t flags) {
 
 }  // namespace
 
-// The path for a chunk from `src`: cuda_ipc for what it carries (device memory), then shm, then
-// none (inline on stream 0).
-PayloadPath* EndpointImpl::path_for(const MemSpec& src) const {
+// The path for a chunk from `src`: cuda_ipc for what it carries (device memory), then devmem when
+// the peer's buffer accepts it, then shm, then none (inline on stream 0).
+PayloadPath* EndpointImpl::path_for(const MemSpec& src, uint64_t accepts) const {
   for (PathKind k : {PathKind::kCudaIpc, PathKind::kDevmem, PathKind::kShm}) {
     const auto& p = paths_[static_cast<int>(k)].path;
+    if (k == PathKind::kDevmem && (accepts & wire::kFlagPathDevmem) == 0) continue;
     if (p && p->carries(src)) return p.get();
   }
   return nullptr;
+}
+
+uint64_t EndpointImpl::accepts_for(const MemSpec& dst) const {
+  const auto& d = paths_[static_cast<int>(PathKind::kDevmem)].path;
+  return d && d->accepts(dst) ? uint64_t{wire::kFlagPathDevmem} : 0;
+}
+
+Status EndpointImpl::check_accepts(uint64_t flags, std::string_view what) const {
+  if (flags & ~wire::kAcceptPathFlags)
+    return Status(Code::kProtocol, fmt::format("{} names unknown payload paths (0x{:x})", what, flags));
+  if ((flags & wire::kFlagPathDevmem) && !paths_[static_cast<int>(PathKind::kDevmem)].path)
+    return Status(Code::kProtocol, fmt::format("{} accepts the devmem path, which was not agreed", what));
+  return Status();
 }
 
 Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t len, tcp::TxItem* out) {

@@ -262,6 +262,7 @@ void EndpointImpl::accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_
   h.type = FrameType::kCts;
   h.id = msg;
   h.a0 = token;
+  h.a1 = accepts_for(op->region.where);
   push_control(h);
 }
 
@@ -273,9 +274,11 @@ Status EndpointImpl::on_cts(const FrameHeader& h) {
   }
   auto op = it->second;
   if (op->phase != OpPhase::kPosted) return protocol(fmt::format("a second CTS for message {}", h.id));
+  DMX_RETURN_IF_ERROR(check_accepts(h.a1, fmt::format("CTS for message {}", h.id)));
   op->phase = OpPhase::kActive;
   op->rkey = h.a0;  // the receiver's token, carried in every SEND_DATA
   tx_.push_back(Transfer{op, FrameType::kSendData, static_cast<const char*>(op->region.ptr), op->region.where});
+  tx_.back().accepts = h.a1;
   has_tx_.store(true, std::memory_order_release);
   wake_streams();
   return Status();
@@ -384,6 +387,7 @@ void EndpointImpl::land_write(const FrameHeader& h, uint64_t len, const Status& 
 Status EndpointImpl::on_read_req(const FrameHeader& h) {
   if (read_responses_ >= params_.max_inflight_ops)
     return protocol(fmt::format("the peer has more than {} reads in flight", params_.max_inflight_ops));
+  DMX_RETURN_IF_ERROR(check_accepts(h.a3, fmt::format("READ_REQ {}", h.id)));
   auto reg = ctx_->acquire_registration(h.a0);
   if (!reg) {
     Status s(Code::kNotFound, fmt::format("read refused: unknown remote key 0x{:x}", h.a0));
@@ -406,6 +410,7 @@ Status EndpointImpl::on_read_req(const FrameHeader& h) {
   op->reg = std::move(reg);
   ++read_responses_;
   tx_.push_back(Transfer{op, FrameType::kReadData, static_cast<const char*>(op->region.ptr), op->region.where});
+  tx_.back().accepts = h.a3;
   has_tx_.store(true, std::memory_order_release);
   wake_streams();
   return Status();

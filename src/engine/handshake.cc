@@ -56,9 +56,28 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
   const std::string& forced = ctx.params().transport;
   std::string detail = why_not.empty() ? "" : fmt::format(" ({})", why_not);
   uint64_t local = common & (wire::kTransportShm | wire::kTransportCudaIpc);
-  if (forced == "devmem")
-    return Status(Code::kUnavailable, "transport=devmem was forced, but the devmem data path is not wired into the "
-                                      "engine yet (docs/devmem.md)");
+  // devmem: both HELLOs carry the bit. The server keeps it for a same-host client only when it is
+  // forced to devmem (accept_paths), so the bit alone decides, the same way on both sides.
+  bool devmem = (common & wire::kTransportDevmem) != 0;
+  if (forced == "devmem" && !devmem)
+    return Status(Code::kUnavailable,
+                  fmt::format("transport=devmem was forced, but the peers cannot use it{}",
+                              detail.empty() ? fmt::format(" (the {} does not offer devmem)",
+                                                           (client.transports & wire::kTransportDevmem) ? "server"
+                                                                                                       : "client")
+                                             : detail));
+  if (devmem) {
+    s.paths = wire::kTransportDevmem;
+    s.transport = "devmem";
+    s.reason = fmt::format("{}: device sources go by devmem on a dedicated data socket when the receiver's buffer "
+                           "accepts it, everything else inline on the TCP streams{}",
+                           forced == "devmem" ? "forced by configuration (transport=devmem)"
+                                              : same_host ? "devmem agreed (the server is forced to devmem)"
+                                                          : "auto: different hosts, both offer devmem",
+                           ctx.devmem_factory() ? fmt::format(" (this side's devmem is a test double){}", detail)
+                                                : detail);
+    return s;
+  }
   if (forced == "shm" || forced == "cuda_ipc") {
     uint64_t bit = forced == "shm" ? uint64_t{wire::kTransportShm} : uint64_t{wire::kTransportCudaIpc};
     if ((local & bit) == 0)
@@ -81,7 +100,7 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
     s.transport = "tcp";
     s.reason = forced == "tcp" ? "forced by configuration (transport=tcp)"
                                : fmt::format("auto: {}{}", same_host ? "same host, no same-host path agreed"
-                                                                     : "different hosts (devmem not wired in yet)",
+                                                                     : "different hosts, devmem not agreed",
                                              detail);
   }
   if (forced == "shm" || forced == "cuda_ipc")
@@ -163,10 +182,10 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
   if (theirs->streams != mine.streams || theirs->chunk_size > mine.chunk_size)
     return Status(Code::kProtocol, "the server changed the stream count or raised the chunk size").with_peer(peer);
   uint64_t session = theirs->session;
-  for (uint64_t bit : {uint64_t{wire::kTransportShm}, uint64_t{wire::kTransportCudaIpc}})
+  for (uint64_t bit : {uint64_t{wire::kTransportShm}, uint64_t{wire::kTransportCudaIpc}, uint64_t{wire::kTransportDevmem}})
     if ((mine.transports & bit) && !(theirs->transports & bit))
       why_not += fmt::format("{}the server did not accept {} (see its log)", why_not.empty() ? "" : "; ",
-                             bit == wire::kTransportShm ? "shm" : "cuda_ipc");
+                             bit == wire::kTransportShm ? "shm" : bit == wire::kTransportCudaIpc ? "cuda_ipc" : "devmem");
   DMX_ASSIGN_OR_RETURN(Session agreed, negotiate(*ctx, mine, *theirs, peer, why_not));
   if (!ctx->auth().insecure) {
     wire::Proof expect = make_proof(ctx->auth(), kServerLabel, mine.nonce, theirs->nonce, session);
@@ -192,12 +211,27 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
     if (ok.header.type != wire::FrameType::kWelcome) return unexpected_reply(ok, "WELCOME", peer);
     fds.push_back(std::move(fd));
   }
+  // The devmem data socket: one more connection, JOIN index = streams, carrying payload only.
+  UniqueFd data_socket;
+  if (agreed.paths & wire::kTransportDevmem) {
+    DMX_ASSIGN_OR_RETURN(UniqueFd fd, open_stream(addr, p, deadline));
+    wire::Join j;
+    j.session = session;
+    j.index = mine.streams;
+    j.streams = mine.streams;
+    if (!ctx->auth().insecure)
+      j.proof = make_proof(ctx->auth(), kJoinLabel, mine.nonce, theirs->nonce, session, mine.streams);
+    DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kJoin, wire::encode_join(j), deadline, peer));
+    DMX_ASSIGN_OR_RETURN(Frame ok, recv_frame(fd.get(), deadline, peer));
+    if (ok.header.type != wire::FrameType::kWelcome) return unexpected_reply(ok, "WELCOME for the devmem data socket", peer);
+    data_socket = std::move(fd);
+  }
   agreed.keepalive = keepalive_for(p, *theirs);
   agreed.peer_eager_limit = theirs->eager_limit;
   agreed.peer_unexpected_budget = theirs->unexpected_budget;
-  if (agreed.paths == 0) local_listener.reset();
+  if ((agreed.paths & wire::kTransportShm) == 0) local_listener.reset();
   DMX_ASSIGN_OR_RETURN(auto paths, build_paths(*ctx, agreed.paths, mine, *theirs, std::move(local_listener),
-                                                std::nullopt, peer, deadline));
+                                                std::nullopt, std::move(data_socket), peer, deadline));
   return EndpointImpl::create(ctx, std::move(agreed), std::move(fds), std::move(paths));
 }
 

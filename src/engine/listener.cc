@@ -49,6 +49,9 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
     std::string peer;
     std::optional<shm::UnixChannel> channel;  // the shm side channel, when agreed
     std::string why_not;                      // reasons for same-host paths not used
+    bool devmem = false;                      // devmem agreed: one more JOIN (index = streams) brings
+    UniqueFd data;                            // the devmem data socket
+    size_t expected() const { return fds.size() + (devmem ? 1 : 0); }
   };
   enum class Next { kKeep, kDrop, kTaken };
 
@@ -153,8 +156,8 @@ void ListenerImpl::run() {
     }
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->second.deadline.expired()) {
-        DMX_LOG_WARN("listener {}: peer {} opened {} of {} streams before the deadline; dropped", address_,
-                     it->second.peer, it->second.joined, it->second.fds.size());
+        DMX_LOG_WARN("listener {}: peer {} opened {} of {} connections before the deadline; dropped", address_,
+                     it->second.peer, it->second.joined, it->second.expected());
         it = pending_.erase(it);
       } else {
         ++it;
@@ -274,8 +277,8 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   std::string why_not;
   offer_paths(*ctx_, &server, nullptr, &why_not);
   accept_paths(*ctx_, *client, &server, &channel, &why_not);
-  if (auto agreed = negotiate(*ctx_, *client, server, c.peer, why_not); !agreed.ok())
-    return reject(c, agreed.status());
+  auto agreed = negotiate(*ctx_, *client, server, c.peer, why_not);
+  if (!agreed.ok()) return reject(c, agreed.status());
   Status s = send_frame(c.fd.get(), wire::FrameType::kHello, wire::encode_hello(server),
                         Deadline::after(std::chrono::seconds(1)), c.peer);
   if (!s.ok()) {
@@ -290,6 +293,7 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   p.peer = c.peer;
   p.channel = std::move(channel);
   p.why_not = std::move(why_not);
+  p.devmem = (agreed->paths & wire::kTransportDevmem) != 0;
   pending_[server.session] = std::move(p);
   c.awaiting_auth = server.session;
   if (ctx_->auth().insecure) return on_auth(c);
@@ -327,7 +331,12 @@ ListenerImpl::Next ListenerImpl::on_join(Conn& c) {
   if (it == pending_.end() || !it->second.authed)
     return reject(c, Status(Code::kAuth, "JOIN for an unknown or unauthenticated session"));
   Pending& p = it->second;
-  if (j->streams != p.fds.size() || p.fds[j->index].valid())
+  bool data = j->streams == p.fds.size() && j->index == j->streams;  // the devmem data socket
+  if (data && !p.devmem)
+    return reject(c, Status(Code::kProtocol, fmt::format("JOIN for the devmem data socket (index {} = streams), but "
+                                                         "the session did not agree devmem",
+                                                         j->index)));
+  if (j->streams != p.fds.size() || (data ? p.data.valid() : p.fds[j->index].valid()))
     return reject(c, Status(Code::kProtocol, fmt::format("JOIN for stream {} of {} does not fit the session", j->index,
                                                          j->streams)));
   if (!ctx_->auth().insecure) {
@@ -336,7 +345,8 @@ ListenerImpl::Next ListenerImpl::on_join(Conn& c) {
   }
   if (!send_frame(c.fd.get(), wire::FrameType::kWelcome, {}, Deadline::after(std::chrono::seconds(1)), c.peer).ok())
     return Next::kDrop;
-  p.fds[j->index] = std::move(c.fd);
+  if (data) p.data = std::move(c.fd);
+  else p.fds[j->index] = std::move(c.fd);
   ++p.joined;
   complete(it->first);
   return Next::kTaken;
@@ -345,7 +355,7 @@ ListenerImpl::Next ListenerImpl::on_join(Conn& c) {
 // Creates the endpoint once every stream has joined.
 void ListenerImpl::complete(uint64_t session) {
   auto it = pending_.find(session);
-  if (it == pending_.end() || it->second.joined < it->second.fds.size()) return;
+  if (it == pending_.end() || it->second.joined < it->second.expected()) return;
   Pending p = std::move(it->second);
   pending_.erase(it);
   auto agreed = negotiate(*ctx_, p.client, p.server, p.peer, p.why_not);
@@ -354,10 +364,11 @@ void ListenerImpl::complete(uint64_t session) {
   agreed->peer_eager_limit = p.client.eager_limit;
   agreed->peer_unexpected_budget = p.client.unexpected_budget;
   // Bounded by the handshake deadline; the client builds its side at the same time.
-  auto paths = build_paths(*ctx_, agreed->paths, p.client, p.server, std::nullopt, std::move(p.channel), p.peer,
-                           p.deadline);
+  auto paths = build_paths(*ctx_, agreed->paths, p.client, p.server, std::nullopt, std::move(p.channel),
+                           std::move(p.data), p.peer, p.deadline);
   if (!paths.ok()) {
-    DMX_LOG_WARN("listener {}: peer {}: same-host path set-up failed: {}", address_, p.peer, paths.status().message());
+    DMX_LOG_WARN("listener {}: peer {}: payload path set-up ({}) failed: {}", address_, p.peer, agreed->transport,
+                 paths.status().message());
     return;  // dropping the streams tells the client
   }
   auto ep = EndpointImpl::create(ctx_, std::move(*agreed), std::move(p.fds), std::move(*paths));

@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "engine/auth.h"
+#include "engine/devmem_path.h"
 #include "engine/ipc_path.h"
 #include "engine/shm_path.h"
 
@@ -55,6 +56,16 @@ void offer_paths(const ContextImpl& ctx, wire::Hello* hello, std::optional<shm::
     if (s.ok()) hello->transports |= wire::kTransportCudaIpc;
     else note(why_not, s.message().starts_with("cuda_ipc") ? s.message() : "cuda_ipc: " + s.message());
   }
+  if (allowed(forced, "devmem")) {
+    Status s = devmem_offer(ctx);
+    if (s.ok()) hello->transports |= wire::kTransportDevmem;
+    else note(why_not, s.message().starts_with("devmem") ? s.message() : "devmem: " + s.message());
+  }
+}
+
+Status devmem_offer(const ContextImpl& ctx) {
+  if (ctx.devmem_factory()) return Status();  // a test double stands in for the NIC
+  return devmem_path_offer(ctx.config());
 }
 
 void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello* server,
@@ -62,6 +73,17 @@ void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello
   uint64_t local = wire::kTransportShm | wire::kTransportCudaIpc;
   uint64_t both = client.transports & server->transports & local;
   bool same_host = !client.boot_id.empty() && client.boot_id == server->boot_id && client.hostname == server->hostname;
+  // devmem is for peers on different hosts (between two processes of one host the route is
+  // loopback, which cannot carry devmem). Only a server forced to devmem keeps it for a same-host
+  // client: then both sides decide from the same HELLOs whichever side was forced.
+  if (client.transports & server->transports & wire::kTransportDevmem) {
+    if (same_host && ctx.params().transport != "devmem") {
+      server->transports &= ~uint64_t{wire::kTransportDevmem};
+      note(why_not, "devmem not used: both ends are on one host (set transport=devmem on the server to force it)");
+    }
+  } else if (server->transports & wire::kTransportDevmem) {
+    note(why_not, "devmem not used: the client does not offer it (see its log)");
+  }
   if (both == 0) {
     server->transports &= ~local;
     return;
@@ -104,8 +126,17 @@ Result<std::vector<std::unique_ptr<PayloadPath>>> build_paths(const ContextImpl&
                                                               const wire::Hello& client, const wire::Hello& server,
                                                               std::optional<shm::UnixListener> listener,
                                                               std::optional<shm::UnixChannel> channel,
-                                                              const std::string& peer, Deadline deadline) {
+                                                              UniqueFd data_socket, const std::string& peer,
+                                                              Deadline deadline) {
   std::vector<std::unique_ptr<PayloadPath>> paths;
+  if (agreed_bits & wire::kTransportDevmem) {
+    if (!data_socket.valid()) return Status(Code::kInternal, "devmem agreed without a data socket");
+    Result<std::unique_ptr<PayloadPath>> p = Status(Code::kInternal, "unset");
+    if (auto factory = ctx.devmem_factory()) p = factory(std::move(data_socket), peer);
+    else p = make_devmem_path(std::move(data_socket), ctx.config(), peer, static_cast<int>(ctx.config().get_int("devmem_gpu")));
+    if (!p.ok()) return p.status().with_peer(peer);
+    paths.push_back(std::move(*p));
+  }
   if (agreed_bits & wire::kTransportShm) {
     bool creator = listener.has_value();
     if (creator) {

@@ -5,7 +5,10 @@
 #include <thread>
 
 #include "core/units.h"
+#include "engine/devmem_path.h"
+#include "engine/ipc_path.h"
 #include "memory/backend.h"
+#include "transport/shm/shm.h"
 
 namespace dmx {
 
@@ -28,16 +31,25 @@ std::vector<Capability> probe_engine_paths(const Config& c) {
                {"busy_poll", poll},
                {"transport_setting", c.get_string("transport")}};
   out.push_back(std::move(tcp));
-  // Paths whose data layers exist (tested on their own) but which negotiate() does not offer yet.
-  out.push_back({"engine.path.devmem", false,
-                 "not chosen by the engine yet: the devmem data path (src/transport/devmem) is not wired into "
-                 "endpoints; see the devmem.* lines for what this host's kernel and NICs allow"});
-  out.push_back({"engine.path.shm", false,
-                 "not chosen by the engine yet: the shared-memory data path (src/transport/shm) is not wired into "
-                 "endpoints; same-host peers use tcp over loopback"});
-  out.push_back({"engine.path.cuda_ipc", false,
-                 "not chosen by the engine yet: the CUDA IPC data path (src/transport/cuda_ipc) is not wired into "
-                 "endpoints; same-host GPU peers are staged over tcp"});
+  // The payload paths beside the streams: when negotiate() picks each, and whether this host can
+  // offer it now (the reason when not).
+  std::string forced = c.get_string("transport");
+  auto line = [&](const char* name, bool allowed, const Status& offer, const std::string& when) {
+    std::string state = !allowed ? fmt::format("not offered: transport={}", forced)
+                        : offer.ok() ? "offered by this host"
+                                     : "not offered: " + offer.message();
+    return Capability{fmt::format("engine.path.{}", name), allowed && offer.ok(), fmt::format("{}; {}", state, when)};
+  };
+  auto allowed = [&](std::string_view p) { return forced == "auto" || forced == p; };
+  out.push_back(line("devmem", allowed("devmem"), devmem_path_offer(c),
+                     "chosen when both peers offer it and are on different hosts (or transport=devmem): payloads "
+                     "from device memory into buffers its gatherer writes go on a dedicated data socket, the rest "
+                     "inline; docs/devmem.md"));
+  out.push_back(line("shm", allowed("shm"), shm::available(),
+                     "chosen between two processes of one host (same boot id and hostname) when both offer it and "
+                     "the side channel connects"));
+  out.push_back(line("cuda_ipc", allowed("cuda_ipc"), cuda_ipc_path_available(),
+                     "chosen between two processes of one host with CUDA; carries device sources"));
   return out;
 }
 

@@ -82,6 +82,10 @@ class PayloadPath {
 
   // Whether chunks whose source is of this kind can travel on this path (cuda_ipc: cuda only).
   virtual bool carries(const MemSpec& src) const = 0;
+  // Receiver: whether chunks into `dst` can land through this path. shm and cuda_ipc reach any
+  // destination (the default); devmem only memory its gatherer writes. The receiver tells the
+  // sender per transfer (CTS a1, READ_REQ a3: docs/wire.md), and the sender uses the path only then.
+  virtual bool accepts(const MemSpec& dst) const { return true; }
   // The largest chunk this path takes in one post_tx (the endpoint cuts transfers to it).
   virtual uint64_t max_chunk() const = 0;
 

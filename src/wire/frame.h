@@ -37,14 +37,14 @@ enum class FrameType : uint8_t {
   // Two-sided messages.
   kEager = 16,     // id=msg seq, a0=tag; payload = the whole message
   kRts = 17,       // id=msg seq, a0=tag, a1=size
-  kCts = 18,       // id=msg seq, a0=receiver token
+  kCts = 18,       // id=msg seq, a0=receiver token, a1=kAcceptPathFlags
   kSendData = 19,  // id=receiver token, a0=offset, a1=message size; payload = chunk
   kCancel = 20,    // id=msg seq or write op, a0=bytes the sender handed out, a1=OpKind
   kAck = 21,       // id=msg seq / op id, a0=status code, a1=OpKind; payload: error text
   kCredit = 22,    // a0=eager bytes the receiver has consumed
   // One-sided operations.
   kWriteData = 24,  // id=op id, a0=remote key, a1=remote offset, a2=op length, a3=notify value
-  kReadReq = 25,    // id=op id, a0=remote key, a1=remote offset, a2=length
+  kReadReq = 25,    // id=op id, a0=remote key, a1=remote offset, a2=length, a3=kAcceptPathFlags
   kReadData = 26,   // id=op id, a0=offset in op, a1=op length; payload = chunk
   kPathDone = 27,   // id=path sequence number, a0=PathKind: the receiver is done with a chunk the
                     // sender lent through a path that releases at the receiver (cuda_ipc)
@@ -63,6 +63,10 @@ enum FrameFlags : uint8_t {
   kFlagPathDevmem = 8,
 };
 inline constexpr uint8_t kPathFlags = kFlagPathShm | kFlagPathCudaIpc | kFlagPathDevmem;
+// kCts a1 (receiver) and kReadReq a3 (reader): the payload paths that may carry chunks into the
+// buffer being filled, as path flag bits. Only kFlagPathDevmem is used (shm and cuda_ipc reach any
+// destination; devmem only memory its gatherer writes); other bits must be 0.
+inline constexpr uint64_t kAcceptPathFlags = kFlagPathDevmem;
 inline constexpr uint32_t kMaxPathDescriptor = 256;
 
 // Operation kinds named in kAck / kCancel.

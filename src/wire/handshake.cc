@@ -159,8 +159,11 @@ Result<Join> decode_join(const unsigned char* data, size_t len) {
   j.streams = r.u16();
   r.bytes(j.proof.data(), j.proof.size());
   DMX_RETURN_IF_ERROR(r.finish("JOIN"));
-  if (j.streams < 2 || j.streams > kMaxStreams || j.index < 1 || j.index >= j.streams)
-    return Status(Code::kProtocol, fmt::format("JOIN: stream {} of {} is not a valid extra stream", j.index, j.streams));
+  // index == streams is the devmem data socket; whether the session agreed devmem is the
+  // listener's check (it knows the session).
+  if (j.streams < 1 || j.streams > kMaxStreams || j.index < 1 || j.index > j.streams)
+    return Status(Code::kProtocol, fmt::format("JOIN: stream {} of {} is not a valid extra stream or data socket",
+                                               j.index, j.streams));
   return j;
 }
 

@@ -52,7 +52,7 @@ struct Hello {
 
 struct Join {
   uint64_t session = 0;
-  uint16_t index = 0;  // 1 .. streams-1
+  uint16_t index = 0;  // 1 .. streams-1: an extra stream; streams: the devmem data socket (docs/wire.md)
   uint16_t streams = 0;
   Proof proof{};
 };

@@ -179,6 +179,37 @@ TEST(BadPeer, PayloadPathThatWasNotAgreed) {
   EXPECT_NE(st.message().find("not agreed"), std::string::npos) << st.to_string();
 }
 
+TEST(BadPeer, DevmemChunkThatWasNotAgreed) {
+  Rendezvous z;
+  ASSERT_NO_FATAL_FAILURE(z.start());
+  FrameHeader d = frame(FrameType::kSendData, z.token, 0, 100);
+  d.flags = wire::kFlagPathDevmem;
+  d.payload_len = 8;
+  std::vector<unsigned char> len(8, 0);
+  len[0] = 100;
+  ASSERT_TRUE(z.peer->send(d, len).ok());
+  Status st = z.r.wait(5s);
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find("devmem path, which was not agreed"), std::string::npos) << st.to_string();
+}
+
+// READ_REQ a3 / CTS a1 may name only agreed paths that need the receiver's consent (devmem).
+TEST(BadPeer, ReadRequestAcceptingDevmemThatWasNotAgreed) {
+  Server s = make_server();
+  Buffer target = poisoned(MemSpec{}, 1000);
+  auto reg = s.ctx.register_memory(target.region());
+  ASSERT_TRUE(reg.ok());
+  FrameHeader h = frame(FrameType::kReadReq, 1, reg->remote().key, 0, 100);
+  h.a3 = wire::kFlagPathDevmem;
+  Status st = provoke(s, {{h, {}}});
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find("accepts the devmem path, which was not agreed"), std::string::npos) << st.to_string();
+  h.a3 = 1;  // not a path
+  st = provoke(s, {{h, {}}});
+  EXPECT_NE(st.message().find("unknown payload paths"), std::string::npos) << st.to_string();
+  expect_listener_alive(s);
+}
+
 TEST(BadPeer, PathDoneForNothing) {
   Server s = make_server();
   Status st = provoke(s, {{frame(FrameType::kPathDone, 3, 1), {}}});

@@ -177,9 +177,22 @@ TEST(Handshake, JoinValidation) {
   auto d = decode_join(bytes.data(), bytes.size());
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->index, 3);
-  j.index = 4;  // not below the stream count
+  j.index = 4;  // index == streams: the devmem data socket (the listener checks the session agreed devmem)
+  bytes = encode_join(j);
+  d = decode_join(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->index, 4);
+  j.index = 5;  // beyond the data socket
   bytes = encode_join(j);
   EXPECT_FALSE(decode_join(bytes.data(), bytes.size()).ok());
+  j.streams = 1;  // one stream: index 1 is the data socket
+  j.index = 1;
+  bytes = encode_join(j);
+  EXPECT_TRUE(decode_join(bytes.data(), bytes.size()).ok());
+  j.streams = 0;
+  bytes = encode_join(j);
+  EXPECT_FALSE(decode_join(bytes.data(), bytes.size()).ok());
+  j.streams = 4;
   j.index = 0;  // stream 0 never joins
   bytes = encode_join(j);
   EXPECT_FALSE(decode_join(bytes.data(), bytes.size()).ok());

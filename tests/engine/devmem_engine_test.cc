@@ -1,0 +1,369 @@
+// The engine with the devmem payload path chosen at connection time, over the socket-pair double
+// (tests/devmem/socket_double.h): each "host" is a Context with its own SimNic installed as the
+// devmem path factory (ContextImpl::set_devmem_factory_for_testing), so the data socket is a real
+// loopback TCP connection made by the handshake (JOIN index = streams) and real bytes move through
+// the double's fragments and tokens. The double's "device" memory is the sim kind (mapped with no
+// access rights: engine code that touches it directly crashes). No devmem NIC is involved.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <thread>
+
+#include "devmem/socket_double.h"
+#include "engine/context_impl.h"
+#include "engine/devmem_path.h"
+#include "engine/handshake.h"
+#include "engine/local_paths.h"
+#include "engine/test_util.h"
+
+namespace dmx::test {
+namespace {
+
+using namespace std::chrono_literals;
+using devmem::testing::SimNic;
+using devmem::testing::SimNicOptions;
+
+const MemSpec kSim{MemKind::kSim, 0};
+const MemSpec kHost{};
+
+// A devmem path that accepts only sim destinations: stands in for a GPU pool whose gatherer cannot
+// write host memory, so the engine must keep such transfers inline.
+class SimOnlyPath final : public PayloadPath {
+ public:
+  explicit SimOnlyPath(std::unique_ptr<PayloadPath> inner) : inner_(std::move(inner)) {}
+  PathKind kind() const override { return inner_->kind(); }
+  void start(Events* e, std::shared_ptr<void> k) override { inner_->start(e, std::move(k)); }
+  bool carries(const MemSpec& src) const override { return inner_->carries(src); }
+  bool accepts(const MemSpec& dst) const override { return dst.kind == MemKind::kSim; }
+  uint64_t max_chunk() const override { return inner_->max_chunk(); }
+  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src) override {
+    return inner_->post_tx(seq, src);
+  }
+  Result<uint64_t> chunk_length(std::span<const unsigned char> d) override { return inner_->chunk_length(d); }
+  Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
+    return inner_->post_rx(seq, d, dst);
+  }
+  bool receiver_releases() const override { return inner_->receiver_releases(); }
+  void stop() override { inner_->stop(); }
+  PathStats stats() const override { return inner_->stats(); }
+  std::string describe() const override { return inner_->describe() + " (sim destinations only)"; }
+
+ private:
+  std::unique_ptr<PayloadPath> inner_;
+};
+
+Options devmem_options(const char* transport = "devmem") {
+  Options o = test_options(2);
+  o.set("transport", transport).set("devmem_rx_pool", "32M");
+  return o;
+}
+
+struct Host {
+  std::shared_ptr<SimNic> nic;
+  Context ctx;
+};
+
+// A context whose devmem path is the double. The factory holds the NIC; the context's config is
+// read through a raw pointer (the factory lives in that context, so it cannot outlive it).
+Host make_host(uint64_t seed, Options o = devmem_options(), bool sim_only = false) {
+  Host h;
+  SimNicOptions no;
+  no.seed = seed;
+  h.nic = std::make_shared<SimNic>(no);
+  auto c = Context::create(o);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  h.ctx = *c;
+  ContextImpl* impl = h.ctx.impl().get();
+  impl->set_devmem_factory_for_testing(
+      [nic = h.nic, impl, sim_only](UniqueFd fd, const std::string& peer) -> Result<std::unique_ptr<PayloadPath>> {
+        auto p = make_devmem_path(std::move(fd), impl->config(), peer, nic->seams());
+        if (!p.ok() || !sim_only) return p;
+        return std::unique_ptr<PayloadPath>(std::make_unique<SimOnlyPath>(std::move(*p)));
+      });
+  return h;
+}
+
+// Two "hosts" (contexts with their own SimNic), the client on b, the server on a.
+struct DevmemPair {
+  Host a, b;
+  Listener listener;
+  Endpoint client, server;
+};
+
+DevmemPair connect_devmem(bool sim_only = false) {
+  DevmemPair p;
+  p.a = make_host(11, devmem_options(), sim_only);
+  p.b = make_host(22, devmem_options(), sim_only);
+  auto l = p.a.ctx.listen("tcp://127.0.0.1:0");
+  EXPECT_TRUE(l.ok()) << l.status().to_string();
+  p.listener = std::move(*l);
+  auto c = p.b.ctx.connect(p.listener.address());
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  if (c.ok()) p.client = std::move(*c);
+  auto s = p.listener.accept(10s);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  if (s.ok()) p.server = std::move(*s);
+  return p;
+}
+
+uint64_t devmem_bytes_sent(const Endpoint& e) {
+  for (const auto& u : e.stats().paths)
+    if (u.name == "devmem") return u.bytes_sent;
+  return 0;
+}
+uint64_t devmem_bytes_received(const Endpoint& e) {
+  for (const auto& u : e.stats().paths)
+    if (u.name == "devmem") return u.bytes_received;
+  return 0;
+}
+
+TEST(DevmemEngineDouble, ForcedDevmemIsChosenAndVisible) {
+  DevmemPair p = connect_devmem();
+  for (Endpoint* e : {&p.client, &p.server}) {
+    EndpointStats st = e->stats();
+    EXPECT_EQ(st.transport, "devmem") << st.reason;
+    EXPECT_NE(st.reason.find("transport=devmem"), std::string::npos) << st.reason;
+    EXPECT_NE(st.reason.find("test double"), std::string::npos) << st.reason;
+    ASSERT_EQ(st.paths.size(), 1u);
+    EXPECT_EQ(st.paths[0].name, "devmem");
+    EXPECT_FALSE(st.paths[0].detail.empty());
+  }
+}
+
+TEST(DevmemEngineDouble, SendRecvSizesIntoSimAndHost) {
+  DevmemPair p = connect_devmem();
+  uint64_t big = 0;
+  for (MemSpec dst_kind : {kSim, kHost}) {
+    for (size_t n : {size_t{1}, size_t{4097}, size_t{(1u << 20) + 3}, size_t{(64u << 20) + 3}}) {
+      Filled src = filled(kSim, n + 5);
+      Buffer dst = poisoned(dst_kind, n + 11 + 16);
+      Request r = p.server.recv(dst.region().sub(11, n), 42);
+      Request s = p.client.send(src.buf.region().sub(5, n), 42);
+      ASSERT_TRUE(s.wait(120s).ok()) << n << ": " << s.status().to_string();
+      ASSERT_TRUE(r.wait(120s).ok()) << n << ": " << r.status().to_string();
+      EXPECT_EQ(r.bytes(), n);
+      auto got = read_back(dst.region());
+      for (size_t i = 0; i < 11; ++i) ASSERT_EQ(got[i], 0xA5) << "wrote before the buffer at size " << n;
+      ASSERT_TRUE(std::equal(src.data.begin() + 5, src.data.end(), got.begin() + 11))
+          << "payload differs at size " << n << " into " << to_string(dst_kind);
+      for (size_t i = 11 + n; i < got.size(); ++i) ASSERT_EQ(got[i], 0xA5) << "wrote past the message at size " << n;
+      if (n > 16384) big += n;  // rendezvous sizes (above the eager limit) go by devmem
+    }
+  }
+  EXPECT_GE(devmem_bytes_sent(p.client), big);
+  EXPECT_GE(devmem_bytes_received(p.server), big);
+}
+
+TEST(DevmemEngineDouble, WriteInlineAndReadByDevmem) {
+  DevmemPair p = connect_devmem();
+  size_t n = 5 * (1 << 20) + 1;
+  Buffer target = poisoned(kSim, n + 100);
+  auto reg = p.a.ctx.register_memory(target.region());
+  ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+  Filled src = filled(kSim, n);
+  uint64_t before = devmem_bytes_received(p.server);
+  Request w = p.client.write(src.buf.region(), reg->remote(), 33);
+  ASSERT_TRUE(w.wait(60s).ok()) << w.status().to_string();
+  auto got = read_back(target.region());
+  ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), got.begin() + 33));
+  // Writes stay inline: the initiator does not know the target's memory (docs/devmem.md).
+  EXPECT_EQ(devmem_bytes_received(p.server), before);
+
+  Buffer back = poisoned(kSim, n + 7);
+  uint64_t read_before = devmem_bytes_received(p.client);
+  Request r = p.client.read(back.region().sub(7, n), reg->remote(), 33);
+  ASSERT_TRUE(r.wait(60s).ok()) << r.status().to_string();
+  auto again = read_back(back.region());
+  ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), again.begin() + 7));
+  EXPECT_GE(devmem_bytes_received(p.client) - read_before, n) << "the read did not come by devmem";
+}
+
+TEST(DevmemEngineDouble, DestinationTheGathererCannotWriteGoesInline) {
+  DevmemPair p = connect_devmem(/*sim_only=*/true);
+  size_t n = (3u << 20) + 7;
+  Filled src = filled(kSim, n);
+  Buffer host_dst = poisoned(kHost, n);
+  uint64_t before = devmem_bytes_sent(p.client);
+  Request r = p.server.recv(host_dst.region(), 1);
+  ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(60s).ok());
+  ASSERT_TRUE(r.wait(60s).ok()) << r.status().to_string();
+  EXPECT_EQ(read_back(host_dst.region()), src.data);
+  EXPECT_EQ(devmem_bytes_sent(p.client), before) << "a buffer that does not accept devmem got devmem chunks";
+
+  Buffer sim_dst = poisoned(kSim, n);
+  Request r2 = p.server.recv(sim_dst.region(), 2);
+  ASSERT_TRUE(p.client.send(src.buf.region(), 2).wait(60s).ok());
+  ASSERT_TRUE(r2.wait(60s).ok()) << r2.status().to_string();
+  EXPECT_EQ(read_back(sim_dst.region()), src.data);
+  EXPECT_GE(devmem_bytes_sent(p.client) - before, n);
+
+  // A read into host memory: the reader's READ_REQ does not flag devmem either.
+  auto reg = p.a.ctx.register_memory(sim_dst.region());
+  ASSERT_TRUE(reg.ok());
+  Buffer back = poisoned(kHost, n);
+  uint64_t rb = devmem_bytes_received(p.client);
+  ASSERT_TRUE(p.client.read(back.region(), reg->remote(), 0).wait(60s).ok());
+  EXPECT_EQ(read_back(back.region()), src.data);
+  EXPECT_EQ(devmem_bytes_received(p.client), rb);
+}
+
+TEST(DevmemEngineDouble, CancelMidway) {
+  DevmemPair p = connect_devmem();
+  size_t n = 256u << 20;
+  Buffer src = poisoned(kSim, n);
+  Buffer dst = poisoned(kSim, n);
+  Request r = p.server.recv(dst.region(), 1);
+  Request s = p.client.send(src.region(), 1);
+  std::this_thread::sleep_for(20ms);
+  s.cancel();
+  Status ss = s.wait(20s), rs = r.wait(20s);
+  ASSERT_NE(ss.code(), Code::kTimeout);
+  ASSERT_NE(rs.code(), Code::kTimeout);
+  if (ss.ok()) {
+    EXPECT_TRUE(rs.ok()) << rs.to_string();
+  } else {
+    EXPECT_EQ(ss.code(), Code::kCancelled) << ss.to_string();
+    EXPECT_EQ(rs.code(), Code::kCancelled) << rs.to_string();
+  }
+  // The endpoint and its data socket carry on, in order.
+  Filled m = filled(kSim, 5 << 20);
+  Request r2 = p.server.recv(dst.region(), 2);
+  ASSERT_TRUE(p.client.send(m.buf.region(), 2).wait(30s).ok());
+  ASSERT_TRUE(r2.wait(30s).ok()) << r2.status().to_string();
+  EXPECT_EQ(read_back(dst.region().sub(0, 5 << 20)), m.data);
+}
+
+TEST(DevmemEngineDouble, ManyOperationsBothWaysAtOnce) {
+  DevmemPair p = connect_devmem();
+  constexpr int kOps = 40;
+  std::vector<Filled> out_c, out_s;
+  std::vector<Buffer> in_c, in_s;
+  std::vector<Request> reqs;
+  for (int i = 0; i < kOps; ++i) {
+    size_t n = (i * 7919u) % (3 << 20) + i + 1;
+    out_c.push_back(filled(kSim, n));
+    out_s.push_back(filled(i % 3 == 0 ? kHost : kSim, n));
+    in_c.push_back(poisoned(i % 2 ? kHost : kSim, n));
+    in_s.push_back(poisoned(i % 2 ? kSim : kHost, n));
+  }
+  for (int i = 0; i < kOps; ++i) {
+    reqs.push_back(p.server.recv(in_s[i].region(), i));
+    reqs.push_back(p.client.recv(in_c[i].region(), i));
+  }
+  for (int i = 0; i < kOps; ++i) {
+    reqs.push_back(p.client.send(out_c[i].buf.region(), i));
+    reqs.push_back(p.server.send(out_s[i].buf.region(), i));
+  }
+  for (auto& r : reqs) ASSERT_TRUE(r.wait(120s).ok()) << r.status().to_string();
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_EQ(read_back(in_s[i].region()), out_c[i].data) << i;
+    ASSERT_EQ(read_back(in_c[i].region()), out_s[i].data) << i;
+  }
+  EXPECT_GT(devmem_bytes_sent(p.client), 0u);
+  EXPECT_GT(devmem_bytes_sent(p.server), 0u);
+}
+
+TEST(DevmemEngineDouble, PeerContextDestroyedMidTransfer) {
+  DevmemPair p = connect_devmem();
+  size_t n = 256u << 20;
+  Buffer src = poisoned(kSim, n);
+  Buffer dst = poisoned(kSim, n);
+  Buffer small = poisoned(kSim, 4096);
+  Request r = p.server.recv(dst.region(), 1);
+  Request s = p.client.send(src.region(), 1);
+  Request pending = p.client.recv(small.region(), 77);  // never sent: must fail, not hang
+  std::this_thread::sleep_for(20ms);
+  std::string peer = p.listener.address().substr(6);  // the client names the server by its address
+  auto t0 = Clock::now();
+  p.server = Endpoint();
+  p.listener = Listener();
+  p.a.ctx = Context();
+  for (Request* q : {&s, &pending}) {
+    Status st = q->wait(30s);
+    ASSERT_NE(st.code(), Code::kTimeout) << "a pending operation hung after the peer went away";
+    if (q == &s && st.ok()) continue;  // finished before the peer went
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.to_string().find(peer), std::string::npos) << "the error must name the peer: " << st.to_string();
+  }
+  EXPECT_LT(Clock::now() - t0, 30s);
+  (void)r.wait(1s);
+}
+
+// Without the double, devmem is offered only where devmem_path_offer says so; on this machine
+// (devmem_ifname empty) transport=devmem fails with that reason.
+TEST(DevmemEngine, ForcedDevmemWithoutNicFailsWithTheReason) {
+  auto server = Context::create(test_options(2));
+  ASSERT_TRUE(server.ok());
+  auto l = server->listen("tcp://127.0.0.1:0");
+  ASSERT_TRUE(l.ok());
+  Options o = test_options(2);
+  o.set("transport", "devmem");
+  auto client = Context::create(o);
+  ASSERT_TRUE(client.ok());
+  auto c = client->connect(l->address());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kUnavailable) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("devmem_ifname is empty"), std::string::npos) << c.status().to_string();
+
+  // A server forced to devmem refuses such a client, with its own reason.
+  auto forced = Context::create(o);
+  ASSERT_TRUE(forced.ok());
+  auto l2 = forced->listen("tcp://127.0.0.1:0");
+  ASSERT_TRUE(l2.ok());
+  auto plain = Context::create(test_options(2));
+  auto c2 = plain->connect(l2->address());
+  ASSERT_FALSE(c2.ok());
+  EXPECT_NE(c2.status().message().find("transport=devmem was forced"), std::string::npos) << c2.status().to_string();
+  EXPECT_NE(c2.status().message().find("devmem_ifname is empty"), std::string::npos) << c2.status().to_string();
+}
+
+// Same host (one process): auto does not pick devmem even when both offer it; the server says why.
+TEST(DevmemEngineDouble, AutoOnOneHostDoesNotPickDevmem) {
+  Host a = make_host(1, devmem_options("auto")), b = make_host(2, devmem_options("auto"));
+  auto l = a.ctx.listen("tcp://127.0.0.1:0");
+  ASSERT_TRUE(l.ok());
+  auto c = b.ctx.connect(l->address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EndpointStats st = c->stats();
+  EXPECT_NE(st.transport, "devmem") << st.reason;
+  EXPECT_NE(st.reason.find("the server did not accept devmem"), std::string::npos) << st.reason;
+}
+
+// The rule itself, from two HELLOs (different hosts cannot be made in one process otherwise).
+TEST(DevmemEngine, NegotiateRule) {
+  auto ctx = Context::create(test_options(2));
+  ASSERT_TRUE(ctx.ok());
+  const ContextImpl& impl = *ctx->impl();
+  wire::Hello client = make_hello(impl, wire::Role::kClient);
+  wire::Hello server = make_hello(impl, wire::Role::kServer);
+  server.boot_id = "another-host-boot-id";
+  client.transports |= wire::kTransportDevmem;
+  server.transports |= wire::kTransportDevmem;
+  auto s = negotiate(impl, client, server, "peer:1", "");
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->transport, "devmem");
+  EXPECT_EQ(s->paths, uint64_t{wire::kTransportDevmem});
+  EXPECT_NE(s->reason.find("different hosts"), std::string::npos) << s->reason;
+
+  server.transports &= ~uint64_t{wire::kTransportDevmem};
+  s = negotiate(impl, client, server, "peer:1", "devmem: off (setting devmem_ifname is empty)");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->transport, "tcp");
+  EXPECT_NE(s->reason.find("different hosts, devmem not agreed (devmem: off (setting devmem_ifname is empty))"),
+            std::string::npos)
+      << s->reason;
+
+  // The server drops devmem for a same-host client unless it is forced to devmem itself.
+  wire::Hello same = make_hello(impl, wire::Role::kServer);
+  same.transports |= wire::kTransportDevmem;
+  std::optional<shm::UnixChannel> channel;
+  std::string why;
+  wire::Hello c2 = make_hello(impl, wire::Role::kClient);
+  c2.transports = wire::kTransportTcp | wire::kTransportDevmem;
+  accept_paths(impl, c2, &same, &channel, &why);
+  EXPECT_EQ(same.transports & wire::kTransportDevmem, 0u);
+  EXPECT_NE(why.find("both ends are on one host"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace dmx::test
