@@ -27,8 +27,8 @@ using cuda_ipc::CopyCompletion;
 using cuda_ipc::CopyEngine;
 using cuda_ipc::IpcDescriptor;
 
-constexpr auto kSpin = std::chrono::microseconds(20);       // polling copies before the first sleep
-constexpr auto kPollSleep = std::chrono::microseconds(30);  // sleeps while copies are pending
+constexpr auto kSpin = std::chrono::microseconds(200);      // polling copies before the first sleep
+constexpr auto kPollSleep = std::chrono::microseconds(20);  // sleeps while copies are pending (plus timer slack)
 constexpr auto kStopDrain = std::chrono::seconds(10);       // bound on waiting for copies at stop
 
 inline void cpu_relax() {
