@@ -608,7 +608,9 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     }
     if (path != nullptr) {
       if (Status st = post_path_chunk(path, t, len, out); !st.ok()) {
-        stop(t.op, st);  // removes the transfer
+        auto failed = t.op;
+        stop(failed, st);
+        std::erase_if(tx_, [&](const Transfer& x) { return x.op == failed; });  // read responses too
         continue;
       }
       return true;
