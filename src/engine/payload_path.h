@@ -32,7 +32,8 @@
 // failure; on_path_stopped comes exactly once per start(), after every completion. stop() is
 // prompt and idempotent; when it returns the path no longer touches any user memory. Its caller
 // must hold its own reference (the thread drops `keep_alive` after on_path_stopped). max_chunk()
-// bounds only what this side sends; a receiver checks lengths against the transfer it agreed.
+// bounds what this side sends; a receiver checks every length against the transfer it agreed (and
+// shm/devmem also against their fixed maxima, which both sides share).
 #pragma once
 
 #include <cstdint>
