@@ -156,6 +156,7 @@ class EndpointImpl final : public tcp::StreamHost,
   // A path-flagged data header with its descriptor arrived on stream 0. Caller holds mu_.
   Status on_path_header(const wire::FrameHeader& h, const std::vector<unsigned char>& desc);
   void stop_paths();
+  static EndpointStats::PathUse path_use(const PayloadPath& p);
 
   // Receive side (endpoint_rx.cc).
   Result<tcp::RxPlan> plan_eager(const wire::FrameHeader& h);
@@ -184,6 +185,9 @@ class EndpointImpl final : public tcp::StreamHost,
   const EngineParams params_;
   std::vector<std::unique_ptr<tcp::Stream>> streams_;  // fixed after create()
   PathState paths_[kPathKinds];                        // path pointers fixed after create()
+  int paths_running_ = 0;                              // started, not yet on_path_stopped (mu_)
+  std::vector<EndpointStats::PathUse> stopped_paths_;  // their last statistics (mu_)
+  std::condition_variable paths_cv_;
   bool has_paths_ = false;
 
   mutable std::mutex mu_;

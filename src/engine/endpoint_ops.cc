@@ -48,8 +48,13 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   }
   ep->running_ = static_cast<int>(ep->streams_.size());
   for (auto& s : ep->streams_) s->start(ep);
+  // No keep-alive for paths: stop_paths() waits for every on_path_stopped, so the endpoint is
+  // never destroyed on a path's own thread (which could then not join itself).
   for (auto& ps : ep->paths_)
-    if (ps.path) ps.path->start(ep.get(), ep);
+    if (ps.path) {
+      ++ep->paths_running_;
+      ps.path->start(ep.get(), nullptr);
+    }
   DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
                ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));
   for (auto& ps : ep->paths_)
@@ -539,21 +544,10 @@ EndpointStats EndpointImpl::stats() const {
     s.copy_wait_seconds += static_cast<double>(x.ns_copy_wait) * 1e-9;
     s.stream_bytes_sent.push_back(x.bytes_sent);
   }
-  for (const auto& ps : paths_) {
-    if (!ps.path) continue;
-    PathStats x = ps.path->stats();
-    EndpointStats::PathUse u;
-    u.name = path_name(ps.path->kind());
-    u.detail = ps.path->describe();
-    u.chunks_sent = x.chunks_sent;
-    u.chunks_received = x.chunks_received;
-    u.bytes_sent = x.bytes_sent;
-    u.bytes_received = x.bytes_received;
-    u.host_copies = x.host_copies;
-    u.device_copies = x.device_copies;
-    s.paths.push_back(std::move(u));
-  }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(mu_);  // also guards the path pointers (stop_paths resets them)
+  for (const auto& ps : paths_)
+    if (ps.path) s.paths.push_back(path_use(*ps.path));
+  s.paths.insert(s.paths.end(), stopped_paths_.begin(), stopped_paths_.end());
   s.messages_sent = counters_.messages_sent;
   s.messages_received = counters_.messages_received;
   s.eager_sends = counters_.eager;

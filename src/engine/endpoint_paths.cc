@@ -151,18 +151,46 @@ void EndpointImpl::on_path_failed(PathKind path, const Status& s) {
   fail(Status(s.code(), fmt::format("the {} path failed: {}", path_name(path), s.message())).with_peer(session_.peer));
 }
 
-void EndpointImpl::on_path_stopped(PathKind path) {}
+EndpointStats::PathUse EndpointImpl::path_use(const PayloadPath& p) {
+  PathStats x = p.stats();
+  EndpointStats::PathUse u;
+  u.name = path_name(p.kind());
+  u.detail = p.describe();
+  u.chunks_sent = x.chunks_sent;
+  u.chunks_received = x.chunks_received;
+  u.bytes_sent = x.bytes_sent;
+  u.bytes_received = x.bytes_received;
+  u.host_copies = x.host_copies;
+  u.device_copies = x.device_copies;
+  return u;
+}
+
+void EndpointImpl::on_path_stopped(PathKind path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --paths_running_;
+  paths_cv_.notify_all();  // under the lock: the waiter may destroy the endpoint right after
+}
 
 // Called once every stream has stopped, without mu_: each path stops and waits until it no longer
-// uses user memory. Its pending chunks are then forgotten; fail_all() ends their operations.
+// uses user memory; then the paths are destroyed (their threads joined), so that when close()
+// returns no path thread runs any more. Pending chunks are forgotten; fail_all() ends their
+// operations. Paths are read under mu_ from then on (stats(), path_for) and may be null.
 void EndpointImpl::stop_paths() {
-  for (auto& ps : paths_)
+  std::unique_ptr<PayloadPath> dead[kPathKinds];
+  for (auto& ps : paths_)  // without mu_: a stop may wait for copies whose completions take it
     if (ps.path) ps.path->stop();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& ps : paths_) {
-    ps.tx.clear();
-    ps.rx.clear();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!paths_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return paths_running_ == 0; }))
+      DMX_LOG_ERROR("endpoint to {}: {} payload path(s) still stopping after 30 s", session_.peer, paths_running_);
+    for (int k = 0; k < kPathKinds; ++k) {
+      paths_[k].tx.clear();
+      paths_[k].rx.clear();
+      if (paths_[k].path) stopped_paths_.push_back(path_use(*paths_[k].path));  // stats stay readable
+      dead[k] = std::move(paths_[k].path);
+    }
   }
+  for (auto& p : dead) p.reset();  // joins the path's thread (past its last event already)
 }
 
 }  // namespace dmx
