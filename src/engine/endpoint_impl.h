@@ -193,6 +193,7 @@ class EndpointImpl final : public tcp::StreamHost,
   mutable std::mutex mu_;
   Status status_;  // sticky: ok until the endpoint fails or closes
   int running_ = 0;  // workers not yet stopped
+  bool stopped_ = false;  // every worker and path has stopped and fail_all() ran
   std::condition_variable stopped_cv_;
   bool delivering_ = false, redeliver_ = false;
   // Operations finished but not yet delivered: lets deliver() skip the lock when there are none

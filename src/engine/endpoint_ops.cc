@@ -434,6 +434,7 @@ void EndpointImpl::on_stream_stopped(int stream) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     fail_all();
+    stopped_ = true;  // close() returns from here on: no stream or path touches user memory
   }
   stopped_cv_.notify_all();
   notes_cv_.notify_all();
@@ -485,9 +486,9 @@ void EndpointImpl::close() {
     return;
   }
   std::unique_lock<std::mutex> lock(mu_);
-  if (sent && stopped_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return running_ == 0; })) return;
+  if (sent && stopped_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return stopped_; })) return;
   for (auto& st : streams_) st->stop();
-  if (!stopped_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return running_ == 0; }))
+  if (!stopped_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return stopped_; }))
     DMX_LOG_ERROR("endpoint to {}: workers did not stop within 30 s of close", session_.peer);
 }
 
