@@ -46,19 +46,20 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     sc.busy_poll = p.busy_poll;
     ep->streams_.push_back(std::make_unique<tcp::Stream>(sc, std::move(fds[i]), ep.get(), &ep->ctx_->staging()));
   }
-  ep->running_ = static_cast<int>(ep->streams_.size());
-  for (auto& s : ep->streams_) s->start(ep);
-  // No keep-alive for paths: stop_paths() waits for every on_path_stopped, so the endpoint is
-  // never destroyed on a path's own thread (which could then not join itself).
+  DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
+               ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));
+  for (auto& ps : ep->paths_)
+    if (ps.path) DMX_LOG_INFO("endpoint to {}: {}", ep->session_.peer, ps.path->describe());
+  // Paths first, streams last: once a stream runs it may stop the paths (stop_paths) at any time,
+  // so nothing here touches them after that. No keep-alive for paths: stop_paths() waits for every
+  // on_path_stopped, so the endpoint is never destroyed on a path's own thread.
   for (auto& ps : ep->paths_)
     if (ps.path) {
       ++ep->paths_running_;
       ps.path->start(ep.get(), nullptr);
     }
-  DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
-               ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));
-  for (auto& ps : ep->paths_)
-    if (ps.path) DMX_LOG_INFO("endpoint to {}: {}", ep->session_.peer, ps.path->describe());
+  ep->running_ = static_cast<int>(ep->streams_.size());
+  for (auto& s : ep->streams_) s->start(ep);
   return ep;
 }
 
