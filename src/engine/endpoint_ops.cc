@@ -573,7 +573,8 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
   while (!tx_.empty()) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
-    PayloadPath* path = has_paths_ ? path_for(t.where, t.accepts) : nullptr;
+    // An empty transfer (one empty chunk) always goes inline: no path has anything to move.
+    PayloadPath* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts) : nullptr;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
     if (path != nullptr && paths_[static_cast<int>(path->kind())].tx.size() >= kPathWindow) return false;
     uint64_t len = std::min<uint64_t>(path ? path->max_chunk() : session_.chunk_size, op.total - t.next);

@@ -99,6 +99,27 @@ TEST_P(Transfer, WriteAndReadOneSided) {
   EXPECT_TRUE(std::equal(again.begin(), again.end(), src.data.begin() + 7));
 }
 
+// Empty one-sided operations complete (with the notification) on every path, like empty sends.
+TEST_P(Transfer, ZeroByteWriteAndRead) {
+  Pair p = connect_pair();
+  Buffer target = poisoned(dst_, 64);
+  auto reg = p.ctx.register_memory(target.region());
+  ASSERT_TRUE(reg.ok());
+  Buffer local = poisoned(src_, 64);
+  OpOptions o;
+  o.notify = true;
+  o.notify_value = 7;
+  Request w = p.client.write(local.region().sub(3, 0), reg->remote(), 10, o);
+  ASSERT_TRUE(w.wait(10s).ok()) << w.status().to_string();
+  auto note = p.server.next_notification(10s);
+  ASSERT_TRUE(note.ok()) << note.status().to_string();
+  EXPECT_EQ(note->length, 0u);
+  Request r = p.client.read(local.region().sub(5, 0), reg->remote(), 20);
+  ASSERT_TRUE(r.wait(10s).ok()) << r.status().to_string();
+  EXPECT_EQ(r.bytes(), 0u);
+  for (unsigned char c : read_back(target.region())) ASSERT_EQ(c, 0xA5);
+}
+
 #define DMX_KIND_PAIRS(t)                                                                                   \
   KindPair{"host", "host", t}, KindPair{"host", "sim", t}, KindPair{"sim", "host", t},                      \
       KindPair{"sim", "sim:1", t}, KindPair{"cuda:0", "cuda:0", t}, KindPair{"cuda:0", "host", t},          \
