@@ -326,11 +326,11 @@ void EndpointImpl::stop(std::shared_ptr<OpState> op, Status why) {
       }
       [[fallthrough]];
     case OpType::kWrite:
+    case OpType::kReadResponse:  // chunks not yet handed out are dropped
       std::erase_if(tx_, [&](const Transfer& t) { return t.op == op; });
       has_tx_.store(!tx_.empty(), std::memory_order_release);
       break;
     case OpType::kRead:
-    case OpType::kReadResponse:
       break;
   }
   op->phase = OpPhase::kStopping;
@@ -605,9 +605,7 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     }
     if (path != nullptr) {
       if (Status st = post_path_chunk(path, t, len, out); !st.ok()) {
-        auto failed = t.op;
-        stop(failed, st);
-        std::erase_if(tx_, [&](const Transfer& x) { return x.op == failed; });  // read responses too
+        stop(t.op, st);  // removes the transfer
         continue;
       }
       return true;
