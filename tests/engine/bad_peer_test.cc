@@ -165,32 +165,24 @@ TEST(BadPeer, MoreDataThanAnnounced) {
 }
 
 // A peer that did not agree a payload path may not use one, nor release chunks it never got.
-TEST(BadPeer, PayloadPathThatWasNotAgreed) {
+void expect_unagreed_path_refused(uint8_t flag, std::string_view text) {
   Rendezvous z;
   ASSERT_NO_FATAL_FAILURE(z.start());
   FrameHeader d = frame(FrameType::kSendData, z.token, 0, 100);
-  d.flags = wire::kFlagPathShm;
+  d.flags = flag;
   d.payload_len = 8;
   std::vector<unsigned char> len(8, 0);
-  len[0] = 100;
+  len[0] = 100;  // the descriptor of both paths: the chunk length
   ASSERT_TRUE(z.peer->send(d, len).ok());
   Status st = z.r.wait(5s);
   EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
-  EXPECT_NE(st.message().find("not agreed"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find(text), std::string::npos) << st.to_string();
 }
 
+TEST(BadPeer, PayloadPathThatWasNotAgreed) { expect_unagreed_path_refused(wire::kFlagPathShm, "not agreed"); }
+
 TEST(BadPeer, DevmemChunkThatWasNotAgreed) {
-  Rendezvous z;
-  ASSERT_NO_FATAL_FAILURE(z.start());
-  FrameHeader d = frame(FrameType::kSendData, z.token, 0, 100);
-  d.flags = wire::kFlagPathDevmem;
-  d.payload_len = 8;
-  std::vector<unsigned char> len(8, 0);
-  len[0] = 100;
-  ASSERT_TRUE(z.peer->send(d, len).ok());
-  Status st = z.r.wait(5s);
-  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
-  EXPECT_NE(st.message().find("devmem path, which was not agreed"), std::string::npos) << st.to_string();
+  expect_unagreed_path_refused(wire::kFlagPathDevmem, "devmem path, which was not agreed");
 }
 
 // READ_REQ a3 / CTS a1 may name only agreed paths that need the receiver's consent (devmem).
