@@ -253,15 +253,15 @@ void KernelDouble::complete(size_t n) {
   }
 }
 
-ssize_t KernelDouble::recv_errqueue(msghdr* msg) {
+ssize_t recv_zerocopy_notification(ZerocopyQueue& queue, msghdr* msg) {
   msg->msg_flags = 0;
-  if (errqueue_.empty()) return -EAGAIN;
+  if (queue.empty()) return -EAGAIN;
   if (msg->msg_controllen < CMSG_SPACE(sizeof(sock_extended_err))) {
     msg->msg_flags |= MSG_CTRUNC;
     return -EAGAIN;
   }
-  auto [lo, hi] = errqueue_.front();
-  errqueue_.pop_front();
+  auto [lo, hi] = queue.front();
+  queue.pop_front();
   sock_extended_err ee{};
   ee.ee_origin = SO_EE_ORIGIN_ZEROCOPY;
   ee.ee_info = lo;
@@ -274,6 +274,8 @@ ssize_t KernelDouble::recv_errqueue(msghdr* msg) {
   msg->msg_controllen = CMSG_SPACE(sizeof ee);
   return 0;
 }
+
+ssize_t KernelDouble::recv_errqueue(msghdr* msg) { return recv_zerocopy_notification(errqueue_, msg); }
 
 int KernelDouble::setsockopt(int level, int name, const void* value, socklen_t len) {
   if (level != SOL_SOCKET) return -ENOPROTOOPT;

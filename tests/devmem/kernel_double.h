@@ -34,6 +34,13 @@
 
 namespace dmx::devmem::testing {
 
+// A zerocopy completion queue as the kernel keeps it: [lo, hi] ranges of send ids.
+using ZerocopyQueue = std::deque<std::pair<uint32_t, uint32_t>>;
+// recvmsg(MSG_ERRQUEUE) on `queue`, as Linux answers it: -EAGAIN when empty, MSG_CTRUNC (and the
+// notification kept) when the control buffer is too small, else one IP_RECVERR cmsg for the
+// oldest range. Shared by the doubles.
+ssize_t recv_zerocopy_notification(ZerocopyQueue& queue, msghdr* msg);
+
 struct RxLayout {
   uint32_t mss = 4096;          // payload bytes per "packet"
   double linear_fraction = 0;   // probability a packet's payload lands in the linear area
@@ -128,7 +135,7 @@ class KernelDouble final : public KernelSocket {
   std::deque<InFlight> inflight_;
   size_t inflight_bytes_ = 0;
   uint32_t zc_id_ = 0;
-  std::deque<std::pair<uint32_t, uint32_t>> errqueue_;  // [lo, hi]
+  ZerocopyQueue errqueue_;
 };
 
 // NetlinkOps double: binding ids, scripted errors, and whether bindings are still open.

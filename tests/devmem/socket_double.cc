@@ -1,5 +1,7 @@
 #include "devmem/socket_double.h"
 
+#include "devmem/kernel_double.h"
+
 #include <linux/errqueue.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -218,26 +220,8 @@ class SimSocket final : public KernelSocket {
   }
 
   ssize_t recv_errqueue(msghdr* msg) {
-    msg->msg_flags = 0;
     if (!inflight_.empty() && std::uniform_int_distribution<int>(0, 1)(st_->rng) == 0) complete_inflight();
-    if (errqueue_.empty()) return -EAGAIN;
-    if (msg->msg_controllen < CMSG_SPACE(sizeof(sock_extended_err))) {
-      msg->msg_flags |= MSG_CTRUNC;
-      return -EAGAIN;
-    }
-    auto [lo, hi] = errqueue_.front();
-    errqueue_.pop_front();
-    sock_extended_err ee{};
-    ee.ee_origin = SO_EE_ORIGIN_ZEROCOPY;
-    ee.ee_info = lo;
-    ee.ee_data = hi;
-    auto* c = static_cast<cmsghdr*>(msg->msg_control);
-    c->cmsg_level = SOL_IP;
-    c->cmsg_type = IP_RECVERR;
-    c->cmsg_len = CMSG_LEN(sizeof ee);
-    std::memcpy(CMSG_DATA(c), &ee, sizeof ee);
-    msg->msg_controllen = CMSG_SPACE(sizeof ee);
-    return 0;
+    return recv_zerocopy_notification(errqueue_, msg);
   }
 
   ssize_t recv_devmem(msghdr* msg, int flags) {
@@ -381,7 +365,7 @@ class SimSocket final : public KernelSocket {
   std::string bound_dev_;
   uint32_t zc_id_ = 0;
   std::deque<InFlight> inflight_;
-  std::deque<std::pair<uint32_t, uint32_t>> errqueue_;
+  ZerocopyQueue errqueue_;
   std::vector<uint8_t> peek_;
 };
 
