@@ -10,6 +10,7 @@
 
 #include "memory/backend.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
+#include "transport/gpu_children.h"
 #include "transport/transport_test_util.h"
 
 namespace dmx::cuda_ipc {
@@ -18,43 +19,8 @@ namespace {
 using shm::UnixChannel;
 using testing::check_pattern;
 using testing::fill_pattern;
+using testing::probe_gpus;
 using testing::secs;
-
-#define CHILD_CHECK(cond, code)                                                 \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      fprintf(stderr, "child %d: check failed: %s (line %d)\n", ::getpid(), #cond, __LINE__); \
-      return code;                                                              \
-    }                                                                           \
-  } while (0)
-
-// Number of GPUs usable for cuda_ipc, probed in a child; 0 and the reason when none.
-int probe_gpus(std::string* reason) {
-  int fds[2];
-  if (::pipe(fds) != 0) return 0;
-  pid_t child = testing::fork_child([&] {
-    Status s = available();
-    auto n = cuda_device_count();
-    std::string msg = s.ok() ? (n.ok() ? std::to_string(*n) : "0" + n.status().message()) : "0" + s.message();
-    (void)!::write(fds[1], msg.data(), msg.size());
-    return 0;
-  });
-  ::close(fds[1]);
-  char buf[1024] = {};
-  ssize_t got = ::read(fds[0], buf, sizeof buf - 1);
-  ::close(fds[0]);
-  testing::wait_child(child);
-  std::string text(buf, got > 0 ? size_t(got) : 0);
-  if (text.empty()) {
-    *reason = "GPU probe child failed";
-    return 0;
-  }
-  if (text[0] == '0') {
-    *reason = text.size() > 1 ? text.substr(1) : "no CUDA device";
-    return 0;
-  }
-  return std::stoi(text);
-}
 
 std::vector<std::byte> bytes_of(std::string_view s) {
   return {reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size()};
