@@ -455,6 +455,16 @@ def scenario_gpu_staged(runner, args):
     return result
 
 
+def dmx_same_host_runs(runner, dmx, args, mem, peer_mem, sizes, result):
+    """dmx two processes at each stream count (--transport, default auto); collects the rows in
+    result["dmx"] and yields (streams, rows by size) unless this is a dry run."""
+    for n in refutil.parse_int_list(args.streams or "1"):
+        rows = dmx_pair(runner, dmx, args, mem, peer_mem, n, sizes, args.transport or "auto")
+        result["dmx"] += rows
+        if not args.dry_run:
+            yield n, by_size(rows)
+
+
 def scenario_same_host(runner, args):
     sizes = args.sizes or "8,1M,256M"
     large = refutil.parse_size(args.large)
@@ -473,12 +483,7 @@ def scenario_same_host(runner, args):
                 best[s] = r
     nccl = by_size(p2p, ref="nccl-p2p")
     result = {"dmx": [], "refs": peer + p2p, "table": [], "targets": []}
-    for n in refutil.parse_int_list(args.streams or "1"):
-        rows = dmx_pair(runner, dmx, args, "cuda:0", "cuda:1", n, sizes, args.transport or "auto")
-        result["dmx"] += rows
-        if args.dry_run:
-            continue
-        g = by_size(rows)
+    for n, g in dmx_same_host_runs(runner, dmx, args, "cuda:0", "cuda:1", sizes, result):
         for size in sorted(g):
             rate = g[size].get("gb_per_s")
             b = best.get(size, {})
@@ -523,12 +528,7 @@ def scenario_shm_host(runner, args):
                   "memcpy_host.py", timeout=args.timeout)
     mc = by_size(ref, ref="memcpy-host")
     result = {"dmx": [], "refs": ref, "table": [], "targets": []}
-    for n in refutil.parse_int_list(args.streams or "1"):
-        rows = dmx_pair(runner, dmx, args, "host", "host", n, sizes, args.transport or "auto")
-        result["dmx"] += rows
-        if args.dry_run:
-            continue
-        g = by_size(rows)
+    for n, g in dmx_same_host_runs(runner, dmx, args, "host", "host", sizes, result):
         for size in sorted(g):
             rate = g[size].get("gb_per_s")
             result["table"].append({
