@@ -193,6 +193,15 @@ class EndpointImpl final : public tcp::StreamHost,
   mutable std::mutex mu_;
   Status status_;  // sticky: ok until the endpoint fails or closes
   int running_ = 0;  // workers not yet stopped
+  // Worker threads that still hold this endpoint. Shared, so that a thread can say it let go
+  // after the endpoint may be gone; close() waits for 0, so the endpoint is destroyed by its
+  // owner, not by a detached worker racing the process's exit.
+  struct Holders {
+    std::mutex mu;
+    std::condition_variable cv;
+    int count = 0;
+  };
+  std::shared_ptr<Holders> holders_ = std::make_shared<Holders>();
   bool stopped_ = false;  // every worker and path has stopped and fail_all() ran
   std::condition_variable stopped_cv_;
   bool delivering_ = false, redeliver_ = false;

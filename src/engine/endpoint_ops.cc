@@ -59,7 +59,13 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
       ps.path->start(ep.get(), nullptr);
     }
   ep->running_ = static_cast<int>(ep->streams_.size());
-  for (auto& s : ep->streams_) s->start(ep);
+  ep->holders_->count = ep->running_;
+  for (auto& s : ep->streams_)
+    s->start(ep, [h = ep->holders_] {
+      std::lock_guard<std::mutex> g(h->mu);
+      --h->count;
+      h->cv.notify_all();  // under the lock: the waiter may release `h` right after
+    });
   return ep;
 }
 
@@ -486,11 +492,22 @@ void EndpointImpl::close() {
     for (auto& st : streams_) st->stop();
     return;
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  if (sent && stopped_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return stopped_; })) return;
-  for (auto& st : streams_) st->stop();
-  if (!stopped_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return stopped_; }))
-    DMX_LOG_ERROR("endpoint to {}: workers did not stop within 30 s of close", session_.peer);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    bool done = sent && stopped_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return stopped_; });
+    if (!done) {
+      for (auto& st : streams_) st->stop();
+      if (!stopped_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return stopped_; })) {
+        DMX_LOG_ERROR("endpoint to {}: workers did not stop within 30 s of close", session_.peer);
+        return;
+      }
+    }
+  }
+  // The workers are done with user memory; wait until they have also let go of this endpoint.
+  std::shared_ptr<Holders> h = holders_;
+  std::unique_lock<std::mutex> g(h->mu);
+  if (!h->cv.wait_for(g, std::chrono::seconds(5), [&] { return h->count == 0; }))
+    DMX_LOG_WARN("endpoint to {}: a worker still holds the endpoint 5 s after it stopped", session_.peer);
 }
 
 void EndpointImpl::on_tick() {

@@ -35,11 +35,13 @@ Stream::~Stream() {
   // The worker is detached (it may be the thread destroying us); by contract it has exited.
 }
 
-void Stream::start(std::shared_ptr<void> keep_alive) {
-  thread_ = std::thread([this, keep = std::move(keep_alive)]() mutable {
+void Stream::start(std::shared_ptr<void> keep_alive, std::function<void()> after_exit) {
+  thread_ = std::thread([this, keep = std::move(keep_alive), done = std::move(after_exit)]() mutable {
     run();
-    // Drop the host last: if it is the final reference, the host (and this Stream) die here.
-    std::shared_ptr<void> drop = std::move(keep);
+    std::function<void()> last = std::move(done);
+    // Drop the host: if it is the final reference, the host (and this Stream) die here.
+    { std::shared_ptr<void> drop = std::move(keep); }
+    if (last) last();
   });
   worker_id_ = thread_.get_id();
   thread_.detach();

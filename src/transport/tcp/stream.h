@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -110,7 +111,9 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
 
   // Starts the worker; it holds `keep_alive` (the host) until it has exited.
-  void start(std::shared_ptr<void> keep_alive);
+  // `after_exit` runs as the thread's very last step, after `keep_alive` was dropped (so it must
+  // not touch the host or this Stream): it lets the host wait until no worker holds it any more.
+  void start(std::shared_ptr<void> keep_alive, std::function<void()> after_exit = {});
   void push_control(TxItem item);  // any thread
   void wake();                     // any thread: chunks may be available
   // Any thread: the worker stops at once; the socket is shut down so the peer learns now.
