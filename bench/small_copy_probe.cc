@@ -4,9 +4,12 @@
 //   small_copy_probe [--iters N] [--device D]
 //
 // Methods: cudaMemcpyAsync to/from pinned memory completed by polling an event, or by polling the
-// stream; synchronous cudaMemcpy; and whether the CPU can map device memory through a dmabuf
-// (mmap of the fd from cuMemGetHandleForAddressRange) — if it can, small payloads need no copy
-// engine at all.
+// stream, or by spinning on a host word the stream writes after the copy (cuStreamWriteValue32);
+// synchronous cudaMemcpy; an 8-byte host->device store done by the stream itself
+// (cuStreamWriteValue64: no copy engine, no SM); a one-thread kernel that copies 8 bytes; with two
+// GPUs, an 8-byte peer copy; and whether the CPU can map device memory through a dmabuf (mmap of
+// the fd from cuMemGetHandleForAddressRange) — if it can, small payloads need no copy engine at all.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -47,6 +50,8 @@ void measure(const char* method, int iters, F&& once) {
 }
 
 }  // namespace
+
+cudaError_t probe_launch_copy8(const void* src, void* dst, uint32_t* flag_dev, uint32_t seq, cudaStream_t s);
 
 int main(int argc, char** argv) {
   int iters = 2000, device = 0;
@@ -90,6 +95,78 @@ int main(int argc, char** argv) {
   });
   measure("d2h_sync_memcpy", iters, [&] { return cudaMemcpy(host, dev, 8, cudaMemcpyDeviceToHost) == cudaSuccess; });
   measure("h2d_sync_memcpy", iters, [&] { return cudaMemcpy(dev, host, 8, cudaMemcpyHostToDevice) == cudaSuccess; });
+
+  // Completion by a host word the stream writes after the work (no event query per poll).
+  using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
+  using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+  WriteValue32 write32 = nullptr;
+  WriteValue64 write64 = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", reinterpret_cast<void**>(&write32), 12000, cudaEnableDefault, &q);
+  cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", reinterpret_cast<void**>(&write64), 12000, cudaEnableDefault, &q);
+  volatile uint32_t* flag = static_cast<volatile uint32_t*>(host) + 512;  // inside the pinned page
+  void* flag_dev = nullptr;
+  cudaHostGetDevicePointer(&flag_dev, const_cast<uint32_t*>(flag), 0);
+  uint32_t seq = 0;
+  auto flag_done = [&] {
+    if (write32(s, reinterpret_cast<CUdeviceptr>(flag_dev), ++seq, 0) != CUDA_SUCCESS) return false;
+    while (*flag != seq) {
+    }
+    return true;
+  };
+  if (write32 == nullptr || write64 == nullptr || flag_dev == nullptr) {
+    std::printf("{\"method\":\"stream_write_value\",\"error\":\"cuStreamWriteValue32/64 not available\"}\n");
+  } else {
+    measure("stream_flag_only", iters, [&] { return flag_done(); });
+    measure("d2h_async_flag_poll", iters, [&] {
+      cudaMemcpyAsync(host, dev, 8, cudaMemcpyDeviceToHost, s);
+      return flag_done();
+    });
+    measure("h2d_async_flag_poll", iters, [&] {
+      cudaMemcpyAsync(dev, host, 8, cudaMemcpyHostToDevice, s);
+      return flag_done();
+    });
+    uint64_t value = 0x0123456789abcdefull;
+    measure("h2d_write_value64_flag_poll", iters, [&] {
+      if (write64(s, reinterpret_cast<CUdeviceptr>(dev), ++value, 0) != CUDA_SUCCESS) return false;
+      return flag_done();
+    });
+    uint64_t back = 0;
+    cudaMemcpy(&back, dev, 8, cudaMemcpyDeviceToHost);
+    std::printf("{\"method\":\"h2d_write_value64\",\"value_landed\":%s}\n", back == value ? "true" : "false");
+    void* host_dev = nullptr;
+    cudaHostGetDevicePointer(&host_dev, host, 0);
+    measure("d2h_kernel_flag_poll", iters, [&] {
+      return probe_launch_copy8(dev, host_dev, static_cast<uint32_t*>(flag_dev), ++seq, s) == cudaSuccess &&
+             [&] { while (*flag != seq) {} return true; }();
+    });
+    measure("h2d_kernel_flag_poll", iters, [&] {
+      return probe_launch_copy8(host_dev, dev, static_cast<uint32_t*>(flag_dev), ++seq, s) == cudaSuccess &&
+             [&] { while (*flag != seq) {} return true; }();
+    });
+    int n = 0;
+    cudaGetDeviceCount(&n);
+    if (n > 1) {
+      void* peer = nullptr;
+      cudaSetDevice(1);
+      cudaMalloc(&peer, 4096);
+      cudaSetDevice(device);
+      cudaDeviceEnablePeerAccess(1, 0);
+      measure("d2d_peer_async_event_poll", iters, [&] {
+        cudaMemcpyPeerAsync(peer, 1, dev, device, 8, s);
+        cudaEventRecord(e, s);
+        return spin_event();
+      });
+      measure("d2d_peer_async_flag_poll", iters, [&] {
+        cudaMemcpyPeerAsync(peer, 1, dev, device, 8, s);
+        return flag_done();
+      });
+      measure("d2d_peer_kernel_flag_poll", iters, [&] {
+        return probe_launch_copy8(dev, peer, static_cast<uint32_t*>(flag_dev), ++seq, s) == cudaSuccess &&
+               [&] { while (*flag != seq) {} return true; }();
+      });
+    }
+  }
 
   int fd = -1;
   auto err = dmx::cuda::driver::get_dmabuf_fd(dev, kMap, false, &fd);
