@@ -17,7 +17,9 @@
 // failed for good: every pending and later operation completes with that error. Make a new link.
 #pragma once
 
+#include <poll.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <chrono>
 #include <cstddef>
@@ -197,6 +199,60 @@ class ShmLink {
   // peer could overwrite them.
   virtual void* debug_rx_ring_control() = 0;
   virtual void* debug_rx_slot_header(uint32_t slot) = 0;
+};
+
+// ---- the shm pipe ----------------------------------------------------------------------------
+
+struct PipeOptions {
+  size_t ring_bytes = 1 << 20;  // per direction; a power of two, 4 KiB .. 64 MiB
+};
+
+// A bidirectional byte stream (like a connected SOCK_STREAM socket, non-blocking) between two
+// processes of one host: one byte ring per direction in a sealed memfd, an eventfd doorbell per
+// side. Everything read from shared memory is untrusted (validated before use): a peer that moves
+// its counters out of bounds breaks the pipe with kProtocol, never makes us touch memory outside
+// the ring. Bootstrap: as ShmLink's (one side create(), the other accept(), over a UnixChannel).
+// Threading: one owner thread calls everything, except shutdown() (any thread; not concurrently
+// with the destructor). Destroying a pipe shuts it down.
+// Recovery contract: once write() or read() failed, the pipe is broken for good; make a new one.
+class ShmPipe {
+ public:
+  virtual ~ShmPipe() = default;
+  // The creating side (makes the memfd and its eventfd, sends them over `channel`) and the
+  // accepting side (receives, validates, maps). Both take the channel over (its hang-up is how
+  // each side learns that the other died).
+  static Result<std::unique_ptr<ShmPipe>> create(UnixChannel channel, const PipeOptions& options, Deadline deadline);
+  static Result<std::unique_ptr<ShmPipe>> accept(UnixChannel channel, Deadline deadline);
+
+  // Copies as much of the buffers as fits; returns the bytes written (0 when the ring is full).
+  // Rings the peer when it is asleep waiting for data. Error: the pipe is broken (shut down,
+  // peer gone, corrupt ring: see error()).
+  virtual Result<size_t> write(std::span<const iovec> buffers) = 0;
+  // Copies up to n available bytes; returns how many (0 when nothing is there). After the peer
+  // shut down or died, and once every byte it published has been read: kPeerFailed "closed by
+  // the peer (pid N)". Rings the peer when it is asleep waiting for room. An empty read costs no
+  // system call, except a non-blocking look at the side channel about once a millisecond (every
+  // few hundred empty reads) and at the first empty read after disarm().
+  virtual Result<size_t> read(void* dst, size_t n) = 0;
+
+  // Sleeping: arm(want_room) announces that this side is about to sleep waiting for data (and,
+  // with want_room, for free space to write); it returns false when there is something to do
+  // already (bytes to read, or room when want_room; or the pipe is closed or broken) — then do
+  // not sleep (arm() has withdrawn the announcement; disarm() is not needed). Otherwise poll the
+  // pollfds() for POLLIN (the eventfd doorbell; the side channel with POLLIN|POLLRDHUP, which
+  // reports the peer's death), then call disarm() (which also drains the eventfd).
+  virtual bool arm(bool want_room) = 0;
+  virtual void disarm() = 0;
+  // Fills up to 2 pollfds (doorbell, side channel); returns how many.
+  virtual int pollfds(pollfd* out) const = 0;
+
+  // Any thread, idempotent: this side is done. Our later write()/read() fail (kClosed); the
+  // peer reads what we published, then kPeerFailed "closed by the peer"; a sleeping peer is
+  // woken, and so is our own owner thread if it sleeps on our doorbell.
+  virtual void shutdown() = 0;
+  virtual const Status& error() const = 0;  // ok until broken (as the owner thread last saw it)
+  virtual std::string peer_name() const = 0;  // "pid 1234"
+  virtual uint64_t wakeups_sent() const = 0;  // eventfd writes to the peer (it was asleep)
 };
 
 }  // namespace dmx::shm
