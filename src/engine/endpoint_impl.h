@@ -30,7 +30,9 @@ struct Session {
   uint64_t peer_unexpected_budget = 0;  // EAGER bytes the peer buffers for us
   std::string peer;                     // "10.0.0.2:7000"
   std::string transport = "tcp";
-  uint64_t paths = 0;  // wire::kTransportShm | kTransportCudaIpc | kTransportDevmem: paths beside the streams
+  // wire::kTransportShm | kTransportCudaIpc | kTransportDevmem: paths beside the streams;
+  // | kTransportControlPipe: stream 0 runs on an shm pipe.
+  uint64_t paths = 0;
   std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
   std::string reason;
 };
@@ -39,8 +41,9 @@ class EndpointImpl final : public tcp::StreamHost,
                            public PayloadPath::Events,
                            public std::enable_shared_from_this<EndpointImpl> {
  public:
+  // One stream per conduit (stream 0 first: the control stream).
   static std::shared_ptr<EndpointImpl> create(std::shared_ptr<ContextImpl> ctx, Session session,
-                                              std::vector<UniqueFd> fds,
+                                              std::vector<std::unique_ptr<tcp::Conduit>> conduits,
                                               std::vector<std::unique_ptr<PayloadPath>> paths = {});
   ~EndpointImpl() override;
 
@@ -84,6 +87,9 @@ class EndpointImpl final : public tcp::StreamHost,
       wire::FrameHeader header;
       uint64_t len = 0;
       bool counted = false;  // an op's inflight was raised for it
+      // EAGER by path: where the message lands (plan_eager's host_tag and ctx).
+      int host_tag = 0;
+      std::shared_ptr<void> ctx;
     };
     std::unordered_map<uint64_t, Tx> tx;
     std::unordered_map<uint64_t, Rx> rx;
@@ -155,11 +161,20 @@ class EndpointImpl final : public tcp::StreamHost,
   Status post_path_chunk(PayloadPath* path, Transfer& t, uint64_t len, tcp::TxItem* out);
   // A path-flagged data header with its descriptor arrived on stream 0. Caller holds mu_.
   Status on_path_header(const wire::FrameHeader& h, const std::vector<unsigned char>& desc);
+  // An EAGER whose bytes stay in the sender's memory until this side copies them out by a
+  // receiver-releases path (cuda_ipc): into the matched recv, or else into an unexpected buffer at
+  // once (so the sender's memory is released promptly, as for any eager message). Caller holds mu_.
+  Status on_path_eager(const wire::FrameHeader& h, const std::vector<unsigned char>& desc);
+  // The eager path for a send from `src`, or null (inline eager). Caller holds mu_.
+  PayloadPath* eager_path(const MemSpec& src) const;
   void stop_paths();
   static EndpointStats::PathUse path_use(const PayloadPath& p);
 
   // Receive side (endpoint_rx.cc).
-  Result<tcp::RxPlan> plan_eager(const wire::FrameHeader& h);
+  // `len`: the message length (the frame's payload, or what a path's descriptor announced).
+  Result<tcp::RxPlan> plan_eager(const wire::FrameHeader& h, uint64_t len);
+  // An eager message's bytes are in place (plan_eager's host_tag and ctx). Caller holds mu_.
+  void eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len);
   Status on_rts(const wire::FrameHeader& h);
   void accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_t msg, uint64_t size, uint64_t tag);
   // `len`: the chunk's length (the frame's payload, or what a path's descriptor announced).

@@ -25,7 +25,7 @@ Status region_problem(const MemRegion& r, std::string_view what) {
 }  // namespace
 
 std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> ctx, Session session,
-                                                   std::vector<UniqueFd> fds,
+                                                   std::vector<std::unique_ptr<tcp::Conduit>> conduits,
                                                    std::vector<std::unique_ptr<PayloadPath>> paths) {
   auto ep = std::shared_ptr<EndpointImpl>(new EndpointImpl(std::move(ctx), std::move(session)));
   for (auto& p : paths) {
@@ -34,7 +34,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     ep->has_paths_ = true;
   }
   const EngineParams& p = ep->params_;
-  for (size_t i = 0; i < fds.size(); ++i) {
+  for (size_t i = 0; i < conduits.size(); ++i) {
     tcp::StreamConfig sc;
     sc.index = static_cast<int>(i);
     sc.chunk_size = ep->session_.chunk_size;
@@ -44,7 +44,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     sc.peer_timeout = p.peer_timeout;
     sc.peer = ep->session_.peer;
     sc.busy_poll = p.busy_poll;
-    ep->streams_.push_back(std::make_unique<tcp::Stream>(sc, std::move(fds[i]), ep.get(), &ep->ctx_->staging()));
+    ep->streams_.push_back(std::make_unique<tcp::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
   }
   DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
                ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));
@@ -156,7 +156,13 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
       op->eager = true;
       op->phase = OpPhase::kActive;
       h.type = FrameType::kEager;
-      if (src.where.is_device()) {
+      if (src.size > 0 && eager_path(src.where) != nullptr) {
+        // The receiver copies the bytes out of `src` (one device copy, no staging); stream 0
+        // writes the header in order with the path's other chunks; PATH_DONE completes the send.
+        tx_.push_back(Transfer{op, FrameType::kEager, static_cast<const char*>(src.ptr), src.where});
+        has_tx_.store(true, std::memory_order_release);
+        streams_[0]->wake();
+      } else if (src.where.is_device()) {
         tcp::TxItem item;
         item.header = h;
         item.src = src.ptr;
@@ -615,6 +621,9 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
         h.a3 = op.notify_value;
         h.flags = op.notify ? wire::kFlagNotify : 0;
         break;
+      case FrameType::kEager:  // by a path (eager_path); inline when the path has gone meanwhile
+        h.a0 = op.tag;
+        break;
       default:  // kReadData
         h.a0 = t.next;
         h.a1 = op.total;
@@ -622,6 +631,12 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     }
     if (path != nullptr) {
       if (Status st = post_path_chunk(path, t, len, out); !st.ok()) {
+        if (op.eager) {  // cannot be stopped: it ends here
+          auto failed = t.op;
+          tx_.pop_front();
+          finish(*failed, st);
+          continue;
+        }
         stop(t.op, st);  // removes the transfer
         continue;
       }
@@ -658,6 +673,7 @@ void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {
 void EndpointImpl::chunk_sent(const std::shared_ptr<OpState>& op, uint64_t len, const Status& s) {
   --op->inflight;
   if (s.ok()) op->done += len;
+  else if (op->eager) finish(*op, s);  // an eager send by a path: one chunk, not stoppable
   else stop(op, s);
   if (op->phase == OpPhase::kStopping) {
     settle_stopped(op);

@@ -103,6 +103,34 @@ Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsi
   return Status();
 }
 
+PayloadPath* EndpointImpl::eager_path(const MemSpec& src) const {
+  const auto& p = paths_[static_cast<int>(PathKind::kCudaIpc)].path;
+  return p && p->receiver_releases() && p->carries(src) ? p.get() : nullptr;
+}
+
+Status EndpointImpl::on_path_eager(const FrameHeader& h, const std::vector<unsigned char>& desc) {
+  PathKind k = kind_of(h.flags);
+  PathState& ps = paths_[static_cast<int>(k)];
+  if (!ps.path || !ps.path->receiver_releases())
+    return Status(Code::kProtocol, fmt::format("{} uses the {} path, which was not agreed or cannot carry eager messages",
+                                               wire::describe(h), path_name(k)));
+  auto len = ps.path->chunk_length(desc);
+  if (!len.ok()) return Status(Code::kProtocol, fmt::format("{}: {}", wire::describe(h), len.status().message()));
+  if (*len == 0 || *len > params_.eager_limit)
+    return Status(Code::kProtocol, fmt::format("{} announces {} bytes; an eager message has 1 to {}", wire::describe(h),
+                                               *len, params_.eager_limit));
+  DMX_ASSIGN_OR_RETURN(tcp::RxPlan plan, plan_eager(h, *len));
+  uint64_t seq = ps.rx_seq++;
+  MemRegion dst{nullptr, *len, {}};
+  if (plan.kind != tcp::RxPlan::Kind::kDiscard) dst = MemRegion{plan.dst, *len, plan.where};
+  ps.rx[seq] = PathState::Rx{h, *len, false, plan.host_tag, plan.ctx};
+  if (Status s = ps.path->post_rx(seq, desc, dst); !s.ok()) {
+    ps.rx.erase(seq);
+    return Status(s.code(), fmt::format("an eager message by {} could not be taken: {}", path_name(k), s.message()));
+  }
+  return Status();
+}
+
 void EndpointImpl::on_path_tx_done(PathKind path, uint64_t seq, const Status& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -128,7 +156,11 @@ void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s)
     auto rx = std::move(it->second);
     ps.rx.erase(it);
     const FrameHeader& h = rx.header;
-    if (h.type == FrameType::kWriteData) {
+    if (h.type == FrameType::kEager) {
+      // A failed copy of an eager message has no one to tell but this side: fail the endpoint.
+      if (s.ok()) eager_landed(rx.host_tag, rx.ctx, rx.len);
+      else st = Status(s.code(), fmt::format("an eager message by {} was not copied: {}", path_name(path), s.message()));
+    } else if (h.type == FrameType::kWriteData) {
       land_write(h, rx.len, s);
       noted = (h.flags & wire::kFlagNotify) != 0;
     } else {

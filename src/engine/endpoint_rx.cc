@@ -39,7 +39,13 @@ Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
   std::lock_guard<std::mutex> lock(mu_);
   switch (h.type) {
     case FrameType::kEager:
-      return plan_eager(h);
+      if (h.flags & wire::kPathFlags) {  // the payload is the path's descriptor of the message
+        if (stream != 0) return protocol(fmt::format("{} arrived on stream {}, not 0", wire::describe(h), stream));
+        tcp::RxPlan p;
+        p.kind = tcp::RxPlan::Kind::kControl;
+        return p;
+      }
+      return plan_eager(h, h.payload_len);
     case FrameType::kSendData:
     case FrameType::kReadData:
     case FrameType::kWriteData:
@@ -77,21 +83,8 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
     std::lock_guard<std::mutex> lock(mu_);
     switch (h.type) {
       case FrameType::kEager:
-        if (plan.host_tag == kTagEagerMatched) {
-          auto op = std::static_pointer_cast<OpState>(plan.ctx);
-          op->done = h.payload_len;
-          --op->inflight;
-          if (op->phase == OpPhase::kStopping) settle_stopped(op);
-          else finish(*op, Status());
-        } else if (plan.host_tag == kTagEagerUnexpected) {
-          auto u = std::static_pointer_cast<Unexpected>(plan.ctx);
-          u->landed = true;
-          if (u->waiting) {
-            auto op = u->waiting;
-            Status s = consume_unexpected(u, op);
-            if (!s.ok()) finish(*op, s);
-          }
-        }
+        if (h.flags & wire::kPathFlags) st = on_path_eager(h, plan.control);
+        else eager_landed(plan.host_tag, plan.ctx, h.payload_len);
         break;
       case FrameType::kRts: st = on_rts(h); break;
       case FrameType::kCts: st = on_cts(h); break;
@@ -143,9 +136,27 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
   return st;
 }
 
-Result<tcp::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h) {
+void EndpointImpl::eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len) {
+  if (host_tag == kTagEagerMatched) {
+    auto op = std::static_pointer_cast<OpState>(ctx);
+    op->done = len;
+    --op->inflight;
+    if (op->phase == OpPhase::kStopping) settle_stopped(op);
+    else finish(*op, Status());
+  } else if (host_tag == kTagEagerUnexpected) {
+    auto u = std::static_pointer_cast<Unexpected>(ctx);
+    u->landed = true;
+    if (u->waiting) {
+      auto op = u->waiting;
+      Status s = consume_unexpected(u, op);
+      if (!s.ok()) finish(*op, s);
+    }
+  }
+}
+
+Result<tcp::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h, uint64_t len) {
   DMX_RETURN_IF_ERROR(check_new_msg(h.id));
-  uint64_t len = h.payload_len, cost = len + kEagerOverhead;
+  uint64_t cost = len + kEagerOverhead;
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
     const auto& op = *it;
     if (op->posted_tag != kAnyTag && op->posted_tag != h.a0) continue;

@@ -86,7 +86,8 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
     local = bit;
   }
   if (forced == "tcp") local = 0;
-  s.paths = local;
+  bool pipe = (common & wire::kTransportControlPipe) != 0;
+  s.paths = local | (pipe ? uint64_t{wire::kTransportControlPipe} : 0);
   if (local == (wire::kTransportShm | wire::kTransportCudaIpc)) {
     s.transport = "shm+cuda_ipc";
     s.reason = "same host: device sources go by cuda_ipc, everything else through shm";
@@ -95,7 +96,7 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
     s.reason = fmt::format("same host: payloads go through shm{}", detail);
   } else if (local == wire::kTransportCudaIpc) {
     s.transport = "cuda_ipc";
-    s.reason = fmt::format("same host: device sources go by cuda_ipc, host sources inline on TCP stream 0{}", detail);
+    s.reason = fmt::format("same host: device sources go by cuda_ipc, host sources inline on stream 0{}", detail);
   } else {
     s.transport = "tcp";
     s.reason = forced == "tcp" ? "forced by configuration (transport=tcp)"
@@ -105,6 +106,7 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
   }
   if (forced == "shm" || forced == "cuda_ipc")
     s.reason = fmt::format("forced by configuration (transport={}); {}", forced, s.reason);
+  if (pipe) s.reason += "; control stream on an shm pipe";
   return s;
 }
 
@@ -229,10 +231,11 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
   agreed.keepalive = keepalive_for(p, *theirs);
   agreed.peer_eager_limit = theirs->eager_limit;
   agreed.peer_unexpected_budget = theirs->unexpected_budget;
-  if ((agreed.paths & wire::kTransportShm) == 0) local_listener.reset();
-  DMX_ASSIGN_OR_RETURN(auto paths, build_paths(*ctx, agreed.paths, mine, *theirs, std::move(local_listener),
-                                                std::nullopt, std::move(data_socket), peer, deadline));
-  return EndpointImpl::create(ctx, std::move(agreed), std::move(fds), std::move(paths));
+  if ((agreed.paths & (wire::kTransportShm | wire::kTransportControlPipe)) == 0) local_listener.reset();
+  DMX_ASSIGN_OR_RETURN(LocalLinks links, build_paths(*ctx, agreed.paths, mine, *theirs, std::move(local_listener),
+                                                      LocalChannels{}, std::move(data_socket), peer, deadline));
+  return EndpointImpl::create(ctx, std::move(agreed), stream_conduits(std::move(fds), std::move(links.control)),
+                              std::move(links.paths));
 }
 
 }  // namespace dmx

@@ -27,7 +27,7 @@ using cuda_ipc::CopyCompletion;
 using cuda_ipc::CopyEngine;
 using cuda_ipc::IpcDescriptor;
 
-constexpr auto kSpin = std::chrono::microseconds(200);      // polling copies before the first sleep
+constexpr auto kSpin = std::chrono::microseconds(200);      // polling after work before the first sleep
 constexpr auto kPollSleep = std::chrono::microseconds(20);  // sleeps while copies are pending (plus timer slack)
 constexpr auto kStopDrain = std::chrono::seconds(10);       // bound on waiting for copies at stop
 
@@ -171,13 +171,16 @@ class CudaIpcPath final : public PayloadPath {
       {
         std::unique_lock lock(mu_);
         auto ready = [&] { return stopping_ || !queue_.empty(); };
-        if (!ready()) {
+        // After work, poll for kSpin before sleeping: a chunk that follows soon (a small message
+        // of a ping-pong) then costs no wake-up.
+        bool spinning = !idle || Clock::now() - idle_since < kSpin;
+        if (!ready() && !spinning) {
           if (inflight_.empty()) {
             sleeping_ = true;
             cv_.wait(lock, ready);
             sleeping_ = false;
             if (!stopping_) wakeups_.fetch_add(1, std::memory_order_relaxed);
-          } else if (idle && Clock::now() - idle_since >= kSpin) {
+          } else {
             sleeping_ = true;
             if (cv_.wait_for(lock, kPollSleep, ready) && !stopping_) wakeups_.fetch_add(1, std::memory_order_relaxed);
             sleeping_ = false;

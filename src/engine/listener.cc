@@ -47,7 +47,7 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
     size_t joined = 0;
     Deadline deadline;
     std::string peer;
-    std::optional<shm::UnixChannel> channel;  // the shm side channel, when agreed
+    LocalChannels channels;  // the side channels (shm, control pipe), when agreed
     std::string why_not;                      // reasons for same-host paths not used
     bool devmem = false;                      // devmem agreed: one more JOIN (index = streams) brings
     UniqueFd data;                            // the devmem data socket
@@ -273,10 +273,10 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   } while (server.session == 0 || pending_.count(server.session));
   if (!ctx_->auth().insecure)
     server.proof = make_proof(ctx_->auth(), kServerLabel, client->nonce, server.nonce, server.session);
-  std::optional<shm::UnixChannel> channel;
+  LocalChannels channels;
   std::string why_not;
   offer_paths(*ctx_, &server, nullptr, &why_not);
-  accept_paths(*ctx_, *client, &server, &channel, &why_not);
+  accept_paths(*ctx_, *client, &server, &channels, &why_not);
   auto agreed = negotiate(*ctx_, *client, server, c.peer, why_not);
   if (!agreed.ok()) return reject(c, agreed.status());
   Status s = send_frame(c.fd.get(), wire::FrameType::kHello, wire::encode_hello(server),
@@ -291,7 +291,7 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   p.fds.resize(client->streams);
   p.deadline = c.deadline;
   p.peer = c.peer;
-  p.channel = std::move(channel);
+  p.channels = std::move(channels);
   p.why_not = std::move(why_not);
   p.devmem = (agreed->paths & wire::kTransportDevmem) != 0;
   pending_[server.session] = std::move(p);
@@ -364,14 +364,15 @@ void ListenerImpl::complete(uint64_t session) {
   agreed->peer_eager_limit = p.client.eager_limit;
   agreed->peer_unexpected_budget = p.client.unexpected_budget;
   // Bounded by the handshake deadline; the client builds its side at the same time.
-  auto paths = build_paths(*ctx_, agreed->paths, p.client, p.server, std::nullopt, std::move(p.channel),
+  auto links = build_paths(*ctx_, agreed->paths, p.client, p.server, std::nullopt, std::move(p.channels),
                            std::move(p.data), p.peer, p.deadline);
-  if (!paths.ok()) {
+  if (!links.ok()) {
     DMX_LOG_WARN("listener {}: peer {}: payload path set-up ({}) failed: {}", address_, p.peer, agreed->transport,
-                 paths.status().message());
+                 links.status().message());
     return;  // dropping the streams tells the client
   }
-  auto ep = EndpointImpl::create(ctx_, std::move(*agreed), std::move(p.fds), std::move(*paths));
+  auto ep = EndpointImpl::create(ctx_, std::move(*agreed), stream_conduits(std::move(p.fds), std::move(links->control)),
+                                 std::move(links->paths));
   {
     std::lock_guard<std::mutex> lock(mu_);
     ready_.push_back(std::move(ep));

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <tuple>
 
 #include "core/log.h"
 #include "engine/auth.h"
+#include "engine/control_pipe.h"
 #include "engine/devmem_path.h"
 #include "engine/ipc_path.h"
 #include "engine/shm_path.h"
@@ -21,15 +23,41 @@ void note(std::string* out, const std::string& text) {
   *out += text;
 }
 
-// The server's first message on the side channel: session id and proof.
-std::vector<std::byte> channel_proof(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server) {
-  std::vector<std::byte> m(8 + 32);
+// What a side channel is for: the server's first message on it says so.
+enum class Purpose : unsigned char { kShm = 's', kControl = 'c' };
+
+// The server's first message on a side channel: session id, proof, purpose.
+std::vector<std::byte> channel_proof(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
+                                     Purpose purpose) {
+  std::vector<std::byte> m(8 + 32 + 1);
   std::memcpy(m.data(), &server.session, 8);
   if (!ctx.auth().insecure) {
     wire::Proof p = make_proof(ctx.auth(), kLocalLabel, client.nonce, server.nonce, server.session);
     std::memcpy(m.data() + 8, p.data(), p.size());
   }
+  m[40] = static_cast<std::byte>(purpose);
   return m;
+}
+
+// Client: accepts the server's side channels on `listener` and sorts them by purpose. Each must
+// prove the session; `count` are expected.
+Status accept_channels(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
+                       shm::UnixListener& listener, int count, LocalChannels* out, const std::string& peer,
+                       Deadline deadline) {
+  for (int i = 0; i < count; ++i) {
+    DMX_ASSIGN_OR_RETURN(shm::UnixChannel ch, listener.accept(deadline));
+    std::vector<std::byte> msg;
+    std::vector<UniqueFd> fds;
+    DMX_RETURN_IF_ERROR(ch.recv(&msg, 0, &fds, deadline));
+    Purpose purpose = msg.size() == 41 && msg[40] == std::byte{'c'} ? Purpose::kControl : Purpose::kShm;
+    std::vector<std::byte> expect = channel_proof(ctx, client, server, purpose);
+    auto& slot = purpose == Purpose::kControl ? out->control : out->shm;
+    if (msg.size() != expect.size() || std::memcmp(msg.data(), expect.data(), expect.size()) != 0 || slot)
+      return Status(Code::kAuth, fmt::format("a side channel from {} did not prove the session", ch.peer_name()))
+          .with_peer(peer);
+    slot.emplace(std::move(ch));
+  }
+  return Status();
 }
 
 }  // namespace
@@ -37,7 +65,9 @@ std::vector<std::byte> channel_proof(const ContextImpl& ctx, const wire::Hello& 
 void offer_paths(const ContextImpl& ctx, wire::Hello* hello, std::optional<shm::UnixListener>* listener,
                  std::string* why_not) {
   const std::string& forced = ctx.params().transport;
-  if (allowed(forced, "shm")) {
+  bool want_shm = allowed(forced, "shm");
+  bool want_pipe = forced != "tcp" && forced != "devmem" && ctx.config().get_bool("control_pipe");
+  if (want_shm || want_pipe) {
     Status s = shm::available();
     if (s.ok() && listener != nullptr) {
       auto l = shm::UnixListener::listen();
@@ -48,7 +78,8 @@ void offer_paths(const ContextImpl& ctx, wire::Hello* hello, std::optional<shm::
         s = l.status();
       }
     }
-    if (s.ok()) hello->transports |= wire::kTransportShm;
+    if (s.ok()) hello->transports |= (want_shm ? uint64_t{wire::kTransportShm} : 0) |
+                                     (want_pipe ? uint64_t{wire::kTransportControlPipe} : 0);
     else note(why_not, s.message().starts_with("shm") ? s.message() : "shm: " + s.message());
   }
   if (allowed(forced, "cuda_ipc")) {
@@ -68,9 +99,9 @@ Status devmem_offer(const ContextImpl& ctx) {
   return devmem_path_offer(ctx.config());
 }
 
-void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello* server,
-                  std::optional<shm::UnixChannel>* channel, std::string* why_not) {
-  uint64_t local = wire::kTransportShm | wire::kTransportCudaIpc;
+void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello* server, LocalChannels* channels,
+                  std::string* why_not) {
+  uint64_t local = wire::kTransportShm | wire::kTransportCudaIpc | wire::kTransportControlPipe;
   uint64_t both = client.transports & server->transports & local;
   bool same_host = !client.boot_id.empty() && client.boot_id == server->boot_id && client.hostname == server->hostname;
   // devmem is for peers on different hosts (between two processes of one host the route is
@@ -90,7 +121,7 @@ void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello
   }
   if (!same_host) {
     server->transports &= ~local;
-    note(why_not, "shm and cuda_ipc need both ends on one host");
+    if (both & (wire::kTransportShm | wire::kTransportCudaIpc)) note(why_not, "shm and cuda_ipc need both ends on one host");
     return;
   }
   if (both & wire::kTransportCudaIpc) {
@@ -99,36 +130,38 @@ void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello
       note(why_not, fmt::format("cuda_ipc not used: {}", s.message()));
     }
   }
-  if (both & wire::kTransportShm) {
+  // Each side channel: connected now, proven by the first message.
+  for (auto [bit, purpose, name] : {std::tuple{uint64_t{wire::kTransportShm}, Purpose::kShm, "shm"},
+                                    std::tuple{uint64_t{wire::kTransportControlPipe}, Purpose::kControl, "control pipe"}}) {
+    if ((both & bit) == 0) continue;
     Deadline deadline = Deadline::after(std::chrono::seconds(1));
     Status s;
     if (client.local_channel.empty()) {
-      s = Status(Code::kProtocol, "the client offered shm without a side channel");
+      s = Status(Code::kProtocol, fmt::format("the client offered the {} without a side channel", name));
     } else {
       auto ch = shm::UnixChannel::connect(client.local_channel, deadline);
       if (ch.ok()) {
-        s = ch->send(channel_proof(ctx, client, *server), {}, deadline);
-        if (s.ok()) channel->emplace(std::move(*ch));
+        s = ch->send(channel_proof(ctx, client, *server, purpose), {}, deadline);
+        if (s.ok()) (purpose == Purpose::kShm ? channels->shm : channels->control).emplace(std::move(*ch));
       } else {
         s = ch.status();
       }
     }
     if (!s.ok()) {
-      server->transports &= ~uint64_t{wire::kTransportShm};
-      note(why_not, fmt::format("shm not used: the client's side channel {} could not be reached ({}; another "
+      server->transports &= ~bit;
+      note(why_not, fmt::format("{} not used: the client's side channel {} could not be reached ({}; another "
                                 "network namespace?)",
-                                client.local_channel, s.message()));
+                                name, client.local_channel, s.message()));
     }
   }
 }
 
-Result<std::vector<std::unique_ptr<PayloadPath>>> build_paths(const ContextImpl& ctx, uint64_t agreed_bits,
-                                                              const wire::Hello& client, const wire::Hello& server,
-                                                              std::optional<shm::UnixListener> listener,
-                                                              std::optional<shm::UnixChannel> channel,
-                                                              UniqueFd data_socket, const std::string& peer,
-                                                              Deadline deadline) {
-  std::vector<std::unique_ptr<PayloadPath>> paths;
+Result<LocalLinks> build_paths(const ContextImpl& ctx, uint64_t agreed_bits, const wire::Hello& client,
+                               const wire::Hello& server, std::optional<shm::UnixListener> listener,
+                               LocalChannels channels, UniqueFd data_socket, const std::string& peer,
+                               Deadline deadline) {
+  LocalLinks links;
+  auto& paths = links.paths;
   if (agreed_bits & wire::kTransportDevmem) {
     if (!data_socket.valid()) return Status(Code::kInternal, "devmem agreed without a data socket");
     Result<std::unique_ptr<PayloadPath>> p = Status(Code::kInternal, "unset");
@@ -137,21 +170,19 @@ Result<std::vector<std::unique_ptr<PayloadPath>>> build_paths(const ContextImpl&
     if (!p.ok()) return p.status().with_peer(peer);
     paths.push_back(std::move(*p));
   }
+  bool creator = listener.has_value();
+  int expect = ((agreed_bits & wire::kTransportShm) ? 1 : 0) + ((agreed_bits & wire::kTransportControlPipe) ? 1 : 0);
+  if (creator && expect > 0)
+    DMX_RETURN_IF_ERROR(accept_channels(ctx, client, server, *listener, expect, &channels, peer, deadline));
+  if (agreed_bits & wire::kTransportControlPipe) {
+    if (!channels.control) return Status(Code::kInternal, "the control pipe was agreed without a side channel");
+    auto c = make_control_pipe(std::move(*channels.control), creator, deadline);
+    if (!c.ok()) return c.status().with_peer(peer);
+    links.control = std::move(*c);
+  }
   if (agreed_bits & wire::kTransportShm) {
-    bool creator = listener.has_value();
-    if (creator) {
-      DMX_ASSIGN_OR_RETURN(shm::UnixChannel ch, listener->accept(deadline));
-      std::vector<std::byte> msg;
-      std::vector<UniqueFd> fds;
-      DMX_RETURN_IF_ERROR(ch.recv(&msg, 0, &fds, deadline));
-      std::vector<std::byte> expect = channel_proof(ctx, client, server);
-      if (msg.size() != expect.size() || std::memcmp(msg.data(), expect.data(), expect.size()) != 0)
-        return Status(Code::kAuth, fmt::format("the shm side channel from {} did not prove the session", ch.peer_name()))
-            .with_peer(peer);
-      channel.emplace(std::move(ch));
-    }
-    if (!channel) return Status(Code::kInternal, "shm agreed without a side channel");
-    auto p = make_shm_path(std::move(*channel), creator, ctx.config(), deadline);
+    if (!channels.shm) return Status(Code::kInternal, "shm agreed without a side channel");
+    auto p = make_shm_path(std::move(*channels.shm), creator, ctx.config(), deadline);
     if (!p.ok()) return p.status().with_peer(peer);
     paths.push_back(std::move(*p));
   }
@@ -160,7 +191,15 @@ Result<std::vector<std::unique_ptr<PayloadPath>>> build_paths(const ContextImpl&
     if (!p.ok()) return p.status().with_peer(peer);
     paths.push_back(std::move(*p));
   }
-  return paths;
+  return links;
+}
+
+std::vector<std::unique_ptr<tcp::Conduit>> stream_conduits(std::vector<UniqueFd> fds,
+                                                           std::unique_ptr<tcp::Conduit> control) {
+  std::vector<std::unique_ptr<tcp::Conduit>> out;
+  for (auto& fd : fds) out.push_back(std::make_unique<tcp::SocketConduit>(std::move(fd)));
+  if (control && !out.empty()) out[0] = std::move(control);
+  return out;
 }
 
 }  // namespace dmx

@@ -10,8 +10,15 @@
 // channel and names it in HELLO. The server, seeing the same host, connects to that socket at
 // once and keeps only the bits it accepts (shm: the channel connected; cuda_ipc: the peer is
 // another process), so both sides then pick paths from the same two HELLOs. The side channel is
-// authenticated like a JOIN: the server's first message is the session id and a proof of the key.
-// The client, having accepted the channel, creates the shared region; the server maps it.
+// authenticated like a JOIN: the server's first message is the session id, a proof of the key and
+// the channel's purpose. The client, having accepted the channel, creates the shared region; the
+// server maps it.
+//
+// Control pipe (same host, unless transport is tcp or devmem, or control_pipe=false): a second
+// side channel carries a shared-memory pipe, and both sides run stream 0 — every control frame,
+// every path chunk header, small inline payloads — over it instead of TCP (latency: a TCP
+// loopback hop costs microseconds, the pipe a fraction of one). Its TCP socket then only served
+// the handshake and is closed.
 #pragma once
 
 #include <memory>
@@ -22,6 +29,7 @@
 #include "core/clock.h"
 #include "engine/context_impl.h"
 #include "engine/payload_path.h"
+#include "transport/tcp/conduit.h"
 #include "transport/shm/shm.h"
 #include "wire/handshake.h"
 
@@ -38,22 +46,37 @@ void offer_paths(const ContextImpl& ctx, wire::Hello* hello, std::optional<shm::
 // double"), else devmem_path_offer(config) with its exact reason.
 Status devmem_offer(const ContextImpl& ctx);
 
-// Server: at HELLO. Clears the bits of `server` that it cannot accept for this client (different
-// host, same process, shm channel unreachable) and connects the shm side channel, sending the
-// session's proof on it. `why_not` gets the reasons.
-void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello* server,
-                  std::optional<shm::UnixChannel>* channel, std::string* why_not);
+// The server's side channels, connected at HELLO.
+struct LocalChannels {
+  std::optional<shm::UnixChannel> shm, control;
+};
 
-// Both sides, after the streams have joined: builds the agreed paths. The client accepts the side
-// channel on `listener` and checks the server's proof; the server uses its connected `channel`.
+// Server: at HELLO. Clears the bits of `server` that it cannot accept for this client (different
+// host, same process, side channel unreachable) and connects the side channels (shm, control
+// pipe), sending the session's proof on each. `why_not` gets the reasons.
+void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello* server, LocalChannels* channels,
+                  std::string* why_not);
+
+// What build_paths makes: the payload paths, and the control pipe for stream 0 (or null).
+struct LocalLinks {
+  std::vector<std::unique_ptr<PayloadPath>> paths;
+  std::unique_ptr<tcp::Conduit> control;
+};
+
+// Both sides, after the streams have joined: builds the agreed paths and control pipe. The client
+// accepts the side channels on `listener` and checks the server's proofs; the server uses its
+// connected `channels`.
 // `data_socket`: the devmem data socket when devmem was agreed (the path takes it): the context's
 // test factory makes the path, else make_devmem_path on CUDA device `devmem_gpu` (which adds the
 // NIC flow rule for the connection).
-Result<std::vector<std::unique_ptr<PayloadPath>>> build_paths(const ContextImpl& ctx, uint64_t agreed_bits,
-                                                              const wire::Hello& client, const wire::Hello& server,
-                                                              std::optional<shm::UnixListener> listener,
-                                                              std::optional<shm::UnixChannel> channel,
-                                                              UniqueFd data_socket, const std::string& peer,
-                                                              Deadline deadline);
+Result<LocalLinks> build_paths(const ContextImpl& ctx, uint64_t agreed_bits, const wire::Hello& client,
+                               const wire::Hello& server, std::optional<shm::UnixListener> listener,
+                               LocalChannels channels, UniqueFd data_socket, const std::string& peer,
+                               Deadline deadline);
+
+// The streams' conduits: a socket each, except that stream 0 runs on `control` when there is one
+// (its socket is closed: it served the handshake only).
+std::vector<std::unique_ptr<tcp::Conduit>> stream_conduits(std::vector<UniqueFd> fds,
+                                                           std::unique_ptr<tcp::Conduit> control);
 
 }  // namespace dmx

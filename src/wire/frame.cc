@@ -93,7 +93,9 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   h.a3 = get_u64(b + 48);
   DMX_ASSIGN_OR_RETURN(uint32_t max, max_payload(h.type, limits));
   bool data = h.type == FrameType::kSendData || h.type == FrameType::kWriteData || h.type == FrameType::kReadData;
-  uint8_t allowed_flags = (h.type == FrameType::kWriteData ? kFlagNotify : 0) | (data ? kPathFlags : 0);
+  // EAGER may name cuda_ipc: the receiver copies the message out of the sender's memory.
+  uint8_t allowed_flags = (h.type == FrameType::kWriteData ? kFlagNotify : 0) | (data ? kPathFlags : 0) |
+                          (h.type == FrameType::kEager ? kFlagPathCudaIpc : 0);
   if ((h.flags & ~allowed_flags) != 0)
     return Status(Code::kProtocol, fmt::format("{} frame has unknown flags 0x{:02x}", frame_type_name(h.type), h.flags));
   uint8_t path = h.flags & kPathFlags;

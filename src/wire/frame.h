@@ -35,7 +35,7 @@ enum class FrameType : uint8_t {
   kWelcome = 4,  // handshake accepted; no payload
   kReject = 5,   // handshake refused; payload: reason text
   // Two-sided messages.
-  kEager = 16,     // id=msg seq, a0=tag; payload = the whole message
+  kEager = 16,     // id=msg seq, a0=tag; payload = the whole message (flag cuda_ipc: its descriptor)
   kRts = 17,       // id=msg seq, a0=tag, a1=size
   kCts = 18,       // id=msg seq, a0=receiver token, a1=kAcceptPathFlags
   kSendData = 19,  // id=receiver token, a0=offset, a1=message size; payload = chunk

@@ -23,6 +23,9 @@ enum TransportBits : uint64_t {
   kTransportShm = 2,
   kTransportCudaIpc = 4,
   kTransportDevmem = 8,
+  // Not a payload path: the endpoint's control stream (stream 0) runs over a shared-memory pipe
+  // instead of its TCP socket (same host only; docs/wire.md).
+  kTransportControlPipe = 16,
 };
 
 inline constexpr uint16_t kMaxStreams = 64;
@@ -45,8 +48,8 @@ struct Hello {
   std::string hostname;
   uint32_t pid = 0;
   uint32_t peer_timeout_ms = 0;  // this side declares the peer dead after this much silence
-  // Client, same-host paths: the Unix socket where it waits for the server's side channel
-  // (shm); empty when it offers none.
+  // Client, same-host paths: the Unix socket where it waits for the server's side channels
+  // (shm, control pipe); empty when it offers none.
   std::string local_channel;
 };
 

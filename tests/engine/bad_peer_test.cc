@@ -185,6 +185,19 @@ TEST(BadPeer, DevmemChunkThatWasNotAgreed) {
   expect_unagreed_path_refused(wire::kFlagPathDevmem, "devmem path, which was not agreed");
 }
 
+// An EAGER whose bytes the receiver would copy out of the sender's memory: only over an agreed
+// cuda_ipc path (this peer agreed none).
+TEST(BadPeer, EagerByAPathThatWasNotAgreed) {
+  Server s = make_server();
+  FrameHeader h = frame(FrameType::kEager, 1, 7);
+  h.flags = wire::kFlagPathCudaIpc;
+  h.payload_len = 8;
+  Status st = provoke(s, {{h, std::vector<unsigned char>(8, 1)}});
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find("cuda_ipc path, which was not agreed"), std::string::npos) << st.to_string();
+  expect_listener_alive(s);
+}
+
 // READ_REQ a3 / CTS a1 may name only agreed paths that need the receiver's consent (devmem).
 TEST(BadPeer, ReadRequestAcceptingDevmemThatWasNotAgreed) {
   Server s = make_server();

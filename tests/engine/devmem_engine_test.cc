@@ -356,7 +356,7 @@ TEST(DevmemEngine, NegotiateRule) {
   // The server drops devmem for a same-host client unless it is forced to devmem itself.
   wire::Hello same = make_hello(impl, wire::Role::kServer);
   same.transports |= wire::kTransportDevmem;
-  std::optional<shm::UnixChannel> channel;
+  LocalChannels channel;
   std::string why;
   wire::Hello c2 = make_hello(impl, wire::Role::kClient);
   c2.transports = wire::kTransportTcp | wire::kTransportDevmem;

@@ -93,9 +93,14 @@ TEST(Frame, PayloadPathFlags) {
   h.type = FrameType::kWriteData;
   h.flags = kFlagNotify | kFlagPathCudaIpc;
   EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
-  h.type = FrameType::kEager;  // only data frames travel on paths
+  h.type = FrameType::kEager;  // only data frames travel on paths, and eager ones by cuda_ipc
   h.flags = kFlagPathShm;
   EXPECT_FALSE(decode_header(encode_header(h).data(), kLimits).ok());
+  h.flags = kFlagPathCudaIpc;
+  EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
+  h.payload_len = kMaxPathDescriptor + 1;
+  EXPECT_FALSE(decode_header(encode_header(h).data(), kLimits).ok());
+  h.payload_len = 8;
   FrameHeader d;
   d.type = FrameType::kPathDone;
   d.id = 9;

@@ -32,10 +32,20 @@ Status serve_send(Endpoint& ep, const Plan& p, Buffer& buf, Reply& reply) {
     if (i + w < p.iters) reqs[i % w] = ep.recv(slot(i), kDataTag, with_timeout(kDataTimeout));
   }
   DMX_RETURN_IF_ERROR(send_text(ep, kDoneTag, "done", kControlTimeout));
+  // Ping-pong. With two slots the receive of the next ping is posted before the pong goes out, as a
+  // latency-minded application does: a send of device memory by cuda_ipc completes only once the
+  // peer has copied it, and a ping arriving before its receive would wait as unexpected (copied
+  // twice). With one slot the echo must finish before the slot is reused.
+  bool alternate = w >= 2;
+  Request r;
+  if (p.lat_iters > 0) r = ep.recv(slot(0), kPingTag, with_timeout(kDataTimeout));
   for (uint32_t j = 0; j < p.lat_iters; ++j) {
-    Request r = ep.recv(slot(0), kPingTag, with_timeout(kDataTimeout));
     DMX_RETURN_IF_ERROR(r.wait());
-    DMX_RETURN_IF_ERROR(ep.send(slot(0), kPongTag, with_timeout(kDataTimeout)).wait());
+    bool more = j + 1 < p.lat_iters;
+    uint32_t now = alternate ? j : 0;
+    if (more && alternate) r = ep.recv(slot(j + 1), kPingTag, with_timeout(kDataTimeout));
+    DMX_RETURN_IF_ERROR(ep.send(slot(now), kPongTag, with_timeout(kDataTimeout)).wait());
+    if (more && !alternate) r = ep.recv(slot(0), kPingTag, with_timeout(kDataTimeout));
   }
   if (p.verify) {
     DMX_ASSIGN_OR_RETURN(reply.verified, slots_match(buf, p.size, std::min(w, p.iters), p.checksum));

@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <cerrno>
@@ -24,8 +23,8 @@ int queue_key(MemSpec w) { return (static_cast<int>(w.kind) << 16) | w.device; }
 
 }  // namespace
 
-Stream::Stream(StreamConfig config, UniqueFd fd, StreamHost* host, StagingPool* pool)
-    : config_(std::move(config)), fd_(std::move(fd)), host_(host), pool_(pool) {
+Stream::Stream(StreamConfig config, std::unique_ptr<Conduit> conduit, StreamHost* host, StagingPool* pool)
+    : config_(std::move(config)), conduit_(std::move(conduit)), host_(host), pool_(pool) {
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   scratch_.resize(64 << 10);
   last_tx_ = last_rx_ = Clock::now();
@@ -56,6 +55,8 @@ void Stream::push_control(TxItem item) {
 }
 
 void Stream::wake() {
+  // A busy-polling worker finds the work itself: no system call on the poster's path.
+  if (!sleeping_.load(std::memory_order_seq_cst)) return;
   uint64_t one = 1;
   ssize_t rc = ::write(wake_fd_.get(), &one, sizeof one);
   (void)rc;  // a full counter still wakes the worker
@@ -63,8 +64,10 @@ void Stream::wake() {
 
 void Stream::stop() {
   stop_.store(true, std::memory_order_release);
-  ::shutdown(fd_.get(), SHUT_RDWR);  // the peer's streams see the end now, not at the next keepalive
-  wake();
+  conduit_->shutdown();  // the peer's streams see the end now, not at the next keepalive
+  uint64_t one = 1;
+  ssize_t rc = ::write(wake_fd_.get(), &one, sizeof one);  // whether or not it sleeps
+  (void)rc;
 }
 
 StreamStats Stream::stats() const {
@@ -211,22 +214,16 @@ Status Stream::step_tx(Io* io) {
       size_t off = cur_written_ - wire::kHeaderSize;
       iov[n++] = {static_cast<char*>(const_cast<void*>(payload)) + off, item->len - off};
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(n);
     auto t0 = Clock::now();
-    ssize_t k = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    Result<size_t> k = conduit_->write(std::span<const iovec>(iov, static_cast<size_t>(n)));
     stats_.ns_send.fetch_add(ns_since(t0), std::memory_order_relaxed);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        *io = Io::kBlocked;
-        return Status();
-      }
-      return errno_status(fmt::format("send on stream {}", config_.index), errno, Code::kPeerFailed);
+    if (!k.ok()) return k.status();
+    if (*k == 0) {
+      *io = Io::kBlocked;
+      return Status();
     }
     *io = Io::kProgress;
-    cur_written_ += static_cast<size_t>(k);
+    cur_written_ += *k;
     last_tx_ = Clock::now();
     if (cur_written_ < wire::kHeaderSize + item->len) continue;
     // The whole frame is out.
@@ -338,24 +335,20 @@ Status Stream::step_rx(Io* io) {
       want = left;
     }
     auto t0 = Clock::now();
-    ssize_t k = ::recv(fd_.get(), dst, want, MSG_DONTWAIT);
+    Result<size_t> k = conduit_->read(dst, want);
     stats_.ns_recv.fetch_add(ns_since(t0), std::memory_order_relaxed);
-    if (k == 0) return Status(Code::kPeerFailed, fmt::format("connection closed by the peer (stream {})", config_.index));
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status();
-      return errno_status(fmt::format("recv on stream {}", config_.index), errno, Code::kPeerFailed);
-    }
+    if (!k.ok()) return k.status();
+    if (*k == 0) return Status();
     *io = Io::kProgress;
     last_rx_ = Clock::now();
     if (!in_payload_) {
-      rx_header_got_ += static_cast<size_t>(k);
+      rx_header_got_ += *k;
       if (rx_header_got_ < wire::kHeaderSize) continue;
       rx_header_got_ = 0;
       DMX_ASSIGN_OR_RETURN(rx_, wire::decode_header(rx_header_, config_.limits));
       DMX_RETURN_IF_ERROR(begin_payload());
     } else {
-      rx_payload_got_ += static_cast<size_t>(k);
+      rx_payload_got_ += *k;
       if (rx_payload_got_ == rx_.payload_len) DMX_RETURN_IF_ERROR(finish_payload());
     }
   }
@@ -367,6 +360,7 @@ void Stream::run() {
   ::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   Status failure;
   Clock::time_point last_progress = Clock::now();
+  bool armed = false;  // sleeping_ is set
   for (;;) {
     if (stop_.load(std::memory_order_acquire)) break;
     bool progress = false;
@@ -394,28 +388,42 @@ void Stream::run() {
     }
     if (progress || tx == Io::kProgress || rx == Io::kProgress) {
       last_progress = now;
+      if (armed) sleeping_.store(false, std::memory_order_seq_cst);
+      armed = false;
       continue;
     }
     if (now - last_progress < config_.busy_poll) continue;
+    // Before sleeping, say so and make one more pass: whatever was queued before the flag was set
+    // is found by that pass, and whoever queues after it sees the flag and rings (wake()).
+    if (!armed) {
+      sleeping_.store(true, std::memory_order_seq_cst);
+      armed = true;
+      continue;
+    }
 
     // Nothing moved for a while: sleep until the socket or a wake-up, or briefly while copies
     // are in flight.
     bool copies = !pending_rx_.empty() || (!chunks_.empty() && chunks_.front().fence != 0);
     auto timeout = copies ? std::chrono::microseconds(20)
                           : std::min<std::chrono::microseconds>(config_.keepalive, config_.index == 0 ? config_.tick : config_.keepalive);
-    bool want_write = tx == Io::kBlocked;
-    pollfd fds[2] = {{fd_.get(), static_cast<short>(POLLIN | (want_write ? POLLOUT : 0)), 0},
-                     {wake_fd_.get(), POLLIN, 0}};
+    pollfd fds[3];
+    int n = conduit_->prepare_sleep(tx == Io::kBlocked, fds);
+    if (n < 0) continue;  // something arrived meanwhile
+    fds[n] = {wake_fd_.get(), POLLIN, 0};
     timespec ts{static_cast<time_t>(timeout.count() / 1000000), static_cast<long>(timeout.count() % 1000000) * 1000};
-    int rc = ::ppoll(fds, 2, &ts, nullptr);
-    if (rc > 0 && (fds[1].revents & POLLIN)) {
+    int rc = ::ppoll(fds, static_cast<nfds_t>(n + 1), &ts, nullptr);
+    conduit_->after_sleep();
+    sleeping_.store(false, std::memory_order_seq_cst);
+    armed = false;
+    if (rc > 0 && (fds[n].revents & POLLIN)) {
       uint64_t v;
       ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
       (void)r;
     }
   }
   if (!failure.ok() && !stop_.load(std::memory_order_acquire))
-    host_->on_stream_failed(config_.index, failure.with_peer(config_.peer).with_origin(fmt::format("tcp/stream {}", config_.index)));
+    host_->on_stream_failed(config_.index, failure.with_peer(config_.peer)
+                                               .with_origin(fmt::format("{}/stream {}", conduit_->kind(), config_.index)));
   drain();
   host_->on_stream_stopped(config_.index);
 }

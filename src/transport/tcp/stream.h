@@ -1,6 +1,7 @@
-// One TCP stream of an endpoint and the worker thread that owns it.
+// One stream of an endpoint and the worker thread that owns it.
 //
-// The worker moves frames both ways on its socket, non-blocking, in one loop:
+// The worker moves frames both ways on its conduit (a TCP socket; for the control stream of two
+// processes on one host, a shared-memory pipe), non-blocking, in one loop:
 //  - transmit: control frames first (pushed by anyone, thread-safe), then data chunks it pulls
 //    from its host (the endpoint) whenever its pipeline has room — fast streams pull more, which
 //    balances the load across streams. A chunk whose source is device memory is staged: the
@@ -29,6 +30,7 @@
 #include "core/sys.h"
 #include "dmx/memory.h"
 #include "memory/backend.h"
+#include "transport/tcp/conduit.h"
 #include "transport/tcp/staging.h"
 #include "wire/frame.h"
 
@@ -105,7 +107,7 @@ struct StreamStats {
 
 class Stream {
  public:
-  Stream(StreamConfig config, UniqueFd fd, StreamHost* host, StagingPool* pool);
+  Stream(StreamConfig config, std::unique_ptr<Conduit> conduit, StreamHost* host, StagingPool* pool);
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
@@ -116,10 +118,11 @@ class Stream {
   void start(std::shared_ptr<void> keep_alive, std::function<void()> after_exit = {});
   void push_control(TxItem item);  // any thread
   void wake();                     // any thread: chunks may be available
-  // Any thread: the worker stops at once; the socket is shut down so the peer learns now.
+  // Any thread: the worker stops at once; the conduit is shut down so the peer learns now.
   void stop();
   StreamStats stats() const;
   int index() const { return config_.index; }
+  const char* conduit_kind() const { return conduit_->kind(); }
   bool is_worker_thread() const { return std::this_thread::get_id() == worker_id_; }
 
  private:
@@ -146,7 +149,7 @@ class Stream {
   Status stage_control(TxItem& item);
 
   const StreamConfig config_;
-  UniqueFd fd_;
+  const std::unique_ptr<Conduit> conduit_;
   UniqueFd wake_fd_;
   StreamHost* host_;
   StagingPool* pool_;
@@ -156,6 +159,7 @@ class Stream {
   std::mutex mu_;  // guards control_
   std::deque<TxItem> control_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};  // the worker may be asleep in ppoll: wake() must ring
 
   // Transmit.
   std::deque<TxItem> chunks_;  // pulled data chunks, in order; staged ones carry fences

@@ -1,0 +1,51 @@
+// What a stream's bytes travel over: a connected socket, or — between two processes of one host —
+// a shared-memory pipe that the engine adapts to this interface (the endpoint's control stream).
+//
+// Non-blocking, like a socket with MSG_DONTWAIT. Threading: the stream's worker calls everything
+// except shutdown(), which any thread may call.
+#pragma once
+
+#include <poll.h>
+#include <sys/uio.h>
+
+#include <span>
+#include <string>
+
+#include "core/sys.h"
+#include "dmx/status.h"
+
+namespace dmx::tcp {
+
+class Conduit {
+ public:
+  virtual ~Conduit() = default;
+  // Bytes written (0: no room now). An error means the conduit is broken.
+  virtual Result<size_t> write(std::span<const iovec> buffers) = 0;
+  // Bytes read (0: nothing there now). kPeerFailed once the peer has closed and all it sent was read.
+  virtual Result<size_t> read(void* dst, size_t n) = 0;
+  // Before the worker sleeps: fills at most 2 pollfds to wait on for input (and for room when
+  // `want_room`) and returns how many; -1 when there is something to do already (do not sleep).
+  virtual int prepare_sleep(bool want_room, pollfd* fds) = 0;
+  virtual void after_sleep() = 0;
+  // Any thread, idempotent: the peer learns now that this side is done.
+  virtual void shutdown() = 0;
+  // "tcp" or "shm pipe": for messages and statistics.
+  virtual const char* kind() const = 0;
+};
+
+// A connected, non-blocking stream socket.
+class SocketConduit final : public Conduit {
+ public:
+  explicit SocketConduit(UniqueFd fd) : fd_(std::move(fd)) {}
+  Result<size_t> write(std::span<const iovec> buffers) override;
+  Result<size_t> read(void* dst, size_t n) override;
+  int prepare_sleep(bool want_room, pollfd* fds) override;
+  void after_sleep() override {}
+  void shutdown() override;
+  const char* kind() const override { return "tcp"; }
+
+ private:
+  UniqueFd fd_;
+};
+
+}  // namespace dmx::tcp

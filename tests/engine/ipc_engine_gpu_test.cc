@@ -1,0 +1,238 @@
+// The engine over cuda_ipc between two processes on real GPUs (CudaIpcEngineGpu.*): the control
+// pipe, eager messages that the receiver copies out of the sender's memory, rendezvous transfers,
+// unexpected messages, truncation, both directions at once. CUDA cannot be used in a child forked
+// after the parent initialised it, so the probe and both peers run in forked children; skipped with
+// the reason when there is no usable GPU. Data comes from a fresh random seed each run.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/test_util.h"
+#include "transport/gpu_children.h"
+#include "transport/transport_test_util.h"
+
+namespace dmx {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::probe_gpus;
+
+#define REQUIRE_GPUS(n_var)     \
+  std::string why;              \
+  int n_var = probe_gpus(&why); \
+  if (n_var < 1) GTEST_SKIP() << "no usable GPU: " << why
+
+// The bytes of message `i` of a run: both processes derive them from the run's seed.
+std::vector<unsigned char> message(uint64_t seed, uint64_t i, size_t n) {
+  std::mt19937_64 rng(seed * 1000003 + i);
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) b = static_cast<unsigned char>(rng());
+  return v;
+}
+
+// A device buffer of n + 2 * pad bytes holding `data` at offset `pad` and poison around it.
+Result<Buffer> device_with(MemSpec where, const std::vector<unsigned char>& data, size_t pad) {
+  DMX_ASSIGN_OR_RETURN(Buffer b, Buffer::allocate(where, data.size() + 2 * pad));
+  std::vector<unsigned char> all(data.size() + 2 * pad, 0xA5);
+  std::copy(data.begin(), data.end(), all.begin() + static_cast<long>(pad));
+  DMX_RETURN_IF_ERROR(copy_memory(b.region(), MemRegion{all.data(), all.size(), {}}));
+  return b;
+}
+
+// Whether `b` holds `want` at `pad` and poison elsewhere.
+bool holds(const Buffer& b, const std::vector<unsigned char>& want, size_t pad) {
+  std::vector<unsigned char> got(b.region().size);
+  if (!copy_memory(MemRegion{got.data(), got.size(), {}}, b.region()).ok()) return false;
+  for (size_t i = 0; i < got.size(); ++i) {
+    bool inside = i >= pad && i < pad + want.size();
+    if (got[i] != (inside ? want[i - pad] : 0xA5)) {
+      fprintf(stderr, "byte %zu of %zu differs (message of %zu at %zu)\n", i, got.size(), want.size(), pad);
+      return false;
+    }
+  }
+  return true;
+}
+
+struct Trial {
+  uint64_t seed = std::random_device{}() * 0x9e3779b97f4a7c15ull + std::random_device{}();
+  int gpus = 1;
+  MemSpec client_mem() const { return MemSpec{MemKind::kCuda, 0}; }
+  MemSpec server_mem() const { return MemSpec{MemKind::kCuda, gpus > 1 ? 1 : 0}; }
+};
+
+// Runs `server(endpoint)` and `client(endpoint)` in two forked children connected through the
+// engine (auto transport); returns their exit codes.
+void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::function<int(Endpoint&)>& client,
+                     int* rs, int* rc) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t s = testing::fork_child([&] {
+    ::close(fds[0]);
+    auto ctx = Context::create(test::test_options(2));
+    CHILD_CHECK(ctx.ok(), 10);
+    auto l = ctx->listen("tcp://127.0.0.1:0");
+    CHILD_CHECK(l.ok(), 11);
+    std::string addr = l->address();
+    CHILD_CHECK(::write(fds[1], addr.data(), addr.size()) == static_cast<ssize_t>(addr.size()), 12);
+    ::close(fds[1]);
+    auto ep = l->accept(20s);
+    CHILD_CHECK(ep.ok(), 13);
+    int r = server(*ep);
+    ep->close();
+    return r;
+  });
+  ::close(fds[1]);
+  char buf[256] = {};
+  ssize_t got = ::read(fds[0], buf, sizeof buf - 1);
+  ::close(fds[0]);
+  pid_t c = testing::fork_child([&] {
+    CHILD_CHECK(got > 0, 20);
+    auto ctx = Context::create(test::test_options(2));
+    CHILD_CHECK(ctx.ok(), 21);
+    auto ep = ctx->connect(std::string(buf, static_cast<size_t>(got)));
+    CHILD_CHECK(ep.ok(), 22);
+    EndpointStats st = ep->stats();
+    fprintf(stderr, "client: transport %s (%s)\n", st.transport.c_str(), st.reason.c_str());
+    CHILD_CHECK(st.transport.find("cuda_ipc") != std::string::npos, 23);
+    CHILD_CHECK(st.reason.find("control stream on an shm pipe") != std::string::npos, 24);
+    int r = client(*ep);
+    ep->close();
+    return r;
+  });
+  *rc = testing::wait_child(c, 120s);
+  *rs = testing::wait_child(s, 120s);
+}
+
+const std::vector<size_t> kSizes = {1, 8, 4097, 16 << 10, (16 << 10) + 1, (1 << 20) + 3, (64 << 20) + 3};
+
+TEST(CudaIpcEngineGpu, SendsEveryKindOfSizeByteExact) {
+  REQUIRE_GPUS(gpus);
+  Trial run;
+  run.gpus = gpus;
+  int rs = -3, rc = -3;
+  run_engine_pair(
+      [&](Endpoint& ep) {
+        for (size_t i = 0; i < kSizes.size(); ++i) {
+          auto want = message(run.seed, i, kSizes[i]);
+          auto dst = device_with(run.server_mem(), std::vector<unsigned char>(kSizes[i], 0xA5), 5);
+          CHILD_CHECK(dst.ok(), 30);
+          Request r = ep.recv(dst->region().sub(5, kSizes[i]), 7);
+          CHILD_CHECK(r.wait(60s).ok(), 31);
+          CHILD_CHECK(r.bytes() == kSizes[i], 32);
+          CHILD_CHECK(holds(*dst, want, 5), 33);
+        }
+        EndpointStats st = ep.stats();
+        uint64_t ipc_chunks = 0;
+        for (const auto& p : st.paths)
+          if (p.name == "cuda_ipc") ipc_chunks = p.chunks_received;
+        CHILD_CHECK(ipc_chunks >= kSizes.size(), 34);  // the eager ones too: no staging through the host
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        for (size_t i = 0; i < kSizes.size(); ++i) {
+          auto src = device_with(run.client_mem(), message(run.seed, i, kSizes[i]), 3);
+          CHILD_CHECK(src.ok(), 40);
+          Request s = ep.send(src->region().sub(3, kSizes[i]), 7);
+          CHILD_CHECK(s.wait(60s).ok(), 41);
+        }
+        EndpointStats st = ep.stats();
+        CHILD_CHECK(st.eager_sends >= 4, 42);  // 1, 8, 4097, 16 KiB (eager_limit)
+        CHILD_CHECK(st.d2h_copies == 0, 43);
+        return 0;
+      },
+      &rs, &rc);
+  EXPECT_EQ(rs, 0);
+  EXPECT_EQ(rc, 0);
+}
+
+TEST(CudaIpcEngineGpu, UnexpectedEagerMessagesAndTruncation) {
+  REQUIRE_GPUS(gpus);
+  Trial run;
+  run.gpus = gpus;
+  int rs = -3, rc = -3;
+  run_engine_pair(
+      [&](Endpoint& ep) {
+        std::this_thread::sleep_for(200ms);  // the three messages arrive before any recv
+        for (uint64_t tag : {3, 1, 2}) {
+          auto want = message(run.seed, tag, 1000 + tag);
+          auto dst = device_with(run.server_mem(), std::vector<unsigned char>(want.size(), 0xA5), 0);
+          CHILD_CHECK(dst.ok(), 50);
+          Request r = ep.recv(dst->region(), tag);
+          CHILD_CHECK(r.wait(30s).ok(), 51);
+          CHILD_CHECK(holds(*dst, want, 0), 52);
+        }
+        // A 100-byte eager message into 50 bytes: this recv fails; the endpoint goes on.
+        auto small = device_with(run.server_mem(), std::vector<unsigned char>(50, 0xA5), 0);
+        CHILD_CHECK(small.ok(), 53);
+        Request t = ep.recv(small->region(), 9);
+        CHILD_CHECK(t.wait(30s).code() == Code::kTruncated, 54);
+        auto want = message(run.seed, 10, 333);
+        auto dst = device_with(run.server_mem(), std::vector<unsigned char>(333, 0xA5), 0);
+        CHILD_CHECK(dst.ok(), 55);
+        Request r = ep.recv(dst->region(), 10);
+        CHILD_CHECK(r.wait(30s).ok(), 56);
+        CHILD_CHECK(holds(*dst, want, 0), 57);
+        char bye = 1;  // the client closes only after this: a closed endpoint takes no new receives
+        CHILD_CHECK(ep.send(MemRegion{&bye, 1, {}}, 99).wait(30s).ok(), 58);
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        std::vector<Buffer> keep;
+        std::vector<Request> sends;
+        for (uint64_t tag : {1, 2, 3}) {
+          auto src = device_with(run.client_mem(), message(run.seed, tag, 1000 + tag), 0);
+          CHILD_CHECK(src.ok(), 60);
+          sends.push_back(ep.send(src->region(), tag));
+          keep.push_back(std::move(*src));
+        }
+        // Each completes once the receiver has copied it out (into its unexpected buffer).
+        for (auto& s : sends) CHILD_CHECK(s.wait(30s).ok(), 61);
+        auto big = device_with(run.client_mem(), message(run.seed, 9, 100), 0);
+        CHILD_CHECK(big.ok(), 62);
+        CHILD_CHECK(ep.send(big->region(), 9).wait(30s).ok(), 63);  // eager: the sender is not told
+        auto last = device_with(run.client_mem(), message(run.seed, 10, 333), 0);
+        CHILD_CHECK(last.ok(), 64);
+        CHILD_CHECK(ep.send(last->region(), 10).wait(30s).ok(), 65);
+        char bye = 0;
+        CHILD_CHECK(ep.recv(MemRegion{&bye, 1, {}}, 99).wait(30s).ok() && bye == 1, 66);
+        return 0;
+      },
+      &rs, &rc);
+  EXPECT_EQ(rs, 0);
+  EXPECT_EQ(rc, 0);
+}
+
+TEST(CudaIpcEngineGpu, PingPongBothDirections) {
+  REQUIRE_GPUS(gpus);
+  Trial run;
+  run.gpus = gpus;
+  int rs = -3, rc = -3;
+  // Each side sends message i and receives the other's, 200 rounds, sizes cycling 8 .. 64 KiB.
+  auto side = [&](bool server) {
+    return [&, server](Endpoint& ep) {
+      MemSpec mine = server ? run.server_mem() : run.client_mem();
+      for (uint64_t i = 0; i < 200; ++i) {
+        size_t n = size_t{8} << (i % 14);
+        auto out = device_with(mine, message(run.seed, 2 * i + (server ? 1 : 0), n), 0);
+        auto in = device_with(mine, std::vector<unsigned char>(n, 0xA5), 0);
+        CHILD_CHECK(out.ok() && in.ok(), 70);
+        Request r = ep.recv(in->region(), i);
+        Request s = ep.send(out->region(), i);
+        CHILD_CHECK(s.wait(30s).ok(), 71);
+        CHILD_CHECK(r.wait(30s).ok(), 72);
+        CHILD_CHECK(holds(*in, message(run.seed, 2 * i + (server ? 0 : 1), n), 0), 73);
+      }
+      return 0;
+    };
+  };
+  run_engine_pair(side(true), side(false), &rs, &rc);
+  EXPECT_EQ(rs, 0);
+  EXPECT_EQ(rc, 0);
+}
+
+}  // namespace
+}  // namespace dmx
