@@ -112,6 +112,7 @@ class CudaIpcPath final : public PayloadPath {
     if (stopping_) return closed();
     if (!failed_.ok()) return failed_;
     queue_.push_back(RxItem{seq, std::move(d->source), std::move(d->retired), dst});
+    posted_.store(true, std::memory_order_release);
     if (sleeping_) cv_.notify_one();
     return Status();
   }
@@ -120,6 +121,7 @@ class CudaIpcPath final : public PayloadPath {
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
+      posted_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     std::lock_guard lock(join_mu_);
@@ -168,12 +170,13 @@ class CudaIpcPath final : public PayloadPath {
     bool idle = false;
     Clock::time_point idle_since;
     for (;;) {
-      {
+      // After work, poll for kSpin before sleeping: a chunk that follows soon (a small message
+      // of a ping-pong) then costs no wake-up. While spinning with nothing posted the lock is not
+      // taken (a poster — the endpoint's stream worker — would otherwise often find it held).
+      bool spinning = !idle || Clock::now() - idle_since < kSpin;
+      if (!spinning || posted_.load(std::memory_order_acquire)) {
         std::unique_lock lock(mu_);
         auto ready = [&] { return stopping_ || !queue_.empty(); };
-        // After work, poll for kSpin before sleeping: a chunk that follows soon (a small message
-        // of a ping-pong) then costs no wake-up.
-        bool spinning = !idle || Clock::now() - idle_since < kSpin;
         if (!ready() && !spinning) {
           if (inflight_.empty()) {
             sleeping_ = true;
@@ -189,6 +192,7 @@ class CudaIpcPath final : public PayloadPath {
         if (stopping_) break;
         batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
         queue_.clear();
+        posted_.store(false, std::memory_order_relaxed);  // under mu_: a later post sets it again
       }
       bool worked = !batch.empty();
       for (RxItem& item : batch) issue(item, &done);
@@ -376,6 +380,7 @@ class CudaIpcPath final : public PayloadPath {
   std::condition_variable cv_;
   std::deque<RxItem> queue_;
   bool stopping_ = false;
+  std::atomic<bool> posted_{false};  // queue_ non-empty or stopping_: the spinning thread looks
   bool sleeping_ = false;
   Status failed_;
   std::string report_;

@@ -318,8 +318,24 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
     return Status(Code::kInvalidArgument, fmt::format("cuda_ipc export: {} memory is not CUDA device memory",
                                                       to_string(region.where)));
   DMX_RETURN_IF_ERROR(available());
-  DMX_ASSIGN_OR_RETURN(cuda::driver::AllocationRange range, cuda::driver::allocation_range(region.ptr));
   auto addr = reinterpret_cast<uintptr_t>(region.ptr);
+  // Fast path (every small message): a cached allocation holds the region and is still the same
+  // allocation (its buffer id, which any pointer inside it reports): one driver call.
+  if (auto hit = by_base_.upper_bound(addr); hit != by_base_.begin()) {
+    --hit;
+    const Entry& e = hit->second;
+    uint64_t off = addr - hit->first;
+    if (off < e.desc.alloc_size && region.size <= e.desc.alloc_size - off) {
+      DMX_ASSIGN_OR_RETURN(uint64_t id, cuda::driver::buffer_id(region.ptr));
+      if (id == e.buffer_id) {
+        IpcDescriptor d = e.desc;
+        d.offset = off;
+        d.length = region.size;
+        return d;
+      }
+    }
+  }
+  DMX_ASSIGN_OR_RETURN(cuda::driver::AllocationRange range, cuda::driver::allocation_range(region.ptr));
   if (addr - range.base > range.size || region.size > range.size - (addr - range.base))
     return Status(Code::kOutOfRange, fmt::format("cuda_ipc export: [{}, +{}) runs past its allocation of {} B",
                                                  region.ptr, region.size, range.size));

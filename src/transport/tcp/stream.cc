@@ -50,6 +50,7 @@ void Stream::push_control(TxItem item) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     control_.push_back(std::move(item));
+    has_control_.store(true, std::memory_order_release);
   }
   wake();
 }
@@ -149,13 +150,16 @@ bool Stream::next_tx(TxItem** item) {
     *item = &current_;
     return true;
   }
-  {
+  // The lock only when something was pushed: a busy-polling worker would otherwise hold it so
+  // often that pushers (under the endpoint's lock) block on it.
+  if (has_control_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!control_.empty()) {
       current_ = std::move(control_.front());
       control_.pop_front();
       writing_ = true;
     }
+    has_control_.store(!control_.empty(), std::memory_order_relaxed);
   }
   if (writing_ && current_.where.is_device() && current_.len > 0 && current_.slot < 0) {
     // A small device payload travelling inline (eager): stage it through the reserved pinned slot
@@ -384,6 +388,7 @@ void Stream::run() {
       ka.header.type = wire::FrameType::kKeepalive;
       std::lock_guard<std::mutex> lock(mu_);
       control_.push_back(std::move(ka));
+      has_control_.store(true, std::memory_order_release);
       continue;
     }
     if (progress || tx == Io::kProgress || rx == Io::kProgress) {
@@ -443,6 +448,7 @@ void Stream::drain() {
   rx_plan_ = RxPlan();
   std::lock_guard<std::mutex> lock(mu_);
   control_.clear();
+  has_control_.store(false, std::memory_order_relaxed);
 }
 
 }  // namespace dmx::tcp

@@ -158,6 +158,7 @@ class Stream {
 
   std::mutex mu_;  // guards control_
   std::deque<TxItem> control_;
+  std::atomic<bool> has_control_{false};  // == !control_.empty(), written under mu_
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};  // the worker may be asleep in ppoll: wake() must ring
 
