@@ -35,6 +35,9 @@ struct Plan {
   std::string op = "send";  // send | write | read
   uint64_t size = 0;
   uint32_t iters = 0, window = 1, lat_iters = 0;
+  // Untimed operations first: the first use of a buffer pays one-time costs (a CUDA IPC handle
+  // exported and mapped, ...) that are not transfer time.
+  uint32_t warmup = 1;
   std::string peer_mem = "host";
   bool verify = false;
   uint64_t checksum = 0;  // send/write: the source's

@@ -86,6 +86,12 @@ Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size) {
 
   OpOptions data = with_timeout(kDataTimeout);
   auto slot = [&](uint32_t i) { return local.region().sub(uint64_t{i % w} * size, size); };
+  for (uint32_t i = 0; i < p.warmup; ++i) {  // untimed (Plan::warmup)
+    Request r = o.op == "send"    ? ep.send(src, kDataTag, data)
+                : o.op == "write" ? ep.write(src, reply.region, 0, data)
+                                  : ep.read(slot(0), reply.region, 0, data);
+    DMX_RETURN_IF_ERROR(r.wait());
+  }
   auto t0 = Clock::now();
   if (o.op == "send") {
     DMX_RETURN_IF_ERROR(windowed(p.iters, w, [&](uint32_t) { return ep.send(src, kDataTag, data); }));

@@ -11,7 +11,7 @@ using nlohmann::json;
 
 std::string to_json(const Plan& p) {
   return json{{"op", p.op},         {"size", p.size},         {"iters", p.iters},   {"window", p.window},
-              {"lat_iters", p.lat_iters}, {"peer_mem", p.peer_mem}, {"verify", p.verify}, {"checksum", p.checksum},
+              {"lat_iters", p.lat_iters}, {"warmup", p.warmup}, {"peer_mem", p.peer_mem}, {"verify", p.verify}, {"checksum", p.checksum},
               {"quit", p.quit}}
       .dump();
 }
@@ -26,6 +26,8 @@ Result<Plan> plan_from_json(const std::string& s) {
     p.iters = j.at("iters").get<uint32_t>();
     p.window = j.at("window").get<uint32_t>();
     p.lat_iters = j.at("lat_iters").get<uint32_t>();
+    p.warmup = j.at("warmup").get<uint32_t>();
+    if (p.warmup > 16) return Status(Code::kProtocol, "bench plan: more than 16 warm-up operations");
     p.peer_mem = j.at("peer_mem").get<std::string>();
     p.verify = j.at("verify").get<bool>();
     p.checksum = j.at("checksum").get<uint64_t>();

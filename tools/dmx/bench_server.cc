@@ -25,11 +25,12 @@ Status serve_send(Endpoint& ep, const Plan& p, Buffer& buf, Reply& reply) {
   uint32_t w = std::min(p.window, std::max<uint32_t>(p.iters, 1));
   std::vector<Request> reqs(w);
   auto slot = [&](uint32_t i) { return buf.region().sub(uint64_t{i % w} * p.size, p.size); };
-  for (uint32_t i = 0; i < std::min(w, p.iters); ++i) reqs[i] = ep.recv(slot(i), kDataTag, with_timeout(kDataTimeout));
-  for (uint32_t i = 0; i < p.iters; ++i) {
+  uint32_t total = p.iters + p.warmup;  // the client's untimed warm-up sends come first
+  for (uint32_t i = 0; i < std::min(w, total); ++i) reqs[i] = ep.recv(slot(i), kDataTag, with_timeout(kDataTimeout));
+  for (uint32_t i = 0; i < total; ++i) {
     DMX_RETURN_IF_ERROR(reqs[i % w].wait());
     if (reqs[i % w].bytes() != p.size) return Status(Code::kInternal, "bench: short message");
-    if (i + w < p.iters) reqs[i % w] = ep.recv(slot(i), kDataTag, with_timeout(kDataTimeout));
+    if (i + w < total) reqs[i % w] = ep.recv(slot(i), kDataTag, with_timeout(kDataTimeout));
   }
   DMX_RETURN_IF_ERROR(send_text(ep, kDoneTag, "done", kControlTimeout));
   // Ping-pong. With two slots the receive of the next ping is posted before the pong goes out, as a
