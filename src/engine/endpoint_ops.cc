@@ -287,6 +287,15 @@ void EndpointImpl::finish(OpState& op, Status s) {
   if (op.phase == OpPhase::kFinished || op.phase == OpPhase::kDelivered) return;
   op.outcome = std::move(s);
   op.phase = OpPhase::kFinished;
+  if (op.deadline != Clock::time_point::max()) {
+    // Its deadline entry goes now, not when it would have expired: with long timeouts and many
+    // operations the table would otherwise hold every operation of the last timeout period.
+    auto [first, last] = deadlines_.equal_range(op.deadline);
+    for (auto it = first; it != last;) {
+      auto held = it->second.lock();
+      it = held == nullptr || held.get() == &op ? deadlines_.erase(it) : std::next(it);
+    }
+  }
   if (op.type != OpType::kReadResponse) undelivered_.fetch_add(1, std::memory_order_release);
   if (op.type == OpType::kReadResponse && op.reg) {
     ContextImpl::release_registration(*op.reg);

@@ -65,9 +65,8 @@ struct Trial {
 };
 
 // Runs `server(endpoint)` and `client(endpoint)` in two forked children connected through the
-// engine (auto transport); returns their exit codes.
-void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::function<int(Endpoint&)>& client,
-                     int* rs, int* rc) {
+// engine (auto transport); both must exit 0.
+void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::function<int(Endpoint&)>& client) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   pid_t s = testing::fork_child([&] {
@@ -103,8 +102,8 @@ void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::fun
     ep->close();
     return r;
   });
-  *rc = testing::wait_child(c, 120s);
-  *rs = testing::wait_child(s, 120s);
+  EXPECT_EQ(testing::wait_child(c, 120s), 0) << "client";
+  EXPECT_EQ(testing::wait_child(s, 120s), 0) << "server";
 }
 
 const std::vector<size_t> kSizes = {1, 8, 4097, 16 << 10, (16 << 10) + 1, (1 << 20) + 3, (64 << 20) + 3};
@@ -113,7 +112,6 @@ TEST(CudaIpcEngineGpu, SendsEveryKindOfSizeByteExact) {
   REQUIRE_GPUS(gpus);
   Trial run;
   run.gpus = gpus;
-  int rs = -3, rc = -3;
   run_engine_pair(
       [&](Endpoint& ep) {
         for (size_t i = 0; i < kSizes.size(); ++i) {
@@ -143,17 +141,13 @@ TEST(CudaIpcEngineGpu, SendsEveryKindOfSizeByteExact) {
         CHILD_CHECK(st.eager_sends >= 4, 42);  // 1, 8, 4097, 16 KiB (eager_limit)
         CHILD_CHECK(st.d2h_copies == 0, 43);
         return 0;
-      },
-      &rs, &rc);
-  EXPECT_EQ(rs, 0);
-  EXPECT_EQ(rc, 0);
+      });
 }
 
 TEST(CudaIpcEngineGpu, UnexpectedEagerMessagesAndTruncation) {
   REQUIRE_GPUS(gpus);
   Trial run;
   run.gpus = gpus;
-  int rs = -3, rc = -3;
   run_engine_pair(
       [&](Endpoint& ep) {
         std::this_thread::sleep_for(200ms);  // the three messages arrive before any recv
@@ -200,17 +194,13 @@ TEST(CudaIpcEngineGpu, UnexpectedEagerMessagesAndTruncation) {
         char bye = 0;
         CHILD_CHECK(ep.recv(MemRegion{&bye, 1, {}}, 99).wait(30s).ok() && bye == 1, 66);
         return 0;
-      },
-      &rs, &rc);
-  EXPECT_EQ(rs, 0);
-  EXPECT_EQ(rc, 0);
+      });
 }
 
 TEST(CudaIpcEngineGpu, PingPongBothDirections) {
   REQUIRE_GPUS(gpus);
   Trial run;
   run.gpus = gpus;
-  int rs = -3, rc = -3;
   // Each side sends message i and receives the other's, 200 rounds, sizes cycling 8 .. 64 KiB.
   auto side = [&](bool server) {
     return [&, server](Endpoint& ep) {
@@ -229,9 +219,7 @@ TEST(CudaIpcEngineGpu, PingPongBothDirections) {
       return 0;
     };
   };
-  run_engine_pair(side(true), side(false), &rs, &rc);
-  EXPECT_EQ(rs, 0);
-  EXPECT_EQ(rc, 0);
+  run_engine_pair(side(true), side(false));
 }
 
 }  // namespace
