@@ -39,6 +39,7 @@ struct EndpointStats {
   };
   std::string transport;  // the data paths in use: "tcp", "shm", "cuda_ipc", "shm+cuda_ipc"
   std::string reason;     // why that path was chosen
+  std::string control_stream;  // what stream 0 (control frames) runs on: "tcp" or "shm pipe"
   std::string peer;
   uint32_t streams = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;  // payload bytes on the wire

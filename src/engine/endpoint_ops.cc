@@ -563,6 +563,7 @@ EndpointStats EndpointImpl::stats() const {
   EndpointStats s;
   s.transport = session_.transport;
   s.reason = session_.reason;
+  s.control_stream = streams_.empty() ? "" : streams_[0]->conduit_kind();
   s.peer = session_.peer;
   s.streams = static_cast<uint32_t>(streams_.size());
   for (const auto& st : streams_) {

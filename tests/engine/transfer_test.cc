@@ -132,6 +132,48 @@ std::string kind_pair_name(const ::testing::TestParamInfo<KindPair>& info) {
   return n;
 }
 
+// Same host: stream 0 runs on the shared-memory control pipe unless either side turns it off
+// (control_pipe=false) or forces tcp; data arrives byte-exact either way.
+TEST(ControlPipe, UsedOnOneHostUnlessEitherSideSaysNo) {
+  struct Case {
+    const char* client_pipe;
+    const char* server_pipe;
+    const char* client_transport;
+    const char* expect;
+  };
+  for (const Case& c : {Case{"true", "true", "auto", "shm pipe"}, Case{"false", "true", "auto", "tcp"},
+                        Case{"true", "false", "auto", "tcp"}, Case{"true", "true", "tcp", "tcp"}}) {
+    SCOPED_TRACE(::testing::Message() << "client control_pipe=" << c.client_pipe << " server control_pipe="
+                                      << c.server_pipe << " client transport=" << c.client_transport);
+    Options so = test_options();
+    so.set("control_pipe", c.server_pipe);
+    Options co = test_options();
+    co.set("control_pipe", c.client_pipe).set("transport", c.client_transport);
+    auto sctx = Context::create(so);
+    auto cctx = Context::create(co);
+    ASSERT_TRUE(sctx.ok() && cctx.ok());
+    auto l = sctx->listen("tcp://127.0.0.1:0");
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    auto client = cctx->connect(l->address());
+    ASSERT_TRUE(client.ok()) << client.status().to_string();
+    auto server = l->accept(10s);
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    EXPECT_EQ(client->stats().control_stream, c.expect) << client->stats().reason;
+    EXPECT_EQ(server->stats().control_stream, c.expect) << server->stats().reason;
+    bool piped = std::string(c.expect) == "shm pipe";
+    EXPECT_EQ(client->stats().reason.find("control stream on an shm pipe") != std::string::npos, piped)
+        << client->stats().reason;
+    for (size_t n : {size_t{8}, size_t{(1 << 20) + 3}}) {
+      Filled src = filled(MemSpec{}, n);
+      Buffer dst = poisoned(MemSpec{}, n);
+      Request r = server->recv(dst.region(), 5);
+      ASSERT_TRUE(client->send(src.buf.region(), 5).wait(30s).ok());
+      ASSERT_TRUE(r.wait(30s).ok()) << r.status().to_string();
+      ASSERT_EQ(read_back(dst.region()), src.data) << n;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tcp, Transfer, ::testing::Values(DMX_KIND_PAIRS("tcp")), kind_pair_name);
 INSTANTIATE_TEST_SUITE_P(SameHost, Transfer, ::testing::Values(DMX_KIND_PAIRS("auto")), kind_pair_name);
 

@@ -84,6 +84,7 @@ Result<std::vector<uint64_t>> parse_sizes(const std::string& list) {
 void print_header(const bench::ClientOptions& co, const EndpointStats& st, size_t nsizes) {
   fmt::print("# dmx bench: op {}, {} -> {}, path {} ({}), {} streams, peer {}\n", co.op, to_string(co.mem),
              to_string(co.peer_mem), st.transport, st.reason, st.streams, st.peer);
+  fmt::print("# control stream: {}\n", st.control_stream);
   for (const auto& p : st.paths) fmt::print("# payload path: {}\n", p.detail);
   fmt::print("# latency: {}\n", co.op == "send" ? "half round trip (ping-pong)" : "operation completion time");
   fmt::print("#{:>11} {:>7} {:>9} {:>10} {:>10} {:>7} {:>9}\n", "size", "iters", "GB/s", "p50 us", "p99 us", "CPU %",
@@ -94,7 +95,7 @@ void print_row(const bench::Result1& r, bool verify_asked, bool json, const benc
                const EndpointStats& st) {
   if (json) {
     nlohmann::json j{{"size_bytes", r.plan.size}, {"gb_per_s", r.gb_per_s},     {"lat_p50_us", r.lat_p50_us},
-                     {"lat_p99_us", r.lat_p99_us}, {"transport", st.transport}, {"reason", st.reason},
+                     {"lat_p99_us", r.lat_p99_us}, {"transport", st.transport}, {"reason", st.reason}, {"control_stream", st.control_stream},
                      {"mem", to_string(co.mem)},   {"peer_mem", to_string(co.peer_mem)},
                      {"streams", st.streams},      {"verified", r.verified},     {"op", co.op},
                      {"iters", r.plan.iters},      {"window", r.plan.window},    {"cpu_pct", r.cpu_pct},
