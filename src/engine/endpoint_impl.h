@@ -86,8 +86,8 @@ class EndpointImpl final : public tcp::StreamHost,
     struct Rx {
       wire::FrameHeader header;
       uint64_t len = 0;
-      bool counted = false;  // an op's inflight was raised for it
-      // EAGER by path: where the message lands (plan_eager's host_tag and ctx).
+      // The plan's marker and handle: for a transfer's chunk, host_tag != 0 when an op's inflight
+      // was raised for it; for an EAGER, where the message lands (plan_eager).
       int host_tag = 0;
       std::shared_ptr<void> ctx;
     };
@@ -159,12 +159,14 @@ class EndpointImpl final : public tcp::StreamHost,
   Status check_accepts(uint64_t flags, std::string_view what) const;
   // Hands the next chunk of `t` to `path`; fills the header frame to write. Caller holds mu_.
   Status post_path_chunk(PayloadPath* path, Transfer& t, uint64_t len, tcp::TxItem* out);
-  // A path-flagged data header with its descriptor arrived on stream 0. Caller holds mu_.
+  // A path-flagged header with its descriptor arrived on stream 0: a data chunk, or an EAGER
+  // whose bytes stay in the sender's memory until this side copies them out by a receiver-releases
+  // path (cuda_ipc) — into the matched recv, or else at once into an unexpected buffer (so the
+  // sender's memory is released promptly, as for any eager message). Caller holds mu_.
   Status on_path_header(const wire::FrameHeader& h, const std::vector<unsigned char>& desc);
-  // An EAGER whose bytes stay in the sender's memory until this side copies them out by a
-  // receiver-releases path (cuda_ipc): into the matched recv, or else into an unexpected buffer at
-  // once (so the sender's memory is released promptly, as for any eager message). Caller holds mu_.
-  Status on_path_eager(const wire::FrameHeader& h, const std::vector<unsigned char>& desc);
+  // A chunk this side sent on `path` is done with (the path's event, or PATH_DONE): settles it and
+  // wakes stream 0 (the window has room). False when it is not in flight. Caller holds mu_.
+  bool path_chunk_sent(PathKind path, uint64_t seq, const Status& s);
   // The eager path for a send from `src`, or null (inline eager). Caller holds mu_.
   PayloadPath* eager_path(const MemSpec& src) const;
   void stop_paths();

@@ -80,25 +80,32 @@ Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t le
 Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsigned char>& desc) {
   PathKind k = kind_of(h.flags);
   PathState& ps = paths_[static_cast<int>(k)];
-  if (!ps.path)
-    return Status(Code::kProtocol, fmt::format("{} uses the {} path, which was not agreed", wire::describe(h),
-                                               path_name(k)));
+  bool eager = h.type == FrameType::kEager;  // the whole message, copied out of the sender's memory
+  if (!ps.path || (eager && !ps.path->receiver_releases()))
+    return Status(Code::kProtocol, fmt::format("{} uses the {} path, which was not agreed{}", wire::describe(h),
+                                               path_name(k), eager ? " or cannot carry eager messages" : ""));
   auto len = ps.path->chunk_length(desc);
   if (!len.ok()) return Status(Code::kProtocol, fmt::format("{}: {}", wire::describe(h), len.status().message()));
-  Result<tcp::RxPlan> plan = h.type == FrameType::kSendData ? plan_inbound(tokens_, h, h.a0, h.a1, *len, "SEND_DATA")
+  if (eager && (*len == 0 || *len > params_.eager_limit))
+    return Status(Code::kProtocol, fmt::format("{} announces {} bytes; an eager message has 1 to {}", wire::describe(h),
+                                               *len, params_.eager_limit));
+  Result<tcp::RxPlan> plan = eager                               ? plan_eager(h, *len)
+                             : h.type == FrameType::kSendData ? plan_inbound(tokens_, h, h.a0, h.a1, *len, "SEND_DATA")
                              : h.type == FrameType::kReadData ? plan_inbound(reads_, h, h.a0, h.a1, *len, "READ_DATA")
                                                               : plan_write(h, *len);
   if (!plan.ok()) return plan.status();
   uint64_t seq = ps.rx_seq++;
   MemRegion dst{nullptr, *len, {}};
   if (plan->kind != tcp::RxPlan::Kind::kDiscard) dst = MemRegion{plan->dst, *len, plan->where};
-  ps.rx[seq] = PathState::Rx{h, *len, plan->host_tag != 0};
+  ps.rx[seq] = PathState::Rx{h, *len, plan->host_tag, plan->ctx};
   if (Status s = ps.path->post_rx(seq, desc, dst); !s.ok()) {
-    // The chunk cannot move: account for it as arrived-but-failed, like a failed copy.
-    auto rx = std::move(ps.rx[seq]);
     ps.rx.erase(seq);
-    if (h.type == FrameType::kWriteData) land_write(h, rx.len, s);
-    else return land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.counted, s);
+    // An eager message has no one to tell but this side: the endpoint fails. A chunk of a transfer
+    // counts as arrived-but-failed, like a failed copy.
+    if (eager)
+      return Status(s.code(), fmt::format("an eager message by {} could not be taken: {}", path_name(k), s.message()));
+    if (h.type == FrameType::kWriteData) land_write(h, *len, s);
+    else return land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, *len, plan->host_tag != 0, s);
   }
   return Status();
 }
@@ -108,40 +115,23 @@ PayloadPath* EndpointImpl::eager_path(const MemSpec& src) const {
   return p && p->receiver_releases() && p->carries(src) ? p.get() : nullptr;
 }
 
-Status EndpointImpl::on_path_eager(const FrameHeader& h, const std::vector<unsigned char>& desc) {
-  PathKind k = kind_of(h.flags);
-  PathState& ps = paths_[static_cast<int>(k)];
-  if (!ps.path || !ps.path->receiver_releases())
-    return Status(Code::kProtocol, fmt::format("{} uses the {} path, which was not agreed or cannot carry eager messages",
-                                               wire::describe(h), path_name(k)));
-  auto len = ps.path->chunk_length(desc);
-  if (!len.ok()) return Status(Code::kProtocol, fmt::format("{}: {}", wire::describe(h), len.status().message()));
-  if (*len == 0 || *len > params_.eager_limit)
-    return Status(Code::kProtocol, fmt::format("{} announces {} bytes; an eager message has 1 to {}", wire::describe(h),
-                                               *len, params_.eager_limit));
-  DMX_ASSIGN_OR_RETURN(tcp::RxPlan plan, plan_eager(h, *len));
-  uint64_t seq = ps.rx_seq++;
-  MemRegion dst{nullptr, *len, {}};
-  if (plan.kind != tcp::RxPlan::Kind::kDiscard) dst = MemRegion{plan.dst, *len, plan.where};
-  ps.rx[seq] = PathState::Rx{h, *len, false, plan.host_tag, plan.ctx};
-  if (Status s = ps.path->post_rx(seq, desc, dst); !s.ok()) {
-    ps.rx.erase(seq);
-    return Status(s.code(), fmt::format("an eager message by {} could not be taken: {}", path_name(k), s.message()));
-  }
-  return Status();
+bool EndpointImpl::path_chunk_sent(PathKind path, uint64_t seq, const Status& s) {
+  PathState& ps = paths_[static_cast<int>(path)];
+  auto it = ps.tx.find(seq);
+  if (it == ps.tx.end()) return false;
+  auto tx = std::move(it->second);
+  ps.tx.erase(it);
+  chunk_sent(tx.op, tx.len, s);
+  streams_[0]->wake();  // the window has room again
+  return true;
 }
 
 void EndpointImpl::on_path_tx_done(PathKind path, uint64_t seq, const Status& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    PathState& ps = paths_[static_cast<int>(path)];
-    auto it = ps.tx.find(seq);
-    if (it == ps.tx.end()) return;  // the endpoint failed meanwhile
-    auto tx = std::move(it->second);
-    ps.tx.erase(it);
-    chunk_sent(tx.op, tx.len, s.ok() ? s : s.with_peer(session_.peer));
+    // Not in flight any more: the endpoint failed meanwhile.
+    if (!path_chunk_sent(path, seq, s.ok() ? s : s.with_peer(session_.peer))) return;
   }
-  streams_[0]->wake();  // the window has room again
   deliver();
 }
 
@@ -164,7 +154,7 @@ void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s)
       land_write(h, rx.len, s);
       noted = (h.flags & wire::kFlagNotify) != 0;
     } else {
-      st = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.counted, s);
+      st = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.host_tag != 0, s);
     }
     if (ps.path->receiver_releases() && status_.ok()) {
       FrameHeader done;

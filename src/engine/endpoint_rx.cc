@@ -83,7 +83,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
     std::lock_guard<std::mutex> lock(mu_);
     switch (h.type) {
       case FrameType::kEager:
-        if (h.flags & wire::kPathFlags) st = on_path_eager(h, plan.control);
+        if (h.flags & wire::kPathFlags) st = on_path_header(h, plan.control);
         else eager_landed(plan.host_tag, plan.ctx, h.payload_len);
         break;
       case FrameType::kRts: st = on_rts(h); break;
@@ -105,14 +105,8 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
         auto k = static_cast<size_t>(h.a0);
         if (k >= kPathKinds || !paths_[k].path || !paths_[k].path->receiver_releases())
           st = protocol(fmt::format("PATH_DONE for path {}, which releases nothing here", h.a0));
-        else if (auto it = paths_[k].tx.find(h.id); it == paths_[k].tx.end())
+        else if (!path_chunk_sent(PathKind(k), h.id, Status()))
           st = protocol(fmt::format("PATH_DONE for {} chunk {}, which is not in flight", path_name(PathKind(k)), h.id));
-        else {
-          auto tx = std::move(it->second);
-          paths_[k].tx.erase(it);
-          chunk_sent(tx.op, tx.len, Status());
-          streams_[0]->wake();  // the window has room again
-        }
         break;
       }
       case FrameType::kReadReq: st = on_read_req(h); break;
