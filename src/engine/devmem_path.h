@@ -82,8 +82,9 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
 
 // The same over any seams: tests pass devmem::testing::SimNic::seams() (tests/devmem/
 // socket_double.h, library dmx_devmem_double) and a connected socket pair, so real bytes move.
+// `steering` (the NIC flow rule of the production overload) is kept until the path is destroyed.
 Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, const Config& config, std::string peer,
-                                                      devmem::HostSeams seams);
+                                                      devmem::HostSeams seams, std::shared_ptr<void> steering = nullptr);
 
 // Devmem-specific counters of a path made by make_devmem_path (for tests and detailed statistics;
 // PathStats folds them: device_copies = gathers + TX staging copies, host_copies = linear chunks).

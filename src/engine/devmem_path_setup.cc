@@ -1,0 +1,80 @@
+// Setting up the devmem payload path on the real NIC: whether it can be offered, and the flow rule
+// that steers the data socket's packets to a devmem RX queue (see devmem_path.h).
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "core/log.h"
+#include "engine/devmem_path.h"
+#include "transport/devmem/devmem.h"
+#include "transport/devmem/nic.h"
+
+namespace dmx {
+
+Status devmem_path_offer(const Config& config) {
+  DMX_RETURN_IF_ERROR(devmem::usable(config.get_string("devmem_ifname")));
+  const std::string& queues = config.get_string("devmem_queues");
+  if (queues.empty())
+    return Status(Code::kUnavailable, "devmem: setting devmem_queues is empty (the RX queues given to dmx devmem setup)");
+  if (auto q = devmem::parse_queue_range(queues); !q.ok()) return Status(Code::kUnavailable, q.status().message());
+  return Status();
+}
+
+namespace {
+
+// Removes a flow rule when the last holder lets go (the path, after its socket closed).
+struct FlowRuleGuard {
+  std::unique_ptr<devmem::NicOps> nic;
+  std::string ifname, peer;
+  uint32_t location = 0;
+  ~FlowRuleGuard() {
+    if (Status s = nic->delete_flow_rule(ifname, location); !s.ok())
+      DMX_LOG_WARN("devmem path to {}: removing flow rule {} of {}: {}", peer, location, ifname, s.message());
+  }
+};
+
+// Steers this data socket's incoming packets to one of the devmem RX queues (ETHTOOL_SRXCLSRLINS,
+// dst = our address and port, src = the peer's), so that its payload lands in the bound pool.
+Result<std::shared_ptr<void>> steer_data_socket(int fd, const devmem::HostSeams& seams, const std::string& peer) {
+  sockaddr_storage local{}, remote{};
+  socklen_t ll = sizeof local, rl = sizeof remote;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return errno_status("getsockname", errno);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rl) != 0) return errno_status("getpeername", errno);
+  if (local.ss_family != AF_INET || remote.ss_family != AF_INET)
+    return Status(Code::kUnavailable, "devmem path: the data socket is not IPv4 (flow rules are tcp4 only so far)");
+  if (seams.queues.empty()) return Status(Code::kUnavailable, "devmem path: no devmem RX queues (devmem_queues)");
+  auto& l = reinterpret_cast<const sockaddr_in&>(local);
+  auto& r = reinterpret_cast<const sockaddr_in&>(remote);
+  devmem::FlowRule rule;
+  rule.dst_ip = l.sin_addr.s_addr;
+  rule.dst_port = ntohs(l.sin_port);
+  rule.src_ip = r.sin_addr.s_addr;
+  rule.src_port = ntohs(r.sin_port);
+  rule.queue = seams.queues[rule.dst_port % seams.queues.size()];
+  auto g = std::make_shared<FlowRuleGuard>();
+  g->nic = devmem::make_kernel_nic_ops();
+  g->ifname = seams.ifname;
+  g->peer = peer;
+  auto loc = g->nic->add_flow_rule(seams.ifname, rule);
+  if (!loc.ok())
+    return Status(loc.status().code(), fmt::format("devmem path: steering the data socket to queue {} of {}: {}",
+                                                   rule.queue, seams.ifname, loc.status().message()));
+  g->location = *loc;
+  DMX_LOG_INFO("devmem path to {}: flow rule {} on {} steers port {} to queue {}", peer, *loc, seams.ifname,
+               rule.dst_port, rule.queue);
+  return std::shared_ptr<void>(std::move(g));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, const Config& config, std::string peer,
+                                                      int cuda_device) {
+  DMX_ASSIGN_OR_RETURN(devmem::HostSeams seams, devmem::kernel_seams(config, cuda_device));
+  if (!data_socket.valid()) return Status(Code::kInvalidArgument, "devmem path: no data socket");
+  auto steering = steer_data_socket(data_socket.get(), seams, peer);
+  if (!steering.ok()) return steering.status().with_peer(peer);
+  return make_devmem_path(std::move(data_socket), config, std::move(peer), std::move(seams), std::move(*steering));
+}
+
+}  // namespace dmx
