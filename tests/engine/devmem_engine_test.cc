@@ -238,7 +238,6 @@ TEST(DevmemEngineDouble, ManyOperationsBothWaysAtOnce) {
   constexpr int kOps = 40;
   std::vector<Filled> out_c, out_s;
   std::vector<Buffer> in_c, in_s;
-  std::vector<Request> reqs;
   for (int i = 0; i < kOps; ++i) {
     size_t n = (i * 7919u) % (3 << 20) + i + 1;
     out_c.push_back(filled(kSim, n));
@@ -246,19 +245,7 @@ TEST(DevmemEngineDouble, ManyOperationsBothWaysAtOnce) {
     in_c.push_back(poisoned(i % 2 ? kHost : kSim, n));
     in_s.push_back(poisoned(i % 2 ? kSim : kHost, n));
   }
-  for (int i = 0; i < kOps; ++i) {
-    reqs.push_back(p.server.recv(in_s[i].region(), i));
-    reqs.push_back(p.client.recv(in_c[i].region(), i));
-  }
-  for (int i = 0; i < kOps; ++i) {
-    reqs.push_back(p.client.send(out_c[i].buf.region(), i));
-    reqs.push_back(p.server.send(out_s[i].buf.region(), i));
-  }
-  for (auto& r : reqs) ASSERT_TRUE(r.wait(120s).ok()) << r.status().to_string();
-  for (int i = 0; i < kOps; ++i) {
-    ASSERT_EQ(read_back(in_s[i].region()), out_c[i].data) << i;
-    ASSERT_EQ(read_back(in_c[i].region()), out_s[i].data) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(exchange_both_ways(p.client, p.server, out_c, out_s, in_c, in_s, 120s));
   EXPECT_GT(devmem_bytes_sent(p.client), 0u);
   EXPECT_GT(devmem_bytes_sent(p.server), 0u);
 }

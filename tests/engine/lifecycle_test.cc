@@ -224,7 +224,6 @@ TEST_P(Concurrency, ManyOperationsBothWaysAtOnce) {
   constexpr int kOps = 60;
   std::vector<Filled> out_c, out_s;
   std::vector<Buffer> in_c, in_s;
-  std::vector<Request> reqs;
   for (int i = 0; i < kOps; ++i) {
     size_t n = (i * 7919u) % (3 << 20) + i;  // eager and rendezvous sizes mixed
     out_c.push_back(filled(MemSpec{}, n));
@@ -232,19 +231,7 @@ TEST_P(Concurrency, ManyOperationsBothWaysAtOnce) {
     in_c.push_back(poisoned(MemSpec{}, n));
     in_s.push_back(poisoned(MemSpec{}, n));
   }
-  for (int i = 0; i < kOps; ++i) {
-    reqs.push_back(p.server.recv(in_s[i].region(), i));
-    reqs.push_back(p.client.recv(in_c[i].region(), i));
-  }
-  for (int i = 0; i < kOps; ++i) {
-    reqs.push_back(p.client.send(out_c[i].buf.region(), i));
-    reqs.push_back(p.server.send(out_s[i].buf.region(), i));
-  }
-  for (auto& r : reqs) ASSERT_TRUE(r.wait(60s).ok()) << r.status().to_string();
-  for (int i = 0; i < kOps; ++i) {
-    ASSERT_EQ(read_back(in_s[i].region()), out_c[i].data) << i;
-    ASSERT_EQ(read_back(in_c[i].region()), out_s[i].data) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(exchange_both_ways(p.client, p.server, out_c, out_s, in_c, in_s, 60s));
   EndpointStats st = p.client.stats();
   EXPECT_EQ(st.messages_sent, static_cast<uint64_t>(kOps));
   EXPECT_GT(st.eager_sends, 0u);

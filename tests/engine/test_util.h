@@ -89,6 +89,28 @@ inline Pair connect_pair(const Options& o = test_options()) {
   return p;
 }
 
+// Message i goes client->server (out_c[i] into in_s[i]) and server->client (out_s[i] into in_c[i]),
+// all receives posted first, all sends at once, tag i; every byte is checked.
+inline void exchange_both_ways(Endpoint& client, Endpoint& server, const std::vector<Filled>& out_c,
+                               const std::vector<Filled>& out_s,
+                               const std::vector<Buffer>& in_c, const std::vector<Buffer>& in_s,
+                               std::chrono::seconds timeout) {
+  std::vector<Request> reqs;
+  for (size_t i = 0; i < out_c.size(); ++i) {
+    reqs.push_back(server.recv(in_s[i].region(), i));
+    reqs.push_back(client.recv(in_c[i].region(), i));
+  }
+  for (size_t i = 0; i < out_c.size(); ++i) {
+    reqs.push_back(client.send(out_c[i].buf.region(), i));
+    reqs.push_back(server.send(out_s[i].buf.region(), i));
+  }
+  for (auto& r : reqs) ASSERT_TRUE(r.wait(timeout).ok()) << r.status().to_string();
+  for (size_t i = 0; i < out_c.size(); ++i) {
+    ASSERT_EQ(read_back(in_s[i].region()), out_c[i].data) << i;
+    ASSERT_EQ(read_back(in_c[i].region()), out_s[i].data) << i;
+  }
+}
+
 inline bool gpu_available() { return mem_available(MemSpec{MemKind::kCuda, 0}).ok(); }
 
 }  // namespace dmx::test
