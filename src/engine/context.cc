@@ -6,6 +6,7 @@
 
 #include "core/log.h"
 #include "core/sys.h"
+#include "core/trace.h"
 #include "engine/context_impl.h"
 #include "engine/endpoint_impl.h"
 #include "engine/handshake.h"
@@ -292,6 +293,7 @@ Status Request::wait(Duration timeout) const {
   auto spin_until = std::chrono::steady_clock::now() + kSpin;
   while (!op_->completed.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_until) {
   }
+  DMX_TRACE_POINT("wait.spun");
   std::unique_lock<std::mutex> lock(op_->mu);
   auto done = [&] { return op_->completed.load(std::memory_order_acquire); };
   if (timeout == kForever) op_->cv.wait(lock, done);

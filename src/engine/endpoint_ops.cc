@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "core/trace.h"
 #include "core/units.h"
 #include "engine/endpoint_impl.h"
 
@@ -129,6 +130,7 @@ void EndpointImpl::wake_streams() {
 }
 
 Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o) {
+  DMX_TRACE_POINT("send.post");
   auto op = new_op(OpType::kSend, src, o);
   op->tag = tag;
   Status bad = region_problem(src, "send");
@@ -139,7 +141,9 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
   if (try_eager && !src.where.is_device() && src.size > 0) {
     inline_copy.assign(static_cast<const unsigned char*>(src.ptr), static_cast<const unsigned char*>(src.ptr) + src.size);
   }
+  DMX_TRACE_POINT("send.op");
   std::unique_lock<std::mutex> lock(mu_);
+  DMX_TRACE_POINT("send.locked");
   Request r = start(op, initiated_);
   if (!status_.ok() || !bad.ok()) {
     finish(*op, bad.ok() ? status_ : bad);
@@ -162,6 +166,7 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
         tx_.push_back(Transfer{op, FrameType::kEager, static_cast<const char*>(src.ptr), src.where});
         has_tx_.store(true, std::memory_order_release);
         streams_[0]->wake();
+        DMX_TRACE_POINT("send.queued");
       } else if (src.where.is_device()) {
         tcp::TxItem item;
         item.header = h;
@@ -189,6 +194,7 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
 }
 
 Request EndpointImpl::post_recv(const MemRegion& dst, uint64_t tag, OpOptions o) {
+  DMX_TRACE_POINT("recv.post");
   auto op = new_op(OpType::kRecv, dst, o);
   op->tag = op->posted_tag = tag;
   Status bad = region_problem(dst, "recv");
@@ -408,6 +414,7 @@ void EndpointImpl::deliver() {
     }
     if (batch.empty() && !redeliver_) break;
     lock.unlock();
+    DMX_TRACE_POINT("deliver.batch");
     for (auto& op : batch) {
       // The outcome and counters were written under mu_, which this thread took after them.
       Status s = op->outcome;
@@ -424,6 +431,7 @@ void EndpointImpl::deliver() {
         std::lock_guard<std::mutex> g(op->mu);
         op->completed.store(true, std::memory_order_release);
       }
+      DMX_TRACE_POINT("op.completed");
       op->cv.notify_all();
     }
     lock.lock();

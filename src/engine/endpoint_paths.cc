@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "core/trace.h"
 #include "engine/endpoint_impl.h"
 
 namespace dmx {
@@ -57,7 +58,9 @@ Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t le
   PathState& ps = paths_[static_cast<int>(path->kind())];
   OpState& op = *t.op;
   uint64_t seq = ps.tx_seq;
+  DMX_TRACE_POINT("tx.export");
   DMX_ASSIGN_OR_RETURN(std::vector<unsigned char> desc, path->post_tx(seq, MemRegion{const_cast<char*>(t.src) + t.next, len, t.where}));
+  DMX_TRACE_POINT("tx.exported");
   if (desc.empty() || desc.size() > kMaxPathDescriptor)
     return Status(Code::kInternal, fmt::format("{} path made a {}-byte descriptor", path_name(path->kind()), desc.size()));
   ++ps.tx_seq;
@@ -84,6 +87,7 @@ Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsi
   if (!ps.path || (eager && !ps.path->receiver_releases()))
     return Status(Code::kProtocol, fmt::format("{} uses the {} path, which was not agreed{}", wire::describe(h),
                                                path_name(k), eager ? " or cannot carry eager messages" : ""));
+  DMX_TRACE_POINT("path_hdr");
   auto len = ps.path->chunk_length(desc);
   if (!len.ok()) return Status(Code::kProtocol, fmt::format("{}: {}", wire::describe(h), len.status().message()));
   if (eager && (*len == 0 || *len > params_.eager_limit))
@@ -94,10 +98,12 @@ Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsi
                              : h.type == FrameType::kReadData ? plan_inbound(reads_, h, h.a0, h.a1, *len, "READ_DATA")
                                                               : plan_write(h, *len);
   if (!plan.ok()) return plan.status();
+  DMX_TRACE_POINT("path_hdr.planned");
   uint64_t seq = ps.rx_seq++;
   MemRegion dst{nullptr, *len, {}};
   if (plan->kind != tcp::RxPlan::Kind::kDiscard) dst = MemRegion{plan->dst, *len, plan->where};
   ps.rx[seq] = PathState::Rx{h, *len, plan->host_tag, plan->ctx};
+  DMX_TRACE_POINT("path_hdr.post_rx");
   if (Status s = ps.path->post_rx(seq, desc, dst); !s.ok()) {
     ps.rx.erase(seq);
     // An eager message has no one to tell but this side: the endpoint fails. A chunk of a transfer
@@ -107,6 +113,7 @@ Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsi
     if (h.type == FrameType::kWriteData) land_write(h, *len, s);
     else return land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, *len, plan->host_tag != 0, s);
   }
+  DMX_TRACE_POINT("rx.posted");
   return Status();
 }
 
@@ -136,10 +143,12 @@ void EndpointImpl::on_path_tx_done(PathKind path, uint64_t seq, const Status& s)
 }
 
 void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s) {
+  DMX_TRACE_POINT("rx.done");
   bool noted = false;
   Status st;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    DMX_TRACE_POINT("rx.done.locked");
     PathState& ps = paths_[static_cast<int>(path)];
     auto it = ps.rx.find(seq);
     if (it == ps.rx.end()) return;  // the endpoint failed meanwhile
@@ -156,6 +165,7 @@ void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s)
     } else {
       st = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.host_tag != 0, s);
     }
+    DMX_TRACE_POINT("rx.done.settled");
     if (ps.path->receiver_releases() && status_.ok()) {
       FrameHeader done;
       done.type = FrameType::kPathDone;
@@ -164,6 +174,7 @@ void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s)
       push_control(done);
     }
   }
+  DMX_TRACE_POINT("rx.landed");
   if (!st.ok()) fail(st);
   if (noted) notes_cv_.notify_all();
   deliver();

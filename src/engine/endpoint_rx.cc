@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "core/trace.h"
 #include "engine/endpoint_impl.h"
 
 namespace dmx {
@@ -37,6 +38,7 @@ Status EndpointImpl::check_new_msg(uint64_t msg) {
 
 Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
   std::lock_guard<std::mutex> lock(mu_);
+  DMX_TRACE_POINT("on_header.locked");
   switch (h.type) {
     case FrameType::kEager:
       if (h.flags & wire::kPathFlags) {  // the payload is the path's descriptor of the message
@@ -79,8 +81,10 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
   Status st;
   std::string close_reason;
   bool closed = false, noted = false;
+  DMX_TRACE_POINT("on_landed");
   {
     std::lock_guard<std::mutex> lock(mu_);
+    DMX_TRACE_POINT("on_landed.locked");
     switch (h.type) {
       case FrameType::kEager:
         if (h.flags & wire::kPathFlags) st = on_path_header(h, plan.control);

@@ -19,6 +19,8 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "memory/mps.h"
+#include "core/trace.h"
 
 namespace dmx {
 namespace {
@@ -142,7 +144,7 @@ class CudaIpcPath final : public PayloadPath {
   std::string describe() const override {
     std::lock_guard lock(mu_);
     if (report_.empty()) return "cuda_ipc: no chunk received yet (copy engines start on the first)";
-    return "cuda_ipc: " + report_;
+    return "cuda_ipc: " + report_ + shared_note_;
   }
 
  private:
@@ -195,9 +197,12 @@ class CudaIpcPath final : public PayloadPath {
         posted_.store(false, std::memory_order_relaxed);  // under mu_: a later post sets it again
       }
       bool worked = !batch.empty();
+      if (worked) DMX_TRACE_POINT("ipc.take");
       for (RxItem& item : batch) issue(item, &done);
+      if (worked) DMX_TRACE_POINT("ipc.issued");
       batch.clear();
       poll(&done);
+      if (!done.empty()) DMX_TRACE_POINT("ipc.copied");
       worked = worked || !done.empty();
       deliver(&done);
       if (worked) {
@@ -229,6 +234,7 @@ class CudaIpcPath final : public PayloadPath {
       // cuda_ipc_copy_by=source: the source's GPU, when it is one of ours and reaches the
       // destination's, writes over the peer link instead of the destination's GPU reading.
       auto s = cuda_ipc::device_by_uuid(item.source.device_uuid);
+      if (s.ok() && *s == device && !shared_gpu_noted_) note_shared_gpu(device);
       if (copy_by_source_ && s.ok() && *s != device) {
         auto e = engine_for(*s);
         if (e.ok() && (*e)->can_access_peer(device)) device = *s;
@@ -280,6 +286,23 @@ class CudaIpcPath final : public PayloadPath {
         done->push_back({c.op, !failure_.ok() ? failure_ : c.status.with_peer(peer_)});
       }
     }
+  }
+
+  // Both processes use one GPU: say once whether MPS serves it (without it, every copy that follows
+  // the peer's work on that GPU waits for a context switch; see memory/mps.h).
+  void note_shared_gpu(int device) {
+    shared_gpu_noted_ = true;
+    auto mps = cuda_mps_daemon();
+    std::string note =
+        mps.ok() ? fmt::format("cuda:{} is shared with the peer's process; MPS serves it ({})", device, *mps)
+                 : fmt::format("cuda:{} is shared with the peer's process without MPS ({}): the GPU switches between "
+                               "the two processes' contexts, so small copies take ~80 us instead of ~7 us; "
+                               "nvidia-cuda-mps-control -d starts MPS",
+                               device, mps.status().message());
+    if (mps.ok()) DMX_LOG_INFO("cuda_ipc to {}: {}", peer_, note);
+    else DMX_LOG_WARN("cuda_ipc to {}: {}", peer_, note);
+    std::lock_guard lock(mu_);
+    shared_note_ = "; " + note;
   }
 
   // A copy failed: if the device is broken for good (sticky CUDA error), so is the path.
@@ -376,7 +399,7 @@ class CudaIpcPath final : public PayloadPath {
   std::mutex tx_mu_;  // guards exporter_
   cuda_ipc::Exporter exporter_;
 
-  mutable std::mutex mu_;  // guards queue_, stopping_, sleeping_, failed_, report_
+  mutable std::mutex mu_;  // guards queue_, stopping_, sleeping_, failed_, report_, shared_note_
   std::condition_variable cv_;
   std::deque<RxItem> queue_;
   bool stopping_ = false;
@@ -384,12 +407,14 @@ class CudaIpcPath final : public PayloadPath {
   bool sleeping_ = false;
   Status failed_;
   std::string report_;
+  std::string shared_note_;  // "; cuda:N is shared with the peer's process ..." once seen
 
   // Owned by the progress thread.
   std::map<int, std::unique_ptr<CopyEngine>> engines_;  // by local device
   std::unordered_map<uint64_t, Inflight> inflight_;     // by seq (the copy's op)
   std::vector<CopyCompletion> completions_;
   Status failure_;
+  bool shared_gpu_noted_ = false;
 
   std::atomic<uint64_t> chunks_sent_{0}, bytes_sent_{0}, chunks_received_{0}, bytes_received_{0}, device_copies_{0},
       wakeups_{0};

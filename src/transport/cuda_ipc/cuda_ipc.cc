@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "core/log.h"
+#include "core/trace.h"
 #include "memory/backend.h"
 #include "memory/cuda/driver.h"
 #include "memory/cuda/event_pool.h"
@@ -248,8 +249,10 @@ class CopyEngineImpl final : public CopyEngine {
           .with_peer(peer);
     if (local.where.kind == MemKind::kSim)
       return Status(Code::kInvalidArgument, "cuda_ipc: simulated device memory cannot take part in CUDA copies");
+    DMX_TRACE_POINT("ce.copy");
     DeviceGuard guard(options_.device);
     DMX_RETURN_IF_ERROR(guard.status());
+    DMX_TRACE_POINT("ce.guard");
     DMX_ASSIGN_OR_RETURN(void* base, cache_.acquire(peer, remote));
     char* remote_ptr = static_cast<char*>(base) + remote.offset + remote_offset;
     auto events = events_.acquire();
@@ -260,8 +263,11 @@ class CopyEngineImpl final : public CopyEngine {
     size_t i = next_stream_++ % streams_.size();
     void* dst = to_remote ? static_cast<void*>(remote_ptr) : local.ptr;
     const void* src = to_remote ? static_cast<const void*>(local.ptr) : remote_ptr;
+    DMX_TRACE_POINT("ce.acquired");
     cudaError_t err = local.size == 0 ? cudaSuccess : cudaMemcpyAsync(dst, src, local.size, cudaMemcpyDefault, streams_[i]);
+    DMX_TRACE_POINT("ce.memcpy");
     if (err == cudaSuccess) err = cudaEventRecord(*events, streams_[i]);
+    DMX_TRACE_POINT("ce.recorded");
     if (err != cudaSuccess) {
       events_.release(*events);
       cache_.release(peer, remote.alloc_id);

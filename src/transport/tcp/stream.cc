@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "core/trace.h"
 
 namespace dmx::tcp {
 namespace {
@@ -193,9 +194,12 @@ Status Stream::stage_control(TxItem& item) {
   DMX_RETURN_IF_ERROR(ensure_slots());
   if (item.len > pool_->slot_size()) return Status(Code::kInternal, "inline payload larger than a staging slot");
   int slot = 2 * config_.slots;  // the reserved control slot
+  DMX_TRACE_POINT("st.d2h");
   DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(slot), item.src, item.len));
   DMX_ASSIGN_OR_RETURN(uint64_t fence, item.queue->record());
+  DMX_TRACE_POINT("st.d2h.issued");
   DMX_RETURN_IF_ERROR(item.queue->wait(fence, Deadline::after(std::chrono::seconds(30))));
+  DMX_TRACE_POINT("st.d2h.done");
   stats_.d2h_copies.fetch_add(1, std::memory_order_relaxed);
   stats_.d2h_bytes.fetch_add(item.len, std::memory_order_relaxed);
   item.slot = slot;
@@ -218,6 +222,7 @@ Status Stream::step_tx(Io* io) {
       size_t off = cur_written_ - wire::kHeaderSize;
       iov[n++] = {static_cast<char*>(const_cast<void*>(payload)) + off, item->len - off};
     }
+    if (config_.index == 0) DMX_TRACE_POINT("s0.write");
     auto t0 = Clock::now();
     Result<size_t> k = conduit_->write(std::span<const iovec>(iov, static_cast<size_t>(n)));
     stats_.ns_send.fetch_add(ns_since(t0), std::memory_order_relaxed);
@@ -234,6 +239,10 @@ Status Stream::step_tx(Io* io) {
     stats_.frames_sent.fetch_add(1, std::memory_order_relaxed);
     stats_.bytes_sent.fetch_add(item->len, std::memory_order_relaxed);
     if (item->slot >= 0 && item->slot < 2 * config_.slots) free_tx_slots_.push_back(item->slot);
+    if (config_.index == 0)
+      DMX_TRACE_POINT(current_.header.type == wire::FrameType::kEager      ? "s0.out.eager"
+                      : current_.header.type == wire::FrameType::kPathDone ? "s0.out.pathdone"
+                                                                           : "s0.out.other");
     TxItem done = std::move(current_);
     writing_ = false;
     current_ = TxItem();
@@ -246,6 +255,7 @@ Status Stream::begin_payload() {
   wire::FrameHeader& h = rx_;
   DMX_ASSIGN_OR_RETURN(rx_plan_, host_->on_header(config_.index, h));
   rx_payload_got_ = 0;
+  if (config_.index == 0) DMX_TRACE_POINT("s0.planned");
   if (h.payload_len == 0) return finish_payload();
   switch (rx_plan_.kind) {
     case RxPlan::Kind::kNone:
@@ -282,9 +292,11 @@ Status Stream::finish_payload() {
   stats_.frames_received.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_received.fetch_add(rx_.payload_len, std::memory_order_relaxed);
   if (rx_plan_.kind == RxPlan::Kind::kDevice && rx_.payload_len > 0) {
+    DMX_TRACE_POINT("st.h2d");
     DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));
     DMX_RETURN_IF_ERROR(q->to_device(rx_plan_.dst, slots_.at(rx_slot_), rx_.payload_len));
     DMX_ASSIGN_OR_RETURN(uint64_t fence, q->record());
+    DMX_TRACE_POINT("st.h2d.issued");
     stats_.h2d_copies.fetch_add(1, std::memory_order_relaxed);
     stats_.h2d_bytes.fetch_add(rx_.payload_len, std::memory_order_relaxed);
     pending_rx_.push_back(PendingRx{rx_, std::move(rx_plan_), rx_slot_, fence, q});
@@ -312,6 +324,7 @@ Status Stream::reap_rx(bool block, bool* progress) {
     pending_rx_.pop_front();
     free_rx_slots_.push_back(ready.slot);
     *progress = true;
+    DMX_TRACE_POINT("st.h2d.done");
     DMX_RETURN_IF_ERROR(host_->on_landed(config_.index, ready.header, ready.plan));
   }
   return Status();
@@ -350,6 +363,10 @@ Status Stream::step_rx(Io* io) {
       if (rx_header_got_ < wire::kHeaderSize) continue;
       rx_header_got_ = 0;
       DMX_ASSIGN_OR_RETURN(rx_, wire::decode_header(rx_header_, config_.limits));
+      if (config_.index == 0)
+        DMX_TRACE_POINT(rx_.type == wire::FrameType::kEager      ? "s0.in.eager"
+                        : rx_.type == wire::FrameType::kPathDone ? "s0.in.pathdone"
+                                                                 : "s0.in.other");
       DMX_RETURN_IF_ERROR(begin_payload());
     } else {
       rx_payload_got_ += *k;
