@@ -41,6 +41,12 @@ class MemoryBackend {
   // Host memory suitable as the host side of this backend's asynchronous copies (pinned for CUDA).
   virtual Result<void*> allocate_staging(size_t size) = 0;
   virtual void free_staging(void* ptr, size_t size) = 0;
+  // Makes existing host memory (page aligned, e.g. a shared-memory mapping) suitable as the host
+  // side of asynchronous copies, as allocate_staging's memory is (CUDA: cudaHostRegister, process
+  // wide, for every device). Without it such copies still work but are slow and synchronous
+  // (the driver stages them). unpin_host undoes it; call it before unmapping. No-op by default.
+  virtual Status pin_host(void* ptr, size_t size) { return Status(); }
+  virtual void unpin_host(void* ptr) {}
 };
 
 // The process-wide backend for a memory kind; Code::kUnavailable with the reason when this

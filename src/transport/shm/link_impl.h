@@ -119,6 +119,8 @@ class LinkImpl final : public ShmLink {
   std::map<MsgId, uint64_t> discarding_;  // truncated messages: bytes still to skip
   std::deque<Completion> failed_;         // completions owed after the link failed
   std::map<std::pair<int, int>, std::unique_ptr<CopyQueue>> queues_;
+  MemoryBackend* pinned_by_ = nullptr;  // whose pin_host pinned our mapping (undone before munmap)
+  bool pin_failed_ = false;             // said once; device copies then go through pageable memory
 
   Status error_;
   bool peer_hup_ = false;

@@ -35,6 +35,7 @@ LinkImpl::~LinkImpl() {
     if (fence.ok()) (void)q->wait(*fence, Deadline::after(kDrainDeadline));
   }
   bells_->sleeping[side_].v.store(0, std::memory_order_relaxed);
+  if (pinned_by_ != nullptr) pinned_by_->unpin_host(base_);
   ::munmap(base_, layout_.total);
 }
 
@@ -85,6 +86,17 @@ Result<CopyQueue*> LinkImpl::queue_for(MemSpec where) {
   DMX_ASSIGN_OR_RETURN(std::unique_ptr<CopyQueue> q, backend->create_queue());
   CopyQueue* raw = q.get();
   queues_.emplace(key, std::move(q));
+  // The first device copy pins our mapping of the slots (once, for every device): copies between
+  // device memory and pageable memory are synchronous and several times slower.
+  if (pinned_by_ == nullptr && !pin_failed_) {
+    if (Status s = backend->pin_host(base_, layout_.total); s.ok()) {
+      pinned_by_ = backend;
+    } else {
+      pin_failed_ = true;
+      DMX_LOG_WARN("shm link to {}: slots stay pageable, device copies through them will be slow: {}", peer_name(),
+                   s.to_string());
+    }
+  }
   return raw;
 }
 
