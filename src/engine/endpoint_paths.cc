@@ -144,7 +144,7 @@ void EndpointImpl::on_path_tx_done(PathKind path, uint64_t seq, const Status& s)
 
 void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s) {
   DMX_TRACE_POINT("rx.done");
-  bool noted = false;
+  bool noted = false, release = false;
   Status st;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -166,18 +166,21 @@ void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s)
       st = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.host_tag != 0, s);
     }
     DMX_TRACE_POINT("rx.done.settled");
-    if (ps.path->receiver_releases() && status_.ok()) {
-      FrameHeader done;
-      done.type = FrameType::kPathDone;
-      done.id = seq;
-      done.a0 = static_cast<uint64_t>(path);
-      push_control(done);
-    }
+    release = ps.path->receiver_releases() && status_.ok();
   }
   DMX_TRACE_POINT("rx.landed");
   if (!st.ok()) fail(st);
   if (noted) notes_cv_.notify_all();
   deliver();
+  if (release) {
+    // After the delivery: the receiver's completion is what a ping-pong waits for; the sender's
+    // source can be released a moment later. (A failed endpoint's stopped stream drops it.)
+    FrameHeader done;
+    done.type = FrameType::kPathDone;
+    done.id = seq;
+    done.a0 = static_cast<uint64_t>(path);
+    push_control(done);
+  }
 }
 
 void EndpointImpl::on_path_failed(PathKind path, const Status& s) {
