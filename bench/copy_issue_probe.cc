@@ -22,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -39,9 +40,12 @@ struct Probe {
   cudaEvent_t event = nullptr;
 
   // issue(): enqueue the copy on `s` (true when it was accepted); completion: event recorded on s.
-  void measure(const char* method, cudaStream_t s, const std::function<bool()>& issue) {
+  // before(): untimed work ahead of each issue.
+  void measure(const char* method, cudaStream_t s, const std::function<bool()>& issue,
+               const std::function<void()>& before = {}) {
     std::vector<double> issue_us, record_us, query_us, total_us;
     for (int i = 0; i < iters + 20; ++i) {
+      if (before) before();
       auto t0 = Clock::now();
       if (!issue()) {
         std::printf("{\"method\":\"%s\",\"error\":\"%s\"}\n", method, cudaGetErrorString(cudaGetLastError()));
@@ -152,6 +156,26 @@ int main(int argc, char** argv) {
   p.measure("d2h_cudaMemcpyAsync_default", s0, [&] { return rt(cudaMemcpyAsync(host, dev0, 8, cudaMemcpyDefault, s0)); });
   p.measure("d2h_cuMemcpyDtoHAsync", s0, [&] { return cu(d2h(host, dptr(dev0), 8, s0)); });
   p.measure("d2h_cuMemcpyAsync", s0, [&] { return cu(any(dptr(host), dptr(dev0), 8, s0)); });
+  // The same copy issued by a thread that never made a device current (an engine worker), and by
+  // one whose caches were just flushed by other work (4 MiB touched before each copy).
+  std::thread([&] {
+    p.measure("d2h_cudaMemcpyAsync_dir_fresh_thread", s0,
+              [&] { return rt(cudaMemcpyAsync(host, dev0, 8, cudaMemcpyDeviceToHost, s0)); });
+    cudaSetDevice(0);
+    p.measure("d2h_cudaMemcpyAsync_dir_fresh_thread_setdevice", s0,
+              [&] { return rt(cudaMemcpyAsync(host, dev0, 8, cudaMemcpyDeviceToHost, s0)); });
+  }).join();
+  {
+    std::vector<char> junk(4 << 20);
+    unsigned sum = 0;
+    p.measure(
+        "d2h_cudaMemcpyAsync_dir_cold_cache", s0,
+        [&] { return rt(cudaMemcpyAsync(host, dev0, 8, cudaMemcpyDeviceToHost, s0)); },
+        [&] {
+          for (size_t i = 0; i < junk.size(); i += 64) sum += static_cast<unsigned char>(junk[i]++);
+        });
+    if (sum == 1) std::printf("\n");
+  }
   p.measure("h2d_cudaMemcpyAsync_dir", s0, [&] { return rt(cudaMemcpyAsync(dev0, host, 8, cudaMemcpyHostToDevice, s0)); });
   p.measure("h2d_cuMemcpyHtoDAsync", s0, [&] { return cu(h2d(dptr(dev0), host, 8, s0)); });
   p.measure("h2d_cuMemcpyAsync", s0, [&] { return cu(any(dptr(dev0), dptr(host), 8, s0)); });

@@ -7,6 +7,7 @@
 # 8-byte ping-pongs between two processes with DMX_TRACE_FILE set, and prints
 # scripts/trace-report.py for each. Cases (LATENCY_TRACE_CASES, default all that the machine has):
 #   host      host -> host, transport auto (control pipe + shm)
+#   host-tcp  host -> host over TCP, 1 stream
 #   ipc       cuda:0 -> cuda:1 (cuda:0 -> cuda:0 with one GPU), transport auto (cuda_ipc)
 #   ipc-dst   the same with cuda_ipc_copy_by=destination
 #   tcp       cuda:0 -> cuda:1 over TCP (staged through pinned memory), 1 stream
@@ -35,6 +36,7 @@ port=17000
 for c in ${LATENCY_TRACE_CASES:-$default_cases}; do
   case $c in
     host) args=(--mem host --peer-mem host) ;;
+    host-tcp) args=(--mem host --peer-mem host --transport tcp --streams 1) ;;
     ipc) args=(--mem cuda:0 --peer-mem $peer) ;;
     ipc-dst) args=(--mem cuda:0 --peer-mem $peer --option cuda_ipc_copy_by=destination) ;;
     tcp) args=(--mem cuda:0 --peer-mem $peer --transport tcp --streams 1) ;;

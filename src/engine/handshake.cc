@@ -106,6 +106,8 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
   }
   if (forced == "shm" || forced == "cuda_ipc")
     s.reason = fmt::format("forced by configuration (transport={}); {}", forced, s.reason);
+  if ((local & wire::kTransportCudaIpc) && client.pid == server.pid)
+    s.reason += " (one process: cuda_ipc copies from the sender's own pointers)";
   if (pipe) s.reason += "; control stream on an shm pipe";
   return s;
 }

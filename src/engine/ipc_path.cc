@@ -41,8 +41,12 @@ inline void cpu_relax() {
 
 class CudaIpcPath final : public PayloadPath {
  public:
-  CudaIpcPath(std::string peer, int streams, uint64_t max_chunk, bool copy_by_source)
-      : peer_(std::move(peer)), streams_(streams), max_chunk_(max_chunk), copy_by_source_(copy_by_source) {}
+  CudaIpcPath(std::string peer, int streams, uint64_t max_chunk, bool copy_by_source, bool in_process)
+      : peer_(std::move(peer)),
+        streams_(streams),
+        max_chunk_(max_chunk),
+        copy_by_source_(copy_by_source),
+        in_process_(in_process) {}
 
   ~CudaIpcPath() override {
     stop();
@@ -143,8 +147,9 @@ class CudaIpcPath final : public PayloadPath {
 
   std::string describe() const override {
     std::lock_guard lock(mu_);
-    if (report_.empty()) return "cuda_ipc: no chunk received yet (copy engines start on the first)";
-    return "cuda_ipc: " + report_ + shared_note_;
+    std::string mode = in_process_ ? "in one process (the exporter's pointers, no IPC handles); " : "";
+    if (report_.empty()) return "cuda_ipc: " + mode + "no chunk received yet (copy engines start on the first)";
+    return "cuda_ipc: " + mode + report_ + shared_note_;
   }
 
  private:
@@ -234,7 +239,7 @@ class CudaIpcPath final : public PayloadPath {
       // cuda_ipc_copy_by=source: the source's GPU, when it is one of ours and reaches the
       // destination's, writes over the peer link instead of the destination's GPU reading.
       auto s = cuda_ipc::device_by_uuid(item.source.device_uuid);
-      if (s.ok() && *s == device && !shared_gpu_noted_) note_shared_gpu(device);
+      if (s.ok() && *s == device && !shared_gpu_noted_ && !in_process_) note_shared_gpu(device);
       if (copy_by_source_ && s.ok() && *s != device) {
         auto e = engine_for(*s);
         if (e.ok() && (*e)->can_access_peer(device)) device = *s;
@@ -324,7 +329,7 @@ class CudaIpcPath final : public PayloadPath {
   Result<CopyEngine*> engine_for(int device) {
     auto it = engines_.find(device);
     if (it != engines_.end()) return it->second.get();
-    auto e = CopyEngine::create({.device = device, .streams = streams_});
+    auto e = CopyEngine::create({.device = device, .streams = streams_, .in_process = in_process_});
     if (!e.ok()) return e.status();
     CopyEngine* raw = e->get();
     engines_.emplace(device, std::move(*e));
@@ -387,6 +392,7 @@ class CudaIpcPath final : public PayloadPath {
   const int streams_;
   const uint64_t max_chunk_;
   const bool copy_by_source_;
+  const bool in_process_;
 
   // Set by start() before the thread runs, read by the thread.
   Events* events_ = nullptr;
@@ -449,23 +455,25 @@ Result<IpcChunkDescriptor> IpcChunkDescriptor::decode(std::span<const unsigned c
 
 Status cuda_ipc_path_available() { return cuda_ipc::available(); }
 
-Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid) {
-  if (my_pid == peer_pid)
-    return Status(Code::kUnavailable, fmt::format("both endpoints are in one process (pid {}): CUDA IPC cannot open "
-                                                  "its own handles",
+Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid, bool proven_same_process) {
+  if (my_pid == peer_pid && !proven_same_process)
+    return Status(Code::kUnavailable, fmt::format("both endpoints say they are one process (pid {}), and no side "
+                                                  "channel proves it (CUDA IPC cannot open its own handles; sharing "
+                                                  "pointers needs the shm path or the control pipe)",
                                                   my_pid));
   return Status();
 }
 
-std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer) {
+std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process) {
   int streams = static_cast<int>(std::clamp<int64_t>(config.get_int("cuda_ipc_streams"), 1, 16));
   uint64_t chunk = std::clamp<uint64_t>(config.get_size("cuda_ipc_chunk"), 1ull << 20, 1ull << 30);
-  return std::make_unique<CudaIpcPath>(std::move(peer), streams, chunk, config.get_string("cuda_ipc_copy_by") != "destination");
+  return std::make_unique<CudaIpcPath>(std::move(peer), streams, chunk,
+                                       config.get_string("cuda_ipc_copy_by") != "destination", in_process);
 }
 
-Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer) {
+Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer, bool in_process) {
   DMX_RETURN_IF_ERROR(cuda_ipc_path_available());
-  return new_cuda_ipc_path(config, std::move(peer));
+  return new_cuda_ipc_path(config, std::move(peer), in_process);
 }
 
 }  // namespace dmx

@@ -11,9 +11,12 @@
 // created lazily), issues the copies, polls them (spin ~20 us, then 30 us sleeps that a post ends)
 // and reports completions with no lock held. Lock order: none (the two mutexes are never nested).
 //
-// Same process: CUDA IPC cannot open a handle in the process that made it, so the engine must not
-// choose this path between two endpoints of one process (cuda_ipc_usable_between says so); a
-// descriptor that names our own pid fails its chunk with that reason.
+// Same process: CUDA IPC cannot open a handle in the process that made it, and between two
+// endpoints of one process none is needed: the path then runs `in_process` (the receiver copies
+// straight from the exporter's pointer, found in the process's table of exports; cuda_ipc.h). The
+// engine uses that mode only when the kernel proves the peer is this process (SO_PEERCRED of a
+// side channel: cuda_ipc_usable_between). Otherwise a descriptor that names our own pid fails its
+// chunk with that reason, and in_process a descriptor from another pid fails.
 #pragma once
 
 #include <cstdint>
@@ -51,18 +54,19 @@ struct IpcChunkDescriptor {
 // Whether this process can offer cuda_ipc (CUDA build, driver, a GPU), or why not. Calls CUDA.
 Status cuda_ipc_path_available();
 
-// Whether two endpoints whose processes have these pids may use cuda_ipc: kUnavailable when they
-// are one process ("both endpoints are in one process (pid N): CUDA IPC cannot open its own
-// handles"). Pids compare only within one pid namespace: the caller must already know the peer is
-// on this host and in our pid namespace.
-Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid);
+// Whether two endpoints whose HELLOs name these pids may use cuda_ipc: between two processes, yes
+// (IPC handles); within one (equal pids), only when `proven_same_process` (a side channel's kernel
+// credentials name this process), else kUnavailable with the reason. Pids compare only within one
+// pid namespace: the caller must already know the peer is on this host.
+Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid, bool proven_same_process);
 
-// `peer`: names the peer in messages and keys the import cache. Fails with the reason when
-// cuda_ipc_path_available() does.
-Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer);
+// `peer`: names the peer in messages and keys the import cache. `in_process`: the peer is this
+// process (see above). Fails with the reason when cuda_ipc_path_available() does.
+Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer,
+                                                        bool in_process = false);
 
 // The same path without the availability check: makes no CUDA call until a chunk is exported or
 // copied (tests of the CUDA-free logic use it in processes that must not initialise CUDA).
-std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer);
+std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process = false);
 
 }  // namespace dmx

@@ -16,6 +16,13 @@
 namespace dmx {
 namespace {
 
+// Whether a side channel's peer, as the kernel reports it (SO_PEERCRED), is this process.
+bool same_process(const LocalChannels& channels) {
+  for (const auto* ch : {&channels.shm, &channels.control})
+    if (ch->has_value() && (*ch)->peer_pid() == ::getpid()) return true;
+  return false;
+}
+
 bool allowed(const std::string& forced, std::string_view path) { return forced == "auto" || forced == path; }
 
 void note(std::string* out, const std::string& text) {
@@ -124,12 +131,6 @@ void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello
     if (both & (wire::kTransportShm | wire::kTransportCudaIpc)) note(why_not, "shm and cuda_ipc need both ends on one host");
     return;
   }
-  if (both & wire::kTransportCudaIpc) {
-    if (Status s = cuda_ipc_usable_between(server->pid, client.pid); !s.ok()) {
-      server->transports &= ~uint64_t{wire::kTransportCudaIpc};
-      note(why_not, fmt::format("cuda_ipc not used: {}", s.message()));
-    }
-  }
   // Each side channel: connected now, proven by the first message.
   for (auto [bit, purpose, name] : {std::tuple{uint64_t{wire::kTransportShm}, Purpose::kShm, "shm"},
                                     std::tuple{uint64_t{wire::kTransportControlPipe}, Purpose::kControl, "control pipe"}}) {
@@ -154,6 +155,13 @@ void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello
                                 name, client.local_channel, s.message()));
     }
   }
+  // After the side channels: their kernel credentials tell whether the client is this process.
+  if (both & wire::kTransportCudaIpc) {
+    if (Status s = cuda_ipc_usable_between(server->pid, client.pid, same_process(*channels)); !s.ok()) {
+      server->transports &= ~uint64_t{wire::kTransportCudaIpc};
+      note(why_not, fmt::format("cuda_ipc not used: {}", s.message()));
+    }
+  }
 }
 
 Result<LocalLinks> build_paths(const ContextImpl& ctx, uint64_t agreed_bits, const wire::Hello& client,
@@ -174,6 +182,14 @@ Result<LocalLinks> build_paths(const ContextImpl& ctx, uint64_t agreed_bits, con
   int expect = ((agreed_bits & wire::kTransportShm) ? 1 : 0) + ((agreed_bits & wire::kTransportControlPipe) ? 1 : 0);
   if (creator && expect > 0)
     DMX_RETURN_IF_ERROR(accept_channels(ctx, client, server, *listener, expect, &channels, peer, deadline));
+  // cuda_ipc between endpoints of one process shares pointers: only when the kernel says so (a
+  // peer's HELLO could claim our pid; the server checked the same before agreeing).
+  bool in_process = client.pid == server.pid;
+  if ((agreed_bits & wire::kTransportCudaIpc) && in_process && !same_process(channels))
+    return Status(Code::kProtocol, fmt::format("cuda_ipc was agreed within one process (pid {}), but no side channel "
+                                               "comes from this process",
+                                               client.pid))
+        .with_peer(peer);
   if (agreed_bits & wire::kTransportControlPipe) {
     if (!channels.control) return Status(Code::kInternal, "the control pipe was agreed without a side channel");
     auto c = make_control_pipe(std::move(*channels.control), creator, deadline);
@@ -187,7 +203,7 @@ Result<LocalLinks> build_paths(const ContextImpl& ctx, uint64_t agreed_bits, con
     paths.push_back(std::move(*p));
   }
   if (agreed_bits & wire::kTransportCudaIpc) {
-    auto p = make_cuda_ipc_path(ctx.config(), peer);
+    auto p = make_cuda_ipc_path(ctx.config(), peer, in_process);
     if (!p.ok()) return p.status().with_peer(peer);
     paths.push_back(std::move(*p));
   }

@@ -440,8 +440,89 @@ TEST(CudaIpcPathGpu, PeerKilledMidTransferNeverHangs) {
   EXPECT_EQ(ra, 128 + SIGKILL);
 }
 
-// Both ends in one process: the engine does not choose cuda_ipc then (cuda_ipc_usable_between), but
-// a descriptor of our own process must fail its chunk with the reason, not crash or hang.
+// One process, in_process paths (what the engine uses between two endpoints of one process once the
+// kernel proved it): chunks at odd offsets into every GPU and into host memory arrive byte-exact
+// from the exporter's own pointers; a descriptor naming another pid, or an allocation freed after
+// its export, fails its chunk with the reason.
+TEST(CudaIpcPathGpu, InProcessCopiesFromTheExportersPointers) {
+  REQUIRE_GPUS(n);
+  pid_t child = testing::fork_child([&] {
+    Recorder rec;  // outlives the paths
+    auto tx = make_cuda_ipc_path(config(), "self", /*in_process=*/true);
+    auto rx = make_cuda_ipc_path(config(), "self", /*in_process=*/true);
+    CHILD_CHECK(tx.ok() && rx.ok(), 10);
+    (*rx)->start(&rec, nullptr);
+    uint64_t seed = fresh_seed();
+    const size_t total = (8 << 20) + 4099;
+    auto src = Buffer::allocate({MemKind::kCuda, n - 1}, total);
+    CHILD_CHECK(src.ok(), 11);
+    std::vector<uint8_t> host(total);
+    testing::fill_pattern(host.data(), host.size(), seed);
+    CHILD_CHECK(host_to(src->region(), host.data()).ok(), 12);
+    struct Case {
+      MemSpec where;
+      size_t src_offset, size;
+    };
+    std::vector<Case> cases = {{{MemKind::kCuda, 0}, 3, 1},
+                               {{MemKind::kCuda, 0}, 4097, (1 << 20) + 3},
+                               {{MemKind::kHost, 0}, 11, 4097},
+                               {{MemKind::kCuda, n - 1}, 1, (8 << 20) + 1}};
+    std::vector<Buffer> dst;
+    uint64_t seq = 0;
+    for (const Case& c : cases) {
+      auto d = Buffer::allocate(c.where, c.size + 7);
+      CHILD_CHECK(d.ok(), 13);
+      dst.push_back(std::move(*d));
+      auto desc = (*tx)->post_tx(seq, src->region().sub(c.src_offset, c.size));
+      CHILD_CHECK(desc.ok(), 14);
+      CHILD_CHECK((*rx)->post_rx(seq, *desc, dst.back().region().sub(5, c.size)).ok(), 15);
+      ++seq;
+    }
+    CHILD_CHECK(rec.wait_rx(seq, 30s), 16);
+    for (size_t k = 0; k < cases.size(); ++k) {
+      {
+        std::lock_guard lock(rec.mu_);
+        if (!rec.rx[k].ok()) fprintf(stderr, "chunk %zu: %s\n", k, rec.rx[k].to_string().c_str());
+        CHILD_CHECK(rec.rx[k].ok(), 17);
+      }
+      std::vector<uint8_t> back(cases[k].size);
+      CHILD_CHECK(copy_memory({back.data(), back.size(), {}}, dst[k].region().sub(5, cases[k].size)).ok(), 18);
+      for (size_t i = 0; i < back.size(); ++i)
+        if (back[i] != testing::pattern_byte(seed, cases[k].src_offset + i)) {
+          fprintf(stderr, "chunk %zu: byte %zu differs\n", k, i);
+          return 19;
+        }
+    }
+    // Another pid in the descriptor: refused.
+    auto desc = (*tx)->post_tx(seq, src->region().sub(0, 64));
+    CHILD_CHECK(desc.ok(), 20);
+    auto d = IpcChunkDescriptor::decode(*desc);
+    CHILD_CHECK(d.ok(), 21);
+    d->source.owner_pid += 1;
+    CHILD_CHECK((*rx)->post_rx(seq, d->encode(), dst[0].region().sub(0, 64)).ok(), 22);
+    ++seq;
+    // Freed after its export: refused (the driver's buffer id no longer matches).
+    auto gone = Buffer::allocate({MemKind::kCuda, 0}, 4096);
+    CHILD_CHECK(gone.ok(), 23);
+    auto gone_desc = (*tx)->post_tx(seq, gone->region().sub(0, 64));
+    CHILD_CHECK(gone_desc.ok(), 24);
+    *gone = Buffer();
+    CHILD_CHECK((*rx)->post_rx(seq, *gone_desc, dst[0].region().sub(0, 64)).ok(), 25);
+    ++seq;
+    CHILD_CHECK(rec.wait_rx(seq, 30s), 26);
+    std::lock_guard lock(rec.mu_);
+    fprintf(stderr, "other pid: %s\nfreed: %s\n", rec.rx[seq - 2].to_string().c_str(),
+            rec.rx[seq - 1].to_string().c_str());
+    CHILD_CHECK(rec.rx[seq - 2].message().find("names pid") != std::string::npos, 27);
+    CHILD_CHECK(!rec.rx[seq - 1].ok(), 28);
+    return 0;
+  });
+  EXPECT_EQ(testing::wait_child(child, std::chrono::seconds(120)), 0);
+}
+
+// Both ends in one process without in_process (the engine never does this: cuda_ipc_usable_between
+// needs the kernel's proof): a descriptor of our own process must fail its chunk with the reason,
+// not crash or hang.
 TEST(CudaIpcPathGpu, OwnProcessDescriptorFailsItsChunkWithTheReason) {
   REQUIRE_GPUS(n);
   pid_t child = testing::fork_child([&] {

@@ -148,11 +148,13 @@ TEST(CudaIpcPath, AvailabilitySaysWhy) {
 #endif
 }
 
-TEST(CudaIpcPath, OneProcessIsRefusedWithTheReason) {
-  Status s = cuda_ipc_usable_between(1234, 1234);
+TEST(CudaIpcPath, OneProcessOnlyWhenTheKernelProvesIt) {
+  Status s = cuda_ipc_usable_between(1234, 1234, /*proven_same_process=*/false);
   EXPECT_EQ(s.code(), Code::kUnavailable);
-  EXPECT_NE(s.message().find("one process (pid 1234)"), std::string::npos) << s.message();
-  EXPECT_TRUE(cuda_ipc_usable_between(1234, 1235).ok());
+  EXPECT_NE(s.message().find("one process (pid 1234), and no side channel proves it"), std::string::npos)
+      << s.message();
+  EXPECT_TRUE(cuda_ipc_usable_between(1234, 1234, /*proven_same_process=*/true).ok());
+  EXPECT_TRUE(cuda_ipc_usable_between(1234, 1235, false).ok());
 }
 
 TEST(CudaIpcPath, Properties) {

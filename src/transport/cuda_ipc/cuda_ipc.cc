@@ -5,9 +5,11 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <unordered_map>
 
 #include "core/log.h"
 #include "core/trace.h"
@@ -105,6 +107,67 @@ class Mappings {
   std::map<void*, std::array<uint8_t, IpcDescriptor::kHandleSize>> by_base_;
 };
 
+// This process's exports, for peers in this process (Options::in_process): allocation id -> the
+// exporter's pointer. Ids come from one process-wide counter, so they are unique here.
+std::atomic<uint64_t> g_next_alloc_id{1};
+
+class InProcessExports {
+ public:
+  static InProcessExports& get() {
+    static InProcessExports* t = new InProcessExports;  // never destroyed, like Mappings
+    return *t;
+  }
+  void add(uint64_t id, uintptr_t base, uint64_t size, uint64_t buffer_id) {
+    std::lock_guard lock(mu_);
+    by_id_[id] = Entry{base, size, buffer_id};
+  }
+  void remove(uint64_t id) {
+    std::lock_guard lock(mu_);
+    by_id_.erase(id);
+  }
+  Result<void*> resolve(const IpcDescriptor& d) {
+    Entry e;
+    {
+      std::lock_guard lock(mu_);
+      auto it = by_id_.find(d.alloc_id);
+      if (it == by_id_.end())
+        return Status(Code::kNotFound, fmt::format("cuda_ipc in one process: allocation {} is not exported here (freed "
+                                                   "meanwhile?)",
+                                                   d.alloc_id));
+      e = it->second;
+    }
+    if (e.size != d.alloc_size)
+      return Status(Code::kProtocol, fmt::format("cuda_ipc in one process: allocation {} described as {} B, exported "
+                                                 "as {} B",
+                                                 d.alloc_id, d.alloc_size, e.size));
+    // Still the allocation that was exported, not memory freed and allocated again at its address.
+    auto id = cuda::driver::buffer_id(reinterpret_cast<void*>(e.base));
+    if (!id.ok() || *id != e.buffer_id)
+      return Status(Code::kNotFound, fmt::format("cuda_ipc in one process: allocation {} was freed", d.alloc_id));
+    return reinterpret_cast<void*>(e.base);
+  }
+
+ private:
+  struct Entry {
+    uintptr_t base = 0;
+    uint64_t size = 0, buffer_id = 0;
+  };
+  std::mutex mu_;
+  std::unordered_map<uint64_t, Entry> by_id_;
+};
+
+class InProcessOpener final : public ImportCache::Opener {
+ public:
+  Result<void*> open(const IpcDescriptor& desc) override {
+    if (desc.owner_pid != ::getpid())
+      return Status(Code::kProtocol, fmt::format("cuda_ipc in one process: the descriptor names pid {}, not this "
+                                                 "process ({})",
+                                                 desc.owner_pid, ::getpid()));
+    return InProcessExports::get().resolve(desc);
+  }
+  void close(void*) override {}  // nothing was mapped
+};
+
 class CudaOpener final : public ImportCache::Opener {
  public:
   explicit CudaOpener(int device) : device_(device) {}
@@ -117,7 +180,11 @@ class CudaOpener final : public ImportCache::Opener {
 
 class CopyEngineImpl final : public CopyEngine {
  public:
-  explicit CopyEngineImpl(const Options& o) : options_(o), opener_(o.device), cache_(&opener_), events_(o.device) {}
+  explicit CopyEngineImpl(const Options& o)
+      : options_(o),
+        opener_(o.device),
+        cache_(o.in_process ? static_cast<ImportCache::Opener*>(&in_process_opener_) : &opener_),
+        events_(o.device) {}
   ~CopyEngineImpl() override {
     DeviceGuard guard(options_.device);
     for (cudaStream_t s : streams_) (void)cudaStreamSynchronize(s);
@@ -283,6 +350,7 @@ class CopyEngineImpl final : public CopyEngine {
 
   Options options_;
   CudaOpener opener_;
+  InProcessOpener in_process_opener_;
   ImportCache cache_;
   cuda::EventPool events_;
   std::vector<cudaStream_t> streams_;
@@ -356,6 +424,7 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
       retired_.erase(retired_.begin());
     }
     retired_.push_back(it->second.desc.alloc_id);
+    InProcessExports::get().remove(it->second.desc.alloc_id);
     by_base_.erase(it);
     it = by_base_.end();
   }
@@ -372,9 +441,10 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
       std::memcpy(d.device_uuid.data(), &prop.uuid, d.device_uuid.size());
     d.device = range.device;
     d.owner_pid = ::getpid();
-    d.alloc_id = next_id_++;
+    d.alloc_id = g_next_alloc_id.fetch_add(1, std::memory_order_relaxed);
     d.alloc_size = range.size;
     it = by_base_.emplace(range.base, Entry{d, buffer_id}).first;
+    InProcessExports::get().add(d.alloc_id, range.base, range.size, buffer_id);
   }
   IpcDescriptor d = it->second.desc;
   d.offset = addr - range.base;
@@ -390,8 +460,13 @@ Result<uint64_t> Exporter::forget(const void* ptr) {
   if (addr - it->first >= it->second.desc.alloc_size)
     return Status(Code::kNotFound, fmt::format("cuda_ipc forget: {} was never exported", ptr));
   uint64_t id = it->second.desc.alloc_id;
+  InProcessExports::get().remove(id);
   by_base_.erase(it);
   return id;
+}
+
+Exporter::~Exporter() {
+  for (auto& [base, e] : by_base_) InProcessExports::get().remove(e.desc.alloc_id);
 }
 
 Result<std::unique_ptr<CopyEngine>> CopyEngine::create(const Options& options) {

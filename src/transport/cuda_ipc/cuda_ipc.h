@@ -18,6 +18,11 @@
 //  - CopyEngine: one-sided write (local -> peer region) and read (peer region -> local) at any
 //    offset and length inside the described region, cudaMemcpyAsync on non-blocking streams,
 //    pooled events, several copies in flight; completion by progress() polling.
+//  - In one process (Options::in_process): CUDA cannot open an IPC handle in the process that made
+//    it, and needs none: the engine resolves a descriptor to the exporter's own pointer through a
+//    process-wide table of this process's exports (allocation ids are unique per process), checking
+//    that the allocation is still the one exported (its driver buffer id). The caller must have
+//    proven that the peer is this process (the engine does, with the kernel's SO_PEERCRED).
 //
 // Threading: Exporter, ImportCache and CopyEngine are each owned by one thread (the engine's
 // progress loop); none locks. Errors: Status values; a copy's failure fails that copy only, and a
@@ -50,7 +55,7 @@ struct IpcDescriptor {
   std::array<uint8_t, 16> device_uuid{};      // of the owner's GPU (cudaDeviceProp::uuid)
   int32_t device = -1;                        // the owner's ordinal (informational only)
   int32_t owner_pid = 0;
-  uint64_t alloc_id = 0;    // unique among the owner's live exports
+  uint64_t alloc_id = 0;    // unique in the owner process (never reused)
   uint64_t alloc_size = 0;  // bytes of the whole allocation
   uint64_t offset = 0;      // of the region inside the allocation
   uint64_t length = 0;      // of the region
@@ -62,6 +67,11 @@ struct IpcDescriptor {
 
 class Exporter {
  public:
+  Exporter() = default;
+  Exporter(const Exporter&) = delete;
+  Exporter& operator=(const Exporter&) = delete;
+  ~Exporter();  // its entries leave the process-wide table of exports (in-process peers)
+
   // A descriptor for `region` (MemKind::kCuda). The allocation's IPC handle is made on first use.
   // A cached entry is trusted only while the driver's buffer id of the allocation is the one it was
   // made for: memory freed and allocated again at the same base (same size or not) gets a new
@@ -84,7 +94,6 @@ class Exporter {
   };
   std::map<uintptr_t, Entry> by_base_;  // allocation base -> entry
   std::vector<uint64_t> retired_;
-  uint64_t next_id_ = 1;
 };
 
 // The ordinal of the local GPU whose uuid is `uuid` (as IpcDescriptor::device_uuid), kNotFound when
@@ -154,6 +163,9 @@ class CopyEngine {
   struct Options {
     int device = 0;   // the local GPU that issues the copies (its streams)
     int streams = 2;  // round-robin; copies on one stream complete in order
+    // The peer is this process: descriptors resolve to the exporter's pointers (see the top of
+    // this file), and a descriptor from another process is refused.
+    bool in_process = false;
   };
   virtual ~CopyEngine() = default;
   // Enables peer access from `device` to every GPU that supports it (logged once with the reason
