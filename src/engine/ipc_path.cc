@@ -105,6 +105,11 @@ class CudaIpcPath final : public PayloadPath {
   Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override {
     auto d = IpcChunkDescriptor::decode(descriptor);
     if (!d.ok()) return d.status().with_peer(peer_);
+    if (in_process_ && d->source.owner_pid != ::getpid())
+      return Status(Code::kProtocol, fmt::format("cuda_ipc chunk {} in one process: the descriptor names pid {}, not "
+                                                 "this process ({})",
+                                                 seq, d->source.owner_pid, ::getpid()))
+          .with_peer(peer_);
     if (dst.ptr != nullptr) {
       if (dst.size != d->source.length)
         return Status(Code::kInvalidArgument, fmt::format("cuda_ipc chunk {}: destination of {} B for a {} B chunk",
