@@ -69,10 +69,10 @@ struct Probe {
       query_us.push_back(first_query);
       total_us.push_back(std::chrono::duration<double, std::micro>(t3 - t0).count());
     }
-    std::printf("{\"method\":\"%s\",\"bytes\":8,\"issue_us\":%.2f,\"event_record_us\":%.2f,\"event_query_us\":%.2f,"
-                "\"total_us\":%.2f,\"total_p99_us\":%.2f}\n",
-                method, pct(issue_us, 0.5), pct(record_us, 0.5), pct(query_us, 0.5), pct(total_us, 0.5),
-                pct(total_us, 0.99));
+    std::printf(
+        "{\"method\":\"%s\",\"bytes\":8,\"issue_us\":%.2f,\"event_record_us\":%.2f,\"event_query_us\":%.2f,"
+        "\"total_us\":%.2f,\"total_p99_us\":%.2f}\n",
+        method, pct(issue_us, 0.5), pct(record_us, 0.5), pct(query_us, 0.5), pct(total_us, 0.5), pct(total_us, 0.99));
     std::fflush(stdout);
   }
 };
@@ -90,14 +90,17 @@ using MemcpyHtoD = CUresult (*)(CUdeviceptr, const void*, size_t, CUstream);
 using MemcpyDtoD = CUresult (*)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 using MemcpyAny = CUresult (*)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 
-CUdeviceptr dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+CUdeviceptr dptr(const void* p) {
+  return reinterpret_cast<CUdeviceptr>(p);
+}
 
 // The exporting side of the IPC case: a child that owns an 8-byte source on GPU0.
 [[noreturn]] void exporter(int to_parent, int from_parent) {
   cudaSetDevice(0);
   void* src = nullptr;
   cudaIpcMemHandle_t h{};
-  if (cudaMalloc(&src, 4096) != cudaSuccess || cudaIpcGetMemHandle(&h, src) != cudaSuccess) std::memset(&h, 0, sizeof h);
+  if (cudaMalloc(&src, 4096) != cudaSuccess || cudaIpcGetMemHandle(&h, src) != cudaSuccess)
+    std::memset(&h, 0, sizeof h);
   cudaMemset(src, 0x5a, 4096);
   cudaDeviceSynchronize();
   if (write(to_parent, &h, sizeof h) != static_cast<ssize_t>(sizeof h)) _exit(1);
@@ -152,8 +155,10 @@ int main(int argc, char** argv) {
   auto cu = [](CUresult r) { return r == CUDA_SUCCESS; };
   auto rt = [](cudaError_t e) { return e == cudaSuccess; };
 
-  p.measure("d2h_cudaMemcpyAsync_dir", s0, [&] { return rt(cudaMemcpyAsync(host, dev0, 8, cudaMemcpyDeviceToHost, s0)); });
-  p.measure("d2h_cudaMemcpyAsync_default", s0, [&] { return rt(cudaMemcpyAsync(host, dev0, 8, cudaMemcpyDefault, s0)); });
+  p.measure("d2h_cudaMemcpyAsync_dir", s0,
+            [&] { return rt(cudaMemcpyAsync(host, dev0, 8, cudaMemcpyDeviceToHost, s0)); });
+  p.measure("d2h_cudaMemcpyAsync_default", s0,
+            [&] { return rt(cudaMemcpyAsync(host, dev0, 8, cudaMemcpyDefault, s0)); });
   p.measure("d2h_cuMemcpyDtoHAsync", s0, [&] { return cu(d2h(host, dptr(dev0), 8, s0)); });
   p.measure("d2h_cuMemcpyAsync", s0, [&] { return cu(any(dptr(host), dptr(dev0), 8, s0)); });
   // The same copy issued by a thread that never made a device current (an engine worker), and by
@@ -176,7 +181,8 @@ int main(int argc, char** argv) {
         });
     if (sum == 1) std::printf("\n");
   }
-  p.measure("h2d_cudaMemcpyAsync_dir", s0, [&] { return rt(cudaMemcpyAsync(dev0, host, 8, cudaMemcpyHostToDevice, s0)); });
+  p.measure("h2d_cudaMemcpyAsync_dir", s0,
+            [&] { return rt(cudaMemcpyAsync(dev0, host, 8, cudaMemcpyHostToDevice, s0)); });
   p.measure("h2d_cuMemcpyHtoDAsync", s0, [&] { return cu(h2d(dptr(dev0), host, 8, s0)); });
   p.measure("h2d_cuMemcpyAsync", s0, [&] { return cu(any(dptr(dev0), dptr(host), 8, s0)); });
 
@@ -196,8 +202,10 @@ int main(int argc, char** argv) {
   cudaDeviceEnablePeerAccess(1, 0);
   // Issued on GPU0 (the source's GPU writes over the link): the current device is 0.
   p.measure("peer_cudaMemcpyPeerAsync_on0", s0, [&] { return rt(cudaMemcpyPeerAsync(dev1, 1, dev0, 0, 8, s0)); });
-  p.measure("peer_cudaMemcpyAsync_default_on0", s0, [&] { return rt(cudaMemcpyAsync(dev1, dev0, 8, cudaMemcpyDefault, s0)); });
-  p.measure("peer_cudaMemcpyAsync_d2d_on0", s0, [&] { return rt(cudaMemcpyAsync(dev1, dev0, 8, cudaMemcpyDeviceToDevice, s0)); });
+  p.measure("peer_cudaMemcpyAsync_default_on0", s0,
+            [&] { return rt(cudaMemcpyAsync(dev1, dev0, 8, cudaMemcpyDefault, s0)); });
+  p.measure("peer_cudaMemcpyAsync_d2d_on0", s0,
+            [&] { return rt(cudaMemcpyAsync(dev1, dev0, 8, cudaMemcpyDeviceToDevice, s0)); });
   p.measure("peer_cuMemcpyDtoDAsync_on0", s0, [&] { return cu(d2d(dptr(dev1), dptr(dev0), 8, s0)); });
   p.measure("peer_cuMemcpyAsync_on0", s0, [&] { return cu(any(dptr(dev1), dptr(dev0), 8, s0)); });
 
@@ -212,18 +220,22 @@ int main(int argc, char** argv) {
     return finish(0);
   }
   std::swap(p.event, event1);  // an event of the issuing stream's device
-  p.measure("ipc_cudaMemcpyAsync_default_on1", s1, [&] { return rt(cudaMemcpyAsync(dev1, ipc, 8, cudaMemcpyDefault, s1)); });
-  p.measure("ipc_cudaMemcpyAsync_d2d_on1", s1, [&] { return rt(cudaMemcpyAsync(dev1, ipc, 8, cudaMemcpyDeviceToDevice, s1)); });
+  p.measure("ipc_cudaMemcpyAsync_default_on1", s1,
+            [&] { return rt(cudaMemcpyAsync(dev1, ipc, 8, cudaMemcpyDefault, s1)); });
+  p.measure("ipc_cudaMemcpyAsync_d2d_on1", s1,
+            [&] { return rt(cudaMemcpyAsync(dev1, ipc, 8, cudaMemcpyDeviceToDevice, s1)); });
   p.measure("ipc_cuMemcpyDtoDAsync_on1", s1, [&] { return cu(d2d(dptr(dev1), dptr(ipc), 8, s1)); });
   p.measure("ipc_cuMemcpyAsync_on1", s1, [&] { return cu(any(dptr(dev1), dptr(ipc), 8, s1)); });
   // Issued on GPU0's stream (cuda_ipc_copy_by=source), with device 0 current and with device 1
   // current (what the runtime does when the caller's current device is another one).
   std::swap(p.event, event1);
   cudaSetDevice(0);
-  p.measure("ipc_cudaMemcpyAsync_default_on0", s0, [&] { return rt(cudaMemcpyAsync(dev1, ipc, 8, cudaMemcpyDefault, s0)); });
+  p.measure("ipc_cudaMemcpyAsync_default_on0", s0,
+            [&] { return rt(cudaMemcpyAsync(dev1, ipc, 8, cudaMemcpyDefault, s0)); });
   p.measure("ipc_cuMemcpyDtoDAsync_on0", s0, [&] { return cu(d2d(dptr(dev1), dptr(ipc), 8, s0)); });
   cudaSetDevice(1);
-  p.measure("ipc_cudaMemcpyAsync_default_on0_cur1", s0, [&] { return rt(cudaMemcpyAsync(dev1, ipc, 8, cudaMemcpyDefault, s0)); });
+  p.measure("ipc_cudaMemcpyAsync_default_on0_cur1", s0,
+            [&] { return rt(cudaMemcpyAsync(dev1, ipc, 8, cudaMemcpyDefault, s0)); });
   p.measure("ipc_setdevice_then_copy_on0", s0, [&] {
     return rt(cudaSetDevice(0)) && rt(cudaMemcpyAsync(dev1, ipc, 8, cudaMemcpyDefault, s0)) && rt(cudaSetDevice(1));
   });

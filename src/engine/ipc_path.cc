@@ -19,8 +19,8 @@
 
 #include "core/clock.h"
 #include "core/log.h"
-#include "memory/mps.h"
 #include "core/trace.h"
+#include "memory/mps.h"
 
 namespace dmx {
 namespace {

@@ -1,5 +1,7 @@
 // cuda_mps_daemon(): found by its control socket in $CUDA_MPS_PIPE_DIRECTORY, else a reason that
 // says where it looked. CUDA-free: runs everywhere.
+#include "memory/mps.h"
+
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -10,8 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include "memory/mps.h"
 
 namespace dmx {
 namespace {
@@ -28,8 +28,10 @@ class MpsTest : public ::testing::Test {
     ::setenv("CUDA_MPS_PIPE_DIRECTORY", dir_.c_str(), 1);
   }
   void TearDown() override {
-    if (had_) ::setenv("CUDA_MPS_PIPE_DIRECTORY", old_.c_str(), 1);
-    else ::unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+    if (had_)
+      ::setenv("CUDA_MPS_PIPE_DIRECTORY", old_.c_str(), 1);
+    else
+      ::unsetenv("CUDA_MPS_PIPE_DIRECTORY");
     std::filesystem::remove_all(dir_);
   }
   std::string dir_, old_;
