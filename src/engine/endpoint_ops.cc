@@ -615,7 +615,9 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
     // An empty transfer (one empty chunk) always goes inline: no path has anything to move.
-    PayloadPath* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts) : nullptr;
+    PayloadPath* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.no_ipc) : nullptr;
+    // An eager message goes by a path only when the receiver copies it whole (cuda_ipc).
+    if (t.type == FrameType::kEager && path != nullptr && !path->receiver_releases()) path = nullptr;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
     if (path != nullptr && paths_[static_cast<int>(path->kind())].tx.size() >= kPathWindow) return false;
     uint64_t len = std::min<uint64_t>(path ? path->max_chunk() : session_.chunk_size, op.total - t.next);
@@ -649,6 +651,18 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     }
     if (path != nullptr) {
       if (Status st = post_path_chunk(path, t, len, out); !st.ok()) {
+        // Memory cuda_ipc cannot export (managed memory, stream-ordered pools, ...) still moves:
+        // staged by the next path (shm, or inline on stream 0), said once per endpoint. A region
+        // past its allocation, or a stopped path, fails the operation instead.
+        if (path->kind() == PathKind::kCudaIpc && st.code() != Code::kOutOfRange && st.code() != Code::kClosed) {
+          if (!ipc_fallback_noted_) {
+            ipc_fallback_noted_ = true;
+            DMX_LOG_WARN("endpoint to {}: cuda_ipc cannot carry a source, staging it instead (said once): {}",
+                         session_.peer, st.to_string());
+          }
+          t.no_ipc = true;
+          continue;
+        }
         if (op.eager) {  // cannot be stopped: it ends here
           auto failed = t.op;
           tx_.pop_front();

@@ -11,6 +11,10 @@
 #include <string>
 #include <vector>
 
+#if defined(DMX_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
 #include "engine/test_util.h"
 #include "transport/gpu_children.h"
 #include "transport/transport_test_util.h"
@@ -221,6 +225,64 @@ TEST(CudaIpcEngineGpu, PingPongBothDirections) {
   };
   run_engine_pair(side(true), side(false));
 }
+
+#if defined(DMX_HAVE_CUDA)
+// Device memory that CUDA IPC cannot export (managed memory; a stream-ordered pool, where the
+// driver refuses too) still arrives byte-exact: the engine stages it through the next path (shm
+// for chunks, inline for eager messages) instead of failing the operation.
+TEST(CudaIpcEngineGpu, MemoryIpcCannotExportIsStaged) {
+  REQUIRE_GPUS(gpus);
+  Trial run;
+  run.gpus = gpus;
+  const std::vector<size_t> sizes = {8, (4 << 20) + 3};  // eager, rendezvous
+  const int kinds = 2;                                   // managed, pool
+  run_engine_pair(
+      [&](Endpoint& ep) {
+        for (int k = 0; k < kinds; ++k)
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            auto dst = device_with(run.server_mem(), std::vector<unsigned char>(sizes[i], 0xA5), 5);
+            CHILD_CHECK(dst.ok(), 80);
+            Request r = ep.recv(dst->region().sub(5, sizes[i]), 9);
+            Status s = r.wait(60s);
+            if (!s.ok()) fprintf(stderr, "server: %s\n", s.to_string().c_str());
+            CHILD_CHECK(s.ok(), 81);
+            CHILD_CHECK(holds(*dst, message(run.seed, 100 + 10 * k + i, sizes[i]), 5), 82);
+          }
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        CHILD_CHECK(cudaSetDevice(0) == cudaSuccess, 90);
+        for (int k = 0; k < kinds; ++k)
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            auto data = message(run.seed, 100 + 10 * k + i, sizes[i]);
+            void* p = nullptr;
+            cudaError_t err = k == 0 ? cudaMallocManaged(&p, sizes[i] + 3) : cudaMallocAsync(&p, sizes[i] + 3, nullptr);
+            CHILD_CHECK(err == cudaSuccess && cudaStreamSynchronize(nullptr) == cudaSuccess, 91);
+            CHILD_CHECK(cudaMemcpy(static_cast<char*>(p) + 3, data.data(), data.size(), cudaMemcpyHostToDevice) ==
+                            cudaSuccess,
+                        92);
+            Request s = ep.send(MemRegion{static_cast<char*>(p) + 3, sizes[i], run.client_mem()}, 9);
+            Status st = s.wait(60s);
+            if (!st.ok()) fprintf(stderr, "client (%s, %zu B): %s\n", k == 0 ? "managed" : "pool", sizes[i],
+                                  st.to_string().c_str());
+            CHILD_CHECK(st.ok(), 93);
+            CHILD_CHECK((k == 0 ? cudaFree(p) : cudaFreeAsync(p, nullptr)) == cudaSuccess, 94);
+          }
+        CHILD_CHECK(cudaStreamSynchronize(nullptr) == cudaSuccess, 95);
+        EndpointStats st = ep.stats();
+        uint64_t ipc = 0, shm = 0;
+        for (const auto& p : st.paths) {
+          if (p.name == "cuda_ipc") ipc = p.chunks_sent;
+          if (p.name == "shm") shm = p.chunks_sent;
+        }
+        fprintf(stderr, "client: cuda_ipc chunks %llu, shm chunks %llu, staged d2h copies %llu\n",
+                static_cast<unsigned long long>(ipc), static_cast<unsigned long long>(shm),
+                static_cast<unsigned long long>(st.d2h_copies));
+        CHILD_CHECK(shm >= 1 && st.d2h_copies >= 1, 96);  // at least the managed ones were staged
+        return 0;
+      });
+}
+#endif
 
 }  // namespace
 }  // namespace dmx
