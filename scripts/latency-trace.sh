@@ -21,10 +21,12 @@ B=$ROOT/build-trace
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/latency-trace.log") 2>&1
 if [[ ! -x $B/tools/dmx/dmx ]]; then
-  cmake -S "$ROOT" -B "$B" -G Ninja -DDMX_TRACE=ON -DDMX_BUILD_TESTS=OFF -DDMX_BUILD_BENCH=OFF \
-    -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/trace-build.log" 2>&1 &&
-    cmake --build "$B" --target dmx -j "$(nproc)" >> "$OUT/trace-build.log" 2>&1 ||
-    { tail -n 30 "$OUT/trace-build.log"; exit 1; }
+  if ! cmake -S "$ROOT" -B "$B" -G Ninja -DDMX_TRACE=ON -DDMX_BUILD_TESTS=OFF -DDMX_BUILD_BENCH=OFF \
+      -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/trace-build.log" 2>&1 ||
+    ! cmake --build "$B" --target dmx -j "$(nproc)" >> "$OUT/trace-build.log" 2>&1; then
+    tail -n 30 "$OUT/trace-build.log"
+    exit 1
+  fi
 fi
 DMX=$B/tools/dmx/dmx
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
@@ -37,9 +39,9 @@ for c in ${LATENCY_TRACE_CASES:-$default_cases}; do
   case $c in
     host) args=(--mem host --peer-mem host) ;;
     host-tcp) args=(--mem host --peer-mem host --transport tcp --streams 1) ;;
-    ipc) args=(--mem cuda:0 --peer-mem $peer) ;;
-    ipc-dst) args=(--mem cuda:0 --peer-mem $peer --option cuda_ipc_copy_by=destination) ;;
-    tcp) args=(--mem cuda:0 --peer-mem $peer --transport tcp --streams 1) ;;
+    ipc) args=(--mem cuda:0 --peer-mem "$peer") ;;
+    ipc-dst) args=(--mem cuda:0 --peer-mem "$peer" --option cuda_ipc_copy_by=destination) ;;
+    tcp) args=(--mem cuda:0 --peer-mem "$peer" --transport tcp --streams 1) ;;
     *) echo "unknown case $c"; continue ;;
   esac
   port=$((port + 1))

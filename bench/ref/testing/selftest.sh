@@ -36,7 +36,7 @@ has() { grep -q -- "$1" "$2" || { echo "no '$1' in output:"; cat "$2"; return 1;
 check "py_compile" "$PY" -m py_compile bench/compare.py bench/ref/refutil.py bench/ref/nccl_socket.py \
   bench/ref/memcpy_peer.py bench/ref/testing/fake_dmx.py
 if command -v shellcheck >/dev/null 2>&1; then
-  check "shellcheck" shellcheck bench/ref/iperf3.sh scripts/netns.sh tests/netns/smoke.sh bench/ref/testing/selftest.sh
+  check "shellcheck" shellcheck bench/ref/iperf3.sh scripts/netns.sh scripts/latency-trace.sh tests/netns/smoke.sh bench/ref/testing/selftest.sh
 fi
 
 # -- refutil
