@@ -306,8 +306,8 @@ class CudaIpcPath final : public PayloadPath {
     std::string note =
         mps.ok() ? fmt::format("cuda:{} is shared with the peer's process; MPS serves it ({})", device, *mps)
                  : fmt::format("cuda:{} is shared with the peer's process without MPS ({}): the GPU switches between "
-                               "the two processes' contexts, so small copies take ~80 us instead of ~7 us; "
-                               "nvidia-cuda-mps-control -d starts MPS",
+                               "the two processes' contexts (8-byte messages measured 167 us instead of 18 us "
+                               "on an H200); nvidia-cuda-mps-control -d starts MPS",
                                device, mps.status().message());
     if (mps.ok()) DMX_LOG_INFO("cuda_ipc to {}: {}", peer_, note);
     else DMX_LOG_WARN("cuda_ipc to {}: {}", peer_, note);
