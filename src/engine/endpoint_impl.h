@@ -103,7 +103,7 @@ class EndpointImpl final : public tcp::StreamHost,
     uint64_t next = 0;
     bool emitted = false;  // a zero-byte transfer still sends one (empty) chunk
     uint64_t accepts = 0;  // wire::kAcceptPathFlags the peer's buffer accepts (CTS a1, READ_REQ a3)
-    bool no_ipc = false;   // cuda_ipc could not export the source: the rest goes by the next path
+    uint8_t skip_paths = 0;  // bits 1 << PathKind of paths that cannot carry this source (kUnavailable)
   };
   // Bytes arriving for a matched recv (keyed by token) or a read (keyed by op id). Outlives its
   // op when the op stops early: later chunks are then read and dropped until `expected`.
@@ -153,8 +153,8 @@ class EndpointImpl final : public tcp::StreamHost,
 
   // Payload paths (endpoint_paths.cc).
   // The path for a chunk from `src` into a buffer that accepts `accepts` (wire::kAcceptPathFlags).
-  // skip_ipc: a source cuda_ipc could not export (Transfer::no_ipc).
-  PayloadPath* path_for(const MemSpec& src, uint64_t accepts, bool skip_ipc = false) const;
+  // skip: bits 1 << PathKind to pass over (Transfer::skip_paths).
+  PayloadPath* path_for(const MemSpec& src, uint64_t accepts, uint8_t skip = 0) const;
   // Receiver: the wire::kAcceptPathFlags to announce for a buffer in `dst` (CTS a1, READ_REQ a3).
   uint64_t accepts_for(const MemSpec& dst) const;
   // Checks a peer's kAcceptPathFlags (`what`: the frame). Caller holds mu_.
@@ -208,7 +208,7 @@ class EndpointImpl final : public tcp::StreamHost,
   std::vector<EndpointStats::PathUse> stopped_paths_;  // their last statistics (mu_)
   std::condition_variable paths_cv_;
   bool has_paths_ = false;
-  bool ipc_fallback_noted_ = false;  // the "cuda_ipc cannot carry a source" warning was logged (mu_)
+  uint8_t fallback_noted_ = 0;  // bits 1 << PathKind whose "cannot carry a source" was logged (mu_)
 
   mutable std::mutex mu_;
   Status status_;  // sticky: ok until the endpoint fails or closes

@@ -615,7 +615,7 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
     // An empty transfer (one empty chunk) always goes inline: no path has anything to move.
-    PayloadPath* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.no_ipc) : nullptr;
+    PayloadPath* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.skip_paths) : nullptr;
     // An eager message goes by a path only when the receiver copies it whole (cuda_ipc).
     if (t.type == FrameType::kEager && path != nullptr && !path->receiver_releases()) path = nullptr;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
@@ -651,16 +651,17 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     }
     if (path != nullptr) {
       if (Status st = post_path_chunk(path, t, len, out); !st.ok()) {
-        // Memory cuda_ipc cannot export (managed memory, stream-ordered pools, ...) still moves:
-        // staged by the next path (shm, or inline on stream 0), said once per endpoint. A region
-        // past its allocation, or a stopped path, fails the operation instead.
-        if (path->kind() == PathKind::kCudaIpc && st.code() != Code::kOutOfRange && st.code() != Code::kClosed) {
-          if (!ipc_fallback_noted_) {
-            ipc_fallback_noted_ = true;
-            DMX_LOG_WARN("endpoint to {}: cuda_ipc cannot carry a source, staging it instead (said once): {}",
-                         session_.peer, st.to_string());
+        // The path cannot carry this source (cuda_ipc: memory CUDA IPC cannot export): the
+        // transfer moves by the next path (shm, or inline on stream 0), said once per path.
+        if (st.code() == Code::kUnavailable) {
+          uint8_t bit = static_cast<uint8_t>(1u << static_cast<int>(path->kind()));
+          if ((fallback_noted_ & bit) == 0) {
+            fallback_noted_ |= bit;
+            DMX_LOG_WARN("endpoint to {}: the {} path cannot carry a source, which goes by the next path (said "
+                         "once): {}",
+                         session_.peer, path_name(path->kind()), st.to_string());
           }
-          t.no_ipc = true;
+          t.skip_paths |= bit;
           continue;
         }
         if (op.eager) {  // cannot be stopped: it ends here

@@ -32,11 +32,11 @@ PathKind kind_of(uint8_t flags) {
 
 // The path for a chunk from `src`: cuda_ipc for what it carries (device memory), then devmem when
 // the peer's buffer accepts it, then shm, then none (inline on stream 0).
-PayloadPath* EndpointImpl::path_for(const MemSpec& src, uint64_t accepts, bool skip_ipc) const {
+PayloadPath* EndpointImpl::path_for(const MemSpec& src, uint64_t accepts, uint8_t skip) const {
   for (PathKind k : {PathKind::kCudaIpc, PathKind::kDevmem, PathKind::kShm}) {
     const auto& p = paths_[static_cast<int>(k)].path;
     if (k == PathKind::kDevmem && (accepts & wire::kFlagPathDevmem) == 0) continue;
-    if (k == PathKind::kCudaIpc && skip_ipc) continue;
+    if (skip & (1u << static_cast<int>(k))) continue;
     if (p && p->carries(src)) return p.get();
   }
   return nullptr;

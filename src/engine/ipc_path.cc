@@ -87,6 +87,11 @@ class CudaIpcPath final : public PayloadPath {
     {
       std::lock_guard lock(tx_mu_);
       auto e = exporter_.export_region(src);
+      // A region past its allocation is the caller's error; any other refusal (managed memory,
+      // stream-ordered pools, cuMem allocations, no driver) means another path must carry it.
+      if (!e.ok() && e.status().code() != Code::kOutOfRange)
+        return Status(Code::kUnavailable, fmt::format("cuda_ipc cannot export this memory: {}", e.status().message()))
+            .with_peer(peer_);
       if (!e.ok()) return e.status().with_peer(peer_);
       d.source = *e;
       d.retired = exporter_.take_retired(kCudaIpcMaxRetired);

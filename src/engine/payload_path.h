@@ -22,7 +22,10 @@
 // back into Events). Events are called on the path's thread with no path lock held.
 //
 // Errors: a post that returns an error did not take the chunk and no event follows for it (the
-// endpoint settles it itself); an accepted chunk that cannot move completes with an error status
+// endpoint settles it itself). post_tx returns kUnavailable when this path cannot carry this
+// particular source although carries() said its kind is fine (cuda_ipc: memory CUDA IPC cannot
+// export); the endpoint then moves that transfer by the next path instead of failing it. An
+// accepted chunk that cannot move completes with an error status
 // (that chunk only); a path that is broken for good (peer died, corrupt ring, device error) calls
 // on_path_failed once, then completes every pending chunk with that error. Completions may come
 // in any order (match them by seq). on_path_tx_done means "the source is free", not "delivered":
@@ -91,7 +94,8 @@ class PayloadPath {
   virtual uint64_t max_chunk() const = 0;
 
   // Sender: moves `src` (which stays valid until on_path_tx_done / PATH_DONE for `seq`). Returns
-  // the descriptor to send as the header's payload (≤ kMaxPathDescriptor bytes).
+  // the descriptor to send as the header's payload (≤ kMaxPathDescriptor bytes); kUnavailable:
+  // not this source, try the next path (see Errors above).
   virtual Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src) = 0;
   // Receiver: the chunk length a descriptor announces. Untrusted input: kProtocol when malformed.
   virtual Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) = 0;
