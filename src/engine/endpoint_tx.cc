@@ -1,0 +1,136 @@
+// Endpoint: what the streams send. Stream 0 (or any stream when no payload path is agreed) pulls
+// the next chunk of the oldest transfer, by a payload path when one carries its source (a path
+// that cannot carry this particular source is passed over for that transfer), else inline; the
+// streams report each frame written (on_sent), which completes eager sends and counts chunks.
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "engine/endpoint_impl.h"
+
+namespace dmx {
+
+using wire::FrameHeader;
+using wire::FrameType;
+
+namespace {
+// Chunks one payload path may have in flight from this side.
+constexpr size_t kPathWindow = 8;
+}  // namespace
+
+// Transmit side: streams pull chunks of the oldest transfer first.
+bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
+  if (!has_tx_.load(std::memory_order_acquire)) return false;  // idle streams poll without the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  struct Sync {  // keeps has_tx_ equal to !tx_.empty() on every return
+    EndpointImpl* ep;
+    ~Sync() { ep->has_tx_.store(!ep->tx_.empty(), std::memory_order_release); }
+  } sync{this};
+  if (has_paths_ && stream != 0) return false;  // path chunk headers keep their order on stream 0
+  while (!tx_.empty()) {
+    Transfer& t = tx_.front();
+    OpState& op = *t.op;
+    // An empty transfer (one empty chunk) always goes inline: no path has anything to move.
+    PayloadPath* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.skip_paths) : nullptr;
+    // An eager message goes by a path only when the receiver copies it whole (cuda_ipc).
+    if (t.type == FrameType::kEager && path != nullptr && !path->receiver_releases()) path = nullptr;
+    // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
+    if (path != nullptr && paths_[static_cast<int>(path->kind())].tx.size() >= kPathWindow) return false;
+    uint64_t len = std::min<uint64_t>(path ? path->max_chunk() : session_.chunk_size, op.total - t.next);
+    if (len == 0 && t.emitted) {
+      tx_.pop_front();
+      continue;
+    }
+    FrameHeader& h = out->header;
+    h.type = t.type;
+    h.id = op.id;
+    switch (t.type) {
+      case FrameType::kSendData:  // id: the receiver's token
+        h.id = op.rkey;
+        h.a0 = t.next;
+        h.a1 = op.total;
+        break;
+      case FrameType::kWriteData:
+        h.a0 = op.rkey;
+        h.a1 = op.roffset + t.next;
+        h.a2 = op.total;
+        h.a3 = op.notify_value;
+        h.flags = op.notify ? wire::kFlagNotify : 0;
+        break;
+      case FrameType::kEager:  // by a path (eager_path); inline when the path has gone meanwhile
+        h.a0 = op.tag;
+        break;
+      default:  // kReadData
+        h.a0 = t.next;
+        h.a1 = op.total;
+        break;
+    }
+    if (path != nullptr) {
+      if (Status st = post_path_chunk(path, t, len, out); !st.ok()) {
+        // The path cannot carry this source (cuda_ipc: memory CUDA IPC cannot export): the
+        // transfer moves by the next path (shm, or inline on stream 0), said once per path.
+        if (st.code() == Code::kUnavailable) {
+          uint8_t bit = static_cast<uint8_t>(1u << static_cast<int>(path->kind()));
+          if ((fallback_noted_ & bit) == 0) {
+            fallback_noted_ |= bit;
+            DMX_LOG_WARN("endpoint to {}: the {} path cannot carry a source, which goes by the next path (said "
+                         "once): {}",
+                         session_.peer, path_name(path->kind()), st.to_string());
+          }
+          t.skip_paths |= bit;
+          continue;
+        }
+        if (op.eager) {  // cannot be stopped: it ends here
+          auto failed = t.op;
+          tx_.pop_front();
+          finish(*failed, st);
+          continue;
+        }
+        stop(t.op, st);  // removes the transfer
+        continue;
+      }
+      return true;
+    }
+    out->src = t.src + t.next;
+    out->where = t.where;
+    out->len = len;
+    out->ctx = t.op;
+    t.next += len;
+    t.emitted = true;
+    op.handed += len;
+    ++op.inflight;
+    if (t.next == op.total) tx_.pop_front();
+    return true;
+  }
+  return false;
+}
+
+void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {
+  auto op = std::static_pointer_cast<OpState>(item.ctx);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (op->eager) {
+      op->done = op->total;
+      finish(*op, Status());
+    } else {
+      chunk_sent(op, item.len, Status());
+    }
+  }
+  deliver();
+}
+
+void EndpointImpl::chunk_sent(const std::shared_ptr<OpState>& op, uint64_t len, const Status& s) {
+  --op->inflight;
+  if (s.ok()) op->done += len;
+  else if (op->eager) finish(*op, s);  // an eager send by a path: one chunk, not stoppable
+  else stop(op, s);
+  if (op->phase == OpPhase::kStopping) {
+    settle_stopped(op);
+  } else if (op->done == op->total && op->type == OpType::kSend) {
+    sends_.erase(op->id);
+    finish(*op, Status());
+  } else if (op->done == op->total && op->type == OpType::kReadResponse) {
+    finish(*op, Status());
+  }
+}
+
+}  // namespace dmx
