@@ -208,8 +208,10 @@ ctest_section() {
   local rc=$?
   # One line for the summary: "N passed, N failed, N skipped of N"
   local total failed skipped
-  total=$(grep -Eo 'tests failed out of [0-9]+' "$OUT/ctest.log" | grep -Eo '[0-9]+$' | tail -n 1)
+  # "N tests failed out of M", or when all pass "100% tests passed out of M" (no failed count).
+  total=$(grep -Eo 'tests (failed|passed) out of [0-9]+' "$OUT/ctest.log" | grep -Eo '[0-9]+$' | tail -n 1)
   failed=$(grep -Eo '[0-9]+ tests failed out of' "$OUT/ctest.log" | grep -Eo '^[0-9]+' | tail -n 1)
+  [[ -z "$failed" ]] && grep -q '100% tests passed' "$OUT/ctest.log" && failed=0
   skipped=$(grep -c '(Skipped)' "$OUT/ctest.log")
   echo "ctest: ${total:-?} tests, ${failed:-?} failed, ${skipped} skipped (skips listed above with reasons in the test output)"
   return $rc
