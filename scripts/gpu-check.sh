@@ -366,6 +366,37 @@ if [[ $build_ok -eq 1 ]]; then
     return $rc
   }
   run_section same-host same_host_section
+  small_lane_section() {  # 8 B .. 16 KiB half round trips with cuda_ipc's small-chunk lane on and off, alternated
+    local peer=cuda:0 i mode srv rc=0
+    [[ $(nvidia-smi -L | wc -l) -ge 2 ]] && peer=cuda:1
+    for i in 1 2 3; do
+      for mode in on off; do
+        local rx=16K
+        [[ $mode == off ]] && rx=0
+        DMX_CUDA_IPC_INLINE_RX=$rx "$DMX" bench --listen tcp://127.0.0.1:7813 & srv=$!
+        sleep 1
+        echo "lane $mode, round $i"
+        DMX_CUDA_IPC_INLINE_RX=$rx "$DMX" bench --connect tcp://127.0.0.1:7813 --mem cuda:0 --peer-mem $peer \
+          --streams 1 --sizes 8,4K,16K --verify --json | tee -a "$OUT/small-lane.jsonl" || rc=1
+        kill $srv; wait $srv 2>/dev/null
+      done
+    done
+    python3 - "$OUT/small-lane.jsonl" <<'PY'
+import json, sys, collections
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    j = json.loads(line)
+    inline = sum(p.get("chunks_inline", 0) for p in j.get("paths", []))
+    rows[(j["size_bytes"], inline > 0)].append(j["lat_p50_us"])
+for (size, lane), v in sorted(rows.items()):
+    print(f"size {size:>6} lane {'on ' if lane else 'off'}  p50 half RTT us: " + ", ".join(f"{x:.2f}" for x in v))
+PY
+    return $rc
+  }
+  run_section small-lane small_lane_section
   small_copy_section() {  # what an 8-byte device<->host copy costs by method (small-message latency)
     "$B/bench/small_copy_probe" --iters 2000
   }

@@ -36,6 +36,7 @@ struct EndpointStats {
     std::string detail;  // e.g. "cuda_ipc: cuda:0 -> cuda:1 peer access enabled"
     uint64_t chunks_sent = 0, chunks_received = 0, bytes_sent = 0, bytes_received = 0;
     uint64_t host_copies = 0, device_copies = 0;
+    uint64_t chunks_inline = 0;  // of chunks_received: moved by the receiving stream's own thread (cuda_ipc)
   };
   std::string transport;  // the data paths in use: "tcp", "shm", "cuda_ipc", "shm+cuda_ipc"
   std::string reason;     // why that path was chosen

@@ -57,6 +57,12 @@ constexpr ConfigEntry kTable[] = {
      "cuda_ipc: which GPU of the receiving process issues a GPU-to-GPU copy: the source's (it writes "
      "over the peer link) or the destination's (it reads)",
      "source|destination"},
+    {"cuda_ipc_inline_rx", ConfigType::kSize, "16K",
+     "cuda_ipc: a chunk up to this size that arrives while the path is idle is copied and polled by the "
+     "receiving control stream's own thread, without the hand-off to the path's thread (small-message "
+     "latency); 0: off"},
+    {"cuda_ipc_inline_wait", ConfigType::kDuration, "30us",
+     "cuda_ipc: how long that thread polls such a copy before handing it on to the path's thread"},
 };
 }  // namespace
 

@@ -81,7 +81,7 @@ Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t le
   return Status();
 }
 
-Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsigned char>& desc) {
+Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsigned char>& desc, bool* noted) {
   PathKind k = kind_of(h.flags);
   PathState& ps = paths_[static_cast<int>(k)];
   bool eager = h.type == FrameType::kEager;  // the whole message, copied out of the sender's memory
@@ -105,7 +105,9 @@ Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsi
   if (plan->kind != tcp::RxPlan::Kind::kDiscard) dst = MemRegion{plan->dst, *len, plan->where};
   ps.rx[seq] = PathState::Rx{h, *len, plan->host_tag, plan->ctx};
   DMX_TRACE_POINT("path_hdr.post_rx");
-  if (Status s = ps.path->post_rx(seq, desc, dst); !s.ok()) {
+  Result<bool> now = ps.path->post_rx_now(seq, desc, dst);
+  if (!now.ok()) {
+    const Status& s = now.status();
     ps.rx.erase(seq);
     // An eager message has no one to tell but this side: the endpoint fails. A chunk of a transfer
     // counts as arrived-but-failed, like a failed copy.
@@ -113,9 +115,47 @@ Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsi
       return Status(s.code(), fmt::format("an eager message by {} could not be taken: {}", path_name(k), s.message()));
     if (h.type == FrameType::kWriteData) land_write(h, *len, s);
     else return land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, *len, plan->host_tag != 0, s);
+    return Status();
+  }
+  if (*now) {  // moved already (the small-chunk lane): settle it here, as on_path_rx_done would
+    DMX_TRACE_POINT("rx.inline");
+    auto settled = settle_path_rx(k, seq, Status());
+    if (settled.release) send_path_done(k, seq);
+    if (settled.noted) *noted = true;
+    return settled.status;
   }
   DMX_TRACE_POINT("rx.posted");
   return Status();
+}
+
+EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(PathKind path, uint64_t seq, const Status& s) {
+  PathRxSettled out;
+  PathState& ps = paths_[static_cast<int>(path)];
+  auto it = ps.rx.find(seq);
+  if (it == ps.rx.end()) return out;  // the endpoint failed meanwhile
+  auto rx = std::move(it->second);
+  ps.rx.erase(it);
+  const FrameHeader& h = rx.header;
+  if (h.type == FrameType::kEager) {
+    // A failed copy of an eager message has no one to tell but this side: fail the endpoint.
+    if (s.ok()) eager_landed(rx.host_tag, rx.ctx, rx.len);
+    else out.status = Status(s.code(), fmt::format("an eager message by {} was not copied: {}", path_name(path), s.message()));
+  } else if (h.type == FrameType::kWriteData) {
+    land_write(h, rx.len, s);
+    out.noted = (h.flags & wire::kFlagNotify) != 0;
+  } else {
+    out.status = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.host_tag != 0, s);
+  }
+  out.release = ps.path->receiver_releases() && status_.ok();
+  return out;
+}
+
+void EndpointImpl::send_path_done(PathKind path, uint64_t seq) {
+  FrameHeader done;
+  done.type = FrameType::kPathDone;
+  done.id = seq;
+  done.a0 = static_cast<uint64_t>(path);
+  push_control(done);
 }
 
 PayloadPath* EndpointImpl::eager_path(const MemSpec& src) const {
@@ -145,43 +185,20 @@ void EndpointImpl::on_path_tx_done(PathKind path, uint64_t seq, const Status& s)
 
 void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s) {
   DMX_TRACE_POINT("rx.done");
-  bool noted = false, release = false;
-  Status st;
+  PathRxSettled settled;
   {
     std::lock_guard<std::mutex> lock(mu_);
     DMX_TRACE_POINT("rx.done.locked");
-    PathState& ps = paths_[static_cast<int>(path)];
-    auto it = ps.rx.find(seq);
-    if (it == ps.rx.end()) return;  // the endpoint failed meanwhile
-    auto rx = std::move(it->second);
-    ps.rx.erase(it);
-    const FrameHeader& h = rx.header;
-    if (h.type == FrameType::kEager) {
-      // A failed copy of an eager message has no one to tell but this side: fail the endpoint.
-      if (s.ok()) eager_landed(rx.host_tag, rx.ctx, rx.len);
-      else st = Status(s.code(), fmt::format("an eager message by {} was not copied: {}", path_name(path), s.message()));
-    } else if (h.type == FrameType::kWriteData) {
-      land_write(h, rx.len, s);
-      noted = (h.flags & wire::kFlagNotify) != 0;
-    } else {
-      st = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.host_tag != 0, s);
-    }
+    settled = settle_path_rx(path, seq, s);
     DMX_TRACE_POINT("rx.done.settled");
-    release = ps.path->receiver_releases() && status_.ok();
   }
   DMX_TRACE_POINT("rx.landed");
-  if (!st.ok()) fail(st);
-  if (noted) notes_cv_.notify_all();
+  if (!settled.status.ok()) fail(settled.status);
+  if (settled.noted) notes_cv_.notify_all();
   deliver();
-  if (release) {
-    // After the delivery: the receiver's completion is what a ping-pong waits for; the sender's
-    // source can be released a moment later. (A failed endpoint's stopped stream drops it.)
-    FrameHeader done;
-    done.type = FrameType::kPathDone;
-    done.id = seq;
-    done.a0 = static_cast<uint64_t>(path);
-    push_control(done);
-  }
+  // After the delivery: the receiver's completion is what a ping-pong waits for; the sender's
+  // source can be released a moment later. (A failed endpoint's stopped stream drops it.)
+  if (settled.release) send_path_done(path, seq);
 }
 
 void EndpointImpl::on_path_failed(PathKind path, const Status& s) {
@@ -199,6 +216,7 @@ EndpointStats::PathUse EndpointImpl::path_use(const PayloadPath& p) {
   u.bytes_received = x.bytes_received;
   u.host_copies = x.host_copies;
   u.device_copies = x.device_copies;
+  u.chunks_inline = x.inline_copies;
   return u;
 }
 

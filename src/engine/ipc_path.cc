@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -40,13 +41,30 @@ inline void cpu_relax() {
 }
 
 class CudaIpcPath final : public PayloadPath {
+  struct RxItem {
+    uint64_t seq;
+    IpcDescriptor source;
+    std::vector<uint64_t> retired;
+    MemRegion dst;  // ptr == nullptr: drop
+  };
+  struct Done {
+    uint64_t seq;
+    Status status;
+  };
+  struct Inflight {
+    uint64_t bytes;
+  };
+
  public:
-  CudaIpcPath(std::string peer, int streams, uint64_t max_chunk, bool copy_by_source, bool in_process)
+  CudaIpcPath(std::string peer, int streams, uint64_t max_chunk, bool copy_by_source, bool in_process,
+              uint64_t inline_max, std::chrono::microseconds inline_wait)
       : peer_(std::move(peer)),
         streams_(streams),
         max_chunk_(max_chunk),
         copy_by_source_(copy_by_source),
-        in_process_(in_process) {}
+        in_process_(in_process),
+        inline_max_(inline_max),
+        inline_wait_(inline_wait) {}
 
   ~CudaIpcPath() override {
     stop();
@@ -108,29 +126,68 @@ class CudaIpcPath final : public PayloadPath {
   }
 
   Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override {
-    auto d = IpcChunkDescriptor::decode(descriptor);
-    if (!d.ok()) return d.status().with_peer(peer_);
-    if (in_process_ && d->source.owner_pid != ::getpid())
-      return Status(Code::kProtocol, fmt::format("cuda_ipc chunk {} in one process: the descriptor names pid {}, not "
-                                                 "this process ({})",
-                                                 seq, d->source.owner_pid, ::getpid()))
-          .with_peer(peer_);
-    if (dst.ptr != nullptr) {
-      if (dst.size != d->source.length)
-        return Status(Code::kInvalidArgument, fmt::format("cuda_ipc chunk {}: destination of {} B for a {} B chunk",
-                                                          seq, dst.size, d->source.length))
-            .with_peer(peer_);
-      if (dst.where.kind == MemKind::kSim)
-        return Status(Code::kInvalidArgument, "cuda_ipc: simulated device memory cannot receive CUDA copies")
-            .with_peer(peer_);
+    auto item = rx_item(seq, descriptor, dst);
+    if (!item.ok()) return item.status();
+    return enqueue(std::move(*item));
+  }
+
+  // The small-message lane: an idle path copies a small chunk on the calling thread (the receiving
+  // control stream's worker) and polls it there, instead of handing it to the progress thread and
+  // hearing back from it. A copy that outlasts inline_wait_ goes on in the progress thread.
+  Result<bool> post_rx_now(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override {
+    auto item = rx_item(seq, descriptor, dst);
+    if (!item.ok()) return item.status();
+    if (dst.ptr == nullptr || dst.size > inline_max_ || !queue_idle()) {
+      DMX_RETURN_IF_ERROR(enqueue(std::move(*item)));
+      return false;
     }
-    std::lock_guard lock(mu_);
-    if (stopping_) return closed();
-    if (!failed_.ok()) return failed_;
-    queue_.push_back(RxItem{seq, std::move(d->source), std::move(d->retired), dst});
-    posted_.store(true, std::memory_order_release);
-    if (sleeping_) cv_.notify_one();
-    return Status();
+    DMX_TRACE_POINT("ipc.inline");
+    // try_lock: the progress thread may hold it for long (making a copy engine takes milliseconds),
+    // and the caller holds the endpoint's lock.
+    std::unique_lock engines(engine_mu_, std::try_to_lock);
+    std::optional<int> device;
+    if (engines.owns_lock() && inflight_.empty() && failure_.ok()) device = ready_device_for(*item);
+    if (!device.has_value()) {
+      // Busy after all, or the first copy on that GPU (its engine is made on the thread).
+      if (engines.owns_lock()) engines.unlock();
+      DMX_RETURN_IF_ERROR(enqueue(std::move(*item)));
+      return false;
+    }
+    CopyEngine* engine = engines_.at(*device).get();
+    invalidate_retired(*item);
+    Status s = engine->read(seq, dst, peer_, item->source, 0);
+    if (!s.ok()) {  // no copy started: the chunk was not taken
+      note_failure(*engine, s, 0);
+      engines.unlock();
+      poke();
+      return s.with_peer(peer_);
+    }
+    DMX_TRACE_POINT("ipc.inline.issued");
+    Deadline deadline = Deadline::after(inline_wait_);
+    completions_.clear();
+    while (engine->progress(&completions_) == 0) {
+      if (deadline.expired()) {  // hand it over: the progress thread polls it from now on
+        inflight_.emplace(seq, Inflight{dst.size});
+        needs_thread_.store(true, std::memory_order_release);
+        handed_over_.fetch_add(1, std::memory_order_relaxed);
+        engines.unlock();
+        poke();
+        return false;
+      }
+      cpu_relax();
+    }
+    DMX_TRACE_POINT("ipc.inline.copied");
+    s = completions_.front().status;
+    if (!s.ok()) {
+      note_failure(*engine, s, 0);
+      engines.unlock();
+      poke();
+      return s.with_peer(peer_);
+    }
+    engines.unlock();
+    count_received(dst.size);
+    inline_copies_.fetch_add(1, std::memory_order_relaxed);
+    return true;
   }
 
   void stop() override {
@@ -152,6 +209,7 @@ class CudaIpcPath final : public PayloadPath {
     s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
     s.device_copies = device_copies_.load(std::memory_order_relaxed);
     s.wakeups = wakeups_.load(std::memory_order_relaxed);
+    s.inline_copies = inline_copies_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -159,119 +217,130 @@ class CudaIpcPath final : public PayloadPath {
     std::lock_guard lock(mu_);
     std::string mode = in_process_ ? "in one process (the exporter's pointers, no IPC handles); " : "";
     if (report_.empty()) return "cuda_ipc: " + mode + "no chunk received yet (copy engines start on the first)";
-    return "cuda_ipc: " + mode + report_ + shared_note_;
+    std::string lane =
+        inline_max_ == 0
+            ? "; small-chunk lane off"
+            : fmt::format("; {} chunks of <= {} B copied by the receiving stream itself ({} handed on after {} us)",
+                          inline_copies_.load(std::memory_order_relaxed), inline_max_,
+                          handed_over_.load(std::memory_order_relaxed), inline_wait_.count());
+    return "cuda_ipc: " + mode + report_ + lane + shared_note_;
   }
 
  private:
-  struct RxItem {
-    uint64_t seq;
-    IpcDescriptor source;
-    std::vector<uint64_t> retired;
-    MemRegion dst;  // ptr == nullptr: drop
-  };
-  struct Done {
-    uint64_t seq;
-    Status status;
-  };
-  struct Inflight {
-    uint64_t bytes;
-  };
-
   Status closed() const { return Status(Code::kClosed, "the cuda_ipc path is stopped").with_peer(peer_); }
 
-  // ---- the progress thread ----
-
-  void run() {
-    std::vector<RxItem> batch;
-    std::vector<Done> done;
-    bool idle = false;
-    Clock::time_point idle_since;
-    for (;;) {
-      // After work, poll for kSpin before sleeping: a chunk that follows soon (a small message
-      // of a ping-pong) then costs no wake-up. While spinning with nothing posted the lock is not
-      // taken (a poster — the endpoint's stream worker — would otherwise often find it held).
-      bool spinning = !idle || Clock::now() - idle_since < kSpin;
-      if (!spinning || posted_.load(std::memory_order_acquire)) {
-        std::unique_lock lock(mu_);
-        auto ready = [&] { return stopping_ || !queue_.empty(); };
-        if (!ready() && !spinning) {
-          if (inflight_.empty()) {
-            sleeping_ = true;
-            cv_.wait(lock, ready);
-            sleeping_ = false;
-            if (!stopping_) wakeups_.fetch_add(1, std::memory_order_relaxed);
-          } else {
-            sleeping_ = true;
-            if (cv_.wait_for(lock, kPollSleep, ready) && !stopping_) wakeups_.fetch_add(1, std::memory_order_relaxed);
-            sleeping_ = false;
-          }
-        }
-        if (stopping_) break;
-        batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
-        queue_.clear();
-        posted_.store(false, std::memory_order_relaxed);  // under mu_: a later post sets it again
-      }
-      bool worked = !batch.empty();
-      if (worked) DMX_TRACE_POINT("ipc.take");
-      for (RxItem& item : batch) issue(item, &done);
-      if (worked) DMX_TRACE_POINT("ipc.issued");
-      batch.clear();
-      poll(&done);
-      if (!done.empty()) DMX_TRACE_POINT("ipc.copied");
-      worked = worked || !done.empty();
-      deliver(&done);
-      if (worked) {
-        idle = false;
-      } else if (!idle) {
-        idle = true;
-        idle_since = Clock::now();
-      } else {
-        cpu_relax();
-      }
+  // Validates a received descriptor and its destination (the checks of post_rx).
+  Result<RxItem> rx_item(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) {
+    auto d = IpcChunkDescriptor::decode(descriptor);
+    if (!d.ok()) return d.status().with_peer(peer_);
+    if (in_process_ && d->source.owner_pid != ::getpid())
+      return Status(Code::kProtocol, fmt::format("cuda_ipc chunk {} in one process: the descriptor names pid {}, not "
+                                                 "this process ({})",
+                                                 seq, d->source.owner_pid, ::getpid()))
+          .with_peer(peer_);
+    if (dst.ptr != nullptr) {
+      if (dst.size != d->source.length)
+        return Status(Code::kInvalidArgument, fmt::format("cuda_ipc chunk {}: destination of {} B for a {} B chunk",
+                                                          seq, dst.size, d->source.length))
+            .with_peer(peer_);
+      if (dst.where.kind == MemKind::kSim)
+        return Status(Code::kInvalidArgument, "cuda_ipc: simulated device memory cannot receive CUDA copies")
+            .with_peer(peer_);
     }
-    shutdown(&done);
+    return RxItem{seq, std::move(d->source), std::move(d->retired), dst};
   }
 
-  void issue(RxItem& item, std::vector<Done>* done) {
+  // Hands a chunk to the progress thread.
+  Status enqueue(RxItem item) {
+    std::lock_guard lock(mu_);
+    if (stopping_) return closed();
+    if (!failed_.ok()) return failed_;
+    queue_.push_back(std::move(item));
+    posted_.store(true, std::memory_order_release);
+    if (sleeping_) cv_.notify_one();
+    return Status();
+  }
+
+  // Nothing waits for the progress thread (the small-chunk lane may take a chunk; under engine_mu_
+  // it also checks that no copy is in flight).
+  bool queue_idle() const {
+    std::lock_guard lock(mu_);
+    return queue_.empty() && !stopping_ && failed_.ok();
+  }
+
+  // Makes the progress thread look now (a copy handed over, a failure to report).
+  void poke() {
+    std::lock_guard lock(mu_);
+    posted_.store(true, std::memory_order_release);
+    if (sleeping_) cv_.notify_one();
+  }
+
+  void count_received(uint64_t bytes) {
+    chunks_received_.fetch_add(1, std::memory_order_relaxed);
+    bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+    device_copies_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // ---- copies (engine_mu_ held) ----
+
+  // The local GPU that copies `item` (see docs/shm-cuda-ipc.md): for a cuda destination, the source's
+  // GPU when it is ours and reaches the destination (cuda_ipc_copy_by=source), else the
+  // destination's; for host destinations the source's GPU (a device-to-host copy on its own copy
+  // engine), else cuda:0. `make`: create engines as needed (false: nullopt when one is missing).
+  Result<std::optional<int>> device_for(const RxItem& item, bool make) {
+    int device = 0;
+    auto source = cuda_ipc::device_by_uuid(item.source.device_uuid);
+    if (item.dst.where.kind == MemKind::kCuda) {
+      device = item.dst.where.device;
+      if (source.ok() && *source == device && !shared_gpu_noted_ && !in_process_) note_shared_gpu(device);
+      if (copy_by_source_ && source.ok() && *source != device) {
+        if (!make && !engines_.contains(*source)) return std::optional<int>();
+        auto e = engine_for(*source);
+        if (e.ok() && (*e)->can_access_peer(device)) device = *source;
+      }
+    } else if (source.ok()) {
+      device = *source;
+    }
+    if (!make && !engines_.contains(device)) return std::optional<int>();
+    return std::optional<int>(device);
+  }
+
+  std::optional<int> ready_device_for(const RxItem& item) {
+    auto d = device_for(item, /*make=*/false);
+    return d.ok() ? *d : std::nullopt;
+  }
+
+  void invalidate_retired(const RxItem& item) {
     for (uint64_t id : item.retired)
       for (auto& [dev, engine] : engines_) engine->invalidate(peer_, id);
+  }
+
+  // Starts the copy of `item`; true when it is in flight (inflight_), false when it is settled
+  // already (pushed to `done`).
+  bool issue(RxItem& item, std::vector<Done>* done) {
+    invalidate_retired(item);
     if (!failure_.ok()) {
       done->push_back({item.seq, failure_});
-      return;
+      return false;
     }
     if (item.dst.ptr == nullptr) {  // a dropped chunk: nothing to copy, the sender may release it
       done->push_back({item.seq, Status()});
-      return;
+      return false;
     }
-    int device = 0;
-    if (item.dst.where.kind == MemKind::kCuda) {
-      device = item.dst.where.device;
-      // cuda_ipc_copy_by=source: the source's GPU, when it is one of ours and reaches the
-      // destination's, writes over the peer link instead of the destination's GPU reading.
-      auto s = cuda_ipc::device_by_uuid(item.source.device_uuid);
-      if (s.ok() && *s == device && !shared_gpu_noted_ && !in_process_) note_shared_gpu(device);
-      if (copy_by_source_ && s.ok() && *s != device) {
-        auto e = engine_for(*s);
-        if (e.ok() && (*e)->can_access_peer(device)) device = *s;
-      }
-    } else {
-      // Host destination: the GPU that owns the source reads it out (a device-to-host copy on its
-      // own copy engine); another GPU would pull it over the peer link first.
-      auto d = cuda_ipc::device_by_uuid(item.source.device_uuid);
-      if (d.ok()) device = *d;
-    }
-    auto engine = engine_for(device);
+    auto device = device_for(item, /*make=*/true);
+    Result<CopyEngine*> engine = device.ok() ? engine_for(**device) : Result<CopyEngine*>(device.status());
     if (!engine.ok()) {
       done->push_back({item.seq, engine.status().with_peer(peer_)});
-      return;
+      return false;
     }
     Status s = (*engine)->read(item.seq, item.dst, peer_, item.source, 0);
     if (!s.ok()) {
       done->push_back({item.seq, s.with_peer(peer_)});
-      check_device(**engine, s, done);
-      return;
+      note_failure(**engine, s, done->size());
+      return false;
     }
     inflight_.emplace(item.seq, Inflight{item.dst.size});
+    return true;
   }
 
   void poll(std::vector<Done>* done) {
@@ -282,7 +351,7 @@ class CudaIpcPath final : public PayloadPath {
       if (engine->progress(&completions_) == 0) continue;
       for (size_t i = before; i < completions_.size(); ++i)
         if (!completions_[i].status.ok()) {
-          check_device(*engine, completions_[i].status, done);
+          note_failure(*engine, completions_[i].status, done->size());
           break;
         }
     }
@@ -293,14 +362,28 @@ class CudaIpcPath final : public PayloadPath {
       uint64_t bytes = it->second.bytes;
       inflight_.erase(it);
       if (c.status.ok() && failure_.ok()) {
-        chunks_received_.fetch_add(1, std::memory_order_relaxed);
-        bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
-        device_copies_.fetch_add(1, std::memory_order_relaxed);
+        count_received(bytes);
         done->push_back({c.op, Status()});
       } else {
         done->push_back({c.op, !failure_.ok() ? failure_ : c.status.with_peer(peer_)});
       }
     }
+  }
+
+  // A copy failed: if the device is broken for good (sticky CUDA error), so is the path. The
+  // progress thread reports it (on_path_failed) after the completions before `done_before`.
+  void note_failure(CopyEngine& engine, const Status& why, size_t done_before) {
+    Status sticky = engine.device_error();
+    if (sticky.ok() || !failure_.ok()) return;
+    failure_ = Status(sticky.code(), fmt::format("cuda_ipc path failed: {} (after: {})", sticky.message(),
+                                                 why.message()))
+                   .with_peer(peer_);
+    DMX_LOG_ERROR("{}", failure_.to_string());
+    failure_unreported_ = true;
+    failed_before_ = done_before;
+    needs_thread_.store(true, std::memory_order_release);
+    std::lock_guard lock(mu_);
+    failed_ = failure_;
   }
 
   // Both processes use one GPU: say once whether MPS serves it (without it, every copy that follows
@@ -320,22 +403,6 @@ class CudaIpcPath final : public PayloadPath {
     shared_note_ = "; " + note;
   }
 
-  // A copy failed: if the device is broken for good (sticky CUDA error), so is the path.
-  void check_device(CopyEngine& engine, const Status& why, std::vector<Done>* done) {
-    Status sticky = engine.device_error();
-    if (sticky.ok() || !failure_.ok()) return;
-    failure_ = Status(sticky.code(), fmt::format("cuda_ipc path failed: {} (after: {})", sticky.message(),
-                                                 why.message()))
-                   .with_peer(peer_);
-    DMX_LOG_ERROR("{}", failure_.to_string());
-    {
-      std::lock_guard lock(mu_);
-      failed_ = failure_;
-    }
-    deliver(done);  // what completed before the failure, with its own status
-    if (events_ != nullptr) events_->on_path_failed(PathKind::kCudaIpc, failure_);
-  }
-
   Result<CopyEngine*> engine_for(int device) {
     auto it = engines_.find(device);
     if (it != engines_.end()) return it->second.get();
@@ -350,9 +417,76 @@ class CudaIpcPath final : public PayloadPath {
     return raw;
   }
 
-  void deliver(std::vector<Done>* done) {
-    if (events_ != nullptr)
-      for (Done& d : *done) events_->on_path_rx_done(PathKind::kCudaIpc, d.seq, d.status);
+  // ---- the progress thread ----
+
+  void run() {
+    std::vector<RxItem> batch;
+    std::vector<Done> done;
+    bool idle = false;
+    Clock::time_point idle_since;
+    for (;;) {
+      // After work, poll for kSpin before sleeping: a chunk that follows soon (a small message
+      // of a ping-pong) then costs no wake-up. While spinning with nothing posted the lock is not
+      // taken (a poster — the endpoint's stream worker — would otherwise often find it held).
+      bool spinning = !idle || Clock::now() - idle_since < kSpin;
+      if (!spinning || posted_.load(std::memory_order_acquire)) {
+        std::unique_lock lock(mu_);
+        auto ready = [&] { return stopping_ || !queue_.empty() || posted_.load(std::memory_order_relaxed); };
+        if (!ready() && !spinning) {
+          sleeping_ = true;
+          if (!needs_thread_.load(std::memory_order_acquire)) {
+            cv_.wait(lock, ready);
+            if (!stopping_) wakeups_.fetch_add(1, std::memory_order_relaxed);
+          } else if (cv_.wait_for(lock, kPollSleep, ready) && !stopping_) {
+            wakeups_.fetch_add(1, std::memory_order_relaxed);
+          }
+          sleeping_ = false;
+        }
+        if (stopping_) break;
+        batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+        queue_.clear();
+        posted_.store(false, std::memory_order_relaxed);  // under mu_: a later post sets it again
+      }
+      bool worked = !batch.empty();
+      std::optional<Status> broke;  // the path failed: report it after done[0, failed_before_)
+      size_t broke_at = 0;
+      if (worked || needs_thread_.load(std::memory_order_acquire)) {
+        std::lock_guard engines(engine_mu_);
+        if (worked) DMX_TRACE_POINT("ipc.take");
+        for (RxItem& item : batch) issue(item, &done);
+        if (worked) DMX_TRACE_POINT("ipc.issued");
+        batch.clear();
+        poll(&done);
+        if (!done.empty()) DMX_TRACE_POINT("ipc.copied");
+        if (failure_unreported_) {
+          failure_unreported_ = false;
+          broke = failure_;
+          broke_at = std::min(failed_before_, done.size());
+        }
+        needs_thread_.store(!inflight_.empty(), std::memory_order_release);
+      }
+      worked = worked || !done.empty() || broke.has_value();
+      deliver(&done, broke, broke_at);
+      if (worked) {
+        idle = false;
+      } else if (!idle) {
+        idle = true;
+        idle_since = Clock::now();
+      } else {
+        cpu_relax();
+      }
+    }
+    shutdown(&done);
+  }
+
+  // Reports `done` in order; when the path broke, on_path_failed goes before done[broke_at].
+  void deliver(std::vector<Done>* done, const std::optional<Status>& broke = std::nullopt, size_t broke_at = 0) {
+    if (events_ != nullptr) {
+      for (size_t i = 0; i <= done->size(); ++i) {
+        if (broke.has_value() && i == broke_at) events_->on_path_failed(PathKind::kCudaIpc, *broke);
+        if (i < done->size()) events_->on_path_rx_done(PathKind::kCudaIpc, (*done)[i].seq, (*done)[i].status);
+      }
+    }
     done->clear();
   }
 
@@ -368,12 +502,17 @@ class CudaIpcPath final : public PayloadPath {
                                      : Status(Code::kCancelled, "the cuda_ipc path stopped before the chunk was copied")
                                            .with_peer(peer_)});
     deliver(done);
-    // Copies in flight write into the user's memory: wait for them before saying we are done.
+    // Copies in flight write into the user's memory: wait for them before saying we are done. The
+    // lane's caller (a stream worker) is gone by now, or finds the engines gone and the path stopped.
+    std::unique_lock engines(engine_mu_);
     Deadline deadline = Deadline::after(kStopDrain);
     while (!inflight_.empty() && !deadline.expired()) {
       poll(done);
+      bool more = !inflight_.empty();
+      engines.unlock();
       deliver(done);
-      if (!inflight_.empty()) std::this_thread::sleep_for(kPollSleep);
+      if (more) std::this_thread::sleep_for(kPollSleep);
+      engines.lock();
     }
     if (!inflight_.empty()) {
       // A hung device: never hang the caller. The engines are leaked rather than destroyed (their
@@ -386,12 +525,13 @@ class CudaIpcPath final : public PayloadPath {
       for (auto& [seq, f] : inflight_) done->push_back({seq, s});
       inflight_.clear();
       for (auto& [dev, engine] : engines_) (void)engine.release();
-      deliver(done);
     }
     // Drop our mappings of the peer's memory (the engines' import caches close them).
     for (auto& [dev, engine] : engines_)
       if (engine) engine->drop_peer(peer_);
     engines_.clear();
+    engines.unlock();
+    deliver(done);
     Events* events = events_;
     std::shared_ptr<void> keep = std::move(keep_alive_);
     if (events != nullptr) events->on_path_stopped(PathKind::kCudaIpc);
@@ -403,6 +543,8 @@ class CudaIpcPath final : public PayloadPath {
   const uint64_t max_chunk_;
   const bool copy_by_source_;
   const bool in_process_;
+  const uint64_t inline_max_;                     // the small-chunk lane: largest chunk (0: off)
+  const std::chrono::microseconds inline_wait_;  // and how long its caller polls a copy
 
   // Set by start() before the thread runs, read by the thread.
   Events* events_ = nullptr;
@@ -419,21 +561,26 @@ class CudaIpcPath final : public PayloadPath {
   std::condition_variable cv_;
   std::deque<RxItem> queue_;
   bool stopping_ = false;
-  std::atomic<bool> posted_{false};  // queue_ non-empty or stopping_: the spinning thread looks
+  std::atomic<bool> posted_{false};  // queue_ non-empty, stopping_, or a poke: the spinning thread looks
   bool sleeping_ = false;
   Status failed_;
   std::string report_;
   std::string shared_note_;  // "; cuda:N is shared with the peer's process ..." once seen
 
-  // Owned by the progress thread.
+  // The copy side: the progress thread, and the small-chunk lane's caller, under engine_mu_ (taken
+  // before mu_, never after it).
+  std::mutex engine_mu_;
   std::map<int, std::unique_ptr<CopyEngine>> engines_;  // by local device
   std::unordered_map<uint64_t, Inflight> inflight_;     // by seq (the copy's op)
   std::vector<CopyCompletion> completions_;
   Status failure_;
+  bool failure_unreported_ = false;  // on_path_failed is still to come (from the progress thread)
+  size_t failed_before_ = 0;         // it comes before that many of the thread's pending completions
   bool shared_gpu_noted_ = false;
+  std::atomic<bool> needs_thread_{false};  // copies in flight or a failure to report (written under engine_mu_)
 
   std::atomic<uint64_t> chunks_sent_{0}, bytes_sent_{0}, chunks_received_{0}, bytes_received_{0}, device_copies_{0},
-      wakeups_{0};
+      wakeups_{0}, inline_copies_{0}, handed_over_{0};
 };
 
 }  // namespace
@@ -477,8 +624,12 @@ Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid, bool proven_s
 std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process) {
   int streams = static_cast<int>(std::clamp<int64_t>(config.get_int("cuda_ipc_streams"), 1, 16));
   uint64_t chunk = std::clamp<uint64_t>(config.get_size("cuda_ipc_chunk"), 1ull << 20, 1ull << 30);
+  // The lane holds the endpoint's lock while it polls: bounded to small chunks and short waits.
+  uint64_t inline_max = std::min<uint64_t>(config.get_size("cuda_ipc_inline_rx"), 1ull << 20);
+  auto inline_wait = std::min(config.get_duration("cuda_ipc_inline_wait"), std::chrono::microseconds(1000));
   return std::make_unique<CudaIpcPath>(std::move(peer), streams, chunk,
-                                       config.get_string("cuda_ipc_copy_by") != "destination", in_process);
+                                       config.get_string("cuda_ipc_copy_by") != "destination", in_process, inline_max,
+                                       inline_wait);
 }
 
 Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer, bool in_process) {

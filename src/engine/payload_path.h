@@ -63,6 +63,7 @@ struct PathStats {
   uint64_t host_copies = 0;    // CPU memcpy (shm slots, devmem linear data)
   uint64_t device_copies = 0;  // copy-engine copies (staging, IPC, gather)
   uint64_t wakeups = 0;        // sleeps of the progress thread that a peer or poster ended
+  uint64_t inline_copies = 0;  // chunks moved on the receiving stream's thread (post_rx_now)
 };
 
 class PayloadPath {
@@ -102,6 +103,14 @@ class PayloadPath {
   // Receiver: moves the chunk into `dst` (dst.size == chunk_length(descriptor)); when dst.ptr is
   // null, consumes the chunk and drops it (a cancelled or refused transfer).
   virtual Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) = 0;
+  // Receiver, the small-chunk lane: as post_rx, but the path may instead move the chunk on the
+  // calling thread before it returns when that is quick (cuda_ipc: a small chunk while the path is
+  // idle). True: the bytes are in dst and no event follows; false: queued as by post_rx. Called
+  // under the endpoint's mutex: a path bounds how long it keeps the caller.
+  virtual Result<bool> post_rx_now(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) {
+    DMX_RETURN_IF_ERROR(post_rx(seq, descriptor, dst));
+    return false;
+  }
   // True when the receiver copies out of the sender's memory (see the top of this file).
   virtual bool receiver_releases() const = 0;
 

@@ -69,13 +69,14 @@ struct Trial {
 };
 
 // Runs `server(endpoint)` and `client(endpoint)` in two forked children connected through the
-// engine (auto transport); both must exit 0.
-void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::function<int(Endpoint&)>& client) {
+// engine (auto transport, options `o`); both must exit 0.
+void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::function<int(Endpoint&)>& client,
+                     const Options& o = test::test_options(2)) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   pid_t s = testing::fork_child([&] {
     ::close(fds[0]);
-    auto ctx = Context::create(test::test_options(2));
+    auto ctx = Context::create(o);
     CHILD_CHECK(ctx.ok(), 10);
     auto l = ctx->listen("tcp://127.0.0.1:0");
     CHILD_CHECK(l.ok(), 11);
@@ -94,7 +95,7 @@ void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::fun
   ::close(fds[0]);
   pid_t c = testing::fork_child([&] {
     CHILD_CHECK(got > 0, 20);
-    auto ctx = Context::create(test::test_options(2));
+    auto ctx = Context::create(o);
     CHILD_CHECK(ctx.ok(), 21);
     auto ep = ctx->connect(std::string(buf, static_cast<size_t>(got)));
     CHILD_CHECK(ep.ok(), 22);
@@ -224,6 +225,96 @@ TEST(CudaIpcEngineGpu, PingPongBothDirections) {
     };
   };
   run_engine_pair(side(true), side(false));
+}
+
+// The cuda_ipc chunks this side received, and how many of them the small-chunk lane moved (the
+// receiving stream's own thread) and handed on to the path's thread (from the path's detail).
+struct LaneUse {
+  uint64_t received = 0, inline_copies = 0, handed_on = 0;
+  std::string detail;
+};
+LaneUse lane_use(const Endpoint& ep) {
+  LaneUse u;
+  for (const auto& p : ep.stats().paths)
+    if (p.name == "cuda_ipc") {
+      u.received = p.chunks_received;
+      u.inline_copies = p.chunks_inline;
+      u.detail = p.detail;
+      auto at = p.detail.find(" handed on after");
+      auto open = p.detail.rfind('(', at);
+      if (at != std::string::npos && open != std::string::npos)
+        u.handed_on = std::stoull(p.detail.substr(open + 1, at - open - 1));
+    }
+  return u;
+}
+
+// Ping-pong of small messages (1 B .. the eager limit, and one just past it: a rendezvous chunk)
+// in both directions, byte-exact at odd offsets; returns each side's lane use through `check`.
+void small_message_rounds(const Options& o, const std::function<int(const LaneUse&)>& check) {
+  REQUIRE_GPUS(gpus);
+  Trial run;
+  run.gpus = gpus;
+  const std::vector<size_t> sizes = {1, 8, 13, 4097, 16 << 10, (16 << 10) + 1};
+  constexpr uint64_t kRounds = 60;
+  auto side = [&](bool server) {
+    return [&, server](Endpoint& ep) {
+      MemSpec mine = server ? run.server_mem() : run.client_mem();
+      for (uint64_t i = 0; i < kRounds; ++i) {
+        size_t n = sizes[i % sizes.size()];
+        auto out = device_with(mine, message(run.seed, 2 * i + (server ? 1 : 0), n), 3);
+        auto in = device_with(mine, std::vector<unsigned char>(n, 0xA5), 5);
+        CHILD_CHECK(out.ok() && in.ok(), 80);
+        Request r = ep.recv(in->region().sub(5, n), i);
+        if (server) CHILD_CHECK(r.wait(30s).ok(), 81);  // a strict ping-pong: the client speaks first
+        Request s = ep.send(out->region().sub(3, n), i);
+        CHILD_CHECK(s.wait(30s).ok(), 82);
+        CHILD_CHECK(r.wait(30s).ok(), 83);
+        CHILD_CHECK(r.bytes() == n, 84);
+        CHILD_CHECK(holds(*in, message(run.seed, 2 * i + (server ? 0 : 1), n), 5), 85);
+      }
+      LaneUse u = lane_use(ep);
+      fprintf(stderr, "%s: %llu cuda_ipc chunks received, %llu by the lane, %llu handed on; %s\n",
+              server ? "server" : "client", static_cast<unsigned long long>(u.received),
+              static_cast<unsigned long long>(u.inline_copies), static_cast<unsigned long long>(u.handed_on),
+              u.detail.c_str());
+      CHILD_CHECK(u.received >= kRounds, 86);
+      return check(u);
+    };
+  };
+  run_engine_pair(side(true), side(false), o);
+}
+
+// Small messages are copied by the receiving control stream itself: in a strict ping-pong the path
+// is idle whenever one arrives, so every eager message takes the lane.
+TEST(CudaIpcEngineGpu, SmallMessagesTakeTheReceivingStreamsLane) {
+  small_message_rounds(test::test_options(2), [](const LaneUse& u) {
+    // Eager messages (5 of every 6) take the lane; the first one to each GPU makes its copy engine
+    // on the path's thread.
+    CHILD_CHECK(u.inline_copies >= 60 * 5 / 6 - 2, 90);
+    CHILD_CHECK(u.detail.find("copied by the receiving stream itself") != std::string::npos, 91);
+    return 0;
+  });
+}
+
+// A copy that outlasts cuda_ipc_inline_wait (0 here: every one) goes on in the path's thread and
+// still arrives byte-exact.
+TEST(CudaIpcEngineGpu, SmallChunkLaneHandsSlowCopiesOn) {
+  Options o = test::test_options(2);
+  o.set("cuda_ipc_inline_wait", "0us");
+  small_message_rounds(o, [](const LaneUse& u) {
+    CHILD_CHECK(u.handed_on >= 40, 92);
+    return 0;
+  });
+}
+
+TEST(CudaIpcEngineGpu, SmallChunkLaneOff) {
+  Options o = test::test_options(2);
+  o.set("cuda_ipc_inline_rx", "0");
+  small_message_rounds(o, [](const LaneUse& u) {
+    CHILD_CHECK(u.inline_copies == 0 && u.handed_on == 0, 93);
+    CHILD_CHECK(u.detail.find("small-chunk lane off") != std::string::npos, 94);
+    return 0;
+  });
 }
 
 #if defined(DMX_HAVE_CUDA)

@@ -105,6 +105,8 @@ void print_row(const bench::Result1& r, bool verify_asked, bool json, const benc
                             {"detail", p.detail},
                             {"chunks_sent", p.chunks_sent},
                             {"bytes_sent", p.bytes_sent},
+                            {"chunks_received", p.chunks_received},
+                            {"chunks_inline", p.chunks_inline},
                             {"host_copies", p.host_copies},
                             {"device_copies", p.device_copies}});
     if (!r.error.empty()) j["error"] = r.error;
