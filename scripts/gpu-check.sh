@@ -366,18 +366,19 @@ if [[ $build_ok -eq 1 ]]; then
     return $rc
   }
   run_section same-host same_host_section
-  small_lane_section() {  # 8 B .. 16 KiB half round trips with cuda_ipc's small-chunk lane on and off, alternated
+  small_lane_section() {  # 8 B .. 16 KiB half round trips: cuda_ipc's small-chunk lane on, off, and on with copy_by=destination
     local peer=cuda:0 i mode srv rc=0
     [[ $(nvidia-smi -L | wc -l) -ge 2 ]] && peer=cuda:1
     for i in 1 2 3; do
-      for mode in on off; do
-        local rx=16K
-        [[ $mode == off ]] && rx=0
-        DMX_CUDA_IPC_INLINE_RX=$rx "$DMX" bench --listen tcp://127.0.0.1:7813 & srv=$!
+      for mode in on off on-dst; do
+        local env=(DMX_CUDA_IPC_INLINE_RX=16K DMX_CUDA_IPC_COPY_BY=source)
+        [[ $mode == off ]] && env=(DMX_CUDA_IPC_INLINE_RX=0 DMX_CUDA_IPC_COPY_BY=source)
+        [[ $mode == on-dst ]] && env=(DMX_CUDA_IPC_INLINE_RX=16K DMX_CUDA_IPC_COPY_BY=destination)
+        env "${env[@]}" "$DMX" bench --listen tcp://127.0.0.1:7813 & srv=$!
         sleep 1
         echo "lane $mode, round $i"
-        DMX_CUDA_IPC_INLINE_RX=$rx "$DMX" bench --connect tcp://127.0.0.1:7813 --mem cuda:0 --peer-mem $peer \
-          --streams 1 --sizes 8,4K,16K --verify --json | tee -a "$OUT/small-lane.jsonl" || rc=1
+        env "${env[@]}" "$DMX" bench --connect tcp://127.0.0.1:7813 --mem cuda:0 --peer-mem $peer --streams 1 \
+          --sizes 8,4K,16K --verify --json | sed "s/^{/{\"mode\":\"$mode\",/" | tee -a "$OUT/small-lane.jsonl" || rc=1
         kill $srv; wait $srv 2>/dev/null
       done
     done
@@ -385,14 +386,13 @@ if [[ $build_ok -eq 1 ]]; then
 import json, sys, collections
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    line = line.strip()
-    if not line.startswith("{"):
-        continue
-    j = json.loads(line)
-    inline = sum(p.get("chunks_inline", 0) for p in j.get("paths", []))
-    rows[(j["size_bytes"], inline > 0)].append(j["lat_p50_us"])
-for (size, lane), v in sorted(rows.items()):
-    print(f"size {size:>6} lane {'on ' if lane else 'off'}  p50 half RTT us: " + ", ".join(f"{x:.2f}" for x in v))
+    if line.startswith("{"):
+        j = json.loads(line)
+        inline = sum(p.get("chunks_inline", 0) for p in j.get("paths", []))
+        rows[(j["size_bytes"], j["mode"])].append((j["lat_p50_us"], inline, j["verified"]))
+for (size, mode), v in sorted(rows.items()):
+    print(f"size {size:>6} lane {mode:<6} p50 half RTT us: " +
+          ", ".join(f"{x:.2f}" for x, _, _ in v) + f"  (lane chunks {[n for _, n, _ in v]}, verified {all(ok for _, _, ok in v)})")
 PY
     return $rc
   }
