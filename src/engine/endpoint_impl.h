@@ -165,15 +165,17 @@ class EndpointImpl final : public tcp::StreamHost,
   // whose bytes stay in the sender's memory until this side copies them out by a receiver-releases
   // path (cuda_ipc) — into the matched recv, or else at once into an unexpected buffer (so the
   // sender's memory is released promptly, as for any eager message). Caller holds mu_.
-  // A chunk the path moved at once (post_rx_now, the small-chunk lane) is settled here; `noted` is
-  // set when it was a notifying write (the caller wakes notification waiters).
-  Status on_path_header(const wire::FrameHeader& h, const std::vector<unsigned char>& desc, bool* noted);
   // A path chunk this side received is done (moved, or failed with `s`). Caller holds mu_.
   struct PathRxSettled {
     Status status;         // the endpoint must fail with this (a lost eager message, a bad chunk)
     bool noted = false;    // a notifying write landed
-    bool release = false;  // answer PATH_DONE (send_path_done)
+    bool release = false;  // answer PATH_DONE (send_path_done) once the completion is delivered
+    PathKind path = PathKind::kShm;
+    uint64_t seq = 0;
   };
+  // A chunk the path moved at once (post_rx_now, the small-chunk lane) is settled here, and `now`
+  // says what the caller does after unlocking (wake notification waiters, deliver, PATH_DONE).
+  Status on_path_header(const wire::FrameHeader& h, const std::vector<unsigned char>& desc, PathRxSettled* now);
   PathRxSettled settle_path_rx(PathKind path, uint64_t seq, const Status& s);
   void send_path_done(PathKind path, uint64_t seq);
   // A chunk this side sent on `path` is done with (the path's event, or PATH_DONE): settles it and

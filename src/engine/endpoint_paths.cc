@@ -81,7 +81,8 @@ Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t le
   return Status();
 }
 
-Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsigned char>& desc, bool* noted) {
+Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsigned char>& desc,
+                                    PathRxSettled* now_done) {
   PathKind k = kind_of(h.flags);
   PathState& ps = paths_[static_cast<int>(k)];
   bool eager = h.type == FrameType::kEager;  // the whole message, copied out of the sender's memory
@@ -119,10 +120,8 @@ Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsi
   }
   if (*now) {  // moved already (the small-chunk lane): settle it here, as on_path_rx_done would
     DMX_TRACE_POINT("rx.inline");
-    auto settled = settle_path_rx(k, seq, Status());
-    if (settled.release) send_path_done(k, seq);
-    if (settled.noted) *noted = true;
-    return settled.status;
+    *now_done = settle_path_rx(k, seq, Status());
+    return now_done->status;
   }
   DMX_TRACE_POINT("rx.posted");
   return Status();
@@ -147,6 +146,8 @@ EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(PathKind path, uint64_t
     out.status = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.host_tag != 0, s);
   }
   out.release = ps.path->receiver_releases() && status_.ok();
+  out.path = path;
+  out.seq = seq;
   return out;
 }
 

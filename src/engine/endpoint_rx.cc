@@ -81,13 +81,14 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
   Status st;
   std::string close_reason;
   bool closed = false, noted = false;
+  PathRxSettled moved;  // a path chunk moved at once (the small-chunk lane)
   DMX_TRACE_POINT("on_landed");
   {
     std::lock_guard<std::mutex> lock(mu_);
     DMX_TRACE_POINT("on_landed.locked");
     switch (h.type) {
       case FrameType::kEager:
-        if (h.flags & wire::kPathFlags) st = on_path_header(h, plan.control, &noted);
+        if (h.flags & wire::kPathFlags) st = on_path_header(h, plan.control, &moved);
         else eager_landed(plan.host_tag, plan.ctx, h.payload_len);
         break;
       case FrameType::kRts: st = on_rts(h); break;
@@ -95,7 +96,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
       case FrameType::kSendData:
       case FrameType::kReadData:
       case FrameType::kWriteData:
-        if (h.flags & wire::kPathFlags) st = on_path_header(h, plan.control, &noted);
+        if (h.flags & wire::kPathFlags) st = on_path_header(h, plan.control, &moved);
         else if (h.type == FrameType::kSendData)
           st = land_inbound(tokens_, h.id, h.payload_len, plan.host_tag == kTagCounted);
         else if (h.type == FrameType::kReadData)
@@ -129,8 +130,9 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
     }
   }
   if (closed) fail(Status(Code::kClosed, fmt::format("the peer closed the endpoint ({})", close_reason)));
-  if (noted) notes_cv_.notify_all();
+  if (noted || moved.noted) notes_cv_.notify_all();
   deliver();
+  if (moved.release) send_path_done(moved.path, moved.seq);  // after the delivery, as on_path_rx_done
   return st;
 }
 
