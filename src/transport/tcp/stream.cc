@@ -330,6 +330,11 @@ Status Stream::reap_rx(bool block, bool* progress) {
   return Status();
 }
 
+// Reads into the next header, or into the payload's destination. Headers are read through a small
+// read-ahead buffer that also takes what follows them (a small frame: header and payload in one
+// read instead of two); a payload's remaining bytes then come from the buffer first and are read
+// straight into their destination after. A short read means the conduit has nothing more for now:
+// the round ends without another read that would find nothing (a syscall per frame on sockets).
 Status Stream::step_rx(Io* io) {
   *io = Io::kIdle;
   for (int rounds = 0; rounds < 64; ++rounds) {
@@ -351,15 +356,31 @@ Status Stream::step_rx(Io* io) {
       }
       want = left;
     }
-    auto t0 = Clock::now();
-    Result<size_t> k = conduit_->read(dst, want);
-    stats_.ns_recv.fetch_add(ns_since(t0), std::memory_order_relaxed);
-    if (!k.ok()) return k.status();
-    if (*k == 0) return Status();
+    size_t got = 0;
+    if (ahead_pos_ < ahead_len_) {  // bytes read ahead come first
+      got = std::min(want, ahead_len_ - ahead_pos_);
+      std::memcpy(dst, rx_ahead_.data() + ahead_pos_, got);
+      ahead_pos_ += got;
+    } else {
+      if (drained_) return Status();
+      bool read_ahead = !in_payload_;
+      auto t0 = Clock::now();
+      Result<size_t> k = read_ahead ? conduit_->read(rx_ahead_.data(), rx_ahead_.size()) : conduit_->read(dst, want);
+      stats_.ns_recv.fetch_add(ns_since(t0), std::memory_order_relaxed);
+      if (!k.ok()) return k.status();
+      if (*k == 0) return Status();
+      drained_ = *k < (read_ahead ? rx_ahead_.size() : want);
+      if (read_ahead) {
+        ahead_pos_ = 0;
+        ahead_len_ = *k;
+        continue;  // taken from the buffer in the next round
+      }
+      got = *k;
+    }
     *io = Io::kProgress;
     last_rx_ = Clock::now();
     if (!in_payload_) {
-      rx_header_got_ += *k;
+      rx_header_got_ += got;
       if (rx_header_got_ < wire::kHeaderSize) continue;
       rx_header_got_ = 0;
       DMX_ASSIGN_OR_RETURN(rx_, wire::decode_header(rx_header_, config_.limits));
@@ -369,7 +390,7 @@ Status Stream::step_rx(Io* io) {
                                                                  : "s0.in.other");
       DMX_RETURN_IF_ERROR(begin_payload());
     } else {
-      rx_payload_got_ += *k;
+      rx_payload_got_ += got;
       if (rx_payload_got_ == rx_.payload_len) DMX_RETURN_IF_ERROR(finish_payload());
     }
   }
@@ -386,6 +407,7 @@ void Stream::run() {
     if (stop_.load(std::memory_order_acquire)) break;
     bool progress = false;
     Io tx = Io::kIdle, rx = Io::kIdle;
+    drained_ = false;
     failure = reap_rx(false, &progress);
     if (failure.ok()) failure = fill_pipeline(&progress);
     if (failure.ok()) failure = step_tx(&tx);

@@ -107,6 +107,10 @@ struct StreamStats {
 
 class Stream {
  public:
+  // Bytes step_rx asks for when it reads a header: the header and, for small frames, the payload
+  // behind it in one read (at most this much of a large payload is copied twice).
+  static constexpr size_t kReadAhead = 4096;
+
   Stream(StreamConfig config, std::unique_ptr<Conduit> conduit, StreamHost* host, StagingPool* pool);
   ~Stream();
   Stream(const Stream&) = delete;
@@ -172,6 +176,9 @@ class Stream {
   Clock::time_point last_tx_;
 
   // Receive.
+  std::vector<unsigned char> rx_ahead_ = std::vector<unsigned char>(kReadAhead);  // read-ahead (step_rx)
+  size_t ahead_pos_ = 0, ahead_len_ = 0;  // its unconsumed bytes: [pos, len)
+  bool drained_ = false;                  // this loop round, a short read found the conduit empty
   unsigned char rx_header_[wire::kHeaderSize];
   size_t rx_header_got_ = 0;
   bool in_payload_ = false;
