@@ -33,6 +33,7 @@ using cuda_ipc::IpcDescriptor;
 constexpr auto kSpin = std::chrono::microseconds(200);      // polling after work before the first sleep
 constexpr auto kPollSleep = std::chrono::microseconds(20);  // sleeps while copies are pending (plus timer slack)
 constexpr auto kStopDrain = std::chrono::seconds(10);       // bound on waiting for copies at stop
+constexpr uint32_t kLaneBackoff = 64;  // chunks the small-chunk lane passes over after a slow copy
 
 inline void cpu_relax() {
 #if defined(__x86_64__)
@@ -137,7 +138,7 @@ class CudaIpcPath final : public PayloadPath {
   Result<bool> post_rx_now(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override {
     auto item = rx_item(seq, descriptor, dst);
     if (!item.ok()) return item.status();
-    if (dst.ptr == nullptr || dst.size > inline_max_ || !queue_idle()) {
+    if (dst.ptr == nullptr || dst.size > inline_max_ || lane_backoff() || !queue_idle()) {
       DMX_RETURN_IF_ERROR(enqueue(std::move(*item)));
       return false;
     }
@@ -170,6 +171,9 @@ class CudaIpcPath final : public PayloadPath {
         inflight_.emplace(seq, Inflight{dst.size});
         needs_thread_.store(true, std::memory_order_release);
         handed_over_.fetch_add(1, std::memory_order_relaxed);
+        // Copies this slow (a GPU shared without MPS, a busy copy engine) would keep the caller
+        // waiting in vain: the next kLaneBackoff chunks go to the thread directly.
+        lane_skip_.store(kLaneBackoff, std::memory_order_relaxed);
         engines.unlock();
         poke();
         return false;
@@ -220,9 +224,10 @@ class CudaIpcPath final : public PayloadPath {
     std::string lane =
         inline_max_ == 0
             ? "; small-chunk lane off"
-            : fmt::format("; {} chunks of <= {} B copied by the receiving stream itself ({} handed on after {} us)",
+            : fmt::format("; {} chunks of <= {} B copied by the receiving stream itself ({} handed on after {} us, "
+                          "each time the next {} left to the path's thread)",
                           inline_copies_.load(std::memory_order_relaxed), inline_max_,
-                          handed_over_.load(std::memory_order_relaxed), inline_wait_.count());
+                          handed_over_.load(std::memory_order_relaxed), inline_wait_.count(), kLaneBackoff);
     return "cuda_ipc: " + mode + report_ + lane + shared_note_;
   }
 
@@ -266,6 +271,14 @@ class CudaIpcPath final : public PayloadPath {
   bool queue_idle() const {
     std::lock_guard lock(mu_);
     return queue_.empty() && !stopping_ && failed_.ok();
+  }
+
+  // True while the lane backs off after a copy outlasted inline_wait_ (counts the chunks down).
+  bool lane_backoff() {
+    uint32_t n = lane_skip_.load(std::memory_order_relaxed);
+    if (n == 0) return false;
+    lane_skip_.store(n - 1, std::memory_order_relaxed);  // callers are serialised by the endpoint's lock
+    return true;
   }
 
   // Makes the progress thread look now (a copy handed over, a failure to report).
@@ -578,6 +591,7 @@ class CudaIpcPath final : public PayloadPath {
   size_t failed_before_ = 0;         // it comes before that many of the thread's pending completions
   bool shared_gpu_noted_ = false;
   std::atomic<bool> needs_thread_{false};  // copies in flight or a failure to report (written under engine_mu_)
+  std::atomic<uint32_t> lane_skip_{0};     // chunks the lane still leaves to the thread (lane_backoff)
 
   std::atomic<uint64_t> chunks_sent_{0}, bytes_sent_{0}, chunks_received_{0}, bytes_received_{0}, device_copies_{0},
       wakeups_{0}, inline_copies_{0}, handed_over_{0};

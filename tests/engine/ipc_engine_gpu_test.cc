@@ -286,24 +286,25 @@ void small_message_rounds(const Options& o, const std::function<int(const LaneUs
 
 // Small messages are copied by the receiving control stream itself: in a strict ping-pong the path
 // is idle whenever one arrives, so every eager message takes the lane (5 of every 6 rounds; the
-// first one makes its GPU's copy engine on the path's thread). A copy slower than
-// cuda_ipc_inline_wait is handed on (a loaded machine: ctest runs GPU tests side by side).
+// first one makes its GPU's copy engine on the path's thread) — unless a copy outlasted
+// cuda_ipc_inline_wait (a loaded machine: ctest runs GPU tests side by side), after which the lane
+// leaves the next 64 to the path's thread.
 TEST(CudaIpcEngineGpu, SmallMessagesTakeTheReceivingStreamsLane) {
   small_message_rounds(test::test_options(2), [](const LaneUse& u) {
-    CHILD_CHECK(u.inline_copies + u.handed_on >= 60 * 5 / 6 - 1, 90);
-    CHILD_CHECK(u.inline_copies > 0, 91);
+    CHILD_CHECK(u.inline_copies > 0, 90);
+    CHILD_CHECK(u.handed_on > 0 || u.inline_copies >= 60 * 5 / 6 - 1, 91);
     CHILD_CHECK(u.detail.find("copied by the receiving stream itself") != std::string::npos, 92);
     return 0;
   });
 }
 
-// A copy that outlasts cuda_ipc_inline_wait (0 here: every copy not already complete at the first
-// look, which is most) goes on in the path's thread and still arrives byte-exact.
+// A copy that outlasts cuda_ipc_inline_wait (0 here: any copy not already complete at the first
+// look) goes on in the path's thread and still arrives byte-exact; the lane then backs off.
 TEST(CudaIpcEngineGpu, SmallChunkLaneHandsSlowCopiesOn) {
   Options o = test::test_options(2);
   o.set("cuda_ipc_inline_wait", "0us");
   small_message_rounds(o, [](const LaneUse& u) {
-    CHILD_CHECK(u.handed_on > 0 && u.inline_copies + u.handed_on >= 60 * 5 / 6 - 1, 93);
+    CHILD_CHECK(u.handed_on > 0, 93);
     return 0;
   });
 }
