@@ -246,6 +246,34 @@ TEST_P(Concurrency, ManyOperationsBothWaysAtOnce) {
   }
 }
 
+// Many small frames posted back to back, so that one read of a stream takes several frames and
+// cuts others anywhere: sizes around the stream's 4 KiB read-ahead (a header is 64 bytes, so a
+// 4032-byte payload ends exactly at its end), zero bytes, and a few rendezvous messages whose
+// payloads start inside the read-ahead and continue straight into their destinations.
+TEST_P(Concurrency, SmallFramesBackToBackCrossTheReadAhead) {
+  Options o = test_options(1);
+  o.set("transport", GetParam());
+  Pair p = connect_pair(o);
+  const std::vector<size_t> sizes = {0, 1, 63, 64, 65, 4031, 4032, 4033, 4096, 4097, 8191, 100, 3, 20000, 70000};
+  constexpr int kOps = 300;
+  std::vector<Filled> out;
+  std::vector<Buffer> in;
+  std::vector<Request> sends, recvs;
+  for (int i = 0; i < kOps; ++i) {
+    size_t n = sizes[static_cast<size_t>(i) % sizes.size()];
+    out.push_back(filled(MemSpec{}, n));
+    in.push_back(poisoned(MemSpec{}, n));
+  }
+  for (int i = 0; i < kOps; ++i) sends.push_back(p.client.send(out[i].buf.region(), static_cast<uint64_t>(i)));
+  for (int i = 0; i < kOps; ++i) recvs.push_back(p.server.recv(in[i].region(), static_cast<uint64_t>(i)));
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_TRUE(recvs[i].wait(30s).ok()) << i << ": " << recvs[i].status().to_string();
+    ASSERT_TRUE(sends[i].wait(30s).ok()) << i;
+    ASSERT_EQ(recvs[i].bytes(), out[i].data.size()) << i;
+    ASSERT_EQ(read_back(in[i].region()), out[i].data) << "message " << i << " of " << out[i].data.size() << " B";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, Concurrency, ::testing::Values("tcp", "auto"));
 
 }  // namespace

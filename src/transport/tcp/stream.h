@@ -9,7 +9,8 @@
 //    chunks overlap the socket write of earlier ones) and writes the slot once the copy is done.
 //  - receive: it reads a header, asks the host where the payload goes (host memory: straight
 //    into the destination; device memory: into a pinned slot, then an asynchronous copy to the
-//    destination; or discarded), and tells the host when the payload has landed.
+//    destination; or discarded), and tells the host when the payload has landed. Headers are read
+//    through a 4 KiB read-ahead buffer, so a small frame costs one read (step_rx).
 // Liveness: it sends a keepalive when idle and fails when the peer is silent for too long.
 //
 // Threading: every member without a comment is owned by the worker thread. push_control, wake
