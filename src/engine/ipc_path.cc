@@ -147,7 +147,7 @@ class CudaIpcPath final : public PayloadPath {
     // and the caller holds the endpoint's lock.
     std::unique_lock engines(engine_mu_, std::try_to_lock);
     std::optional<int> device;
-    if (engines.owns_lock() && inflight_.empty() && failure_.ok()) device = ready_device_for(*item);
+    if (engines.owns_lock() && inflight_.empty() && failure_.ok()) device = device_for(*item, /*make=*/false);
     if (!device.has_value()) {
       // Busy after all, or the first copy on that GPU (its engine is made on the thread).
       if (engines.owns_lock()) engines.unlock();
@@ -181,6 +181,7 @@ class CudaIpcPath final : public PayloadPath {
       cpu_relax();
     }
     DMX_TRACE_POINT("ipc.inline.copied");
+    assert(completions_.size() == 1 && completions_.front().op == seq);  // the engine's only copy
     s = completions_.front().status;
     if (!s.ok()) {
       note_failure(*engine, s, 0);
@@ -300,27 +301,22 @@ class CudaIpcPath final : public PayloadPath {
   // GPU when it is ours and reaches the destination (cuda_ipc_copy_by=source), else the
   // destination's; for host destinations the source's GPU (a device-to-host copy on its own copy
   // engine), else cuda:0. `make`: create engines as needed (false: nullopt when one is missing).
-  Result<std::optional<int>> device_for(const RxItem& item, bool make) {
+  std::optional<int> device_for(const RxItem& item, bool make) {
     int device = 0;
     auto source = cuda_ipc::device_by_uuid(item.source.device_uuid);
     if (item.dst.where.kind == MemKind::kCuda) {
       device = item.dst.where.device;
       if (source.ok() && *source == device && !shared_gpu_noted_ && !in_process_) note_shared_gpu(device);
       if (copy_by_source_ && source.ok() && *source != device) {
-        if (!make && !engines_.contains(*source)) return std::optional<int>();
+        if (!make && !engines_.contains(*source)) return std::nullopt;
         auto e = engine_for(*source);
         if (e.ok() && (*e)->can_access_peer(device)) device = *source;
       }
     } else if (source.ok()) {
       device = *source;
     }
-    if (!make && !engines_.contains(device)) return std::optional<int>();
-    return std::optional<int>(device);
-  }
-
-  std::optional<int> ready_device_for(const RxItem& item) {
-    auto d = device_for(item, /*make=*/false);
-    return d.ok() ? *d : std::nullopt;
+    if (!make && !engines_.contains(device)) return std::nullopt;
+    return device;
   }
 
   void invalidate_retired(const RxItem& item) {
@@ -340,8 +336,7 @@ class CudaIpcPath final : public PayloadPath {
       done->push_back({item.seq, Status()});
       return false;
     }
-    auto device = device_for(item, /*make=*/true);
-    Result<CopyEngine*> engine = device.ok() ? engine_for(**device) : Result<CopyEngine*>(device.status());
+    Result<CopyEngine*> engine = engine_for(*device_for(item, /*make=*/true));
     if (!engine.ok()) {
       done->push_back({item.seq, engine.status().with_peer(peer_)});
       return false;
