@@ -137,8 +137,11 @@ EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(PathKind path, uint64_t
   const FrameHeader& h = rx.header;
   if (h.type == FrameType::kEager) {
     // A failed copy of an eager message has no one to tell but this side: fail the endpoint.
-    if (s.ok()) eager_landed(rx.host_tag, rx.ctx, rx.len);
-    else out.status = Status(s.code(), fmt::format("an eager message by {} was not copied: {}", path_name(path), s.message()));
+    if (s.ok())
+      eager_landed(rx.host_tag, rx.ctx, rx.len);
+    else
+      out.status =
+          Status(s.code(), fmt::format("an eager message by {} was not copied: {}", path_name(path), s.message()));
   } else if (h.type == FrameType::kWriteData) {
     land_write(h, rx.len, s);
     out.noted = (h.flags & wire::kFlagNotify) != 0;

@@ -33,7 +33,7 @@ using cuda_ipc::IpcDescriptor;
 constexpr auto kSpin = std::chrono::microseconds(200);      // polling after work before the first sleep
 constexpr auto kPollSleep = std::chrono::microseconds(20);  // sleeps while copies are pending (plus timer slack)
 constexpr auto kStopDrain = std::chrono::seconds(10);       // bound on waiting for copies at stop
-constexpr uint32_t kLaneBackoff = 64;  // chunks the small-chunk lane passes over after a slow copy
+constexpr uint32_t kLaneBackoff = 64;                       // chunks the small-chunk lane passes over after a slow copy
 
 inline void cpu_relax() {
 #if defined(__x86_64__)
@@ -225,10 +225,11 @@ class CudaIpcPath final : public PayloadPath {
     std::string lane =
         inline_max_ == 0
             ? "; small-chunk lane off"
-            : fmt::format("; {} chunks of <= {} B copied by the receiving stream itself ({} handed on after {} us, "
-                          "each time the next {} left to the path's thread)",
-                          inline_copies_.load(std::memory_order_relaxed), inline_max_,
-                          handed_over_.load(std::memory_order_relaxed), inline_wait_.count(), kLaneBackoff);
+            : fmt::format(
+                  "; {} chunks of <= {} B copied by the receiving stream itself ({} handed on after {} us, "
+                  "each time the next {} left to the path's thread)",
+                  inline_copies_.load(std::memory_order_relaxed), inline_max_,
+                  handed_over_.load(std::memory_order_relaxed), inline_wait_.count(), kLaneBackoff);
     return "cuda_ipc: " + mode + report_ + lane + shared_note_;
   }
 
@@ -383,9 +384,9 @@ class CudaIpcPath final : public PayloadPath {
   void note_failure(CopyEngine& engine, const Status& why, size_t done_before) {
     Status sticky = engine.device_error();
     if (sticky.ok() || !failure_.ok()) return;
-    failure_ = Status(sticky.code(), fmt::format("cuda_ipc path failed: {} (after: {})", sticky.message(),
-                                                 why.message()))
-                   .with_peer(peer_);
+    failure_ =
+        Status(sticky.code(), fmt::format("cuda_ipc path failed: {} (after: {})", sticky.message(), why.message()))
+            .with_peer(peer_);
     DMX_LOG_ERROR("{}", failure_.to_string());
     failure_unreported_ = true;
     failed_before_ = done_before;
@@ -551,7 +552,7 @@ class CudaIpcPath final : public PayloadPath {
   const uint64_t max_chunk_;
   const bool copy_by_source_;
   const bool in_process_;
-  const uint64_t inline_max_;                     // the small-chunk lane: largest chunk (0: off)
+  const uint64_t inline_max_;                    // the small-chunk lane: largest chunk (0: off)
   const std::chrono::microseconds inline_wait_;  // and how long its caller polls a copy
 
   // Set by start() before the thread runs, read by the thread.

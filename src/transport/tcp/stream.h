@@ -177,9 +177,11 @@ class Stream {
   Clock::time_point last_tx_;
 
   // Receive.
-  std::vector<unsigned char> rx_ahead_ = std::vector<unsigned char>(kReadAhead);  // read-ahead (step_rx)
-  size_t ahead_pos_ = 0, ahead_len_ = 0;  // its unconsumed bytes: [pos, len)
-  bool drained_ = false;                  // this loop round, a short read found the conduit empty
+  // The read-ahead of step_rx, its unconsumed bytes [ahead_pos_, ahead_len_), and whether a short
+  // read found the conduit empty in this loop round.
+  std::vector<unsigned char> rx_ahead_ = std::vector<unsigned char>(kReadAhead);
+  size_t ahead_pos_ = 0, ahead_len_ = 0;
+  bool drained_ = false;
   unsigned char rx_header_[wire::kHeaderSize];
   size_t rx_header_got_ = 0;
   bool in_payload_ = false;
