@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# ab-latency.sh — 8-byte half round trips of two dmx trees side by side, alternated, on this machine.
+#
+#   mkdir ab-old && git archive OLD_REV | tar -x -C ab-old     (untracked: the device tool carries it)
+#   bash scripts/ab-latency.sh ab-old                          (from the repository root)
+#
+# Builds `dmx` (CUDA on when nvcc is found) from OLD_DIR and from the working tree, each into its own
+# build-ab/, then runs `dmx bench --listen` / `--connect --transport ${AB_TRANSPORT:-tcp} --sizes 8
+# --streams 1 --iters 5000 --verify` host->host and, with a GPU, cuda:0->cuda:1 (cuda:0 with one),
+# new and old alternated for AB_ROUNDS (3) rounds. Results: $OUT/ab.jsonl and a summary line per case.
+set -u
+OLD=${1:?usage: ab-latency.sh OLD_DIR}
+R=$(pwd)
+OUT=${OUT:-$R/ab-latency-out}
+mkdir -p "$OUT"
+[[ "$OLD" = /* ]] || OLD="$R/$OLD"
+build() {  # build DIR NAME
+  cmake -S "$1" -B "$1/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDMX_BUILD_TESTS=OFF \
+    -DDMX_BUILD_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/ab-build-$2.log" 2>&1 &&
+    cmake --build "$1/build-ab" --target dmx -j "$(( $(nproc) / 2 + 1 ))" >> "$OUT/ab-build-$2.log" 2>&1
+}
+build "$OLD" old & p1=$!
+build "$R" new & p2=$!
+if ! wait $p1 || ! wait $p2; then
+  echo "ab-latency: a build failed; see $OUT/ab-build-*.log" >&2
+  exit 1
+fi
+cases=(host)
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[[ ${gpus:-0} -ge 1 ]] && cases+=(gpu)
+peer=cuda:1
+[[ ${gpus:-0} -lt 2 ]] && peer=cuda:0
+port=7900
+for ((round = 1; round <= ${AB_ROUNDS:-3}; round++)); do
+  for v in new old; do
+    D=$R/build-ab/tools/dmx/dmx
+    [[ $v == old ]] && D=$OLD/build-ab/tools/dmx/dmx
+    for c in "${cases[@]}"; do
+      args=(--mem host --peer-mem host)
+      [[ $c == gpu ]] && args=(--mem cuda:0 --peer-mem "$peer")
+      port=$((port + 1))
+      "$D" bench --listen "tcp://127.0.0.1:$port" > /dev/null 2>&1 & s=$!
+      sleep 0.7
+      "$D" bench --connect "tcp://127.0.0.1:$port" --transport "${AB_TRANSPORT:-tcp}" "${args[@]}" --sizes 8 \
+        --streams 1 --iters 5000 --verify --json 2> /dev/null | sed "s/^{/{\"v\":\"$v\",\"case\":\"$c\",/" >> "$OUT/ab.jsonl"
+      kill $s
+      wait $s 2> /dev/null
+    done
+  done
+done
+python3 - "$OUT/ab.jsonl" <<'PY'
+import json, sys, collections
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        j = json.loads(line)
+        rows[(j["case"], j["v"])].append(f'{j["lat_p50_us"]:.2f}{"" if j["verified"] else " (NOT VERIFIED)"}')
+for (case, v), lat in sorted(rows.items()):
+    print(f"{case:<5} {v:<4} 8 B half round trip p50 us: " + ", ".join(lat))
+PY
