@@ -161,11 +161,7 @@ class EndpointImpl final : public tcp::StreamHost,
   Status check_accepts(uint64_t flags, std::string_view what) const;
   // Hands the next chunk of `t` to `path`; fills the header frame to write. Caller holds mu_.
   Status post_path_chunk(PayloadPath* path, Transfer& t, uint64_t len, tcp::TxItem* out);
-  // A path-flagged header with its descriptor arrived on stream 0: a data chunk, or an EAGER
-  // whose bytes stay in the sender's memory until this side copies them out by a receiver-releases
-  // path (cuda_ipc) — into the matched recv, or else at once into an unexpected buffer (so the
-  // sender's memory is released promptly, as for any eager message). Caller holds mu_.
-  // A path chunk this side received is done (moved, or failed with `s`). Caller holds mu_.
+  // What settling a received path chunk asks of the caller once it has unlocked mu_.
   struct PathRxSettled {
     Status status;         // the endpoint must fail with this (a lost eager message, a bad chunk)
     bool noted = false;    // a notifying write landed
@@ -173,9 +169,14 @@ class EndpointImpl final : public tcp::StreamHost,
     PathKind path = PathKind::kShm;
     uint64_t seq = 0;
   };
-  // A chunk the path moved at once (post_rx_now, the small-chunk lane) is settled here, and `now`
-  // says what the caller does after unlocking (wake notification waiters, deliver, PATH_DONE).
+  // A path-flagged header with its descriptor arrived on stream 0: a data chunk, or an EAGER
+  // whose bytes stay in the sender's memory until this side copies them out by a receiver-releases
+  // path (cuda_ipc) — into the matched recv, or else at once into an unexpected buffer (so the
+  // sender's memory is released promptly, as for any eager message). Caller holds mu_. A chunk
+  // the path moved at once (post_rx_now, the small-chunk lane) is settled here, and `now` says
+  // what the caller does after unlocking (wake notification waiters, deliver, PATH_DONE).
   Status on_path_header(const wire::FrameHeader& h, const std::vector<unsigned char>& desc, PathRxSettled* now);
+  // A path chunk this side received is done (moved, or failed with `s`). Caller holds mu_.
   PathRxSettled settle_path_rx(PathKind path, uint64_t seq, const Status& s);
   void send_path_done(PathKind path, uint64_t seq);
   // A chunk this side sent on `path` is done with (the path's event, or PATH_DONE): settles it and

@@ -124,20 +124,14 @@ TEST(CudaIpcPath, ChunkDescriptorFuzzNeverCrashes) {
 
 TEST(CudaIpcPath, AvailabilitySaysWhy) {
   // Asked in a child: this process must not initialise CUDA (the GPU tests fork after it).
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  pid_t child = testing::fork_child([&] {
-    Status s = cuda_ipc_path_available();
-    std::string msg = s.ok() ? "ok" : std::string(code_name(s.code())) + ": " + s.message();
-    (void)!::write(fds[1], msg.data(), msg.size());
-    return 0;
-  });
-  ::close(fds[1]);
-  char buf[2048] = {};
-  ssize_t got = ::read(fds[0], buf, sizeof buf - 1);
-  ::close(fds[0]);
-  EXPECT_EQ(testing::wait_child(child), 0);
-  std::string text(buf, got > 0 ? size_t(got) : 0);
+  int rc = -1;
+  std::string text = testing::text_from_child(
+      [] {
+        Status s = cuda_ipc_path_available();
+        return s.ok() ? "ok" : std::string(code_name(s.code())) + ": " + s.message();
+      },
+      &rc);
+  EXPECT_EQ(rc, 0);
   std::cout << "cuda_ipc_path_available(): " << text << "\n";
   if (text == "ok") return;  // a GPU machine
   EXPECT_EQ(text.rfind(std::string(code_name(Code::kUnavailable)) + ": cuda_ipc: ", 0), 0u) << text;
@@ -152,22 +146,16 @@ TEST(CudaIpcPath, AvailabilitySaysWhy) {
 // fails, with or without a GPU) is kUnavailable, "try the next path", which the endpoint answers by
 // staging the transfer; a region past its allocation stays the caller's error (GPU test).
 TEST(CudaIpcPath, SourceItCannotExportIsUnavailable) {
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  pid_t child = testing::fork_child([&] {  // touches CUDA: not in this process
-    auto p = new_cuda_ipc_path(config(), "peer-x");
-    std::vector<char> host(4096);
-    auto tx = p->post_tx(0, {host.data(), host.size(), {MemKind::kCuda, 0}});
-    std::string msg = tx.ok() ? "ok" : std::string(code_name(tx.status().code())) + ": " + tx.status().message();
-    (void)!::write(fds[1], msg.data(), msg.size());
-    return 0;
-  });
-  ::close(fds[1]);
-  char buf[2048] = {};
-  ssize_t got = ::read(fds[0], buf, sizeof buf - 1);
-  ::close(fds[0]);
-  EXPECT_EQ(testing::wait_child(child), 0);
-  std::string text(buf, got > 0 ? size_t(got) : 0);
+  int rc = -1;
+  std::string text = testing::text_from_child(  // touches CUDA: not in this process
+      [] {
+        auto p = new_cuda_ipc_path(config(), "peer-x");
+        std::vector<char> host(4096);
+        auto tx = p->post_tx(0, {host.data(), host.size(), {MemKind::kCuda, 0}});
+        return tx.ok() ? "ok" : std::string(code_name(tx.status().code())) + ": " + tx.status().message();
+      },
+      &rc);
+  EXPECT_EQ(rc, 0);
   EXPECT_EQ(text.rfind(std::string(code_name(Code::kUnavailable)) + ": cuda_ipc cannot export this memory: ", 0), 0u)
       << text;
 }

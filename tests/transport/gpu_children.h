@@ -24,21 +24,11 @@ namespace dmx::testing {
 
 // Number of GPUs usable for cuda_ipc, probed in a child; 0 and the reason when none.
 inline int probe_gpus(std::string* reason) {
-  int fds[2];
-  if (::pipe(fds) != 0) return 0;
-  pid_t child = fork_child([&] {
+  std::string text = text_from_child([] {
     Status s = cuda_ipc::available();
     auto n = cuda_device_count();
-    std::string msg = s.ok() ? (n.ok() ? std::to_string(*n) : "0" + n.status().message()) : "0" + s.message();
-    (void)!::write(fds[1], msg.data(), msg.size());
-    return 0;
+    return s.ok() ? (n.ok() ? std::to_string(*n) : "0" + n.status().message()) : "0" + s.message();
   });
-  ::close(fds[1]);
-  char buf[1024] = {};
-  ssize_t got = ::read(fds[0], buf, sizeof buf - 1);
-  ::close(fds[0]);
-  wait_child(child);
-  std::string text(buf, got > 0 ? size_t(got) : 0);
   if (text.empty()) {
     *reason = "GPU probe child failed";
     return 0;

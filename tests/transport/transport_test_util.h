@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -63,6 +64,26 @@ inline int wait_child(pid_t pid, std::chrono::milliseconds timeout = std::chrono
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+// Runs fn in a forked child (for code that must not initialise CUDA in this process) and returns
+// the text it produced (at most 2 KiB); `exit_code`, when given, gets the child's exit status.
+inline std::string text_from_child(const std::function<std::string()>& fn, int* exit_code = nullptr) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "";
+  pid_t child = fork_child([&] {
+    ::close(fds[0]);
+    std::string msg = fn();
+    (void)!::write(fds[1], msg.data(), msg.size());
+    return 0;
+  });
+  ::close(fds[1]);
+  char buf[2048] = {};
+  ssize_t got = ::read(fds[0], buf, sizeof buf - 1);
+  ::close(fds[0]);
+  int rc = wait_child(child);
+  if (exit_code != nullptr) *exit_code = rc;
+  return std::string(buf, got > 0 ? static_cast<size_t>(got) : 0);
 }
 
 // Drives a link and remembers every completion by (kind, id).

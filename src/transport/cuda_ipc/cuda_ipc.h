@@ -24,8 +24,9 @@
 //    that the allocation is still the one exported (its driver buffer id). The caller must have
 //    proven that the peer is this process (the engine does, with the kernel's SO_PEERCRED).
 //
-// Threading: Exporter, ImportCache and CopyEngine are each owned by one thread (the engine's
-// progress loop); none locks. Errors: Status values; a copy's failure fails that copy only, and a
+// Threading: Exporter, ImportCache and CopyEngine do not lock; each is used by one thread at a time
+// (the engine's cuda_ipc path serialises its callers: its progress thread and, for small chunks,
+// the control stream's worker, under the path's engine_mu_). Errors: Status values; a copy's failure fails that copy only, and a
 // device error (sticky in CUDA) fails the engine.
 #pragma once
 
