@@ -30,6 +30,8 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [[ ${gpus:-0} -ge 1 ]] && cases+=(gpu)
 peer=cuda:1
 [[ ${gpus:-0} -lt 2 ]] && peer=cuda:0
+# shellcheck source=scripts/bench-pair.sh
+source "$R/scripts/bench-pair.sh"
 port=7900
 for ((round = 1; round <= ${AB_ROUNDS:-3}; round++)); do
   for v in new old; do
@@ -39,12 +41,8 @@ for ((round = 1; round <= ${AB_ROUNDS:-3}; round++)); do
       args=(--mem host --peer-mem host)
       [[ $c == gpu ]] && args=(--mem cuda:0 --peer-mem "$peer")
       port=$((port + 1))
-      "$D" bench --listen "tcp://127.0.0.1:$port" > /dev/null 2>&1 & s=$!
-      sleep 0.7
-      "$D" bench --connect "tcp://127.0.0.1:$port" --transport "${AB_TRANSPORT:-tcp}" "${args[@]}" --sizes 8 \
-        --streams 1 --iters 5000 --verify --json 2> /dev/null | sed "s/^{/{\"v\":\"$v\",\"case\":\"$c\",/" >> "$OUT/ab.jsonl"
-      kill $s
-      wait $s 2> /dev/null
+      bench_pair "$OUT/ab.jsonl" "\"v\":\"$v\",\"case\":\"$c\"," "$D" "$port" --transport "${AB_TRANSPORT:-tcp}" \
+        "${args[@]}" --sizes 8 --streams 1 --iters 5000 --verify > /dev/null
     done
   done
 done

@@ -367,19 +367,20 @@ if [[ $build_ok -eq 1 ]]; then
   }
   run_section same-host same_host_section
   small_lane_section() {  # 8 B .. 16 KiB half round trips: cuda_ipc's small-chunk lane on, off, and on with copy_by=destination
-    local peer=cuda:0 i mode srv rc=0
+    local peer=cuda:0 i mode rc=0
     [[ $(nvidia-smi -L | wc -l) -ge 2 ]] && peer=cuda:1
+    # shellcheck source=scripts/bench-pair.sh
+    source "$ROOT/scripts/bench-pair.sh"
     for i in 1 2 3; do
       for mode in on off on-dst; do
-        local env=(DMX_CUDA_IPC_INLINE_RX=16K DMX_CUDA_IPC_COPY_BY=source)
-        [[ $mode == off ]] && env=(DMX_CUDA_IPC_INLINE_RX=0 DMX_CUDA_IPC_COPY_BY=source)
-        [[ $mode == on-dst ]] && env=(DMX_CUDA_IPC_INLINE_RX=16K DMX_CUDA_IPC_COPY_BY=destination)
-        env "${env[@]}" "$DMX" bench --listen tcp://127.0.0.1:7813 & srv=$!
-        sleep 1
         echo "lane $mode, round $i"
-        env "${env[@]}" "$DMX" bench --connect tcp://127.0.0.1:7813 --mem cuda:0 --peer-mem $peer --streams 1 \
-          --sizes 8,4K,16K --verify --json | sed "s/^{/{\"mode\":\"$mode\",/" | tee -a "$OUT/small-lane.jsonl" || rc=1
-        kill $srv; wait $srv 2>/dev/null
+        (
+          export DMX_CUDA_IPC_INLINE_RX=16K DMX_CUDA_IPC_COPY_BY=source
+          [[ $mode == off ]] && export DMX_CUDA_IPC_INLINE_RX=0
+          [[ $mode == on-dst ]] && export DMX_CUDA_IPC_COPY_BY=destination
+          bench_pair "$OUT/small-lane.jsonl" "\"mode\":\"$mode\"," "$DMX" 7813 --mem cuda:0 --peer-mem "$peer" \
+            --streams 1 --sizes 8,4K,16K --verify
+        ) || rc=1
       done
     done
     python3 - "$OUT/small-lane.jsonl" <<'PY'
