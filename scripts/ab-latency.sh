@@ -46,13 +46,4 @@ for ((round = 1; round <= ${AB_ROUNDS:-3}; round++)); do
     done
   done
 done
-python3 - "$OUT/ab.jsonl" <<'PY'
-import json, sys, collections
-rows = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    if line.startswith("{"):
-        j = json.loads(line)
-        rows[(j["case"], j["v"])].append(f'{j["lat_p50_us"]:.2f}{"" if j["verified"] else " (NOT VERIFIED)"}')
-for (case, v), lat in sorted(rows.items()):
-    print(f"{case:<5} {v:<4} 8 B half round trip p50 us: " + ", ".join(lat))
-PY
+python3 "$R/bench/latency_table.py" "$OUT/ab.jsonl" case v

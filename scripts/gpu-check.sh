@@ -383,18 +383,7 @@ if [[ $build_ok -eq 1 ]]; then
         ) || rc=1
       done
     done
-    python3 - "$OUT/small-lane.jsonl" <<'PY'
-import json, sys, collections
-rows = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    if line.startswith("{"):
-        j = json.loads(line)
-        inline = sum(p.get("chunks_inline", 0) for p in j.get("paths", []))
-        rows[(j["size_bytes"], j["mode"])].append((j["lat_p50_us"], inline, j["verified"]))
-for (size, mode), v in sorted(rows.items()):
-    print(f"size {size:>6} lane {mode:<6} p50 half RTT us: " +
-          ", ".join(f"{x:.2f}" for x, _, _ in v) + f"  (lane chunks {[n for _, n, _ in v]}, verified {all(ok for _, _, ok in v)})")
-PY
+    python3 "$ROOT/bench/latency_table.py" "$OUT/small-lane.jsonl" size_bytes mode
     return $rc
   }
   run_section small-lane small_lane_section
