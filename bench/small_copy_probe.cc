@@ -9,6 +9,9 @@
 // (cuStreamWriteValue64: no copy engine, no SM); a one-thread kernel that copies 8 bytes; with two
 // GPUs, an 8-byte peer copy; and whether the CPU can map device memory through a dmabuf (mmap of
 // the fd from cuMemGetHandleForAddressRange) — if it can, small payloads need no copy engine at all.
+// "prearmed": the copy is enqueued before its data is ready, behind cuStreamWaitValue32 on a host
+// word; only the host's store of that word is timed (the wait armed 0, 20 or 1000 us before) —
+// what a receive that arms its host->device copy when it is posted would cost once its bytes come.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -134,6 +137,54 @@ int main(int argc, char** argv) {
     uint64_t back = 0;
     cudaMemcpy(&back, dev, 8, cudaMemcpyDeviceToHost);
     std::printf("{\"method\":\"h2d_write_value64\",\"value_landed\":%s}\n", back == value ? "true" : "false");
+    using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
+    WaitValue32 wait32 = nullptr;
+    cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", reinterpret_cast<void**>(&wait32), 12000, cudaEnableDefault, &q);
+    volatile uint32_t* gate = static_cast<volatile uint32_t*>(host) + 768;
+    void* gate_dev = nullptr;
+    cudaHostGetDevicePointer(&gate_dev, const_cast<uint32_t*>(gate), 0);
+    uint32_t gate_seq = 0;
+    for (int armed_us : {0, 20, 1000}) {
+      for (bool by_flag : {false, true}) {
+        std::string name = std::string("h2d_prearmed_") + (by_flag ? "flag" : "event") + "_poll_armed_" +
+                           std::to_string(armed_us) + "us";
+        // Arm outside the timed part: the wait, the copy, the completion marker.
+        auto arm = [&] {
+          ++gate_seq;
+          if (wait32 == nullptr ||
+              wait32(s, reinterpret_cast<CUdeviceptr>(gate_dev), gate_seq, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
+            return false;
+          cudaMemcpyAsync(dev, host, 8, cudaMemcpyHostToDevice, s);
+          if (by_flag) return write32(s, reinterpret_cast<CUdeviceptr>(flag_dev), ++seq, 0) == CUDA_SUCCESS;
+          return cudaEventRecord(e, s) == cudaSuccess;
+        };
+        std::vector<double> us;
+        bool ok = true;
+        for (int i = 0; i < iters + 20 && ok; ++i) {
+          ok = arm();
+          auto until = Clock::now() + std::chrono::microseconds(armed_us);
+          while (Clock::now() < until) {
+          }
+          auto t0 = Clock::now();
+          *gate = gate_seq;
+          if (by_flag) {
+            while (*flag != seq) {
+            }
+          } else {
+            spin_event();
+          }
+          if (i >= 20) us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+        if (!ok) {
+          std::printf("{\"method\":\"%s\",\"error\":\"cuStreamWaitValue32 failed\"}\n", name.c_str());
+          cudaStreamSynchronize(s);
+          break;
+        }
+        std::sort(us.begin(), us.end());
+        std::printf("{\"method\":\"%s\",\"bytes\":8,\"p50_us\":%.2f,\"p99_us\":%.2f}\n", name.c_str(), median(us),
+                    us[us.size() * 99 / 100]);
+      }
+    }
     void* host_dev = nullptr;
     cudaHostGetDevicePointer(&host_dev, host, 0);
     measure("d2h_kernel_flag_poll", iters, [&] {

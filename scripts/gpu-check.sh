@@ -387,6 +387,13 @@ if [[ $build_ok -eq 1 ]]; then
     return $rc
   }
   run_section small-lane small_lane_section
+  shm_slots_section() {  # the shm link alone at several slot sizes: host->host vs memcpy in the same run
+    local cfg
+    for cfg in 65536:32 262144:16 1048576:8 2097152:8; do
+      "$B/bench/shm_bench" --max-size 268435456 --slot-size "${cfg%%:*}" --slots "${cfg##*:}" | grep host_to_host || return 1
+    done
+  }
+  run_section shm-slots shm_slots_section
   small_copy_section() {  # what an 8-byte device<->host copy costs by method (small-message latency)
     "$B/bench/small_copy_probe" --iters 2000
   }
