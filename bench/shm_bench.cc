@@ -2,7 +2,8 @@
 // memcpy bandwidth measured in the same run, and the 8-byte half round trip. One JSON line per
 // measurement.
 //
-//   shm_bench [--max-size BYTES] [--slot-size BYTES] [--slots N] [--seconds S]
+//   shm_bench [--min-size BYTES] [--max-size BYTES] [--slot-size BYTES] [--slots N] [--seconds S]
+// Sizes: --min-size (4 KiB), then x16 up to --max-size.
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -77,7 +78,7 @@ int main(int argc, char** argv) {
   options.slot_size = arg_size(argc, argv, "--slot-size", options.slot_size);
   options.slots = static_cast<uint32_t>(arg_size(argc, argv, "--slots", options.slots));
   std::vector<size_t> sizes;
-  for (size_t s = 4096; s <= max_size; s *= 16) sizes.push_back(s);
+  for (size_t s = arg_size(argc, argv, "--min-size", 4096); s <= max_size; s *= 16) sizes.push_back(s);
   if (sizes.back() != max_size) sizes.push_back(max_size);
 
   Status avail = shm::available();
