@@ -10,7 +10,8 @@
 // cuMemcpyAsync); with two GPUs, GPU0->GPU1 peer copies the same ways plus cudaMemcpyPeerAsync;
 // and the case of the cuda_ipc path: a source that another process exported (CUDA IPC handle)
 // copied into GPU1, issued on GPU1's stream and on GPU0's, by the runtime and by the driver.
-// Event record and event query calls are timed alone as well.
+// Event record and event query calls are timed alone as well. And staging copies on GPU1's stream
+// issued with device 0 current, device 1 current, and device 1 set and restored around each copy.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
@@ -208,6 +209,33 @@ int main(int argc, char** argv) {
             [&] { return rt(cudaMemcpyAsync(dev1, dev0, 8, cudaMemcpyDeviceToDevice, s0)); });
   p.measure("peer_cuMemcpyDtoDAsync_on0", s0, [&] { return cu(d2d(dptr(dev1), dptr(dev0), 8, s0)); });
   p.measure("peer_cuMemcpyAsync_on0", s0, [&] { return cu(any(dptr(dev1), dptr(dev0), 8, s0)); });
+
+  // Staging copies on GPU1's stream (a process whose memory is on cuda:1) from a thread whose
+  // current device is 0 (a thread that never chose one), is 1, or is set to 1 and back per copy.
+  // Event record and query run under the same current device, as in a stream worker.
+  {
+    std::swap(p.event, event1);
+    auto d2h1 = [&] { return rt(cudaMemcpyAsync(host, dev1, 8, cudaMemcpyDeviceToHost, s1)); };
+    auto h2d1 = [&] { return rt(cudaMemcpyAsync(dev1, host, 8, cudaMemcpyHostToDevice, s1)); };
+    for (int round = 0; round < 2; ++round) {
+      cudaSetDevice(0);
+      p.measure("d2h_on1_current0", s1, d2h1);
+      p.measure("h2d_on1_current0", s1, h2d1);
+      cudaSetDevice(1);
+      p.measure("d2h_on1_current1", s1, d2h1);
+      p.measure("h2d_on1_current1", s1, h2d1);
+      cudaSetDevice(0);
+      p.measure("d2h_on1_current0_set1_and_back", s1,
+                [&] { return rt(cudaSetDevice(1)) && d2h1() && rt(cudaSetDevice(0)); });
+    }
+    std::thread([&] {  // a fresh thread: no current device chosen yet
+      p.measure("d2h_on1_fresh_thread", s1, d2h1);
+      cudaSetDevice(1);
+      p.measure("d2h_on1_fresh_thread_set1", s1, d2h1);
+    }).join();
+    std::swap(p.event, event1);
+    cudaSetDevice(0);
+  }
 
   // The cuda_ipc case: the exporter's GPU0 memory, opened here, copied into dev1.
   cudaIpcMemHandle_t h{};

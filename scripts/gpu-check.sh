@@ -397,6 +397,7 @@ if [[ $build_ok -eq 1 ]]; then
   run_section shm-slots shm_slots_section
   small_copy_section() {  # what an 8-byte device<->host copy costs by method (small-message latency)
     "$B/bench/small_copy_probe" --iters 2000
+    "$B/bench/copy_issue_probe" --iters 2000
   }
   run_section small-copy small_copy_section
 

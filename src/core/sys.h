@@ -12,6 +12,15 @@
 
 namespace dmx {
 
+// One step of a spin-wait: tells the core this is a busy loop (x86 pause, arm yield).
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class UniqueFd {
  public:
   UniqueFd() = default;

@@ -20,6 +20,7 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/sys.h"
 #include "core/trace.h"
 #include "memory/mps.h"
 
@@ -34,12 +35,6 @@ constexpr auto kSpin = std::chrono::microseconds(200);      // polling after wor
 constexpr auto kPollSleep = std::chrono::microseconds(20);  // sleeps while copies are pending (plus timer slack)
 constexpr auto kStopDrain = std::chrono::seconds(10);       // bound on waiting for copies at stop
 constexpr uint32_t kLaneBackoff = 64;                       // chunks the small-chunk lane passes over after a slow copy
-
-inline void cpu_relax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
-}
 
 class CudaIpcPath final : public PayloadPath {
   struct RxItem {

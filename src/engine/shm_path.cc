@@ -20,14 +20,6 @@
 namespace dmx {
 namespace {
 
-void cpu_relax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 std::vector<unsigned char> encode_length(uint64_t n) {
   std::vector<unsigned char> d(kShmDescriptorSize);
   for (size_t i = 0; i < kShmDescriptorSize; ++i) d[i] = static_cast<unsigned char>(n >> (8 * i));

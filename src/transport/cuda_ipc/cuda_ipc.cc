@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "core/log.h"
+#include "core/sys.h"
 #include "core/trace.h"
 #include "memory/backend.h"
 #include "memory/cuda/driver.h"
@@ -274,9 +275,7 @@ class CopyEngineImpl final : public CopyEngine {
       for (auto& q : inflight_)
         if (!q.empty() && cudaEventQuery(q.front().event) != cudaErrorNotReady) return Status();
       if (deadline.expired()) return Status(Code::kTimeout, "cuda_ipc wait: no copy completed by the deadline");
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
+      cpu_relax();
     }
   }
 

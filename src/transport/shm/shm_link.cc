@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/sys.h"
 #include "transport/shm/link_impl.h"
 
 namespace dmx::shm {
@@ -449,9 +450,7 @@ Status LinkImpl::wait(Deadline deadline) {
   auto spin_end = Clock::now() + options_.spin;
   while (Clock::now() < spin_end) {
     if (has_work()) return Status();
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
+    cpu_relax();
   }
   if (!tx_chunks_.empty() || !rx_chunks_.empty()) {
     // Device copies in flight: nothing will ring us when they finish; yield and let the caller poll.
