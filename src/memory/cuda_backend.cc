@@ -19,7 +19,6 @@
 #include <thread>
 
 #include "core/log.h"
-#include "core/sys.h"
 #include "memory/backend.h"
 #include "memory/cuda/event_pool.h"
 #include "memory/cuda/runtime.h"
@@ -32,8 +31,6 @@ using cuda::error_status;
 
 // Events made up front per device, so that the first fences of the first queues do not create any.
 constexpr size_t kEventsReserved = 64;
-// How long wait() only spins before it yields (an 8-byte copy completes in about 5 us).
-constexpr auto kWaitSpin = std::chrono::microseconds(20);
 // How long a queue being destroyed waits for copies still in flight (their buffers are usually
 // freed right after).
 constexpr auto kDrainOnDestroy = std::chrono::seconds(10);
@@ -95,23 +92,17 @@ class CudaQueue final : public CopyQueue {
 
   Status wait(uint64_t fence, Deadline deadline) override {
     // Poll, then sleep with growing naps capped by the deadline: never blocks inside CUDA (a
-    // blocking cudaEventSynchronize could outlive the deadline on a wedged device). Small copies
-    // finish in microseconds: the first kWaitSpin only spins (a yield is a system call, and the
-    // copy's end would be seen that much later), the next 64 polls yield.
+    // blocking cudaEventSynchronize could outlive the deadline on a wedged device). The first
+    // polls only yield, because small copies finish in microseconds.
     auto nap = std::chrono::microseconds(5);
-    const auto spin_end = Clock::now() + kWaitSpin;
-    for (int polls = 0;;) {
+    for (int polls = 0;; ++polls) {
       DMX_ASSIGN_OR_RETURN(bool finished, done(fence));
       if (finished) return Status();
       if (deadline.expired())
         return Status(Code::kTimeout, fmt::format("cuda:{} copy fence {} not reached by the deadline (fence {} is the last "
                                                   "completed)",
                                                   device_, fence, completed_));
-      if (Clock::now() < spin_end) {
-        cpu_relax();
-        continue;
-      }
-      if (polls++ < 64) {
+      if (polls < 64) {
         std::this_thread::yield();
         continue;
       }

@@ -302,20 +302,6 @@ Status Stream::finish_payload() {
     pending_rx_.push_back(PendingRx{rx_, std::move(rx_plan_), rx_slot_, fence, q});
     rx_slot_ = -1;
     rx_plan_ = RxPlan();
-    // A small payload alone in flight, with nothing more to read: its copy ends within a few
-    // microseconds, so watch it here and deliver it the moment it lands, rather than once per
-    // loop round (a round includes a read that finds nothing). Bounded: a slow copy is left to
-    // the loop.
-    if (rx_.payload_len <= kSpinCopyMax && pending_rx_.size() == 1 && drained_ && ahead_pos_ == ahead_len_) {
-      const auto end = Clock::now() + kSpinCopyFor;
-      for (;;) {
-        DMX_ASSIGN_OR_RETURN(bool done, q->done(fence));
-        if (done || Clock::now() >= end) break;
-        cpu_relax();
-      }
-      bool progress = false;
-      return reap_rx(/*block=*/false, &progress);
-    }
     return Status();
   }
   RxPlan plan = std::move(rx_plan_);
@@ -324,7 +310,6 @@ Status Stream::finish_payload() {
 }
 
 // Hands finished device copies to the host, in order. block: wait for at least one.
-// (finish_payload also reaps a small copy it watched to its end.)
 Status Stream::reap_rx(bool block, bool* progress) {
   while (!pending_rx_.empty()) {
     PendingRx& p = pending_rx_.front();

@@ -111,11 +111,6 @@ class Stream {
   // Bytes step_rx asks for when it reads a header: the header and, for small frames, the payload
   // behind it in one read (at most this much of a large payload is copied twice).
   static constexpr size_t kReadAhead = 4096;
-  // A received device payload up to this size, alone in flight with nothing more to read, is
-  // watched by the worker until its copy to the device ends (at most kSpinCopyFor) and delivered
-  // at once (finish_payload).
-  static constexpr size_t kSpinCopyMax = 64 * 1024;
-  static constexpr std::chrono::microseconds kSpinCopyFor{30};
 
   Stream(StreamConfig config, std::unique_ptr<Conduit> conduit, StreamHost* host, StagingPool* pool);
   ~Stream();
