@@ -48,7 +48,6 @@ struct EndpointStats {
   uint64_t eager_sends = 0, rendezvous_sends = 0;
   uint64_t writes = 0, reads = 0;
   uint64_t d2h_copies = 0, d2h_bytes = 0;  // device -> pinned staging copies
-  uint64_t d2h_started_by_poster = 0;      // of those, eager payloads whose copy send() started
   uint64_t h2d_copies = 0, h2d_bytes = 0;  // pinned staging -> device copies
   uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies: eager host payloads framed inline,
                                                    // eager messages buffered before their recv

@@ -133,8 +133,7 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
   op->tag = tag;
   Status bad = region_problem(src, "send");
   // Small messages travel inline (eager). Host memory is copied now, outside the lock, so the
-  // frame owns its payload; device memory is staged through pinned memory, its copy started here
-  // (Stream::stage_early) or else by the stream.
+  // frame owns its payload; device memory is staged by the stream through a pinned slot.
   std::vector<unsigned char> inline_copy;
   bool try_eager = bad.ok() && src.size <= session_.peer_eager_limit;
   if (try_eager && !src.where.is_device() && src.size > 0) {
@@ -173,7 +172,6 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
         item.where = src.where;
         item.len = src.size;
         item.ctx = op;
-        streams_[0]->stage_early(item);  // the copy to pinned memory starts now when it can
         streams_[0]->push_control(std::move(item));
       } else {
         ++counters_.host_copies;  // the inline copy made above
@@ -579,7 +577,6 @@ EndpointStats EndpointImpl::stats() const {
     s.bytes_sent += x.bytes_sent;
     s.bytes_received += x.bytes_received;
     s.d2h_copies += x.d2h_copies;
-    s.d2h_started_by_poster += x.d2h_early;
     s.d2h_bytes += x.d2h_bytes;
     s.h2d_copies += x.h2d_copies;
     s.h2d_bytes += x.h2d_bytes;

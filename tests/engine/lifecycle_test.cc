@@ -274,49 +274,6 @@ TEST_P(Concurrency, SmallFramesBackToBackCrossTheReadAhead) {
   }
 }
 
-// Eager sends from device memory (the simulated device) posted back to back: the posting thread
-// starts most staging copies itself (Stream::stage_early), the stream's worker the others — the
-// first one (no staging slot yet), those past a piece (16 KiB), and those posted while every piece
-// is in use. All arrive byte-exact, in order, from odd source offsets.
-TEST_P(Concurrency, EagerDeviceSendsStagedByThePosterAndByTheStream) {
-  Options o = test_options(1);
-  o.set("transport", GetParam()).set("eager_limit", "32K");
-  Pair p = connect_pair(o);
-  const MemSpec sim{MemKind::kSim, 0};
-  const std::vector<size_t> sizes = {1, 7, 64, 4097, 16384, 16385, 100, 30000};
-  constexpr int kOps = 240;
-  std::vector<Filled> out;
-  std::vector<Buffer> in;
-  std::vector<Request> sends, recvs;
-  for (int i = 0; i < kOps; ++i) {
-    size_t n = sizes[static_cast<size_t>(i) % sizes.size()];
-    out.push_back(filled(sim, n + 3));
-    in.push_back(poisoned(sim, n));
-  }
-  // The first message alone: the stream stages it and sets up its slots on the way.
-  for (int i = 0; i < kOps; ++i) {
-    if (i == 1) {
-      ASSERT_TRUE(sends[0].wait(30s).ok());
-      EXPECT_EQ(p.client.stats().d2h_started_by_poster, 0u);
-    }
-    size_t n = in[i].region().size;
-    sends.push_back(p.client.send(out[i].buf.region().sub(3, n), static_cast<uint64_t>(i)));
-  }
-  for (int i = 0; i < kOps; ++i) recvs.push_back(p.server.recv(in[i].region(), static_cast<uint64_t>(i)));
-  for (int i = 0; i < kOps; ++i) {
-    ASSERT_TRUE(recvs[i].wait(30s).ok()) << i << ": " << recvs[i].status().to_string();
-    ASSERT_TRUE(sends[i].wait(30s).ok()) << i;
-    std::vector<unsigned char> want(out[i].data.begin() + 3, out[i].data.end());
-    ASSERT_EQ(read_back(in[i].region()), want) << "message " << i << " of " << want.size() << " B";
-  }
-  EndpointStats st = p.client.stats();
-  EXPECT_EQ(st.eager_sends, static_cast<uint64_t>(kOps));
-  EXPECT_GT(st.d2h_started_by_poster, 0u);
-  EXPECT_LT(st.d2h_started_by_poster, st.d2h_copies);  // the first, and every one past 16 KiB
-  std::printf("d2h copies %llu, started by the poster %llu\n", static_cast<unsigned long long>(st.d2h_copies),
-              static_cast<unsigned long long>(st.d2h_started_by_poster));
-}
-
 INSTANTIATE_TEST_SUITE_P(Transports, Concurrency, ::testing::Values("tcp", "auto"));
 
 }  // namespace

@@ -99,8 +99,7 @@ void print_row(const bench::Result1& r, bool verify_asked, bool json, const benc
                      {"mem", to_string(co.mem)},   {"peer_mem", to_string(co.peer_mem)},
                      {"streams", st.streams},      {"verified", r.verified},     {"op", co.op},
                      {"iters", r.plan.iters},      {"window", r.plan.window},    {"cpu_pct", r.cpu_pct},
-                     {"d2h_copies", st.d2h_copies}, {"h2d_copies", st.h2d_copies},
-                     {"d2h_started_by_poster", st.d2h_started_by_poster}};
+                     {"d2h_copies", st.d2h_copies}, {"h2d_copies", st.h2d_copies}};
     for (const auto& p : st.paths)
       j["paths"].push_back({{"name", p.name},
                             {"detail", p.detail},

@@ -56,15 +56,6 @@ void Stream::push_control(TxItem item) {
   wake();
 }
 
-bool Stream::stage_early(TxItem& item) {
-  if (!eager_.start(item)) return false;
-  DMX_TRACE_POINT("st.d2h.early");
-  stats_.d2h_copies.fetch_add(1, std::memory_order_relaxed);
-  stats_.d2h_bytes.fetch_add(item.len, std::memory_order_relaxed);
-  stats_.d2h_early.fetch_add(1, std::memory_order_relaxed);
-  return true;
-}
-
 void Stream::wake() {
   // A busy-polling worker finds the work itself: no system call on the poster's path.
   if (!sleeping_.load(std::memory_order_seq_cst)) return;
@@ -89,7 +80,6 @@ StreamStats Stream::stats() const {
   s.frames_received = stats_.frames_received.load(std::memory_order_relaxed);
   s.d2h_copies = stats_.d2h_copies.load(std::memory_order_relaxed);
   s.d2h_bytes = stats_.d2h_bytes.load(std::memory_order_relaxed);
-  s.d2h_early = stats_.d2h_early.load(std::memory_order_relaxed);
   s.h2d_copies = stats_.h2d_copies.load(std::memory_order_relaxed);
   s.h2d_bytes = stats_.h2d_bytes.load(std::memory_order_relaxed);
   s.ns_send = stats_.ns_send.load(std::memory_order_relaxed);
@@ -123,10 +113,8 @@ Status Stream::ensure_slots() {
   }
   if (backend == nullptr) return Status(Code::kInternal, "staging requested with no device queue");
   size_t per_dir = static_cast<size_t>(config_.slots);
-  // Per direction `slots`, plus one for control frames with a device payload (eager sends) that
-  // the worker stages, plus one cut into pieces for those the posting thread stages.
-  DMX_ASSIGN_OR_RETURN(slots_, pool_->take(backend, 2 * per_dir + 2));
-  eager_.provide(slots_.at(static_cast<int>(2 * per_dir + 1)), pool_->slot_size());
+  // Per direction `slots`, plus one for control frames with a device payload (eager sends).
+  DMX_ASSIGN_OR_RETURN(slots_, pool_->take(backend, 2 * per_dir + 1));
   for (int i = 0; i < static_cast<int>(per_dir); ++i) {
     free_tx_slots_.push_back(i);
     free_rx_slots_.push_back(static_cast<int>(per_dir) + i);
@@ -174,15 +162,7 @@ bool Stream::next_tx(TxItem** item) {
     }
     has_control_.store(!control_.empty(), std::memory_order_relaxed);
   }
-  if (writing_ && current_.piece >= 0) {
-    // Staged by the posting thread: wait for the end of its copy (microseconds).
-    Status s = eager_.wait(current_, Deadline::after(std::chrono::seconds(30)));
-    if (!s.ok()) {
-      control_error_ = s;
-      return false;
-    }
-    DMX_TRACE_POINT("st.d2h.done");
-  } else if (writing_ && current_.where.is_device() && current_.len > 0 && current_.slot < 0) {
+  if (writing_ && current_.where.is_device() && current_.len > 0 && current_.slot < 0) {
     // A small device payload travelling inline (eager): stage it through the reserved pinned slot
     // now, and wait for the copy (microseconds), so the frame can go out.
     Status s = stage_control(current_);
@@ -232,7 +212,7 @@ Status Stream::step_tx(Io* io) {
   for (int rounds = 0; rounds < 64; ++rounds) {
     TxItem* item = nullptr;
     if (!next_tx(&item)) return std::exchange(control_error_, Status());
-    const void* payload = item->piece >= 0 ? eager_.data(*item) : item->slot >= 0 ? slots_.at(item->slot) : item->src;
+    const void* payload = item->slot >= 0 ? slots_.at(item->slot) : item->src;
     iovec iov[2];
     int n = 0;
     if (cur_written_ < wire::kHeaderSize) {
@@ -266,7 +246,6 @@ Status Stream::step_tx(Io* io) {
     TxItem done = std::move(current_);
     writing_ = false;
     current_ = TxItem();
-    eager_.release(done);
     if (done.ctx) host_->on_sent(config_.index, done);
   }
   return Status();
@@ -495,7 +474,6 @@ void Stream::run() {
 
 // Waits for copies still in flight (they may write user memory), then drops all references.
 void Stream::drain() {
-  eager_.close();
   for (auto& [key, q] : queues_) {
     auto fence = q->record();
     if (fence.ok()) {

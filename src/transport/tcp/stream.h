@@ -7,8 +7,6 @@
 //    balances the load across streams. A chunk whose source is device memory is staged: the
 //    worker copies it into a pinned slot on a copy engine (asynchronously; the copies of later
 //    chunks overlap the socket write of earlier ones) and writes the slot once the copy is done.
-//    A small device payload of a control frame (an eager send) is usually copied by the posting
-//    thread already (stage_early, eager_stage.h); else the worker copies it before writing.
 //  - receive: it reads a header, asks the host where the payload goes (host memory: straight
 //    into the destination; device memory: into a pinned slot, then an asynchronous copy to the
 //    destination; or discarded), and tells the host when the payload has landed. Headers are read
@@ -34,7 +32,6 @@
 #include "dmx/memory.h"
 #include "memory/backend.h"
 #include "transport/tcp/conduit.h"
-#include "transport/tcp/eager_stage.h"
 #include "transport/tcp/staging.h"
 #include "wire/frame.h"
 
@@ -50,7 +47,6 @@ struct TxItem {
   std::shared_ptr<void> ctx;         // the host's handle, given back in on_sent
   // Stream-internal staging state.
   int slot = -1;
-  int piece = -1;  // the eager stage's piece holding the payload (EagerStage::start)
   uint64_t fence = 0;
   CopyQueue* queue = nullptr;
 };
@@ -107,7 +103,6 @@ struct StreamStats {
   uint64_t bytes_sent = 0, bytes_received = 0;  // payload bytes
   uint64_t frames_sent = 0, frames_received = 0;
   uint64_t d2h_copies = 0, d2h_bytes = 0, h2d_copies = 0, h2d_bytes = 0;
-  uint64_t d2h_early = 0;  // of d2h_copies, started by stage_early
   uint64_t ns_send = 0, ns_recv = 0, ns_copy_wait = 0;
 };
 
@@ -127,9 +122,6 @@ class Stream {
   // not touch the host or this Stream): it lets the host wait until no worker holds it any more.
   void start(std::shared_ptr<void> keep_alive, std::function<void()> after_exit = {});
   void push_control(TxItem item);  // any thread
-  // Any thread, before push_control of a frame with a small device payload: starts its copy to a
-  // pinned piece now (EagerStage); false leaves the staging to the worker.
-  bool stage_early(TxItem& item);
   void wake();                     // any thread: chunks may be available
   // Any thread: the worker stops at once; the conduit is shut down so the peer learns now.
   void stop();
@@ -202,7 +194,6 @@ class Stream {
   Clock::time_point last_rx_;
 
   // Staging.
-  EagerStage eager_;  // thread-safe
   std::map<int, std::unique_ptr<CopyQueue>> queues_;  // by (kind << 16 | device)
   StagingSlots slots_;
   std::vector<int> free_tx_slots_, free_rx_slots_;
@@ -210,7 +201,7 @@ class Stream {
   // Statistics (written by the worker, read by anyone).
   struct AtomicStats {
     std::atomic<uint64_t> bytes_sent{0}, bytes_received{0}, frames_sent{0}, frames_received{0};
-    std::atomic<uint64_t> d2h_copies{0}, d2h_bytes{0}, h2d_copies{0}, h2d_bytes{0}, d2h_early{0};
+    std::atomic<uint64_t> d2h_copies{0}, d2h_bytes{0}, h2d_copies{0}, h2d_bytes{0};
     std::atomic<uint64_t> ns_send{0}, ns_recv{0}, ns_copy_wait{0};
   } stats_;
 };
