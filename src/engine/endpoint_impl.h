@@ -175,7 +175,9 @@ class EndpointImpl final : public tcp::StreamHost,
   // sender's memory is released promptly, as for any eager message). Caller holds mu_. A chunk
   // the path moved at once (post_rx_now, the small-chunk lane) is settled here, and `now` says
   // what the caller does after unlocking (wake notification waiters, deliver, PATH_DONE).
-  Status on_path_header(const wire::FrameHeader& h, const std::vector<unsigned char>& desc, PathRxSettled* now);
+  // Runs on the worker of `stream`, which delivered the header.
+  Status on_path_header(int stream, const wire::FrameHeader& h, const std::vector<unsigned char>& desc,
+                        PathRxSettled* now);
   // A path chunk this side received is done (moved, or failed with `s`). Caller holds mu_.
   PathRxSettled settle_path_rx(PathKind path, uint64_t seq, const Status& s);
   void send_path_done(PathKind path, uint64_t seq);

@@ -81,7 +81,7 @@ Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t le
   return Status();
 }
 
-Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsigned char>& desc,
+Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std::vector<unsigned char>& desc,
                                     PathRxSettled* now_done) {
   PathKind k = kind_of(h.flags);
   PathState& ps = paths_[static_cast<int>(k)];
@@ -106,7 +106,15 @@ Status EndpointImpl::on_path_header(const FrameHeader& h, const std::vector<unsi
   if (plan->kind != tcp::RxPlan::Kind::kDiscard) dst = MemRegion{plan->dst, *len, plan->where};
   ps.rx[seq] = PathState::Rx{h, *len, plan->host_tag, plan->ctx};
   DMX_TRACE_POINT("path_hdr.post_rx");
-  Result<bool> now = ps.path->post_rx_now(seq, desc, dst);
+  // The small-chunk lane only for a chunk with nothing behind it on its stream (this runs on that
+  // stream's worker): a burst of chunks goes to the path's thread, whose copies overlap, instead
+  // of being copied one after another by the worker that should be reading the rest of the burst.
+  Result<bool> now = false;
+  if (streams_[static_cast<size_t>(stream)]->rx_backlog()) {
+    if (Status s = ps.path->post_rx(seq, desc, dst); !s.ok()) now = s;
+  } else {
+    now = ps.path->post_rx_now(seq, desc, dst);
+  }
   if (!now.ok()) {
     const Status& s = now.status();
     ps.rx.erase(seq);

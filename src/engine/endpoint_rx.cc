@@ -88,7 +88,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
     DMX_TRACE_POINT("on_landed.locked");
     switch (h.type) {
       case FrameType::kEager:
-        if (h.flags & wire::kPathFlags) st = on_path_header(h, plan.control, &moved);
+        if (h.flags & wire::kPathFlags) st = on_path_header(stream, h, plan.control, &moved);
         else eager_landed(plan.host_tag, plan.ctx, h.payload_len);
         break;
       case FrameType::kRts: st = on_rts(h); break;
@@ -96,7 +96,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
       case FrameType::kSendData:
       case FrameType::kReadData:
       case FrameType::kWriteData:
-        if (h.flags & wire::kPathFlags) st = on_path_header(h, plan.control, &moved);
+        if (h.flags & wire::kPathFlags) st = on_path_header(stream, h, plan.control, &moved);
         else if (h.type == FrameType::kSendData)
           st = land_inbound(tokens_, h.id, h.payload_len, plan.host_tag == kTagCounted);
         else if (h.type == FrameType::kReadData)

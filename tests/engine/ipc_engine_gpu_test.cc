@@ -310,6 +310,59 @@ TEST(CudaIpcEngineGpu, SmallChunkLaneHandsSlowCopiesOn) {
   });
 }
 
+// A burst of small messages posted at once is not copied one by one by the receiving stream: a
+// chunk with more frames behind it on the control stream goes to the path's thread, whose copies
+// overlap. Before that rule every one of them took the lane (the path was idle again after each),
+// and 16 small messages in flight moved at a third of the rate. All arrive byte-exact.
+TEST(CudaIpcEngineGpu, SmallMessageBurstGoesToThePathsThread) {
+  REQUIRE_GPUS(gpus);
+  Trial run;
+  run.gpus = gpus;
+  constexpr uint64_t kBurst = 48;
+  const std::vector<size_t> sizes = {8, 13, 4097, 16 << 10};
+  auto server = [&](Endpoint& ep) {
+    MemSpec mine = run.server_mem();
+    std::vector<Buffer> in;
+    std::vector<Request> r;
+    for (uint64_t i = 0; i < kBurst; ++i) {
+      size_t n = sizes[i % sizes.size()];
+      auto b = device_with(mine, std::vector<unsigned char>(n + 5, 0xA5), 0);
+      CHILD_CHECK(b.ok(), 100);
+      r.push_back(ep.recv(b->region().sub(5, n), i));
+      in.push_back(std::move(*b));
+    }
+    unsigned char go = 1;
+    CHILD_CHECK(ep.send(MemRegion{&go, 1, {}}, 1000).wait(30s).ok(), 101);  // receives are posted
+    for (uint64_t i = 0; i < kBurst; ++i) {
+      size_t n = sizes[i % sizes.size()];
+      CHILD_CHECK(r[i].wait(30s).ok(), 102);
+      CHILD_CHECK(holds(in[i], message(run.seed, i, n), 5), 103);
+    }
+    LaneUse u = lane_use(ep);
+    fprintf(stderr, "burst of %llu: %llu by the lane, %llu handed on\n", static_cast<unsigned long long>(kBurst),
+            static_cast<unsigned long long>(u.inline_copies), static_cast<unsigned long long>(u.handed_on));
+    CHILD_CHECK(u.received >= kBurst, 104);
+    CHILD_CHECK(u.inline_copies <= kBurst / 4, 105);
+    return 0;
+  };
+  auto client = [&](Endpoint& ep) {
+    MemSpec mine = run.client_mem();
+    std::vector<Buffer> out;
+    for (uint64_t i = 0; i < kBurst; ++i) {
+      auto b = device_with(mine, message(run.seed, i, sizes[i % sizes.size()]), 3);
+      CHILD_CHECK(b.ok(), 110);
+      out.push_back(std::move(*b));
+    }
+    unsigned char go = 0;
+    CHILD_CHECK(ep.recv(MemRegion{&go, 1, {}}, 1000).wait(30s).ok() && go == 1, 111);
+    std::vector<Request> s;
+    for (uint64_t i = 0; i < kBurst; ++i) s.push_back(ep.send(out[i].region().sub(3, sizes[i % sizes.size()]), i));
+    for (auto& q : s) CHILD_CHECK(q.wait(30s).ok(), 112);
+    return 0;
+  };
+  run_engine_pair(server, client);
+}
+
 TEST(CudaIpcEngineGpu, SmallChunkLaneOff) {
   Options o = test::test_options(2);
   o.set("cuda_ipc_inline_rx", "0");

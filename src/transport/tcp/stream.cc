@@ -369,7 +369,7 @@ Status Stream::step_rx(Io* io) {
       stats_.ns_recv.fetch_add(ns_since(t0), std::memory_order_relaxed);
       if (!k.ok()) return k.status();
       if (*k == 0) return Status();
-      drained_ = *k < (read_ahead ? rx_ahead_.size() : want);
+      drained_ = last_read_short_ = *k < (read_ahead ? rx_ahead_.size() : want);
       if (read_ahead) {
         ahead_pos_ = 0;
         ahead_len_ = *k;

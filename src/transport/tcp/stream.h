@@ -129,6 +129,10 @@ class Stream {
   int index() const { return config_.index; }
   const char* conduit_kind() const { return conduit_->kind(); }
   bool is_worker_thread() const { return std::this_thread::get_id() == worker_id_; }
+  // Worker thread only (e.g. in StreamHost::on_landed): whether more frames may be waiting behind
+  // the one being handled — bytes of them are read ahead already, or the last read filled its
+  // buffer (a short read means the conduit had nothing more).
+  bool rx_backlog() const { return ahead_pos_ < ahead_len_ || !last_read_short_; }
 
  private:
   struct PendingRx {  // a payload in a slot, on its way to the device
@@ -182,6 +186,7 @@ class Stream {
   std::vector<unsigned char> rx_ahead_ = std::vector<unsigned char>(kReadAhead);
   size_t ahead_pos_ = 0, ahead_len_ = 0;
   bool drained_ = false;
+  bool last_read_short_ = true;  // the last read returned less than it asked for (rx_backlog)
   unsigned char rx_header_[wire::kHeaderSize];
   size_t rx_header_got_ = 0;
   bool in_payload_ = false;
