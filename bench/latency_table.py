@@ -4,8 +4,9 @@
     latency_table.py FILE KEY [KEY ...]
 
 Groups the JSON lines of FILE by the values of the KEYs (e.g. `size_bytes mode`) and prints one
-row per group: the p50 half round trips in file order (the rounds), the chunks the cuda_ipc
-small-chunk lane moved in each, and whether every run was verified.
+row per group: the p50 half round trips in file order (the rounds), the message rates of the
+windowed part of each run (thousands of messages per second, from gb_per_s and size_bytes), the
+chunks the cuda_ipc small-chunk lane moved in each, and whether every run was verified.
 """
 import collections
 import json
@@ -24,12 +25,15 @@ def main(argv):
                 continue
             j = json.loads(line)
             lane = sum(p.get("chunks_inline", 0) for p in j.get("paths", []))
-            rows[tuple(j.get(k) for k in keys)].append((j["lat_p50_us"], lane, j.get("verified", False)))
+            size = j.get("size_bytes") or 0
+            rate = j.get("gb_per_s", 0) * 1e9 / size / 1e3 if size else 0.0
+            rows[tuple(j.get(k) for k in keys)].append((j["lat_p50_us"], lane, j.get("verified", False), rate))
     order = lambda kv: tuple((0, x, "") if isinstance(x, (int, float)) else (1, 0, str(x)) for x in kv[0])
     for group, runs in sorted(rows.items(), key=order):
         label = " ".join(f"{k}={v}" for k, v in zip(keys, group))
-        print(f"{label:<28} p50 half RTT us: " + ", ".join(f"{x:.2f}" for x, _, _ in runs) +
-              f"  (lane chunks {[n for _, n, _ in runs]}, verified {all(ok for _, _, ok in runs)})")
+        print(f"{label:<28} p50 half RTT us: " + ", ".join(f"{r[0]:.2f}" for r in runs) +
+              "; k msg/s: " + ", ".join(f"{r[3]:.0f}" for r in runs) +
+              f"  (lane chunks {[r[1] for r in runs]}, verified {all(r[2] for r in runs)})")
     return 0
 
 
