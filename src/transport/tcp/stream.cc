@@ -368,7 +368,10 @@ Status Stream::step_rx(Io* io) {
       Result<size_t> k = read_ahead ? conduit_->read(rx_ahead_.data(), rx_ahead_.size()) : conduit_->read(dst, want);
       stats_.ns_recv.fetch_add(ns_since(t0), std::memory_order_relaxed);
       if (!k.ok()) return k.status();
-      if (*k == 0) return Status();
+      if (*k == 0) {  // nothing there
+        last_read_short_ = true;
+        return Status();
+      }
       drained_ = last_read_short_ = *k < (read_ahead ? rx_ahead_.size() : want);
       if (read_ahead) {
         ahead_pos_ = 0;
