@@ -1,4 +1,5 @@
-// `dmx topo` and `dmx probe` end to end, through the built binary (DMX_BIN).
+// `dmx topo`, `dmx probe` and `dmx bench --loopback --json` end to end, through the built binary
+// (DMX_BIN).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -100,6 +101,36 @@ TEST(Cli, ProbeLinesAndConfig) {
   out = run(bin() + " probe --config", &rc);
   ASSERT_EQ(rc, 0);
   EXPECT_NE(out.find("sysfs_root"), std::string::npos) << out;
+}
+
+// One bench row per size with the fields scripts read, verified; in one process 1 MiB messages go
+// through the shm path, whose received chunks the server reports (peer_path_chunks_received: 20
+// windowed sends, the warm-up one and 20 pings at least).
+TEST(Cli, BenchLoopbackJson) {
+  REQUIRE_BIN();
+  int rc = 0;
+  std::string out = run("DMX_LOG_LEVEL=warn " + bin() +
+                            " bench --loopback --mem host --sizes 4097,1M --iters 20 --verify --json 2>/dev/null",
+                        &rc);
+  ASSERT_EQ(rc, 0) << out;
+  size_t rows = 0, start = 0;
+  while (start < out.size()) {
+    size_t end = out.find('\n', start);
+    std::string line = out.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    start = end == std::string::npos ? out.size() : end + 1;
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << line;
+    ++rows;
+    for (const char* k : {"size_bytes", "gb_per_s", "lat_p50_us", "lat_p99_us", "transport", "mem", "peer_mem",
+                          "streams", "verified", "peer_path_chunks_received", "peer_path_chunks_inline"})
+      EXPECT_TRUE(j.contains(k)) << k << " missing: " << line;
+    EXPECT_EQ(j["verified"], true) << line;
+    // 1 MiB messages are path chunks (4097 bytes go inline on the control stream).
+    if (j["size_bytes"] == 1048576 && j["transport"].get<std::string>().find("shm") != std::string::npos)
+      EXPECT_GE(j["peer_path_chunks_received"].get<uint64_t>(), 41u) << line;
+  }
+  EXPECT_EQ(rows, 2u) << out;
 }
 
 }  // namespace

@@ -51,6 +51,10 @@ struct Reply {
   uint64_t checksum = 0;   // read: the server's data
   bool verified = false;   // after the run: every slot matched
   std::string transport, reason;
+  // After the run: the chunks the server's payload paths received so far (all sizes of the
+  // session), and how many of them its small-chunk lane moved — the receive side of the
+  // throughput phase of a send, which the client cannot see in its own statistics.
+  uint64_t path_chunks_received = 0, path_chunks_inline = 0;
 };
 
 std::string to_json(const Plan& p);
@@ -77,6 +81,7 @@ struct Result1 {  // one size
   Plan plan;
   double gb_per_s = 0, lat_p50_us = 0, lat_p99_us = 0, cpu_pct = 0;
   bool verified = false;
+  uint64_t peer_path_chunks_received = 0, peer_path_chunks_inline = 0;  // the server's (Reply)
   std::string error;
 };
 

@@ -126,6 +126,8 @@ Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size) {
   }
   DMX_ASSIGN_OR_RETURN(std::string ftext, recv_text(ep, kReplyTag, kDataTimeout));
   DMX_ASSIGN_OR_RETURN(Reply final_reply, reply_from_json(ftext));
+  out.peer_path_chunks_received = final_reply.path_chunks_received;
+  out.peer_path_chunks_inline = final_reply.path_chunks_inline;
   out.lat_p50_us = percentile(lat, 0.5);
   out.lat_p99_us = percentile(lat, 0.99);
 

@@ -99,7 +99,9 @@ void print_row(const bench::Result1& r, bool verify_asked, bool json, const benc
                      {"mem", to_string(co.mem)},   {"peer_mem", to_string(co.peer_mem)},
                      {"streams", st.streams},      {"verified", r.verified},     {"op", co.op},
                      {"iters", r.plan.iters},      {"window", r.plan.window},    {"cpu_pct", r.cpu_pct},
-                     {"d2h_copies", st.d2h_copies}, {"h2d_copies", st.h2d_copies}};
+                     {"d2h_copies", st.d2h_copies}, {"h2d_copies", st.h2d_copies},
+                     {"peer_path_chunks_received", r.peer_path_chunks_received},
+                     {"peer_path_chunks_inline", r.peer_path_chunks_inline}};
     for (const auto& p : st.paths)
       j["paths"].push_back({{"name", p.name},
                             {"detail", p.detail},

@@ -48,7 +48,9 @@ std::string to_json(const Reply& r) {
               {"checksum", r.checksum},
               {"verified", r.verified},
               {"transport", r.transport},
-              {"reason", r.reason}}
+              {"reason", r.reason},
+              {"path_chunks_received", r.path_chunks_received},
+              {"path_chunks_inline", r.path_chunks_inline}}
       .dump();
 }
 
@@ -65,6 +67,8 @@ Result<Reply> reply_from_json(const std::string& s) {
     r.verified = j.at("verified").get<bool>();
     r.transport = j.at("transport").get<std::string>();
     r.reason = j.at("reason").get<std::string>();
+    r.path_chunks_received = j.value("path_chunks_received", uint64_t{0});  // absent from older servers
+    r.path_chunks_inline = j.value("path_chunks_inline", uint64_t{0});
   } catch (const std::exception& e) {
     return Status(Code::kProtocol, std::string("bench reply: ") + e.what());
   }

@@ -20,6 +20,15 @@ Result<bool> slots_match(const Buffer& buf, uint64_t size, uint32_t n, uint64_t 
   return true;
 }
 
+// The final reply's view of this side's payload paths (Reply::path_chunks_*).
+void note_paths(const Endpoint& ep, Reply* reply) {
+  reply->path_chunks_received = reply->path_chunks_inline = 0;
+  for (const auto& path : ep.stats().paths) {
+    reply->path_chunks_received += path.chunks_received;
+    reply->path_chunks_inline += path.chunks_inline;
+  }
+}
+
 Status serve_send(Endpoint& ep, const Plan& p, Buffer& buf, Reply& reply) {
   DMX_RETURN_IF_ERROR(send_text(ep, kReplyTag, to_json(reply), kControlTimeout));
   uint32_t w = std::min(p.window, std::max<uint32_t>(p.iters, 1));
@@ -51,6 +60,7 @@ Status serve_send(Endpoint& ep, const Plan& p, Buffer& buf, Reply& reply) {
   if (p.verify) {
     DMX_ASSIGN_OR_RETURN(reply.verified, slots_match(buf, p.size, std::min(w, p.iters), p.checksum));
   }
+  note_paths(ep, &reply);
   return send_text(ep, kReplyTag, to_json(reply), kControlTimeout);
 }
 
@@ -66,6 +76,7 @@ Status serve_one_sided(Endpoint& ep, const Plan& p, Context& ctx, Buffer& buf, R
   if (p.op == "write" && p.verify) {
     DMX_ASSIGN_OR_RETURN(reply.verified, slots_match(buf, p.size, std::min(w, p.iters), p.checksum));
   }
+  note_paths(ep, &reply);
   return send_text(ep, kReplyTag, to_json(reply), kControlTimeout);
 }
 
