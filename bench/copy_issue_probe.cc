@@ -232,7 +232,8 @@ int main(int argc, char** argv) {
       p.measure("d2h_on1_fresh_thread", s1, d2h1);
       cudaSetDevice(1);
       p.measure("d2h_on1_fresh_thread_set1", s1, d2h1);
-    }).join();
+    })
+        .join();
     std::swap(p.event, event1);
     cudaSetDevice(0);
   }

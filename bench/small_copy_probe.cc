@@ -139,7 +139,8 @@ int main(int argc, char** argv) {
     std::printf("{\"method\":\"h2d_write_value64\",\"value_landed\":%s}\n", back == value ? "true" : "false");
     using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
     WaitValue32 wait32 = nullptr;
-    cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", reinterpret_cast<void**>(&wait32), 12000, cudaEnableDefault, &q);
+    cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", reinterpret_cast<void**>(&wait32), 12000, cudaEnableDefault,
+                                     &q);
     volatile uint32_t* gate = static_cast<volatile uint32_t*>(host) + 768;
     void* gate_dev = nullptr;
     cudaHostGetDevicePointer(&gate_dev, const_cast<uint32_t*>(gate), 0);

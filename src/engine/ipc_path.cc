@@ -150,14 +150,16 @@ class CudaIpcPath final : public PayloadPath {
       return false;
     }
     CopyEngine* engine = engines_.at(*device).get();
-    invalidate_retired(*item);
-    Status s = engine->read(seq, dst, peer_, item->source, 0);
-    if (!s.ok()) {  // no copy started: the chunk was not taken
-      note_failure(*engine, s, 0);
+    // The chunk was not taken (no copy started, or it failed): the thread reports a broken device.
+    auto refuse = [&](Status why) -> Result<bool> {  // by value: completions_ is engine_mu_'s
+      note_failure(*engine, why, 0);
       engines.unlock();
       poke();
-      return s.with_peer(peer_);
-    }
+      return why.with_peer(peer_);
+    };
+    invalidate_retired(*item);
+    Status s = engine->read(seq, dst, peer_, item->source, 0);
+    if (!s.ok()) return refuse(s);
     DMX_TRACE_POINT("ipc.inline.issued");
     Deadline deadline = Deadline::after(inline_wait_);
     completions_.clear();
@@ -177,13 +179,7 @@ class CudaIpcPath final : public PayloadPath {
     }
     DMX_TRACE_POINT("ipc.inline.copied");
     assert(completions_.size() == 1 && completions_.front().op == seq);  // the engine's only copy
-    s = completions_.front().status;
-    if (!s.ok()) {
-      note_failure(*engine, s, 0);
-      engines.unlock();
-      poke();
-      return s.with_peer(peer_);
-    }
+    if (!completions_.front().status.ok()) return refuse(completions_.front().status);
     engines.unlock();
     count_received(dst.size);
     inline_copies_.fetch_add(1, std::memory_order_relaxed);
@@ -258,8 +254,7 @@ class CudaIpcPath final : public PayloadPath {
     if (stopping_) return closed();
     if (!failed_.ok()) return failed_;
     queue_.push_back(std::move(item));
-    posted_.store(true, std::memory_order_release);
-    if (sleeping_) cv_.notify_one();
+    wake_locked();
     return Status();
   }
 
@@ -281,6 +276,9 @@ class CudaIpcPath final : public PayloadPath {
   // Makes the progress thread look now (a copy handed over, a failure to report).
   void poke() {
     std::lock_guard lock(mu_);
+    wake_locked();
+  }
+  void wake_locked() {  // mu_ held
     posted_.store(true, std::memory_order_release);
     if (sleeping_) cv_.notify_one();
   }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/latency_table.py on synthetic tagged `dmx bench --json` lines: groups by the given keys in
-numeric order, keeps each group's runs in file order, gives each run's message rate, counts the cuda_ipc lane's chunks, and says
+numeric order, keeps each group's runs in file order, gives each run's message rate, counts the
+cuda_ipc lane's chunks, and says
 "verified False" when any run of a group was not verified."""
 import json
 import os

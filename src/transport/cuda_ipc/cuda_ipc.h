@@ -26,8 +26,8 @@
 //
 // Threading: Exporter, ImportCache and CopyEngine do not lock; each is used by one thread at a time
 // (the engine's cuda_ipc path serialises its callers: its progress thread and, for small chunks,
-// the control stream's worker, under the path's engine_mu_). Errors: Status values; a copy's failure fails that copy only, and a
-// device error (sticky in CUDA) fails the engine.
+// the control stream's worker, under the path's engine_mu_). Errors: Status values; a copy's
+// failure fails that copy only, and a device error (sticky in CUDA) fails the engine.
 #pragma once
 
 #include <array>

@@ -337,6 +337,7 @@ Status Stream::reap_rx(bool block, bool* progress) {
 // the round ends without another read that would find nothing (a syscall per frame on sockets).
 Status Stream::step_rx(Io* io) {
   *io = Io::kIdle;
+  bool drained = false;  // a short read in this round: the conduit has nothing more for now
   for (int rounds = 0; rounds < 64; ++rounds) {
     void* dst;
     size_t want;
@@ -362,17 +363,15 @@ Status Stream::step_rx(Io* io) {
       std::memcpy(dst, rx_ahead_.data() + ahead_pos_, got);
       ahead_pos_ += got;
     } else {
-      if (drained_) return Status();
+      if (drained) return Status();
       bool read_ahead = !in_payload_;
+      size_t asked = read_ahead ? rx_ahead_.size() : want;
       auto t0 = Clock::now();
-      Result<size_t> k = read_ahead ? conduit_->read(rx_ahead_.data(), rx_ahead_.size()) : conduit_->read(dst, want);
+      Result<size_t> k = conduit_->read(read_ahead ? rx_ahead_.data() : dst, asked);
       stats_.ns_recv.fetch_add(ns_since(t0), std::memory_order_relaxed);
       if (!k.ok()) return k.status();
-      if (*k == 0) {  // nothing there
-        last_read_short_ = true;
-        return Status();
-      }
-      drained_ = last_read_short_ = *k < (read_ahead ? rx_ahead_.size() : want);
+      drained = last_read_short_ = *k < asked;
+      if (*k == 0) return Status();
       if (read_ahead) {
         ahead_pos_ = 0;
         ahead_len_ = *k;
@@ -410,7 +409,6 @@ void Stream::run() {
     if (stop_.load(std::memory_order_acquire)) break;
     bool progress = false;
     Io tx = Io::kIdle, rx = Io::kIdle;
-    drained_ = false;
     failure = reap_rx(false, &progress);
     if (failure.ok()) failure = fill_pipeline(&progress);
     if (failure.ok()) failure = step_tx(&tx);

@@ -181,11 +181,9 @@ class Stream {
   Clock::time_point last_tx_;
 
   // Receive.
-  // The read-ahead of step_rx, its unconsumed bytes [ahead_pos_, ahead_len_), and whether a short
-  // read found the conduit empty in this loop round.
+  // The read-ahead of step_rx and its unconsumed bytes [ahead_pos_, ahead_len_).
   std::vector<unsigned char> rx_ahead_ = std::vector<unsigned char>(kReadAhead);
   size_t ahead_pos_ = 0, ahead_len_ = 0;
-  bool drained_ = false;
   bool last_read_short_ = true;  // the last read returned less than it asked for (rx_backlog)
   unsigned char rx_header_[wire::kHeaderSize];
   size_t rx_header_got_ = 0;
