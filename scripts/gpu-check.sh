@@ -387,6 +387,34 @@ if [[ $build_ok -eq 1 ]]; then
     return $rc
   }
   run_section small-lane small_lane_section
+  cumem_section() {  # GPU0->GPU1 between two processes from cudaMalloc vs cuMem memory (PyTorch's expandable segments), cudaMemcpyPeerAsync alongside
+    local peer=cuda:0 i alloc rc=0
+    [[ $(nvidia-smi -L | wc -l) -ge 2 ]] && peer=cuda:1
+    # shellcheck source=scripts/bench-pair.sh
+    source "$ROOT/scripts/bench-pair.sh"
+    for i in 1 2; do
+      for alloc in cudamalloc cumem:20M cumem:2M; do
+        echo "alloc $alloc, round $i"
+        bench_pair "$OUT/cumem.jsonl" "\"alloc\":\"$alloc\"," "$DMX" 7815 --mem cuda:0 --peer-mem "$peer" \
+          --sizes 8,1M,64M,256M --verify --cuda-alloc "$alloc" || rc=1
+      done
+    done
+    python3 "$ROOT/bench/ref/memcpy_peer.py" --sizes 1M,64M,256M --no-host || rc=1
+    python3 - "$OUT/cumem.jsonl" <<'PY'
+import collections, json, sys
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    rows[(j["size_bytes"], j["alloc"])].append(j)
+print(f"{'size':>10} {'alloc':>11}  GB/s per round        p50 us per round     verified")
+for (size, alloc), js in sorted(rows.items()):
+    rates = " ".join("%8.2f" % j["gb_per_s"] for j in js)
+    lats = " ".join("%7.2f" % j["lat_p50_us"] for j in js)
+    print(f"{size:>10} {alloc:>11}  {rates:20}  {lats:20} {all(j['verified'] for j in js)}")
+PY
+    return $rc
+  }
+  run_section cumem cumem_section
   shm_slots_section() {  # host->host 256 MiB vs memcpy in the same run: the shm link alone at four ring shapes
     local cfg
     for cfg in 65536:32 262144:16 1048576:8 4194304:8; do

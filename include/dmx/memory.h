@@ -47,6 +47,11 @@ class Buffer {
   Buffer() = default;
   // Unavailable kinds (no CUDA driver, no such device) fail with Code::kUnavailable and the reason.
   static Result<Buffer> allocate(MemSpec where, size_t size);
+  // CUDA device memory on `device` made the way PyTorch's expandable segments are: one address
+  // range backed by separate cuMem allocations (cuMemCreate + cuMemMap) of `block` bytes each
+  // (rounded up to the driver's granularity), shareable between processes as POSIX fds. For trying
+  // dmx with such memory (dmx bench --cuda-alloc cumem); where() is cuda:device.
+  static Result<Buffer> allocate_cumem(int device, size_t size, size_t block);
   ~Buffer();
   Buffer(Buffer&&) noexcept;
   Buffer& operator=(Buffer&&) noexcept;
@@ -63,6 +68,7 @@ class Buffer {
   void* ptr_ = nullptr;
   size_t size_ = 0;
   MemSpec where_;
+  bool cumem_ = false;  // from allocate_cumem
 };
 
 // Copies src to dst (equal sizes), any kinds, and waits for completion. For tests, tools and

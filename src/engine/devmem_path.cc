@@ -141,7 +141,7 @@ class DevmemPath final : public PayloadPath {
   bool accepts(const MemSpec& dst) const override { return gatherable(dst); }
   uint64_t max_chunk() const override { return kDevmemMaxChunk; }
 
-  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src) override {
+  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool /*whole*/) override {
     if (!carries(src.where))
       return Status(Code::kInvalidArgument, fmt::format("devmem path: does not carry {} sources", to_string(src.where)));
     if (src.size > kDevmemMaxChunk)

@@ -60,10 +60,19 @@ Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t le
   OpState& op = *t.op;
   uint64_t seq = ps.tx_seq;
   DMX_TRACE_POINT("tx.export");
-  DMX_ASSIGN_OR_RETURN(std::vector<unsigned char> desc, path->post_tx(seq, MemRegion{const_cast<char*>(t.src) + t.next, len, t.where}));
+  // An eager message is one chunk; a transfer's chunk may be cut shorter by the path (cuda_ipc: at
+  // the end of a cuMem block), the rest going in the next chunks.
+  bool whole = t.type == FrameType::kEager;
+  DMX_ASSIGN_OR_RETURN(std::vector<unsigned char> desc,
+                       path->post_tx(seq, MemRegion{const_cast<char*>(t.src) + t.next, len, t.where}, whole));
   DMX_TRACE_POINT("tx.exported");
   if (desc.empty() || desc.size() > kMaxPathDescriptor)
     return Status(Code::kInternal, fmt::format("{} path made a {}-byte descriptor", path_name(path->kind()), desc.size()));
+  auto taken = path->chunk_length(desc);
+  if (!taken.ok() || *taken > len || (*taken < len && (whole || *taken == 0)))
+    return Status(Code::kInternal, fmt::format("{} path took {} of a {} B chunk", path_name(path->kind()),
+                                               taken.ok() ? std::to_string(*taken) : taken.status().message(), len));
+  len = *taken;
   ++ps.tx_seq;
   ps.tx[seq] = PathState::Tx{t.op, len};
   out->header.flags |= flag_of(path->kind());

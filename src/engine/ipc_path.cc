@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "core/sys.h"
 #include "core/trace.h"
+#include "engine/ipc_fds.h"
 #include "memory/mps.h"
 
 namespace dmx {
@@ -53,8 +54,9 @@ class CudaIpcPath final : public PayloadPath {
 
  public:
   CudaIpcPath(std::string peer, int streams, uint64_t max_chunk, bool copy_by_source, bool in_process,
-              uint64_t inline_max, std::chrono::microseconds inline_wait)
-      : peer_(std::move(peer)),
+              uint64_t inline_max, std::chrono::microseconds inline_wait, std::unique_ptr<IpcFdChannel> fds)
+      : fds_(std::move(fds)),
+        peer_(std::move(peer)),
         streams_(streams),
         max_chunk_(max_chunk),
         copy_by_source_(copy_by_source),
@@ -86,7 +88,7 @@ class CudaIpcPath final : public PayloadPath {
   uint64_t max_chunk() const override { return max_chunk_; }
   bool receiver_releases() const override { return true; }
 
-  Result<std::vector<unsigned char>> post_tx(uint64_t /*seq*/, const MemRegion& src) override {
+  Result<std::vector<unsigned char>> post_tx(uint64_t /*seq*/, const MemRegion& src, bool whole) override {
     if (!carries(src.where))
       return Status(Code::kInvalidArgument,
                     fmt::format("cuda_ipc carries CUDA device memory only, not {}", to_string(src.where)));
@@ -102,16 +104,26 @@ class CudaIpcPath final : public PayloadPath {
       std::lock_guard lock(tx_mu_);
       auto e = exporter_.export_region(src);
       // A region past its allocation is the caller's error; any other refusal (managed memory,
-      // stream-ordered pools, cuMem allocations, no driver) means another path must carry it.
+      // stream-ordered pools, cuMem allocations without fds, no driver) means another path must
+      // carry it.
       if (!e.ok() && e.status().code() != Code::kOutOfRange)
         return Status(Code::kUnavailable, fmt::format("cuda_ipc cannot export this memory: {}", e.status().message()))
             .with_peer(peer_);
       if (!e.ok()) return e.status().with_peer(peer_);
+      // A cuMem region that runs into the next block goes in parts, one per block; a message that
+      // must go whole cannot.
+      if (e->length < src.size && whole)
+        return Status(Code::kUnavailable, fmt::format("cuda_ipc: this {} B message spans two cuMem allocations (one "
+                                                      "copy reads one)",
+                                                      src.size))
+            .with_peer(peer_);
+      if (e->kind == IpcDescriptor::Kind::kCuMemFd && !in_process_) DMX_RETURN_IF_ERROR(send_fd_once(e->alloc_id));
       d.source = *e;
       d.retired = exporter_.take_retired(kCudaIpcMaxRetired);
+      if (fds_) fds_->retire_sent(d.retired);
     }
     chunks_sent_.fetch_add(1, std::memory_order_relaxed);
-    bytes_sent_.fetch_add(src.size, std::memory_order_relaxed);
+    bytes_sent_.fetch_add(d.source.length, std::memory_order_relaxed);
     return d.encode();
   }
 
@@ -212,7 +224,9 @@ class CudaIpcPath final : public PayloadPath {
   std::string describe() const override {
     std::lock_guard lock(mu_);
     std::string mode = in_process_ ? "in one process (the exporter's pointers, no IPC handles); " : "";
-    if (report_.empty()) return "cuda_ipc: " + mode + "no chunk received yet (copy engines start on the first)";
+    uint64_t fds = cumem_fds_sent_.load(std::memory_order_relaxed);
+    std::string cumem = fds == 0 ? "" : fmt::format("; {} cuMem allocations shared by fd", fds);
+    if (report_.empty()) return "cuda_ipc: " + mode + "no chunk received yet (copy engines start on the first)" + cumem;
     std::string lane =
         inline_max_ == 0
             ? "; small-chunk lane off"
@@ -221,11 +235,29 @@ class CudaIpcPath final : public PayloadPath {
                   "each time the next {} left to the path's thread)",
                   inline_copies_.load(std::memory_order_relaxed), inline_max_,
                   handed_over_.load(std::memory_order_relaxed), inline_wait_.count(), kLaneBackoff);
-    return "cuda_ipc: " + mode + report_ + lane + shared_note_;
+    return "cuda_ipc: " + mode + report_ + lane + cumem + shared_note_;
   }
 
  private:
   Status closed() const { return Status(Code::kClosed, "the cuda_ipc path is stopped").with_peer(peer_); }
+
+  // The peer gets a cuMem allocation's fd before the first descriptor naming it (tx_mu_ held).
+  // kUnavailable (the chunk goes by another path) when it cannot.
+  Status send_fd_once(uint64_t alloc_id) {
+    if (!fds_)
+      return Status(Code::kUnavailable,
+                    "cuda_ipc: a cuMem allocation needs the fd side channel, which this "
+                    "connection lacks")
+          .with_peer(peer_);
+    if (fds_->sent(alloc_id)) return Status();
+    auto fd = exporter_.export_fd(alloc_id);
+    if (!fd.ok())
+      return Status(Code::kUnavailable, fmt::format("cuda_ipc cannot export this memory: {}", fd.status().message()))
+          .with_peer(peer_);
+    Status s = fds_->send(alloc_id, fd->get());
+    if (s.ok()) cumem_fds_sent_.fetch_add(1, std::memory_order_relaxed);
+    return s;
+  }
 
   // Validates a received descriptor and its destination (the checks of post_rx).
   Result<RxItem> rx_item(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) {
@@ -314,8 +346,10 @@ class CudaIpcPath final : public PayloadPath {
   }
 
   void invalidate_retired(const RxItem& item) {
-    for (uint64_t id : item.retired)
+    for (uint64_t id : item.retired) {
       for (auto& [dev, engine] : engines_) engine->invalidate(peer_, id);
+      if (fds_) fds_->forget(id);
+    }
   }
 
   // Starts the copy of `item`; true when it is in flight (inflight_), false when it is settled
@@ -408,7 +442,7 @@ class CudaIpcPath final : public PayloadPath {
   Result<CopyEngine*> engine_for(int device) {
     auto it = engines_.find(device);
     if (it != engines_.end()) return it->second.get();
-    auto e = CopyEngine::create({.device = device, .streams = streams_, .in_process = in_process_});
+    auto e = CopyEngine::create({.device = device, .streams = streams_, .in_process = in_process_, .fds = fds_.get()});
     if (!e.ok()) return e.status();
     CopyEngine* raw = e->get();
     engines_.emplace(device, std::move(*e));
@@ -540,6 +574,9 @@ class CudaIpcPath final : public PayloadPath {
     // `keep` goes last: it may own this path, whose destructor then runs here and detaches us.
   }
 
+  // The cuMem fd side channel (null: cuMem memory goes by other paths). Its sending half is used
+  // under tx_mu_, its receiving half under engine_mu_; declared first, it outlives the engines.
+  std::unique_ptr<IpcFdChannel> fds_;
   const std::string peer_;
   const int streams_;
   const uint64_t max_chunk_;
@@ -583,7 +620,7 @@ class CudaIpcPath final : public PayloadPath {
   std::atomic<uint32_t> lane_skip_{0};     // chunks the lane still leaves to the thread (lane_backoff)
 
   std::atomic<uint64_t> chunks_sent_{0}, bytes_sent_{0}, chunks_received_{0}, bytes_received_{0}, device_copies_{0},
-      wakeups_{0}, inline_copies_{0}, handed_over_{0};
+      wakeups_{0}, inline_copies_{0}, handed_over_{0}, cumem_fds_sent_{0};
 };
 
 }  // namespace
@@ -624,20 +661,24 @@ Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid, bool proven_s
   return Status();
 }
 
-std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process) {
+std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process,
+                                               std::optional<shm::UnixChannel> fd_channel) {
   int streams = static_cast<int>(std::clamp<int64_t>(config.get_int("cuda_ipc_streams"), 1, 16));
   uint64_t chunk = std::clamp<uint64_t>(config.get_size("cuda_ipc_chunk"), 1ull << 20, 1ull << 30);
   // The lane holds the endpoint's lock while it polls: bounded to small chunks and short waits.
   uint64_t inline_max = std::min<uint64_t>(config.get_size("cuda_ipc_inline_rx"), 1ull << 20);
   auto inline_wait = std::min(config.get_duration("cuda_ipc_inline_wait"), std::chrono::microseconds(1000));
+  std::unique_ptr<IpcFdChannel> fds;
+  if (fd_channel) fds = std::make_unique<IpcFdChannel>(std::move(*fd_channel), peer);
   return std::make_unique<CudaIpcPath>(std::move(peer), streams, chunk,
                                        config.get_string("cuda_ipc_copy_by") != "destination", in_process, inline_max,
-                                       inline_wait);
+                                       inline_wait, std::move(fds));
 }
 
-Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer, bool in_process) {
+Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer, bool in_process,
+                                                        std::optional<shm::UnixChannel> fd_channel) {
   DMX_RETURN_IF_ERROR(cuda_ipc_path_available());
-  return new_cuda_ipc_path(config, std::move(peer), in_process);
+  return new_cuda_ipc_path(config, std::move(peer), in_process, std::move(fd_channel));
 }
 
 }  // namespace dmx

@@ -1,9 +1,12 @@
 // The cuda_ipc payload path (see payload_path.h): chunks whose source is CUDA device memory, between
 // two processes of one host. The sender exports the chunk (one IPC handle per allocation, made once
-// and cached) and sends its descriptor in the chunk header; the receiver maps the allocation (import
-// cache) and copies the chunk out of the sender's memory into its destination (cuda, pinned or host
-// memory) on a copy engine of one of its GPUs; its engine then answers PATH_DONE, which frees the
-// source (receiver_releases() is true; the path never calls on_path_tx_done).
+// and cached; for a cuMem allocation its fd, sent once over the fd side channel, engine/ipc_fds.h)
+// and sends its descriptor in the chunk header; a cuMem region that runs into the next block goes
+// as one chunk per block (post_tx takes the part up to the block's end). The receiver maps the
+// allocation (import cache) and copies the chunk out of the sender's memory into its destination
+// (cuda, pinned or host memory) on a copy engine of one of its GPUs; its engine then answers
+// PATH_DONE, which frees the source (receiver_releases() is true; the path never calls
+// on_path_tx_done).
 //
 // Threading: post_tx exports under the path's tx mutex (quick: a few driver calls; the first chunk
 // of an allocation also makes its IPC handle). post_rx validates the descriptor and queues the chunk
@@ -24,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,6 +35,7 @@
 #include "core/config.h"
 #include "engine/payload_path.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
+#include "transport/shm/shm.h"
 
 namespace dmx {
 
@@ -64,12 +69,15 @@ Status cuda_ipc_path_available();
 Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid, bool proven_same_process);
 
 // `peer`: names the peer in messages and keys the import cache. `in_process`: the peer is this
-// process (see above). Fails with the reason when cuda_ipc_path_available() does.
-Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer,
-                                                        bool in_process = false);
+// process (see above). `fd_channel`: the side channel for cuMem allocations' fds (engine/ipc_fds.h);
+// without it such memory goes by other paths (post_tx: kUnavailable). Fails with the reason when
+// cuda_ipc_path_available() does.
+Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer, bool in_process = false,
+                                                        std::optional<shm::UnixChannel> fd_channel = std::nullopt);
 
 // The same path without the availability check: makes no CUDA call until a chunk is exported or
 // copied (tests of the CUDA-free logic use it in processes that must not initialise CUDA).
-std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process = false);
+std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process = false,
+                                               std::optional<shm::UnixChannel> fd_channel = std::nullopt);
 
 }  // namespace dmx

@@ -18,7 +18,7 @@ namespace {
 
 // Whether a side channel's peer, as the kernel reports it (SO_PEERCRED), is this process.
 bool same_process(const LocalChannels& channels) {
-  for (const auto* ch : {&channels.shm, &channels.control})
+  for (const auto* ch : {&channels.shm, &channels.control, &channels.fds})
     if (ch->has_value() && (*ch)->peer_pid() == ::getpid()) return true;
   return false;
 }
@@ -31,7 +31,7 @@ void note(std::string* out, const std::string& text) {
 }
 
 // What a side channel is for: the server's first message on it says so.
-enum class Purpose : unsigned char { kShm = 's', kControl = 'c' };
+enum class Purpose : unsigned char { kShm = 's', kControl = 'c', kFds = 'f' };
 
 // The server's first message on a side channel: session id, proof, purpose.
 std::vector<std::byte> channel_proof(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
@@ -56,9 +56,11 @@ Status accept_channels(const ContextImpl& ctx, const wire::Hello& client, const 
     std::vector<std::byte> msg;
     std::vector<UniqueFd> fds;
     DMX_RETURN_IF_ERROR(ch.recv(&msg, 0, &fds, deadline));
-    Purpose purpose = msg.size() == 41 && msg[40] == std::byte{'c'} ? Purpose::kControl : Purpose::kShm;
+    Purpose purpose = Purpose::kShm;
+    if (msg.size() == 41 && msg[40] == std::byte{'c'}) purpose = Purpose::kControl;
+    if (msg.size() == 41 && msg[40] == std::byte{'f'}) purpose = Purpose::kFds;
     std::vector<std::byte> expect = channel_proof(ctx, client, server, purpose);
-    auto& slot = purpose == Purpose::kControl ? out->control : out->shm;
+    auto& slot = purpose == Purpose::kControl ? out->control : purpose == Purpose::kFds ? out->fds : out->shm;
     if (msg.size() != expect.size() || std::memcmp(msg.data(), expect.data(), expect.size()) != 0 || slot)
       return Status(Code::kAuth, fmt::format("a side channel from {} did not prove the session", ch.peer_name()))
           .with_peer(peer);
@@ -74,7 +76,9 @@ void offer_paths(const ContextImpl& ctx, wire::Hello* hello, std::optional<shm::
   const std::string& forced = ctx.params().transport;
   bool want_shm = allowed(forced, "shm");
   bool want_pipe = forced != "tcp" && forced != "devmem" && ctx.config().get_bool("control_pipe");
-  if (want_shm || want_pipe) {
+  Status ipc = allowed(forced, "cuda_ipc") ? cuda_ipc_path_available() : Status(Code::kUnavailable, "not asked");
+  // The Unix socket serves the shm path, the control pipe and cuda_ipc's fd channel.
+  if (want_shm || want_pipe || ipc.ok()) {
     Status s = shm::available();
     if (s.ok() && listener != nullptr) {
       auto l = shm::UnixListener::listen();
@@ -90,9 +94,10 @@ void offer_paths(const ContextImpl& ctx, wire::Hello* hello, std::optional<shm::
     else note(why_not, s.message().starts_with("shm") ? s.message() : "shm: " + s.message());
   }
   if (allowed(forced, "cuda_ipc")) {
-    Status s = cuda_ipc_path_available();
-    if (s.ok()) hello->transports |= wire::kTransportCudaIpc;
-    else note(why_not, s.message().starts_with("cuda_ipc") ? s.message() : "cuda_ipc: " + s.message());
+    if (ipc.ok())
+      hello->transports |= wire::kTransportCudaIpc;
+    else
+      note(why_not, ipc.message().starts_with("cuda_ipc") ? ipc.message() : "cuda_ipc: " + ipc.message());
   }
   if (allowed(forced, "devmem")) {
     Status s = devmem_offer(ctx);
@@ -132,8 +137,12 @@ void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello
     return;
   }
   // Each side channel: connected now, proven by the first message.
-  for (auto [bit, purpose, name] : {std::tuple{uint64_t{wire::kTransportShm}, Purpose::kShm, "shm"},
-                                    std::tuple{uint64_t{wire::kTransportControlPipe}, Purpose::kControl, "control pipe"}}) {
+  // cuda_ipc's channel carries the fds of cuMem allocations (engine/ipc_fds.h); cuda_ipc is not used
+  // without it, so that both sides count the same channels.
+  for (auto [bit, purpose, name] :
+       {std::tuple{uint64_t{wire::kTransportShm}, Purpose::kShm, "shm"},
+        std::tuple{uint64_t{wire::kTransportControlPipe}, Purpose::kControl, "control pipe"},
+        std::tuple{uint64_t{wire::kTransportCudaIpc}, Purpose::kFds, "cuda_ipc"}}) {
     if ((both & bit) == 0) continue;
     Deadline deadline = Deadline::after(std::chrono::seconds(1));
     Status s;
@@ -143,7 +152,11 @@ void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello
       auto ch = shm::UnixChannel::connect(client.local_channel, deadline);
       if (ch.ok()) {
         s = ch->send(channel_proof(ctx, client, *server, purpose), {}, deadline);
-        if (s.ok()) (purpose == Purpose::kShm ? channels->shm : channels->control).emplace(std::move(*ch));
+        if (s.ok())
+          (purpose == Purpose::kShm   ? channels->shm
+           : purpose == Purpose::kFds ? channels->fds
+                                      : channels->control)
+              .emplace(std::move(*ch));
       } else {
         s = ch.status();
       }
@@ -179,7 +192,8 @@ Result<LocalLinks> build_paths(const ContextImpl& ctx, uint64_t agreed_bits, con
     paths.push_back(std::move(*p));
   }
   bool creator = listener.has_value();
-  int expect = ((agreed_bits & wire::kTransportShm) ? 1 : 0) + ((agreed_bits & wire::kTransportControlPipe) ? 1 : 0);
+  int expect = ((agreed_bits & wire::kTransportShm) ? 1 : 0) + ((agreed_bits & wire::kTransportControlPipe) ? 1 : 0) +
+               ((agreed_bits & wire::kTransportCudaIpc) ? 1 : 0);
   if (creator && expect > 0)
     DMX_RETURN_IF_ERROR(accept_channels(ctx, client, server, *listener, expect, &channels, peer, deadline));
   // cuda_ipc between endpoints of one process shares pointers: only when the kernel says so (a
@@ -203,7 +217,8 @@ Result<LocalLinks> build_paths(const ContextImpl& ctx, uint64_t agreed_bits, con
     paths.push_back(std::move(*p));
   }
   if (agreed_bits & wire::kTransportCudaIpc) {
-    auto p = make_cuda_ipc_path(ctx.config(), peer, in_process);
+    if (!channels.fds) return Status(Code::kInternal, "cuda_ipc agreed without its fd channel");
+    auto p = make_cuda_ipc_path(ctx.config(), peer, in_process, std::move(channels.fds));
     if (!p.ok()) return p.status().with_peer(peer);
     paths.push_back(std::move(*p));
   }

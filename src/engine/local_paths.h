@@ -6,9 +6,9 @@
 // index = streams: the data socket, docs/wire.md); build_paths makes the devmem path over it.
 //
 // Offers: each side sets in its HELLO the path bits it can use (shm: Unix sockets and memfd work;
-// cuda_ipc: CUDA IPC works here). The client also listens on a Unix socket for the shm side
-// channel and names it in HELLO. The server, seeing the same host, connects to that socket at
-// once and keeps only the bits it accepts (shm: the channel connected; cuda_ipc: the peer is
+// cuda_ipc: CUDA IPC works here). The client also listens on a Unix socket for the side channels
+// (shm, control pipe, cuda_ipc's fd channel: engine/ipc_fds.h) and names it in HELLO. The server, seeing the same host,
+// connects to that socket at once and keeps only the bits it accepts (shm: the channel connected; cuda_ipc: the peer is
 // another process), so both sides then pick paths from the same two HELLOs. The side channel is
 // authenticated like a JOIN: the server's first message is the session id, a proof of the key and
 // the channel's purpose. The client, having accepted the channel, creates the shared region; the
@@ -48,12 +48,12 @@ Status devmem_offer(const ContextImpl& ctx);
 
 // The server's side channels, connected at HELLO.
 struct LocalChannels {
-  std::optional<shm::UnixChannel> shm, control;
+  std::optional<shm::UnixChannel> shm, control, fds;  // fds: cuda_ipc's, for cuMem allocations
 };
 
 // Server: at HELLO. Clears the bits of `server` that it cannot accept for this client (different
 // host, same process, side channel unreachable) and connects the side channels (shm, control
-// pipe), sending the session's proof on each. `why_not` gets the reasons.
+// pipe, cuda_ipc's fds), sending the session's proof on each. `why_not` gets the reasons.
 void accept_paths(const ContextImpl& ctx, const wire::Hello& client, wire::Hello* server, LocalChannels* channels,
                   std::string* why_not);
 

@@ -4,8 +4,11 @@
 // the path's *descriptor* of the chunk as its payload (≤ kMaxPathDescriptor bytes: the length for
 // shm, the IPC descriptor for cuda_ipc, the length for devmem). The path only moves bytes:
 //
-//   sender:   seq = next tx seq of the path; desc = path->post_tx(seq, src)   (stream 0 writes the
-//             header + desc)  ...  Events::on_path_tx_done(seq) — the source is free again
+//   sender:   seq = next tx seq of the path; desc = path->post_tx(seq, src, whole); the chunk is
+//             chunk_length(desc) bytes from src.ptr: all of src, or — when !whole — possibly a
+//             prefix (cuda_ipc: up to the end of a cuMem block), the rest going in later chunks
+//             (stream 0 writes the header + desc)  ...  Events::on_path_tx_done(seq) — the source
+//             is free again
 //   receiver: stream 0 reads header + desc; len = path->chunk_length(desc); bounds checked as for
 //             inline chunks; path->post_rx(seq, desc, dst)  ...  Events::on_path_rx_done(seq) — the
 //             bytes are in dst
@@ -94,10 +97,12 @@ class PayloadPath {
   // The largest chunk this path takes in one post_tx (the endpoint cuts transfers to it).
   virtual uint64_t max_chunk() const = 0;
 
-  // Sender: moves `src` (which stays valid until on_path_tx_done / PATH_DONE for `seq`). Returns
-  // the descriptor to send as the header's payload (≤ kMaxPathDescriptor bytes); kUnavailable:
-  // not this source, try the next path (see Errors above).
-  virtual Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src) = 0;
+  // Sender: moves `src` (which stays valid until on_path_tx_done / PATH_DONE for `seq`), or when
+  // `whole` is false possibly a prefix of it (at least one byte of a non-empty src; the
+  // descriptor's chunk_length says how much). Returns the descriptor to send as the header's
+  // payload (≤ kMaxPathDescriptor bytes); kUnavailable: not this source, try the next path (see
+  // Errors above).
+  virtual Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) = 0;
   // Receiver: the chunk length a descriptor announces. Untrusted input: kProtocol when malformed.
   virtual Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) = 0;
   // Receiver: moves the chunk into `dst` (dst.size == chunk_length(descriptor)); when dst.ptr is

@@ -50,7 +50,7 @@ class ShmPath final : public PayloadPath {
   void start(Events* events, std::shared_ptr<void> keep_alive) override;
   bool carries(const MemSpec& src) const override;
   uint64_t max_chunk() const override { return kShmMaxChunk; }
-  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src) override;
+  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override;
   Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) override;
   Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override;
   bool receiver_releases() const override { return false; }
@@ -150,7 +150,7 @@ Result<uint64_t> ShmPath::chunk_length(std::span<const unsigned char> d) {
   return n;
 }
 
-Result<std::vector<unsigned char>> ShmPath::post_tx(uint64_t seq, const MemRegion& src) {
+Result<std::vector<unsigned char>> ShmPath::post_tx(uint64_t seq, const MemRegion& src, bool /*whole*/) {
   if (src.size > kShmMaxChunk)
     return Status(Code::kInvalidArgument,
                   fmt::format("shm path post_tx(seq {}): {} B over the {} B chunk limit", seq, src.size, kShmMaxChunk));

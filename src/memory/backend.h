@@ -58,6 +58,9 @@ Result<MemoryBackend*> cuda_backend(int device);  // MemKind::kCuda
 Result<MemoryBackend*> pinned_backend();          // MemKind::kPinned
 // Number of CUDA devices, or why none can be used ("built without CUDA", "no driver: ...").
 Result<int> cuda_device_count();
+// Buffer::allocate_cumem's memory (memory/cuda/driver.h: alloc_cumem_range) and its release.
+Result<void*> cuda_cumem_alloc(int device, size_t size, size_t block);
+void cuda_cumem_free(void* ptr);
 
 MemoryBackend* host_backend();
 MemoryBackend* sim_backend(int device);

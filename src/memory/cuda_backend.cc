@@ -20,6 +20,7 @@
 
 #include "core/log.h"
 #include "memory/backend.h"
+#include "memory/cuda/driver.h"
 #include "memory/cuda/event_pool.h"
 #include "memory/cuda/runtime.h"
 
@@ -229,6 +230,13 @@ class PinnedBackend final : public MemoryBackend {
 }  // namespace
 
 Result<int> cuda_device_count() { return cuda::device_count(); }
+
+Result<void*> cuda_cumem_alloc(int device, size_t size, size_t block) {
+  return cuda::driver::alloc_cumem_range(device, size, block);
+}
+void cuda_cumem_free(void* ptr) {
+  cuda::driver::free_cumem_range(ptr);
+}
 
 Result<MemoryBackend*> cuda_backend(int device) {
   DMX_RETURN_IF_ERROR(cuda::check_device(device));

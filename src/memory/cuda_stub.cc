@@ -8,5 +8,9 @@ static Status no_cuda() { return Status(Code::kUnavailable, "this dmx was built 
 Result<MemoryBackend*> cuda_backend(int) { return no_cuda(); }
 Result<MemoryBackend*> pinned_backend() { return no_cuda(); }
 Result<int> cuda_device_count() { return no_cuda(); }
+Result<void*> cuda_cumem_alloc(int, size_t, size_t) {
+  return no_cuda();
+}
+void cuda_cumem_free(void*) {}
 
 }  // namespace dmx

@@ -66,9 +66,22 @@ Result<Buffer> Buffer::allocate(MemSpec where, size_t size) {
   return b;
 }
 
+Result<Buffer> Buffer::allocate_cumem(int device, size_t size, size_t block) {
+  DMX_RETURN_IF_ERROR(mem_available(MemSpec{MemKind::kCuda, device}));
+  DMX_ASSIGN_OR_RETURN(void* ptr, cuda_cumem_alloc(device, size, block));
+  Buffer b;
+  b.ptr_ = ptr;
+  b.size_ = size;
+  b.where_ = MemSpec{MemKind::kCuda, device};
+  b.cumem_ = true;
+  return b;
+}
+
 Buffer::~Buffer() { reset(); }
 
-Buffer::Buffer(Buffer&& o) noexcept : ptr_(o.ptr_), size_(o.size_), where_(o.where_) { o.ptr_ = nullptr; }
+Buffer::Buffer(Buffer&& o) noexcept : ptr_(o.ptr_), size_(o.size_), where_(o.where_), cumem_(o.cumem_) {
+  o.ptr_ = nullptr;
+}
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
@@ -76,6 +89,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     ptr_ = o.ptr_;
     size_ = o.size_;
     where_ = o.where_;
+    cumem_ = o.cumem_;
     o.ptr_ = nullptr;
   }
   return *this;
@@ -83,6 +97,11 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 
 void Buffer::reset() {
   if (ptr_ == nullptr) return;
+  if (cumem_) {
+    cuda_cumem_free(ptr_);
+    ptr_ = nullptr;
+    return;
+  }
   auto backend = backend_for(where_);
   if (backend.ok()) (*backend)->free(ptr_, size_);
   ptr_ = nullptr;

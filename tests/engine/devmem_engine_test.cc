@@ -36,8 +36,8 @@ class SimOnlyPath final : public PayloadPath {
   bool carries(const MemSpec& src) const override { return inner_->carries(src); }
   bool accepts(const MemSpec& dst) const override { return dst.kind == MemKind::kSim; }
   uint64_t max_chunk() const override { return inner_->max_chunk(); }
-  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src) override {
-    return inner_->post_tx(seq, src);
+  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override {
+    return inner_->post_tx(seq, src, whole);
   }
   Result<uint64_t> chunk_length(std::span<const unsigned char> d) override { return inner_->chunk_length(d); }
   Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {

@@ -196,7 +196,7 @@ TEST(DevmemPathDouble, DeliversExactBytesOfManySizesWithManyChunksInFlight) {
   for (size_t i = 0; i < sizes.size() / 2; ++i) ASSERT_TRUE(pp.b->post_rx(i, desc(sizes[i]), dst[i].region()).ok());
   for (size_t i = 0; i < sizes.size(); ++i) {
     ASSERT_TRUE(pp.a->carries(src[i].buf.where()));
-    auto d = pp.a->post_tx(i, src[i].buf.region());
+    auto d = pp.a->post_tx(i, src[i].buf.region(), true);
     ASSERT_TRUE(d.ok()) << d.status().to_string();
     ASSERT_EQ(*pp.b->chunk_length(*d), sizes[i]);
   }
@@ -240,8 +240,8 @@ TEST(DevmemPathDouble, BothDirectionsAtOnceDoNotDeadlock) {
     db.push_back(poisoned(kHostMem, n));
   }
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(pp.a->post_tx(i, sa[i].buf.region()).ok());
-    ASSERT_TRUE(pp.b->post_tx(i, sb[i].buf.region()).ok());
+    ASSERT_TRUE(pp.a->post_tx(i, sa[i].buf.region(), true).ok());
+    ASSERT_TRUE(pp.b->post_tx(i, sb[i].buf.region(), true).ok());
   }
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(pp.a->post_rx(i, desc(n), da[i].region()).ok());
@@ -260,8 +260,8 @@ TEST(DevmemPathDouble, DropThenIntactChunk) {
   PathPair pp;
   auto s0 = filled(kSimMem, (3u << 20) + 7), s1 = filled(kSimMem, 70001);
   Buffer d1 = poisoned(kHostMem, s1.data.size());
-  ASSERT_TRUE(pp.a->post_tx(0, s0.buf.region()).ok());
-  ASSERT_TRUE(pp.a->post_tx(1, s1.buf.region()).ok());
+  ASSERT_TRUE(pp.a->post_tx(0, s0.buf.region(), true).ok());
+  ASSERT_TRUE(pp.a->post_tx(1, s1.buf.region(), true).ok());
   ASSERT_TRUE(pp.b->post_rx(0, desc(s0.data.size()), MemRegion{nullptr, s0.data.size(), kHostMem}).ok());
   ASSERT_TRUE(pp.b->post_rx(1, desc(s1.data.size()), d1.region()).ok());
   ASSERT_TRUE(pp.ev_b.rx(0).ok());
@@ -391,7 +391,7 @@ TEST(DevmemPathDouble, SenderFailsWhenThePeerIsGone) {
   y.reset();  // the peer's socket closes (RST once data arrives)
   std::vector<test::Filled> src;
   for (int i = 0; i < 4; ++i) src.push_back(filled(kSimMem, 16u << 20));
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(path->post_tx(i, src[i].buf.region()).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(path->post_tx(i, src[i].buf.region(), true).ok());
   ASSERT_TRUE(ev.wait_failed());
   EXPECT_EQ(ev.failed().front().peer(), "gone-peer");
   for (int i = 0; i < 4; ++i) (void)ev.tx(i);  // every chunk completes (staged ones ok, others with the error)
@@ -409,7 +409,7 @@ TEST(DevmemPathDouble, StopWithPendingChunksCompletesThemAndStopsOnce) {
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(pp.b->post_rx(i, desc(1 << 20), dst[i].region()).ok());
   std::vector<test::Filled> src;
   for (int i = 0; i < 6; ++i) src.push_back(filled(kSimMem, 16u << 20));
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(pp.b->post_tx(100 + i, src[i].buf.region()).ok());
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(pp.b->post_tx(100 + i, src[i].buf.region(), true).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   auto t0 = std::chrono::steady_clock::now();
   pp.b->stop();
@@ -423,7 +423,7 @@ TEST(DevmemPathDouble, StopWithPendingChunksCompletesThemAndStopsOnce) {
   EXPECT_TRUE(pp.ev_b.exactly_once());
   EXPECT_EQ(pp.ev_b.stopped(), 1);
   EXPECT_FALSE(pp.b->post_rx(9, desc(1), dst[0].region().sub(0, 1)).ok());
-  EXPECT_FALSE(pp.b->post_tx(9, src[0].buf.region()).ok());
+  EXPECT_FALSE(pp.b->post_tx(9, src[0].buf.region(), true).ok());
   EXPECT_EQ(pp.nic_b.outstanding_tokens(), 0u);
   EXPECT_EQ(pp.nic_b.unknown_returns(), 0u);
   pp.a->stop();
@@ -453,7 +453,7 @@ TEST(DevmemPathDouble, MalformedDescriptorsAreProtocolErrors) {
   EXPECT_EQ(path->chunk_length(desc(kDevmemMaxChunk + 1)).status().code(), Code::kProtocol);
   EXPECT_EQ(*path->chunk_length(desc(kDevmemMaxChunk)), kDevmemMaxChunk);
   auto big = filled(kSimMem, kDevmemMaxChunk + 1);
-  EXPECT_FALSE(path->post_tx(0, big.buf.region()).ok());
+  EXPECT_FALSE(path->post_tx(0, big.buf.region(), true).ok());
   Buffer d = poisoned(kHostMem, 10);
   EXPECT_FALSE(path->post_rx(0, desc(11), d.region()).ok()) << "dst size must equal the announced length";
 }

@@ -286,14 +286,16 @@ void small_message_rounds(const Options& o, const std::function<int(const LaneUs
 
 // Small messages are copied by the receiving control stream itself: in a strict ping-pong the path
 // is idle whenever one arrives, so every eager message takes the lane (5 of every 6 rounds; the
-// first one makes its GPU's copy engine on the path's thread) — unless a copy outlasted
-// cuda_ipc_inline_wait, after which the lane leaves the next 64 to the path's thread. (Each round
-// copies from a fresh allocation, a new mapping; under ctest's parallel GPU tests its first copy
-// has been seen to take more than 30 us.)
+// sixth size is a rendezvous chunk, and the first message makes its GPU's copy engine on the
+// path's thread). cuda_ipc_inline_wait is long here: with the default 30 us, one slow copy (each
+// round copies from a fresh allocation, a new mapping; other GPU tests run beside this one) sends
+// the next 64 chunks to the path's thread, which would leave nothing for this test to see.
 TEST(CudaIpcEngineGpu, SmallMessagesTakeTheReceivingStreamsLane) {
-  small_message_rounds(test::test_options(2), [](const LaneUse& u) {
-    CHILD_CHECK(u.inline_copies + u.handed_on > 0, 90);
-    CHILD_CHECK(u.handed_on > 0 || u.inline_copies >= 60 * 5 / 6 - 1, 91);
+  Options o = test::test_options(2);
+  o.set("cuda_ipc_inline_wait", "1ms");
+  small_message_rounds(o, [](const LaneUse& u) {
+    CHILD_CHECK(u.handed_on == 0, 90);
+    CHILD_CHECK(u.inline_copies >= 60 * 5 / 6 - 3, 91);
     CHILD_CHECK(u.detail.find("copied by the receiving stream itself") != std::string::npos, 92);
     return 0;
   });
@@ -314,18 +316,20 @@ TEST(CudaIpcEngineGpu, SmallChunkLaneHandsSlowCopiesOn) {
 // chunk with more frames behind it on the control stream goes to the path's thread, whose copies
 // overlap. Before that rule every one of them took the lane (the path was idle again after each),
 // and 16 small messages in flight moved at a third of the rate. A short ping-pong first makes the
-// copy engine and shows the lane working; then the burst. All arrive byte-exact.
+// copy engine and shows the lane working; then the burst. All arrive byte-exact. The lane's
+// back-off is kept out of the way (cuda_ipc_inline_wait 1 ms): after one slow copy it would send
+// the whole burst to the path's thread whatever the rule, and the test could not fail.
 TEST(CudaIpcEngineGpu, SmallMessageBurstGoesToThePathsThread) {
   REQUIRE_GPUS(gpus);
   Trial run;
   run.gpus = gpus;
+  Options o = test::test_options(2);
+  o.set("cuda_ipc_inline_wait", "1ms");
   constexpr uint64_t kBurst = 48;
-  // More rounds than the lane's back-off (64 chunks), which a slow first copy from a new mapping
-  // may start: the last rounds take the lane.
-  constexpr uint64_t kWarm = 80;
+  constexpr uint64_t kWarm = 20;
   const std::vector<size_t> sizes = {8, 13, 4097, 16 << 10};
-  // The client sends everything from one allocation (mapped by the server once, in the warm-up):
-  // 8 warm-up bytes at 0, message i at at[i] (odd offsets).
+  // The client sends everything from one allocation: 8 warm-up bytes at 0, message i at at[i] (odd
+  // offsets).
   std::vector<size_t> at;
   size_t total = 8;
   for (uint64_t i = 0; i < kBurst; ++i) {
@@ -343,7 +347,7 @@ TEST(CudaIpcEngineGpu, SmallMessageBurstGoesToThePathsThread) {
       CHILD_CHECK(ep.send(MemRegion{&ack, 1, {}}, 3000 + i).wait(30s).ok(), 108);
     }
     LaneUse before = lane_use(ep);
-    CHILD_CHECK(before.inline_copies > 0, 109);
+    CHILD_CHECK(before.handed_on == 0 && before.inline_copies >= kWarm - 2, 109);
     std::vector<Buffer> in;
     std::vector<Request> r;
     for (uint64_t i = 0; i < kBurst; ++i) {
@@ -389,7 +393,7 @@ TEST(CudaIpcEngineGpu, SmallMessageBurstGoesToThePathsThread) {
     for (auto& q : s) CHILD_CHECK(q.wait(30s).ok(), 112);
     return 0;
   };
-  run_engine_pair(server, client);
+  run_engine_pair(server, client, o);
 }
 
 TEST(CudaIpcEngineGpu, SmallChunkLaneOff) {
@@ -462,6 +466,85 @@ TEST(CudaIpcEngineGpu, MemoryIpcCannotExportIsStaged) {
       });
 }
 #endif
+
+// cuMem memory (cuMemCreate + cuMemMap, exportable as POSIX fds), laid out as PyTorch's expandable
+// segments are: one address range backed by separate 2 MiB allocations. It moves by cuda_ipc (the
+// fds over the side channel), a transfer across several allocations as one chunk per allocation;
+// an eager message that straddles two allocations cannot be one copy and goes staged. Then the
+// sender frees the range and makes a new one (the allocations it announced are retired and the
+// receiver maps the new ones): every byte exact.
+TEST(CudaIpcEngineGpu, CuMemMemoryMovesByCudaIpc) {
+  REQUIRE_GPUS(gpus);
+  Trial run;
+  run.gpus = gpus;
+  constexpr size_t kPiece = 2 << 20, kRange = 16 << 20;
+  struct Msg {
+    size_t at, size;
+  };
+  const std::vector<Msg> msgs = {
+      {3, 8},                          // eager, inside the first allocation
+      {kPiece - 5, 13},                // eager across two allocations: staged
+      {5, 4097},                       // eager
+      {(1 << 20) + 3, (4 << 20) + 5},  // rendezvous over three allocations
+      {7, kRange - 7 - 9},             // nearly the whole range: eight allocations
+  };
+  constexpr int kRounds = 2;  // the second from a new range (the first one freed)
+  run_engine_pair(
+      [&](Endpoint& ep) {
+        for (int round = 0; round < kRounds; ++round) {
+          auto all = message(run.seed, 500 + round, kRange);
+          for (size_t i = 0; i < msgs.size(); ++i) {
+            std::vector<unsigned char> want(all.begin() + static_cast<long>(msgs[i].at),
+                                            all.begin() + static_cast<long>(msgs[i].at + msgs[i].size));
+            auto dst = device_with(run.server_mem(), std::vector<unsigned char>(msgs[i].size, 0xA5), 5);
+            CHILD_CHECK(dst.ok(), 120);
+            Request r = ep.recv(dst->region().sub(5, msgs[i].size), 30 + i);
+            Status st = r.wait(60s);
+            if (!st.ok()) fprintf(stderr, "server: message %zu of round %d: %s\n", i, round, st.to_string().c_str());
+            CHILD_CHECK(st.ok(), 121);
+            CHILD_CHECK(r.bytes() == msgs[i].size, 122);
+            CHILD_CHECK(holds(*dst, want, 5), 123);
+          }
+        }
+        uint64_t ipc = 0;
+        for (const auto& p : ep.stats().paths)
+          if (p.name == "cuda_ipc") ipc = p.chunks_received;
+        // Per round: 2 eager + 3 + 8 chunks by cuda_ipc.
+        fprintf(stderr, "server: %llu cuda_ipc chunks received\n", static_cast<unsigned long long>(ipc));
+        CHILD_CHECK(ipc >= kRounds * 13, 124);
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        for (int round = 0; round < kRounds; ++round) {
+          auto range = Buffer::allocate_cumem(0, kRange, kPiece);
+          if (!range.ok()) fprintf(stderr, "client: %s\n", range.status().to_string().c_str());
+          CHILD_CHECK(range.ok(), 130);
+          MemRegion whole = range->region();
+          auto all = message(run.seed, 500 + round, kRange);
+          CHILD_CHECK(copy_memory(whole, MemRegion{all.data(), all.size(), {}}).ok(), 131);
+          for (size_t i = 0; i < msgs.size(); ++i) {
+            Request s = ep.send(whole.sub(msgs[i].at, msgs[i].size), 30 + i);
+            Status st = s.wait(60s);
+            if (!st.ok()) fprintf(stderr, "client: message %zu of round %d: %s\n", i, round, st.to_string().c_str());
+            CHILD_CHECK(st.ok(), 132);
+          }
+        }  // each range is freed here
+        EndpointStats st = ep.stats();
+        uint64_t ipc = 0;
+        std::string detail;
+        for (const auto& p : st.paths)
+          if (p.name == "cuda_ipc") {
+            ipc = p.chunks_sent;
+            detail = p.detail;
+          }
+        fprintf(stderr, "client: cuda_ipc chunks %llu, staged d2h copies %llu; %s\n",
+                static_cast<unsigned long long>(ipc), static_cast<unsigned long long>(st.d2h_copies), detail.c_str());
+        CHILD_CHECK(ipc >= kRounds * 13, 133);
+        CHILD_CHECK(st.d2h_copies >= kRounds, 134);  // the straddling eager messages, staged
+        CHILD_CHECK(detail.find("cuMem allocations shared by fd") != std::string::npos, 135);
+        return 0;
+      });
+}
 
 }  // namespace
 }  // namespace dmx

@@ -129,7 +129,7 @@ int deliver_sender(UnixChannel ch, int device) {
       for (uint64_t off = 0; off < transfers[i].size; off += max) {
         size_t n = std::min<uint64_t>(max, transfers[i].size - off);
         size_t at = transfers[i].src_offset + off;
-        auto desc = (*path)->post_tx(seq++, src->region().sub(at, n));
+        auto desc = (*path)->post_tx(seq++, src->region().sub(at, n), true);
         CHILD_CHECK(desc.ok(), 13);
         CHILD_CHECK(desc->size() <= kMaxPathDescriptor, 14);
         CHILD_CHECK(ch.send(note_message({i, k, off, seed, at}, *desc), {}, secs(10)).ok(), 15);
@@ -253,7 +253,7 @@ int stale_sender(UnixChannel ch, int device) {
     CHILD_CHECK(host_to(buf->region(), host.data()).ok(), 12);
     // Rounds 1 and 2 export twice: the second export of the same allocation hits the cache.
     for (int twice = 0; twice < (round == 0 ? 1 : 2); ++twice) {
-      auto desc = (*path)->post_tx(round * 2 + twice, buf->region().sub(kStaleOffset, kStaleLen));
+      auto desc = (*path)->post_tx(round * 2 + twice, buf->region().sub(kStaleOffset, kStaleLen), true);
       CHILD_CHECK(desc.ok(), 13);
       auto d = IpcChunkDescriptor::decode(*desc);
       CHILD_CHECK(d.ok(), 14);
@@ -334,7 +334,7 @@ int bulk_sender(UnixChannel ch, int device, int chunks, int late) {
   for (int i = 0; i < chunks + late; ++i) {
     const Buffer& from = i < chunks ? *a : *b;
     size_t at = (i < chunks ? i : i - chunks) * max;
-    auto desc = (*path)->post_tx(seq++, from.region().sub(at, max));
+    auto desc = (*path)->post_tx(seq++, from.region().sub(at, max), true);
     CHILD_CHECK(desc.ok(), 12);
     CHILD_CHECK(ch.send(note_message({0, 0, 0, 0, at}, *desc), {}, secs(10)).ok(), 13);
   }
@@ -473,7 +473,7 @@ TEST(CudaIpcPathGpu, InProcessCopiesFromTheExportersPointers) {
       auto d = Buffer::allocate(c.where, c.size + 7);
       CHILD_CHECK(d.ok(), 13);
       dst.push_back(std::move(*d));
-      auto desc = (*tx)->post_tx(seq, src->region().sub(c.src_offset, c.size));
+      auto desc = (*tx)->post_tx(seq, src->region().sub(c.src_offset, c.size), true);
       CHILD_CHECK(desc.ok(), 14);
       CHILD_CHECK((*rx)->post_rx(seq, *desc, dst.back().region().sub(5, c.size)).ok(), 15);
       ++seq;
@@ -494,7 +494,7 @@ TEST(CudaIpcPathGpu, InProcessCopiesFromTheExportersPointers) {
         }
     }
     // Another pid in the descriptor: refused at the post, with the reason.
-    auto desc = (*tx)->post_tx(seq, src->region().sub(0, 64));
+    auto desc = (*tx)->post_tx(seq, src->region().sub(0, 64), true);
     CHILD_CHECK(desc.ok(), 20);
     auto d = IpcChunkDescriptor::decode(*desc);
     CHILD_CHECK(d.ok(), 21);
@@ -505,7 +505,7 @@ TEST(CudaIpcPathGpu, InProcessCopiesFromTheExportersPointers) {
     // Freed after its export: its chunk fails (the driver's buffer id no longer matches).
     auto gone = Buffer::allocate({MemKind::kCuda, 0}, 4096);
     CHILD_CHECK(gone.ok(), 23);
-    auto gone_desc = (*tx)->post_tx(seq, gone->region().sub(0, 64));
+    auto gone_desc = (*tx)->post_tx(seq, gone->region().sub(0, 64), true);
     CHILD_CHECK(gone_desc.ok(), 24);
     *gone = Buffer();
     CHILD_CHECK((*rx)->post_rx(seq, *gone_desc, dst[1].region().sub(0, 64)).ok(), 25);
@@ -535,7 +535,7 @@ TEST(CudaIpcPathGpu, OwnProcessDescriptorFailsItsChunkWithTheReason) {
     auto src = Buffer::allocate({MemKind::kCuda, 0}, 4096);
     auto dst = Buffer::allocate({MemKind::kCuda, 0}, 4096);
     CHILD_CHECK(src.ok() && dst.ok(), 11);
-    auto desc = (*tx)->post_tx(0, src->region());
+    auto desc = (*tx)->post_tx(0, src->region(), true);
     CHILD_CHECK(desc.ok(), 12);
     CHILD_CHECK((*rx)->post_rx(0, *desc, dst->region()).ok(), 13);
     CHILD_CHECK(rec.wait_rx(1, 10s), 14);

@@ -151,7 +151,7 @@ TEST(CudaIpcPath, SourceItCannotExportIsUnavailable) {
       [] {
         auto p = new_cuda_ipc_path(config(), "peer-x");
         std::vector<char> host(4096);
-        auto tx = p->post_tx(0, {host.data(), host.size(), {MemKind::kCuda, 0}});
+        auto tx = p->post_tx(0, {host.data(), host.size(), {MemKind::kCuda, 0}}, true);
         return tx.ok() ? "ok" : std::string(code_name(tx.status().code())) + ": " + tx.status().message();
       },
       &rc);
@@ -181,7 +181,7 @@ TEST(CudaIpcPath, Properties) {
   EXPECT_EQ(p->max_chunk(), uint64_t{256} << 20);  // the default of cuda_ipc_chunk
   EXPECT_GE(p->max_chunk(), uint64_t{4} << 20);
   std::vector<char> host(64);
-  auto tx = p->post_tx(0, {host.data(), host.size(), {MemKind::kHost, 0}});
+  auto tx = p->post_tx(0, {host.data(), host.size(), {MemKind::kHost, 0}}, true);
   ASSERT_FALSE(tx.ok());
   EXPECT_EQ(tx.status().code(), Code::kInvalidArgument);
   EXPECT_NE(p->describe().find("cuda_ipc"), std::string::npos);
@@ -244,7 +244,7 @@ TEST(CudaIpcPath, StopWithNothingPendingIsPromptAndIdempotent) {
   }
   EXPECT_EQ(p->post_rx(9, sample_bytes(), {nullptr, (1 << 20) + 3, {}}).code(), Code::kClosed);
   std::vector<char> dummy(8);
-  EXPECT_EQ(p->post_tx(9, {dummy.data(), dummy.size(), {MemKind::kCuda, 0}}).status().code(), Code::kClosed);
+  EXPECT_EQ(p->post_tx(9, {dummy.data(), dummy.size(), {MemKind::kCuda, 0}}, true).status().code(), Code::kClosed);
   p.reset();
   std::lock_guard lock(rec.mu_);
   EXPECT_EQ(rec.stopped, 1);

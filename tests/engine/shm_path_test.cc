@@ -183,7 +183,7 @@ void transfer(PayloadPath& tx, Recorder& rtx, PayloadPath& rx, Recorder& rrx, ui
   size_t off = 0;
   do {
     size_t len = std::min<size_t>(tx.max_chunk(), n - off);
-    auto d = tx.post_tx(*seq, {src.data() + so + off, len, {}});
+    auto d = tx.post_tx(*seq, {src.data() + so + off, len, {}}, true);
     ASSERT_TRUE(d.ok()) << d.status().to_string();
     descs.emplace_back(*seq, std::move(*d));
     ++*seq;
@@ -223,11 +223,11 @@ TEST(ShmPath, Properties) {
   EXPECT_FALSE(p->a->receiver_releases());
   for (MemKind k : {MemKind::kHost, MemKind::kPinned, MemKind::kCuda, MemKind::kSim})
     EXPECT_TRUE(p->a->carries({k, 0})) << mem_kind_name(k);
-  auto d = p->a->post_tx(0, {nullptr, 0, {}});
+  auto d = p->a->post_tx(0, {nullptr, 0, {}}, true);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(*d, std::vector<unsigned char>(8, 0));
   std::vector<unsigned char> big(kShmMaxChunk + 1);
-  EXPECT_EQ(p->a->post_tx(1, {big.data(), big.size(), {}}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(p->a->post_tx(1, {big.data(), big.size(), {}}, true).status().code(), Code::kInvalidArgument);
   auto len = p->b->chunk_length(*d);
   ASSERT_TRUE(len.ok());
   EXPECT_EQ(*len, 0u);
@@ -285,7 +285,7 @@ TEST(ShmPath, ManyChunksInFlightBothDirections) {
   }
   auto send_all = [](PayloadPath& path, Side& s) {
     for (int i = 0; i < kChunks; ++i) {
-      auto d = path.post_tx(i, {s.out[i].data() + 1, s.out[i].size() - 1, {}});
+      auto d = path.post_tx(i, {s.out[i].data() + 1, s.out[i].size() - 1, {}}, true);
       if (!d.ok()) return d.status();
       s.descs.push_back(std::move(*d));
     }
@@ -335,7 +335,7 @@ TEST(ShmPath, SimDeviceMemoryStagedThroughSlots) {
       std::vector<unsigned char> data(n), back(n);
       fill_random(data.data(), n);
       ASSERT_TRUE(copy_memory(src->region().sub(3, n), {data.data(), n, {}}).ok());
-      auto d = p->a->post_tx(seq, src->region().sub(3, n));
+      auto d = p->a->post_tx(seq, src->region().sub(3, n), true);
       ASSERT_TRUE(d.ok()) << d.status().to_string();
       ASSERT_TRUE(p->b->post_rx(seq, *d, dst->region().sub(5, n)).ok());
       Status s = p->ra.wait(true, seq);
@@ -360,9 +360,9 @@ TEST(ShmPath, DiscardedChunkThenNormalChunk) {
   fill_random(dropped.data(), dropped.size());
   fill_random(kept.data(), kept.size());
   fill_random(into.data(), into.size());
-  auto d0 = p->a->post_tx(0, {dropped.data(), dropped.size(), {}});
-  auto d1 = p->a->post_tx(1, {empty.data(), 0, {}});
-  auto d2 = p->a->post_tx(2, {kept.data(), kept.size(), {}});
+  auto d0 = p->a->post_tx(0, {dropped.data(), dropped.size(), {}}, true);
+  auto d1 = p->a->post_tx(1, {empty.data(), 0, {}}, true);
+  auto d2 = p->a->post_tx(2, {kept.data(), kept.size(), {}}, true);
   ASSERT_TRUE(d0.ok() && d1.ok() && d2.ok());
   ASSERT_TRUE(p->b->post_rx(0, *d0, {nullptr, dropped.size(), {}}).ok());
   ASSERT_TRUE(p->b->post_rx(1, *d1, {nullptr, 0, {}}).ok());
@@ -414,7 +414,7 @@ TEST(ShmPath, ChunkLengthDisagreeingWithItsDescriptorFailsThePath) {
       ASSERT_TRUE(p->ok());
       std::vector<unsigned char> src(2000), dst(announced);
       fill_random(src.data(), src.size());
-      ASSERT_TRUE(p->a->post_tx(0, {src.data(), src.size(), {}}).ok());
+      ASSERT_TRUE(p->a->post_tx(0, {src.data(), src.size(), {}}, true).ok());
       std::vector<unsigned char> lie(8);
       for (int i = 0; i < 8; ++i) lie[i] = static_cast<unsigned char>(uint64_t(announced) >> (8 * i));
       MemRegion r = discard ? MemRegion{nullptr, announced, {}} : MemRegion{dst.data(), announced, {}};
@@ -441,7 +441,7 @@ TEST(ShmPath, StopWithChunksPendingCompletesThemPromptly) {
   fill_random(src.data(), src.size());
   std::vector<unsigned char> desc;
   for (uint64_t s = 0; s < 4; ++s) {  // b never receives: a's ring fills, chunk 0 is mid-way
-    auto d = p->a->post_tx(s, {src.data(), src.size(), {}});
+    auto d = p->a->post_tx(s, {src.data(), src.size(), {}}, true);
     ASSERT_TRUE(d.ok());
     desc = *d;
   }
@@ -461,7 +461,7 @@ TEST(ShmPath, StopWithChunksPendingCompletesThemPromptly) {
   }
   EXPECT_TRUE(p->ra.failed().empty());  // a stop is not a failure
   EXPECT_EQ(p->ra.stopped(), 1);
-  EXPECT_EQ(p->a->post_tx(9, {src.data(), 1, {}}).status().code(), Code::kClosed);
+  EXPECT_EQ(p->a->post_tx(9, {src.data(), 1, {}}, true).status().code(), Code::kClosed);
   EXPECT_EQ(p->a->post_rx(9, desc, {nullptr, 0, {}}).code(), Code::kClosed);
   ASSERT_TRUE(p->rb.wait_failed(kPrompt));
   EXPECT_EQ(p->rb.failed()[0].code(), Code::kPeerFailed);
@@ -481,7 +481,7 @@ TEST(ShmPath, StopBeforeStart) {
   ASSERT_TRUE(a.ok() && b.ok());
   (*a)->stop();
   char x = 1;
-  EXPECT_EQ((*a)->post_tx(0, {&x, 1, {}}).status().code(), Code::kClosed);
+  EXPECT_EQ((*a)->post_tx(0, {&x, 1, {}}, true).status().code(), Code::kClosed);
   Recorder r;
   (*a)->start(&r, nullptr);
   EXPECT_TRUE(r.wait_stopped(kPrompt));
@@ -546,8 +546,8 @@ TEST(ShmPath, PeerKilledMidTransferFailsEveryPendingChunk) {
     Quiet q;
     (*path)->start(&q, nullptr);
     // seq 0: small, arrives whole; seq 1: 4 MiB through a 256 KiB ring, cut short by the kill.
-    if (!(*path)->post_tx(0, {child_src.data(), kSmall, {}}).ok()) ::_exit(51);
-    if (!(*path)->post_tx(1, {child_src.data(), kBig, {}}).ok()) ::_exit(52);
+    if (!(*path)->post_tx(0, {child_src.data(), kSmall, {}}, true).ok()) ::_exit(51);
+    if (!(*path)->post_tx(1, {child_src.data(), kBig, {}}, true).ok()) ::_exit(52);
     char r = 'r';
     (void)!::write(ready[1], &r, 1);
     for (;;) ::pause();
@@ -586,7 +586,7 @@ TEST(ShmPath, PeerKilledMidTransferFailsEveryPendingChunk) {
   ASSERT_TRUE(path->post_rx(1, d1, {big.data(), kBig, {}}).ok());
   ASSERT_TRUE(path->post_rx(2, d0, {small.data(), kSmall, {}}).ok());  // never sent
   // The child receives nothing: these stay pending (the first one mid-way, the ring full).
-  for (uint64_t s = 0; s < 3; ++s) ASSERT_TRUE(path->post_tx(s, {out.data(), out.size(), {}}).ok());
+  for (uint64_t s = 0; s < 3; ++s) ASSERT_TRUE(path->post_tx(s, {out.data(), out.size(), {}}, true).ok());
   ASSERT_EQ(in_hook.get_future().wait_for(kWait), std::future_status::ready);
   ::kill(child, SIGKILL);
   int st = 0;
@@ -612,7 +612,7 @@ TEST(ShmPath, PeerKilledMidTransferFailsEveryPendingChunk) {
     EXPECT_NE(s.to_string().find(pid), std::string::npos) << s.to_string();
   }
   EXPECT_EQ(r.completions(), 6u);
-  EXPECT_EQ(path->post_tx(7, {out.data(), 1, {}}).status().code(), Code::kPeerFailed);
+  EXPECT_EQ(path->post_tx(7, {out.data(), 1, {}}, true).status().code(), Code::kPeerFailed);
   path.reset();
   EXPECT_EQ(r.stopped(), 1);
   ::close(ready[0]);
@@ -638,7 +638,7 @@ TEST(ShmPath, DISABLED_ThroughputByChunkSize) {
       uint64_t first = seq;
       auto t0 = Clock::now();
       for (size_t off = 0; off < total; off += chunk) {
-        auto d = p->a->post_tx(seq, {src.data() + off, chunk, {}});
+        auto d = p->a->post_tx(seq, {src.data() + off, chunk, {}}, true);
         ASSERT_TRUE(d.ok());
         ASSERT_TRUE(p->b->post_rx(seq, *d, {dst.data() + off, chunk, {}}).ok());
         ++seq;

@@ -2,6 +2,7 @@
 // cache's hit/miss/invalidate/drop logic with a fake opener; availability reasons.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <set>
 
@@ -66,6 +67,56 @@ TEST(IpcDescriptor, RejectsBadInput) {
       EXPECT_LE(r->offset + r->length, r->alloc_size);
     }
   }
+}
+
+// A cuMem allocation: no handle bytes (its fd travels beside the descriptor); the kind survives the
+// wire, and the combinations that make no sense are refused.
+TEST(IpcDescriptor, CuMemKind) {
+  IpcDescriptor d = sample();
+  d.kind = IpcDescriptor::Kind::kCuMemFd;
+  d.handle = {};
+  auto back = IpcDescriptor::decode(d.encode());
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->kind, IpcDescriptor::Kind::kCuMemFd);
+  EXPECT_EQ(IpcDescriptor::decode(sample().encode())->kind, IpcDescriptor::Kind::kIpcHandle);
+
+  d.handle[5] = 1;  // handle bytes on a cuMem descriptor
+  EXPECT_EQ(IpcDescriptor::decode(d.encode()).status().code(), Code::kProtocol);
+
+  auto bytes = sample().encode();
+  for (uint32_t kind : {0u, 3u, 0xffffffffu}) {  // offset 12: the kind
+    auto v = bytes;
+    std::memcpy(v.data() + 12, &kind, 4);
+    auto r = IpcDescriptor::decode(v);
+    EXPECT_EQ(r.status().code(), Code::kProtocol) << kind;
+    EXPECT_NE(r.status().message().find("unknown kind"), std::string::npos) << r.status().message();
+  }
+  auto v1 = bytes;  // a version-1 peer (reserved zero where the kind is)
+  uint32_t one = 1, zero = 0;
+  std::memcpy(v1.data() + 8, &one, 4);
+  std::memcpy(v1.data() + 12, &zero, 4);
+  auto r = IpcDescriptor::decode(v1);
+  EXPECT_EQ(r.status().code(), Code::kProtocol);
+  EXPECT_NE(r.status().message().find("version 1 (we speak 2)"), std::string::npos) << r.status().message();
+}
+
+// The cache keys an allocation by (peer, id) and trusts an entry only for the same kind.
+TEST(ImportCache, KindChangeReplacesTheMapping) {
+  struct Counting : ImportCache::Opener {
+    Result<void*> open(const IpcDescriptor&) override { return reinterpret_cast<void*>(0x1000 * ++opened); }
+    void close(void*) override { ++closed; }
+    int opened = 0, closed = 0;
+  } opener;
+  ImportCache cache(&opener);
+  IpcDescriptor d = sample();
+  ASSERT_TRUE(cache.acquire("p", d).ok());
+  cache.release("p", d.alloc_id);
+  d.kind = IpcDescriptor::Kind::kCuMemFd;
+  d.handle = {};
+  ASSERT_TRUE(cache.acquire("p", d).ok());
+  cache.release("p", d.alloc_id);
+  EXPECT_EQ(opener.opened, 2);
+  EXPECT_EQ(opener.closed, 1);
 }
 
 class FakeOpener : public ImportCache::Opener {

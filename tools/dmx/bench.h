@@ -88,6 +88,7 @@ struct Result1 {  // one size
 struct ClientOptions {
   std::string op = "send";
   MemSpec mem, peer_mem;
+  uint64_t cumem_block = 0;  // this side's CUDA buffers: 0 cudaMalloc, else cuMem blocks of this size
   std::vector<uint64_t> sizes;
   uint32_t iters = 0;  // 0: chosen per size
   bool verify = false;

@@ -70,8 +70,12 @@ Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size) {
 
   // Source for send/write (one buffer, sent repeatedly); destination slots for read.
   uint32_t slots = o.op == "read" ? w : 1;
-  DMX_ASSIGN_OR_RETURN(Buffer local, Buffer::allocate(o.mem, std::max<uint64_t>(1, uint64_t{slots} * size)));
-  DMX_ASSIGN_OR_RETURN(Buffer pong, Buffer::allocate(o.mem, std::max<uint64_t>(1, size)));
+  auto allocate = [&](uint64_t n) {
+    n = std::max<uint64_t>(1, n);
+    return o.cumem_block ? Buffer::allocate_cumem(o.mem.device, n, o.cumem_block) : Buffer::allocate(o.mem, n);
+  };
+  DMX_ASSIGN_OR_RETURN(Buffer local, allocate(uint64_t{slots} * size));
+  DMX_ASSIGN_OR_RETURN(Buffer pong, allocate(size));
   MemRegion src = local.region().sub(0, size);
   for (Buffer* b : {&local, &pong})  // touch host memory once, untimed (page faults are not transfer time)
     if (!o.mem.is_device()) std::memset(b->data(), 0x5a, b->size());

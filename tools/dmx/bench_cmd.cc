@@ -22,7 +22,7 @@ void on_signal(int) { g_stop.store(true); }
 struct Args {
   bool loopback = false, json = false, verify = false, insecure = false;
   std::string listen, connect, mem, peer_mem, op = "send", transport = "auto", sizes = "8,4K,64K,1M,16M,256M";
-  std::string chunk;
+  std::string chunk, cuda_alloc = "cudamalloc";
   int streams = 0;
   uint32_t iters = 0;
   std::vector<std::string> options;
@@ -67,6 +67,22 @@ Status pick_memory(const Args& a, bench::ClientOptions& co) {
   return mem_available(co.mem);
 }
 
+// --cuda-alloc: cudamalloc, or cumem[:BLOCK] (cuMem allocations of BLOCK bytes, default 20M: the
+// block PyTorch's expandable segments use for large tensors).
+Status pick_alloc(const Args& a, bench::ClientOptions& co) {
+  if (a.cuda_alloc == "cudamalloc") return Status();
+  if (a.cuda_alloc != "cumem" && !a.cuda_alloc.starts_with("cumem:"))
+    return Status(Code::kInvalidArgument, fmt::format("'{}': expected cudamalloc or cumem[:BLOCK]", a.cuda_alloc));
+  co.cumem_block = 20 << 20;
+  if (a.cuda_alloc.size() > 6) {
+    DMX_ASSIGN_OR_RETURN(co.cumem_block, parse_size(a.cuda_alloc.substr(6)));
+  }
+  if (co.cumem_block == 0) return Status(Code::kInvalidArgument, "cumem block of 0 bytes");
+  if (co.mem.kind != MemKind::kCuda)
+    return Status(Code::kInvalidArgument, fmt::format("cumem needs --mem cuda[:N], not {}", to_string(co.mem)));
+  return Status();
+}
+
 Result<std::vector<uint64_t>> parse_sizes(const std::string& list) {
   std::vector<uint64_t> out;
   size_t start = 0;
@@ -82,8 +98,9 @@ Result<std::vector<uint64_t>> parse_sizes(const std::string& list) {
 }
 
 void print_header(const bench::ClientOptions& co, const EndpointStats& st, size_t nsizes) {
-  fmt::print("# dmx bench: op {}, {} -> {}, path {} ({}), {} streams, peer {}\n", co.op, to_string(co.mem),
-             to_string(co.peer_mem), st.transport, st.reason, st.streams, st.peer);
+  fmt::print("# dmx bench: op {}, {}{} -> {}, path {} ({}), {} streams, peer {}\n", co.op, to_string(co.mem),
+             co.cumem_block ? fmt::format(" (cuMem blocks of {} B)", co.cumem_block) : "", to_string(co.peer_mem),
+             st.transport, st.reason, st.streams, st.peer);
   fmt::print("# control stream: {}\n", st.control_stream);
   for (const auto& p : st.paths) fmt::print("# payload path: {}\n", p.detail);
   fmt::print("# latency: {}\n", co.op == "send" ? "half round trip (ping-pong)" : "operation completion time");
@@ -102,6 +119,7 @@ void print_row(const bench::Result1& r, bool verify_asked, bool json, const benc
                      {"reason", st.reason},
                      {"control_stream", st.control_stream},
                      {"mem", to_string(co.mem)},
+                     {"cumem_block", co.cumem_block},
                      {"peer_mem", to_string(co.peer_mem)},
                      {"streams", st.streams},
                      {"verified", r.verified},
@@ -192,6 +210,8 @@ int run(const Args& a) {
   co.iters = a.iters;
   co.verify = a.verify;
   if (Status s = pick_memory(a, co); !s.ok()) return fmt::print(stderr, "dmx bench: --mem: {}\n", s.to_string()), 2;
+  if (Status s = pick_alloc(a, co); !s.ok())
+    return fmt::print(stderr, "dmx bench: --cuda-alloc: {}\n", s.to_string()), 2;
   auto sizes = parse_sizes(a.sizes);
   if (!sizes.ok()) return fmt::print(stderr, "dmx bench: --sizes: {}\n", sizes.status().to_string()), 2;
   co.sizes = *sizes;
@@ -226,6 +246,9 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   b->add_option("--connect", a->connect, "run against a server at ADDR");
   b->add_option("--mem", a->mem, "this side's memory: host|pinned|cuda[:N]|sim[:N] (default: cuda:0 if a GPU is present, else host)");
   b->add_option("--peer-mem", a->peer_mem, "the server's memory (default: like --mem; the next GPU when there are two)");
+  b->add_option("--cuda-alloc", a->cuda_alloc,
+                "this side's CUDA buffers: cudamalloc (default) | cumem[:BLOCK] (cuMem allocations of BLOCK bytes in "
+                "one range, as PyTorch's expandable segments; default block 20M)");
   b->add_option("--op", a->op, "send (two-sided) | write | read (one-sided)")->check(CLI::IsMember({"send", "write", "read"}));
   b->add_option("--transport", a->transport, "auto | tcp | devmem | shm | cuda_ipc");
   b->add_option("--sizes", a->sizes, "comma-separated sizes, e.g. 8,4K,1M,256M");

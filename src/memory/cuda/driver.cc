@@ -6,6 +6,12 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/log.h"
 #include "memory/cuda/runtime.h"
 
 namespace dmx::cuda::driver {
@@ -210,5 +216,239 @@ DriverError get_dmabuf_fd(void* ptr, size_t size, bool pcie_mapping, int* fd) {
 }
 
 bool knows_pcie_mapping_flag(int driver_version) { return driver_version >= 12080; }
+
+// ---- cuMem allocations ----
+
+namespace {
+
+// Resolves the cuMem entry points dmx uses, or says which one is missing.
+struct CuMemApi {
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemAddressReserve_v10020 reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuMemExportToShareableHandle_v10020 export_handle = nullptr;
+  PFN_cuMemImportFromShareableHandle_v10020 import_handle = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  PFN_cuMemRetainAllocationHandle_v11000 retain = nullptr;
+  PFN_cuPointerGetAttribute_v4000 attribute = nullptr;
+  Status missing;
+};
+
+const CuMemApi& cumem_api() {
+  static const CuMemApi api = [] {
+    CuMemApi a;
+    auto take = [&](auto& slot, const auto& symbol) {
+      slot = symbol.fn;
+      if (symbol.fn == nullptr && a.missing.ok()) a.missing = symbol.missing;
+    };
+    take(a.create, DMX_DRIVER_SYMBOL(cuMemCreate, 10020));
+    take(a.release, DMX_DRIVER_SYMBOL(cuMemRelease, 10020));
+    take(a.reserve, DMX_DRIVER_SYMBOL(cuMemAddressReserve, 10020));
+    take(a.address_free, DMX_DRIVER_SYMBOL(cuMemAddressFree, 10020));
+    take(a.map, DMX_DRIVER_SYMBOL(cuMemMap, 10020));
+    take(a.unmap, DMX_DRIVER_SYMBOL(cuMemUnmap, 10020));
+    take(a.set_access, DMX_DRIVER_SYMBOL(cuMemSetAccess, 10020));
+    take(a.export_handle, DMX_DRIVER_SYMBOL(cuMemExportToShareableHandle, 10020));
+    take(a.import_handle, DMX_DRIVER_SYMBOL(cuMemImportFromShareableHandle, 10020));
+    take(a.granularity, DMX_DRIVER_SYMBOL(cuMemGetAllocationGranularity, 10020));
+    take(a.retain, DMX_DRIVER_SYMBOL(cuMemRetainAllocationHandle, 11000));
+    take(a.attribute, DMX_DRIVER_SYMBOL(cuPointerGetAttribute, 4000));
+    return a;
+  }();
+  return api;
+}
+
+CUdeviceptr dev_ptr(const void* p) {
+  return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p));
+}
+
+CUmemAccessDesc access_for(int device) {
+  CUmemAccessDesc a{};
+  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a.location.id = device;
+  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return a;
+}
+
+// alloc_cumem_range's ranges: base -> (reserved size, the blocks mapped in it).
+struct CuMemRange {
+  size_t size = 0;
+  std::vector<CUmemGenericAllocationHandle> blocks;
+  size_t piece = 0;
+};
+std::mutex g_ranges_mu;
+std::map<uintptr_t, CuMemRange> g_ranges;
+
+}  // namespace
+
+Status cumem_fd_exportable(const void* ptr) {
+  const CuMemApi& api = cumem_api();
+  if (!api.missing.ok()) return Status(Code::kUnavailable, api.missing.message());
+  CUdeviceptr p = dev_ptr(ptr);
+  unsigned int managed = 0;
+  if (api.attribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p) == CUDA_SUCCESS && managed != 0)
+    return Status(Code::kUnavailable, fmt::format("{} is managed memory (cudaMallocManaged)", ptr));
+  CUmemoryPool pool = nullptr;
+  if (api.attribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p) == CUDA_SUCCESS && pool != nullptr)
+    return Status(Code::kUnavailable,
+                  fmt::format("{} comes from a stream-ordered memory pool (cudaMallocAsync), which is shared by "
+                              "exporting the pool, not the allocation",
+                              ptr));
+  unsigned long long types = 0;  // NOLINT(google-runtime-int): the attribute's type
+  CUresult r = api.attribute(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, p);
+  if (r != CUDA_SUCCESS)
+    return make_error(fmt::format("cuPointerGetAttribute({}, ALLOWED_HANDLE_TYPES)", ptr), r)
+        .to_status(Code::kUnavailable);
+  if ((types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0)
+    return Status(Code::kUnavailable,
+                  fmt::format("{} is not a cuMem allocation exportable as a POSIX fd (its allowed handle types are "
+                              "0x{:x}; a cuMemCreate allocation needs CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in "
+                              "requestedHandleTypes)",
+                              ptr, types));
+  return Status();
+}
+
+Result<UniqueFd> export_cumem_fd(const void* ptr) {
+  const CuMemApi& api = cumem_api();
+  if (!api.missing.ok()) return Status(Code::kUnavailable, api.missing.message());
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = api.retain(&h, const_cast<void*>(ptr));
+  if (r != CUDA_SUCCESS)
+    return make_error(fmt::format("cuMemRetainAllocationHandle({})", ptr), r).to_status(Code::kUnavailable);
+  int fd = -1;
+  r = api.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  (void)api.release(h);  // the retain's reference; the mapping keeps the allocation
+  if (r != CUDA_SUCCESS)
+    return make_error(fmt::format("cuMemExportToShareableHandle({}, POSIX_FILE_DESCRIPTOR)", ptr), r)
+        .to_status(Code::kUnavailable);
+  return UniqueFd(fd);
+}
+
+Result<CuMemMapping> import_cumem_fd(int fd, size_t size, int device) {
+  const CuMemApi& api = cumem_api();
+  if (!api.missing.ok()) return Status(Code::kUnavailable, api.missing.message());
+  CuMemMapping m;
+  m.size = size;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = api.import_handle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS)
+    return make_error(fmt::format("cuMemImportFromShareableHandle(fd {})", fd), r).to_status(Code::kIo);
+  CUdeviceptr va = 0;
+  r = api.reserve(&va, size, 0, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    (void)api.release(h);
+    return make_error(fmt::format("cuMemAddressReserve({} B)", size), r).to_status(Code::kIo);
+  }
+  r = api.map(va, size, 0, h, 0);
+  if (r != CUDA_SUCCESS) {
+    (void)api.address_free(va, size);
+    (void)api.release(h);
+    return make_error(fmt::format("cuMemMap({} B of an imported allocation)", size), r).to_status(Code::kIo);
+  }
+  CUmemAccessDesc access = access_for(device);
+  r = api.set_access(va, size, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    (void)api.unmap(va, size);
+    (void)api.address_free(va, size);
+    (void)api.release(h);
+    return make_error(fmt::format("cuMemSetAccess({} B, cuda:{})", size, device), r).to_status(Code::kIo);
+  }
+  m.base = static_cast<uintptr_t>(va);
+  m.handle = h;
+  return m;
+}
+
+void unmap_cumem(const CuMemMapping& m) {
+  const CuMemApi& api = cumem_api();
+  if (!api.missing.ok() || m.base == 0) return;
+  auto va = static_cast<CUdeviceptr>(m.base);
+  CUresult r = api.unmap(va, m.size);
+  if (r == CUDA_SUCCESS) r = api.address_free(va, m.size);
+  if (r == CUDA_SUCCESS) r = api.release(m.handle);
+  if (r != CUDA_SUCCESS)
+    DMX_LOG_WARN("unmapping an imported cuMem allocation ({} B at 0x{:x}): {}", m.size, m.base, result_text(r));
+}
+
+Result<void*> alloc_cumem_range(int device, size_t size, size_t piece) {
+  const CuMemApi& api = cumem_api();
+  if (!api.missing.ok()) return Status(Code::kUnavailable, api.missing.message());
+  DeviceGuard guard(device);  // the primary context, for the range's first use
+  DMX_RETURN_IF_ERROR(guard.status());
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t g = 0;
+  CUresult r = api.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r != CUDA_SUCCESS) return make_error("cuMemGetAllocationGranularity", r).to_status(Code::kIo);
+  piece = std::max(g, (piece + g - 1) / g * g);
+  size_t blocks = std::max<size_t>(1, (size + piece - 1) / piece);
+  CuMemRange range;
+  range.size = blocks * piece;
+  range.piece = piece;
+  CUdeviceptr va = 0;
+  r = api.reserve(&va, range.size, 0, 0, 0);
+  if (r != CUDA_SUCCESS)
+    return make_error(fmt::format("cuMemAddressReserve({} B)", range.size), r).to_status(Code::kIo);
+  auto undo = [&](CUresult why, std::string what) -> Status {
+    for (size_t i = 0; i < range.blocks.size(); ++i) {
+      (void)api.unmap(va + i * piece, piece);
+      (void)api.release(range.blocks[i]);
+    }
+    (void)api.address_free(va, range.size);
+    return make_error(what, why).to_status(why == CUDA_ERROR_OUT_OF_MEMORY ? Code::kResourceExhausted : Code::kIo);
+  };
+  for (size_t i = 0; i < blocks; ++i) {
+    CUmemGenericAllocationHandle h = 0;
+    r = api.create(&h, piece, &prop, 0);
+    if (r != CUDA_SUCCESS) return undo(r, fmt::format("cuMemCreate({} B on cuda:{})", piece, device));
+    r = api.map(va + i * piece, piece, 0, h, 0);
+    if (r != CUDA_SUCCESS) {
+      (void)api.release(h);
+      return undo(r, "cuMemMap");
+    }
+    range.blocks.push_back(h);
+  }
+  std::vector<CUmemAccessDesc> access{access_for(device)};
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess)
+    for (int d = 0; d < n; ++d) {
+      int can = 0;
+      if (d != device && cudaDeviceCanAccessPeer(&can, d, device) == cudaSuccess && can)
+        access.push_back(access_for(d));
+    }
+  r = api.set_access(va, range.size, access.data(), access.size());
+  if (r != CUDA_SUCCESS) return undo(r, "cuMemSetAccess");
+  std::lock_guard lock(g_ranges_mu);
+  g_ranges.emplace(static_cast<uintptr_t>(va), std::move(range));
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(va));
+}
+
+void free_cumem_range(void* ptr) {
+  const CuMemApi& api = cumem_api();
+  CuMemRange range;
+  {
+    std::lock_guard lock(g_ranges_mu);
+    auto it = g_ranges.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == g_ranges.end()) {
+      DMX_LOG_WARN("free_cumem_range({}): not a range of alloc_cumem_range", ptr);
+      return;
+    }
+    range = std::move(it->second);
+    g_ranges.erase(it);
+  }
+  CUdeviceptr va = dev_ptr(ptr);
+  for (size_t i = 0; i < range.blocks.size(); ++i) {
+    (void)api.unmap(va + i * range.piece, range.piece);
+    (void)api.release(range.blocks[i]);
+  }
+  (void)api.address_free(va, range.size);
+}
 
 }  // namespace dmx::cuda::driver

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/sys.h"
 #include "dmx/status.h"
 
 namespace dmx::cuda::driver {
@@ -55,5 +56,37 @@ DriverError get_dmabuf_fd(void* ptr, size_t size, bool pcie_mapping, int* fd);
 
 // Whether this driver knows the PCIe mapping flag at all (CUDA 12.8 and later).
 bool knows_pcie_mapping_flag(int driver_version);
+
+// ---- cuMem allocations (cuMemCreate + cuMemMap: PyTorch's expandable segments, NCCL's buffers) ----
+// Each such allocation is one physical block mapped at one place; allocation_range() of a pointer
+// inside it gives that mapping (one block), even when the next block is mapped right after it.
+
+// Ok when the allocation holding `ptr` is a cuMem allocation that may be exported as a POSIX fd;
+// kUnavailable with the reason when not (made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+// managed memory, a stream-ordered pool, ...).
+Status cumem_fd_exportable(const void* ptr);
+
+// A new POSIX fd for the cuMem allocation holding `ptr` (cuMemRetainAllocationHandle, then
+// cuMemExportToShareableHandle). The fd keeps the allocation alive while it is open.
+Result<UniqueFd> export_cumem_fd(const void* ptr);
+
+// A peer's cuMem allocation mapped here from its fd (cuMemImportFromShareableHandle, a reserved
+// range, cuMemMap, read-write access for `device`). `size` must be the allocation's (a multiple
+// of the mapping granularity); the driver refuses a size larger than the allocation.
+struct CuMemMapping {
+  uintptr_t base = 0;
+  size_t size = 0;
+  unsigned long long handle = 0;  // NOLINT(google-runtime-int): CUmemGenericAllocationHandle
+};
+Result<CuMemMapping> import_cumem_fd(int fd, size_t size, int device);
+// Unmaps and releases it (failures are logged). The device need not be current.
+void unmap_cumem(const CuMemMapping& m);
+
+// For tests and benchmarks: `size` bytes of device memory on `device` laid out as PyTorch's
+// expandable segments are: one reserved range backed by separate cuMem allocations of `piece`
+// bytes each (rounded up to the allocation granularity), exportable as POSIX fds, readable and
+// writable by every GPU that has peer access to `device`. Freed by free_cumem_range.
+Result<void*> alloc_cumem_range(int device, size_t size, size_t piece);
+void free_cumem_range(void* ptr);
 
 }  // namespace dmx::cuda::driver

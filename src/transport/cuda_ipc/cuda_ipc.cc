@@ -1,6 +1,7 @@
 // cuda_ipc with CUDA: legacy IPC handles (cudaIpcGetMemHandle / cudaIpcOpenMemHandle with lazy
-// peer access), copies with cudaMemcpyAsync on non-blocking streams (copy engines), completion by
-// pooled events. Allocation bases come from the driver wrapper in src/memory/cuda/driver.h.
+// peer access) for cudaMalloc memory, POSIX fds for cuMem allocations (exported, imported and
+// mapped through the driver wrapper in src/memory/cuda/driver.h), copies with cudaMemcpyAsync on
+// non-blocking streams (copy engines), completion by pooled events.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -169,21 +170,52 @@ class InProcessOpener final : public ImportCache::Opener {
   void close(void*) override {}  // nothing was mapped
 };
 
+// Legacy handles through the process-wide Mappings; cuMem allocations from their fds, mapped once
+// per opener (a cuMem import may be mapped any number of times, so no process-wide table).
 class CudaOpener final : public ImportCache::Opener {
  public:
-  explicit CudaOpener(int device) : device_(device) {}
-  Result<void*> open(const IpcDescriptor& desc) override { return Mappings::get().open(desc, device_); }
-  void close(void* base) override { Mappings::get().close(base); }
+  CudaOpener(int device, FdSource* fds) : device_(device), fds_(fds) {}
+  ~CudaOpener() override {
+    for (auto& [base, m] : cumem_) cuda::driver::unmap_cumem(m);
+  }
+  Result<void*> open(const IpcDescriptor& desc) override {
+    if (desc.kind == IpcDescriptor::Kind::kIpcHandle) return Mappings::get().open(desc, device_);
+    if (fds_ == nullptr)
+      return Status(Code::kUnavailable, fmt::format("cuda_ipc: pid {} described a cuMem allocation, and no side "
+                                                    "channel brings its fd",
+                                                    desc.owner_pid));
+    DMX_ASSIGN_OR_RETURN(int fd, fds_->fd_for(desc.alloc_id));
+    DeviceGuard guard(device_);
+    DMX_RETURN_IF_ERROR(guard.status());
+    auto m = cuda::driver::import_cumem_fd(fd, desc.alloc_size, device_);
+    if (!m.ok())
+      return Status(m.status().code(),
+                    fmt::format("cuda_ipc: mapping cuMem allocation {} of pid {} ({} B): {}", desc.alloc_id,
+                                desc.owner_pid, desc.alloc_size, m.status().message()));
+    cumem_.emplace(reinterpret_cast<void*>(m->base), *m);
+    return reinterpret_cast<void*>(m->base);
+  }
+  void close(void* base) override {
+    auto it = cumem_.find(base);
+    if (it == cumem_.end()) {
+      Mappings::get().close(base);
+      return;
+    }
+    cuda::driver::unmap_cumem(it->second);
+    cumem_.erase(it);
+  }
 
  private:
   int device_;
+  FdSource* fds_;
+  std::map<void*, cuda::driver::CuMemMapping> cumem_;  // what open() mapped from fds, by base
 };
 
 class CopyEngineImpl final : public CopyEngine {
  public:
   explicit CopyEngineImpl(const Options& o)
       : options_(o),
-        opener_(o.device),
+        opener_(o.device, o.fds),
         cache_(o.in_process ? static_cast<ImportCache::Opener*>(&in_process_opener_) : &opener_),
         events_(o.device) {}
   ~CopyEngineImpl() override {
@@ -408,10 +440,11 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
       }
     }
   }
+  // For a cuMem allocation the range is its block's mapping (memory/cuda/driver.h).
   DMX_ASSIGN_OR_RETURN(cuda::driver::AllocationRange range, cuda::driver::allocation_range(region.ptr));
-  if (addr - range.base > range.size || region.size > range.size - (addr - range.base))
-    return Status(Code::kOutOfRange, fmt::format("cuda_ipc export: [{}, +{}) runs past its allocation of {} B",
-                                                 region.ptr, region.size, range.size));
+  if (addr < range.base || addr - range.base > range.size)
+    return Status(Code::kInternal, fmt::format("cuda_ipc export: the driver placed {} in [0x{:x}, +{})", region.ptr,
+                                               range.base, range.size));
   // The driver's buffer id tells a live allocation from one freed and allocated again at the same
   // base (cudaMalloc readily returns the same address): a stale handle must never be sent.
   DMX_ASSIGN_OR_RETURN(uint64_t buffer_id, cuda::driver::buffer_id(reinterpret_cast<void*>(range.base)));
@@ -428,27 +461,58 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
     it = by_base_.end();
   }
   if (it == by_base_.end()) {
-    DeviceGuard guard(range.device);
-    DMX_RETURN_IF_ERROR(guard.status());
-    IpcDescriptor d;
-    cudaIpcMemHandle_t h;
-    DMX_CUDA_RETURN_IF_ERROR("cudaIpcGetMemHandle", range.device,
-                             cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(range.base)));
-    std::memcpy(d.handle.data(), &h, sizeof h);
-    cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, range.device) == cudaSuccess)
-      std::memcpy(d.device_uuid.data(), &prop.uuid, d.device_uuid.size());
-    d.device = range.device;
-    d.owner_pid = ::getpid();
-    d.alloc_id = g_next_alloc_id.fetch_add(1, std::memory_order_relaxed);
-    d.alloc_size = range.size;
+    DMX_ASSIGN_OR_RETURN(IpcDescriptor d, describe_new(range.base, range.size, range.device));
     it = by_base_.emplace(range.base, Entry{d, buffer_id}).first;
     InProcessExports::get().add(d.alloc_id, range.base, range.size, buffer_id);
   }
   IpcDescriptor d = it->second.desc;
   d.offset = addr - range.base;
   d.length = region.size;
+  if (region.size > range.size - d.offset) {
+    if (d.kind == IpcDescriptor::Kind::kIpcHandle)
+      return Status(Code::kOutOfRange, fmt::format("cuda_ipc export: [{}, +{}) runs past its allocation of {} B",
+                                                   region.ptr, region.size, range.size));
+    d.length = range.size - d.offset;  // the rest lies in the next block
+  }
   return d;
+}
+
+Result<IpcDescriptor> Exporter::describe_new(uintptr_t base, uint64_t size, int device) {
+  DeviceGuard guard(device);
+  DMX_RETURN_IF_ERROR(guard.status());
+  IpcDescriptor d;
+  cudaIpcMemHandle_t h;
+  cudaError_t err = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+  if (err == cudaSuccess) {
+    std::memcpy(d.handle.data(), &h, sizeof h);
+  } else {
+    (void)cudaGetLastError();  // not sticky: clear it
+    Status cumem = cuda::driver::cumem_fd_exportable(reinterpret_cast<void*>(base));
+    if (!cumem.ok())
+      return Status(Code::kUnavailable,
+                    fmt::format("cudaIpcGetMemHandle: {}; and {}", cuda::error_text(err), cumem.message()));
+    d.kind = IpcDescriptor::Kind::kCuMemFd;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    std::memcpy(d.device_uuid.data(), &prop.uuid, d.device_uuid.size());
+  d.device = device;
+  d.owner_pid = ::getpid();
+  d.alloc_id = g_next_alloc_id.fetch_add(1, std::memory_order_relaxed);
+  d.alloc_size = size;
+  return d;
+}
+
+Result<UniqueFd> Exporter::export_fd(uint64_t alloc_id) {
+  for (const auto& [base, e] : by_base_)
+    if (e.desc.alloc_id == alloc_id) {
+      if (e.desc.kind != IpcDescriptor::Kind::kCuMemFd)
+        return Status(Code::kInvalidArgument, fmt::format("cuda_ipc: allocation {} is shared by an IPC handle, "
+                                                          "not an fd",
+                                                          alloc_id));
+      return cuda::driver::export_cumem_fd(reinterpret_cast<void*>(base));
+    }
+  return Status(Code::kNotFound, fmt::format("cuda_ipc: allocation {} is not exported (freed meanwhile?)", alloc_id));
 }
 
 Result<uint64_t> Exporter::forget(const void* ptr) {

@@ -7,11 +7,16 @@
 //
 // Pieces:
 //  - IpcDescriptor: what an owner sends to a peer (over the engine's control channel) so the peer
-//    can map a region of its device memory: the CUDA IPC handle of the whole allocation, an
-//    allocation id, and the region's offset and length within the allocation. decode() treats the
-//    bytes as untrusted.
+//    can map a region of its device memory: how the allocation is shared (a CUDA IPC handle of the
+//    whole cudaMalloc allocation, or — for a cuMem allocation, e.g. PyTorch's expandable segments —
+//    a POSIX fd that travels beside the descriptors, over a Unix socket: FdSource), an allocation
+//    id, and the region's offset and length within the allocation. decode() treats the bytes as
+//    untrusted.
 //  - Exporter: makes descriptors; one IPC handle per allocation, made once and cached (making a
 //    handle synchronises); forget() when the owner frees, which yields the invalidation to send.
+//    A cuMem allocation is one physical block mapped at one place: a region that runs on into the
+//    next block (contiguous addresses, another allocation) is described up to its block's end, and
+//    the caller describes the rest separately.
 //  - ImportCache: (peer, allocation id) -> mapped base, with invalidation and peer drop; mappings
 //    in use by copies in flight are closed only after those copies complete. CUDA-free logic
 //    (the opener is an interface), so it is tested on machines without GPUs.
@@ -40,6 +45,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/sys.h"
 #include "dmx/memory.h"
 #include "dmx/status.h"
 
@@ -52,7 +58,13 @@ struct IpcDescriptor {
   static constexpr size_t kHandleSize = 64;  // sizeof(cudaIpcMemHandle_t)
   static constexpr size_t kWireSize = 8 + 4 + 4 + kHandleSize + 16 + 8 * 4 + 8;
 
-  std::array<uint8_t, kHandleSize> handle{};  // cudaIpcMemHandle_t of the allocation
+  // How the peer maps the allocation.
+  enum class Kind : uint32_t {
+    kIpcHandle = 1,  // cudaMalloc memory: `handle` is its cudaIpcMemHandle_t
+    kCuMemFd = 2,    // a cuMem allocation: its POSIX fd comes by the side channel (FdSource); no handle
+  };
+  Kind kind = Kind::kIpcHandle;
+  std::array<uint8_t, kHandleSize> handle{};  // cudaIpcMemHandle_t of the allocation (kIpcHandle)
   std::array<uint8_t, 16> device_uuid{};      // of the owner's GPU (cudaDeviceProp::uuid)
   int32_t device = -1;                        // the owner's ordinal (informational only)
   int32_t owner_pid = 0;
@@ -62,8 +74,19 @@ struct IpcDescriptor {
   uint64_t length = 0;      // of the region
 
   std::vector<std::byte> encode() const;
-  // Validates everything: magic, version, size, offset + length <= alloc_size (no overflow).
+  // Validates everything: magic, version, kind, size, offset + length <= alloc_size (no overflow).
   static Result<IpcDescriptor> decode(std::span<const std::byte> bytes);
+};
+
+// Where an importer finds the POSIX fd of a peer's cuMem allocation (Kind::kCuMemFd), which the
+// owner sends over a Unix socket before the first descriptor that names it. The engine's cuda_ipc
+// path implements it over its side channel (engine/ipc_fds.h).
+class FdSource {
+ public:
+  virtual ~FdSource() = default;
+  // The fd of allocation `alloc_id` of the peer; borrowed: it stays open until the owner retires
+  // that allocation (ImportCache::invalidate) or the source goes away.
+  virtual Result<int> fd_for(uint64_t alloc_id) = 0;
 };
 
 class Exporter {
@@ -77,7 +100,13 @@ class Exporter {
   // A cached entry is trusted only while the driver's buffer id of the allocation is the one it was
   // made for: memory freed and allocated again at the same base (same size or not) gets a new
   // handle and a new allocation id, and the old id goes to the retired list (take_retired).
+  // cudaMalloc memory: a region past its allocation is kOutOfRange. A cuMem allocation (kind
+  // kCuMemFd) may end inside the region: the descriptor then covers [region.ptr, block end) and its
+  // length says so. Memory neither way can share (managed, pools, cuMem without the POSIX fd
+  // handle type): an error with both reasons.
   Result<IpcDescriptor> export_region(const MemRegion& region);
+  // A new POSIX fd for exported allocation `alloc_id` (kind kCuMemFd), for the peer.
+  Result<UniqueFd> export_fd(uint64_t alloc_id);
   // The allocation holding `ptr` is about to be freed: drop its handle. Returns the allocation id
   // the peers must invalidate (kNotFound when it was never exported).
   Result<uint64_t> forget(const void* ptr);
@@ -93,6 +122,8 @@ class Exporter {
     IpcDescriptor desc;      // offset/length unset
     uint64_t buffer_id = 0;  // CU_POINTER_ATTRIBUTE_BUFFER_ID when the handle was made
   };
+  // The descriptor of a new export of the allocation [base, +size) on `device`.
+  Result<IpcDescriptor> describe_new(uintptr_t base, uint64_t size, int device);
   std::map<uintptr_t, Entry> by_base_;  // allocation base -> entry
   std::vector<uint64_t> retired_;
 };
@@ -135,6 +166,7 @@ class ImportCache {
  private:
   struct Entry {
     void* base = nullptr;
+    IpcDescriptor::Kind kind = IpcDescriptor::Kind::kIpcHandle;
     std::array<uint8_t, IpcDescriptor::kHandleSize> handle{};
     uint64_t alloc_size = 0;
     uint32_t in_use = 0;
@@ -167,6 +199,8 @@ class CopyEngine {
     // The peer is this process: descriptors resolve to the exporter's pointers (see the top of
     // this file), and a descriptor from another process is refused.
     bool in_process = false;
+    // The peer's cuMem fds (outlives the engine); null: cuMem descriptors fail with the reason.
+    FdSource* fds = nullptr;
   };
   virtual ~CopyEngine() = default;
   // Enables peer access from `device` to every GPU that supports it (logged once with the reason

@@ -12,6 +12,9 @@ Status available() { return no_cuda(); }
 Exporter::~Exporter() = default;
 Result<IpcDescriptor> Exporter::export_region(const MemRegion&) { return no_cuda(); }
 Result<uint64_t> Exporter::forget(const void* ptr) { return no_cuda(); }
+Result<UniqueFd> Exporter::export_fd(uint64_t) {
+  return no_cuda();
+}
 Result<int> device_by_uuid(const std::array<uint8_t, 16>&) { return no_cuda(); }
 Result<std::unique_ptr<CopyEngine>> CopyEngine::create(const Options&) { return no_cuda(); }
 

@@ -1,8 +1,10 @@
 // IpcDescriptor wire format and the import cache: CUDA-free, built and tested everywhere.
 //
 // Wire format (little endian, fixed size kWireSize):
-//   u64 magic "dmx-ipc1" | u32 version | u32 reserved(0) | 64 B handle | 16 B device uuid |
-//   u64 alloc_id | u64 alloc_size | u64 offset | u64 length | i32 device | i32 owner_pid
+//   u64 magic "dmx-ipc1" | u32 version (2) | u32 kind (1 IPC handle, 2 cuMem fd) | 64 B handle
+//   (zero for kind 2) | 16 B device uuid | u64 alloc_id | u64 alloc_size | u64 offset |
+//   u64 length | i32 device | i32 owner_pid
+// Version 1 had a reserved zero where the kind is; a version-1 peer is refused with both numbers.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,7 +17,7 @@ namespace dmx::cuda_ipc {
 namespace {
 
 constexpr uint64_t kMagic = 0x316370692d786d64ull;  // "dmx-ipc1" read little endian
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 template <typename T>
 void put(std::vector<std::byte>& out, const T& v) {
@@ -37,7 +39,7 @@ std::vector<std::byte> IpcDescriptor::encode() const {
   out.reserve(kWireSize);
   put(out, kMagic);
   put(out, kVersion);
-  put(out, uint32_t{0});
+  put(out, static_cast<uint32_t>(kind));
   put(out, handle);
   put(out, device_uuid);
   put(out, alloc_id);
@@ -58,8 +60,11 @@ Result<IpcDescriptor> IpcDescriptor::decode(std::span<const std::byte> in) {
   uint32_t version = get<uint32_t>(in, &at);
   if (version != kVersion)
     return Status(Code::kProtocol, fmt::format("cuda_ipc descriptor version {} (we speak {})", version, kVersion));
-  (void)get<uint32_t>(in, &at);
+  uint32_t kind = get<uint32_t>(in, &at);
+  if (kind != static_cast<uint32_t>(Kind::kIpcHandle) && kind != static_cast<uint32_t>(Kind::kCuMemFd))
+    return Status(Code::kProtocol, fmt::format("cuda_ipc descriptor of unknown kind {}", kind));
   IpcDescriptor d;
+  d.kind = static_cast<Kind>(kind);
   d.handle = get<decltype(d.handle)>(in, &at);
   d.device_uuid = get<decltype(d.device_uuid)>(in, &at);
   d.alloc_id = get<uint64_t>(in, &at);
@@ -68,6 +73,8 @@ Result<IpcDescriptor> IpcDescriptor::decode(std::span<const std::byte> in) {
   d.length = get<uint64_t>(in, &at);
   d.device = get<int32_t>(in, &at);
   d.owner_pid = get<int32_t>(in, &at);
+  if (d.kind == Kind::kCuMemFd && d.handle != decltype(d.handle){})
+    return Status(Code::kProtocol, "cuda_ipc descriptor: a cuMem allocation with IPC handle bytes");
   if (d.alloc_size == 0 || d.offset > d.alloc_size || d.length > d.alloc_size - d.offset)
     return Status(Code::kProtocol, fmt::format("cuda_ipc descriptor: region [{}, +{}) outside an allocation of {} B",
                                                d.offset, d.length, d.alloc_size));
@@ -100,7 +107,7 @@ Result<void*> ImportCache::acquire(const std::string& peer, const IpcDescriptor&
   auto it = entries_.find(key);
   if (it != entries_.end()) {
     Entry& e = it->second;
-    if (!e.stale && e.handle == desc.handle && e.alloc_size == desc.alloc_size) {
+    if (!e.stale && e.kind == desc.kind && e.handle == desc.handle && e.alloc_size == desc.alloc_size) {
       ++e.in_use;
       ++stats_.hits;
       return e.base;
@@ -116,6 +123,7 @@ Result<void*> ImportCache::acquire(const std::string& peer, const IpcDescriptor&
   DMX_ASSIGN_OR_RETURN(void* base, opener_->open(desc));
   Entry e;
   e.base = base;
+  e.kind = desc.kind;
   e.handle = desc.handle;
   e.alloc_size = desc.alloc_size;
   e.in_use = 1;
