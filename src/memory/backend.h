@@ -61,6 +61,8 @@ Result<int> cuda_device_count();
 // Buffer::allocate_cumem's memory (memory/cuda/driver.h: alloc_cumem_range) and its release.
 Result<void*> cuda_cumem_alloc(int device, size_t size, size_t block);
 void cuda_cumem_free(void* ptr);
+// Whether cuMem allocations on `device` can be shared between processes as POSIX fds, or why not.
+Status cuda_cumem_ipc_supported(int device);
 
 MemoryBackend* host_backend();
 MemoryBackend* sim_backend(int device);

@@ -91,6 +91,13 @@ std::vector<Capability> probe_cuda() {
         fmt::format("cuda:{}", d.ordinal),
         fmt::format("{} {} sm_{}{} {} MiB", d.name, d.bus_id, d.cc_major, d.cc_minor, d.total_memory >> 20));
   out.push_back(devs);
+  Status cumem;
+  for (int d = 0; d < *count && cumem.ok(); ++d) cumem = cuda_cumem_ipc_supported(d);
+  out.push_back(cumem.ok() ? yes("cuda.cumem_ipc", "cuMem allocations (PyTorch's expandable segments) can be shared "
+                                                   "as POSIX fds: cuda_ipc carries them")
+                           : no("cuda.cumem_ipc", fmt::format("{}: cuMem memory goes staged through shm, not by "
+                                                              "cuda_ipc",
+                                                              cumem.message())));
   auto mps = cuda_mps_daemon();
   out.push_back(mps.ok() ? yes("cuda.mps", fmt::format("MPS control daemon at {}: processes sharing a GPU share one "
                                                       "context",

@@ -135,6 +135,14 @@ Result<int> device_attribute(int device, DeviceAttribute attribute) {
     case DeviceAttribute::kPciBusId: a = CU_DEVICE_ATTRIBUTE_PCI_BUS_ID; name = "PCI_BUS_ID"; break;
     case DeviceAttribute::kPciDeviceId: a = CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID; name = "PCI_DEVICE_ID"; break;
     case DeviceAttribute::kPciDomainId: a = CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID; name = "PCI_DOMAIN_ID"; break;
+    case DeviceAttribute::kVirtualMemoryManagementSupported:
+      a = CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
+      name = "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED";
+      break;
+    case DeviceAttribute::kPosixFdHandleSupported:
+      a = CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
+      name = "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED";
+      break;
   }
   const auto& get = DMX_DRIVER_SYMBOL(cuDeviceGetAttribute, 2000);
   if (get.fn == nullptr) return get.missing;
@@ -284,6 +292,17 @@ std::mutex g_ranges_mu;
 std::map<uintptr_t, CuMemRange> g_ranges;
 
 }  // namespace
+
+Status cumem_ipc_supported(int device) {
+  const CuMemApi& api = cumem_api();
+  if (!api.missing.ok()) return Status(Code::kUnavailable, api.missing.message());
+  DMX_ASSIGN_OR_RETURN(int vmm, device_attribute(device, DeviceAttribute::kVirtualMemoryManagementSupported));
+  if (vmm == 0) return Status(Code::kUnavailable, fmt::format("cuda:{} has no virtual memory management (cuMem)", device));
+  DMX_ASSIGN_OR_RETURN(int fd, device_attribute(device, DeviceAttribute::kPosixFdHandleSupported));
+  if (fd == 0)
+    return Status(Code::kUnavailable, fmt::format("cuda:{} cannot share cuMem allocations as POSIX fds", device));
+  return Status();
+}
 
 Status cumem_fd_exportable(const void* ptr) {
   const CuMemApi& api = cumem_api();

@@ -31,7 +31,15 @@ struct DriverError {
 Result<int> driver_version();
 
 // An integer device attribute by its CUdevice_attribute name, for the attributes dmx asks about.
-enum class DeviceAttribute { kDmaBufSupported, kGpuDirectRdmaSupported, kPciBusId, kPciDeviceId, kPciDomainId };
+enum class DeviceAttribute {
+  kDmaBufSupported,
+  kGpuDirectRdmaSupported,
+  kPciBusId,
+  kPciDeviceId,
+  kPciDomainId,
+  kVirtualMemoryManagementSupported,
+  kPosixFdHandleSupported,
+};
 Result<int> device_attribute(int device, DeviceAttribute attribute);
 
 // The allocation (base, size) that contains `ptr`, and the device that owns it;
@@ -60,6 +68,10 @@ bool knows_pcie_mapping_flag(int driver_version);
 // ---- cuMem allocations (cuMemCreate + cuMemMap: PyTorch's expandable segments, NCCL's buffers) ----
 // Each such allocation is one physical block mapped at one place; allocation_range() of a pointer
 // inside it gives that mapping (one block), even when the next block is mapped right after it.
+
+// Whether cuMem allocations on `device` can be shared as POSIX fds (the driver's entry points and
+// the device's VIRTUAL_MEMORY_MANAGEMENT and HANDLE_TYPE_POSIX_FILE_DESCRIPTOR attributes), or why not.
+Status cumem_ipc_supported(int device);
 
 // Ok when the allocation holding `ptr` is a cuMem allocation that may be exported as a POSIX fd;
 // kUnavailable with the reason when not (made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
