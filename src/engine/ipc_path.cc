@@ -245,9 +245,7 @@ class CudaIpcPath final : public PayloadPath {
   // kUnavailable (the chunk goes by another path) when it cannot.
   Status send_fd_once(uint64_t alloc_id) {
     if (!fds_)
-      return Status(Code::kUnavailable,
-                    "cuda_ipc: a cuMem allocation needs the fd side channel, which this "
-                    "connection lacks")
+      return Status(Code::kUnavailable, "cuda_ipc: a cuMem allocation needs the fd side channel, not connected")
           .with_peer(peer_);
     if (fds_->sent(alloc_id)) return Status();
     auto fd = exporter_.export_fd(alloc_id);
