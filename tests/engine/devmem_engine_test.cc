@@ -4,8 +4,10 @@
 // loopback TCP connection made by the handshake (JOIN index = streams) and real bytes move through
 // the double's fragments and tokens. The double's "device" memory is the sim kind (mapped with no
 // access rights: engine code that touches it directly crashes). No devmem NIC is involved.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <thread>
 
@@ -52,6 +54,38 @@ class SimOnlyPath final : public PayloadPath {
   std::unique_ptr<PayloadPath> inner_;
 };
 
+// A devmem path that, like cuda_ipc at the end of a cuMem block, takes only a prefix of a chunk it
+// may cut (PayloadPath::post_tx, whole == false): at most kTake bytes, so the endpoint must send
+// the rest as further chunks. Counts the cuts, and the chunks that had to go whole.
+class PrefixPath final : public PayloadPath {
+ public:
+  static constexpr size_t kTake = 100003;
+  explicit PrefixPath(std::unique_ptr<PayloadPath> inner) : inner_(std::move(inner)) {}
+  PathKind kind() const override { return inner_->kind(); }
+  void start(Events* e, std::shared_ptr<void> k) override { inner_->start(e, std::move(k)); }
+  bool carries(const MemSpec& src) const override { return inner_->carries(src); }
+  bool accepts(const MemSpec& dst) const override { return inner_->accepts(dst); }
+  uint64_t max_chunk() const override { return inner_->max_chunk(); }
+  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override {
+    if (whole || src.size <= kTake) return inner_->post_tx(seq, src, whole);
+    ++cuts;
+    return inner_->post_tx(seq, src.sub(0, kTake), whole);
+  }
+  Result<uint64_t> chunk_length(std::span<const unsigned char> d) override { return inner_->chunk_length(d); }
+  Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
+    return inner_->post_rx(seq, d, dst);
+  }
+  bool receiver_releases() const override { return inner_->receiver_releases(); }
+  void stop() override { inner_->stop(); }
+  PathStats stats() const override { return inner_->stats(); }
+  std::string describe() const override { return inner_->describe() + fmt::format(" ({} chunks cut)", cuts.load()); }
+
+  std::atomic<uint64_t> cuts{0};
+
+ private:
+  std::unique_ptr<PayloadPath> inner_;
+};
+
 Options devmem_options(const char* transport = "devmem") {
   Options o = test_options(2);
   o.set("transport", transport).set("devmem_rx_pool", "32M");
@@ -65,7 +99,9 @@ struct Host {
 
 // A context whose devmem path is the double. The factory holds the NIC; the context's config is
 // read through a raw pointer (the factory lives in that context, so it cannot outlive it).
-Host make_host(uint64_t seed, Options o = devmem_options(), bool sim_only = false) {
+enum class Wrap { kNone, kSimOnly, kPrefix };
+
+Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kNone) {
   Host h;
   SimNicOptions no;
   no.seed = seed;
@@ -75,9 +111,10 @@ Host make_host(uint64_t seed, Options o = devmem_options(), bool sim_only = fals
   h.ctx = *c;
   ContextImpl* impl = h.ctx.impl().get();
   impl->set_devmem_factory_for_testing(
-      [nic = h.nic, impl, sim_only](UniqueFd fd, const std::string& peer) -> Result<std::unique_ptr<PayloadPath>> {
+      [nic = h.nic, impl, wrap](UniqueFd fd, const std::string& peer) -> Result<std::unique_ptr<PayloadPath>> {
         auto p = make_devmem_path(std::move(fd), impl->config(), peer, nic->seams());
-        if (!p.ok() || !sim_only) return p;
+        if (!p.ok() || wrap == Wrap::kNone) return p;
+        if (wrap == Wrap::kPrefix) return std::unique_ptr<PayloadPath>(std::make_unique<PrefixPath>(std::move(*p)));
         return std::unique_ptr<PayloadPath>(std::make_unique<SimOnlyPath>(std::move(*p)));
       });
   return h;
@@ -90,10 +127,10 @@ struct DevmemPair {
   Endpoint client, server;
 };
 
-DevmemPair connect_devmem(bool sim_only = false) {
+DevmemPair connect_devmem(Wrap wrap = Wrap::kNone) {
   DevmemPair p;
-  p.a = make_host(11, devmem_options(), sim_only);
-  p.b = make_host(22, devmem_options(), sim_only);
+  p.a = make_host(11, devmem_options(), wrap);
+  p.b = make_host(22, devmem_options(), wrap);
   auto l = p.a.ctx.listen("tcp://127.0.0.1:0");
   EXPECT_TRUE(l.ok()) << l.status().to_string();
   p.listener = std::move(*l);
@@ -154,6 +191,46 @@ TEST(DevmemEngineDouble, SendRecvSizesIntoSimAndHost) {
   EXPECT_GE(devmem_bytes_received(p.server), big);
 }
 
+// A path that takes a prefix of each chunk it may cut: the endpoint sends the rest in further
+// chunks (sends and reads, odd sizes), every byte lands once and in place; eager messages, which
+// must go whole, are never cut.
+TEST(DevmemEngineDouble, PathTakingAPrefixGetsTheRestInFurtherChunks) {
+  DevmemPair p = connect_devmem(Wrap::kPrefix);
+  uint64_t chunks_before = 0;
+  for (const auto& u : p.client.stats().paths) chunks_before += u.chunks_sent;
+  size_t total = 0;
+  for (size_t n : {size_t{8}, size_t{16384}, size_t{100004}, size_t{(1u << 20) + 3}, size_t{(5u << 20) + 1}}) {
+    Filled src = filled(kSim, n + 5);
+    Buffer dst = poisoned(kSim, n + 11 + 16);
+    Request r = p.server.recv(dst.region().sub(11, n), 9);
+    Request s = p.client.send(src.buf.region().sub(5, n), 9);
+    ASSERT_TRUE(s.wait(60s).ok()) << n << ": " << s.status().to_string();
+    ASSERT_TRUE(r.wait(60s).ok()) << n << ": " << r.status().to_string();
+    EXPECT_EQ(r.bytes(), n);
+    auto got = read_back(dst.region());
+    for (size_t i = 0; i < 11; ++i) ASSERT_EQ(got[i], 0xA5) << n;
+    ASSERT_TRUE(std::equal(src.data.begin() + 5, src.data.end(), got.begin() + 11)) << n;
+    for (size_t i = 11 + n; i < got.size(); ++i) ASSERT_EQ(got[i], 0xA5) << n;
+    if (n > 16384) total += n;
+  }
+  uint64_t chunks = 0;
+  for (const auto& u : p.client.stats().paths) chunks += u.chunks_sent;
+  // Every rendezvous byte in chunks of at most PrefixPath::kTake.
+  EXPECT_GE(chunks - chunks_before, total / PrefixPath::kTake);
+  EXPECT_GE(devmem_bytes_sent(p.client), total);
+
+  size_t n = (2u << 20) + 9;
+  Buffer target = poisoned(kSim, n);
+  Filled data = filled(kSim, n);
+  ASSERT_TRUE(copy_memory(target.region(), data.buf.region()).ok());
+  auto reg = p.a.ctx.register_memory(target.region());
+  ASSERT_TRUE(reg.ok());
+  Buffer back = poisoned(kSim, n);
+  ASSERT_TRUE(p.client.read(back.region(), reg->remote(), 0).wait(60s).ok());
+  EXPECT_EQ(read_back(back.region()), data.data);
+  for (const auto& u : p.server.stats().paths) EXPECT_NE(u.detail.find("chunks cut"), std::string::npos) << u.detail;
+}
+
 TEST(DevmemEngineDouble, WriteInlineAndReadByDevmem) {
   DevmemPair p = connect_devmem();
   size_t n = 5 * (1 << 20) + 1;
@@ -179,7 +256,7 @@ TEST(DevmemEngineDouble, WriteInlineAndReadByDevmem) {
 }
 
 TEST(DevmemEngineDouble, DestinationTheGathererCannotWriteGoesInline) {
-  DevmemPair p = connect_devmem(/*sim_only=*/true);
+  DevmemPair p = connect_devmem(Wrap::kSimOnly);
   size_t n = (3u << 20) + 7;
   Filled src = filled(kSim, n);
   Buffer host_dst = poisoned(kHost, n);
