@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cinttypes>
+#include <cstdio>
 #include <memory>
 #include <thread>
 
@@ -86,6 +88,42 @@ class PrefixPath final : public PayloadPath {
   std::unique_ptr<PayloadPath> inner_;
 };
 
+// A devmem path that counts how the receiving endpoint hands it chunks: post_rx_now (the
+// small-chunk lane may take it on the stream's thread) or post_rx (more frames wait behind it on
+// the control stream: EndpointImpl::on_path_header, Stream::rx_backlog).
+class LaneCountingPath final : public PayloadPath {
+ public:
+  explicit LaneCountingPath(std::unique_ptr<PayloadPath> inner) : inner_(std::move(inner)) {}
+  PathKind kind() const override { return inner_->kind(); }
+  void start(Events* e, std::shared_ptr<void> k) override { inner_->start(e, std::move(k)); }
+  bool carries(const MemSpec& src) const override { return inner_->carries(src); }
+  bool accepts(const MemSpec& dst) const override { return inner_->accepts(dst); }
+  uint64_t max_chunk() const override { return inner_->max_chunk(); }
+  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override {
+    return inner_->post_tx(seq, src, whole);
+  }
+  Result<uint64_t> chunk_length(std::span<const unsigned char> d) override { return inner_->chunk_length(d); }
+  Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
+    ++queued;
+    return inner_->post_rx(seq, d, dst);
+  }
+  Result<bool> post_rx_now(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
+    ++offered_now;
+    return inner_->post_rx_now(seq, d, dst);
+  }
+  bool receiver_releases() const override { return inner_->receiver_releases(); }
+  void stop() override { inner_->stop(); }
+  PathStats stats() const override { return inner_->stats(); }
+  std::string describe() const override {
+    return inner_->describe() + fmt::format(" (lane offered {}, queued {})", offered_now.load(), queued.load());
+  }
+
+  std::atomic<uint64_t> offered_now{0}, queued{0};
+
+ private:
+  std::unique_ptr<PayloadPath> inner_;
+};
+
 Options devmem_options(const char* transport = "devmem") {
   Options o = test_options(2);
   o.set("transport", transport).set("devmem_rx_pool", "32M");
@@ -99,7 +137,7 @@ struct Host {
 
 // A context whose devmem path is the double. The factory holds the NIC; the context's config is
 // read through a raw pointer (the factory lives in that context, so it cannot outlive it).
-enum class Wrap { kNone, kSimOnly, kPrefix };
+enum class Wrap { kNone, kSimOnly, kPrefix, kLaneCounting };
 
 Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kNone) {
   Host h;
@@ -115,6 +153,8 @@ Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kN
         auto p = make_devmem_path(std::move(fd), impl->config(), peer, nic->seams());
         if (!p.ok() || wrap == Wrap::kNone) return p;
         if (wrap == Wrap::kPrefix) return std::unique_ptr<PayloadPath>(std::make_unique<PrefixPath>(std::move(*p)));
+        if (wrap == Wrap::kLaneCounting)
+          return std::unique_ptr<PayloadPath>(std::make_unique<LaneCountingPath>(std::move(*p)));
         return std::unique_ptr<PayloadPath>(std::make_unique<SimOnlyPath>(std::move(*p)));
       });
   return h;
@@ -229,6 +269,39 @@ TEST(DevmemEngineDouble, PathTakingAPrefixGetsTheRestInFurtherChunks) {
   ASSERT_TRUE(p.client.read(back.region(), reg->remote(), 0).wait(60s).ok());
   EXPECT_EQ(read_back(back.region()), data.data);
   for (const auto& u : p.server.stats().paths) EXPECT_NE(u.detail.find("chunks cut"), std::string::npos) << u.detail;
+}
+
+// The receiving endpoint offers a path chunk to the small-chunk lane (post_rx_now) only when nothing
+// waits behind its header on the control stream (Stream::rx_backlog): in a strict ping-pong nothing
+// does, and every chunk is offered. (The other half, a burst whose chunks are queued instead, needs
+// chunk headers that arrive back to back, which the devmem double's rendezvous chunks do not: it is
+// CudaIpcEngineGpu.SmallMessageBurstGoesToThePathsThread, with eager messages, on a GPU.)
+TEST(DevmemEngineDouble, PingPongChunksAreOfferedToTheLane) {
+  DevmemPair p = connect_devmem(Wrap::kLaneCounting);
+  auto counts = [&](const Endpoint& e) {
+    std::pair<uint64_t, uint64_t> c{0, 0};
+    for (const auto& u : e.stats().paths) {
+      auto at = u.detail.find("(lane offered ");
+      if (at != std::string::npos) std::sscanf(u.detail.c_str() + at, "(lane offered %" SCNu64 ", queued %" SCNu64 ")", &c.first, &c.second);
+    }
+    return c;
+  };
+  const size_t n = 20000;  // above the eager limit: one devmem chunk each
+  constexpr int kRounds = 40;
+  Filled src = filled(kSim, n);
+  Buffer dst = poisoned(kSim, n);
+  for (int i = 0; i < kRounds; ++i) {  // strict ping-pong: the reply waits for the message
+    Request r = p.server.recv(dst.region(), 1);
+    ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(60s).ok());
+    ASSERT_TRUE(r.wait(60s).ok());
+    unsigned char ack = 1;
+    Request back = p.client.recv(MemRegion{&ack, 1, {}}, 2);
+    ASSERT_TRUE(p.server.send(MemRegion{&ack, 1, {}}, 2).wait(60s).ok());
+    ASSERT_TRUE(back.wait(60s).ok());
+  }
+  auto [now_pp, queued_pp] = counts(p.server);
+  EXPECT_EQ(now_pp + queued_pp, static_cast<uint64_t>(kRounds));
+  EXPECT_GE(now_pp, static_cast<uint64_t>(kRounds) * 9 / 10) << "ping-pong chunks queued: " << queued_pp;
 }
 
 TEST(DevmemEngineDouble, WriteInlineAndReadByDevmem) {
