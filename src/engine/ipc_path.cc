@@ -36,6 +36,8 @@ constexpr auto kSpin = std::chrono::microseconds(200);      // polling after wor
 constexpr auto kPollSleep = std::chrono::microseconds(20);  // sleeps while copies are pending (plus timer slack)
 constexpr auto kStopDrain = std::chrono::seconds(10);       // bound on waiting for copies at stop
 constexpr uint32_t kLaneBackoff = 64;                       // chunks the small-chunk lane passes over after a slow copy
+constexpr auto kSweepEvery = std::chrono::milliseconds(10);  // how often post_tx looks for freed exports
+constexpr size_t kSweepMax = 32;                            // allocations it looks at each time
 
 class CudaIpcPath final : public PayloadPath {
   struct RxItem {
@@ -102,6 +104,12 @@ class CudaIpcPath final : public PayloadPath {
     IpcChunkDescriptor d;
     {
       std::lock_guard lock(tx_mu_);
+      // Now and then, find exported allocations the user has freed, so that the peer unmaps them
+      // with this chunk's retired ids (a few driver calls, bounded by kSweepMax).
+      if (auto now = Clock::now(); now >= next_sweep_) {
+        exporter_.sweep(kSweepMax);
+        next_sweep_ = now + kSweepEvery;
+      }
       auto e = exporter_.export_region(src);
       // A region past its allocation is the caller's error; any other refusal (managed memory,
       // stream-ordered pools, cuMem allocations without fds, no driver) means another path must
@@ -591,8 +599,9 @@ class CudaIpcPath final : public PayloadPath {
   std::thread thread_;
   bool started_ = false;
 
-  std::mutex tx_mu_;  // guards exporter_
+  std::mutex tx_mu_;  // guards exporter_, next_sweep_
   cuda_ipc::Exporter exporter_;
+  Clock::time_point next_sweep_{};
 
   mutable std::mutex mu_;  // guards queue_, stopping_, sleeping_, failed_, report_, shared_note_
   std::condition_variable cv_;

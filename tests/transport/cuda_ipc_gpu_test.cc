@@ -6,6 +6,8 @@
 // itself never calls CUDA: the probe and both peers run in forked children.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <random>
 
 #include "memory/backend.h"
@@ -221,6 +223,42 @@ TEST(CudaIpcGpu, OwnerKilledWithCopiesInFlightNeverHangs) {
   run_pair(victim, survivor, &ro, &ru, &owner_pid);
   EXPECT_EQ(ru, 0);
   EXPECT_EQ(ro, 128 + SIGKILL);
+}
+
+// An allocation that is freed and never exported again is found by Exporter::sweep and retired,
+// for cudaMalloc memory and for both blocks of a cuMem range; a live one is not (and stays a cache
+// hit); a sweep looks at each entry at most once, round robin over calls.
+TEST(CudaIpcGpu, SweepRetiresFreedAllocations) {
+  std::string why;
+  int n = probe_gpus(&why);
+  if (n < 1) GTEST_SKIP() << "no usable GPU: " << why;
+  pid_t c = testing::fork_child([&] {
+    Exporter ex;
+    auto keep = Buffer::allocate({MemKind::kCuda, 0}, 1 << 20);
+    auto gone = Buffer::allocate({MemKind::kCuda, 0}, 3 << 20);
+    auto range = Buffer::allocate_cumem(0, 4 << 20, 2 << 20);
+    CHILD_CHECK(keep.ok() && gone.ok() && range.ok(), 10);
+    auto k = ex.export_region(keep->region());
+    auto g = ex.export_region(gone->region().sub(5, 100));
+    auto r1 = ex.export_region(range->region().sub(0, 100));
+    auto r2 = ex.export_region(range->region().sub(3 << 20, 100));
+    CHILD_CHECK(k.ok() && g.ok() && r1.ok() && r2.ok(), 11);
+    CHILD_CHECK(r1->kind == IpcDescriptor::Kind::kCuMemFd && r1->alloc_id != r2->alloc_id, 12);
+    CHILD_CHECK(ex.exported() == 4 && ex.sweep(64) == 0 && ex.retired() == 0, 13);
+    *gone = Buffer();  // freed, as a user would, without telling the exporter
+    *range = Buffer();
+    size_t found = ex.sweep(2) + ex.sweep(2);  // two calls of two look at all four
+    CHILD_CHECK(found == 3, 14);
+    std::vector<uint64_t> ids = ex.take_retired(16), want = {g->alloc_id, r1->alloc_id, r2->alloc_id};
+    std::sort(ids.begin(), ids.end());
+    std::sort(want.begin(), want.end());
+    CHILD_CHECK(ids == want, 15);
+    CHILD_CHECK(ex.exported() == 1 && ex.sweep(64) == 0, 16);
+    auto again = ex.export_region(keep->region());
+    CHILD_CHECK(again.ok() && again->alloc_id == k->alloc_id, 17);
+    return 0;
+  });
+  EXPECT_EQ(testing::wait_child(c, std::chrono::seconds(60)), 0);
 }
 
 }  // namespace

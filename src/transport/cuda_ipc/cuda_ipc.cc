@@ -450,14 +450,7 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
   DMX_ASSIGN_OR_RETURN(uint64_t buffer_id, cuda::driver::buffer_id(reinterpret_cast<void*>(range.base)));
   auto it = by_base_.find(range.base);
   if (it != by_base_.end() && (it->second.buffer_id != buffer_id || it->second.desc.alloc_size != range.size)) {
-    if (retired_.size() >= kMaxRetired) {
-      DMX_LOG_WARN("cuda_ipc export: {} freed allocations not yet announced to the peer; forgetting the oldest "
-                   "(its peer keeps that mapping until it drops us)", retired_.size());
-      retired_.erase(retired_.begin());
-    }
-    retired_.push_back(it->second.desc.alloc_id);
-    InProcessExports::get().remove(it->second.desc.alloc_id);
-    by_base_.erase(it);
+    retire(it);
     it = by_base_.end();
   }
   if (it == by_base_.end()) {
@@ -475,6 +468,40 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
     d.length = range.size - d.offset;  // the rest lies in the next block
   }
   return d;
+}
+
+void Exporter::retire(std::map<uintptr_t, Entry>::iterator it) {
+  if (retired_.size() >= kMaxRetired) {
+    DMX_LOG_WARN("cuda_ipc export: {} freed allocations not yet announced to the peer; forgetting the oldest "
+                 "(its peer keeps that mapping until it drops us)",
+                 retired_.size());
+    retired_.erase(retired_.begin());
+  }
+  retired_.push_back(it->second.desc.alloc_id);
+  InProcessExports::get().remove(it->second.desc.alloc_id);
+  by_base_.erase(it);
+}
+
+size_t Exporter::sweep(size_t max) {
+  size_t retired = 0;
+  auto it = by_base_.lower_bound(sweep_from_);
+  for (size_t seen = 0; seen < max && !by_base_.empty(); ++seen) {
+    if (it == by_base_.end()) it = by_base_.begin();
+    // Any pointer inside the allocation reports its buffer id; a freed one is not CUDA memory (or
+    // belongs to whatever was allocated there since).
+    auto id = cuda::driver::buffer_id(reinterpret_cast<void*>(it->first));
+    if (!id.ok() || *id != it->second.buffer_id) {
+      auto next = std::next(it);
+      retire(it);
+      it = next;
+      ++retired;
+    } else {
+      ++it;
+    }
+    if (seen + 1 >= by_base_.size() + retired) break;  // each entry at most once per call
+  }
+  sweep_from_ = it == by_base_.end() ? 0 : it->first;
+  return retired;
 }
 
 Result<IpcDescriptor> Exporter::describe_new(uintptr_t base, uint64_t size, int device) {

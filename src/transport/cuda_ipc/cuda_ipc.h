@@ -110,9 +110,15 @@ class Exporter {
   // The allocation holding `ptr` is about to be freed: drop its handle. Returns the allocation id
   // the peers must invalidate (kNotFound when it was never exported).
   Result<uint64_t> forget(const void* ptr);
-  // Ids of allocations export_region found freed (replaced at the same base), oldest first, at
-  // most `max`; the peers must invalidate them. Removed from the list.
+  // Ids of allocations export_region or sweep found freed, oldest first, at most `max`; the peers
+  // must invalidate them. Removed from the list.
   std::vector<uint64_t> take_retired(size_t max);
+  // Looks at up to `max` cached allocations (round robin over calls) and retires those freed since
+  // they were exported: the address is no longer CUDA memory, or holds another allocation (a new
+  // buffer id). Without it an allocation that is freed and never exported again would stay
+  // mapped — and its memory alive — in the peer until the connection ends. Returns how many it
+  // retired.
+  size_t sweep(size_t max);
   size_t exported() const { return by_base_.size(); }
   size_t retired() const { return retired_.size(); }
   static constexpr size_t kMaxRetired = 4096;  // beyond this the oldest is dropped (and logged)
@@ -124,8 +130,12 @@ class Exporter {
   };
   // The descriptor of a new export of the allocation [base, +size) on `device`.
   Result<IpcDescriptor> describe_new(uintptr_t base, uint64_t size, int device);
+  // Moves a cached entry to the retired list (and out of the in-process table).
+  void retire(std::map<uintptr_t, Entry>::iterator it);
+
   std::map<uintptr_t, Entry> by_base_;  // allocation base -> entry
   std::vector<uint64_t> retired_;
+  uintptr_t sweep_from_ = 0;  // where the next sweep starts
 };
 
 // The ordinal of the local GPU whose uuid is `uuid` (as IpcDescriptor::device_uuid), kNotFound when
