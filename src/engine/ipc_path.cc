@@ -262,6 +262,11 @@ class CudaIpcPath final : public PayloadPath {
           .with_peer(peer_);
     Status s = fds_->send(alloc_id, fd->get());
     if (s.ok()) cumem_fds_sent_.fetch_add(1, std::memory_order_relaxed);
+    // Any failure but the peer's death (a full socket, the kernel's limit on fds in flight) sends
+    // this chunk by another path.
+    if (!s.ok() && s.code() != Code::kPeerFailed)
+      return Status(Code::kUnavailable, fmt::format("cuda_ipc could not send a cuMem fd: {}", s.message()))
+          .with_peer(peer_);
     return s;
   }
 
