@@ -30,70 +30,10 @@ using devmem::testing::SimNicOptions;
 const MemSpec kSim{MemKind::kSim, 0};
 const MemSpec kHost{};
 
-// A devmem path that accepts only sim destinations: stands in for a GPU pool whose gatherer cannot
-// write host memory, so the engine must keep such transfers inline.
-class SimOnlyPath final : public PayloadPath {
+// A payload path that forwards everything to another; the test paths below change one thing each.
+class ForwardingPath : public PayloadPath {
  public:
-  explicit SimOnlyPath(std::unique_ptr<PayloadPath> inner) : inner_(std::move(inner)) {}
-  PathKind kind() const override { return inner_->kind(); }
-  void start(Events* e, std::shared_ptr<void> k) override { inner_->start(e, std::move(k)); }
-  bool carries(const MemSpec& src) const override { return inner_->carries(src); }
-  bool accepts(const MemSpec& dst) const override { return dst.kind == MemKind::kSim; }
-  uint64_t max_chunk() const override { return inner_->max_chunk(); }
-  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override {
-    return inner_->post_tx(seq, src, whole);
-  }
-  Result<uint64_t> chunk_length(std::span<const unsigned char> d) override { return inner_->chunk_length(d); }
-  Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
-    return inner_->post_rx(seq, d, dst);
-  }
-  bool receiver_releases() const override { return inner_->receiver_releases(); }
-  void stop() override { inner_->stop(); }
-  PathStats stats() const override { return inner_->stats(); }
-  std::string describe() const override { return inner_->describe() + " (sim destinations only)"; }
-
- private:
-  std::unique_ptr<PayloadPath> inner_;
-};
-
-// A devmem path that, like cuda_ipc at the end of a cuMem block, takes only a prefix of a chunk it
-// may cut (PayloadPath::post_tx, whole == false): at most kTake bytes, so the endpoint must send
-// the rest as further chunks. Counts the cuts, and the chunks that had to go whole.
-class PrefixPath final : public PayloadPath {
- public:
-  static constexpr size_t kTake = 100003;
-  explicit PrefixPath(std::unique_ptr<PayloadPath> inner) : inner_(std::move(inner)) {}
-  PathKind kind() const override { return inner_->kind(); }
-  void start(Events* e, std::shared_ptr<void> k) override { inner_->start(e, std::move(k)); }
-  bool carries(const MemSpec& src) const override { return inner_->carries(src); }
-  bool accepts(const MemSpec& dst) const override { return inner_->accepts(dst); }
-  uint64_t max_chunk() const override { return inner_->max_chunk(); }
-  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override {
-    if (whole || src.size <= kTake) return inner_->post_tx(seq, src, whole);
-    ++cuts;
-    return inner_->post_tx(seq, src.sub(0, kTake), whole);
-  }
-  Result<uint64_t> chunk_length(std::span<const unsigned char> d) override { return inner_->chunk_length(d); }
-  Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
-    return inner_->post_rx(seq, d, dst);
-  }
-  bool receiver_releases() const override { return inner_->receiver_releases(); }
-  void stop() override { inner_->stop(); }
-  PathStats stats() const override { return inner_->stats(); }
-  std::string describe() const override { return inner_->describe() + fmt::format(" ({} chunks cut)", cuts.load()); }
-
-  std::atomic<uint64_t> cuts{0};
-
- private:
-  std::unique_ptr<PayloadPath> inner_;
-};
-
-// A devmem path that counts how the receiving endpoint hands it chunks: post_rx_now (the
-// small-chunk lane may take it on the stream's thread) or post_rx (more frames wait behind it on
-// the control stream: EndpointImpl::on_path_header, Stream::rx_backlog).
-class LaneCountingPath final : public PayloadPath {
- public:
-  explicit LaneCountingPath(std::unique_ptr<PayloadPath> inner) : inner_(std::move(inner)) {}
+  explicit ForwardingPath(std::unique_ptr<PayloadPath> inner) : inner_(std::move(inner)) {}
   PathKind kind() const override { return inner_->kind(); }
   void start(Events* e, std::shared_ptr<void> k) override { inner_->start(e, std::move(k)); }
   bool carries(const MemSpec& src) const override { return inner_->carries(src); }
@@ -104,24 +44,69 @@ class LaneCountingPath final : public PayloadPath {
   }
   Result<uint64_t> chunk_length(std::span<const unsigned char> d) override { return inner_->chunk_length(d); }
   Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
-    ++queued;
     return inner_->post_rx(seq, d, dst);
   }
   Result<bool> post_rx_now(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
-    ++offered_now;
     return inner_->post_rx_now(seq, d, dst);
   }
   bool receiver_releases() const override { return inner_->receiver_releases(); }
   void stop() override { inner_->stop(); }
   PathStats stats() const override { return inner_->stats(); }
-  std::string describe() const override {
-    return inner_->describe() + fmt::format(" (lane offered {}, queued {})", offered_now.load(), queued.load());
-  }
-
-  std::atomic<uint64_t> offered_now{0}, queued{0};
+  std::string describe() const override { return inner_->describe(); }
 
  private:
   std::unique_ptr<PayloadPath> inner_;
+};
+
+// A devmem path that accepts only sim destinations: stands in for a GPU pool whose gatherer cannot
+// write host memory, so the engine must keep such transfers inline.
+class SimOnlyPath final : public ForwardingPath {
+ public:
+  using ForwardingPath::ForwardingPath;
+  bool accepts(const MemSpec& dst) const override { return dst.kind == MemKind::kSim; }
+  std::string describe() const override { return ForwardingPath::describe() + " (sim destinations only)"; }
+};
+
+// A devmem path that, like cuda_ipc at the end of a cuMem block, takes only a prefix of a chunk it
+// may cut (PayloadPath::post_tx, whole == false): at most kTake bytes, so the endpoint must send
+// the rest as further chunks.
+class PrefixPath final : public ForwardingPath {
+ public:
+  static constexpr size_t kTake = 100003;
+  using ForwardingPath::ForwardingPath;
+  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override {
+    if (whole || src.size <= kTake) return ForwardingPath::post_tx(seq, src, whole);
+    ++cuts_;
+    return ForwardingPath::post_tx(seq, src.sub(0, kTake), whole);
+  }
+  std::string describe() const override {
+    return ForwardingPath::describe() + fmt::format(" ({} chunks cut)", cuts_.load());
+  }
+
+ private:
+  std::atomic<uint64_t> cuts_{0};
+};
+
+// A devmem path that counts how the receiving endpoint hands it chunks: post_rx_now (the
+// small-chunk lane may take it on the stream's thread) or post_rx (more frames wait behind it on
+// the control stream: EndpointImpl::on_path_header, Stream::rx_backlog).
+class LaneCountingPath final : public ForwardingPath {
+ public:
+  using ForwardingPath::ForwardingPath;
+  Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
+    ++queued_;
+    return ForwardingPath::post_rx(seq, d, dst);
+  }
+  Result<bool> post_rx_now(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
+    ++offered_now_;
+    return ForwardingPath::post_rx_now(seq, d, dst);
+  }
+  std::string describe() const override {
+    return ForwardingPath::describe() + fmt::format(" (lane offered {}, queued {})", offered_now_.load(), queued_.load());
+  }
+
+ private:
+  std::atomic<uint64_t> offered_now_{0}, queued_{0};
 };
 
 Options devmem_options(const char* transport = "devmem") {
