@@ -90,7 +90,7 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
   s.paths = local | (pipe ? uint64_t{wire::kTransportControlPipe} : 0);
   if (local == (wire::kTransportShm | wire::kTransportCudaIpc)) {
     s.transport = "shm+cuda_ipc";
-    s.reason = "same host: device sources go by cuda_ipc, everything else through shm";
+    s.reason = fmt::format("same host: device sources go by cuda_ipc, everything else through shm{}", detail);
   } else if (local == wire::kTransportShm) {
     s.transport = "shm";
     s.reason = fmt::format("same host: payloads go through shm{}", detail);
@@ -233,7 +233,9 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
   agreed.keepalive = keepalive_for(p, *theirs);
   agreed.peer_eager_limit = theirs->eager_limit;
   agreed.peer_unexpected_budget = theirs->unexpected_budget;
-  if ((agreed.paths & (wire::kTransportShm | wire::kTransportControlPipe)) == 0) local_listener.reset();
+  // The side channels' listener: shm, the control pipe and cuda_ipc's fd channel each have one.
+  if ((agreed.paths & (wire::kTransportShm | wire::kTransportControlPipe | wire::kTransportCudaIpc)) == 0)
+    local_listener.reset();
   DMX_ASSIGN_OR_RETURN(LocalLinks links, build_paths(*ctx, agreed.paths, mine, *theirs, std::move(local_listener),
                                                       LocalChannels{}, std::move(data_socket), peer, deadline));
   return EndpointImpl::create(ctx, std::move(agreed), stream_conduits(std::move(fds), std::move(links.control)),
