@@ -37,7 +37,7 @@ constexpr auto kPollSleep = std::chrono::microseconds(20);  // sleeps while copi
 constexpr auto kStopDrain = std::chrono::seconds(10);       // bound on waiting for copies at stop
 constexpr uint32_t kLaneBackoff = 64;                       // chunks the small-chunk lane passes over after a slow copy
 constexpr auto kSweepEvery = std::chrono::milliseconds(10);  // how often post_tx looks for freed exports
-constexpr size_t kSweepMax = 32;                            // allocations it looks at each time
+constexpr size_t kSweepMax = 32;                             // allocations it looks at each time
 
 class CudaIpcPath final : public PayloadPath {
   struct RxItem {

@@ -237,7 +237,9 @@ Result<void*> cuda_cumem_alloc(int device, size_t size, size_t block) {
 void cuda_cumem_free(void* ptr) {
   cuda::driver::free_cumem_range(ptr);
 }
-Status cuda_cumem_ipc_supported(int device) { return cuda::driver::cumem_ipc_supported(device); }
+Status cuda_cumem_ipc_supported(int device) {
+  return cuda::driver::cumem_ipc_supported(device);
+}
 
 Result<MemoryBackend*> cuda_backend(int device) {
   DMX_RETURN_IF_ERROR(cuda::check_device(device));

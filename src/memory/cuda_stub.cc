@@ -12,6 +12,8 @@ Result<void*> cuda_cumem_alloc(int, size_t, size_t) {
   return no_cuda();
 }
 void cuda_cumem_free(void*) {}
-Status cuda_cumem_ipc_supported(int) { return no_cuda(); }
+Status cuda_cumem_ipc_supported(int) {
+  return no_cuda();
+}
 
 }  // namespace dmx

@@ -93,8 +93,9 @@ std::vector<Capability> probe_cuda() {
   out.push_back(devs);
   Status cumem;
   for (int d = 0; d < *count && cumem.ok(); ++d) cumem = cuda_cumem_ipc_supported(d);
-  out.push_back(cumem.ok() ? yes("cuda.cumem_ipc", "cuMem allocations (PyTorch's expandable segments) can be shared "
-                                                   "as POSIX fds: cuda_ipc carries them")
+  out.push_back(cumem.ok() ? yes("cuda.cumem_ipc",
+                                 "cuMem allocations (PyTorch's expandable segments) can be shared "
+                                 "as POSIX fds: cuda_ipc carries them")
                            : no("cuda.cumem_ipc", fmt::format("{}: cuMem memory goes staged through shm, not by "
                                                               "cuda_ipc",
                                                               cumem.message())));

@@ -102,7 +102,8 @@ class LaneCountingPath final : public ForwardingPath {
     return ForwardingPath::post_rx_now(seq, d, dst);
   }
   std::string describe() const override {
-    return ForwardingPath::describe() + fmt::format(" (lane offered {}, queued {})", offered_now_.load(), queued_.load());
+    return ForwardingPath::describe() +
+           fmt::format(" (lane offered {}, queued {})", offered_now_.load(), queued_.load());
   }
 
  private:
@@ -267,7 +268,8 @@ TEST(DevmemEngineDouble, PingPongChunksAreOfferedToTheLane) {
     std::pair<uint64_t, uint64_t> c{0, 0};
     for (const auto& u : e.stats().paths) {
       auto at = u.detail.find("(lane offered ");
-      if (at != std::string::npos) std::sscanf(u.detail.c_str() + at, "(lane offered %" SCNu64 ", queued %" SCNu64 ")", &c.first, &c.second);
+      if (at != std::string::npos)
+        std::sscanf(u.detail.c_str() + at, "(lane offered %" SCNu64 ", queued %" SCNu64 ")", &c.first, &c.second);
     }
     return c;
   };

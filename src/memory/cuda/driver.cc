@@ -297,7 +297,8 @@ Status cumem_ipc_supported(int device) {
   const CuMemApi& api = cumem_api();
   if (!api.missing.ok()) return Status(Code::kUnavailable, api.missing.message());
   DMX_ASSIGN_OR_RETURN(int vmm, device_attribute(device, DeviceAttribute::kVirtualMemoryManagementSupported));
-  if (vmm == 0) return Status(Code::kUnavailable, fmt::format("cuda:{} has no virtual memory management (cuMem)", device));
+  if (vmm == 0)
+    return Status(Code::kUnavailable, fmt::format("cuda:{} has no virtual memory management (cuMem)", device));
   DMX_ASSIGN_OR_RETURN(int fd, device_attribute(device, DeviceAttribute::kPosixFdHandleSupported));
   if (fd == 0)
     return Status(Code::kUnavailable, fmt::format("cuda:{} cannot share cuMem allocations as POSIX fds", device));

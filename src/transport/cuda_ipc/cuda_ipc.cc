@@ -472,9 +472,10 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
 
 void Exporter::retire(std::map<uintptr_t, Entry>::iterator it) {
   if (retired_.size() >= kMaxRetired) {
-    DMX_LOG_WARN("cuda_ipc export: {} freed allocations not yet announced to the peer; forgetting the oldest "
-                 "(its peer keeps that mapping until it drops us)",
-                 retired_.size());
+    DMX_LOG_WARN(
+        "cuda_ipc export: {} freed allocations not yet announced to the peer; forgetting the oldest "
+        "(its peer keeps that mapping until it drops us)",
+        retired_.size());
     retired_.erase(retired_.begin());
   }
   retired_.push_back(it->second.desc.alloc_id);

@@ -15,7 +15,9 @@ Result<uint64_t> Exporter::forget(const void* ptr) { return no_cuda(); }
 Result<UniqueFd> Exporter::export_fd(uint64_t) {
   return no_cuda();
 }
-size_t Exporter::sweep(size_t) { return 0; }
+size_t Exporter::sweep(size_t) {
+  return 0;
+}
 Result<int> device_by_uuid(const std::array<uint8_t, 16>&) { return no_cuda(); }
 Result<std::unique_ptr<CopyEngine>> CopyEngine::create(const Options&) { return no_cuda(); }
 
