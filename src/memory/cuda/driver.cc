@@ -282,12 +282,30 @@ CUmemAccessDesc access_for(int device) {
   return a;
 }
 
-// alloc_cumem_range's ranges: base -> (reserved size, the blocks mapped in it).
+// A reserved address range with `mapped` blocks of `piece` bytes mapped from its start: what
+// alloc_cumem_range makes, and what import_cumem_fd maps (one block).
 struct CuMemRange {
-  size_t size = 0;
-  std::vector<CUmemGenericAllocationHandle> blocks;
+  CUdeviceptr va = 0;  // 0: nothing reserved yet
+  size_t size = 0;     // reserved
   size_t piece = 0;
+  std::vector<CUmemGenericAllocationHandle> blocks;  // owned handles
+  size_t mapped = 0;
 };
+
+// Undoes a range as far as it got: unmaps its mapped blocks, releases every handle, frees the
+// reservation. Returns the first failure.
+CUresult undo(const CuMemApi& api, const CuMemRange& range) {
+  CUresult first = CUDA_SUCCESS;
+  auto note = [&](CUresult r) {
+    if (first == CUDA_SUCCESS) first = r;
+  };
+  for (size_t i = 0; i < range.mapped; ++i) note(api.unmap(range.va + i * range.piece, range.piece));
+  for (CUmemGenericAllocationHandle h : range.blocks) note(api.release(h));
+  if (range.va != 0) note(api.address_free(range.va, range.size));
+  return first;
+}
+
+// alloc_cumem_range's ranges, by base.
 std::mutex g_ranges_mu;
 std::map<uintptr_t, CuMemRange> g_ranges;
 
@@ -351,46 +369,37 @@ Result<UniqueFd> export_cumem_fd(const void* ptr) {
 Result<CuMemMapping> import_cumem_fd(int fd, size_t size, int device) {
   const CuMemApi& api = cumem_api();
   if (!api.missing.ok()) return Status(Code::kUnavailable, api.missing.message());
-  CuMemMapping m;
-  m.size = size;
+  CuMemRange range;
+  range.size = range.piece = size;
+  auto fail = [&](CUresult r, const std::string& call) -> Status {
+    (void)undo(api, range);
+    return make_error(call, r).to_status(Code::kIo);
+  };
   CUmemGenericAllocationHandle h = 0;
   CUresult r = api.import_handle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  if (r != CUDA_SUCCESS)
-    return make_error(fmt::format("cuMemImportFromShareableHandle(fd {})", fd), r).to_status(Code::kIo);
-  CUdeviceptr va = 0;
-  r = api.reserve(&va, size, 0, 0, 0);
-  if (r != CUDA_SUCCESS) {
-    (void)api.release(h);
-    return make_error(fmt::format("cuMemAddressReserve({} B)", size), r).to_status(Code::kIo);
-  }
-  r = api.map(va, size, 0, h, 0);
-  if (r != CUDA_SUCCESS) {
-    (void)api.address_free(va, size);
-    (void)api.release(h);
-    return make_error(fmt::format("cuMemMap({} B of an imported allocation)", size), r).to_status(Code::kIo);
-  }
+  if (r != CUDA_SUCCESS) return fail(r, fmt::format("cuMemImportFromShareableHandle(fd {})", fd));
+  range.blocks.push_back(h);
+  if (r = api.reserve(&range.va, size, 0, 0, 0); r != CUDA_SUCCESS)
+    return fail(r, fmt::format("cuMemAddressReserve({} B)", size));
+  if (r = api.map(range.va, size, 0, h, 0); r != CUDA_SUCCESS)
+    return fail(r, fmt::format("cuMemMap({} B of an imported allocation)", size));
+  range.mapped = 1;
   CUmemAccessDesc access = access_for(device);
-  r = api.set_access(va, size, &access, 1);
-  if (r != CUDA_SUCCESS) {
-    (void)api.unmap(va, size);
-    (void)api.address_free(va, size);
-    (void)api.release(h);
-    return make_error(fmt::format("cuMemSetAccess({} B, cuda:{})", size, device), r).to_status(Code::kIo);
-  }
-  m.base = static_cast<uintptr_t>(va);
-  m.handle = h;
-  return m;
+  if (r = api.set_access(range.va, size, &access, 1); r != CUDA_SUCCESS)
+    return fail(r, fmt::format("cuMemSetAccess({} B, cuda:{})", size, device));
+  return CuMemMapping{static_cast<uintptr_t>(range.va), size, h};
 }
 
 void unmap_cumem(const CuMemMapping& m) {
   const CuMemApi& api = cumem_api();
   if (!api.missing.ok() || m.base == 0) return;
-  auto va = static_cast<CUdeviceptr>(m.base);
-  CUresult r = api.unmap(va, m.size);
-  if (r == CUDA_SUCCESS) r = api.address_free(va, m.size);
-  if (r == CUDA_SUCCESS) r = api.release(m.handle);
-  if (r != CUDA_SUCCESS)
+  CuMemRange range;
+  range.va = static_cast<CUdeviceptr>(m.base);
+  range.size = range.piece = m.size;
+  range.blocks = {m.handle};
+  range.mapped = 1;
+  if (CUresult r = undo(api, range); r != CUDA_SUCCESS)
     DMX_LOG_WARN("unmapping an imported cuMem allocation ({} B at 0x{:x}): {}", m.size, m.base, result_text(r));
 }
 
@@ -407,33 +416,23 @@ Result<void*> alloc_cumem_range(int device, size_t size, size_t piece) {
   size_t g = 0;
   CUresult r = api.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   if (r != CUDA_SUCCESS) return make_error("cuMemGetAllocationGranularity", r).to_status(Code::kIo);
-  piece = std::max(g, (piece + g - 1) / g * g);
-  size_t blocks = std::max<size_t>(1, (size + piece - 1) / piece);
   CuMemRange range;
-  range.size = blocks * piece;
-  range.piece = piece;
-  CUdeviceptr va = 0;
-  r = api.reserve(&va, range.size, 0, 0, 0);
-  if (r != CUDA_SUCCESS)
-    return make_error(fmt::format("cuMemAddressReserve({} B)", range.size), r).to_status(Code::kIo);
-  auto undo = [&](CUresult why, std::string what) -> Status {
-    for (size_t i = 0; i < range.blocks.size(); ++i) {
-      (void)api.unmap(va + i * piece, piece);
-      (void)api.release(range.blocks[i]);
-    }
-    (void)api.address_free(va, range.size);
-    return make_error(what, why).to_status(why == CUDA_ERROR_OUT_OF_MEMORY ? Code::kResourceExhausted : Code::kIo);
+  range.piece = std::max(g, (piece + g - 1) / g * g);
+  size_t blocks = std::max<size_t>(1, (size + range.piece - 1) / range.piece);
+  range.size = blocks * range.piece;
+  auto fail = [&](CUresult why, const std::string& call) -> Status {
+    (void)undo(api, range);
+    return make_error(call, why).to_status(why == CUDA_ERROR_OUT_OF_MEMORY ? Code::kResourceExhausted : Code::kIo);
   };
+  if (r = api.reserve(&range.va, range.size, 0, 0, 0); r != CUDA_SUCCESS)
+    return fail(r, fmt::format("cuMemAddressReserve({} B)", range.size));
   for (size_t i = 0; i < blocks; ++i) {
     CUmemGenericAllocationHandle h = 0;
-    r = api.create(&h, piece, &prop, 0);
-    if (r != CUDA_SUCCESS) return undo(r, fmt::format("cuMemCreate({} B on cuda:{})", piece, device));
-    r = api.map(va + i * piece, piece, 0, h, 0);
-    if (r != CUDA_SUCCESS) {
-      (void)api.release(h);
-      return undo(r, "cuMemMap");
-    }
+    if (r = api.create(&h, range.piece, &prop, 0); r != CUDA_SUCCESS)
+      return fail(r, fmt::format("cuMemCreate({} B on cuda:{})", range.piece, device));
     range.blocks.push_back(h);
+    if (r = api.map(range.va + i * range.piece, range.piece, 0, h, 0); r != CUDA_SUCCESS) return fail(r, "cuMemMap");
+    range.mapped = i + 1;
   }
   std::vector<CUmemAccessDesc> access{access_for(device)};
   int n = 0;
@@ -443,15 +442,15 @@ Result<void*> alloc_cumem_range(int device, size_t size, size_t piece) {
       if (d != device && cudaDeviceCanAccessPeer(&can, d, device) == cudaSuccess && can)
         access.push_back(access_for(d));
     }
-  r = api.set_access(va, range.size, access.data(), access.size());
-  if (r != CUDA_SUCCESS) return undo(r, "cuMemSetAccess");
+  if (r = api.set_access(range.va, range.size, access.data(), access.size()); r != CUDA_SUCCESS)
+    return fail(r, "cuMemSetAccess");
+  auto base = static_cast<uintptr_t>(range.va);
   std::lock_guard lock(g_ranges_mu);
-  g_ranges.emplace(static_cast<uintptr_t>(va), std::move(range));
-  return reinterpret_cast<void*>(static_cast<uintptr_t>(va));
+  g_ranges.emplace(base, std::move(range));
+  return reinterpret_cast<void*>(base);
 }
 
 void free_cumem_range(void* ptr) {
-  const CuMemApi& api = cumem_api();
   CuMemRange range;
   {
     std::lock_guard lock(g_ranges_mu);
@@ -463,12 +462,8 @@ void free_cumem_range(void* ptr) {
     range = std::move(it->second);
     g_ranges.erase(it);
   }
-  CUdeviceptr va = dev_ptr(ptr);
-  for (size_t i = 0; i < range.blocks.size(); ++i) {
-    (void)api.unmap(va + i * range.piece, range.piece);
-    (void)api.release(range.blocks[i]);
-  }
-  (void)api.address_free(va, range.size);
+  if (CUresult r = undo(cumem_api(), range); r != CUDA_SUCCESS)
+    DMX_LOG_WARN("freeing a cuMem range ({} B at {}): {}", range.size, ptr, result_text(r));
 }
 
 }  // namespace dmx::cuda::driver

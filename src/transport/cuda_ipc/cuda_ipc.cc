@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -485,8 +486,9 @@ void Exporter::retire(std::map<uintptr_t, Entry>::iterator it) {
 
 size_t Exporter::sweep(size_t max) {
   size_t retired = 0;
+  size_t n = std::min(max, by_base_.size());  // each entry at most once per call
   auto it = by_base_.lower_bound(sweep_from_);
-  for (size_t seen = 0; seen < max && !by_base_.empty(); ++seen) {
+  for (size_t i = 0; i < n; ++i) {
     if (it == by_base_.end()) it = by_base_.begin();
     // Any pointer inside the allocation reports its buffer id; a freed one is not CUDA memory (or
     // belongs to whatever was allocated there since).
@@ -499,7 +501,6 @@ size_t Exporter::sweep(size_t max) {
     } else {
       ++it;
     }
-    if (seen + 1 >= by_base_.size() + retired) break;  // each entry at most once per call
   }
   sweep_from_ = it == by_base_.end() ? 0 : it->first;
   return retired;
