@@ -36,9 +36,19 @@ struct MemRegion {
   size_t size = 0;
   MemSpec where;
 
+  // Whether [offset, offset + length) lies inside this region (overflow-safe).
+  bool contains(size_t offset, size_t length) const { return offset <= size && length <= size - offset; }
+  // The sub-range [offset, offset + length). Its range must lie inside (check with contains()
+  // where it comes from outside): a range outside is a bug, and terminates the process with a
+  // message rather than let a transfer touch memory it does not own.
   MemRegion sub(size_t offset, size_t length) const {
+    if (!contains(offset, length)) [[unlikely]]
+      sub_out_of_range(offset, length, size);
     return MemRegion{static_cast<char*>(ptr) + offset, length, where};
   }
+
+ private:
+  [[noreturn]] static void sub_out_of_range(size_t offset, size_t length, size_t size);
 };
 
 // An owned allocation of any kind; freed on destruction. Move-only.

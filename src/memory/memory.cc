@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -37,6 +39,11 @@ Result<MemSpec> parse_mem_spec(std::string_view text) {
     }
   }
   return Status(Code::kInvalidArgument, fmt::format("'{}': unknown memory kind (host, pinned, cuda[:N], sim[:N])", text));
+}
+
+void MemRegion::sub_out_of_range(size_t offset, size_t length, size_t size) {
+  std::fprintf(stderr, "dmx: bug: MemRegion::sub(%zu, %zu) outside a %zu-byte region\n", offset, length, size);
+  std::abort();
 }
 
 std::string to_string(const MemSpec& spec) {
