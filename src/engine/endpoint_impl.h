@@ -144,7 +144,10 @@ class EndpointImpl final : public tcp::StreamHost,
   // By value: callers often pass a pointer held in a table that these functions erase.
   void stop(std::shared_ptr<OpState> op, Status why);
   void settle_stopped(std::shared_ptr<OpState> op);
+  // Ends the endpoint with `s` (first reason wins): fail() for breakage, which it reports as
+  // "lost the peer" whatever noticed it; end() as given (an orderly close, a violation).
   void fail(Status s);
+  void end(Status s);
   void fail_all();
   void deliver();
   bool on_worker_thread() const;

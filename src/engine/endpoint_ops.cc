@@ -439,7 +439,22 @@ void EndpointImpl::deliver() {
 
 void EndpointImpl::on_stream_failed(int stream, const Status& s) { fail(s); }
 
-void EndpointImpl::fail(Status s) {
+namespace {
+// However the connection broke — a stream's reset or EOF, the shm pipe's hung-up side channel, a
+// path's peer gone, silence past peer_timeout — the application sees one code and one message form,
+// whichever part of the endpoint noticed first. Violations and local faults keep their own code.
+Status as_lost_peer(const Status& s) {
+  if (s.code() != Code::kPeerFailed && s.code() != Code::kIo && s.code() != Code::kClosed) return s;
+  if (s.message().starts_with("lost the peer: ")) return s;
+  Status lost(Code::kPeerFailed, fmt::format("lost the peer: {}", s.message()));
+  if (!s.origin().empty()) lost = lost.with_origin(s.origin());
+  return s.peer().empty() ? lost : lost.with_peer(s.peer());
+}
+}  // namespace
+
+void EndpointImpl::fail(Status s) { end(as_lost_peer(s)); }
+
+void EndpointImpl::end(Status s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (status_.ok()) {

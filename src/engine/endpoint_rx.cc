@@ -129,7 +129,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
         break;  // keepalive
     }
   }
-  if (closed) fail(Status(Code::kClosed, fmt::format("the peer closed the endpoint ({})", close_reason)));
+  if (closed) end(Status(Code::kClosed, fmt::format("the peer closed the endpoint ({})", printable(close_reason))));
   if (noted || moved.noted) notes_cv_.notify_all();
   deliver();
   if (moved.release) send_path_done(moved.path, moved.seq);  // after the delivery, as on_path_rx_done
@@ -430,7 +430,8 @@ Status EndpointImpl::on_read_req(const FrameHeader& h) {
 Status EndpointImpl::on_ack(const FrameHeader& h, const std::vector<unsigned char>& text_bytes) {
   if (h.a0 > static_cast<uint64_t>(Code::kInternal)) return protocol(fmt::format("ACK with unknown status {}", h.a0));
   auto code = static_cast<Code>(h.a0);
-  std::string text(text_bytes.begin(), text_bytes.end());
+  // The peer's words go into our errors and logs: escaped and capped.
+  std::string text = printable(std::string_view(reinterpret_cast<const char*>(text_bytes.data()), text_bytes.size()));
   switch (static_cast<wire::OpKind>(h.a1)) {
     case wire::OpKind::kSend: {
       if (code == Code::kOk) return protocol("ACK(ok) for a send");
