@@ -20,6 +20,12 @@ constexpr ConfigEntry kTable[] = {
     {"unexpected_budget", ConfigType::kSize, "64M",
      "bytes of eager messages a receiver buffers before a matching recv is posted (per endpoint)"},
     {"max_inflight_ops", ConfigType::kInt, "4096", "incoming operations a peer may have in flight at once"},
+    {"max_reply_backlog", ConfigType::kSize, "4M",
+     "replies to a peer's requests (ACKs) queued unsent before this side stops reading from that peer"},
+    {"peer_error_budget", ConfigType::kInt, "1000",
+     "refused operations (unknown key, full notification queue) a peer may cause in 10 s before it is closed"},
+    {"max_notifications", ConfigType::kInt, "65536",
+     "write notifications held for the application per endpoint; a notifying write beyond is refused"},
     // authentication
     {"auth_key", ConfigType::kString, "", "shared secret for peer authentication (overrides auth_key_file)"},
     {"auth_key_file", ConfigType::kString, "",

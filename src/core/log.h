@@ -64,4 +64,4 @@ class LogLimiter {
 #define DMX_LOG_WARN(...) ::dmx::logger().warn(__VA_ARGS__)
 #define DMX_LOG_ERROR(...) ::dmx::logger().error(__VA_ARGS__)
 // A line a peer can cause repeatedly: at most one per kind and interval of `limiter`.
-#define DMX_LOG_LIMITED(limiter, level, kind, ...) (limiter).log(::spdlog::level::level, kind, __VA_ARGS__)
+#define DMX_LOG_LIMITED(limiter, lvl, kind, ...) (limiter).log(::spdlog::level::lvl, kind, __VA_ARGS__)

@@ -42,6 +42,14 @@ Result<EngineParams> params_from(const Config& c) {
   int64_t ops = c.get_int("max_inflight_ops");
   if (ops < 16 || ops > (1 << 20)) return Status(Code::kInvalidArgument, "max_inflight_ops must be 16-1048576");
   p.max_inflight_ops = static_cast<int>(ops);
+  p.max_reply_backlog = c.get_size("max_reply_backlog");
+  if (p.max_reply_backlog < 64 * 1024) return Status(Code::kInvalidArgument, "max_reply_backlog must be at least 64K");
+  int64_t budget = c.get_int("peer_error_budget");
+  if (budget < 1 || budget > (1 << 30)) return Status(Code::kInvalidArgument, "peer_error_budget must be 1-1073741824");
+  p.peer_error_budget = static_cast<int>(budget);
+  int64_t notes = c.get_int("max_notifications");
+  if (notes < 1 || notes > (1 << 24)) return Status(Code::kInvalidArgument, "max_notifications must be 1-16777216");
+  p.max_notifications = static_cast<size_t>(notes);
   p.keepalive = c.get_duration("keepalive_interval");
   p.peer_timeout = c.get_duration("peer_timeout");
   if (p.keepalive.count() <= 0 || p.peer_timeout <= 2 * p.keepalive)

@@ -37,6 +37,9 @@ struct EngineParams {
   uint64_t unexpected_budget = 64 << 20;
   int staging_slots = 4;
   int max_inflight_ops = 4096;
+  uint64_t max_reply_backlog = 4 << 20;
+  int peer_error_budget = 1000;
+  size_t max_notifications = 65536;
   std::chrono::microseconds keepalive{1'000'000};
   std::chrono::microseconds peer_timeout{10'000'000};
   std::chrono::microseconds connect_timeout{10'000'000};

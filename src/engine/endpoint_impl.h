@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/log.h"
 #include "dmx/endpoint.h"
 #include "engine/context_impl.h"
 #include "engine/op.h"
@@ -66,6 +67,7 @@ class EndpointImpl final : public tcp::StreamHost,
   void on_stream_failed(int stream, const Status& s) override;
   void on_stream_stopped(int stream) override;
   void on_tick() override;
+  bool rx_paused() override;
 
   // PayloadPath::Events (endpoint_paths.cc)
   void on_path_tx_done(PathKind path, uint64_t seq, const Status& s) override;
@@ -137,6 +139,11 @@ class EndpointImpl final : public tcp::StreamHost,
   Request start(const std::shared_ptr<OpState>& op, std::deque<std::shared_ptr<OpState>>& queue);
   void push_control(wire::FrameHeader h, std::vector<unsigned char> payload = {},
                     std::shared_ptr<OpState> op = nullptr);
+  // A frame the peer's request caused: counted against max_reply_backlog (rx_paused).
+  void push_reply(wire::FrameHeader h, std::vector<unsigned char> payload = {});
+  // The peer caused a refused operation (`what`, logged at most once a second); an error once it
+  // has caused more than peer_error_budget within 10 s. Caller holds mu_.
+  Status note_refusal(const Status& what);
   void send_ack(uint64_t id, wire::OpKind kind, const Status& s);
   void wake_streams();
 
@@ -262,7 +269,10 @@ class EndpointImpl final : public tcp::StreamHost,
   std::unordered_map<uint64_t, Inbound> reads_;                     // by op id
   std::unordered_map<uint64_t, InWrite> in_writes_;                 // peer's writes, by its op id
   int read_responses_ = 0;
-  std::deque<Notification> notes_;
+  std::deque<Notification> notes_;  // at most params_.max_notifications
+  Clock::time_point refusals_since_{};
+  int refusals_ = 0;  // within the 10 s from refusals_since_
+  LogLimiter peer_log_;  // lines the peer can cause again and again
   std::condition_variable notes_cv_;
   std::multimap<Clock::time_point, std::weak_ptr<OpState>> deadlines_;
   std::atomic<int64_t> next_deadline_ns_{INT64_MAX};

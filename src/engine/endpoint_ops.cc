@@ -113,6 +113,33 @@ void EndpointImpl::push_control(FrameHeader h, std::vector<unsigned char> payloa
   streams_[0]->push_control(std::move(item));
 }
 
+void EndpointImpl::push_reply(FrameHeader h, std::vector<unsigned char> payload) {
+  tcp::TxItem item;
+  item.header = h;
+  item.owned = std::move(payload);
+  item.src = item.owned.data();
+  item.len = item.owned.size();
+  item.reply = true;
+  streams_[0]->push_control(std::move(item));
+}
+
+bool EndpointImpl::rx_paused() { return streams_[0]->reply_backlog() > params_.max_reply_backlog; }
+
+Status EndpointImpl::note_refusal(const Status& what) {
+  auto now = Clock::now();
+  if (now - refusals_since_ > std::chrono::seconds(10)) {
+    refusals_since_ = now;
+    refusals_ = 0;
+  }
+  if (++refusals_ > params_.peer_error_budget)
+    return Status(Code::kResourceExhausted,
+                  fmt::format("the peer caused more than {} refused operations within 10 s (peer_error_budget; the "
+                              "last: {}); closing it",
+                              params_.peer_error_budget, what.message()));
+  DMX_LOG_LIMITED(peer_log_, warn, "refused", "peer {}: {}", session_.peer, what.message());
+  return Status();
+}
+
 void EndpointImpl::send_ack(uint64_t id, wire::OpKind kind, const Status& s) {
   FrameHeader h;
   h.type = FrameType::kAck;
@@ -120,7 +147,7 @@ void EndpointImpl::send_ack(uint64_t id, wire::OpKind kind, const Status& s) {
   h.a0 = static_cast<uint64_t>(s.code());
   h.a1 = static_cast<uint64_t>(kind);
   std::string text = s.message().substr(0, wire::kMaxControlPayload);
-  push_control(h, std::vector<unsigned char>(text.begin(), text.end()));
+  push_reply(h, std::vector<unsigned char>(text.begin(), text.end()));
 }
 
 void EndpointImpl::wake_streams() {

@@ -178,7 +178,7 @@ void EndpointImpl::send_path_done(PathKind path, uint64_t seq) {
   done.type = FrameType::kPathDone;
   done.id = seq;
   done.a0 = static_cast<uint64_t>(path);
-  push_control(done);
+  push_reply(done);
 }
 
 PayloadPath* EndpointImpl::eager_path(const MemSpec& src) const {

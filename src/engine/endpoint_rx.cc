@@ -352,10 +352,20 @@ Result<tcp::RxPlan> EndpointImpl::plan_write(const FrameHeader& h, uint64_t len)
     w.notify = h.flags & wire::kFlagNotify;
     w.value = h.a3;
     w.reg = ctx_->acquire_registration(h.a0);
+    Status refused;
     if (!w.reg) {
-      Status s(Code::kNotFound, fmt::format("write refused: unknown remote key 0x{:x}", h.a0));
-      DMX_LOG_WARN("peer {}: {}", session_.peer, s.message());
-      send_ack(h.id, wire::OpKind::kWrite, s);
+      refused = Status(Code::kNotFound, fmt::format("write refused: unknown remote key 0x{:x}", h.a0));
+    } else if (w.notify && notes_.size() >= params_.max_notifications) {
+      // The application takes no notifications: refuse more rather than hold them without bound.
+      refused = Status(Code::kResourceExhausted,
+                       fmt::format("write refused: {} notifications wait for the application (max_notifications)",
+                                   notes_.size()));
+      ContextImpl::release_registration(*w.reg);
+      w.reg.reset();
+    }
+    if (!refused.ok()) {
+      DMX_RETURN_IF_ERROR(note_refusal(refused));
+      send_ack(h.id, wire::OpKind::kWrite, refused);
     }
     it = in_writes_.emplace(h.id, std::move(w)).first;
   } else if (it->second.total == kUnknownTotal) {  // created by an early CANCEL
@@ -402,7 +412,7 @@ Status EndpointImpl::on_read_req(const FrameHeader& h) {
   auto reg = ctx_->acquire_registration(h.a0);
   if (!reg) {
     Status s(Code::kNotFound, fmt::format("read refused: unknown remote key 0x{:x}", h.a0));
-    DMX_LOG_WARN("peer {}: {}", session_.peer, s.message());
+    DMX_RETURN_IF_ERROR(note_refusal(s));
     send_ack(h.id, wire::OpKind::kRead, s);
     return Status();
   }

@@ -48,6 +48,7 @@ void Stream::start(std::shared_ptr<void> keep_alive, std::function<void()> after
 }
 
 void Stream::push_control(TxItem item) {
+  if (item.reply) reply_bytes_.fetch_add(wire::kHeaderSize + item.len, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
     control_.push_back(std::move(item));
@@ -243,6 +244,7 @@ Status Stream::step_tx(Io* io) {
       DMX_TRACE_POINT(current_.header.type == wire::FrameType::kEager      ? "s0.out.eager"
                       : current_.header.type == wire::FrameType::kPathDone ? "s0.out.pathdone"
                                                                            : "s0.out.other");
+    if (current_.reply) reply_bytes_.fetch_sub(wire::kHeaderSize + current_.len, std::memory_order_relaxed);
     TxItem done = std::move(current_);
     writing_ = false;
     current_ = TxItem();
@@ -412,10 +414,23 @@ void Stream::run() {
     failure = reap_rx(false, &progress);
     if (failure.ok()) failure = fill_pipeline(&progress);
     if (failure.ok()) failure = step_tx(&tx);
-    if (failure.ok() && !stop_.load(std::memory_order_acquire)) failure = step_rx(&rx);
+    const bool paused = host_->rx_paused();
+    if (failure.ok() && !stop_.load(std::memory_order_acquire) && !paused) failure = step_rx(&rx);
     if (!failure.ok()) break;
     if (config_.index == 0) host_->on_tick();
     auto now = Clock::now();
+    if (paused) {
+      // Not reading is our choice, not the peer's silence; but a peer that takes none of the
+      // replies it asked for within peer_timeout is gone or hostile.
+      last_rx_ = now;
+      if (config_.index == 0 && now - last_tx_ > config_.peer_timeout) {
+        failure = Status(Code::kResourceExhausted,
+                         fmt::format("the peer read none of its {} bytes of replies for {} ms; closing it",
+                                     reply_backlog(),
+                                     std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tx_).count()));
+        break;
+      }
+    }
     if (now - last_rx_ > config_.peer_timeout) {
       failure = Status(Code::kPeerFailed,
                        fmt::format("peer sent nothing for {} ms (stream {})",
@@ -451,8 +466,10 @@ void Stream::run() {
     bool copies = !pending_rx_.empty() || (!chunks_.empty() && chunks_.front().fence != 0);
     auto timeout = copies ? std::chrono::microseconds(20)
                           : std::min<std::chrono::microseconds>(config_.keepalive, config_.index == 0 ? config_.tick : config_.keepalive);
+    if (paused) timeout = std::min<std::chrono::microseconds>(timeout, std::chrono::milliseconds(1));
     pollfd fds[3];
-    int n = conduit_->prepare_sleep(tx == Io::kBlocked, fds);
+    // Paused: input must not wake us (we would not read it); room to write and the wake-up do.
+    int n = paused ? 0 : conduit_->prepare_sleep(tx == Io::kBlocked, fds);
     if (n < 0) continue;  // something arrived meanwhile
     fds[n] = {wake_fd_.get(), POLLIN, 0};
     timespec ts{static_cast<time_t>(timeout.count() / 1000000), static_cast<long>(timeout.count() % 1000000) * 1000};
@@ -489,6 +506,7 @@ void Stream::drain() {
   std::lock_guard<std::mutex> lock(mu_);
   control_.clear();
   has_control_.store(false, std::memory_order_relaxed);
+  reply_bytes_.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace dmx::tcp

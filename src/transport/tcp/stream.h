@@ -45,6 +45,7 @@ struct TxItem {
   size_t len = 0;
   std::vector<unsigned char> owned;  // for small payloads copied at post time
   std::shared_ptr<void> ctx;         // the host's handle, given back in on_sent
+  bool reply = false;                // a frame the peer's request caused (counted in reply_backlog)
   // Stream-internal staging state.
   int slot = -1;
   uint64_t fence = 0;
@@ -83,6 +84,9 @@ class StreamHost {
   virtual void on_stream_stopped(int stream) = 0;
   // Stream 0 calls this at least every `tick` (deadlines).
   virtual void on_tick() = 0;
+  // Asked before every read: true stops reading from the peer for now (back-pressure: the peer
+  // does not read the replies its requests caused). Any stream's worker; must be cheap.
+  virtual bool rx_paused() { return false; }
 };
 
 struct StreamConfig {
@@ -122,6 +126,8 @@ class Stream {
   // not touch the host or this Stream): it lets the host wait until no worker holds it any more.
   void start(std::shared_ptr<void> keep_alive, std::function<void()> after_exit = {});
   void push_control(TxItem item);  // any thread
+  // Any thread: bytes of reply frames (TxItem::reply) queued and not yet written.
+  uint64_t reply_backlog() const { return reply_bytes_.load(std::memory_order_relaxed); }
   void wake();                     // any thread: chunks may be available
   // Any thread: the worker stops at once; the conduit is shut down so the peer learns now.
   void stop();
@@ -168,6 +174,7 @@ class Stream {
   std::mutex mu_;  // guards control_
   std::deque<TxItem> control_;
   std::atomic<bool> has_control_{false};  // == !control_.empty(), written under mu_
+  std::atomic<uint64_t> reply_bytes_{0};   // queued reply frames' bytes (header and payload)
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};  // the worker may be asleep in ppoll: wake() must ring
 

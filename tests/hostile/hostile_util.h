@@ -1,0 +1,92 @@
+// Helpers of the hostile-peer suite: a server to attack, a check that it still serves a good
+// client, frames to craft, and what the attack cost (resident memory, log lines).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/base_sink.h>
+
+#include <atomic>
+#include <fstream>
+#include <string>
+
+#include "core/log.h"
+#include "engine/raw_peer.h"
+#include "engine/test_util.h"
+
+namespace dmx::test {
+
+inline constexpr const char* kHostileKey = "dmx-test-key-0123456789";
+
+struct Server {
+  Context ctx;
+  Listener listener;
+};
+
+inline Server make_server(Options o = test_options()) {
+  Server s;
+  auto ctx = Context::create(o);
+  EXPECT_TRUE(ctx.ok()) << ctx.status().to_string();
+  s.ctx = *ctx;
+  s.listener = std::move(*s.ctx.listen("tcp://127.0.0.1:0"));
+  return s;
+}
+
+// A good client connects and moves data while (or after) the server is attacked.
+inline void expect_serves_a_good_client(Server& s) {
+  using namespace std::chrono_literals;
+  auto c = s.ctx.connect(s.listener.address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto e = s.listener.accept(10s);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  Filled src = filled(MemSpec{}, 100000);
+  Buffer dst = poisoned(MemSpec{}, 100000);
+  Request r = e->recv(dst.region(), 1);
+  ASSERT_TRUE(c->send(src.buf.region(), 1).wait(10s).ok());
+  ASSERT_TRUE(r.wait(10s).ok());
+  ASSERT_EQ(read_back(dst.region()), src.data);
+}
+
+inline wire::FrameHeader frame(wire::FrameType t, uint64_t id = 0, uint64_t a0 = 0, uint64_t a1 = 0,
+                               uint64_t a2 = 0, uint64_t a3 = 0) {
+  wire::FrameHeader h;
+  h.type = t;
+  h.id = id;
+  h.a0 = a0;
+  h.a1 = a1;
+  h.a2 = a2;
+  h.a3 = a3;
+  return h;
+}
+
+// This process's resident memory in KiB (VmRSS).
+inline uint64_t rss_kib() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      in >> value;
+      return value;
+    }
+    in.ignore(1 << 16, '\n');
+  }
+  return 0;
+}
+
+// Counts the lines dmx logs (every level) while it lives.
+class LogCounter {
+ public:
+  LogCounter() : sink_(std::make_shared<Sink>()) { logger().sinks().push_back(sink_); }
+  ~LogCounter() { std::erase(logger().sinks(), sink_); }
+  uint64_t lines() const { return sink_->count.load(); }
+
+ private:
+  struct Sink : spdlog::sinks::base_sink<std::mutex> {
+    std::atomic<uint64_t> count{0};
+    void sink_it_(const spdlog::details::log_msg&) override { ++count; }
+    void flush_() override {}
+  };
+  std::shared_ptr<Sink> sink_;
+};
+
+}  // namespace dmx::test
