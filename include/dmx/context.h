@@ -14,7 +14,10 @@ class ListenerImpl;
 struct Registered;
 
 // Registered memory that peers may write into or read from. Move-only; destroying it (or
-// calling deregister) withdraws the key and waits until no transfer uses the memory any more.
+// calling deregister) withdraws the key, fails the peers' operations still using the memory (they
+// see "not found: ... deregistered"), and returns once no transfer touches the memory any more;
+// from then on it may be freed. A peer that does not let go within the deregister_timeout setting
+// is closed.
 class Registration {
  public:
   Registration() = default;
@@ -26,7 +29,9 @@ class Registration {
   Registration& operator=(const Registration&) = delete;
 
   RemoteRegion remote() const;  // what to give the peer
-  void deregister();
+  // Ok once no transfer uses the memory. An error only if dmx could not make sure of that (a
+  // transfer still held it after its endpoints were closed): then the memory must not be freed.
+  Status deregister();
 
  private:
   std::shared_ptr<ContextImpl> ctx_;

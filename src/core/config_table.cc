@@ -24,6 +24,8 @@ constexpr ConfigEntry kTable[] = {
      "replies to a peer's requests (ACKs) queued unsent before this side stops reading from that peer"},
     {"peer_error_budget", ConfigType::kInt, "1000",
      "refused operations (unknown key, full notification queue) a peer may cause in 10 s before it is closed"},
+    {"deregister_timeout", ConfigType::kDuration, "10s",
+     "how long deregistration waits for peers' operations on the memory to end before closing those peers"},
     {"max_notifications", ConfigType::kInt, "65536",
      "write notifications held for the application per endpoint; a notifying write beyond is refused"},
     // authentication

@@ -56,6 +56,7 @@ Result<EngineParams> params_from(const Config& c) {
     return Status(Code::kInvalidArgument, "peer_timeout must exceed twice keepalive_interval");
   p.connect_timeout = c.get_duration("connect_timeout");
   p.handshake_timeout = c.get_duration("handshake_timeout");
+  p.deregister_timeout = c.get_duration("deregister_timeout");
   uint64_t sb = c.get_size("socket_buffer");
   if (sb > (1u << 30)) return Status(Code::kInvalidArgument, "socket_buffer must be at most 1G");
   p.socket_buffer = static_cast<int>(sb);
@@ -144,7 +145,8 @@ std::shared_ptr<Registered> ContextImpl::add_registration(const MemRegion& regio
   return reg;
 }
 
-std::shared_ptr<Registered> ContextImpl::acquire_registration(uint64_t key) {
+std::shared_ptr<Registered> ContextImpl::acquire_registration(uint64_t key,
+                                                             const std::weak_ptr<RegistrationUser>& user) {
   std::shared_ptr<Registered> reg;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -155,6 +157,12 @@ std::shared_ptr<Registered> ContextImpl::acquire_registration(uint64_t key) {
   std::lock_guard<std::mutex> lock(reg->mu);
   if (reg->withdrawn) return nullptr;
   ++reg->inflight;
+  bool known = false;
+  std::erase_if(reg->users, [&](const std::weak_ptr<RegistrationUser>& u) {
+    if (!u.owner_before(user) && !user.owner_before(u)) known = true;
+    return u.expired();
+  });
+  if (!known) reg->users.push_back(user);
   return reg;
 }
 
@@ -166,16 +174,39 @@ void ContextImpl::release_registration(Registered& reg) {
   reg.cv.notify_all();
 }
 
-void ContextImpl::remove_registration(Registered& reg) {
+Status ContextImpl::remove_registration(Registered& reg) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     regs_.erase(reg.key);
   }
+  std::vector<std::shared_ptr<RegistrationUser>> users;
+  {
+    std::lock_guard<std::mutex> lock(reg.mu);
+    reg.withdrawn = true;  // no new operation acquires it from here on
+    if (reg.inflight == 0) return Status();
+    for (auto& u : reg.users)
+      if (auto alive = u.lock()) users.push_back(std::move(alive));
+  }
+  // Without reg.mu: an endpoint takes its own lock, then releases registrations (which take reg.mu).
+  for (auto& u : users) u->withdraw(reg);
+  auto idle = [&] { return reg.inflight == 0; };
   std::unique_lock<std::mutex> lock(reg.mu);
-  reg.withdrawn = true;
-  // Transfers already using the memory finish (or fail with their endpoint) in bounded time.
-  if (!reg.cv.wait_for(lock, std::chrono::seconds(60), [&] { return reg.inflight == 0; }))
-    DMX_LOG_ERROR("deregister: key 0x{:x} still in use by {} transfers after 60 s", reg.key, reg.inflight);
+  if (reg.cv.wait_for(lock, params_.deregister_timeout, idle)) return Status();
+  // A byte still moving after the timeout: a peer that does not read (a read response stuck on a
+  // full socket) or does not finish sending (a chunk in progress). Closing its endpoint stops it.
+  Status why(Code::kResourceExhausted,
+             fmt::format("the peer still used region 0x{:x} {} ms after it was deregistered; closing it", reg.key,
+                         std::chrono::duration_cast<std::chrono::milliseconds>(params_.deregister_timeout).count()));
+  lock.unlock();
+  for (auto& u : users) u->abandon(why);
+  lock.lock();
+  // Closed endpoints' workers exit and let go within their own bounded shutdown.
+  if (reg.cv.wait_for(lock, std::chrono::seconds(30), idle)) return Status();
+  Status stuck(Code::kInternal, fmt::format("deregister: region 0x{:x} is still in use by {} transfers after their "
+                                            "endpoints were closed; its memory must not be freed",
+                                            reg.key, reg.inflight));
+  DMX_LOG_ERROR("{}", stuck.message());
+  return stuck;
 }
 
 // --- public handles ---
@@ -201,11 +232,11 @@ Result<Registration> Context::register_memory(const MemRegion& region) {
 Registration::Registration(std::shared_ptr<ContextImpl> ctx, std::shared_ptr<Registered> reg)
     : ctx_(std::move(ctx)), reg_(std::move(reg)) {}
 
-Registration::~Registration() { deregister(); }
+Registration::~Registration() { (void)deregister(); }
 
 Registration& Registration::operator=(Registration&& o) noexcept {
   if (this != &o) {
-    deregister();
+    (void)deregister();
     ctx_ = std::move(o.ctx_);
     reg_ = std::move(o.reg_);
   }
@@ -216,9 +247,11 @@ RemoteRegion Registration::remote() const {
   return reg_ ? RemoteRegion{reg_->key, reg_->region.size} : RemoteRegion{};
 }
 
-void Registration::deregister() {
-  if (reg_ && ctx_) ctx_->remove_registration(*reg_);
+Status Registration::deregister() {
+  Status s;
+  if (reg_ && ctx_) s = ctx_->remove_registration(*reg_);
   reg_.reset();
+  return s;
 }
 
 std::vector<unsigned char> RemoteRegion::serialize() const {

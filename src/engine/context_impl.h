@@ -18,15 +18,30 @@
 
 namespace dmx {
 
+struct Registered;
+
+// An endpoint that serves peers' operations on registered memory: deregistration asks it to end
+// the operations that use a region, and closes it if they do not end in time.
+class RegistrationUser {
+ public:
+  virtual ~RegistrationUser() = default;
+  // Fails the peer's operations on `reg` (the peer is told); they let go of it once no byte of
+  // theirs is still moving. Any thread but the user's own workers; no lock held.
+  virtual void withdraw(Registered& reg) = 0;
+  // Closes the endpoint with `why` (the peer held `reg` too long after its withdrawal).
+  virtual void abandon(const Status& why) = 0;
+};
+
 // Memory a peer may write into or read from. `inflight` counts transfers that use it;
-// deregistration waits for it to reach 0.
+// deregistration ends them and waits for it to reach 0.
 struct Registered {
   uint64_t key = 0;
   MemRegion region;
-  std::mutex mu;  // guards inflight, withdrawn
+  std::mutex mu;  // guards inflight, withdrawn, users
   std::condition_variable cv;
   int inflight = 0;
   bool withdrawn = false;
+  std::vector<std::weak_ptr<RegistrationUser>> users;  // endpoints that acquired it (pruned on use)
 };
 
 // Parameters one side proposes and enforces, derived from the configuration.
@@ -44,6 +59,7 @@ struct EngineParams {
   std::chrono::microseconds peer_timeout{10'000'000};
   std::chrono::microseconds connect_timeout{10'000'000};
   std::chrono::microseconds handshake_timeout{5'000'000};
+  std::chrono::microseconds deregister_timeout{10'000'000};
   int socket_buffer = 0;
   std::chrono::microseconds busy_poll{50};
   std::string transport = "auto";
@@ -88,10 +104,13 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   DevmemPathFactory devmem_factory() const;
 
   std::shared_ptr<Registered> add_registration(const MemRegion& region);
-  // The registration for `key`, with its inflight count raised; nullptr when unknown.
-  std::shared_ptr<Registered> acquire_registration(uint64_t key);
+  // The registration for `key`, with its inflight count raised and `user` noted; nullptr when
+  // unknown or withdrawn.
+  std::shared_ptr<Registered> acquire_registration(uint64_t key, const std::weak_ptr<RegistrationUser>& user);
   static void release_registration(Registered& reg);
-  void remove_registration(Registered& reg);
+  // Withdraws the key, ends its users' operations on it, and waits until none uses the memory
+  // (Registration::deregister's contract).
+  Status remove_registration(Registered& reg);
 
  private:
   ContextImpl(Config config, EngineParams params, AuthKey auth);

@@ -40,6 +40,7 @@ struct Session {
 
 class EndpointImpl final : public tcp::StreamHost,
                            public PayloadPath::Events,
+                           public RegistrationUser,
                            public std::enable_shared_from_this<EndpointImpl> {
  public:
   // One stream per conduit (stream 0 first: the control stream).
@@ -74,6 +75,10 @@ class EndpointImpl final : public tcp::StreamHost,
   void on_path_rx_done(PathKind path, uint64_t seq, const Status& s) override;
   void on_path_failed(PathKind path, const Status& s) override;
   void on_path_stopped(PathKind path) override;
+
+  // RegistrationUser
+  void withdraw(Registered& reg) override;
+  void abandon(const Status& why) override { fail(why.with_peer(session_.peer)); }
 
  private:
   // A payload path and its chunks in flight (endpoint_paths.cc). Sequence numbers count the
@@ -124,9 +129,11 @@ class EndpointImpl final : public tcp::StreamHost,
   };
   // The target side of a peer's write.
   struct InWrite {
-    std::shared_ptr<Registered> reg;  // null when refused
+    std::shared_ptr<Registered> reg;  // null when refused, or let go after a withdrawal
     uint64_t rkey = 0, total = 0, received = 0, expected = 0, reserved = 0;
+    uint64_t lo = UINT64_MAX, hi = 0;  // the region's bytes its chunks touched: hi - lo <= total
     bool notify = false, cancelled = false;
+    bool withdrawn = false;  // the region was deregistered: the rest is dropped, reg let go once landed
     uint64_t value = 0;
     Status failed;  // a chunk did not arrive (payload path error): the ACK reports it
   };
@@ -268,7 +275,7 @@ class EndpointImpl final : public tcp::StreamHost,
   std::unordered_map<uint64_t, std::shared_ptr<OpState>> writes_;  // awaiting ACK, by op id
   std::unordered_map<uint64_t, Inbound> reads_;                     // by op id
   std::unordered_map<uint64_t, InWrite> in_writes_;                 // peer's writes, by its op id
-  int read_responses_ = 0;
+  std::unordered_map<uint64_t, std::shared_ptr<OpState>> serving_;  // our answers to the peer's reads
   std::deque<Notification> notes_;  // at most params_.max_notifications
   Clock::time_point refusals_since_{};
   int refusals_ = 0;  // within the 10 s from refusals_since_

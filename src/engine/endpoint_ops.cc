@@ -331,7 +331,7 @@ void EndpointImpl::finish(OpState& op, Status s) {
   if (op.type == OpType::kReadResponse && op.reg) {
     ContextImpl::release_registration(*op.reg);
     op.reg.reset();
-    --read_responses_;
+    serving_.erase(op.id);
   }
 }
 
@@ -517,8 +517,8 @@ void EndpointImpl::fail_all() {
   if (status_.ok()) status_ = Status(Code::kClosed, "endpoint stopped");
   for (auto* q : {&initiated_, &received_})
     for (auto& op : *q) finish(*op, status_);
-  for (auto& t : tx_)
-    if (t.op->type == OpType::kReadResponse) finish(*t.op, status_);
+  auto serving = std::move(serving_);  // finish() erases from it
+  for (auto& [id, op] : serving) finish(*op, status_);
   for (auto& [id, w] : in_writes_)
     if (w.reg) ContextImpl::release_registration(*w.reg);
   tx_.clear();
