@@ -34,6 +34,11 @@ constexpr ConfigEntry kTable[] = {
      "file holding the shared secret; default $XDG_CONFIG_HOME/dmx/auth.key (created 0600 on first use)"},
     {"insecure", ConfigType::kBool, "false", "turn peer authentication off (both peers must agree)"},
     // staged TCP
+    {"max_streams", ConfigType::kInt, "16",
+     "the most TCP streams a peer may ask for per endpoint (1-64): each is a thread on both sides"},
+    {"max_endpoints", ConfigType::kInt, "256",
+     "endpoints one context holds at once (accepted and connected); beyond, connect fails and the "
+     "listener refuses new peers"},
     {"streams", ConfigType::kInt, "8", "TCP streams per endpoint (1-64); 8 measured best on 2xH200 loopback (docs/performance.md)"},
     {"chunk_size", ConfigType::kSize, "1M", "unit of striping and staging for large messages (64K-64M)"},
     {"staging_slots", ConfigType::kInt, "4", "pinned staging slots per stream for device memory (2-64)"},

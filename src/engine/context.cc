@@ -28,6 +28,14 @@ Result<EngineParams> params_from(const Config& c) {
   if (streams < 1 || streams > wire::kMaxStreams)
     return Status(Code::kInvalidArgument, fmt::format("streams must be 1-{} (got {})", wire::kMaxStreams, streams));
   p.streams = static_cast<uint16_t>(streams);
+  int64_t max_streams = c.get_int("max_streams");
+  if (max_streams < 1 || max_streams > wire::kMaxStreams)
+    return Status(Code::kInvalidArgument, fmt::format("max_streams must be 1-{} (got {})", wire::kMaxStreams, max_streams));
+  p.max_streams = static_cast<uint16_t>(max_streams);
+  int64_t max_endpoints = c.get_int("max_endpoints");
+  if (max_endpoints < 1 || max_endpoints > (1 << 20))
+    return Status(Code::kInvalidArgument, "max_endpoints must be 1-1048576");
+  p.max_endpoints = static_cast<int>(max_endpoints);
   uint64_t chunk = c.get_size("chunk_size");
   if (chunk < wire::kMinChunk || chunk > wire::kMaxChunk)
     return Status(Code::kInvalidArgument, fmt::format("chunk_size must be 64K-64M (got {})", chunk));
@@ -132,6 +140,18 @@ void ContextImpl::set_devmem_factory_for_testing(DevmemPathFactory factory) {
 ContextImpl::DevmemPathFactory ContextImpl::devmem_factory() const {
   std::lock_guard<std::mutex> lock(mu_);
   return devmem_factory_;
+}
+
+Status ContextImpl::admit_endpoint(uint16_t peer_streams) const {
+  if (peer_streams > params_.max_streams)
+    return Status(Code::kResourceExhausted, fmt::format("{} streams asked; this side allows at most {} per endpoint "
+                                                        "(max_streams)",
+                                                        peer_streams, params_.max_streams));
+  int live = live_endpoints();
+  if (live >= params_.max_endpoints)
+    return Status(Code::kResourceExhausted,
+                  fmt::format("{} endpoints are open, the most this context holds (max_endpoints)", live));
+  return Status();
 }
 
 std::shared_ptr<Registered> ContextImpl::add_registration(const MemRegion& region) {

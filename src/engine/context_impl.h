@@ -1,6 +1,7 @@
 // The shared state behind a Context handle.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -47,6 +48,8 @@ struct Registered {
 // Parameters one side proposes and enforces, derived from the configuration.
 struct EngineParams {
   uint16_t streams = 4;
+  uint16_t max_streams = 16;
+  int max_endpoints = 256;
   uint32_t chunk_size = 1 << 20;
   uint32_t eager_limit = 16 << 10;
   uint64_t unexpected_budget = 64 << 20;
@@ -103,6 +106,15 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   void set_devmem_factory_for_testing(DevmemPathFactory factory);
   DevmemPathFactory devmem_factory() const;
 
+  // Whether one more endpoint fits max_endpoints, and a peer asking for `peer_streams` streams fits
+  // max_streams (0: our own connect, whose streams setting is ours to choose); kResourceExhausted
+  // naming the setting when not. Any thread.
+  Status admit_endpoint(uint16_t peer_streams) const;
+  // Endpoints count from creation until their workers have stopped (their threads are gone).
+  void endpoint_started() { endpoints_.fetch_add(1, std::memory_order_relaxed); }
+  void endpoint_stopped() { endpoints_.fetch_sub(1, std::memory_order_relaxed); }
+  int live_endpoints() const { return endpoints_.load(std::memory_order_relaxed); }
+
   std::shared_ptr<Registered> add_registration(const MemRegion& region);
   // The registration for `key`, with its inflight count raised and `user` noted; nullptr when
   // unknown or withdrawn.
@@ -124,6 +136,7 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   mutable std::mutex mu_;  // guards regs_, devmem_factory_
   std::unordered_map<uint64_t, std::shared_ptr<Registered>> regs_;
   DevmemPathFactory devmem_factory_;
+  std::atomic<int> endpoints_{0};
 };
 
 }  // namespace dmx

@@ -57,6 +57,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
       ++ep->paths_running_;
       ps.path->start(ep.get(), nullptr);
     }
+  ep->ctx_->endpoint_started();
   ep->running_ = static_cast<int>(ep->streams_.size());
   ep->holders_->count = ep->running_;
   for (auto& s : ep->streams_)
@@ -504,6 +505,7 @@ void EndpointImpl::on_stream_stopped(int stream) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     fail_all();
+    ctx_->endpoint_stopped();  // before close() can return: its slot is free when it does
     stopped_ = true;  // close() returns from here on: no stream or path touches user memory
   }
   stopped_cv_.notify_all();

@@ -167,6 +167,7 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
                                                        const std::string& address) {
   DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(address));
   const EngineParams& p = ctx->params();
+  DMX_RETURN_IF_ERROR(ctx->admit_endpoint(0));
   Deadline deadline = Deadline::after(p.connect_timeout);
   std::string peer = addr.to_string().substr(6);
 

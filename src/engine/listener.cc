@@ -265,6 +265,7 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   if (!client.ok()) return reject(c, client.status());
   if (client->role != wire::Role::kClient) return reject(c, Status(Code::kProtocol, "HELLO from a non-client"));
   if (Status s = check_auth_modes(ctx_->auth(), client->auth); !s.ok()) return reject(c, s);
+  if (Status s = ctx_->admit_endpoint(client->streams); !s.ok()) return reject(c, s);
   wire::Hello server = make_hello(*ctx_, wire::Role::kServer);
   server.streams = client->streams;  // the client decides; both are bounded by decode_hello
   server.chunk_size = std::min(client->chunk_size, server.chunk_size);

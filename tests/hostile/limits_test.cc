@@ -1,0 +1,97 @@
+// Threads are the scarce resource while each stream has its own worker: a peer cannot ask for more
+// streams than max_streams, a context holds at most max_endpoints, both refused with a reason that
+// names the setting, and every thread is gone once its endpoint is closed.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "hostile/hostile_util.h"
+
+namespace dmx::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+int threads_now() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+TEST(Limits, PeerAskingForTooManyStreamsIsRefusedClearly) {
+  Options so = test_options(4);
+  so.set("max_streams", "4");
+  Server s = make_server(so);
+  auto client = Context::create(test_options(8));
+  ASSERT_TRUE(client.ok());
+  auto ep = client->connect(s.listener.address());
+  ASSERT_FALSE(ep.ok());
+  EXPECT_EQ(ep.status().code(), Code::kResourceExhausted) << ep.status().to_string();
+  EXPECT_NE(ep.status().message().find("max_streams"), std::string::npos) << ep.status().to_string();
+  expect_serves_a_good_client(s);  // 4 streams: welcome
+}
+
+TEST(Limits, EndpointsPerContextAreCappedAndComeBack) {
+  Options so = test_options(2);
+  so.set("max_endpoints", "3");
+  Server s = make_server(so);
+  auto client = Context::create(test_options(2));
+  ASSERT_TRUE(client.ok());
+  std::vector<Endpoint> mine, theirs;
+  for (int i = 0; i < 3; ++i) {
+    auto c = client->connect(s.listener.address());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    mine.push_back(std::move(*c));
+    auto e = s.listener.accept(10s);
+    ASSERT_TRUE(e.ok());
+    theirs.push_back(std::move(*e));
+  }
+  auto fourth = client->connect(s.listener.address());
+  ASSERT_FALSE(fourth.ok());
+  EXPECT_EQ(fourth.status().code(), Code::kResourceExhausted) << fourth.status().to_string();
+  EXPECT_NE(fourth.status().message().find("max_endpoints"), std::string::npos) << fourth.status().to_string();
+  // One closes: there is room again.
+  theirs[0].close();
+  mine[0].close();
+  auto again = client->connect(s.listener.address());
+  EXPECT_TRUE(again.ok()) << again.status().to_string();
+  // The connecting side is bounded as well, before it dials.
+  Options co = test_options(2);
+  co.set("max_endpoints", "1");
+  auto small = Context::create(co);
+  auto first = small->connect(s.listener.address());
+  ASSERT_FALSE(first.ok());  // the server is full again (3 held)
+  theirs.clear();
+  mine.clear();
+}
+
+TEST(Limits, EveryThreadIsGoneAfterItsEndpointCloses) {
+  int before = threads_now();
+  {
+    Server s = make_server(test_options(4));
+    auto client = Context::create(test_options(4));
+    std::vector<Endpoint> eps;
+    for (int i = 0; i < 10; ++i) {
+      auto c = client->connect(s.listener.address());
+      ASSERT_TRUE(c.ok()) << c.status().to_string();
+      eps.push_back(std::move(*c));
+      auto e = s.listener.accept(10s);
+      ASSERT_TRUE(e.ok());
+      eps.push_back(std::move(*e));
+    }
+    EXPECT_GE(threads_now(), before + 80) << "10 endpoint pairs of 4 streams";
+    for (auto& e : eps) e.close();
+  }
+  int after = threads_now();
+  for (auto until = Clock::now() + 5s; Clock::now() < until && after > before; after = threads_now())
+    std::this_thread::sleep_for(10ms);
+  EXPECT_LE(after, before) << "threads left behind by closed endpoints";
+}
+
+}  // namespace
+}  // namespace dmx::test
