@@ -101,6 +101,11 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
     return Status(Code::kProtocol, fmt::format("{} uses the {} path, which was not agreed{}", wire::describe(h),
                                                path_name(k), eager ? " or cannot carry eager messages" : ""));
   DMX_TRACE_POINT("path_hdr");
+  // A sender keeps a few chunks per path in flight (kPathWindow); a peer that announces thousands
+  // would grow this table without bound.
+  if (ps.rx.size() >= static_cast<size_t>(params_.max_inflight_ops))
+    return Status(Code::kProtocol, fmt::format("the peer has more than {} {} chunks in flight", params_.max_inflight_ops,
+                                               path_name(k)));
   auto len = ps.path->chunk_length(desc);
   if (!len.ok()) return Status(Code::kProtocol, fmt::format("{}: {}", wire::describe(h), len.status().message()));
   if (eager && (*len == 0 || *len > params_.eager_limit))
