@@ -592,9 +592,9 @@ void EndpointImpl::withdraw(Registered& reg) {
     Status why(Code::kNotFound,
                fmt::format("region 0x{:x} was deregistered by the target while the operation used it", reg.key));
     for (auto& [id, w] : in_writes_) {
-      if (w.reg.get() != &reg || w.withdrawn || w.cancelled) continue;
+      if (w.reg.get() != &reg || w.withdrawn) continue;
       w.withdrawn = true;
-      send_ack(id, wire::OpKind::kWrite, why);
+      if (!w.cancelled) send_ack(id, wire::OpKind::kWrite, why);  // a cancelled one was answered
       if (w.received == w.reserved) {  // no chunk is landing now
         ContextImpl::release_registration(*w.reg);
         w.reg.reset();
