@@ -47,7 +47,7 @@ TEST(Deregister, WriteThatCanNeverFitIsRefusedWhenItStarts) {
   EXPECT_NE(health.message().find("cannot fit"), std::string::npos) << health.to_string();
   auto t0 = Clock::now();
   EXPECT_TRUE(reg->deregister().ok());
-  EXPECT_LT(Clock::now() - t0, 1s) << "the refused write must not hold the registration";
+  EXPECT_LT(Clock::now() - t0, 5s) << "the refused write must not hold the registration (60 s before)";
   expect_untouched(target, 0, 4096);
   expect_serves_a_good_client(s);
 }
@@ -73,7 +73,7 @@ TEST(Deregister, EndsAPeersWriteInProgressAndNothingLandsAfter) {
   Status dereg = reg->deregister();
   auto took = Clock::now() - t0;
   EXPECT_TRUE(dereg.ok()) << dereg.to_string();
-  EXPECT_LT(took, 1s) << "deregister waited for a peer that may never finish";
+  EXPECT_LT(took, 5s) << "deregister waited for a peer that may never finish";
   // The peer is told why its write ended.
   auto ack = next_reply(*peer);
   ASSERT_TRUE(ack.ok()) << ack.status().to_string();
@@ -109,7 +109,7 @@ TEST(Deregister, ClosesAPeerThatDoesNotReadWhatItAskedFor) {
   Status dereg = reg->deregister();
   auto took = Clock::now() - t0;
   EXPECT_TRUE(dereg.ok()) << dereg.to_string();
-  EXPECT_LT(took, 3s);
+  EXPECT_LT(took, 8s) << "500 ms deregister_timeout, then the peer is closed";
   Status health = ep->health();
   EXPECT_EQ(health.code(), Code::kResourceExhausted) << health.to_string();
   EXPECT_NE(health.message().find("deregistered"), std::string::npos) << health.to_string();
@@ -129,7 +129,7 @@ TEST(Deregister, RealPeersWriteAndReadFailOnBothSides) {
   std::this_thread::sleep_for(20ms);
   auto t0 = Clock::now();
   EXPECT_TRUE(reg->deregister().ok());
-  EXPECT_LT(Clock::now() - t0, 2s);
+  EXPECT_LT(Clock::now() - t0, 5s);
   int refused = 0;
   for (auto& r : ops) {
     Status st = r.wait(20s);

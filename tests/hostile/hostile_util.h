@@ -17,6 +17,19 @@ namespace dmx::test {
 
 inline constexpr const char* kHostileKey = "dmx-test-key-0123456789";
 
+// Sanitizer builds keep freed memory in quarantine and shadow it: resident memory says little there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 struct Server {
   Context ctx;
   Listener listener;
