@@ -44,6 +44,8 @@ Result<EngineParams> params_from(const Config& c) {
   if (eager > chunk) return Status(Code::kInvalidArgument, "eager_limit must not exceed chunk_size");
   p.eager_limit = static_cast<uint32_t>(eager);
   p.unexpected_budget = c.get_size("unexpected_budget");
+  if (p.unexpected_budget > wire::kMaxUnexpectedBudget)
+    return Status(Code::kInvalidArgument, "unexpected_budget must be at most 1T");
   int64_t slots = c.get_int("staging_slots");
   if (slots < 2 || slots > 64) return Status(Code::kInvalidArgument, "staging_slots must be 2-64");
   p.staging_slots = static_cast<int>(slots);

@@ -118,9 +118,10 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
       case FrameType::kReadReq: st = on_read_req(h); break;
       case FrameType::kAck: st = on_ack(h, plan.control); break;
       case FrameType::kCancel: st = on_cancel(h); break;
-      case FrameType::kCredit:
-        peer_credit_ = static_cast<int64_t>(
-            std::min<uint64_t>(session_.peer_unexpected_budget, static_cast<uint64_t>(peer_credit_) + h.a0));
+      case FrameType::kCredit:  // saturating: a peer's number must not wrap our credit round
+        peer_credit_ = static_cast<int64_t>(std::min<uint64_t>(
+            session_.peer_unexpected_budget,
+            checked_add(static_cast<uint64_t>(std::max<int64_t>(peer_credit_, 0)), h.a0).value_or(UINT64_MAX)));
         break;
       case FrameType::kClose:
         closed = true;

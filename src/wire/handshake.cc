@@ -134,6 +134,8 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
   if (h.chunk_size < kMinChunk || h.chunk_size > kMaxChunk)
     return Status(Code::kProtocol, fmt::format("HELLO: chunk size {} outside {}-{}", h.chunk_size, kMinChunk, kMaxChunk));
   if (h.eager_limit > kMaxChunk) return Status(Code::kProtocol, fmt::format("HELLO: eager limit {} too large", h.eager_limit));
+  if (h.unexpected_budget > kMaxUnexpectedBudget)
+    return Status(Code::kProtocol, fmt::format("HELLO: unexpected budget {} too large", h.unexpected_budget));
   if ((h.transports & kTransportTcp) == 0) return Status(Code::kProtocol, "HELLO: peer does not offer the tcp path");
   if (h.peer_timeout_ms < 100)
     return Status(Code::kProtocol, fmt::format("HELLO: peer timeout of {} ms is too short", h.peer_timeout_ms));

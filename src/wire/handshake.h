@@ -31,6 +31,7 @@ enum TransportBits : uint64_t {
 inline constexpr uint16_t kMaxStreams = 64;
 inline constexpr uint32_t kMinChunk = 64 << 10;
 inline constexpr uint32_t kMaxChunk = 64 << 20;
+inline constexpr uint64_t kMaxUnexpectedBudget = uint64_t{1} << 40;  // 1 TiB: sums of it cannot wrap
 
 struct Hello {
   uint16_t version = 0;

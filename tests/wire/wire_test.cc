@@ -169,6 +169,7 @@ TEST(Handshake, FieldValidation) {
   check([](Hello& h) { h.chunk_size = 100; }, "chunk size");
   check([](Hello& h) { h.chunk_size = 1u << 30; }, "chunk size");
   check([](Hello& h) { h.transports = kTransportShm; }, "tcp");
+  check([](Hello& h) { h.unexpected_budget = UINT64_MAX; }, "unexpected budget");
   check([](Hello& h) { h.hostname = std::string("a\nb"); }, "non-printable");
   check([](Hello& h) { h.hostname = std::string(300, 'x'); }, "too long");
 }
