@@ -98,7 +98,7 @@ TEST(Replay, RecordedJoinIsRefusedForAnotherSession) {
   ASSERT_TRUE(b.ok());
   wire::Proof pb = make_proof(key, kClientLabel, b->client.nonce, b->server.nonce, b->server.session);
   ASSERT_TRUE(send_frame(b->fd.get(), FrameType::kAuth, {pb.begin(), pb.end()}, Deadline::after(5s), "s").ok());
-  std::this_thread::sleep_for(200ms);  // the listener has taken b's AUTH: only the proof can fail
+  ASSERT_EQ(answer(b->fd.get()), "welcome");  // b's AUTH was taken: only the JOIN's proof can fail
   auto addr = tcp::parse_address(s.listener.address());
   auto stolen = tcp::connect_to(*addr, Deadline::after(5s));
   ASSERT_TRUE(stolen.ok());
