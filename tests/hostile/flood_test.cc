@@ -97,9 +97,11 @@ TEST(Flood, RefusedRequestsUseUpTheErrorBudgetAndLogLittle) {
   ASSERT_TRUE(peer.ok());
   auto ep = s.listener.accept(10s);
   ASSERT_TRUE(ep.ok());
+  uint64_t rss0 = rss_kib();
   // READ_REQ for a key nobody registered, as fast as the socket takes them.
   uint64_t sent = flood(*peer, [](uint64_t i) { return frame(FrameType::kReadReq, i + 1, 0xbadbad, 0, 64); }, 1500ms,
                         100'000);
+  uint64_t grown = rss_kib() - std::min(rss_kib(), rss0);
   Status health;
   for (auto until = Clock::now() + 10s; Clock::now() < until && (health = ep->health()).ok();)
     std::this_thread::sleep_for(20ms);
@@ -109,6 +111,39 @@ TEST(Flood, RefusedRequestsUseUpTheErrorBudgetAndLogLittle) {
   EXPECT_LT(log.lines(), 10u) << "refusals must be rate-limited in the log";
   EXPECT_GT(sent, 500u);
   expect_serves_a_good_client(s);
+  std::printf("refusal flood: %llu frames sent, closed after the budget; server RSS +%llu KiB, %llu log lines\n",
+              static_cast<unsigned long long>(sent), static_cast<unsigned long long>(grown),
+              static_cast<unsigned long long>(log.lines()));
+}
+
+TEST(Flood, UnexpectedEagerMessagesStopAtTheBudget) {
+  LogCounter log;
+  Options o = test_options();
+  o.set("unexpected_budget", "16M").set("log_level", "info");
+  Server s = make_server(o);
+  auto peer = RawPeer::connect(s.listener.address(), kHostileKey);
+  ASSERT_TRUE(peer.ok());
+  auto ep = s.listener.accept(10s);
+  ASSERT_TRUE(ep.ok());
+  uint64_t rss0 = rss_kib();
+  // 16 KiB eager messages to a tag nobody receives, far past the 16 MiB the server buffers.
+  std::vector<unsigned char> payload(16 << 10, 0x5c);
+  uint64_t sent = 0;
+  for (uint64_t i = 1; i <= 4096; ++i, ++sent) {
+    auto h = frame(FrameType::kEager, i, 77);
+    h.payload_len = static_cast<uint32_t>(payload.size());
+    if (!peer->send(h, payload).ok()) break;
+  }
+  Status health;
+  for (auto until = Clock::now() + 10s; Clock::now() < until && (health = ep->health()).ok();)
+    std::this_thread::sleep_for(20ms);
+  uint64_t grown = rss_kib() - std::min(rss_kib(), rss0);
+  EXPECT_EQ(health.code(), Code::kProtocol) << health.to_string();
+  EXPECT_NE(health.message().find("budget"), std::string::npos) << health.to_string();
+  EXPECT_LT(grown, (kSanitized ? 1024u : 48u) * 1024) << "the budget is 16 MiB; grew " << grown << " KiB";
+  EXPECT_LT(log.lines(), 5u);
+  std::printf("eager flood: closed after %llu messages of 16 KiB (budget 16 MiB); server RSS +%llu KiB\n",
+              static_cast<unsigned long long>(sent), static_cast<unsigned long long>(grown));
 }
 
 TEST(Flood, NotificationsTheApplicationDoesNotTakeAreBounded) {
