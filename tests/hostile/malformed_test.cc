@@ -1,5 +1,6 @@
-// Bad input from the network: every case closes that connection with an error naming the peer
-// and the reason; the listener and other endpoints keep working; nothing hangs.
+// Malformed input from an authenticated peer, wrong keys, silent and garbage pre-auth peers: each
+// closes that connection with an error naming the peer and the reason; the listener and other
+// endpoints keep working; nothing hangs.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
