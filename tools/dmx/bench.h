@@ -24,6 +24,8 @@ inline constexpr uint64_t kDataTag = 0xB0000010;
 inline constexpr uint64_t kPingTag = 0xB0000011;
 inline constexpr uint64_t kPongTag = 0xB0000012;
 inline constexpr size_t kControlMax = 4096;
+// The most memory one plan makes the server allocate (window x size): a plan asking more is refused.
+inline constexpr uint64_t kMaxServerBuffer = uint64_t{64} << 30;
 
 inline OpOptions with_timeout(Duration t) {
   OpOptions o;

@@ -1,8 +1,10 @@
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <random>
 
+#include "core/checked.h"
 #include "tools/dmx/bench.h"
 
 namespace dmx::bench {
@@ -37,6 +39,11 @@ Result<Plan> plan_from_json(const std::string& s) {
   }
   if (p.op != "send" && p.op != "write" && p.op != "read") return Status(Code::kProtocol, "bench plan: unknown op");
   if (p.window == 0 || p.window > 64) return Status(Code::kProtocol, "bench plan: window must be 1-64");
+  // The server allocates window x size: a peer's numbers, so checked before anything is sized.
+  auto bytes = checked_mul(p.window, p.size);
+  if (!bytes || *bytes > kMaxServerBuffer)
+    return Status(Code::kProtocol, fmt::format("bench plan: {} x {} bytes exceeds the server's {}-byte buffer limit",
+                                               p.window, p.size, kMaxServerBuffer));
   return p;
 }
 
@@ -96,22 +103,25 @@ uint64_t checksum(const unsigned char* p, size_t n) {
 Result<uint64_t> checksum_region(const MemRegion& r) {
   if (r.where.kind == MemKind::kHost || r.where.kind == MemKind::kPinned)
     return checksum(static_cast<const unsigned char*>(r.ptr), r.size);
-  std::vector<unsigned char> host(r.size);
-  if (r.size) DMX_RETURN_IF_ERROR(copy_memory(MemRegion{host.data(), r.size, {}}, r));
-  return checksum(host.data(), host.size());
+  // A Buffer, not a vector: large ones are mapped and go back to the system when freed, so a
+  // long-running server does not keep every size it ever checked in malloc's arenas.
+  DMX_ASSIGN_OR_RETURN(Buffer host, Buffer::allocate(MemSpec{}, r.size));
+  if (r.size) DMX_RETURN_IF_ERROR(copy_memory(host.region(), r));
+  return checksum(static_cast<const unsigned char*>(host.data()), r.size);
 }
 
 Result<uint64_t> fill_random(const MemRegion& r) {
-  std::vector<unsigned char> host(r.size);
+  DMX_ASSIGN_OR_RETURN(Buffer buf, Buffer::allocate(MemSpec{}, r.size));  // as in checksum_region
+  auto* host = static_cast<unsigned char*>(buf.data());
   std::mt19937_64 rng(std::random_device{}());
   size_t i = 0;
   for (; i + 8 <= r.size; i += 8) {
     uint64_t x = rng();
-    std::memcpy(host.data() + i, &x, 8);
+    std::memcpy(host + i, &x, 8);
   }
   for (; i < r.size; ++i) host[i] = static_cast<unsigned char>(rng());
-  if (r.size) DMX_RETURN_IF_ERROR(copy_memory(r, MemRegion{host.data(), r.size, {}}));
-  return checksum(host.data(), host.size());
+  if (r.size) DMX_RETURN_IF_ERROR(copy_memory(r, buf.region().sub(0, r.size)));
+  return checksum(host, r.size);
 }
 
 Status send_text(Endpoint& ep, uint64_t tag, const std::string& text, Duration timeout) {
