@@ -31,7 +31,10 @@ constexpr ConfigEntry kTable[] = {
     // authentication
     {"auth_key", ConfigType::kString, "", "shared secret for peer authentication (overrides auth_key_file)"},
     {"auth_key_file", ConfigType::kString, "",
-     "file holding the shared secret; default $XDG_CONFIG_HOME/dmx/auth.key (created 0600 on first use)"},
+     "file holding the shared secret (mode 0600, owned by this user); default $XDG_CONFIG_HOME/dmx/auth.key, created on "
+     "first use; a named file must exist (see auth_key_create)"},
+    {"auth_key_create", ConfigType::kBool, "false",
+     "create a missing auth_key_file with a new key (the default file is always created on first use)"},
     {"insecure", ConfigType::kBool, "false", "turn peer authentication off (both peers must agree)"},
     // staged TCP
     {"max_streams", ConfigType::kInt, "16",

@@ -37,6 +37,10 @@ Result<std::vector<unsigned char>> read_key_file(const std::string& path) {
   if (!fd.valid()) return errno_status(fmt::format("open({})", path), errno);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return errno_status(fmt::format("stat({})", path), errno);
+  if (!S_ISREG(st.st_mode)) return Status(Code::kAuth, fmt::format("key file {} is not a regular file", path));
+  if (st.st_uid != ::geteuid())
+    return Status(Code::kAuth, fmt::format("key file {} belongs to user {}, not to this user ({})", path, st.st_uid,
+                                           ::geteuid()));
   if ((st.st_mode & 077) != 0)
     return Status(Code::kAuth, fmt::format("key file {} is accessible by other users (mode {:o}); run chmod 600 on it",
                                            path, st.st_mode & 0777));
@@ -85,8 +89,16 @@ Result<AuthKey> load_auth_key(const Config& config) {
     return key;
   }
   std::string path = config.get_string("auth_key_file");
+  // Only the default file is made on first use: a named file that is missing is more likely a
+  // typo or an unmounted volume than a wish for a new key that no peer shares.
+  bool may_create = path.empty() || config.get_bool("auth_key_create");
   if (path.empty()) path = default_key_path();
-  auto secret = ::access(path.c_str(), F_OK) == 0 ? read_key_file(path) : create_key_file(path);
+  bool exists = ::access(path.c_str(), F_OK) == 0;
+  if (!exists && !may_create)
+    return Status(Code::kAuth, fmt::format("key file {} (setting auth_key_file) does not exist; copy the peers' key "
+                                           "there, or set auth_key_create=true to make a new one",
+                                           path));
+  auto secret = exists ? read_key_file(path) : create_key_file(path);
   if (!secret.ok()) return secret.status();
   key.secret = std::move(*secret);
   key.source = "file " + path;
