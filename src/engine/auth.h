@@ -3,7 +3,8 @@
 // The secret comes from the auth_key setting (DMX_AUTH_KEY), else from a key file
 // (auth_key_file; default $XDG_CONFIG_HOME/dmx/auth.key or ~/.config/dmx/auth.key), which is
 // created with 32 random bytes and mode 0600 on first use — so two processes of one user on one
-// host work with no set-up. A key file readable by others is refused. insecure=true turns
+// host work with no set-up; a key file named by auth_key_file must exist (unless auth_key_create).
+// A key file that is not ours or that others can access is refused. insecure=true turns
 // authentication off; both peers must agree.
 #pragma once
 
