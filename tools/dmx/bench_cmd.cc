@@ -227,7 +227,7 @@ int run(const Args& a) {
     int rc = 1;
     if (ep.ok()) rc = run_client(*ep, a, co);
     else fmt::print(stderr, "dmx bench: {}\n", ep.status().to_string());
-    if (ep.ok()) ep->close();
+    if (ep.ok()) (void)ep->close();
     server.join();
     return rc;
   }
