@@ -91,8 +91,11 @@ class Endpoint {
   // Ok while the endpoint is healthy; otherwise the error that ended it.
   Status health() const;
   // Orderly close: tells the peer, fails pending operations with Code::kClosed, and returns once
-  // dmx no longer touches any of their buffers.
-  void close();
+  // dmx no longer touches any of their buffers. Returns an error naming what did not stop when a
+  // payload path or worker is still running at its deadline (stop_timeout); dmx may then still
+  // touch those buffers, until the thing named stops. Called from a completion callback of this
+  // endpoint it only starts the close (returns ok).
+  Status close();
 
  private:
   std::shared_ptr<EndpointImpl> impl_;

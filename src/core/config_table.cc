@@ -13,6 +13,9 @@ constexpr ConfigEntry kTable[] = {
     {"connect_timeout", ConfigType::kDuration, "10s", "deadline for connect() including the handshake"},
     {"handshake_timeout", ConfigType::kDuration, "5s",
      "how long a listener waits for an accepted connection to complete its handshake"},
+    {"stop_timeout", ConfigType::kDuration, "30s",
+     "how long closing an endpoint waits for its payload paths to stop (a wedged device copy) before "
+     "it gives up with an error naming them"},
     {"keepalive_interval", ConfigType::kDuration, "1s", "idle time after which a stream sends a keepalive"},
     {"peer_timeout", ConfigType::kDuration, "10s",
      "a peer silent for this long on any stream is declared dead and its operations fail"},

@@ -67,6 +67,8 @@ Result<EngineParams> params_from(const Config& c) {
   p.connect_timeout = c.get_duration("connect_timeout");
   p.handshake_timeout = c.get_duration("handshake_timeout");
   p.deregister_timeout = c.get_duration("deregister_timeout");
+  p.stop_timeout = c.get_duration("stop_timeout");
+  if (p.stop_timeout.count() <= 0) return Status(Code::kInvalidArgument, "stop_timeout must be positive");
   uint64_t sb = c.get_size("socket_buffer");
   if (sb > (1u << 30)) return Status(Code::kInvalidArgument, "socket_buffer must be at most 1G");
   p.socket_buffer = static_cast<int>(sb);
@@ -299,11 +301,11 @@ Result<RemoteRegion> RemoteRegion::parse(const unsigned char* data, size_t len) 
 
 Endpoint::Endpoint(std::shared_ptr<EndpointImpl> impl) : impl_(std::move(impl)) {}
 Endpoint::~Endpoint() {
-  if (impl_) impl_->close();
+  if (impl_) (void)impl_->close();  // a failure was logged where it was found
 }
 Endpoint& Endpoint::operator=(Endpoint&& o) noexcept {
   if (this != &o) {
-    if (impl_) impl_->close();
+    if (impl_) (void)impl_->close();
     impl_ = std::move(o.impl_);
   }
   return *this;
@@ -339,9 +341,7 @@ Result<Notification> Endpoint::next_notification(Duration timeout) {
 EndpointStats Endpoint::stats() const { return impl_ ? impl_->stats() : EndpointStats{}; }
 std::string Endpoint::peer() const { return impl_ ? impl_->peer() : std::string(); }
 Status Endpoint::health() const { return impl_ ? impl_->health() : no_endpoint(); }
-void Endpoint::close() {
-  if (impl_) impl_->close();
-}
+Status Endpoint::close() { return impl_ ? impl_->close() : Status(); }
 
 // --- Request ---
 

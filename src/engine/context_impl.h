@@ -63,6 +63,7 @@ struct EngineParams {
   std::chrono::microseconds connect_timeout{10'000'000};
   std::chrono::microseconds handshake_timeout{5'000'000};
   std::chrono::microseconds deregister_timeout{10'000'000};
+  std::chrono::microseconds stop_timeout{30'000'000};
   int socket_buffer = 0;
   std::chrono::microseconds busy_poll{50};
   std::string transport = "auto";

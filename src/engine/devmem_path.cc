@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/reaper.h"
 #include "memory/backend.h"
 #include "transport/devmem/region.h"
 #include "transport/devmem/rx.h"
@@ -115,12 +116,9 @@ class DevmemPath final : public PayloadPath {
   explicit DevmemPath(Parts p) : p_(std::move(p)) {}
   ~DevmemPath() override {
     stop();
-    if (thread_.joinable()) {
-      // The last keep_alive may be dropped on the path's own thread (the endpoint then destroys its
-      // paths there): run() touches nothing of the path after releasing it.
-      if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
-      else thread_.join();
-    }
+    // The last keep_alive may be dropped on the path's own thread (the endpoint then destroys its
+    // paths there): run() touches nothing of the path after releasing it, and the reaper joins it.
+    join_or_reap(thread_);
   }
 
   PathKind kind() const override { return PathKind::kDevmem; }

@@ -58,7 +58,7 @@ class EndpointImpl final : public tcp::StreamHost,
   EndpointStats stats() const;
   Status health() const;
   const std::string& peer() const { return session_.peer; }
-  void close();
+  Status close();
 
   // tcp::StreamHost
   Result<tcp::RxPlan> on_header(int stream, const wire::FrameHeader& h) override;
@@ -236,7 +236,8 @@ class EndpointImpl final : public tcp::StreamHost,
   const EngineParams params_;
   std::vector<std::unique_ptr<tcp::Stream>> streams_;  // fixed after create()
   PathState paths_[kPathKinds];                        // path pointers fixed after create()
-  int paths_running_ = 0;                              // started, not yet on_path_stopped (mu_)
+  uint8_t paths_running_ = 0;  // bits 1 << PathKind: started, not yet on_path_stopped (mu_)
+  Status stop_error_;          // what did not stop by stop_timeout (mu_); close() returns it
   std::vector<EndpointStats::PathUse> stopped_paths_;  // their last statistics (mu_)
   std::condition_variable paths_cv_;
   bool has_paths_ = false;
@@ -247,7 +248,8 @@ class EndpointImpl final : public tcp::StreamHost,
   int running_ = 0;  // workers not yet stopped
   // Worker threads that still hold this endpoint. Shared, so that a thread can say it let go
   // after the endpoint may be gone; close() waits for 0, so the endpoint is destroyed by its
-  // owner, not by a detached worker racing the process's exit.
+  // owner, which joins the workers (a worker that drops the last reference is joined by the
+  // reaper, core/reaper.h).
   struct Holders {
     std::mutex mu;
     std::condition_variable cv;

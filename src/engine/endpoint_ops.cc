@@ -54,7 +54,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   // on_path_stopped, so the endpoint is never destroyed on a path's own thread.
   for (auto& ps : ep->paths_)
     if (ps.path) {
-      ++ep->paths_running_;
+      ep->paths_running_ |= static_cast<uint8_t>(1u << static_cast<int>(ps.path->kind()));
       ps.path->start(ep.get(), nullptr);
     }
   ep->ctx_->endpoint_started();
@@ -74,7 +74,11 @@ EndpointImpl::EndpointImpl(std::shared_ptr<ContextImpl> ctx, Session session)
   peer_credit_ = static_cast<int64_t>(session_.peer_unexpected_budget);
 }
 
-EndpointImpl::~EndpointImpl() = default;
+EndpointImpl::~EndpointImpl() {
+  // A path that missed stop_timeout may still call our events: destroying it (joining its thread)
+  // must come before the members those events use.
+  for (auto& ps : paths_) ps.path.reset();
+}
 
 bool EndpointImpl::on_worker_thread() const {
   for (const auto& s : streams_)
@@ -539,7 +543,7 @@ void EndpointImpl::fail_all() {
 // Orderly close: CLOSE goes out on stream 0 and the peer answers by ending its streams, so it
 // learns "closed by the peer" rather than seeing a reset. A peer that does not answer in time is
 // cut off.
-void EndpointImpl::close() {
+Status EndpointImpl::close() {
   bool sent = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -555,24 +559,36 @@ void EndpointImpl::close() {
   notes_cv_.notify_all();
   if (on_worker_thread()) {  // a callback closing its own endpoint: no waiting on ourselves
     for (auto& st : streams_) st->stop();
-    return;
+    return Status();
   }
+  Status result;
   {
     std::unique_lock<std::mutex> lock(mu_);
     bool done = sent && stopped_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return stopped_; });
     if (!done) {
       for (auto& st : streams_) st->stop();
-      if (!stopped_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return stopped_; })) {
-        DMX_LOG_ERROR("endpoint to {}: workers did not stop within 30 s of close", session_.peer);
-        return;
+      // The last worker gives up on its paths at stop_timeout (stop_paths): a little more here.
+      auto limit = params_.stop_timeout + std::chrono::seconds(5);
+      if (!stopped_cv_.wait_for(lock, limit, [&] { return stopped_; })) {
+        Status s(Code::kTimeout, fmt::format("close: the stream workers to {} did not stop within {} ms",
+                                             session_.peer, std::chrono::duration_cast<std::chrono::milliseconds>(limit).count()));
+        DMX_LOG_ERROR("endpoint to {}: {}", session_.peer, s.message());
+        return s.with_peer(session_.peer);
       }
     }
+    result = stop_error_;  // logged where it was found
   }
-  // The workers are done with user memory; wait until they have also let go of this endpoint.
+  // The workers are done with user memory; wait until they have also let go of this endpoint, so
+  // that the owner destroys it (and joins them).
   std::shared_ptr<Holders> h = holders_;
   std::unique_lock<std::mutex> g(h->mu);
-  if (!h->cv.wait_for(g, std::chrono::seconds(5), [&] { return h->count == 0; }))
+  if (!h->cv.wait_for(g, std::chrono::seconds(5), [&] { return h->count == 0; })) {
     DMX_LOG_WARN("endpoint to {}: a worker still holds the endpoint 5 s after it stopped", session_.peer);
+    if (result.ok())
+      result = Status(Code::kTimeout, "close: a stream worker still holds the endpoint 5 s after it stopped")
+                   .with_peer(session_.peer);
+  }
+  return result;
 }
 
 void EndpointImpl::on_tick() {

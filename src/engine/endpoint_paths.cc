@@ -250,7 +250,7 @@ EndpointStats::PathUse EndpointImpl::path_use(const PayloadPath& p) {
 
 void EndpointImpl::on_path_stopped(PathKind path) {
   std::lock_guard<std::mutex> lock(mu_);
-  --paths_running_;
+  paths_running_ &= static_cast<uint8_t>(~(1u << static_cast<int>(path)));
   paths_cv_.notify_all();  // under the lock: the waiter may destroy the endpoint right after
 }
 
@@ -258,17 +258,28 @@ void EndpointImpl::on_path_stopped(PathKind path) {
 // uses user memory; then the paths are destroyed (their threads joined), so that when close()
 // returns no path thread runs any more. Pending chunks are forgotten; fail_all() ends their
 // operations. Paths are read under mu_ from then on (stats(), path_for) and may be null.
+// A path that has not stopped by stop_timeout is left running (it may still use user memory and
+// call our events; ~EndpointImpl joins it) and named in stop_error_, which close() returns.
 void EndpointImpl::stop_paths() {
   std::unique_ptr<PayloadPath> dead[kPathKinds];
   for (auto& ps : paths_)  // without mu_: a stop may wait for copies whose completions take it
     if (ps.path) ps.path->stop();
   {
     std::unique_lock<std::mutex> lock(mu_);
-    while (!paths_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return paths_running_ == 0; }))
-      DMX_LOG_ERROR("endpoint to {}: {} payload path(s) still stopping after 30 s", session_.peer, paths_running_);
+    if (!paths_cv_.wait_for(lock, params_.stop_timeout, [&] { return paths_running_ == 0; })) {
+      std::string names;
+      for (int k = 0; k < kPathKinds; ++k)
+        if (paths_running_ & (1u << k)) names += fmt::format("{}{}", names.empty() ? "" : ", ", path_name(PathKind(k)));
+      stop_error_ = Status(Code::kTimeout, fmt::format("payload path {} did not stop within {} ms", names,
+                                                       std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                           params_.stop_timeout).count()))
+                        .with_peer(session_.peer);
+      DMX_LOG_ERROR("endpoint to {}: {}", session_.peer, stop_error_.message());
+    }
     for (int k = 0; k < kPathKinds; ++k) {
-      paths_[k].tx.clear();
+      paths_[k].tx.clear();  // a late event of a path still running finds nothing in flight
       paths_[k].rx.clear();
+      if (paths_running_ & (1u << k)) continue;  // still running: kept until ~EndpointImpl joins it
       if (paths_[k].path) stopped_paths_.push_back(path_use(*paths_[k].path));  // stats stay readable
       dead[k] = std::move(paths_[k].path);
     }

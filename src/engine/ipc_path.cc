@@ -20,6 +20,7 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/reaper.h"
 #include "core/sys.h"
 #include "core/trace.h"
 #include "engine/ipc_fds.h"
@@ -70,8 +71,8 @@ class CudaIpcPath final : public PayloadPath {
     stop();
     std::lock_guard lock(join_mu_);
     // Still joinable only when the last owner let go on the path's own thread (keep_alive released
-    // after on_path_stopped): that thread is past its last use of *this.
-    if (thread_.joinable()) thread_.detach();
+    // after on_path_stopped): that thread is past its last use of *this, and the reaper joins it.
+    join_or_reap(thread_);
   }
 
   PathKind kind() const override { return PathKind::kCudaIpc; }
@@ -582,7 +583,8 @@ class CudaIpcPath final : public PayloadPath {
     Events* events = events_;
     std::shared_ptr<void> keep = std::move(keep_alive_);
     if (events != nullptr) events->on_path_stopped(PathKind::kCudaIpc);
-    // `keep` goes last: it may own this path, whose destructor then runs here and detaches us.
+    // `keep` goes last: it may own this path, whose destructor then runs here and hands us to the
+    // reaper (core/reaper.h).
   }
 
   // The cuMem fd side channel (null: cuMem memory goes by other paths). Its sending half is used

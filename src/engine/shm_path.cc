@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/reaper.h"
 #include "core/sys.h"
 #include "core/units.h"
 
@@ -37,13 +38,9 @@ class ShmPath final : public PayloadPath {
 
   ~ShmPath() override {
     stop();
-    if (thread_.joinable()) {
-      // The last keep_alive may be dropped on the path's own thread, destroying the path there.
-      if (thread_.get_id() == std::this_thread::get_id())
-        thread_.detach();
-      else
-        thread_.join();
-    }
+    // The last keep_alive may be dropped on the path's own thread, destroying the path there: the
+    // reaper then joins that thread.
+    join_or_reap(thread_);
   }
 
   PathKind kind() const override { return PathKind::kShm; }
@@ -400,7 +397,7 @@ void ShmPath::run(std::shared_ptr<void> keep_alive) {
   if (failure) events_->on_path_failed(PathKind::kShm, end);
   deliver(&errors);
   events_->on_path_stopped(PathKind::kShm);
-  keep_alive.reset();  // may destroy this path (the destructor then detaches): touch nothing after
+  keep_alive.reset();  // may destroy this path (the destructor then reaps us): touch nothing after
 }
 
 }  // namespace

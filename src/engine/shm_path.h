@@ -22,7 +22,7 @@
 // while holding a lock the events take, and from an event handler; the destructor joins the
 // thread, so do not destroy a path under such a lock while its thread may still be delivering
 // events. The thread drops keep_alive after on_path_stopped: if that was the path's last owner,
-// the path is destroyed there (and detaches the thread), so a caller of stop() must hold its own
+// the path is destroyed there (the reaper joins the thread), so a caller of stop() must hold its own
 // reference to whatever owns the path.
 #pragma once
 

@@ -110,6 +110,15 @@ class LaneCountingPath final : public ForwardingPath {
   std::atomic<uint64_t> offered_now_{0}, queued_{0};
 };
 
+// A devmem path whose stop() is ignored: stands in for a path whose copies wedged, so that its
+// on_path_stopped does not come while the endpoint closes. Destroying it (the real path's
+// destructor) still stops and joins the real path.
+class StuckStopPath final : public ForwardingPath {
+ public:
+  using ForwardingPath::ForwardingPath;
+  void stop() override {}
+};
+
 Options devmem_options(const char* transport = "devmem") {
   Options o = test_options(2);
   o.set("transport", transport).set("devmem_rx_pool", "32M");
@@ -123,7 +132,7 @@ struct Host {
 
 // A context whose devmem path is the double. The factory holds the NIC; the context's config is
 // read through a raw pointer (the factory lives in that context, so it cannot outlive it).
-enum class Wrap { kNone, kSimOnly, kPrefix, kLaneCounting };
+enum class Wrap { kNone, kSimOnly, kPrefix, kLaneCounting, kStuckStop };
 
 Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kNone) {
   Host h;
@@ -141,6 +150,8 @@ Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kN
         if (wrap == Wrap::kPrefix) return std::unique_ptr<PayloadPath>(std::make_unique<PrefixPath>(std::move(*p)));
         if (wrap == Wrap::kLaneCounting)
           return std::unique_ptr<PayloadPath>(std::make_unique<LaneCountingPath>(std::move(*p)));
+        if (wrap == Wrap::kStuckStop)
+          return std::unique_ptr<PayloadPath>(std::make_unique<StuckStopPath>(std::move(*p)));
         return std::unique_ptr<PayloadPath>(std::make_unique<SimOnlyPath>(std::move(*p)));
       });
   return h;
@@ -153,10 +164,10 @@ struct DevmemPair {
   Endpoint client, server;
 };
 
-DevmemPair connect_devmem(Wrap wrap = Wrap::kNone) {
+DevmemPair connect_devmem(Wrap wrap = Wrap::kNone, const Options& o = devmem_options()) {
   DevmemPair p;
-  p.a = make_host(11, devmem_options(), wrap);
-  p.b = make_host(22, devmem_options(), wrap);
+  p.a = make_host(11, o, wrap);
+  p.b = make_host(22, o, wrap);
   auto l = p.a.ctx.listen("tcp://127.0.0.1:0");
   EXPECT_TRUE(l.ok()) << l.status().to_string();
   p.listener = std::move(*l);
@@ -289,6 +300,34 @@ TEST(DevmemEngineDouble, PingPongChunksAreOfferedToTheLane) {
   auto [now_pp, queued_pp] = counts(p.server);
   EXPECT_EQ(now_pp + queued_pp, static_cast<uint64_t>(kRounds));
   EXPECT_GE(now_pp, static_cast<uint64_t>(kRounds) * 9 / 10) << "ping-pong chunks queued: " << queued_pp;
+}
+
+// Defect 8: a path that never stops used to keep its endpoint's last worker (and close()) waiting
+// forever; close() now returns at stop_timeout with an error naming the path.
+TEST(DevmemEngineDouble, PathThatDoesNotStopEndsCloseAtItsDeadline) {
+  Options o = devmem_options();
+  o.set("stop_timeout", "300ms");
+  DevmemPair p = connect_devmem(Wrap::kStuckStop, o);
+  Filled src = filled(kSim, 1 << 20);
+  Buffer dst = poisoned(kSim, 1 << 20);
+  Request r = p.server.recv(dst.region(), 3);
+  Request s = p.client.send(src.buf.region(), 3);
+  ASSERT_TRUE(s.wait(60s).ok()) << s.status().to_string();
+  ASSERT_TRUE(r.wait(60s).ok()) << r.status().to_string();
+  ASSERT_GT(devmem_bytes_sent(p.client), 0u);  // the path was in use
+  auto t0 = std::chrono::steady_clock::now();
+  Status c = p.client.close();
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(c.code(), Code::kTimeout) << c.to_string();
+  EXPECT_NE(c.message().find("payload path devmem did not stop within 300 ms"), std::string::npos) << c.to_string();
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 5s);
+  // The endpoint is unusable, and says so.
+  EXPECT_FALSE(p.client.health().ok());
+  // The server's path is stuck as well: its close ends the same way.
+  Status sv = p.server.close();
+  EXPECT_EQ(sv.code(), Code::kTimeout) << sv.to_string();
+  // Destroying the endpoints stops the real paths and joins their threads.
 }
 
 TEST(DevmemEngineDouble, WriteInlineAndReadByDevmem) {

@@ -86,7 +86,7 @@ void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::fun
     auto ep = l->accept(20s);
     CHILD_CHECK(ep.ok(), 13);
     int r = server(*ep);
-    ep->close();
+    (void)ep->close();
     return r;
   });
   ::close(fds[1]);
@@ -104,7 +104,7 @@ void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::fun
     CHILD_CHECK(st.transport.find("cuda_ipc") != std::string::npos, 23);
     CHILD_CHECK(st.reason.find("control stream on an shm pipe") != std::string::npos, 24);
     int r = client(*ep);
-    ep->close();
+    (void)ep->close();
     return r;
   });
   EXPECT_EQ(testing::wait_child(c, 120s), 0) << "client";

@@ -56,8 +56,8 @@ TEST(Limits, EndpointsPerContextAreCappedAndComeBack) {
   EXPECT_EQ(fourth.status().code(), Code::kResourceExhausted) << fourth.status().to_string();
   EXPECT_NE(fourth.status().message().find("max_endpoints"), std::string::npos) << fourth.status().to_string();
   // One closes: there is room again.
-  theirs[0].close();
-  mine[0].close();
+  EXPECT_TRUE(theirs[0].close().ok());
+  EXPECT_TRUE(mine[0].close().ok());
   auto again = client->connect(s.listener.address());
   EXPECT_TRUE(again.ok()) << again.status().to_string();
   // The connecting side is bounded as well, before it dials.
@@ -85,7 +85,7 @@ TEST(Limits, EveryThreadIsGoneAfterItsEndpointCloses) {
       eps.push_back(std::move(*e));
     }
     EXPECT_GE(threads_now(), before + 80) << "10 endpoint pairs of 4 streams";
-    for (auto& e : eps) e.close();
+    for (auto& e : eps) EXPECT_TRUE(e.close().ok());
   }
   int after = threads_now();
   for (auto until = Clock::now() + 5s; Clock::now() < until && after > before; after = threads_now())

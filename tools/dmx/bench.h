@@ -75,9 +75,10 @@ Result<uint64_t> fill_random(const MemRegion& r);
 Status send_text(Endpoint& ep, uint64_t tag, const std::string& text, Duration timeout);
 Result<std::string> recv_text(Endpoint& ep, uint64_t tag, Duration timeout);
 
-// Serves bench sessions on one endpoint until the client quits or the endpoint ends. `ctx` is the
-// endpoint's context: memory registered there is what the endpoint's peer can reach.
-Status serve(Context ctx, Endpoint ep);
+// Serves bench sessions on one endpoint until the client quits or the endpoint ends (another
+// thread may close it to end the session). `ctx` is the endpoint's context: memory registered
+// there is what the endpoint's peer can reach.
+Status serve(Context ctx, Endpoint& ep);
 
 struct Result1 {  // one size
   Plan plan;

@@ -6,7 +6,9 @@
 #include <atomic>
 #include <csignal>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "core/units.h"
 #include "memory/backend.h"
@@ -193,15 +195,33 @@ int run(const Args& a) {
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     fmt::print(stderr, "dmx bench: serving on {} until interrupted\n", l->address());
+    // One thread per session, joined here: when it ends, or at the signal after closing its
+    // endpoint (which ends the session's wait for the client).
+    struct Session {
+      std::shared_ptr<Endpoint> ep;
+      std::shared_ptr<std::atomic<bool>> done = std::make_shared<std::atomic<bool>>(false);
+      std::thread thread;
+    };
+    std::vector<Session> sessions;
     while (!g_stop.load()) {
+      std::erase_if(sessions, [](Session& s) {
+        if (!s.done->load()) return false;
+        s.thread.join();
+        return true;
+      });
       auto ep = l->accept(std::chrono::milliseconds(200));
       if (!ep.ok()) continue;
-      std::thread([c = *ctx, e = std::move(*ep)]() mutable {
-        std::string peer = e.peer();
-        Status s = bench::serve(c, std::move(e));
-        if (!s.ok()) fmt::print(stderr, "dmx bench: session with {} ended: {}\n", peer, s.to_string());
-      }).detach();
+      Session s{std::make_shared<Endpoint>(std::move(*ep))};
+      s.thread = std::thread([c = *ctx, e = s.ep, done = s.done] {
+        std::string peer = e->peer();
+        Status st = bench::serve(c, *e);
+        if (!st.ok()) fmt::print(stderr, "dmx bench: session with {} ended: {}\n", peer, st.to_string());
+        done->store(true);
+      });
+      sessions.push_back(std::move(s));
     }
+    for (auto& s : sessions) (void)s.ep->close();
+    for (auto& s : sessions) s.thread.join();
     return 0;
   }
 
@@ -221,13 +241,13 @@ int run(const Args& a) {
     if (!l.ok()) return fmt::print(stderr, "dmx bench: {}\n", l.status().to_string()), 1;
     std::thread server([&] {
       auto ep = l->accept(std::chrono::seconds(30));
-      if (ep.ok()) (void)bench::serve(*ctx, std::move(*ep));
+      if (ep.ok()) (void)bench::serve(*ctx, *ep);
     });
     auto ep = ctx->connect(l->address());
     int rc = 1;
     if (ep.ok()) rc = run_client(*ep, a, co);
     else fmt::print(stderr, "dmx bench: {}\n", ep.status().to_string());
-    if (ep.ok()) ep->close();
+    if (ep.ok()) (void)ep->close();
     server.join();
     return rc;
   }

@@ -82,7 +82,7 @@ Status serve_one_sided(Endpoint& ep, const Plan& p, Context& ctx, Buffer& buf, R
 
 }  // namespace
 
-Status serve(Context ctx, Endpoint ep) {
+Status serve(Context ctx, Endpoint& ep) {
   for (;;) {
     auto text = recv_text(ep, kPlanTag, kForever);
     if (!text.ok()) return text.status().code() == Code::kClosed ? Status() : text.status();

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "core/reaper.h"
 #include "core/trace.h"
 
 namespace dmx::tcp {
@@ -32,7 +33,9 @@ Stream::Stream(StreamConfig config, std::unique_ptr<Conduit> conduit, StreamHost
 }
 
 Stream::~Stream() {
-  // The worker is detached (it may be the thread destroying us); by contract it has exited.
+  // By contract the worker is past its use of us. It may be the thread destroying us (it dropped
+  // the host's last reference): then the reaper joins it.
+  join_or_reap(thread_);
 }
 
 void Stream::start(std::shared_ptr<void> keep_alive, std::function<void()> after_exit) {
@@ -44,7 +47,6 @@ void Stream::start(std::shared_ptr<void> keep_alive, std::function<void()> after
     if (last) last();
   });
   worker_id_ = thread_.get_id();
-  thread_.detach();
 }
 
 void Stream::push_control(TxItem item) {

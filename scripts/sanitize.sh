@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds dmx with a sanitizer and runs the whole CPU test suite under it.
+#   scripts/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer (build-asan)
+#   scripts/sanitize.sh tsan   ThreadSanitizer (build-tsan)
+# Exits non-zero when the build fails, a test fails, or a sanitizer reports anything (every
+# report aborts the process that made it, so the test that caused it fails). CUDA and the
+# benchmarks are off: there is no GPU to check here, and no test runs a benchmark binary (the
+# CLI tests run `dmx`, which is built). Compiler: gcc, as in the normal build, so the lanes check
+# the code the release build ships (CC/CXX choose another for a new build directory).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+lane="${1:-}"
+case "$lane" in
+  asan) sanitize="address,undefined" ;;
+  tsan) sanitize="thread" ;;
+  *) echo "usage: $0 asan|tsan" >&2; exit 2 ;;
+esac
+build="build-$lane"
+jobs="$(nproc)"
+start=$(date +%s)
+
+# The compiler comes from CC/CXX at the first configure (naming it on the command line of a later
+# one makes CMake wipe the cache and drop the other -D settings of that run).
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDMX_SANITIZE="$sanitize" \
+  -DDMX_ENABLE_CUDA=OFF -DDMX_BUILD_BENCH=OFF
+# A lane that silently built without its sanitizer would pass everything.
+grep -qx "DMX_SANITIZE:STRING=$sanitize" "$build/CMakeCache.txt" ||
+  { echo "sanitize.sh: $build is not configured with DMX_SANITIZE=$sanitize" >&2; exit 2; }
+cmake --build "$build" -j "$jobs"
+built=$(date +%s)
+
+supp="$PWD/scripts/sanitizers"
+# halt_on_error / exitcode: any report ends the process with a failure, never a log line only.
+# Children forked by tests inherit these through the environment.
+export ASAN_OPTIONS="halt_on_error=1:abort_on_error=0:detect_leaks=1:detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1:exitcode=66"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=67"
+export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+# die_after_fork=0: tests fork peer processes after threads exist (docs/threading.md).
+# second_deadlock_stack: both stacks of a lock-order report.
+export TSAN_OPTIONS="halt_on_error=1:exitcode=66:die_after_fork=0:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
+
+cd "$build"
+# Sanitized code runs 2-15x slower: the per-test timeout grows accordingly.
+status=0
+ctest --output-on-failure --timeout 900 -j "$jobs" || status=$?
+end=$(date +%s)
+echo "sanitize.sh $lane: build $((built - start)) s, tests $((end - built)) s, total $((end - start)) s, ctest exit $status"
+exit "$status"

@@ -1,0 +1,106 @@
+// The reaper (see reaper.h): one thread that joins threads whose owner died on them.
+#include "core/reaper.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "core/log.h"
+
+namespace dmx {
+namespace {
+
+class Reaper {
+ public:
+  Reaper() {
+    // The logger must outlive the reaper (statics die in reverse order of construction): a thread
+    // the reaper joins at exit may still log.
+    (void)logger();
+  }
+  ~Reaper() {
+    {
+      std::lock_guard lock(mu_);
+      if (pid_ != ::getpid()) {  // never used, or a forked child: those threads are not ours
+        forget_locked();
+        return;
+      }
+      quit_ = true;
+    }
+    cv_.notify_all();
+    if (thread_) thread_->join();  // run() joins everything handed over first
+  }
+
+  void adopt(std::thread t) {
+    {
+      std::lock_guard lock(mu_);
+      if (pid_ != ::getpid()) {  // first use, or first use in a forked child (no reaper thread here)
+        forget_locked();
+        pid_ = ::getpid();
+        thread_ = std::make_unique<std::thread>([this] { run(); });
+      }
+      queue_.push_back(std::make_unique<std::thread>(std::move(t)));
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+  size_t pending() {
+    std::lock_guard lock(mu_);
+    return pending_;
+  }
+
+ private:
+  void run() {
+    pthread_setname_np(pthread_self(), "dmx-reaper");
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return quit_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // quit_ and nothing left
+      std::unique_ptr<std::thread> t = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      t->join();  // the thread is in its last steps (reaper.h)
+      lock.lock();
+      --pending_;
+    }
+  }
+
+  // After fork() the child has copies of the parent's thread handles but none of its threads:
+  // joining or destroying a joinable handle would be undefined, so they are let go unused.
+  void forget_locked() {
+    (void)thread_.release();
+    for (auto& t : queue_) (void)t.release();
+    queue_.clear();
+    pending_ = 0;
+  }
+
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  pid_t pid_ = 0;  // the process whose reaper thread_ is
+  std::deque<std::unique_ptr<std::thread>> queue_;
+  size_t pending_ = 0;
+  bool quit_ = false;
+  std::unique_ptr<std::thread> thread_;
+};
+
+Reaper& reaper() {
+  static Reaper r;
+  return r;
+}
+
+}  // namespace
+
+void join_or_reap(std::thread& t) {
+  if (!t.joinable()) return;
+  if (t.get_id() == std::this_thread::get_id())
+    reaper().adopt(std::move(t));
+  else
+    t.join();
+}
+
+size_t reaper_pending() { return reaper().pending(); }
+
+}  // namespace dmx

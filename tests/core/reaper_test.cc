@@ -1,0 +1,68 @@
+// The reaper (core/reaper.h): a thread that drops the last reference to its own owner is joined
+// by the reaper, not detached; a thread joined by another is joined at once.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <thread>
+
+#include "core/reaper.h"
+
+namespace dmx {
+namespace {
+
+using namespace std::chrono_literals;
+
+int thread_count() {
+  int n = 0;
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
+// Owns a thread; the thread destroys its owner as its last step, as a stream worker that drops
+// its endpoint's last reference does.
+struct Owner {
+  std::thread thread;
+  ~Owner() { join_or_reap(thread); }
+};
+
+TEST(Reaper, ThreadThatDestroysItsOwnerIsJoinedByTheReaper) {
+  const int start = thread_count();
+  for (int i = 0; i < 20; ++i) {
+    auto* owner = new Owner;
+    std::promise<void> assigned;
+    std::shared_future<void> ready = assigned.get_future().share();
+    owner->thread = std::thread([owner, ready] {
+      ready.wait();
+      delete owner;  // on its own thread: join_or_reap hands it to the reaper
+    });
+    assigned.set_value();
+  }
+  // Every thread is joined: only the reaper itself remains beyond the start.
+  auto until = std::chrono::steady_clock::now() + 10s;
+  while ((reaper_pending() != 0 || thread_count() > start + 1) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(reaper_pending(), 0u);
+  EXPECT_EQ(thread_count(), start + 1);
+}
+
+TEST(Reaper, AnotherThreadJoinsAtOnce) {
+  const int start = thread_count();
+  std::atomic<bool> ran{false};
+  std::thread t([&] { ran = true; });
+  join_or_reap(t);
+  EXPECT_FALSE(t.joinable());
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(thread_count(), start);  // joined here, not handed on
+  EXPECT_EQ(reaper_pending(), 0u);
+}
+
+}  // namespace
+}  // namespace dmx

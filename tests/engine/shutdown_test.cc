@@ -1,0 +1,128 @@
+// Shutdown: every dmx thread is joined. After endpoints close the process has the threads it had
+// before; a handle dropped on its own worker is joined by the reaper; a process that exits right
+// after closing its endpoints leaves no thread running into its exit.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "core/reaper.h"
+#include "engine/test_util.h"
+
+extern char** environ;
+
+namespace dmx::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+int thread_count() {
+  int n = 0;
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
+void one_message(Endpoint& from, Endpoint& to, size_t n) {
+  Filled src = filled(MemSpec{}, n);
+  Buffer dst = poisoned(MemSpec{}, n);
+  Request r = to.recv(dst.region(), 9);
+  Request s = from.send(src.buf.region(), 9);
+  ASSERT_TRUE(s.wait(30s).ok()) << s.status().to_string();
+  ASSERT_TRUE(r.wait(30s).ok()) << r.status().to_string();
+  ASSERT_EQ(read_back(dst.region()), src.data);
+}
+
+class Shutdown : public ::testing::TestWithParam<const char*> {};
+
+// Checked right after close, with no grace period: a worker that were detached, or still running
+// when close() returned, would show here.
+TEST_P(Shutdown, ThreadCountReturnsToTheStartAfterEndpointsClose) {
+  Options o = test_options(3);
+  o.set("transport", GetParam());
+  Pair p = connect_pair(o);
+  one_message(p.client, p.server, 100000);  // lazily made threads (copy workers) exist from here
+  EXPECT_TRUE(p.client.close().ok());
+  EXPECT_TRUE(p.server.close().ok());
+  p.client = Endpoint();
+  p.server = Endpoint();
+  const int start = thread_count();
+  for (int i = 0; i < 12; ++i) {
+    auto c = p.ctx.connect(p.listener.address());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    auto s = p.listener.accept(10s);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    one_message(*c, *s, i % 2 ? 100 : 3 << 20);
+    EXPECT_GT(thread_count(), start);
+    // Either side closes first, or the handles just go.
+    if (i % 3 == 0) {
+      EXPECT_TRUE(c->close().ok());
+    } else if (i % 3 == 1) {
+      EXPECT_TRUE(s->close().ok());
+    }
+  }
+  EXPECT_EQ(thread_count(), start);
+  EXPECT_EQ(reaper_pending(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Shutdown, ::testing::Values("tcp", "auto"));
+
+// A completion callback destroys its endpoint's last handle: close() cannot wait on its own
+// worker, so the endpoint dies on its last worker, which the reaper then joins.
+TEST(ShutdownReaper, HandleDroppedInItsOwnCallbackIsJoined) {
+  Pair p = connect_pair(test_options(2));
+  one_message(p.client, p.server, 100);
+  const int start = thread_count();
+  auto server = std::make_shared<Endpoint>(std::move(p.server));
+  Filled src = filled(MemSpec{}, 1000);
+  Buffer dst = poisoned(MemSpec{}, 1000);
+  std::atomic<bool> dropped{false};
+  OpOptions o;
+  o.on_complete = [server, &dropped](const Status&, size_t) {
+    Endpoint gone = std::move(*server);
+    dropped = true;
+  };
+  Request r = server->recv(dst.region(), 1, o);
+  server.reset();  // the callback holds the only handle
+  Request s = p.client.send(src.buf.region(), 1);
+  ASSERT_TRUE(r.wait(30s).ok()) << r.status().to_string();
+  ASSERT_TRUE(dropped);
+  EXPECT_TRUE(p.client.close().ok());
+  // The server's workers end (the client closed) and are joined; the reaper thread remains.
+  auto until = Clock::now() + 20s;
+  while ((reaper_pending() != 0 || thread_count() > start + 1) && Clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(reaper_pending(), 0u);
+  EXPECT_LE(thread_count(), start + 1);
+}
+
+// Under ThreadSanitizer a race with the exit makes the helper exit with 66.
+TEST(ShutdownExit, ProcessExitsCleanlyRightAfterClose) {
+  const char* helper = DMX_EXIT_HELPER_PATH;
+  char* argv[] = {const_cast<char*>(helper), nullptr};
+  pid_t pid = -1;
+  ASSERT_EQ(::posix_spawn(&pid, helper, nullptr, nullptr, argv, environ), 0) << helper;
+  int status = 0;
+  auto until = Clock::now() + 120s;
+  pid_t got = 0;
+  while ((got = ::waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() < until) std::this_thread::sleep_for(10ms);
+  if (got == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "the helper did not exit within 120 s";
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << "signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace dmx::test
