@@ -37,8 +37,13 @@ foreach(kind shared static)
 endforeach()
 set_target_properties(dmx_shared PROPERTIES EXPORT_NAME dmx VERSION ${PROJECT_VERSION} SOVERSION ${DMX_SOVERSION})
 # Keep the static archives' symbols (the CUDA runtime's above all) out of libdmx.so's exports, so
-# that they cannot clash with a libcudart.so the application loads; fail on anything unresolved.
-target_link_options(dmx_shared PRIVATE LINKER:--exclude-libs,ALL LINKER:--no-undefined)
+# that they cannot clash with a libcudart.so the application loads.
+target_link_options(dmx_shared PRIVATE LINKER:--exclude-libs,ALL)
+# Fail on anything unresolved, except in sanitizer builds: a static sanitizer runtime (clang's)
+# leaves shared libraries with undefined symbols by design.
+if(DMX_SANITIZE STREQUAL "")
+  target_link_options(dmx_shared PRIVATE LINKER:--no-undefined)
+endif()
 set_target_properties(dmx_static PROPERTIES EXPORT_NAME dmx_static)
 
 # ---- install ----
