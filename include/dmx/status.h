@@ -2,11 +2,17 @@
 //
 // Status carries a code, a human message, where it came from (origin, e.g. "tcp/stream 2") and
 // the peer it concerns (e.g. "10.0.0.2:7000"). Result<T> holds either a T or a non-ok Status.
-// Nothing in dmx throws across its API; bugs are assertions, failures are Status.
+// Bugs are assertions, failures are Status; the library's own code never throws.
+//
+// Result: check ok() and use *r / r->, or call value() which throws dmx::Error. value() is the one
+// place the C++ API throws, and only on the caller's thread: `*r` and `r->` on an error are
+// unchecked in release builds (undefined behaviour) and assert in debug builds; value_or(v) gives
+// v instead; status() is the error (an ok Status when ok()).
 #pragma once
 
 #include <cassert>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -70,10 +76,27 @@ class [[nodiscard]] Status {
   std::unique_ptr<Rep> rep_;
 };
 
+// What Result<T>::value() throws on an error: what() is status().to_string(). Copies share the
+// Status, so copying never throws.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(Status status);
+  ~Error() override;
+
+  const Status& status() const noexcept { return *status_; }
+  Code code() const noexcept { return status_->code(); }
+
+ private:
+  std::shared_ptr<const Status> status_;
+};
+
+// Throws Error(status); out of line so that value() stays small.
+[[noreturn]] void throw_error(const Status& status);
+
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(v_).ok() && "Result built from an ok Status");
   }
@@ -81,18 +104,61 @@ class [[nodiscard]] Result {
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOk;
-    return ok() ? kOk : std::get<Status>(v_);
+    return ok() ? kOk : *std::get_if<Status>(&v_);
   }
-  T& value() & { assert(ok()); return std::get<T>(v_); }
-  const T& value() const& { assert(ok()); return std::get<T>(v_); }
-  T&& value() && { assert(ok()); return std::get<T>(std::move(v_)); }
-  T* operator->() { return &value(); }
-  const T* operator->() const { return &value(); }
-  T& operator*() & { return value(); }
-  const T& operator*() const& { return value(); }
-  T&& operator*() && { return std::move(*this).value(); }
+
+  // Checked: throws Error carrying status() when not ok.
+  T& value() & {
+    check();
+    return *std::get_if<T>(&v_);
+  }
+  const T& value() const& {
+    check();
+    return *std::get_if<T>(&v_);
+  }
+  T&& value() && {
+    check();
+    return std::move(*std::get_if<T>(&v_));
+  }
+
+  // The value, or `fallback` when not ok.
+  template <typename U>
+  T value_or(U&& fallback) const& {
+    return ok() ? *std::get_if<T>(&v_) : static_cast<T>(std::forward<U>(fallback));
+  }
+  template <typename U>
+  T value_or(U&& fallback) && {
+    return ok() ? std::move(*std::get_if<T>(&v_)) : static_cast<T>(std::forward<U>(fallback));
+  }
+
+  // Unchecked in release builds: call only when ok() (asserts in debug builds).
+  T* operator->() {
+    assert(ok());
+    return std::get_if<T>(&v_);
+  }
+  const T* operator->() const {
+    assert(ok());
+    return std::get_if<T>(&v_);
+  }
+  T& operator*() & {
+    assert(ok());
+    return *std::get_if<T>(&v_);
+  }
+  const T& operator*() const& {
+    assert(ok());
+    return *std::get_if<T>(&v_);
+  }
+  T&& operator*() && {
+    assert(ok());
+    return std::move(*std::get_if<T>(&v_));
+  }
 
  private:
+  void check() const {
+    if (!ok()) [[unlikely]]
+      throw_error(*std::get_if<Status>(&v_));
+  }
+
   std::variant<T, Status> v_;
 };
 
@@ -113,4 +179,4 @@ class [[nodiscard]] Result {
 #define DMX_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                              \
   if (!tmp.ok()) return tmp.status();             \
-  lhs = std::move(tmp).value()
+  lhs = *std::move(tmp)

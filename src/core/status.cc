@@ -68,4 +68,11 @@ std::string Status::to_string() const {
   return out;
 }
 
+Error::Error(Status status)
+    : std::runtime_error(status.to_string()), status_(std::make_shared<const Status>(std::move(status))) {}
+
+Error::~Error() = default;
+
+void throw_error(const Status& status) { throw Error(status); }
+
 }  // namespace dmx

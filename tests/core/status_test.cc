@@ -1,7 +1,12 @@
+#include "dmx/status.h"
+
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <stdexcept>
+#include <string>
+
 #include "core/units.h"
-#include "dmx/status.h"
 
 namespace dmx {
 namespace {
@@ -35,6 +40,55 @@ TEST(Result, PropagatesErrors) {
   EXPECT_EQ(*quarter(8), 2);
   EXPECT_FALSE(quarter(6).ok());
   EXPECT_EQ(quarter(6).status().message(), "odd");
+}
+
+TEST(Result, OkAccessors) {
+  Result<std::string> r(std::string("abc"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r.status().ok());
+  EXPECT_EQ(r.value(), "abc");
+  EXPECT_EQ(*r, "abc");
+  EXPECT_EQ(r->size(), 3u);
+  EXPECT_EQ(r.value_or("fallback"), "abc");
+  const Result<std::string>& cr = r;
+  EXPECT_EQ(cr.value(), "abc");
+  EXPECT_EQ(cr->size(), 3u);
+  r->append("d");  // non-const -> reaches the held value
+  EXPECT_EQ(*r, "abcd");
+  std::string moved = std::move(r).value();
+  EXPECT_EQ(moved, "abcd");
+}
+
+TEST(Result, ValueOnErrorThrowsErrorWithTheStatus) {
+  Result<int> r = Status(Code::kTimeout, "recv did not complete").with_peer("10.0.0.2:7000");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kTimeout);
+  try {
+    (void)r.value();
+    FAIL() << "value() on an error did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kTimeout);
+    EXPECT_EQ(e.status().message(), "recv did not complete");
+    EXPECT_EQ(e.status().peer(), "10.0.0.2:7000");
+    EXPECT_STREQ(e.what(), "timeout: recv did not complete [peer 10.0.0.2:7000]");
+    Error copy = e;  // copies share the Status
+    EXPECT_EQ(&copy.status(), &e.status());
+  }
+  // Every overload checks, and Error is a std::runtime_error for generic handlers.
+  const Result<int>& cr = r;
+  EXPECT_THROW((void)cr.value(), Error);
+  EXPECT_THROW((void)std::move(r).value(), std::runtime_error);
+}
+
+TEST(Result, ValueOrOnError) {
+  Result<int> r = Status(Code::kNotFound, "no such key");
+  EXPECT_EQ(r.value_or(-1), -1);
+  EXPECT_EQ(half(3).value_or(7), 7);
+  EXPECT_EQ(half(4).value_or(7), 2);
+  Result<std::unique_ptr<int>> p = Status(Code::kUnavailable, "none");
+  EXPECT_EQ(std::move(p).value_or(nullptr), nullptr);
+  Result<std::unique_ptr<int>> q = std::make_unique<int>(5);
+  EXPECT_EQ(*std::move(q).value_or(nullptr), 5);  // move-only values move out
 }
 
 TEST(Units, Sizes) {
