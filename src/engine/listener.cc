@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <list>
@@ -91,6 +92,7 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
     std::shared_ptr<std::atomic<bool>> done;
   };
   std::list<Setup> setups_;
+  std::atomic<int> building_{0};  // set-up threads that have not yet created (or given up) their endpoint
   std::unordered_map<uint64_t, Pending> pending_;
   // Shared with accept().
   std::mutex mu_;
@@ -350,6 +352,14 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   if (client->role != wire::Role::kClient) return reject(c, Status(Code::kProtocol, "HELLO from a non-client"));
   if (Status s = check_auth_modes(ctx_->auth(), client->auth); !s.ok()) return reject(c, s);
   if (Status s = ctx_->admit_endpoint(client->streams); !s.ok()) return reject(c, s);
+  // Endpoints still being built on set-up threads count too: max_endpoints holds as it did when
+  // they were built on this thread.
+  int building = building_.load(std::memory_order_acquire);
+  if (int live = ctx_->live_endpoints() + building; live >= ctx_->params().max_endpoints)
+    return reject(c, Status(Code::kResourceExhausted,
+                            fmt::format("{} endpoints are open or being set up, the most this context holds "
+                                        "(max_endpoints)",
+                                        live)));
   wire::Hello server = make_hello(*ctx_, wire::Role::kServer);
   server.streams = client->streams;  // the client decides; both are bounded by decode_hello
   server.chunk_size = std::min(client->chunk_size, server.chunk_size);
@@ -457,6 +467,7 @@ void ListenerImpl::complete(uint64_t session) {
     return;
   }
   auto done = std::make_shared<std::atomic<bool>>(false);
+  building_.fetch_add(1, std::memory_order_acq_rel);
   std::thread t([this, p = std::move(p), a = std::move(*agreed), done]() mutable {
     build(std::move(p), std::move(a));
     done->store(true, std::memory_order_release);
@@ -470,8 +481,12 @@ void ListenerImpl::build(Pending p, Session agreed) {
   if (!links.ok()) {
     DMX_LOG_LIMITED(log_, warn, "paths", "listener {}: peer {}: payload path set-up ({}) failed: {}", address_,
                     p.peer, agreed.transport, printable(links.status().message()));
+    building_.fetch_sub(1, std::memory_order_acq_rel);
     return;  // dropping the streams tells the client
   }
+  // create() counts it in the context once its streams are built: a window of microseconds in which
+  // max_endpoints may admit one more.
+  building_.fetch_sub(1, std::memory_order_acq_rel);
   auto ep = EndpointImpl::create(ctx_, std::move(agreed), stream_conduits(std::move(p.fds), std::move(links->control)),
                                  std::move(links->paths));
   {
