@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -71,7 +72,18 @@ TEST(ListenerFlood, IdleFloodDoesNotLockOutAGoodClient) {
     ASSERT_TRUE(fd.valid()) << "connection " << i << " from " << from << ": " << std::strerror(errno);
     flood.push_back(std::move(fd));
   }
-  std::this_thread::sleep_for(500ms);  // the listener has taken them all in
+  // Every connection established (a full accept queue drops SYNs; they come back 1-3 s later),
+  // then time for the listener to take them all in.
+  for (auto until = Clock::now() + 20s; Clock::now() < until;) {
+    size_t open = 0;
+    for (auto& fd : flood) {
+      pollfd p{fd.get(), POLLOUT, 0};
+      if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT)) ++open;
+    }
+    if (open == flood.size()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  std::this_thread::sleep_for(500ms);
   uint64_t rss_flood = rss_kib();
 
   auto t0 = Clock::now();
