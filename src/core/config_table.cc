@@ -10,12 +10,20 @@ constexpr ConfigEntry kTable[] = {
     // engine
     {"transport", ConfigType::kString, "auto", "data path to use; auto picks the best both peers support",
      "auto|tcp|devmem|shm|cuda_ipc"},
-    {"connect_timeout", ConfigType::kDuration, "10s", "deadline for connect() including the handshake"},
+    {"connect_timeout", ConfigType::kDuration, "10s",
+     "deadline for connect() as a whole: every attempt, the backoff between them (50 ms doubling to 1 s) "
+     "and the same-host paths; refused, reset or timed-out attempts are retried, a REJECT or a key "
+     "mismatch is not"},
     {"handshake_timeout", ConfigType::kDuration, "5s",
-     "how long a listener waits for an accepted connection to complete its handshake"},
+     "one handshake, on both sides: a listener drops an accepted connection that has not completed it by "
+     "then, and connect() gives up that attempt (and retries within connect_timeout)"},
     {"stop_timeout", ConfigType::kDuration, "30s",
      "how long closing an endpoint waits for its payload paths to stop (a wedged device copy) before "
      "it gives up with an error naming them"},
+    {"max_pending_handshakes", ConfigType::kInt, "1024",
+     "connections a listener holds before they authenticate; when full, a new one evicts the oldest"},
+    {"max_pending_per_address", ConfigType::kInt, "64",
+     "connections one IP address may hold before they authenticate; beyond, its new ones are closed"},
     {"keepalive_interval", ConfigType::kDuration, "1s", "idle time after which a stream sends a keepalive"},
     {"peer_timeout", ConfigType::kDuration, "10s",
      "a peer silent for this long on any stream is declared dead and its operations fail"},

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "core/log.h"
 #include "core/sys.h"
 #include "engine/local_paths.h"
@@ -161,16 +164,19 @@ Result<UniqueFd> open_stream(const tcp::Address& addr, const EngineParams& p, De
   return fd;
 }
 
-}  // namespace
-
-Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<ContextImpl>& ctx,
-                                                       const std::string& address) {
-  DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(address));
+// One connect attempt: the handshake of every stream within `attempt`; the same-host paths within
+// `overall`. *final says the failure is the peer's answer (REJECT, keys differ, a protocol
+// mismatch), which another attempt would only repeat.
+Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<ContextImpl>& ctx, const tcp::Address& addr,
+                                                   const std::string& peer, Deadline attempt, Deadline overall,
+                                                   bool* final) {
   const EngineParams& p = ctx->params();
-  DMX_RETURN_IF_ERROR(ctx->admit_endpoint(0));
-  Deadline deadline = Deadline::after(p.connect_timeout);
-  std::string peer = addr.to_string().substr(6);
-
+  Deadline deadline = attempt;
+  // Shadows the function: the peer's REJECT or a wrong frame is final.
+  auto unexpected_reply = [final](const Frame& f, std::string_view waiting_for, const std::string& who) {
+    *final = true;
+    return dmx::unexpected_reply(f, waiting_for, who);
+  };
   std::vector<UniqueFd> fds;
   DMX_ASSIGN_OR_RETURN(UniqueFd fd0, open_stream(addr, p, deadline));
   wire::Hello mine = make_hello(*ctx, wire::Role::kClient);
@@ -182,6 +188,7 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
   if (reply.header.type != wire::FrameType::kHello) return unexpected_reply(reply, "HELLO", peer);
   auto theirs = wire::decode_hello(reply.payload.data(), reply.payload.size());
   if (!theirs.ok()) return theirs.status().with_peer(peer);
+  *final = true;  // from here on, a failure is what the peer said, not what the network did
   if (theirs->role != wire::Role::kServer) return Status(Code::kProtocol, "the peer is not a dmx server").with_peer(peer);
   DMX_RETURN_IF_ERROR(check_auth_modes(ctx->auth(), theirs->auth).with_peer(peer));
   if (theirs->streams != mine.streams || theirs->chunk_size > mine.chunk_size)
@@ -200,6 +207,7 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
     DMX_RETURN_IF_ERROR(send_frame(fd0.get(), wire::FrameType::kAuth,
                                    std::vector<unsigned char>(proof.begin(), proof.end()), deadline, peer));
   }
+  *final = false;  // a lost connection or a slow step from here on is worth another attempt
   DMX_ASSIGN_OR_RETURN(Frame welcome, recv_frame(fd0.get(), deadline, peer));
   if (welcome.header.type != wire::FrameType::kWelcome) return unexpected_reply(welcome, "WELCOME", peer);
   fds.push_back(std::move(fd0));
@@ -237,10 +245,50 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
   // The side channels' listener: shm, the control pipe and cuda_ipc's fd channel each have one.
   if ((agreed.paths & (wire::kTransportShm | wire::kTransportControlPipe | wire::kTransportCudaIpc)) == 0)
     local_listener.reset();
+  *final = true;  // the server has its endpoint now: a second attempt would make another
   DMX_ASSIGN_OR_RETURN(LocalLinks links, build_paths(*ctx, agreed.paths, mine, *theirs, std::move(local_listener),
-                                                      LocalChannels{}, std::move(data_socket), peer, deadline));
+                                                      LocalChannels{}, std::move(data_socket), peer, overall));
   return EndpointImpl::create(ctx, std::move(agreed), stream_conduits(std::move(fds), std::move(links.control)),
                               std::move(links.paths));
+}
+
+
+}  // namespace
+
+// Attempts until connect_timeout: a refused or reset connection, a handshake step past
+// handshake_timeout or an EOF in the handshake is retried after a backoff (50 ms doubling to 1 s);
+// the peer's answer (REJECT, keys differ) is returned at once.
+Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<ContextImpl>& ctx,
+                                                       const std::string& address) {
+  DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(address));
+  const EngineParams& p = ctx->params();
+  DMX_RETURN_IF_ERROR(ctx->admit_endpoint(0));
+  const auto start = Clock::now();
+  Deadline overall = Deadline::after(p.connect_timeout);
+  std::string peer = addr.to_string().substr(6);
+  auto backoff = std::chrono::milliseconds(50);
+  for (int attempts = 1;; ++attempts) {
+    bool final = false;
+    Deadline attempt = overall.earlier(Deadline::after(p.handshake_timeout));
+    auto ep = connect_once(ctx, addr, peer, attempt, overall, &final);
+    if (ep.ok()) return ep;
+    Status s = ep.status();
+    bool transient = s.code() == Code::kIo || s.code() == Code::kTimeout || s.code() == Code::kPeerFailed;
+    auto left = overall.time() - Clock::now();
+    if (final || !transient || left <= backoff) {
+      if (attempts == 1) return s.with_peer(peer);
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+      return Status(s.code(), fmt::format("{} (attempt {}, {} ms after connect began; connect_timeout {} ms)",
+                                          s.message(), attempts, ms,
+                                          std::chrono::duration_cast<std::chrono::milliseconds>(p.connect_timeout).count()))
+          .with_peer(peer)
+          .with_origin(s.origin());
+    }
+    DMX_LOG_DEBUG("connect to {}: attempt {} failed ({}); retrying in {} ms", peer, attempts, s.to_string(),
+                  backoff.count());
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
 }
 
 }  // namespace dmx

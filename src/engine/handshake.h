@@ -40,6 +40,9 @@ Status send_frame(int fd, wire::FrameType type, const std::vector<unsigned char>
                   const std::string& peer, uint64_t a0 = 0);
 Result<Frame> recv_frame(int fd, Deadline deadline, const std::string& peer);
 
+// The client side: connects and authenticates every stream. Each attempt has handshake_timeout
+// (the same bound the listener gives an accepted connection); transient failures are retried with
+// backoff until connect_timeout; a REJECT or an authentication failure returns at once.
 Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<ContextImpl>& ctx,
                                                        const std::string& address);
 

@@ -1,11 +1,16 @@
 // Listener: accepts connections and runs the server side of the handshake as a non-blocking
 // state machine on one thread, each connection with its own deadline — so a peer that connects
-// and says nothing, or says garbage, delays nobody else.
+// and says nothing, or says garbage, delays nobody else. Pre-auth connections are bounded in all
+// (max_pending_handshakes: the oldest is evicted for a new one) and per address
+// (max_pending_per_address); when the process is out of fds, accepting pauses for kAcceptPause
+// instead of spinning. Every line a peer can cause goes through log_ (one per kind per second).
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <list>
@@ -32,6 +37,7 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
   struct Conn {
     UniqueFd fd;
     std::string peer;
+    std::string host;  // the peer's address without the port (per-address cap)
     Deadline deadline;
     unsigned char hdr[wire::kHeaderSize];
     size_t got = 0;
@@ -58,6 +64,8 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
   explicit ListenerImpl(std::shared_ptr<ContextImpl> ctx) : ctx_(std::move(ctx)) {}
   void run();
   void accept_new();
+  // Every removal from conns_ goes here: it keeps per_host_ true and drops a session that owed AUTH.
+  std::list<Conn>::iterator drop_conn(std::list<Conn>::iterator it);
   Next read_conn(Conn& c);
   Next handle(Conn& c);
   Next on_hello(Conn& c);
@@ -65,13 +73,26 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
   Next on_join(Conn& c);
   Next reject(Conn& c, const Status& why);
   void complete(uint64_t session);
+  void build(Pending p, Session agreed);  // a set-up thread
+  void reap_setups(bool all);
 
   std::shared_ptr<ContextImpl> ctx_;
   UniqueFd fd_, wake_;
   std::string address_;
   std::thread thread_;
   // Listener thread only.
-  std::list<Conn> conns_;
+  std::list<Conn> conns_;  // oldest first
+  std::unordered_map<std::string, size_t> per_host_;  // conns_ by Conn::host
+  Clock::time_point accept_paused_until_;             // out of fds: the listen socket rests until then
+  size_t max_pending_ = 1024, max_per_host_ = 64;     // from the configuration
+  LogLimiter log_{std::chrono::seconds(1)};  // thread-safe
+  // Threads building same-host paths, each bounded by its handshake deadline; joined by run().
+  struct Setup {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::list<Setup> setups_;
+  std::atomic<int> building_{0};  // set-up threads that have not yet created (or given up) their endpoint
   std::unordered_map<uint64_t, Pending> pending_;
   // Shared with accept().
   std::mutex mu_;
@@ -81,8 +102,17 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
 };
 
 namespace {
-constexpr size_t kMaxPendingConns = 1024;
+// Out of fds (EMFILE/ENFILE), accept would fail at once and the listen socket stay readable: rest it
+// this long rather than spin on it. Handshakes in progress keep going meanwhile.
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+// Endpoints being built at once (each a thread for at most handshake_timeout); beyond, refused.
+constexpr size_t kMaxSetups = 64;
+
+std::string host_of(const std::string& peer) {  // "1.2.3.4:5" or "[::1]:5" -> without the port
+  auto colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
 }
+}  // namespace
 
 Result<std::shared_ptr<ListenerImpl>> ListenerImpl::create(std::shared_ptr<ContextImpl> ctx, const std::string& url) {
   DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(url));
@@ -92,6 +122,8 @@ Result<std::shared_ptr<ListenerImpl>> ListenerImpl::create(std::shared_ptr<Conte
   if (!l->wake_.valid()) return errno_status("eventfd", errno);
   std::string local = tcp::local_name(l->fd_.get());
   l->address_ = "tcp://" + local;
+  l->max_pending_ = static_cast<size_t>(std::max<int64_t>(1, l->ctx_->config().get_int("max_pending_handshakes")));
+  l->max_per_host_ = static_cast<size_t>(std::max<int64_t>(1, l->ctx_->config().get_int("max_pending_per_address")));
   l->thread_ = std::thread([raw = l.get()] { raw->run(); });
   DMX_LOG_INFO("listening on {} (auth: {})", l->address_, l->ctx_->auth().source);
   return l;
@@ -136,28 +168,33 @@ void ListenerImpl::run() {
     Deadline next;
     for (auto& c : conns_) next = next.earlier(c.deadline);
     for (auto& [id, p] : pending_) next = next.earlier(p.deadline);
-    fds.assign({{fd_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}});
+    const bool resting = Clock::now() < accept_paused_until_;
+    if (resting) next = next.earlier(Deadline::at(accept_paused_until_));
+    fds.assign({{fd_.get(), static_cast<short>(resting ? 0 : POLLIN), 0}, {wake_.get(), POLLIN, 0}});
     for (auto& c : conns_) fds.push_back({c.fd.get(), POLLIN, 0});
     int rc = ::poll(fds.data(), fds.size(), next.poll_timeout_ms());
     if (rc < 0 && errno != EINTR) {
       DMX_LOG_ERROR("listener {}: {}", address_, errno_status("poll", errno).message());
       break;
     }
-    if (fds[0].revents & POLLIN) accept_new();
     size_t i = 2;
     for (auto it = conns_.begin(); it != conns_.end(); ++i) {
       Next n = Next::kKeep;
       if (i < fds.size() && fds[i].revents) n = read_conn(*it);
       if (n == Next::kKeep && it->deadline.expired()) {
-        DMX_LOG_WARN("listener {}: peer {} did not complete the handshake in time; dropped", address_, it->peer);
+        DMX_LOG_LIMITED(log_, warn, "slow", "listener {}: peer {} did not complete the handshake in time; dropped",
+                        address_, it->peer);
         n = Next::kDrop;
       }
-      it = n == Next::kKeep ? std::next(it) : conns_.erase(it);
+      it = n == Next::kKeep ? std::next(it) : drop_conn(it);
     }
+    // After the walk above: accepting may evict from conns_, whose order fds mirrors.
+    if (fds[0].revents & POLLIN) accept_new();
+    reap_setups(/*all=*/false);
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->second.deadline.expired()) {
-        DMX_LOG_WARN("listener {}: peer {} opened {} of {} connections before the deadline; dropped", address_,
-                     it->second.peer, it->second.joined, it->second.expected());
+        DMX_LOG_LIMITED(log_, warn, "joins", "listener {}: peer {} opened {} of {} connections before the deadline; dropped",
+                        address_, it->second.peer, it->second.joined, it->second.expected());
         it = pending_.erase(it);
       } else {
         ++it;
@@ -165,34 +202,80 @@ void ListenerImpl::run() {
     }
   }
   conns_.clear();
+  per_host_.clear();
   pending_.clear();
+  reap_setups(/*all=*/true);
+}
+
+void ListenerImpl::reap_setups(bool all) {
+  for (auto it = setups_.begin(); it != setups_.end();) {
+    if (!all && !it->done->load(std::memory_order_acquire)) {
+      ++it;
+      continue;
+    }
+    it->thread.join();
+    it = setups_.erase(it);
+  }
+}
+
+std::list<ListenerImpl::Conn>::iterator ListenerImpl::drop_conn(std::list<Conn>::iterator it) {
+  auto h = per_host_.find(it->host);
+  if (h != per_host_.end() && --h->second == 0) per_host_.erase(h);
+  if (it->awaiting_auth != 0) {  // its session can never authenticate now
+    auto p = pending_.find(it->awaiting_auth);
+    if (p != pending_.end() && !p->second.authed) pending_.erase(p);
+  }
+  return conns_.erase(it);
 }
 
 void ListenerImpl::accept_new() {
   for (;;) {
     int raw = ::accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (raw < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        DMX_LOG_WARN("listener {}: {}", address_, errno_status("accept", errno).message());
+      int err = errno;
+      if (err == EINTR) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        accept_paused_until_ = Clock::now() + kAcceptPause;
+        DMX_LOG_LIMITED(log_, warn, "accept", "listener {}: {}; not accepting for {} ms", address_,
+                        errno_status("accept", err).message(), kAcceptPause.count());
+        return;
+      }
+      // A connection that died in the queue (ECONNABORTED and the like): the next one may be fine.
+      DMX_LOG_LIMITED(log_, warn, "accept-other", "listener {}: {}", address_, errno_status("accept", err).message());
+      if (err == ECONNABORTED || err == EPROTO || err == EPERM) continue;
+      accept_paused_until_ = Clock::now() + kAcceptPause;
       return;
     }
     UniqueFd fd(raw);
     std::string peer = tcp::peer_name(raw);
-    if (conns_.size() >= kMaxPendingConns) {
-      DMX_LOG_WARN("listener {}: {} handshakes pending; refusing {}", address_, conns_.size(), peer);
+    std::string host = host_of(peer);
+    auto known = per_host_.find(host);
+    if (known != per_host_.end() && known->second >= max_per_host_) {
+      DMX_LOG_LIMITED(log_, warn, "per-address", "listener {}: {} holds {} unauthenticated connections "
+                      "(max_pending_per_address); closing its new one", address_, host, known->second);
       continue;
+    }
+    if (conns_.size() >= max_pending_) {
+      // Full: the oldest gives way. A flood of idle connections then only delays a good client by
+      // how fast the flood connects, never locks it out.
+      DMX_LOG_LIMITED(log_, warn, "evict", "listener {}: {} handshakes pending (max_pending_handshakes); "
+                      "evicting the oldest, {}, for {}", address_, conns_.size(), conns_.front().peer, peer);
+      drop_conn(conns_.begin());
     }
     const EngineParams& p = ctx_->params();
     tcp::StreamOptions so;
     so.socket_buffer = p.socket_buffer;
     so.user_timeout_ms = static_cast<unsigned>(p.peer_timeout.count() / 1000);
     if (Status s = tcp::configure_stream(raw, so); !s.ok()) {
-      DMX_LOG_WARN("listener {}: peer {}: {}", address_, peer, s.message());
+      DMX_LOG_LIMITED(log_, warn, "configure", "listener {}: peer {}: {}", address_, peer, s.message());
       continue;
     }
     Conn c;
     c.fd = std::move(fd);
     c.peer = peer;
+    c.host = host;
+    ++per_host_[host];
     c.deadline = Deadline::after(p.handshake_timeout);
     conns_.push_back(std::move(c));
   }
@@ -211,13 +294,15 @@ ListenerImpl::Next ListenerImpl::read_conn(Conn& c) {
     }
     ssize_t k = ::recv(c.fd.get(), dst, want, 0);
     if (k == 0) {
-      DMX_LOG_INFO("listener {}: peer {} closed the connection during the handshake", address_, c.peer);
+      DMX_LOG_LIMITED(log_, info, "eof", "listener {}: peer {} closed the connection during the handshake", address_,
+                      c.peer);
       return Next::kDrop;
     }
     if (k < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return Next::kKeep;
-      DMX_LOG_WARN("listener {}: peer {}: {}", address_, c.peer, errno_status("recv", errno).message());
+      DMX_LOG_LIMITED(log_, warn, "recv", "listener {}: peer {}: {}", address_, c.peer,
+                      errno_status("recv", errno).message());
       return Next::kDrop;
     }
     c.got += static_cast<size_t>(k);
@@ -252,7 +337,8 @@ ListenerImpl::Next ListenerImpl::handle(Conn& c) {
 }
 
 ListenerImpl::Next ListenerImpl::reject(Conn& c, const Status& why) {
-  DMX_LOG_WARN("listener {}: refused peer {}: {}", address_, c.peer, why.to_string());
+  DMX_LOG_LIMITED(log_, warn, "refused", "listener {}: refused peer {}: {}", address_, c.peer,
+                  printable(why.to_string()));
   std::string text = why.message().substr(0, wire::kMaxControlPayload);
   // Best effort: the socket is fresh and the frame small, so this does not block.
   (void)send_frame(c.fd.get(), wire::FrameType::kReject, std::vector<unsigned char>(text.begin(), text.end()),
@@ -266,6 +352,14 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   if (client->role != wire::Role::kClient) return reject(c, Status(Code::kProtocol, "HELLO from a non-client"));
   if (Status s = check_auth_modes(ctx_->auth(), client->auth); !s.ok()) return reject(c, s);
   if (Status s = ctx_->admit_endpoint(client->streams); !s.ok()) return reject(c, s);
+  // Endpoints still being built on set-up threads count too: max_endpoints holds as it did when
+  // they were built on this thread.
+  int building = building_.load(std::memory_order_acquire);
+  if (int live = ctx_->live_endpoints() + building; live >= ctx_->params().max_endpoints)
+    return reject(c, Status(Code::kResourceExhausted,
+                            fmt::format("{} endpoints are open or being set up, the most this context holds "
+                                        "(max_endpoints)",
+                                        live)));
   wire::Hello server = make_hello(*ctx_, wire::Role::kServer);
   server.streams = client->streams;  // the client decides; both are bounded by decode_hello
   server.chunk_size = std::min(client->chunk_size, server.chunk_size);
@@ -283,7 +377,7 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   Status s = send_frame(c.fd.get(), wire::FrameType::kHello, wire::encode_hello(server),
                         Deadline::after(std::chrono::seconds(1)), c.peer);
   if (!s.ok()) {
-    DMX_LOG_WARN("listener {}: peer {}: {}", address_, c.peer, s.message());
+    DMX_LOG_LIMITED(log_, warn, "send", "listener {}: peer {}: {}", address_, c.peer, s.message());
     return Next::kDrop;
   }
   Pending p;
@@ -364,15 +458,36 @@ void ListenerImpl::complete(uint64_t session) {
   agreed->keepalive = keepalive_for(ctx_->params(), p.client);
   agreed->peer_eager_limit = p.client.eager_limit;
   agreed->peer_unexpected_budget = p.client.unexpected_budget;
-  // Bounded by the handshake deadline; the client builds its side at the same time.
-  auto links = build_paths(*ctx_, agreed->paths, p.client, p.server, std::nullopt, std::move(p.channels),
+  // Same-host paths wait for the client to set up its side (up to the handshake deadline): that
+  // must not stall this thread, which serves every other handshake.
+  reap_setups(/*all=*/false);
+  if (setups_.size() >= kMaxSetups) {
+    DMX_LOG_LIMITED(log_, warn, "setups", "listener {}: peer {}: {} endpoints are being set up already; dropped",
+                    address_, p.peer, setups_.size());
+    return;
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  building_.fetch_add(1, std::memory_order_acq_rel);
+  std::thread t([this, p = std::move(p), a = std::move(*agreed), done]() mutable {
+    build(std::move(p), std::move(a));
+    done->store(true, std::memory_order_release);
+  });
+  setups_.push_back(Setup{std::move(t), std::move(done)});
+}
+
+void ListenerImpl::build(Pending p, Session agreed) {
+  auto links = build_paths(*ctx_, agreed.paths, p.client, p.server, std::nullopt, std::move(p.channels),
                            std::move(p.data), p.peer, p.deadline);
   if (!links.ok()) {
-    DMX_LOG_WARN("listener {}: peer {}: payload path set-up ({}) failed: {}", address_, p.peer, agreed->transport,
-                 links.status().message());
+    DMX_LOG_LIMITED(log_, warn, "paths", "listener {}: peer {}: payload path set-up ({}) failed: {}", address_,
+                    p.peer, agreed.transport, printable(links.status().message()));
+    building_.fetch_sub(1, std::memory_order_acq_rel);
     return;  // dropping the streams tells the client
   }
-  auto ep = EndpointImpl::create(ctx_, std::move(*agreed), stream_conduits(std::move(p.fds), std::move(links->control)),
+  // create() counts it in the context once its streams are built: a window of microseconds in which
+  // max_endpoints may admit one more.
+  building_.fetch_sub(1, std::memory_order_acq_rel);
+  auto ep = EndpointImpl::create(ctx_, std::move(agreed), stream_conduits(std::move(p.fds), std::move(links->control)),
                                  std::move(links->paths));
   {
     std::lock_guard<std::mutex> lock(mu_);

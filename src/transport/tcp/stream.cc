@@ -386,6 +386,7 @@ Status Stream::step_rx(Io* io) {
     *io = Io::kProgress;
     last_rx_ = Clock::now();
     if (!in_payload_) {
+      if (rx_header_got_ == 0) rx_frame_start_ = last_rx_;  // a frame begins: its clock starts
       rx_header_got_ += got;
       if (rx_header_got_ < wire::kHeaderSize) continue;
       rx_header_got_ = 0;
@@ -409,6 +410,7 @@ void Stream::run() {
   Status failure;
   Clock::time_point last_progress = Clock::now();
   bool armed = false;  // sleeping_ is set
+  Clock::time_point prev = Clock::now();
   for (;;) {
     if (stop_.load(std::memory_order_acquire)) break;
     bool progress = false;
@@ -425,6 +427,7 @@ void Stream::run() {
       // Not reading is our choice, not the peer's silence; but a peer that takes none of the
       // replies it asked for within peer_timeout is gone or hostile.
       last_rx_ = now;
+      rx_frame_start_ += now - prev;  // nor does the frame in progress use its budget meanwhile
       if (config_.index == 0 && now - last_tx_ > config_.peer_timeout) {
         failure = Status(Code::kResourceExhausted,
                          fmt::format("the peer read none of its {} bytes of replies for {} ms; closing it",
@@ -440,6 +443,9 @@ void Stream::run() {
                                    config_.index));
       break;
     }
+    failure = check_frame_budget(now);
+    if (!failure.ok()) break;
+    prev = now;
     if (now - last_tx_ > config_.keepalive && !writing_ && chunks_.empty()) {
       TxItem ka;
       ka.header.type = wire::FrameType::kKeepalive;
@@ -490,6 +496,27 @@ void Stream::run() {
                                                .with_origin(fmt::format("{}/stream {}", conduit_->kind(), config_.index)));
   drain();
   host_->on_stream_stopped(config_.index);
+}
+
+// A peer that sends a byte now and then never falls silent for peer_timeout, yet holds the stream
+// (and everything queued behind the frame) forever. So a frame also has a budget from its first
+// byte: peer_timeout, plus its payload at kMinFrameRate — a 64 MiB chunk gets 256 s more.
+Status Stream::check_frame_budget(Clock::time_point now) const {
+  if (rx_header_got_ == 0 && !in_payload_) return Status();
+  auto budget = config_.peer_timeout;
+  if (in_payload_)
+    budget += std::chrono::microseconds(uint64_t{rx_.payload_len} * 1'000'000 / kMinFrameRate);
+  auto took = now - rx_frame_start_;
+  if (took <= budget) return Status();
+  size_t got = in_payload_ ? wire::kHeaderSize + rx_payload_got_ : rx_header_got_;
+  size_t size = wire::kHeaderSize + (in_payload_ ? rx_.payload_len : 0);
+  return Status(Code::kPeerFailed,
+                fmt::format("peer sent only {} of {} bytes of a frame in {} ms (stream {}, budget {} ms: "
+                            "peer_timeout plus the payload at {} KiB/s); closing it",
+                            got, in_payload_ ? fmt::format("{}", size) : fmt::format("at least {}", size),
+                            std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), config_.index,
+                            std::chrono::duration_cast<std::chrono::milliseconds>(budget).count(),
+                            kMinFrameRate >> 10));
 }
 
 // Waits for copies still in flight (they may write user memory), then drops all references.

@@ -11,7 +11,8 @@
 //    into the destination; device memory: into a pinned slot, then an asynchronous copy to the
 //    destination; or discarded), and tells the host when the payload has landed. Headers are read
 //    through a 4 KiB read-ahead buffer, so a small frame costs one read (step_rx).
-// Liveness: it sends a keepalive when idle and fails when the peer is silent for too long.
+// Liveness: it sends a keepalive when idle and fails when the peer is silent for too long, or when
+// a frame it has begun does not finish within its budget (a trickling peer; check_frame_budget).
 //
 // Threading: every member without a comment is owned by the worker thread. push_control, wake
 // and stop may be called from any thread.
@@ -115,6 +116,10 @@ class Stream {
   // Bytes step_rx asks for when it reads a header: the header and, for small frames, the payload
   // behind it in one read (at most this much of a large payload is copied twice).
   static constexpr size_t kReadAhead = 4096;
+  // The slowest a frame's payload may arrive, in bytes per second, once its first byte has: a frame
+  // must be complete within peer_timeout + payload / kMinFrameRate (check_frame_budget). Low enough
+  // for a 64 MiB chunk on one of 16 streams sharing a slow WAN link (256 s more).
+  static constexpr uint64_t kMinFrameRate = 256 << 10;
 
   Stream(StreamConfig config, std::unique_ptr<Conduit> conduit, StreamHost* host, StagingPool* pool);
   ~Stream();
@@ -162,6 +167,7 @@ class Stream {
   void drain();
   bool next_tx(TxItem** item);
   Status stage_control(TxItem& item);
+  Status check_frame_budget(Clock::time_point now) const;
 
   const StreamConfig config_;
   const std::unique_ptr<Conduit> conduit_;
@@ -202,6 +208,8 @@ class Stream {
   std::vector<unsigned char> scratch_;
   std::deque<PendingRx> pending_rx_;
   Clock::time_point last_rx_;
+  Clock::time_point rx_frame_start_;  // the first byte of the frame in progress arrived
+
 
   // Staging.
   std::map<int, std::unique_ptr<CopyQueue>> queues_;  // by (kind << 16 | device)
