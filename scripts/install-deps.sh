@@ -7,6 +7,7 @@ pkgs=(
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
   iproute2 iperf3 python3
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -19,7 +19,8 @@ std::string env_name(std::string_view name) {
 Result<Config> Config::resolve(const Options& options) {
   auto table = config_table();
   for (const auto& [name, value] : options.values()) {
-    bool known = std::any_of(table.begin(), table.end(), [&](const ConfigEntry& e) { return e.name == name; });
+    // An init-capture: clang before 16 cannot capture a structured binding (the fuzz build).
+    bool known = std::any_of(table.begin(), table.end(), [&n = name](const ConfigEntry& e) { return e.name == n; });
     if (!known) return Status(Code::kInvalidArgument, fmt::format("unknown option '{}' (see dmx probe --config)", name));
   }
   Config config;

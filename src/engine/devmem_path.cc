@@ -157,17 +157,9 @@ class DevmemPath final : public PayloadPath {
   }
 
   Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) override {
-    if (descriptor.size() != kDevmemDescriptorSize)
-      return Status(Code::kProtocol, fmt::format("devmem descriptor of {} bytes (expected {})", descriptor.size(),
-                                                 kDevmemDescriptorSize))
-          .with_peer(p_.peer);
-    uint64_t len = 0;
-    for (size_t i = 0; i < 8; ++i) len |= uint64_t{descriptor[i]} << (8 * i);
-    if (len > kDevmemMaxChunk)
-      return Status(Code::kProtocol, fmt::format("devmem chunk of {} bytes announced (maximum {})", len, kDevmemMaxChunk))
-          .with_peer(p_.peer);
-    return len;
+    return decode_length_descriptor(descriptor, kDevmemMaxChunk, "devmem", p_.peer);
   }
+
 
   Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override {
     DMX_ASSIGN_OR_RETURN(uint64_t len, chunk_length(descriptor));

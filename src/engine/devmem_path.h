@@ -64,7 +64,7 @@ namespace dmx {
 // setting, so that both sides agree on it.
 inline constexpr uint64_t kDevmemMaxChunk = 16ull << 20;
 inline constexpr uint64_t kDevmemTxRing = 64ull << 20;
-inline constexpr size_t kDevmemDescriptorSize = 8;
+inline constexpr size_t kDevmemDescriptorSize = kLengthDescriptorSize;
 // How long unclaimed bytes may sit on a data socket whose peer has shut down its sending side.
 inline constexpr int kDevmemExtraGraceMs = 500;
 

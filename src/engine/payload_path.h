@@ -46,6 +46,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dmx/memory.h"
@@ -58,6 +59,13 @@ inline constexpr size_t kMaxPathDescriptor = 256;
 enum class PathKind : uint8_t { kShm = 0, kCudaIpc = 1, kDevmem = 2 };
 inline constexpr int kPathKinds = 3;
 const char* path_name(PathKind k);
+
+// The chunk descriptor of the shm and devmem paths: the chunk length, 8 bytes little-endian.
+// Untrusted input: kProtocol naming `path` and `peer` when the size is not 8 or the length is
+// over `max`. One decoder for both paths, so that the fuzzer (tests/fuzz) reaches it directly.
+inline constexpr size_t kLengthDescriptorSize = 8;
+Result<uint64_t> decode_length_descriptor(std::span<const unsigned char> d, uint64_t max, std::string_view path,
+                                          const std::string& peer);
 
 // Counters of one path, for EndpointStats (each copy is accounted for).
 struct PathStats {

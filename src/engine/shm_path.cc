@@ -134,17 +134,7 @@ bool ShmPath::carries(const MemSpec& src) const {
 }
 
 Result<uint64_t> ShmPath::chunk_length(std::span<const unsigned char> d) {
-  if (d.size() != kShmDescriptorSize)
-    return Status(Code::kProtocol, fmt::format("shm path: a chunk descriptor of {} B from peer {} (expected {} B)",
-                                               d.size(), peer_, kShmDescriptorSize))
-        .with_peer(peer_);
-  uint64_t n = 0;
-  for (size_t i = 0; i < kShmDescriptorSize; ++i) n |= uint64_t(d[i]) << (8 * i);
-  if (n > kShmMaxChunk)
-    return Status(Code::kProtocol, fmt::format("shm path: peer {} announced a chunk of {} B (at most {} B)", peer_, n,
-                                               kShmMaxChunk))
-        .with_peer(peer_);
-  return n;
+  return decode_length_descriptor(d, kShmMaxChunk, "shm", peer_);
 }
 
 Result<std::vector<unsigned char>> ShmPath::post_tx(uint64_t seq, const MemRegion& src, bool /*whole*/) {

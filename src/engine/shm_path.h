@@ -38,7 +38,7 @@ namespace dmx {
 // The largest chunk post_tx takes, and the largest length chunk_length() accepts from a peer. A
 // constant, not a setting, so that both sides agree on it.
 inline constexpr uint64_t kShmMaxChunk = 4ull << 20;
-inline constexpr size_t kShmDescriptorSize = 8;
+inline constexpr size_t kShmDescriptorSize = kLengthDescriptorSize;
 
 // `creator`: this side makes the shared region (ShmLink::create) — the side that accepted the
 // Unix connection; the other side maps it (ShmLink::accept). The layout comes from the creator's

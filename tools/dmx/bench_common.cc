@@ -1,7 +1,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <random>
 
 #include "core/checked.h"
@@ -10,6 +13,21 @@
 namespace dmx::bench {
 
 using nlohmann::json;
+
+namespace {
+
+// A count from the peer: a JSON integer in [0, max]. nlohmann's get<uint64_t>() converts any number:
+// a float out of range is undefined behaviour and a negative or oversized integer silently wraps
+// (found by tests/fuzz/fuzz_bench_plan). Throws like json::at(), for the callers' one catch.
+uint64_t count_field(const json& j, const char* key, uint64_t max = UINT64_MAX) {
+  const json& v = j.at(key);
+  if (!v.is_number_unsigned() || v.get<uint64_t>() > max)
+    throw std::out_of_range(std::string("'") + key + "' is not an integer in [0, " + std::to_string(max) + "]");
+  return v.get<uint64_t>();
+}
+uint64_t optional_count(const json& j, const char* key) { return j.contains(key) ? count_field(j, key) : 0; }
+
+}  // namespace
 
 std::string to_json(const Plan& p) {
   return json{{"op", p.op},         {"size", p.size},         {"iters", p.iters},   {"window", p.window},
@@ -24,15 +42,15 @@ Result<Plan> plan_from_json(const std::string& s) {
   Plan p;
   try {
     p.op = j.at("op").get<std::string>();
-    p.size = j.at("size").get<uint64_t>();
-    p.iters = j.at("iters").get<uint32_t>();
-    p.window = j.at("window").get<uint32_t>();
-    p.lat_iters = j.at("lat_iters").get<uint32_t>();
-    p.warmup = j.at("warmup").get<uint32_t>();
+    p.size = count_field(j, "size");
+    p.iters = static_cast<uint32_t>(count_field(j, "iters", UINT32_MAX));
+    p.window = static_cast<uint32_t>(count_field(j, "window", UINT32_MAX));
+    p.lat_iters = static_cast<uint32_t>(count_field(j, "lat_iters", UINT32_MAX));
+    p.warmup = static_cast<uint32_t>(count_field(j, "warmup", UINT32_MAX));
     if (p.warmup > 16) return Status(Code::kProtocol, "bench plan: more than 16 warm-up operations");
     p.peer_mem = j.at("peer_mem").get<std::string>();
     p.verify = j.at("verify").get<bool>();
-    p.checksum = j.at("checksum").get<uint64_t>();
+    p.checksum = count_field(j, "checksum");
     p.quit = j.at("quit").get<bool>();
   } catch (const std::exception& e) {
     return Status(Code::kProtocol, std::string("bench plan: ") + e.what());
@@ -68,14 +86,14 @@ Result<Reply> reply_from_json(const std::string& s) {
   try {
     r.ok = j.at("ok").get<bool>();
     r.error = j.at("error").get<std::string>();
-    r.region.key = j.at("key").get<uint64_t>();
-    r.region.size = j.at("region_size").get<uint64_t>();
-    r.checksum = j.at("checksum").get<uint64_t>();
+    r.region.key = count_field(j, "key");
+    r.region.size = count_field(j, "region_size");
+    r.checksum = count_field(j, "checksum");
     r.verified = j.at("verified").get<bool>();
     r.transport = j.at("transport").get<std::string>();
     r.reason = j.at("reason").get<std::string>();
-    r.path_chunks_received = j.value("path_chunks_received", uint64_t{0});  // absent from older servers
-    r.path_chunks_inline = j.value("path_chunks_inline", uint64_t{0});
+    r.path_chunks_received = optional_count(j, "path_chunks_received");  // absent from older servers
+    r.path_chunks_inline = optional_count(j, "path_chunks_inline");
   } catch (const std::exception& e) {
     return Status(Code::kProtocol, std::string("bench reply: ") + e.what());
   }
