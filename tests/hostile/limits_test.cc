@@ -71,6 +71,7 @@ TEST(Limits, EndpointsPerContextAreCappedAndComeBack) {
 }
 
 TEST(Limits, EveryThreadIsGoneAfterItsEndpointCloses) {
+  std::thread([] {}).join();  // ThreadSanitizer starts a thread of its own with a process's first
   int before = threads_now();
   {
     Server s = make_server(test_options(4));
@@ -90,7 +91,9 @@ TEST(Limits, EveryThreadIsGoneAfterItsEndpointCloses) {
   int after = threads_now();
   for (auto until = Clock::now() + 5s; Clock::now() < until && after > before; after = threads_now())
     std::this_thread::sleep_for(10ms);
-  EXPECT_LE(after, before) << "threads left behind by closed endpoints";
+  // One more is the reaper (src/core/reaper.h), started if a worker happened to drop its own
+  // endpoint; 10 endpoint pairs leaking would leave 80.
+  EXPECT_LE(after, before + 1) << "threads left behind by closed endpoints";
 }
 
 }  // namespace
