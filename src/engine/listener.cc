@@ -142,8 +142,14 @@ void ListenerImpl::close() {
   (void)rc;
   if (thread_.joinable()) thread_.join();
   cv_.notify_all();
-  std::lock_guard<std::mutex> lock(mu_);
-  ready_.clear();  // endpoints nobody accepted: dropping them closes them
+  std::deque<std::shared_ptr<EndpointImpl>> unaccepted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    unaccepted.swap(ready_);
+  }
+  // Endpoints nobody accepted: closed here, so that their workers have stopped when the listener
+  // is gone (a dropped pointer alone left them running, racing the process's exit).
+  for (auto& ep : unaccepted) (void)ep->close();
 }
 
 Result<Endpoint> ListenerImpl::accept(Duration timeout) {
