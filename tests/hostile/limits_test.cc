@@ -60,6 +60,8 @@ TEST(Limits, EndpointsPerContextAreCappedAndComeBack) {
   EXPECT_TRUE(mine[0].close().ok());
   auto again = client->connect(s.listener.address());
   EXPECT_TRUE(again.ok()) << again.status().to_string();
+  auto again_server = s.listener.accept(10s);  // the server's side exists (and is counted) by now
+  ASSERT_TRUE(again_server.ok());
   // The connecting side is bounded as well, before it dials.
   Options co = test_options(2);
   co.set("max_endpoints", "1");
