@@ -98,9 +98,15 @@ TEST(ShutdownReaper, HandleDroppedInItsOwnCallbackIsJoined) {
   ASSERT_TRUE(dropped);
   EXPECT_TRUE(p.client.close().ok());
   // The server's workers end (the client closed) and are joined; the reaper thread remains.
+  // Settled for 50 ms, not for one look: the client's own workers leave the count meanwhile, so a
+  // single look could pass while a server worker is still on its way to the reaper (and would then
+  // race the process's exit).
   auto until = Clock::now() + 20s;
-  while ((reaper_pending() != 0 || thread_count() > start + 1) && Clock::now() < until)
+  int calm = 0;
+  while (calm < 50 && Clock::now() < until) {
+    calm = reaper_pending() == 0 && thread_count() <= start + 1 ? calm + 1 : 0;
     std::this_thread::sleep_for(1ms);
+  }
   EXPECT_EQ(reaper_pending(), 0u);
   EXPECT_LE(thread_count(), start + 1);
 }
