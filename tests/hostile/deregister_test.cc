@@ -40,9 +40,7 @@ TEST(Deregister, WriteThatCanNeverFitIsRefusedWhenItStarts) {
   auto h = frame(FrameType::kWriteData, 1, reg->remote().key, 0, UINT64_MAX);
   h.payload_len = 100;
   ASSERT_TRUE(peer->send(h, std::vector<unsigned char>(100, 7)).ok());
-  Status health;
-  for (auto until = Clock::now() + 5s; Clock::now() < until && (health = ep->health()).ok();)
-    std::this_thread::sleep_for(10ms);
+  Status health = wait_for_failure(*ep, 5s);
   EXPECT_EQ(health.code(), Code::kProtocol) << health.to_string();
   EXPECT_NE(health.message().find("cannot fit"), std::string::npos) << health.to_string();
   auto t0 = Clock::now();

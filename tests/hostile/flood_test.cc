@@ -74,9 +74,7 @@ TEST(Flood, PeerThatNeverReadsItsRepliesIsThrottledThenClosed) {
   EXPECT_LT(grown, (kSanitized ? 1024u : 64u) * 1024) << "server memory grew by " << grown << " KiB";
   expect_serves_a_good_client(s);  // while the flooder is throttled
   // It read none of its replies for peer_timeout: closed, with a reason that says so.
-  Status health;
-  for (auto until = Clock::now() + 10s; Clock::now() < until && (health = ep->health()).ok();)
-    std::this_thread::sleep_for(50ms);
+  Status health = wait_for_failure(*ep, 10s);
   EXPECT_EQ(health.code(), Code::kResourceExhausted) << health.to_string();
   EXPECT_NE(health.message().find("read none of its"), std::string::npos) << health.to_string();
   EXPECT_FALSE(health.peer().empty());
@@ -102,9 +100,7 @@ TEST(Flood, RefusedRequestsUseUpTheErrorBudgetAndLogLittle) {
   uint64_t sent = flood(*peer, [](uint64_t i) { return frame(FrameType::kReadReq, i + 1, 0xbadbad, 0, 64); }, 1500ms,
                         100'000);
   uint64_t grown = rss_kib() - std::min(rss_kib(), rss0);
-  Status health;
-  for (auto until = Clock::now() + 10s; Clock::now() < until && (health = ep->health()).ok();)
-    std::this_thread::sleep_for(20ms);
+  Status health = wait_for_failure(*ep, 10s);
   EXPECT_EQ(health.code(), Code::kResourceExhausted) << health.to_string();
   EXPECT_NE(health.message().find("peer_error_budget"), std::string::npos) << health.to_string();
   EXPECT_NE(health.message().find("unknown remote key"), std::string::npos) << health.to_string();
@@ -134,9 +130,7 @@ TEST(Flood, UnexpectedEagerMessagesStopAtTheBudget) {
     h.payload_len = static_cast<uint32_t>(payload.size());
     if (!peer->send(h, payload).ok()) break;
   }
-  Status health;
-  for (auto until = Clock::now() + 10s; Clock::now() < until && (health = ep->health()).ok();)
-    std::this_thread::sleep_for(20ms);
+  Status health = wait_for_failure(*ep, 10s);
   uint64_t grown = rss_kib() - std::min(rss_kib(), rss0);
   EXPECT_EQ(health.code(), Code::kProtocol) << health.to_string();
   EXPECT_NE(health.message().find("budget"), std::string::npos) << health.to_string();

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "core/log.h"
 #include "engine/raw_peer.h"
@@ -69,6 +70,14 @@ inline wire::FrameHeader frame(wire::FrameType t, uint64_t id = 0, uint64_t a0 =
   h.a2 = a2;
   h.a3 = a3;
   return h;
+}
+
+// The endpoint's error once it has failed, polling up to `bound` (ok if it is still healthy then).
+inline Status wait_for_failure(const Endpoint& ep, std::chrono::milliseconds bound) {
+  Status health;
+  for (auto until = Clock::now() + bound; Clock::now() < until && (health = ep.health()).ok();)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return health;
 }
 
 // This process's resident memory in KiB (VmRSS).

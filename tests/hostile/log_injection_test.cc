@@ -40,9 +40,7 @@ TEST(LogInjection, CloseReasonIsEscapedAndCut) {
   auto h = frame(FrameType::kClose);
   h.payload_len = static_cast<uint32_t>(text.size());
   ASSERT_TRUE(peer->send(h, text).ok());
-  Status health;
-  for (auto until = Clock::now() + 5s; Clock::now() < until && (health = ep->health()).ok();)
-    std::this_thread::sleep_for(10ms);
+  Status health = wait_for_failure(*ep, 5s);
   EXPECT_EQ(health.code(), Code::kClosed) << health.to_string();
   expect_defused(health.to_string());
 }

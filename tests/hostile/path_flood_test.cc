@@ -121,9 +121,7 @@ TEST(PathFlood, ChunksThatNeverFinishAreBoundedPerPath) {
     h.payload_len = 8;
     if (!send_header(fd->get(), h, one).ok()) break;
   }
-  Status health;
-  for (auto until = Clock::now() + 5s; Clock::now() < until && (health = ep->health()).ok();)
-    std::this_thread::sleep_for(10ms);
+  Status health = wait_for_failure(*ep, 5s);
   EXPECT_EQ(health.code(), Code::kProtocol) << health.to_string();
   EXPECT_NE(health.message().find("devmem chunks in flight"), std::string::npos) << health.to_string();
 }
