@@ -95,7 +95,8 @@ inline uint64_t rss_kib() {
   return 0;
 }
 
-// Counts the lines dmx logs (every level) while it lives.
+// Counts the lines dmx logs (every level) while it lives. Create it before any dmx thread starts:
+// spdlog's sink list is not safe to change while another thread logs.
 class LogCounter {
  public:
   LogCounter() : sink_(std::make_shared<Sink>()) { logger().sinks().push_back(sink_); }
