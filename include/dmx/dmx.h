@@ -7,3 +7,4 @@
 #include "dmx/options.h"
 #include "dmx/request.h"
 #include "dmx/status.h"
+#include "dmx/version.h"
