@@ -2,13 +2,52 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 
+#include "core/log.h"
 #include "core/units.h"
 
 namespace dmx {
+
+namespace {
+
+// Variables of the DMX_ namespace that are not settings: tools' and scripts' own.
+constexpr std::string_view kNotSettings[] = {"DMX_BIN", "DMX_REAL_BIN", "DMX_TRACE_FILE"};
+constexpr std::string_view kNotSettingPrefixes[] = {"DMX_TEST_", "DMX_NETNS_"};
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Warns once per process for each unknown name: Context::create resolves the table every time.
+void warn_unknown_env() {
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  for (const UnknownEnv& u : unknown_env_settings()) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (warned.size() < 64 && warned.insert(u.name).second)
+      DMX_LOG_WARN("environment variable {}; it is ignored", u.to_string());
+  }
+}
+
+}  // namespace
 
 std::string env_name(std::string_view name) {
   std::string out = "DMX_";
@@ -16,7 +55,40 @@ std::string env_name(std::string_view name) {
   return out;
 }
 
+std::string UnknownEnv::to_string() const {
+  return suggestion.empty() ? fmt::format("{} is not a dmx setting", name)
+                            : fmt::format("{} is not a dmx setting (did you mean {}?)", name, suggestion);
+}
+
+std::vector<UnknownEnv> unknown_env_settings() {
+  auto table = config_table();
+  std::vector<UnknownEnv> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string_view var(*e);
+    std::string_view name = var.substr(0, var.find('='));
+    if (!name.starts_with("DMX_")) continue;
+    if (std::find(std::begin(kNotSettings), std::end(kNotSettings), name) != std::end(kNotSettings)) continue;
+    if (std::any_of(std::begin(kNotSettingPrefixes), std::end(kNotSettingPrefixes),
+                    [&](std::string_view p) { return name.starts_with(p); }))
+      continue;
+    std::string best;
+    size_t best_distance = 3;  // suggest only a near name: a typo, not another word
+    bool known = false;
+    for (const ConfigEntry& entry : table) {
+      std::string env = env_name(entry.name);
+      if (env == name) known = true;
+      size_t d = edit_distance(name, env);
+      if (d < best_distance) best_distance = d, best = env;
+    }
+    if (known) continue;
+    out.push_back({printable(name, 64), best});  // the environment is not ours: no control bytes in logs
+  }
+  std::sort(out.begin(), out.end(), [](const UnknownEnv& a, const UnknownEnv& b) { return a.name < b.name; });
+  return out;
+}
+
 Result<Config> Config::resolve(const Options& options) {
+  warn_unknown_env();
   auto table = config_table();
   for (const auto& [name, value] : options.values()) {
     // An init-capture: clang before 16 cannot capture a structured binding (the fuzz build).

@@ -30,6 +30,16 @@ struct ConfigEntry {
 std::span<const ConfigEntry> config_table();
 std::string env_name(std::string_view name);  // "streams" -> "DMX_STREAMS"
 
+// A DMX_* variable in this process's environment that names no setting: a typo such as DMX_STREEMS
+// would otherwise be ignored without a word. Names the project's own scripts and tests use
+// (DMX_BIN, DMX_TRACE_FILE, DMX_TEST_*, DMX_NETNS_*) are not settings and are not reported.
+struct UnknownEnv {
+  std::string name;        // escaped for printing
+  std::string suggestion;  // the setting's variable a typo most likely meant, or empty
+  std::string to_string() const;  // "DMX_STREEMS is not a dmx setting (did you mean DMX_STREAMS?)"
+};
+std::vector<UnknownEnv> unknown_env_settings();
+
 class Config {
  public:
   struct Item {
@@ -38,7 +48,8 @@ class Config {
     std::string source;  // "default", "env DMX_STREAMS", "option"
   };
 
-  // Resolves every row; the first bad value or unknown option name is an error naming it.
+  // Resolves every row; the first bad value or unknown option name is an error naming it. Unknown
+  // DMX_* variables are logged as a warning, once per name per process.
   static Result<Config> resolve(const Options& options = {});
 
   bool get_bool(std::string_view name) const;

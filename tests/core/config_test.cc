@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <map>
+#include <string>
+
 #include "core/config.h"
 
 namespace dmx {
@@ -29,6 +32,30 @@ TEST(Config, DefaultsEnvAndOptions) {
     }
   EXPECT_TRUE(found);
   unsetenv("DMX_STREAMS");
+}
+
+TEST(Config, UnknownEnvironmentVariablesAreFoundWithTheNearestSetting) {
+  size_t already = unknown_env_settings().size();  // whatever the caller's environment holds
+  setenv("DMX_STREEMS", "4", 1);              // a typo of DMX_STREAMS
+  setenv("DMX_COMPLETELY_DIFFERENT", "1", 1);  // nothing near
+  setenv("DMX_\x1b[31mRED", "1", 1);          // escapes must not reach a terminal
+  setenv("DMX_TEST_SOMETHING", "1", 1);        // the tests' own
+  setenv("DMX_BIN", "/bin/true", 1);           // the scripts' own
+  setenv("DMX_CHUNK_SIZE", "1M", 1);           // a setting
+  auto unknown = unknown_env_settings();
+  std::map<std::string, std::string> found;
+  for (const auto& u : unknown) found[u.name] = u.suggestion;
+  EXPECT_EQ(found.size(), already + 3);
+  EXPECT_EQ(found["DMX_STREEMS"], "DMX_STREAMS");
+  EXPECT_EQ(found["DMX_COMPLETELY_DIFFERENT"], "");
+  EXPECT_EQ(found.count("DMX_\\x1b[31mRED"), 1u) << "the name is escaped";
+  for (const auto& u : unknown)
+    if (u.name == "DMX_STREEMS") EXPECT_EQ(u.to_string(), "DMX_STREEMS is not a dmx setting (did you mean DMX_STREAMS?)");
+  EXPECT_TRUE(Config::resolve().ok()) << "unknown variables are reported, not fatal";
+  for (const char* v : {"DMX_STREEMS", "DMX_COMPLETELY_DIFFERENT", "DMX_\x1b[31mRED", "DMX_TEST_SOMETHING", "DMX_BIN",
+                        "DMX_CHUNK_SIZE"})
+    unsetenv(v);
+  EXPECT_EQ(unknown_env_settings().size(), already);
 }
 
 TEST(Config, BadValuesNameTheSetting) {

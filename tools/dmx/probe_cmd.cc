@@ -39,6 +39,10 @@ int print_config(const Config& config, bool json) {
     std::printf("%-*.*s  %-10s  %-22s  %.*s\n", static_cast<int>(w), static_cast<int>(it.entry->name.size()),
                 it.entry->name.data(), it.value.empty() ? "\"\"" : it.value.c_str(), it.source.c_str(),
                 static_cast<int>(it.entry->help.size()), it.entry->help.data());
+  // Unknown DMX_* variables end the table (the JSON form: a warning on stderr when resolving).
+  for (const UnknownEnv& u : unknown_env_settings())
+    std::printf("%-*s  %-10s  %-22s  %s: ignored\n", static_cast<int>(w), u.name.c_str(), "-", "env (unknown)",
+                u.to_string().c_str());
   return 0;
 }
 
