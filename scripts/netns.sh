@@ -21,7 +21,8 @@
 # netem: --delay/--jitter/--loss/--rate apply on BOTH veth ends, i.e. per direction: a
 # --delay 5ms gives a 10 ms round trip. The kernel needs sch_netem; when it is missing the
 # command says so and fails (nothing is left half-configured: `up` tears down again).
-# Exit status: 0 done; 1 failed (message on stderr); 2 usage; 3 refused (not root, no ip netns).
+# Exit status: 0 done; 1 failed (message on stderr); 2 usage; 3 refused (not root, no ip netns,
+# namespaces or veth pairs cannot be made here).
 set -euo pipefail
 
 PREFIX=dmx-test
@@ -122,9 +123,13 @@ cmd_up() {
   # Any failure from here on removes what was made.
   UP_SUFFIX=$s
   trap on_up_exit EXIT
-  ip netns add "$na"
-  ip netns add "$nb"
-  ip link add "$IFACE" netns "$na" type veth peer name "$IFACE" netns "$nb"
+  # Where namespaces or veth pairs cannot be made (a container without the capability, a kernel
+  # without veth), say so as a refusal (exit 3): tests skip with this reason instead of failing.
+  local err
+  err=$(ip netns add "$na" 2>&1) || refuse "cannot make a network namespace here: ip netns add: $err"
+  err=$(ip netns add "$nb" 2>&1) || refuse "cannot make a network namespace here: ip netns add: $err"
+  err=$(ip link add "$IFACE" netns "$na" type veth peer name "$IFACE" netns "$nb" 2>&1) ||
+    refuse "cannot make a veth pair here: $err"
   for side in a b; do
     local ns addr
     ns=$(ns_name "$s" "$side"); addr=$(addr_of "$side")
