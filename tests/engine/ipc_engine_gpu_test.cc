@@ -284,18 +284,23 @@ void small_message_rounds(const Options& o, const std::function<int(const LaneUs
   run_engine_pair(side(true), side(false), o);
 }
 
+// A hand-on (a copy that outlasted cuda_ipc_inline_wait) sends the next chunks to the path's
+// thread (the lane's back-off, "each time the next 64" in the path's detail). How often a copy is
+// slow is the GPU's business (two processes share it without MPS, other tests run beside); the
+// rule is ours: every eligible chunk took the lane unless a back-off excused it.
+constexpr uint64_t kExcusedPerHandOn = 64 + 1;  // the slow chunk itself and the back-off after it
+
 // Small messages are copied by the receiving control stream itself: in a strict ping-pong the path
 // is idle whenever one arrives, so every eager message takes the lane (5 of every 6 rounds; the
 // sixth size is a rendezvous chunk, and the first message makes its GPU's copy engine on the
-// path's thread). cuda_ipc_inline_wait is long here: with the default 30 us, one slow copy (each
-// round copies from a fresh allocation, a new mapping; other GPU tests run beside this one) sends
-// the next 64 chunks to the path's thread, which would leave nothing for this test to see.
+// path's thread), except those a back-off excused. cuda_ipc_inline_wait is long here (1 ms, the
+// default is 30 us) so that hand-ons are rare and the lane has chunks to show.
 TEST(CudaIpcEngineGpu, SmallMessagesTakeTheReceivingStreamsLane) {
   Options o = test::test_options(2);
   o.set("cuda_ipc_inline_wait", "1ms");
   small_message_rounds(o, [](const LaneUse& u) {
-    CHILD_CHECK(u.handed_on == 0, 90);
-    CHILD_CHECK(u.inline_copies >= 60 * 5 / 6 - 3, 91);
+    CHILD_CHECK(u.inline_copies > 0, 90);
+    CHILD_CHECK(u.inline_copies + kExcusedPerHandOn * u.handed_on >= 60 * 5 / 6 - 3, 91);
     CHILD_CHECK(u.detail.find("copied by the receiving stream itself") != std::string::npos, 92);
     return 0;
   });
@@ -317,8 +322,9 @@ TEST(CudaIpcEngineGpu, SmallChunkLaneHandsSlowCopiesOn) {
 // overlap. Before that rule every one of them took the lane (the path was idle again after each),
 // and 16 small messages in flight moved at a third of the rate. A short ping-pong first makes the
 // copy engine and shows the lane working; then the burst. All arrive byte-exact. The lane's
-// back-off is kept out of the way (cuda_ipc_inline_wait 1 ms): after one slow copy it would send
-// the whole burst to the path's thread whatever the rule, and the test could not fail.
+// back-off must be out of the way: after one slow copy it would send the whole burst to the path's
+// thread whatever the rule, and the test could not fail. So the warm-up goes on (a bounded number
+// of rounds) until the last kClean messages in a row took the lane.
 TEST(CudaIpcEngineGpu, SmallMessageBurstGoesToThePathsThread) {
   REQUIRE_GPUS(gpus);
   Trial run;
@@ -326,7 +332,7 @@ TEST(CudaIpcEngineGpu, SmallMessageBurstGoesToThePathsThread) {
   Options o = test::test_options(2);
   o.set("cuda_ipc_inline_wait", "1ms");
   constexpr uint64_t kBurst = 48;
-  constexpr uint64_t kWarm = 20;
+  constexpr uint64_t kWarm = 20, kClean = 8, kMaxWarm = 400;
   const std::vector<size_t> sizes = {8, 13, 4097, 16 << 10};
   // The client sends everything from one allocation: 8 warm-up bytes at 0, message i at at[i] (odd
   // offsets).
@@ -341,13 +347,19 @@ TEST(CudaIpcEngineGpu, SmallMessageBurstGoesToThePathsThread) {
     MemSpec mine = run.server_mem();
     auto warm = device_with(mine, std::vector<unsigned char>(8, 0xA5), 0);
     CHILD_CHECK(warm.ok(), 106);
-    for (uint64_t i = 0; i < kWarm; ++i) {  // alone on the stream
-      CHILD_CHECK(ep.recv(warm->region(), 2000 + i).wait(30s).ok(), 107);
-      unsigned char ack = 1;
-      CHILD_CHECK(ep.send(MemRegion{&ack, 1, {}}, 3000 + i).wait(30s).ok(), 108);
+    uint64_t rounds = 0, clean = 0;
+    for (bool more = true; more; ++rounds) {  // one message at a time: alone on the stream
+      uint64_t lane_before = lane_use(ep).inline_copies;
+      CHILD_CHECK(ep.recv(warm->region(), 2000 + rounds).wait(30s).ok(), 107);
+      clean = lane_use(ep).inline_copies > lane_before ? clean + 1 : 0;
+      more = rounds + 1 < kMaxWarm && (rounds + 1 < kWarm || clean < kClean);
+      unsigned char ack = more ? 1 : 2;  // 2: the warm-up is over
+      CHILD_CHECK(ep.send(MemRegion{&ack, 1, {}}, 3000 + rounds).wait(30s).ok(), 108);
     }
     LaneUse before = lane_use(ep);
-    CHILD_CHECK(before.handed_on == 0 && before.inline_copies >= kWarm - 2, 109);
+    fprintf(stderr, "warm-up: %llu rounds, %llu by the lane, %llu hand-ons\n", static_cast<unsigned long long>(rounds),
+            static_cast<unsigned long long>(before.inline_copies), static_cast<unsigned long long>(before.handed_on));
+    CHILD_CHECK(clean >= kClean, 109);  // the lane works once the GPU is warm
     std::vector<Buffer> in;
     std::vector<Request> r;
     for (uint64_t i = 0; i < kBurst; ++i) {
@@ -366,10 +378,9 @@ TEST(CudaIpcEngineGpu, SmallMessageBurstGoesToThePathsThread) {
     }
     LaneUse u = lane_use(ep);
     uint64_t by_lane = u.inline_copies - before.inline_copies;
-    fprintf(stderr, "warm-up: %llu of %llu by the lane; burst of %llu: %llu by the lane\n",
-            static_cast<unsigned long long>(before.inline_copies), static_cast<unsigned long long>(kWarm),
-            static_cast<unsigned long long>(kBurst), static_cast<unsigned long long>(by_lane));
-    CHILD_CHECK(u.received >= kBurst + kWarm, 104);
+    fprintf(stderr, "burst of %llu: %llu by the lane\n", static_cast<unsigned long long>(kBurst),
+            static_cast<unsigned long long>(by_lane));
+    CHILD_CHECK(u.received >= kBurst + rounds, 104);
     CHILD_CHECK(by_lane <= kBurst / 4, 105);
     return 0;
   };
@@ -381,10 +392,11 @@ TEST(CudaIpcEngineGpu, SmallMessageBurstGoesToThePathsThread) {
     }
     auto src = device_with(run.client_mem(), all, 0);
     CHILD_CHECK(src.ok(), 110);
-    for (uint64_t i = 0; i < kWarm; ++i) {
+    for (uint64_t i = 0, ack = 1; ack == 1; ++i) {
       CHILD_CHECK(ep.send(src->region().sub(0, 8), 2000 + i).wait(30s).ok(), 114);
-      unsigned char ack = 0;
-      CHILD_CHECK(ep.recv(MemRegion{&ack, 1, {}}, 3000 + i).wait(30s).ok(), 115);
+      unsigned char reply = 0;
+      CHILD_CHECK(ep.recv(MemRegion{&reply, 1, {}}, 3000 + i).wait(30s).ok(), 115);
+      ack = reply;
     }
     unsigned char go = 0;
     CHILD_CHECK(ep.recv(MemRegion{&go, 1, {}}, 1000).wait(30s).ok() && go == 1, 111);
