@@ -6,8 +6,9 @@ pkgs=(
   build-essential cmake ninja-build pkg-config git
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
-  iproute2 iperf3 python3
+  iproute2 iperf3 python3 python3-matplotlib
   clang libclang-rt-14-dev
+  libcpp-httplib-dev ccache
 )
 missing=()
 for p in "${pkgs[@]}"; do
