@@ -1,5 +1,5 @@
 // A process that moves messages over loopback pairs (shm path and TCP streams), closes its
-// endpoints and returns from main at once. Run by Lifecycle.ProcessExitsCleanlyRightAfterClose:
+// endpoints and returns from main at once. Run by ShutdownExit.ProcessExitsCleanlyRightAfterClose:
 // under ThreadSanitizer any race with the exit (a dmx thread still running while statics such as
 // the logger are destroyed) fails it through the exit status.
 #include <cstdio>
