@@ -1,14 +1,17 @@
 // dmx bench: measurement sessions between a client (which decides the run) and a server.
 //
-// Per size, the client sends a Plan (JSON, tag kPlanTag); the server allocates its memory, answers
-// with a Reply, and then both run:
+// For each plan the client sends (JSON, tag kPlanTag), the server allocates its memory, answers
+// with a Reply, and then both run the plan's warm-up and:
 //  1. throughput: `iters` operations with `window` in flight (send/recv, write or read);
 //  2. latency: sequential round trips (send: ping-pong, reported as half the round trip;
 //     write/read: the operation's completion time);
 //  3. verify (--verify): every buffer that received data is checksummed and compared with the
 //     checksum of the fresh random source.
+// The client runs two plans per size: throughput only (lat_iters 0), then latency only (iters 0),
+// so that the latency sample count can follow the time per operation just measured.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -81,8 +84,10 @@ Result<std::string> recv_text(Endpoint& ep, uint64_t tag, Duration timeout);
 Status serve(Context ctx, Endpoint& ep);
 
 struct Result1 {  // one size
-  Plan plan;
-  double gb_per_s = 0, lat_p50_us = 0, lat_p99_us = 0, cpu_pct = 0;
+  Plan plan;             // the throughput phase's
+  uint32_t lat_samples = 0;
+  double seconds = 0;    // the throughput phase's wall time
+  double gb_per_s = 0, msg_per_s = 0, p50_us = 0, p99_us = 0, p999_us = 0, cpu_pct = 0;
   bool verified = false;
   uint64_t peer_path_chunks_received = 0, peer_path_chunks_inline = 0;  // the server's (Reply)
   std::string error;
@@ -93,9 +98,26 @@ struct ClientOptions {
   MemSpec mem, peer_mem;
   uint64_t cumem_block = 0;  // this side's CUDA buffers: 0 cudaMalloc, else cuMem blocks of this size
   std::vector<uint64_t> sizes;
-  uint32_t iters = 0;  // 0: chosen per size
+  uint32_t iters = 0;  // 0: chosen per size (both phases)
   bool verify = false;
+  // Where run_size is, for a progress line another thread prints: "throughput" or "latency".
+  std::atomic<const char*>* phase = nullptr;
 };
+
+// How many operations the throughput phase times (the latency phase: latency_samples).
+inline constexpr uint32_t kMinSamples = 1000;   // perftest's default; p999 needs 1,000
+inline constexpr double kLatencyBudgetSeconds = 2;
+inline constexpr uint32_t kMinLargeSamples = 10;
+// Throughput: operations moving about 4 GiB, at most 2,000 (all sizes up to 2 MiB), at least 8.
+uint32_t throughput_iters(uint64_t size);
+// Latency: kMinSamples round trips, or as many as fit in kLatencyBudgetSeconds at `op_seconds`
+// (the throughput phase's time per operation) when 1,000 would take longer, at least 10.
+uint32_t latency_samples(double op_seconds);
+
+// Sizes from MIN to MAX multiplying by FACTOR (nccl-tests -b/-e/-f); errors name the option.
+Result<std::vector<uint64_t>> size_range(uint64_t min, uint64_t max, uint64_t factor);
+// "8,4K,1M": sizes parsed with parse_size.
+Result<std::vector<uint64_t>> parse_size_list(const std::string& list);
 
 // Runs one size against a server; fills everything but cpu_pct.
 Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size);

@@ -13,6 +13,7 @@
 #include "core/units.h"
 #include "memory/backend.h"
 #include "tools/dmx/bench.h"
+#include "tools/dmx/bench_report.h"
 #include "tools/dmx/commands.h"
 
 namespace dmx::cli {
@@ -23,9 +24,10 @@ void on_signal(int) { g_stop.store(true); }
 
 struct Args {
   bool loopback = false, json = false, verify = false, insecure = false;
-  std::string listen, connect, mem, peer_mem, op = "send", transport = "auto", sizes = "8,4K,64K,1M,16M,256M";
+  std::string listen, connect, mem, peer_mem, op = "send", transport = "auto";
+  std::string sizes, min_bytes, max_bytes, step_factor;  // empty: not given
   std::string chunk, cuda_alloc = "cudamalloc";
-  int streams = 0;
+  std::string streams;  // empty: not given; else passed on as given, for the library to judge
   uint32_t iters = 0;
   std::vector<std::string> options;
 };
@@ -44,7 +46,7 @@ Result<Options> make_options(const Args& a) {
     if (eq == std::string::npos) return Status(Code::kInvalidArgument, fmt::format("--option '{}': expected NAME=VALUE", kv));
     o.set(kv.substr(0, eq), kv.substr(eq + 1));
   }
-  if (a.streams > 0) o.set("streams", std::to_string(a.streams));
+  if (!a.streams.empty()) o.set("streams", a.streams);
   if (!a.chunk.empty()) o.set("chunk_size", a.chunk);
   o.set("transport", a.transport);
   if (a.insecure) o.set("insecure", "true");
@@ -85,85 +87,46 @@ Status pick_alloc(const Args& a, bench::ClientOptions& co) {
   return Status();
 }
 
-Result<std::vector<uint64_t>> parse_sizes(const std::string& list) {
-  std::vector<uint64_t> out;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t comma = list.find(',', start);
-    std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    DMX_ASSIGN_OR_RETURN(uint64_t v, parse_size(item));
-    out.push_back(v);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+constexpr const char* kDefaultSizes = "8,4K,64K,1M,16M,256M";
+
+Result<uint64_t> size_option(const std::string& text, const char* fallback, const char* name) {
+  auto v = parse_size(text.empty() ? fallback : text);
+  if (!v.ok()) return Status(Code::kInvalidArgument, fmt::format("{}: {}", name, v.status().message()));
+  return v;
+}
+
+// --sizes, or a range as nccl-tests takes it (-b/-e/-f), never both; neither: kDefaultSizes.
+Result<std::vector<uint64_t>> pick_sizes(const Args& a) {
+  bool range = !a.min_bytes.empty() || !a.max_bytes.empty() || !a.step_factor.empty();
+  if (!range) {
+    auto list = bench::parse_size_list(a.sizes.empty() ? kDefaultSizes : a.sizes);
+    if (!list.ok()) return Status(Code::kInvalidArgument, "--sizes: " + list.status().message());
+    return list;
   }
-  return out;
+  if (!a.sizes.empty()) return Status(Code::kInvalidArgument, "give --sizes or -b/-e/-f, not both");
+  DMX_ASSIGN_OR_RETURN(uint64_t min, size_option(a.min_bytes, "8", "-b/--min-bytes"));
+  DMX_ASSIGN_OR_RETURN(uint64_t max, size_option(a.max_bytes, "256M", "-e/--max-bytes"));
+  auto factor = parse_int(a.step_factor.empty() ? "2" : a.step_factor);
+  if (!factor.ok() || *factor < 2)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("-f/--step-factor: expected an integer of 2 or more, got '{}'", a.step_factor));
+  return bench::size_range(min, max, static_cast<uint64_t>(*factor));
 }
 
-void print_header(const bench::ClientOptions& co, const EndpointStats& st, size_t nsizes) {
-  fmt::print("# dmx bench: op {}, {}{} -> {}, path {} ({}), {} streams, peer {}\n", co.op, to_string(co.mem),
-             co.cumem_block ? fmt::format(" (cuMem blocks of {} B)", co.cumem_block) : "", to_string(co.peer_mem),
-             st.transport, st.reason, st.streams, st.peer);
-  fmt::print("# control stream: {}\n", st.control_stream);
-  for (const auto& p : st.paths) fmt::print("# payload path: {}\n", p.detail);
-  fmt::print("# latency: {}\n", co.op == "send" ? "half round trip (ping-pong)" : "operation completion time");
-  fmt::print("#{:>11} {:>7} {:>9} {:>10} {:>10} {:>7} {:>9}\n", "size", "iters", "GB/s", "p50 us", "p99 us", "CPU %",
-             "verified");
-}
-
-void print_row(const bench::Result1& r, bool verify_asked, bool json, const bench::ClientOptions& co,
-               const EndpointStats& st) {
-  if (json) {
-    nlohmann::json j{{"size_bytes", r.plan.size},
-                     {"gb_per_s", r.gb_per_s},
-                     {"lat_p50_us", r.lat_p50_us},
-                     {"lat_p99_us", r.lat_p99_us},
-                     {"transport", st.transport},
-                     {"reason", st.reason},
-                     {"control_stream", st.control_stream},
-                     {"mem", to_string(co.mem)},
-                     {"cumem_block", co.cumem_block},
-                     {"peer_mem", to_string(co.peer_mem)},
-                     {"streams", st.streams},
-                     {"verified", r.verified},
-                     {"op", co.op},
-                     {"iters", r.plan.iters},
-                     {"window", r.plan.window},
-                     {"cpu_pct", r.cpu_pct},
-                     {"d2h_copies", st.d2h_copies},
-                     {"h2d_copies", st.h2d_copies},
-                     {"peer_path_chunks_received", r.peer_path_chunks_received},
-                     {"peer_path_chunks_inline", r.peer_path_chunks_inline}};
-    for (const auto& p : st.paths)
-      j["paths"].push_back({{"name", p.name},
-                            {"detail", p.detail},
-                            {"chunks_sent", p.chunks_sent},
-                            {"bytes_sent", p.bytes_sent},
-                            {"chunks_received", p.chunks_received},
-                            {"chunks_inline", p.chunks_inline},
-                            {"host_copies", p.host_copies},
-                            {"device_copies", p.device_copies}});
-    if (!r.error.empty()) j["error"] = r.error;
-    fmt::print("{}\n", j.dump());
-  } else {
-    fmt::print(" {:>11} {:>7} {:>9.2f} {:>10.1f} {:>10.1f} {:>7.0f} {:>9}\n", format_size(r.plan.size), r.plan.iters,
-               r.gb_per_s, r.lat_p50_us, r.lat_p99_us, r.cpu_pct,
-               !r.error.empty() ? "ERROR" : !verify_asked ? "-" : r.verified ? "yes" : "NO");
-    if (!r.error.empty()) fmt::print("#   error: {}\n", r.error);
-  }
-  std::fflush(stdout);
-}
-
-int run_client(Endpoint& ep, const Args& a, const bench::ClientOptions& co) {
+int run_client(Endpoint& ep, const Args& a, bench::ClientOptions co) {
   EndpointStats st = ep.stats();
-  if (!a.json) print_header(co, st, co.sizes.size());
+  if (!a.json) bench::print_header(co, st, a.transport);
+  bench::Progress progress(::isatty(1) && ::isatty(2));
+  co.phase = &progress.phase;
   int rc = 0;
   for (size_t i = 0; i < co.sizes.size(); ++i) {
     uint64_t size = co.sizes[i];
-    if (!a.json && ::isatty(2)) fmt::print(stderr, "[{}/{}] {} ...\r", i + 1, co.sizes.size(), format_size(size));
+    progress.begin(i, co.sizes.size(), size);
     double c0 = cpu_seconds();
     auto t0 = std::chrono::steady_clock::now();
     auto r = bench::run_size(ep, co, size);
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    progress.end();
     bench::Result1 row;
     if (r.ok()) {
       row = *r;
@@ -174,7 +137,7 @@ int run_client(Endpoint& ep, const Args& a, const bench::ClientOptions& co) {
     }
     row.cpu_pct = wall > 0 ? 100.0 * (cpu_seconds() - c0) / wall : 0;
     if (co.verify && r.ok() && !row.verified) rc = 1;
-    print_row(row, co.verify, a.json, co, ep.stats());
+    bench::print_row(row, a.json, co, ep.stats());
     if (!r.ok()) break;  // the endpoint is likely gone
   }
   if (rc == 0) (void)bench::quit(ep);
@@ -232,8 +195,8 @@ int run(const Args& a) {
   if (Status s = pick_memory(a, co); !s.ok()) return fmt::print(stderr, "dmx bench: --mem: {}\n", s.to_string()), 2;
   if (Status s = pick_alloc(a, co); !s.ok())
     return fmt::print(stderr, "dmx bench: --cuda-alloc: {}\n", s.to_string()), 2;
-  auto sizes = parse_sizes(a.sizes);
-  if (!sizes.ok()) return fmt::print(stderr, "dmx bench: --sizes: {}\n", sizes.status().to_string()), 2;
+  auto sizes = pick_sizes(a);
+  if (!sizes.ok()) return fmt::print(stderr, "dmx bench: {}\n", sizes.status().message()), 2;
   co.sizes = *sizes;
 
   if (a.loopback) {
@@ -271,10 +234,16 @@ void add_bench_command(CLI::App& app, int* exit_code) {
                 "one range, as PyTorch's expandable segments; default block 20M)");
   b->add_option("--op", a->op, "send (two-sided) | write | read (one-sided)")->check(CLI::IsMember({"send", "write", "read"}));
   b->add_option("--transport", a->transport, "auto | tcp | devmem | shm | cuda_ipc");
-  b->add_option("--sizes", a->sizes, "comma-separated sizes, e.g. 8,4K,1M,256M");
-  b->add_option("--streams", a->streams, "TCP streams per endpoint (default: the streams setting)");
+  b->add_option("--sizes", a->sizes, fmt::format("comma-separated sizes, e.g. 8,4K,1M,256M (default {})", kDefaultSizes));
+  b->add_option("-b,--min-bytes", a->min_bytes, "sizes from this one (default 8) ...");
+  b->add_option("-e,--max-bytes", a->max_bytes, "... up to this one (default 256M) ...");
+  b->add_option("-f,--step-factor", a->step_factor, "... multiplying by this integer >= 2 (default 2); not with --sizes");
+  b->add_option("--streams", a->streams, "TCP streams per endpoint, 1-64 (default: the streams setting)");
   b->add_option("--chunk-size", a->chunk, "striping/staging chunk (default: the chunk_size setting)");
-  b->add_option("--iters", a->iters, "operations per size (default: chosen per size)");
+  b->add_option("--iters", a->iters,
+                "operations per size in the throughput phase, and latency samples (default: throughput ~4 GiB "
+                "per size, 8 to 2000 operations; latency 1000 samples, or as many as fit in 2 s when 1000 would "
+                "take longer, at least 10; one untimed warm-up operation before each phase)");
   b->add_flag("--verify", a->verify, "check an end-to-end checksum of fresh random data in every buffer");
   b->add_flag("--json", a->json, "one JSON object per line per size");
   b->add_flag("--insecure", a->insecure, "no peer authentication (both sides must agree)");

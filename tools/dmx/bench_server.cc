@@ -1,6 +1,7 @@
 // dmx bench: the server side of a session (the client decides the run).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "tools/dmx/bench.h"
@@ -46,19 +47,21 @@ Status serve_send(Endpoint& ep, const Plan& p, Buffer& buf, Reply& reply) {
   // latency-minded application does: a send of device memory by cuda_ipc completes only once the
   // peer has copied it, and a ping arriving before its receive would wait as unexpected (copied
   // twice). With one slot the echo must finish before the slot is reused.
-  bool alternate = w >= 2;
+  // The slots are the plan's window, also in a latency-only plan (iters 0).
+  bool alternate = p.window >= 2;
+  auto ping_slot = [&](uint32_t j) { return buf.region().sub(uint64_t{alternate ? j % 2 : 0} * p.size, p.size); };
   Request r;
-  if (p.lat_iters > 0) r = ep.recv(slot(0), kPingTag, with_timeout(kDataTimeout));
+  if (p.lat_iters > 0) r = ep.recv(ping_slot(0), kPingTag, with_timeout(kDataTimeout));
   for (uint32_t j = 0; j < p.lat_iters; ++j) {
     DMX_RETURN_IF_ERROR(r.wait());
     bool more = j + 1 < p.lat_iters;
-    uint32_t now = alternate ? j : 0;
-    if (more && alternate) r = ep.recv(slot(j + 1), kPingTag, with_timeout(kDataTimeout));
-    DMX_RETURN_IF_ERROR(ep.send(slot(now), kPongTag, with_timeout(kDataTimeout)).wait());
-    if (more && !alternate) r = ep.recv(slot(0), kPingTag, with_timeout(kDataTimeout));
+    if (more && alternate) r = ep.recv(ping_slot(j + 1), kPingTag, with_timeout(kDataTimeout));
+    DMX_RETURN_IF_ERROR(ep.send(ping_slot(j), kPongTag, with_timeout(kDataTimeout)).wait());
+    if (more && !alternate) r = ep.recv(ping_slot(0), kPingTag, with_timeout(kDataTimeout));
   }
-  if (p.verify) {
-    DMX_ASSIGN_OR_RETURN(reply.verified, slots_match(buf, p.size, std::min(w, p.iters), p.checksum));
+  if (p.verify) {  // every slot that received data: the windowed sends' and the pings'
+    uint32_t used = std::max({std::min(w, total), std::min(p.lat_iters, alternate ? 2u : 1u)});
+    DMX_ASSIGN_OR_RETURN(reply.verified, slots_match(buf, p.size, used, p.checksum));
   }
   note_paths(ep, &reply);
   return send_text(ep, kReplyTag, to_json(reply), kControlTimeout);
