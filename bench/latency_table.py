@@ -27,7 +27,8 @@ def main(argv):
             lane = sum(p.get("chunks_inline", 0) for p in j.get("paths", []))
             size = j.get("size_bytes") or 0
             rate = j.get("gb_per_s", 0) * 1e9 / size / 1e3 if size else 0.0
-            rows[tuple(j.get(k) for k in keys)].append((j["lat_p50_us"], lane, j.get("verified", False), rate))
+            p50 = j["p50_us"] if "p50_us" in j else j["lat_p50_us"]  # older dmx (ab-latency.sh runs one)
+            rows[tuple(j.get(k) for k in keys)].append((p50, lane, j.get("verified", False), rate))
     order = lambda kv: tuple((0, x, "") if isinstance(x, (int, float)) else (1, 0, str(x)) for x in kv[0])
     for group, runs in sorted(rows.items(), key=order):
         label = " ".join(f"{k}={v}" for k, v in zip(keys, group))

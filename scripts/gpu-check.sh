@@ -409,7 +409,7 @@ for line in open(sys.argv[1]):
 print(f"{'size':>10} {'alloc':>11}  GB/s per round        p50 us per round     verified")
 for (size, alloc), js in sorted(rows.items()):
     rates = " ".join("%8.2f" % j["gb_per_s"] for j in js)
-    lats = " ".join("%7.2f" % j["lat_p50_us"] for j in js)
+    lats = " ".join("%7.2f" % j["p50_us"] for j in js)
     print(f"{size:>10} {alloc:>11}  {rates:20}  {lats:20} {all(j['verified'] for j in js)}")
 PY
     return $rc

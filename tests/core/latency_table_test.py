@@ -12,14 +12,14 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def row(mode, size, p50, lane=0, verified=True):
-    return json.dumps({"mode": mode, "size_bytes": size, "lat_p50_us": p50, "verified": verified,
+def row(mode, size, p50, lane=0, verified=True, key="p50_us"):
+    return json.dumps({"mode": mode, "size_bytes": size, key: p50, "verified": verified,
                        "gb_per_s": size * 50e3 / 1e9,
                        "paths": [{"name": "shm", "chunks_inline": 0}, {"name": "cuda_ipc", "chunks_inline": lane}]})
 
 
 def main():
-    lines = [row("on", 4096, 12.5, 1999), row("off", 8, 14.25), "not json: a progress line",
+    lines = [row("on", 4096, 12.5, 1999), row("off", 8, 14.25, key="lat_p50_us"), "not json: a progress line",
              row("on", 8, 12.0, 999), row("off", 8, 15.5, 0, verified=False), row("on", 8, 11.75, 998)]
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         f.write("\n".join(lines) + "\n")
