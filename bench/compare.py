@@ -4,11 +4,14 @@
   bench/compare.py SCENARIO [options]
 
 Scenarios
-  host-loopback  dmx bench --loopback --mem host --streams N   vs  bench/ref/iperf3.sh N
-                 target: dmx >= 80 % of iperf3 with N streams, at the largest size.
+  host-loopback  dmx bench --loopback --mem host --streams N --transport tcp
+                 vs bench/ref/iperf3.sh N (kernel TCP against TCP: in one process auto
+                 would pick shm). target: dmx >= 80 % of iperf3 with N streams, at the
+                 largest size; dmx really used transport tcp.
                  --two-process runs dmx as --listen/--connect on 127.0.0.1 instead.
   host-netns     the same between two network namespaces (scripts/netns.sh; root only),
-                 dmx --listen in namespace B, --connect from A, iperf3 across the veth.
+                 dmx --listen in namespace B, --connect from A (--transport tcp), iperf3
+                 across the veth.
   gpu-staged     dmx two processes --mem cuda:0 --peer-mem cuda:1 --transport tcp
                  vs NCCL socket (default and tuned, bench/ref/nccl_socket.py) and vs dmx
                  host->host (two processes, --transport tcp) at the same stream count.
@@ -16,11 +19,13 @@ Scenarios
                  >= 85 % of dmx host->host; 1M >= 50 % of the large-size rate;
                  8-byte half round trip <= 20 us; dmx really used transport tcp.
   same-host      dmx two processes --mem cuda:0 --peer-mem cuda:1 --transport auto
-                 vs cudaMemcpyPeer / torch copy (bench/ref/memcpy_peer.py) and NCCL p2p.
+                 vs cudaMemcpyPeer / torch copy (bench/ref/memcpy_peer.py) and NCCL p2p;
+                 dmx must have used cuda_ipc (a fallback is judged FAIL).
                  No target unless --same-host-target R (dmx >= R x best peer copy at --large)
                  and/or --nccl-p2p-target R (dmx >= R x NCCL p2p at --small).
   shm-host       dmx two processes --mem host --peer-mem host --transport auto (shm) vs
-                 single-thread memcpy (bench/ref/memcpy_host.py). No target unless
+                 single-thread memcpy (bench/ref/memcpy_host.py); dmx must have used shm
+                 (a fallback is judged FAIL). No other target unless
                  --shm-target R (dmx >= R x memcpy at --large).
 
 dmx is --dmx PATH, else $DMX_BIN, else build/tools/dmx/dmx under the repository root.
@@ -49,8 +54,8 @@ import refutil  # noqa: E402
 
 refutil.apply_safety_env()
 
-REQUIRED_DMX_KEYS = ("size_bytes", "gb_per_s", "lat_p50_us", "lat_p99_us", "transport", "mem",
-                     "peer_mem", "streams", "verified")
+REQUIRED_DMX_KEYS = ("size_bytes", "iters", "gb_per_s", "msg_per_s", "p50_us", "p99_us", "p999_us",
+                     "transport", "reason", "cpu_pct", "mem", "peer_mem", "streams", "verified")
 SCENARIOS = ("host-loopback", "host-netns", "gpu-staged", "same-host", "shm-host")
 
 
@@ -285,6 +290,15 @@ def target(name, value, op, bound, note=""):
     return {"target": name, "value": value, "op": op, "bound": bound, "verdict": verdict, "note": note}
 
 
+def transport_target(n, rows, want):
+    """Judges that every dmx row used `want` (alone or within e.g. shm+cuda_ipc): a comparison
+    with a reference of another kind of path means nothing, and a fallback must not pass."""
+    used = sorted({str(r.get("transport")) for r in rows})
+    ok = bool(used) and all(want in u.split("+") for u in used)
+    return {"target": f"x{n} dmx transport is {want}", "value": ",".join(used), "op": "==",
+            "bound": want, "verdict": "PASS" if ok else "FAIL", "note": ""}
+
+
 def print_table(headers, rows):
     cells = [[str(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
@@ -309,6 +323,10 @@ def print_targets(targets):
 
 
 def scenario_host(runner, args, netns=False):
+    # iperf3 is kernel TCP: dmx must use TCP too (on one host auto would pick shm).
+    if args.transport not in (None, "tcp"):
+        raise Failure(f"{args.scenario} compares with iperf3 (TCP): dmx runs --transport tcp, "
+                      f"not {args.transport}")
     dmx = dmx_path(args)
     sizes = args.sizes or "1M,256M"
     size_list = refutil.parse_sizes(sizes)
@@ -326,12 +344,12 @@ def scenario_host(runner, args, netns=False):
             if netns:
                 ns_a = f"dmx-test-{suffix}-a"
                 ns_b = f"dmx-test-{suffix}-b"
-                rows = dmx_pair(runner, dmx, args, "host", "host", n, sizes, args.transport,
+                rows = dmx_pair(runner, dmx, args, "host", "host", n, sizes, "tcp",
                                 host="10.199.0.2", ns_server=ns_b, ns_client=ns_a)
             elif args.two_process:
-                rows = dmx_pair(runner, dmx, args, "host", "host", n, sizes, args.transport)
+                rows = dmx_pair(runner, dmx, args, "host", "host", n, sizes, "tcp")
             else:
-                rows = dmx_loopback(runner, dmx, args, "host", n, sizes, args.transport)
+                rows = dmx_loopback(runner, dmx, args, "host", n, sizes, "tcp")
             ref = iperf3_ref(runner, args, n, netns=suffix)
             result["dmx"] += rows
             if ref:
@@ -348,6 +366,8 @@ def scenario_host(runner, args, netns=False):
                     result["targets"].append(target(
                         f"{refutil.format_size(size)} x{n} streams: dmx / iperf3 with {n} streams", rr, ">=",
                         args.host_target, f"iperf3 {ref.get('mode')} mode, {ref.get('threads')} thread(s)"))
+            if not args.dry_run:
+                result["targets"].append(transport_target(n, rows, "tcp"))
     finally:
         if suffix:
             runner.run([os.path.join(ROOT, "scripts", "netns.sh"), "down", suffix], "netns.sh down",
@@ -387,7 +407,7 @@ def half_rtt(row):
         return None, None
     if row.get("half_rtt_us") is not None:
         return row["half_rtt_us"], "half_rtt_us"
-    return row.get("lat_p50_us"), "lat_p50_us"
+    return row.get("p50_us"), "p50_us"
 
 
 def scenario_gpu_staged(runner, args):
@@ -417,8 +437,8 @@ def scenario_gpu_staged(runner, args):
                 "x_nccl": ratio(rate, nccl.get(size, {}).get("gb_per_s")),
                 "x_tuned": ratio(rate, tuned.get(size, {}).get("gb_per_s")),
                 "of_host": ratio(rate, h.get(size, {}).get("gb_per_s")),
-                "lat_p50_us": g[size].get("lat_p50_us"),
-                "nccl_lat_p50_us": nccl.get(size, {}).get("lat_p50_us"),
+                "p50_us": g[size].get("p50_us"),
+                "nccl_p50_us": nccl.get(size, {}).get("lat_p50_us"),
                 "transport": g[size].get("transport"), "verified": g[size].get("verified")})
         gl = g.get(large, {}).get("gb_per_s")
         L = refutil.format_size(large)
@@ -433,9 +453,8 @@ def scenario_gpu_staged(runner, args):
         v, field = half_rtt(g.get(8))
         t.append(target(f"x{n} 8 B half round trip (us)", v, "<=", 20.0,
                         f"dmx field {field}" if field else "no 8-byte row"))
-        used = sorted({str(r.get("transport")) for r in gpu})
-        t.append({"target": f"x{n} dmx transport is tcp", "value": ",".join(used), "op": "==",
-                  "bound": "tcp", "verdict": "PASS" if used == ["tcp"] else "FAIL", "note": ""})
+        t.append(transport_target(n, gpu, "tcp"))
+        t.append(transport_target(n, host, "tcp"))
     if args.dry_run:
         return result
     hr = [r for r in refs if r.get("metric") == "half_rtt"]
@@ -445,7 +464,7 @@ def scenario_gpu_staged(runner, args):
                 [[refutil.format_size(r["size_bytes"]), r["streams"], fmt(r["dmx_gpu_gb_per_s"]),
                   fmt(r["dmx_host_gb_per_s"]), fmt(r["nccl_socket_gb_per_s"]),
                   fmt(r["nccl_tuned_gb_per_s"]), fmt(r["x_nccl"]), fmt(r["x_tuned"]),
-                  fmt(r["of_host"]), fmt(r["lat_p50_us"], ".1f"), fmt(r["nccl_lat_p50_us"], ".1f"),
+                  fmt(r["of_host"]), fmt(r["p50_us"], ".1f"), fmt(r["nccl_p50_us"], ".1f"),
                   r["transport"], r["verified"]] for r in result["table"]])
     for r in hr:
         print(f"  {r['ref']}: 8 B half round trip p50 {fmt(r.get('lat_p50_us'), '.1f')} us, "
@@ -455,13 +474,16 @@ def scenario_gpu_staged(runner, args):
     return result
 
 
-def dmx_same_host_runs(runner, dmx, args, mem, peer_mem, sizes, result):
+def dmx_same_host_runs(runner, dmx, args, mem, peer_mem, sizes, result, want):
     """dmx two processes at each stream count (--transport, default auto); collects the rows in
-    result["dmx"] and yields (streams, rows by size) unless this is a dry run."""
+    result["dmx"], judges that they used `want` (the path the reference stands for; with
+    --transport X, X) and yields (streams, rows by size) unless this is a dry run."""
+    transport = args.transport or "auto"
     for n in refutil.parse_int_list(args.streams or "1"):
-        rows = dmx_pair(runner, dmx, args, mem, peer_mem, n, sizes, args.transport or "auto")
+        rows = dmx_pair(runner, dmx, args, mem, peer_mem, n, sizes, transport)
         result["dmx"] += rows
         if not args.dry_run:
+            result["targets"].append(transport_target(n, rows, want if transport == "auto" else transport))
             yield n, by_size(rows)
 
 
@@ -483,7 +505,7 @@ def scenario_same_host(runner, args):
                 best[s] = r
     nccl = by_size(p2p, ref="nccl-p2p")
     result = {"dmx": [], "refs": peer + p2p, "table": [], "targets": []}
-    for n, g in dmx_same_host_runs(runner, dmx, args, "cuda:0", "cuda:1", sizes, result):
+    for n, g in dmx_same_host_runs(runner, dmx, args, "cuda:0", "cuda:1", sizes, result, "cuda_ipc"):
         for size in sorted(g):
             rate = g[size].get("gb_per_s")
             b = best.get(size, {})
@@ -514,8 +536,8 @@ def scenario_same_host(runner, args):
                   fmt(r["memcpy_peer_gb_per_s"]), r["memcpy_method"] or "-",
                   fmt(r["nccl_p2p_gb_per_s"]), fmt(r["of_memcpy"]), fmt(r["of_nccl"]),
                   r["transport"], r["verified"]] for r in result["table"]])
-    if not result["targets"]:
-        print("  (no target: pass --same-host-target R to judge dmx against the best peer copy)")
+    if not (args.same_host_target or args.nccl_p2p_target):
+        print("  (no rate target: pass --same-host-target R to judge dmx against the best peer copy)")
     print_targets(result["targets"])
     return result
 
@@ -528,14 +550,14 @@ def scenario_shm_host(runner, args):
                   "memcpy_host.py", timeout=args.timeout)
     mc = by_size(ref, ref="memcpy-host")
     result = {"dmx": [], "refs": ref, "table": [], "targets": []}
-    for n, g in dmx_same_host_runs(runner, dmx, args, "host", "host", sizes, result):
+    for n, g in dmx_same_host_runs(runner, dmx, args, "host", "host", sizes, result, "shm"):
         for size in sorted(g):
             rate = g[size].get("gb_per_s")
             result["table"].append({
                 "size_bytes": size, "streams": n, "dmx_gb_per_s": rate,
                 "memcpy_gb_per_s": mc.get(size, {}).get("gb_per_s"),
                 "of_memcpy": ratio(rate, mc.get(size, {}).get("gb_per_s")),
-                "lat_p50_us": g[size].get("lat_p50_us"),
+                "p50_us": g[size].get("p50_us"),
                 "transport": g[size].get("transport"), "verified": g[size].get("verified")})
         if args.shm_target:
             result["targets"].append(target(
@@ -547,7 +569,7 @@ def scenario_shm_host(runner, args):
     print("\nshm-host: dmx host -> host, two processes, vs single-thread memcpy")
     print_table(["size", "streams", "dmx GB/s", "memcpy", "of memcpy", "dmx p50us", "transport", "verified"],
                 [[refutil.format_size(r["size_bytes"]), r["streams"], fmt(r["dmx_gb_per_s"]),
-                  fmt(r["memcpy_gb_per_s"]), fmt(r["of_memcpy"]), fmt(r["lat_p50_us"], ".1f"),
+                  fmt(r["memcpy_gb_per_s"]), fmt(r["of_memcpy"]), fmt(r["p50_us"], ".1f"),
                   r["transport"], r["verified"]] for r in result["table"]])
     print_targets(result["targets"])
     return result
@@ -566,7 +588,8 @@ def parse_args(argv):
     p.add_argument("--sizes", help="sizes for dmx and the references (per scenario default)")
     p.add_argument("--iters", type=int, help="passed to dmx bench --iters")
     p.add_argument("--op", help="passed to dmx bench --op (send|write|read)")
-    p.add_argument("--transport", help="dmx --transport for host/same-host scenarios")
+    p.add_argument("--transport", help="dmx --transport for same-host and shm-host (default auto); "
+                   "host scenarios always run tcp, gpu-staged too")
     p.add_argument("--verify", action="store_true", help="pass --verify to dmx bench")
     p.add_argument("--two-process", action="store_true",
                    help="host-loopback: dmx --listen/--connect instead of --loopback")

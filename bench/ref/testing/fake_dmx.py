@@ -85,18 +85,20 @@ def main(argv):
     peer = opt(argv, "--peer-mem", mem)
     streams = int(opt(argv, "--streams", "1"))
     transport = os.environ.get("FAKE_DMX_TRANSPORT") or opt(argv, "--transport", "tcp")
-    if transport == "auto":
-        transport = "cuda_ipc" if mem.startswith("cuda") and peer.startswith("cuda") else "tcp"
+    if transport == "auto":  # one host, as dmx: cuda_ipc between GPUs, else shm
+        transport = "cuda_ipc" if mem.startswith("cuda") and peer.startswith("cuda") else "shm"
     rate = float(os.environ.get("FAKE_DMX_RATE", "1.0"))
     if mem.startswith("cuda"):
         rate = float(os.environ.get("FAKE_DMX_GPU_RATE", str(rate * 0.9)))
     for size in refutil.parse_sizes(opt(argv, "--sizes", "8,4K,1M,256M")):
         eff = rate * streams * size / (size + 64 * 1024)  # small messages are slower
         lat = 5.0 + size / (eff * 1e3)
-        row = {"size_bytes": size, "gb_per_s": round(eff, 4), "lat_p50_us": round(lat, 2),
-               "lat_p99_us": round(lat * 1.5, 2), "transport": transport, "mem": mem,
+        iters = int(opt(argv, "--iters", "10"))
+        row = {"size_bytes": size, "gb_per_s": round(eff, 4), "msg_per_s": round(eff * 1e9 / size, 1),
+               "p50_us": round(lat, 2), "p99_us": round(lat * 1.5, 2), "p999_us": round(lat * 2, 2),
+               "transport": transport, "reason": "fake", "mem": mem,
                "peer_mem": peer, "streams": streams, "verified": "--verify" in argv,
-               "op": opt(argv, "--op", "send"), "iters": int(opt(argv, "--iters", "10")),
+               "op": opt(argv, "--op", "send"), "iters": iters, "lat_samples": iters,
                "cpu_pct": 50.0 * streams}
         if os.environ.get("FAKE_DMX_HALF_RTT"):
             row["half_rtt_us"] = float(os.environ["FAKE_DMX_HALF_RTT"])

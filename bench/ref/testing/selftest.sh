@@ -82,8 +82,11 @@ export DMX_BIN=$FAKE_DMX
 check "compare host-loopback PASS" expect_rc 0 env FAKE_DMX_RATE=50 "$PY" bench/compare.py host-loopback --streams 1,2 --time 1 --json "$tmp/c.json"
 check "compare JSON record" "$PY" -c "
 import json; d = json.load(open('$tmp/c.json'))
-assert d['status'] == 'PASS' and len(d['table']) == 4 and len(d['targets']) == 2, d
-assert d['refs'][0]['ref'] == 'iperf3' and d['commands']"
+assert d['status'] == 'PASS' and len(d['table']) == 4 and len(d['targets']) == 4, d
+assert d['refs'][0]['ref'] == 'iperf3' and d['commands']
+assert all('--transport tcp' in c for c in d['commands'] if ' bench ' in c), d['commands']"
+check "compare host-loopback refuses another transport" bash -c "
+  $PY bench/compare.py host-loopback --transport shm --streams 1 > $tmp/x 2>&1; [ \$? -eq 2 ] && grep -q 'runs --transport tcp' $tmp/x"
 check "compare host-loopback two-process" expect_rc 0 env FAKE_DMX_RATE=50 "$PY" bench/compare.py host-loopback --two-process --streams 1 --time 1
 check "compare FAIL below target" bash -c "FAKE_DMX_RATE=0.01 $PY bench/compare.py host-loopback --streams 1 --time 1 > $tmp/x 2>&1; [ \$? -eq 1 ] && grep -q FAIL $tmp/x"
 check "compare dmx bench not built" bash -c "FAKE_DMX_FAIL=1 $PY bench/compare.py host-loopback --streams 1 --time 1 > $tmp/x 2>&1; [ \$? -eq 2 ] && grep -q 'not built yet' $tmp/x"
@@ -91,7 +94,7 @@ check "compare listener fails" bash -c "FAKE_DMX_LISTEN_FAIL=1 $PY bench/compare
 check "compare dmx missing" bash -c "$PY bench/compare.py host-loopback --dmx /nonexistent/dmx > $tmp/x 2>&1; [ \$? -eq 2 ] && grep -q 'dmx not found' $tmp/x"
 check "compare gpu-staged (fake dmx, fake torch)" bash -c "
   FAKE_DMX_RATE=1000 $PY bench/compare.py gpu-staged --sizes 8,1M,4M --large 4M --streams 4 --json $tmp/g.json > $tmp/x 2>&1;
-  [ \$? -eq 0 ] && grep -q 'gpu-staged: PASS' $tmp/x && grep -q 'dmx field lat_p50_us' $tmp/x"
+  [ \$? -eq 0 ] && grep -q 'gpu-staged: PASS' $tmp/x && grep -q 'dmx field p50_us' $tmp/x"
 check "compare gpu-staged catches a transport fallback" bash -c "
   FAKE_DMX_RATE=8 FAKE_DMX_TRANSPORT=shm $PY bench/compare.py gpu-staged --sizes 8,1M,4M --large 4M --streams 1 > $tmp/x 2>&1;
   [ \$? -eq 1 ] && grep -q 'FAIL  x1 dmx transport is tcp' $tmp/x"
