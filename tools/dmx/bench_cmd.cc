@@ -235,9 +235,10 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   b->add_option("--op", a->op, "send (two-sided) | write | read (one-sided)")->check(CLI::IsMember({"send", "write", "read"}));
   b->add_option("--transport", a->transport, "auto | tcp | devmem | shm | cuda_ipc");
   b->add_option("--sizes", a->sizes, fmt::format("comma-separated sizes, e.g. 8,4K,1M,256M (default {})", kDefaultSizes));
-  b->add_option("-b,--min-bytes", a->min_bytes, "sizes from this one (default 8) ...");
-  b->add_option("-e,--max-bytes", a->max_bytes, "... up to this one (default 256M) ...");
-  b->add_option("-f,--step-factor", a->step_factor, "... multiplying by this integer >= 2 (default 2); not with --sizes");
+  b->add_option("-b,--min-bytes", a->min_bytes,
+                "a size range as nccl-tests: MIN, MIN*F, MIN*F^2 ... while <= MAX; MIN (default 8)");
+  b->add_option("-e,--max-bytes", a->max_bytes, "the range's MAX (default 256M)");
+  b->add_option("-f,--step-factor", a->step_factor, "the range's F, an integer >= 2 (default 2); not with --sizes");
   b->add_option("--streams", a->streams, "TCP streams per endpoint, 1-64 (default: the streams setting)");
   b->add_option("--chunk-size", a->chunk, "striping/staging chunk (default: the chunk_size setting)");
   b->add_option("--iters", a->iters,
