@@ -5,6 +5,7 @@
 #include <string>
 
 #include "dmx/endpoint.h"
+#include "dmx/metrics.h"
 #include "dmx/options.h"
 
 namespace dmx {
@@ -66,6 +67,9 @@ class Context {
   // Connects and authenticates within the connect_timeout setting.
   Result<Endpoint> connect(const std::string& address);
   Result<Registration> register_memory(const MemRegion& region);
+  // Counters and latency histograms of every endpoint this context made, closed ones included
+  // (dmx/metrics.h, docs/metrics.md).
+  Metrics metrics() const;
 
   std::shared_ptr<ContextImpl> impl() const { return impl_; }
 

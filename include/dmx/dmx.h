@@ -4,6 +4,7 @@
 #include "dmx/context.h"
 #include "dmx/endpoint.h"
 #include "dmx/memory.h"
+#include "dmx/metrics.h"
 #include "dmx/options.h"
 #include "dmx/request.h"
 #include "dmx/status.h"

@@ -52,7 +52,8 @@ struct EndpointStats {
   uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies: eager host payloads framed inline,
                                                    // eager messages buffered before their recv
   double send_seconds = 0, recv_seconds = 0, copy_wait_seconds = 0;  // time in each stage
-  std::vector<uint64_t> stream_bytes_sent;  // per stream: shows the balance
+  std::vector<uint64_t> stream_bytes_sent;      // per stream: shows the balance
+  std::vector<uint64_t> stream_bytes_received;  // per stream
   std::vector<PathUse> paths;               // empty for "tcp"
 };
 

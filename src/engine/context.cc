@@ -253,6 +253,8 @@ Result<Registration> Context::register_memory(const MemRegion& region) {
   return Registration(impl_, impl_->add_registration(region));
 }
 
+Metrics Context::metrics() const { return impl_->metrics().snapshot(); }
+
 Registration::Registration(std::shared_ptr<ContextImpl> ctx, std::shared_ptr<Registered> reg)
     : ctx_(std::move(ctx)), reg_(std::move(reg)) {}
 

@@ -13,6 +13,7 @@
 #include "core/sys.h"
 #include "dmx/context.h"
 #include "engine/auth.h"
+#include "engine/metrics.h"
 #include "engine/payload_path.h"
 #include "topo/orchestrator.h"
 #include "transport/tcp/staging.h"
@@ -97,6 +98,8 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   const std::string& hostname() const { return hostname_; }
   tcp::StagingPool& staging() { return staging_; }
   const StagingPlacement& placement() const { return placement_; }
+  MetricsRegistry& metrics() { return metrics_; }
+  const MetricsRegistry& metrics() const { return metrics_; }
 
   // Tests only: makes the devmem payload path out of the data socket instead of
   // make_devmem_path with the kernel's seams (tests pass the socket-pair double, SimNic). While one
@@ -138,6 +141,7 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   std::unordered_map<uint64_t, std::shared_ptr<Registered>> regs_;
   DevmemPathFactory devmem_factory_;
   std::atomic<int> endpoints_{0};
+  MetricsRegistry metrics_;
 };
 
 }  // namespace dmx

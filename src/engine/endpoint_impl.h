@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "dmx/endpoint.h"
 #include "engine/context_impl.h"
+#include "engine/metrics.h"
 #include "engine/op.h"
 #include "engine/payload_path.h"
 #include "transport/tcp/stream.h"
@@ -126,6 +127,7 @@ class EndpointImpl final : public tcp::StreamHost,
     bool eager = false, landed = false;
     std::vector<unsigned char> data;
     std::shared_ptr<OpState> waiting;  // a recv that claimed it before its payload landed
+    uint8_t via = 0;                   // OpState::via of the path that brought it
   };
   // The target side of a peer's write.
   struct InWrite {
@@ -164,6 +166,7 @@ class EndpointImpl final : public tcp::StreamHost,
   void end(Status s);
   void fail_all();
   void deliver();
+  MetricTransport metric_transport_of(const OpState& op) const;
   bool on_worker_thread() const;
   // A chunk of `op` left this side (written to a socket, or released by a path). Caller holds mu_.
   void chunk_sent(const std::shared_ptr<OpState>& op, uint64_t len, const Status& s);
@@ -209,8 +212,9 @@ class EndpointImpl final : public tcp::StreamHost,
   // Receive side (endpoint_rx.cc).
   // `len`: the message length (the frame's payload, or what a path's descriptor announced).
   Result<tcp::RxPlan> plan_eager(const wire::FrameHeader& h, uint64_t len);
-  // An eager message's bytes are in place (plan_eager's host_tag and ctx). Caller holds mu_.
-  void eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len);
+  // An eager message's bytes are in place (plan_eager's host_tag and ctx); `via`: the path bits
+  // that carried it (OpState::via). Caller holds mu_.
+  void eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, uint8_t via = 0);
   Status on_rts(const wire::FrameHeader& h);
   void accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_t msg, uint64_t size, uint64_t tag);
   // `len`: the chunk's length (the frame's payload, or what a path's descriptor announced).
@@ -241,6 +245,8 @@ class EndpointImpl final : public tcp::StreamHost,
   std::vector<EndpointStats::PathUse> stopped_paths_;  // their last statistics (mu_)
   std::condition_variable paths_cv_;
   bool has_paths_ = false;
+  // Where operations that no payload path carried count: stream 0's conduit (tcp or the shm pipe).
+  MetricTransport stream_transport_ = MetricTransport::kTcp;
   uint8_t fallback_noted_ = 0;  // bits 1 << PathKind whose "cannot carry a source" was logged (mu_)
 
   mutable std::mutex mu_;

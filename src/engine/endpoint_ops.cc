@@ -1,6 +1,7 @@
 // Endpoint: posting operations, cancellation, completion order, failure and close.
 #include <fmt/format.h>
 
+#include <bit>
 #include <cstring>
 
 #include "core/log.h"
@@ -57,6 +58,8 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
       ep->paths_running_ |= static_cast<uint8_t>(1u << static_cast<int>(ps.path->kind()));
       ps.path->start(ep.get(), nullptr);
     }
+  ep->stream_transport_ = metric_transport(ep->streams_.empty() ? "tcp" : ep->streams_[0]->conduit_kind());
+  ep->ctx_->metrics().add_endpoint(ep.get());  // before a stream can stop (remove_endpoint)
   ep->ctx_->endpoint_started();
   ep->running_ = static_cast<int>(ep->streams_.size());
   ep->holders_->count = ep->running_;
@@ -75,6 +78,7 @@ EndpointImpl::EndpointImpl(std::shared_ptr<ContextImpl> ctx, Session session)
 }
 
 EndpointImpl::~EndpointImpl() {
+  ctx_->metrics().remove_endpoint(this, stats());  // when no stream stopped it (see on_stream_stopped)
   // A path that missed stop_timeout may still call our events: destroying it (joining its thread)
   // must come before the members those events use.
   for (auto& ps : paths_) ps.path.reset();
@@ -93,6 +97,7 @@ std::shared_ptr<OpState> EndpointImpl::new_op(OpType type, const MemRegion& regi
   op->total = region.size;
   op->callback = o.on_complete;
   op->ep = weak_from_this();
+  op->posted = Clock::now();
   if (o.timeout != kForever) op->deadline = Clock::now() + o.timeout;
   return op;
 }
@@ -421,6 +426,12 @@ void EndpointImpl::settle_stopped(std::shared_ptr<OpState> op) {
   finish(*op, std::move(outcome));
 }
 
+// The first payload path that carried the op's bytes (in PathKind order), else stream 0's conduit.
+MetricTransport EndpointImpl::metric_transport_of(const OpState& op) const {
+  if (op.via == 0) return stream_transport_;
+  return metric_transport(path_name(static_cast<PathKind>(std::countr_zero(op.via))));
+}
+
 // Delivers finished operations in order: the front of each queue, while finished. One thread
 // delivers at a time; others leave their work to it.
 void EndpointImpl::deliver() {
@@ -445,10 +456,13 @@ void EndpointImpl::deliver() {
     if (batch.empty() && !redeliver_) break;
     lock.unlock();
     DMX_TRACE_POINT("deliver.batch");
+    auto now = Clock::now();
     for (auto& op : batch) {
       // The outcome and counters were written under mu_, which this thread took after them.
       Status s = op->outcome;
       size_t bytes = s.ok() ? op->done : 0;
+      // Counted before the completion shows, so a waiter that wakes sees it in the metrics.
+      ctx_->metrics().record(metric_transport_of(*op), static_cast<size_t>(op->type), s.code(), now - op->posted);
       if (!s.ok()) s = s.with_peer(session_.peer);
       {
         std::lock_guard<std::mutex> g(op->mu);
@@ -506,6 +520,7 @@ void EndpointImpl::on_stream_stopped(int stream) {
   // The last stream is gone; the paths stop too (each waits until its copies no longer use user
   // memory) before everything left fails.
   stop_paths();
+  ctx_->metrics().remove_endpoint(this, stats());  // final: nothing moves bytes any more
   {
     std::lock_guard<std::mutex> lock(mu_);
     fail_all();
@@ -644,6 +659,7 @@ EndpointStats EndpointImpl::stats() const {
     s.recv_seconds += static_cast<double>(x.ns_recv) * 1e-9;
     s.copy_wait_seconds += static_cast<double>(x.ns_copy_wait) * 1e-9;
     s.stream_bytes_sent.push_back(x.bytes_sent);
+    s.stream_bytes_received.push_back(x.bytes_received);
   }
   std::lock_guard<std::mutex> lock(mu_);  // also guards the path pointers (stop_paths resets them)
   for (const auto& ps : paths_)

@@ -87,6 +87,7 @@ Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t le
   t.next += len;
   t.emitted = true;
   op.handed += len;
+  op.via |= static_cast<uint8_t>(1u << static_cast<int>(path->kind()));
   ++op.inflight;
   if (t.next == op.total) tx_.pop_front();
   return Status();
@@ -162,7 +163,7 @@ EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(PathKind path, uint64_t
   if (h.type == FrameType::kEager) {
     // A failed copy of an eager message has no one to tell but this side: fail the endpoint.
     if (s.ok())
-      eager_landed(rx.host_tag, rx.ctx, rx.len);
+      eager_landed(rx.host_tag, rx.ctx, rx.len, static_cast<uint8_t>(1u << static_cast<int>(path)));
     else
       out.status =
           Status(s.code(), fmt::format("an eager message by {} was not copied: {}", path_name(path), s.message()));
@@ -170,7 +171,10 @@ EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(PathKind path, uint64_t
     land_write(h, rx.len, s);
     out.noted = (h.flags & wire::kFlagNotify) != 0;
   } else {
-    out.status = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, rx.len, rx.host_tag != 0, s);
+    auto& inbound = h.type == FrameType::kSendData ? tokens_ : reads_;
+    if (auto in = inbound.find(h.id); in != inbound.end() && in->second.op)
+      in->second.op->via |= static_cast<uint8_t>(1u << static_cast<int>(path));
+    out.status = land_inbound(inbound, h.id, rx.len, rx.host_tag != 0, s);
   }
   out.release = ps.path->receiver_releases() && status_.ok();
   out.path = path;

@@ -138,9 +138,10 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
   return st;
 }
 
-void EndpointImpl::eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len) {
+void EndpointImpl::eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, uint8_t via) {
   if (host_tag == kTagEagerMatched) {
     auto op = std::static_pointer_cast<OpState>(ctx);
+    op->via |= via;
     op->done = len;
     --op->inflight;
     if (op->phase == OpPhase::kStopping) settle_stopped(op);
@@ -148,6 +149,7 @@ void EndpointImpl::eager_landed(int host_tag, const std::shared_ptr<void>& ctx, 
   } else if (host_tag == kTagEagerUnexpected) {
     auto u = std::static_pointer_cast<Unexpected>(ctx);
     u->landed = true;
+    u->via = via;
     if (u->waiting) {
       auto op = u->waiting;
       Status s = consume_unexpected(u, op);
@@ -211,6 +213,7 @@ Status EndpointImpl::consume_unexpected(const std::shared_ptr<Unexpected>& u, co
   return_credit(cost);
   op->tag = u->tag;
   op->id = u->msg;
+  op->via |= u->via;
   if (u->size > op->region.size) {
     Status s(Code::kTruncated,
              fmt::format("a message of {} bytes does not fit the {}-byte receive buffer", u->size, op->region.size));

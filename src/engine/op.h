@@ -56,6 +56,8 @@ struct OpState {
   std::shared_ptr<Registered> reg;  // kReadResponse: the region being read
   std::weak_ptr<EndpointImpl> ep;
   Clock::time_point deadline = Clock::time_point::max();
+  Clock::time_point posted;  // for the latency metric
+  uint8_t via = 0;           // bits 1 << PathKind: payload paths that carried its bytes (metrics)
   Callback callback;
 
   // Completion, readable without the endpoint's mutex.

@@ -15,6 +15,7 @@
 #include "tools/dmx/bench.h"
 #include "tools/dmx/bench_report.h"
 #include "tools/dmx/commands.h"
+#include "tools/dmx/metrics_http.h"
 
 namespace dmx::cli {
 namespace {
@@ -30,6 +31,7 @@ struct Args {
   std::string streams;  // empty: not given; else passed on as given, for the library to judge
   uint32_t iters = 0;
   std::vector<std::string> options;
+  int metrics_port = -1;  // --listen: serve GET /metrics (metrics_http.h); -1: not
 };
 
 double cpu_seconds() {
@@ -152,9 +154,18 @@ int run(const Args& a) {
   int modes = a.loopback + !a.listen.empty() + !a.connect.empty();
   if (modes != 1) return fmt::print(stderr, "dmx bench: give exactly one of --loopback, --listen, --connect\n"), 2;
 
+  if (a.metrics_port >= 0 && a.listen.empty()) return fmt::print(stderr, "dmx bench: --metrics-port needs --listen\n"), 2;
+
   if (!a.listen.empty()) {
     auto l = ctx->listen(a.listen);
     if (!l.ok()) return fmt::print(stderr, "dmx bench: {}\n", l.status().to_string()), 1;
+    std::unique_ptr<MetricsServer> metrics;  // destroyed (its thread joined) after the sessions
+    if (a.metrics_port >= 0) {
+      auto m = MetricsServer::start(*ctx, a.metrics_port);
+      if (!m.ok()) return fmt::print(stderr, "dmx bench: {}\n", m.status().to_string()), 2;
+      metrics = std::move(*m);
+      fmt::print(stderr, "dmx bench: metrics on http://127.0.0.1:{}/metrics\n", metrics->port());
+    }
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     fmt::print(stderr, "dmx bench: serving on {} until interrupted\n", l->address());
@@ -249,6 +260,8 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   b->add_flag("--json", a->json, "one JSON object per line per size");
   b->add_flag("--insecure", a->insecure, "no peer authentication (both sides must agree)");
   b->add_option("--option", a->options, "any setting as NAME=VALUE (see dmx probe --config)");
+  b->add_option("--metrics-port", a->metrics_port,
+                "with --listen: serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port)");
   b->callback([a, exit_code] { *exit_code = run(*a); });
 }
 
