@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -120,7 +121,15 @@ namespace {
 Status device_copy(MemoryBackend* backend, bool to_device, void* dst, const void* src, size_t n) {
   static std::mutex mu;
   static std::vector<std::pair<MemoryBackend*, std::unique_ptr<CopyQueue>>> queues;
+  static pid_t owner = ::getpid();
   std::lock_guard<std::mutex> lock(mu);
+  if (pid_t me = ::getpid(); me != owner) {
+    // A forked child inherits the queues but not their worker threads: abandon them (destroying
+    // one would join a thread that does not exist here) and make its own.
+    for (auto& entry : queues) (void)entry.second.release();
+    queues.clear();
+    owner = me;
+  }
   CopyQueue* q = nullptr;
   for (auto& [b, queue] : queues)
     if (b == backend) q = queue.get();
