@@ -24,6 +24,10 @@
 
 namespace dmx {
 
+// A broken connection in the one form every transport reports: kPeerFailed, "lost the peer: ...".
+// Violations and local faults keep their own code.
+Status as_lost_peer(const Status& s);
+
 // What both sides agreed in the handshake.
 struct Session {
   uint16_t streams = 1;
@@ -181,6 +185,9 @@ class EndpointImpl final : public tcp::StreamHost,
   Status check_accepts(uint64_t flags, std::string_view what) const;
   // Hands the next chunk of `t` to `path`; fills the header frame to write. Caller holds mu_.
   Status post_path_chunk(PayloadPath* path, Transfer& t, uint64_t len, tcp::TxItem* out);
+  void note_fallback(const PayloadPath& path, const Status& why);  // once per path: why it was passed over
+  Status chunk_failure(const Status& s) const;  // a path's failed chunk, as the op reports it
+  bool post_eager_by_path(const std::shared_ptr<OpState>& op, const MemRegion& src, wire::FrameHeader h);
   // What settling a received path chunk asks of the caller once it has unlocked mu_.
   struct PathRxSettled {
     Status status;         // the endpoint must fail with this (a lost eager message, a bad chunk)

@@ -195,12 +195,7 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
       op->eager = true;
       op->phase = OpPhase::kActive;
       h.type = FrameType::kEager;
-      if (src.size > 0 && eager_path(src.where) != nullptr) {
-        // The receiver copies the bytes out of `src` (one device copy, no staging); stream 0
-        // writes the header in order with the path's other chunks; PATH_DONE completes the send.
-        tx_.push_back(Transfer{op, FrameType::kEager, static_cast<const char*>(src.ptr), src.where});
-        has_tx_.store(true, std::memory_order_release);
-        streams_[0]->wake();
+      if (src.size > 0 && post_eager_by_path(op, src, h)) {
         DMX_TRACE_POINT("send.queued");
       } else if (src.where.is_device()) {
         tcp::TxItem item;
@@ -226,6 +221,29 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
   lock.unlock();
   deliver();
   return r;
+}
+
+// The receiver copies the bytes out of `src` (one device copy, no staging); PATH_DONE completes
+// the send. The header is queued now, so that it keeps its place among the message frames and
+// the path's chunk headers (a later send's RTS must not overtake it). False: no path carries
+// `src`, and the send goes inline.
+bool EndpointImpl::post_eager_by_path(const std::shared_ptr<OpState>& op, const MemRegion& src, FrameHeader h) {
+  PayloadPath* path = eager_path(src.where);
+  if (path == nullptr) return false;
+  Transfer t{op, FrameType::kEager, static_cast<const char*>(src.ptr), src.where};
+  tcp::TxItem item;
+  item.header = h;
+  Status st = post_path_chunk(path, t, src.size, &item);
+  if (st.code() == Code::kUnavailable) {  // memory CUDA IPC cannot export
+    note_fallback(*path, st);
+    return false;
+  }
+  if (!st.ok()) {
+    finish(*op, st);
+    return true;
+  }
+  streams_[0]->push_control(std::move(item));
+  return true;
 }
 
 Request EndpointImpl::post_recv(const MemRegion& dst, uint64_t tag, OpOptions o) {
@@ -485,7 +503,6 @@ void EndpointImpl::deliver() {
 
 void EndpointImpl::on_stream_failed(int stream, const Status& s) { fail(s); }
 
-namespace {
 // However the connection broke — a stream's reset or EOF, the shm pipe's hung-up side channel, a
 // path's peer gone, silence past peer_timeout — the application sees one code and one message form,
 // whichever part of the endpoint noticed first. Violations and local faults keep their own code.
@@ -496,7 +513,6 @@ Status as_lost_peer(const Status& s) {
   if (!s.origin().empty()) lost = lost.with_origin(s.origin());
   return s.peer().empty() ? lost : lost.with_peer(s.peer());
 }
-}  // namespace
 
 void EndpointImpl::fail(Status s) { end(as_lost_peer(s)); }
 

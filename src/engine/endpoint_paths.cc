@@ -89,7 +89,6 @@ Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t le
   op.handed += len;
   op.via |= static_cast<uint8_t>(1u << static_cast<int>(path->kind()));
   ++op.inflight;
-  if (t.next == op.total) tx_.pop_front();
   return Status();
 }
 
@@ -206,11 +205,19 @@ bool EndpointImpl::path_chunk_sent(PathKind path, uint64_t seq, const Status& s)
   return true;
 }
 
+// A path names its peer its own way (shm: "pid N"); the operation names the endpoint's peer, as a
+// stream's failure does, and a lost peer reads the same whichever path noticed.
+Status EndpointImpl::chunk_failure(const Status& s) const {
+  Status named = Status(s.code(), s.message()).with_peer(session_.peer);
+  if (!s.origin().empty()) named = named.with_origin(s.origin());
+  return as_lost_peer(named);
+}
+
 void EndpointImpl::on_path_tx_done(PathKind path, uint64_t seq, const Status& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Not in flight any more: the endpoint failed meanwhile.
-    if (!path_chunk_sent(path, seq, s.ok() ? s : s.with_peer(session_.peer))) return;
+    if (!path_chunk_sent(path, seq, s.ok() ? s : chunk_failure(s))) return;
   }
   deliver();
 }
@@ -221,7 +228,7 @@ void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s)
   {
     std::lock_guard<std::mutex> lock(mu_);
     DMX_TRACE_POINT("rx.done.locked");
-    settled = settle_path_rx(path, seq, s);
+    settled = settle_path_rx(path, seq, s.ok() ? s : chunk_failure(s));
     DMX_TRACE_POINT("rx.done.settled");
   }
   DMX_TRACE_POINT("rx.landed");

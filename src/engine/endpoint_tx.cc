@@ -1,7 +1,8 @@
 // Endpoint: what the streams send. Stream 0 (or any stream when no payload path is agreed) pulls
 // the next chunk of the oldest transfer, by a payload path when one carries its source (a path
-// that cannot carry this particular source is passed over for that transfer), else inline; the
-// streams report each frame written (on_sent), which completes eager sends and counts chunks.
+// that cannot carry this particular source is passed over for that transfer; the chunk's header
+// then goes in stream 0's control queue), else inline; the streams report each frame written
+// (on_sent), which completes eager sends and counts chunks.
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -31,8 +32,6 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     OpState& op = *t.op;
     // An empty transfer (one empty chunk) always goes inline: no path has anything to move.
     PayloadPath* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.skip_paths) : nullptr;
-    // An eager message goes by a path only when the receiver copies it whole (cuda_ipc).
-    if (t.type == FrameType::kEager && path != nullptr && !path->receiver_releases()) path = nullptr;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
     if (path != nullptr && paths_[static_cast<int>(path->kind())].tx.size() >= kPathWindow) return false;
     uint64_t len = std::min<uint64_t>(path ? path->max_chunk() : session_.chunk_size, op.total - t.next);
@@ -56,9 +55,6 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
         h.a3 = op.notify_value;
         h.flags = op.notify ? wire::kFlagNotify : 0;
         break;
-      case FrameType::kEager:  // by a path (eager_path); inline when the path has gone meanwhile
-        h.a0 = op.tag;
-        break;
       default:  // kReadData
         h.a0 = t.next;
         h.a1 = op.total;
@@ -69,26 +65,20 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
         // The path cannot carry this source (cuda_ipc: memory CUDA IPC cannot export): the
         // transfer moves by the next path (shm, or inline on stream 0), said once per path.
         if (st.code() == Code::kUnavailable) {
-          uint8_t bit = static_cast<uint8_t>(1u << static_cast<int>(path->kind()));
-          if ((fallback_noted_ & bit) == 0) {
-            fallback_noted_ |= bit;
-            DMX_LOG_WARN("endpoint to {}: the {} path cannot carry a source, which goes by the next path (said "
-                         "once): {}",
-                         session_.peer, path_name(path->kind()), st.to_string());
-          }
-          t.skip_paths |= bit;
-          continue;
-        }
-        if (op.eager) {  // cannot be stopped: it ends here
-          auto failed = t.op;
-          tx_.pop_front();
-          finish(*failed, st);
+          note_fallback(*path, st);
+          t.skip_paths |= static_cast<uint8_t>(1u << static_cast<int>(path->kind()));
           continue;
         }
         stop(t.op, st);  // removes the transfer
         continue;
       }
-      return true;
+      // Path headers go in stream 0's control queue, in the order their sequence numbers were
+      // taken, with the message frames (RTS, EAGER) posted meanwhile: neither may overtake the other.
+      bool last = t.next == op.total;
+      streams_[0]->push_control(std::move(*out));
+      *out = tcp::TxItem{};
+      if (last) tx_.pop_front();
+      continue;
     }
     out->src = t.src + t.next;
     out->where = t.where;
@@ -102,6 +92,14 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     return true;
   }
   return false;
+}
+
+void EndpointImpl::note_fallback(const PayloadPath& path, const Status& why) {
+  uint8_t bit = static_cast<uint8_t>(1u << static_cast<int>(path.kind()));
+  if ((fallback_noted_ & bit) != 0) return;
+  fallback_noted_ |= bit;
+  DMX_LOG_WARN("endpoint to {}: the {} path cannot carry a source, which goes by the next path (said once): {}",
+               session_.peer, path_name(path.kind()), why.to_string());
 }
 
 void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {
