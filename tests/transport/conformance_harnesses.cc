@@ -1,0 +1,55 @@
+// The transports the conformance suite runs over. Each is forced with the transport setting, so a
+// transport that cannot be had fails the connection instead of falling back.
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "devmem/socket_double.h"
+#include "engine/context_impl.h"
+#include "engine/devmem_path.h"
+#include "transport/conformance.h"
+
+namespace dmx::test {
+namespace {
+
+Result<Context> forced(Options o, const char* transport) {
+  o.set("transport", transport);
+  return Context::create(o);
+}
+
+std::string unless_available(MemSpec mem) {
+  Status s = mem_available(mem);
+  return s.ok() ? "" : s.to_string();
+}
+
+// devmem's kernel and NIC are the socket-pair double (tests/devmem/socket_double.h): each "host"
+// has its own SimNic, and its "device" memory is the sim kind (mapped with no access rights, so
+// engine code that touches it directly crashes). The factory holds the NIC; it lives in the
+// context, so the context's config it reads cannot go away first.
+Result<Context> devmem_context(int host, Options o) {
+  devmem::testing::SimNicOptions no;
+  no.seed = 1000 + static_cast<uint64_t>(host);
+  auto nic = std::make_shared<devmem::testing::SimNic>(no);
+  o.set("devmem_rx_pool", "32M");
+  DMX_ASSIGN_OR_RETURN(Context ctx, forced(o, "devmem"));
+  ContextImpl* impl = ctx.impl().get();
+  impl->set_devmem_factory_for_testing([nic, impl](UniqueFd fd, const std::string& peer) {
+    return make_devmem_path(std::move(fd), impl->config(), peer, nic->seams());
+  });
+  return ctx;
+}
+
+}  // namespace
+
+const std::vector<Harness>& harnesses() {
+  static const std::vector<Harness> all = {
+      {"tcp", MemSpec{}, [] { return std::string(); }, [](int, Options o) { return forced(o, "tcp"); }, ""},
+      {"shm", MemSpec{}, [] { return std::string(); }, [](int, Options o) { return forced(o, "shm"); }, "shm"},
+      {"devmem", MemSpec{MemKind::kSim, 0}, [] { return std::string(); }, devmem_context, "devmem"},
+      {"cuda_ipc", MemSpec{MemKind::kCuda, 0}, [] { return unless_available(MemSpec{MemKind::kCuda, 0}); },
+       [](int, Options o) { return forced(o, "cuda_ipc"); }, "cuda_ipc"},
+  };
+  return all;
+}
+
+}  // namespace dmx::test
