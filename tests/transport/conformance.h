@@ -22,6 +22,8 @@ struct Harness {
   // The name of the payload path in EndpointStats::paths that carries bulk data; empty for tcp,
   // whose bytes travel on the streams themselves.
   std::string path;
+  // Empty when a child forked by the test may use the transport; else why not (that test skips).
+  std::string no_fork;
 };
 
 // Every transport the suite runs over (tests/transport/conformance_harnesses.cc).

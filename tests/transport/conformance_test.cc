@@ -221,6 +221,7 @@ TEST_P(Conformance, CancelAndDeadlineLeaveTheEndpointWorking) {
 // "lost the peer" and the peer's address, within a bound; the same on every transport.
 TEST_P(Conformance, PeerKilledMidTransferFailsEveryPendingOperationAlike) {
   const Harness h = GetParam();
+  if (!h.no_fork.empty()) GTEST_SKIP() << h.no_fork;
   int to_child[2];
   ASSERT_EQ(::pipe(to_child), 0);
   // The child forks before this process has any dmx thread, and makes its own context.
