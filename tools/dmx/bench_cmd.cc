@@ -185,7 +185,8 @@ int run(const Args& a) {
       });
       auto ep = l->accept(std::chrono::milliseconds(200));
       if (!ep.ok()) continue;
-      Session s{std::make_shared<Endpoint>(std::move(*ep))};
+      Session s;
+      s.ep = std::make_shared<Endpoint>(std::move(*ep));
       s.thread = std::thread([c = *ctx, e = s.ep, done = s.done] {
         std::string peer = e->peer();
         Status st = bench::serve(c, *e);
