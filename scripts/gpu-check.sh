@@ -17,6 +17,7 @@
 #   GPU_CHECK_CTEST_ARGS="-R Cuda"  extra ctest arguments (a filter, say)
 #   GPU_CHECK_JOBS=16       build parallelism;  GPU_CHECK_CTEST_JOBS=8  test parallelism
 #   GPU_CHECK_SECTION_TIMEOUT=600  seconds before a section is killed
+#   GPU_CHECK_SIZES=8,64K,1M,16M,256M  sizes of the bench-gpu and same-host sections (e.g. up to 1G)
 #   GPU_CHECK_CUDA_ARCH=90  CMAKE_CUDA_ARCHITECTURES (Hopper: H100, H200)
 #
 # Examples:
@@ -43,8 +44,9 @@ SECTION_TIMEOUT=${GPU_CHECK_SECTION_TIMEOUT:-600}
 CUDA_ARCH=${GPU_CHECK_CUDA_ARCH:-90}
 ONLY=${GPU_CHECK_ONLY:-}
 SKIP=${GPU_CHECK_SKIP:-}
+SIZES=${GPU_CHECK_SIZES:-8,64K,1M,16M,256M}
 DMX="$B/tools/dmx/dmx"   # the CLI, for sections
-export ROOT OUT B DMX JOBS
+export ROOT OUT B DMX JOBS SIZES
 
 # Everything printed also lands in $OUT/gpu-check.log.
 exec > >(tee -a "$OUT/gpu-check.log") 2>&1
@@ -93,7 +95,7 @@ log_note() {
 # run_section NAME CMD [ARGS...]
 #   Runs CMD (a program or a shell function) with stdout+stderr to $OUT/NAME.log, under a timeout,
 #   timed; a failure is recorded and the script goes on. Skipped when GPU_CHECK_ONLY/SKIP say so.
-#   CMD sees $ROOT, $B (build dir), $DMX (the dmx CLI), $OUT and $JOBS (exported). A shell
+#   CMD sees $ROOT, $B (build dir), $DMX (the dmx CLI), $OUT, $JOBS and $SIZES (exported). A shell
 #   function runs in a child bash: export -f any helper it calls. Keep NAME to [A-Za-z0-9._-].
 run_section() {
   local name=$1; shift
@@ -322,14 +324,14 @@ if [[ $build_ok -eq 1 ]]; then
     local n
     n=$(nvidia-smi -L | wc -l)
     if [[ $n -ge 2 ]]; then
-      python3 "$ROOT/bench/compare.py" gpu-staged --streams "${GPU_CHECK_STREAMS:-4,8}" --sizes 8,64K,1M,16M,256M \
+      python3 "$ROOT/bench/compare.py" gpu-staged --streams "${GPU_CHECK_STREAMS:-4,8}" --sizes "$SIZES" \
         --verify --json "$OUT/bench-gpu.json"
     else  # one GPU: both processes on it (no NCCL reference: it needs two GPUs)
       "$DMX" bench --listen tcp://127.0.0.1:7811 & local srv=$! rc=0 st
       sleep 1
       for st in ${GPU_CHECK_STREAMS:-4 8}; do
         "$DMX" bench --connect tcp://127.0.0.1:7811 --mem cuda:0 --peer-mem cuda:0 --streams "${st//,/ }" \
-          --sizes 8,64K,1M,16M,256M --verify --json | tee -a "$OUT/bench-gpu.jsonl" || rc=1
+          --sizes "$SIZES" --verify --json | tee -a "$OUT/bench-gpu.jsonl" || rc=1
       done
       kill $srv; wait $srv 2>/dev/null
       return $rc
@@ -351,12 +353,12 @@ if [[ $build_ok -eq 1 ]]; then
   same_host_section() {  # the engine's same-host paths (two processes) vs memcpy / cudaMemcpyPeer / NCCL p2p
     local rc=0
     if [[ $(nvidia-smi -L | wc -l) -ge 2 ]]; then
-      python3 "$ROOT/bench/compare.py" same-host --streams 1 --sizes 8,64K,1M,16M,256M --verify \
+      python3 "$ROOT/bench/compare.py" same-host --streams 1 --sizes "$SIZES" --verify \
         --same-host-target 0.95 --nccl-p2p-target 2.0 --json "$OUT/same-host.json" || rc=1
     else  # one GPU: both processes on it (cuda_ipc within one GPU); no peer-copy reference
       "$DMX" bench --listen tcp://127.0.0.1:7812 & local srv=$!
       sleep 1
-      "$DMX" bench --connect tcp://127.0.0.1:7812 --mem cuda:0 --peer-mem cuda:0 --sizes 8,64K,1M,16M,256M \
+      "$DMX" bench --connect tcp://127.0.0.1:7812 --mem cuda:0 --peer-mem cuda:0 --sizes "$SIZES" \
         --verify --json | tee -a "$OUT/same-host.jsonl" || rc=1
       kill $srv; wait $srv 2>/dev/null
     fi

@@ -1,3 +1,4 @@
+// dmx bench --metrics-port (metrics_http.h): an httplib server on its own, joined thread.
 #include "tools/dmx/metrics_http.h"
 
 #include <fmt/format.h>
