@@ -35,7 +35,7 @@ enum class Code : unsigned char {
   kTruncated,          // a message larger than the posted buffer
   kResourceExhausted,  // a bounded resource ran out
   kPeerFailed,         // the peer reported an error, died or went silent
-  kInternal,           // a bug in dmx
+  kInternal,           // a bug in dmx; stays last (dmx/metrics.h sizes arrays by it)
 };
 
 std::string_view code_name(Code code);
