@@ -12,24 +12,11 @@
 namespace {
 
 using dmx::test::dmx_bin;
+using dmx::test::json_rows;
 using dmx::test::run_command;
 
 std::string bench(const std::string& args, int* rc) {
   return run_command("DMX_LOG_LEVEL=warn " + dmx_bin() + " bench --loopback --mem host " + args, rc);
-}
-
-std::vector<nlohmann::json> json_rows(const std::string& out) {
-  std::vector<nlohmann::json> rows;
-  size_t start = 0;
-  while (start < out.size()) {
-    size_t end = out.find('\n', start);
-    if (end == std::string::npos) end = out.size();
-    std::string line = out.substr(start, end - start);
-    start = end + 1;
-    if (line.empty() || line[0] != '{') continue;
-    rows.push_back(nlohmann::json::parse(line, nullptr, false));
-  }
-  return rows;
 }
 
 // -b 8 -e 64K -f 4 as nccl-tests reads it: 8, 32, ... while <= 64K, so 32K is the last.

@@ -84,24 +84,19 @@ TEST(Cli, BenchLoopbackJson) {
       "DMX_LOG_LEVEL=warn " + dmx_bin() + " bench --loopback --mem host --sizes 4097,1M --iters 20 --verify --json 2>/dev/null",
       &rc);
   ASSERT_EQ(rc, 0) << out;
-  size_t rows = 0, start = 0;
-  while (start < out.size()) {
-    size_t end = out.find('\n', start);
-    std::string line = out.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    start = end == std::string::npos ? out.size() : end + 1;
-    if (line.empty() || line[0] != '{') continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    ASSERT_TRUE(j.is_object()) << line;
-    ++rows;
+  auto rows = dmx::test::json_rows(out);
+  for (const auto& j : rows) {
+    ASSERT_TRUE(j.is_object()) << out;
     for (const char* k : {"size_bytes", "gb_per_s", "p50_us", "p99_us", "transport", "mem", "peer_mem",
                           "streams", "verified", "peer_path_chunks_received", "peer_path_chunks_inline"})
-      EXPECT_TRUE(j.contains(k)) << k << " missing: " << line;
-    EXPECT_EQ(j["verified"], true) << line;
+      EXPECT_TRUE(j.contains(k)) << k << " missing: " << j.dump();
+    EXPECT_EQ(j["verified"], true) << j.dump();
     // 1 MiB messages are path chunks (4097 bytes go inline on the control stream).
-    if (j["size_bytes"] == 1048576 && j["transport"].get<std::string>().find("shm") != std::string::npos)
-      EXPECT_GE(j["peer_path_chunks_received"].get<uint64_t>(), 42u) << line;
+    if (j["size_bytes"] == 1048576 && j["transport"].get<std::string>().find("shm") != std::string::npos) {
+      EXPECT_GE(j["peer_path_chunks_received"].get<uint64_t>(), 42u) << j.dump();
+    }
   }
-  EXPECT_EQ(rows, 2u) << out;
+  EXPECT_EQ(rows.size(), 2u) << out;
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace dmx::test {
 
@@ -36,6 +38,22 @@ inline std::string run_command(const std::string& cmd, int* rc) {
   int status = ::pclose(p);
   *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return out;
+}
+
+// The JSON objects among a command's output lines (`dmx bench --json` rows); a line that starts
+// with '{' but does not parse comes back as a discarded value, for the caller to reject.
+inline std::vector<nlohmann::json> json_rows(const std::string& out) {
+  std::vector<nlohmann::json> rows;
+  size_t start = 0;
+  while (start < out.size()) {
+    size_t end = out.find('\n', start);
+    if (end == std::string::npos) end = out.size();
+    std::string line = out.substr(start, end - start);
+    start = end + 1;
+    if (line.empty() || line[0] != '{') continue;
+    rows.push_back(nlohmann::json::parse(line, nullptr, false));
+  }
+  return rows;
 }
 
 }  // namespace dmx::test
