@@ -5,9 +5,11 @@
 #   bash scripts/ab-latency.sh ab-old                          (from the repository root)
 #
 # Builds `dmx` (CUDA on when nvcc is found) from OLD_DIR and from the working tree, each into its own
-# build-ab/, then runs `dmx bench --listen` / `--connect --transport ${AB_TRANSPORT:-tcp} --sizes 8
-# --streams 1 --iters 5000 --verify` host->host and, with a GPU, cuda:0->cuda:1 (cuda:0 with one),
-# new and old alternated for AB_ROUNDS (3) rounds. Results: $OUT/ab.jsonl and a summary line per case.
+# build-ab/, then runs `dmx bench --listen` / `--connect --transport ${AB_TRANSPORT:-tcp} --sizes
+# ${AB_SIZES:-8} --streams ${AB_STREAMS:-1} --iters ${AB_ITERS:-5000} --verify` host->host and, with a
+# GPU, cuda:0->cuda:1 (cuda:0 with one), new and old alternated for AB_ROUNDS (3) rounds. Results:
+# $OUT/ab.jsonl (every row, gb_per_s included) and a latency summary line per case.
+# Throughput of large sizes: AB_SIZES=16M,256M AB_STREAMS=8 AB_ITERS= (empty: dmx bench's own counts).
 set -u
 OLD=${1:?usage: ab-latency.sh OLD_DIR}
 R=$(pwd)
@@ -32,6 +34,7 @@ peer=cuda:1
 [[ ${gpus:-0} -lt 2 ]] && peer=cuda:0
 # shellcheck source=scripts/bench-pair.sh
 source "$R/scripts/bench-pair.sh"
+iters=${AB_ITERS-5000}  # empty: dmx bench chooses the counts
 port=7900
 for ((round = 1; round <= ${AB_ROUNDS:-3}; round++)); do
   for v in new old; do
@@ -42,7 +45,8 @@ for ((round = 1; round <= ${AB_ROUNDS:-3}; round++)); do
       [[ $c == gpu ]] && args=(--mem cuda:0 --peer-mem "$peer")
       port=$((port + 1))
       bench_pair "$OUT/ab.jsonl" "\"v\":\"$v\",\"case\":\"$c\"," "$D" "$port" --transport "${AB_TRANSPORT:-tcp}" \
-        "${args[@]}" --sizes 8 --streams 1 --iters 5000 --verify > /dev/null
+        "${args[@]}" --sizes "${AB_SIZES:-8}" --streams "${AB_STREAMS:-1}" ${iters:+--iters "$iters"} \
+        --verify > /dev/null
     done
   done
 done
