@@ -25,6 +25,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+import refutil  # noqa: E402
+
 SPLIT_FIELDS = ("mem", "peer_mem", "streams", "op")
 
 
@@ -42,16 +45,7 @@ def read_rows(path):
     elif isinstance(whole, dict):
         rows = [whole]
     else:
-        for line in text.splitlines():
-            line = line.strip()
-            if not line.startswith("{"):
-                continue
-            try:
-                j = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(j, dict):
-                rows.append(j)
+        rows = refutil.json_lines(text)
     stem = os.path.splitext(os.path.basename(path))[0]
     out = []
     for r in rows:
@@ -97,10 +91,7 @@ def latency(r):
 
 
 def size_label(n, _pos=None):
-    for unit, mult in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= mult and n % mult == 0:
-            return f"{int(n // mult)}{unit}"
-    return f"{int(n)}" if n >= 1 else f"{n:g}"
+    return refutil.format_size(int(n)) if n >= 1 and n == int(n) else f"{n:g}"
 
 
 def draw(plt, ticker, lines, flat, metric, ylabel, path, title):
