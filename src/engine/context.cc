@@ -96,7 +96,9 @@ ContextImpl::ContextImpl(Config config, EngineParams params, AuthKey auth)
       params_(std::move(params)),
       auth_(std::move(auth)),
       placement_(config_.get_string("sysfs_root")),
-      staging_(params_.chunk_size, &placement_) {
+      staging_(params_.chunk_size, &placement_),
+      transports_(default_transports()),
+      metrics_(transports_) {
   boot_id_ = read_boot_id();
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
@@ -136,14 +138,14 @@ std::vector<topo::PoolUsage> StagingPlacement::usage() const {
   return orch_ ? orch_->usage() : std::vector<topo::PoolUsage>{};
 }
 
-void ContextImpl::set_devmem_factory_for_testing(DevmemPathFactory factory) {
+TransportList ContextImpl::transports() const {
   std::lock_guard<std::mutex> lock(mu_);
-  devmem_factory_ = std::move(factory);
+  return transports_;
 }
 
-ContextImpl::DevmemPathFactory ContextImpl::devmem_factory() const {
+void ContextImpl::register_transport(std::shared_ptr<Transport> t) {
   std::lock_guard<std::mutex> lock(mu_);
-  return devmem_factory_;
+  dmx::register_transport(transports_, std::move(t));
 }
 
 Status ContextImpl::admit_endpoint(uint16_t peer_streams) const {

@@ -14,8 +14,9 @@
 #include "dmx/context.h"
 #include "engine/auth.h"
 #include "engine/metrics.h"
-#include "engine/payload_path.h"
+#include "transport/path.h"
 #include "topo/orchestrator.h"
+#include "engine/transports.h"
 #include "transport/tcp/staging.h"
 
 namespace dmx {
@@ -101,14 +102,11 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   MetricsRegistry& metrics() { return metrics_; }
   const MetricsRegistry& metrics() const { return metrics_; }
 
-  // Tests only: makes the devmem payload path out of the data socket instead of
-  // make_devmem_path with the kernel's seams (tests pass the socket-pair double, SimNic). While one
-  // is installed this context offers devmem whatever devmem_path_offer says (the reason says "test
-  // double"), and no NIC flow rule is added. Install before listening or connecting; any thread.
-  using DevmemPathFactory =
-      std::function<Result<std::unique_ptr<PayloadPath>>(UniqueFd data_socket, const std::string& peer)>;
-  void set_devmem_factory_for_testing(DevmemPathFactory factory);
-  DevmemPathFactory devmem_factory() const;
+  // The transports new endpoints may use, in order of preference (engine/transports.h).
+  TransportList transports() const;
+  // Puts a transport in place of the one of its name, or last: tests install doubles (devmem over
+  // the socket-pair NIC) and test-only transports this way. Before listening or connecting.
+  void register_transport(std::shared_ptr<Transport> t);
 
   // Whether one more endpoint fits max_endpoints, and a peer asking for `peer_streams` streams fits
   // max_streams (0: our own connect, whose streams setting is ours to choose); kResourceExhausted
@@ -137,9 +135,9 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   std::string boot_id_, hostname_;
   StagingPlacement placement_;
   tcp::StagingPool staging_;  // after placement_, which it uses
-  mutable std::mutex mu_;  // guards regs_, devmem_factory_
+  mutable std::mutex mu_;  // guards regs_, transports_
   std::unordered_map<uint64_t, std::shared_ptr<Registered>> regs_;
-  DevmemPathFactory devmem_factory_;
+  TransportList transports_;
   std::atomic<int> endpoints_{0};
   MetricsRegistry metrics_;
 };

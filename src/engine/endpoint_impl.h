@@ -19,7 +19,8 @@
 #include "engine/context_impl.h"
 #include "engine/metrics.h"
 #include "engine/op.h"
-#include "engine/payload_path.h"
+#include "engine/transports.h"
+#include "transport/path.h"
 #include "transport/tcp/stream.h"
 
 namespace dmx {
@@ -35,20 +36,18 @@ struct Session {
   uint32_t peer_eager_limit = 0;        // largest EAGER we may send
   uint64_t peer_unexpected_budget = 0;  // EAGER bytes the peer buffers for us
   std::string peer;                     // "10.0.0.2:7000"
-  std::string transport = "tcp";
-  // wire::kTransportShm | kTransportCudaIpc | kTransportDevmem: paths beside the streams;
-  // | kTransportControlPipe: stream 0 runs on an shm pipe.
-  uint64_t paths = 0;
+  std::string transport = "tcp";  // the agreed payload transports, "+"-joined, or "tcp"
+  TransportList agreed;           // path id k is agreed[k - 1]
   std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
   std::string reason;
 };
 
 class EndpointImpl final : public tcp::StreamHost,
-                           public PayloadPath::Events,
                            public RegistrationUser,
                            public std::enable_shared_from_this<EndpointImpl> {
  public:
-  // One stream per conduit (stream 0 first: the control stream).
+  // One stream per conduit (stream 0 first: the control stream). `paths[k - 1]`: path id k, or
+  // null for an agreed transport that made none.
   static std::shared_ptr<EndpointImpl> create(std::shared_ptr<ContextImpl> ctx, Session session,
                                               std::vector<std::unique_ptr<tcp::Conduit>> conduits,
                                               std::vector<std::unique_ptr<PayloadPath>> paths = {});
@@ -75,11 +74,12 @@ class EndpointImpl final : public tcp::StreamHost,
   void on_tick() override;
   bool rx_paused() override;
 
-  // PayloadPath::Events (endpoint_paths.cc)
-  void on_path_tx_done(PathKind path, uint64_t seq, const Status& s) override;
-  void on_path_rx_done(PathKind path, uint64_t seq, const Status& s) override;
-  void on_path_failed(PathKind path, const Status& s) override;
-  void on_path_stopped(PathKind path) override;
+  // A path's events (PathEvents, endpoint_paths.cc), with the path's id.
+  void on_path_tx_done(uint8_t path, uint64_t seq, const Status& s);
+  void on_path_rx_done(uint8_t path, uint64_t seq, const Status& s);
+  void on_path_failed(uint8_t path, const Status& s);
+  void on_path_stopped(uint8_t path);
+  std::unique_ptr<PayloadPath::Events> events_for(uint8_t id);
 
   // RegistrationUser
   void withdraw(Registered& reg) override;
@@ -90,6 +90,8 @@ class EndpointImpl final : public tcp::StreamHost,
   // path's chunk headers on stream 0, per direction.
   struct PathState {
     std::unique_ptr<PayloadPath> path;
+    std::unique_ptr<PayloadPath::Events> events;  // tells the endpoint this path's id
+    uint8_t id = 0;
     uint64_t tx_seq = 0, rx_seq = 0;
     struct Tx {
       std::shared_ptr<OpState> op;
@@ -114,8 +116,8 @@ class EndpointImpl final : public tcp::StreamHost,
     MemSpec where;
     uint64_t next = 0;
     bool emitted = false;  // a zero-byte transfer still sends one (empty) chunk
-    uint64_t accepts = 0;  // wire::kAcceptPathFlags the peer's buffer accepts (CTS a1, READ_REQ a3)
-    uint8_t skip_paths = 0;  // bits 1 << PathKind of paths that cannot carry this source (kUnavailable)
+    uint64_t accepts = 0;     // path bits the peer's buffer accepts (CTS a1, READ_REQ a3)
+    uint32_t skip_paths = 0;  // path bits of paths that cannot carry this source (kUnavailable)
   };
   // Bytes arriving for a matched recv (keyed by token) or a read (keyed by op id). Outlives its
   // op when the op stops early: later chunks are then read and dropped until `expected`.
@@ -131,7 +133,7 @@ class EndpointImpl final : public tcp::StreamHost,
     bool eager = false, landed = false;
     std::vector<unsigned char> data;
     std::shared_ptr<OpState> waiting;  // a recv that claimed it before its payload landed
-    uint8_t via = 0;                   // OpState::via of the path that brought it
+    uint32_t via = 0;                  // OpState::via of the path that brought it
   };
   // The target side of a peer's write.
   struct InWrite {
@@ -175,17 +177,21 @@ class EndpointImpl final : public tcp::StreamHost,
   // A chunk of `op` left this side (written to a socket, or released by a path). Caller holds mu_.
   void chunk_sent(const std::shared_ptr<OpState>& op, uint64_t len, const Status& s);
 
-  // Payload paths (endpoint_paths.cc).
-  // The path for a chunk from `src` into a buffer that accepts `accepts` (wire::kAcceptPathFlags).
-  // skip: bits 1 << PathKind to pass over (Transfer::skip_paths).
-  PayloadPath* path_for(const MemSpec& src, uint64_t accepts, uint8_t skip = 0) const;
-  // Receiver: the wire::kAcceptPathFlags to announce for a buffer in `dst` (CTS a1, READ_REQ a3).
+  // Payload paths (endpoint_paths.cc). A path bit is 1 << path id.
+  static uint32_t path_bit(uint8_t id) { return uint32_t{1} << id; }
+  // The state of path `id`, or null when no such path runs here.
+  PathState* path_state(uint8_t id);
+  // The path for a chunk from `src` into a buffer that accepts `accepts` (path bits), in the
+  // agreed order. skip: path bits to pass over (Transfer::skip_paths).
+  PathState* path_for(const MemSpec& src, uint64_t accepts, uint32_t skip = 0);
+  // Receiver: the path bits to announce for a buffer in `dst` (CTS a1, READ_REQ a3): the paths
+  // that reach only some buffers (PayloadPath::accepts_any false) and reach this one.
   uint64_t accepts_for(const MemSpec& dst) const;
-  // Checks a peer's kAcceptPathFlags (`what`: the frame). Caller holds mu_.
-  Status check_accepts(uint64_t flags, std::string_view what) const;
-  // Hands the next chunk of `t` to `path`; fills the header frame to write. Caller holds mu_.
-  Status post_path_chunk(PayloadPath* path, Transfer& t, uint64_t len, tcp::TxItem* out);
-  void note_fallback(const PayloadPath& path, const Status& why);  // once per path: why it was passed over
+  // Checks a peer's accepting path bits (`what`: the frame). Caller holds mu_.
+  Status check_accepts(uint64_t bits, std::string_view what) const;
+  // Hands the next chunk of `t` to `ps`; fills the header frame to write. Caller holds mu_.
+  Status post_path_chunk(PathState& ps, Transfer& t, uint64_t len, tcp::TxItem* out);
+  void note_fallback(const PathState& ps, const Status& why);  // once per path: why it was passed over
   Status chunk_failure(const Status& s) const;  // a path's failed chunk, as the op reports it
   bool post_eager_by_path(const std::shared_ptr<OpState>& op, const MemRegion& src, wire::FrameHeader h);
   // What settling a received path chunk asks of the caller once it has unlocked mu_.
@@ -193,7 +199,7 @@ class EndpointImpl final : public tcp::StreamHost,
     Status status;         // the endpoint must fail with this (a lost eager message, a bad chunk)
     bool noted = false;    // a notifying write landed
     bool release = false;  // answer PATH_DONE (send_path_done) once the completion is delivered
-    PathKind path = PathKind::kShm;
+    uint8_t path = 0;
     uint64_t seq = 0;
   };
   // A path-flagged header with its descriptor arrived on stream 0: a data chunk, or an EAGER
@@ -206,13 +212,13 @@ class EndpointImpl final : public tcp::StreamHost,
   Status on_path_header(int stream, const wire::FrameHeader& h, const std::vector<unsigned char>& desc,
                         PathRxSettled* now);
   // A path chunk this side received is done (moved, or failed with `s`). Caller holds mu_.
-  PathRxSettled settle_path_rx(PathKind path, uint64_t seq, const Status& s);
-  void send_path_done(PathKind path, uint64_t seq);
+  PathRxSettled settle_path_rx(uint8_t path, uint64_t seq, const Status& s);
+  void send_path_done(uint8_t path, uint64_t seq);
   // A chunk this side sent on `path` is done with (the path's event, or PATH_DONE): settles it and
   // wakes stream 0 (the window has room). False when it is not in flight. Caller holds mu_.
-  bool path_chunk_sent(PathKind path, uint64_t seq, const Status& s);
+  bool path_chunk_sent(uint8_t path, uint64_t seq, const Status& s);
   // The eager path for a send from `src`, or null (inline eager). Caller holds mu_.
-  PayloadPath* eager_path(const MemSpec& src) const;
+  PathState* eager_path(const MemSpec& src);
   void stop_paths();
   static EndpointStats::PathUse path_use(const PayloadPath& p);
 
@@ -221,7 +227,7 @@ class EndpointImpl final : public tcp::StreamHost,
   Result<tcp::RxPlan> plan_eager(const wire::FrameHeader& h, uint64_t len);
   // An eager message's bytes are in place (plan_eager's host_tag and ctx); `via`: the path bits
   // that carried it (OpState::via). Caller holds mu_.
-  void eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, uint8_t via = 0);
+  void eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, uint32_t via = 0);
   Status on_rts(const wire::FrameHeader& h);
   void accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_t msg, uint64_t size, uint64_t tag);
   // `len`: the chunk's length (the frame's payload, or what a path's descriptor announced).
@@ -246,15 +252,15 @@ class EndpointImpl final : public tcp::StreamHost,
   const Session session_;
   const EngineParams params_;
   std::vector<std::unique_ptr<tcp::Stream>> streams_;  // fixed after create()
-  PathState paths_[kPathKinds];                        // path pointers fixed after create()
-  uint8_t paths_running_ = 0;  // bits 1 << PathKind: started, not yet on_path_stopped (mu_)
+  std::vector<PathState> paths_;  // paths_[k - 1]: path id k; fixed after create() but for stop_paths
+  uint32_t paths_running_ = 0;    // path bits: started, not yet on_path_stopped (mu_)
   Status stop_error_;          // what did not stop by stop_timeout (mu_); close() returns it
   std::vector<EndpointStats::PathUse> stopped_paths_;  // their last statistics (mu_)
   std::condition_variable paths_cv_;
   bool has_paths_ = false;
   // Where operations that no payload path carried count: stream 0's conduit (tcp or the shm pipe).
-  MetricTransport stream_transport_ = MetricTransport::kTcp;
-  uint8_t fallback_noted_ = 0;  // bits 1 << PathKind whose "cannot carry a source" was logged (mu_)
+  MetricTransport stream_transport_ = 0;
+  uint32_t fallback_noted_ = 0;  // path bits whose "cannot carry a source" was logged (mu_)
 
   mutable std::mutex mu_;
   Status status_;  // sticky: ok until the endpoint fails or closes

@@ -28,10 +28,13 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
                                                    std::vector<std::unique_ptr<tcp::Conduit>> conduits,
                                                    std::vector<std::unique_ptr<PayloadPath>> paths) {
   auto ep = std::shared_ptr<EndpointImpl>(new EndpointImpl(std::move(ctx), std::move(session)));
-  for (auto& p : paths) {
-    PathKind k = p->kind();
-    ep->paths_[static_cast<int>(k)].path = std::move(p);
-    ep->has_paths_ = true;
+  ep->paths_.resize(paths.size());
+  for (size_t k = 0; k < paths.size(); ++k) {
+    PathState& ps = ep->paths_[k];
+    ps.id = static_cast<uint8_t>(k + 1);
+    ps.events = ep->events_for(ps.id);
+    ps.path = std::move(paths[k]);
+    ep->has_paths_ = ep->has_paths_ || ps.path != nullptr;
   }
   const EngineParams& p = ep->params_;
   for (size_t i = 0; i < conduits.size(); ++i) {
@@ -55,11 +58,13 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   // on_path_stopped, so the endpoint is never destroyed on a path's own thread.
   for (auto& ps : ep->paths_)
     if (ps.path) {
-      ep->paths_running_ |= static_cast<uint8_t>(1u << static_cast<int>(ps.path->kind()));
-      ps.path->start(ep.get(), nullptr);
+      ep->paths_running_ |= path_bit(ps.id);
+      ps.path->start(ps.events.get(), nullptr);
     }
-  ep->stream_transport_ = metric_transport(ep->streams_.empty() ? "tcp" : ep->streams_[0]->conduit_kind());
-  ep->ctx_->metrics().add_endpoint(ep.get());  // before a stream can stop (remove_endpoint)
+  // Stream 0's bytes and inline operations count under the transport that made its conduit.
+  for (const auto& t : ep->session_.agreed)
+    if (!t->payload()) ep->stream_transport_ = ep->ctx_->metrics().index_of(t->name());
+  ep->ctx_->metrics().add_endpoint(ep.get(), ep->stream_transport_);  // before a stream can stop
   ep->ctx_->endpoint_started();
   ep->running_ = static_cast<int>(ep->streams_.size());
   ep->holders_->count = ep->running_;
@@ -228,12 +233,12 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
 // the path's chunk headers (a later send's RTS must not overtake it). False: no path carries
 // `src`, and the send goes inline.
 bool EndpointImpl::post_eager_by_path(const std::shared_ptr<OpState>& op, const MemRegion& src, FrameHeader h) {
-  PayloadPath* path = eager_path(src.where);
+  PathState* path = eager_path(src.where);
   if (path == nullptr) return false;
   Transfer t{op, FrameType::kEager, static_cast<const char*>(src.ptr), src.where};
   tcp::TxItem item;
   item.header = h;
-  Status st = post_path_chunk(path, t, src.size, &item);
+  Status st = post_path_chunk(*path, t, src.size, &item);
   if (st.code() == Code::kUnavailable) {  // memory CUDA IPC cannot export
     note_fallback(*path, st);
     return false;
@@ -444,10 +449,13 @@ void EndpointImpl::settle_stopped(std::shared_ptr<OpState> op) {
   finish(*op, std::move(outcome));
 }
 
-// The first payload path that carried the op's bytes (in PathKind order), else stream 0's conduit.
+// The first payload path that carried the op's bytes (in the agreed order), else stream 0's
+// conduit.
 MetricTransport EndpointImpl::metric_transport_of(const OpState& op) const {
   if (op.via == 0) return stream_transport_;
-  return metric_transport(path_name(static_cast<PathKind>(std::countr_zero(op.via))));
+  auto id = static_cast<size_t>(std::countr_zero(op.via));
+  if (id == 0 || id > session_.agreed.size()) return stream_transport_;
+  return ctx_->metrics().index_of(session_.agreed[id - 1]->name());
 }
 
 // Delivers finished operations in order: the front of each queue, while finished. One thread

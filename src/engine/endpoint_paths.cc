@@ -13,50 +13,60 @@ using wire::FrameType;
 
 namespace {
 
-uint8_t flag_of(PathKind k) {
-  switch (k) {
-    case PathKind::kShm: return wire::kFlagPathShm;
-    case PathKind::kCudaIpc: return wire::kFlagPathCudaIpc;
-    case PathKind::kDevmem: return wire::kFlagPathDevmem;
-  }
-  return 0;
-}
+// Routes one path's events to the endpoint with the path's id.
+class PathEvents final : public PayloadPath::Events {
+ public:
+  PathEvents(EndpointImpl* ep, uint8_t id) : ep_(ep), id_(id) {}
+  void on_path_tx_done(uint64_t seq, const Status& s) override { ep_->on_path_tx_done(id_, seq, s); }
+  void on_path_rx_done(uint64_t seq, const Status& s) override { ep_->on_path_rx_done(id_, seq, s); }
+  void on_path_failed(const Status& s) override { ep_->on_path_failed(id_, s); }
+  void on_path_stopped() override { ep_->on_path_stopped(id_); }
 
-PathKind kind_of(uint8_t flags) {
-  if (flags & wire::kFlagPathCudaIpc) return PathKind::kCudaIpc;
-  if (flags & wire::kFlagPathDevmem) return PathKind::kDevmem;
-  return PathKind::kShm;
-}
+ private:
+  EndpointImpl* const ep_;
+  const uint8_t id_;
+};
 
 }  // namespace
 
-// The path for a chunk from `src`: cuda_ipc for what it carries (device memory), then devmem when
-// the peer's buffer accepts it, then shm, then none (inline on stream 0).
-PayloadPath* EndpointImpl::path_for(const MemSpec& src, uint64_t accepts, uint8_t skip) const {
-  for (PathKind k : {PathKind::kCudaIpc, PathKind::kDevmem, PathKind::kShm}) {
-    const auto& p = paths_[static_cast<int>(k)].path;
-    if (k == PathKind::kDevmem && (accepts & wire::kFlagPathDevmem) == 0) continue;
-    if (skip & (1u << static_cast<int>(k))) continue;
-    if (p && p->carries(src)) return p.get();
+std::unique_ptr<PayloadPath::Events> EndpointImpl::events_for(uint8_t id) {
+  return std::make_unique<PathEvents>(this, id);
+}
+
+EndpointImpl::PathState* EndpointImpl::path_state(uint8_t id) {
+  if (id == 0 || id > paths_.size() || !paths_[id - 1].path) return nullptr;
+  return &paths_[id - 1];
+}
+
+// The first agreed path, in the registry's order, that carries `src` and reaches the buffer.
+EndpointImpl::PathState* EndpointImpl::path_for(const MemSpec& src, uint64_t accepts, uint32_t skip) {
+  for (auto& ps : paths_) {
+    if (!ps.path || (skip & path_bit(ps.id))) continue;
+    if (!ps.path->accepts_any() && (accepts & path_bit(ps.id)) == 0) continue;
+    if (ps.path->carries(src)) return &ps;
   }
   return nullptr;
 }
 
 uint64_t EndpointImpl::accepts_for(const MemSpec& dst) const {
-  const auto& d = paths_[static_cast<int>(PathKind::kDevmem)].path;
-  return d && d->accepts(dst) ? uint64_t{wire::kFlagPathDevmem} : 0;
+  uint64_t bits = 0;
+  for (const auto& ps : paths_)
+    if (ps.path && !ps.path->accepts_any() && ps.path->accepts(dst)) bits |= path_bit(ps.id);
+  return bits;
 }
 
-Status EndpointImpl::check_accepts(uint64_t flags, std::string_view what) const {
-  if (flags & ~wire::kAcceptPathFlags)
-    return Status(Code::kProtocol, fmt::format("{} names unknown payload paths (0x{:x})", what, flags));
-  if ((flags & wire::kFlagPathDevmem) && !paths_[static_cast<int>(PathKind::kDevmem)].path)
-    return Status(Code::kProtocol, fmt::format("{} accepts the devmem path, which was not agreed", what));
+Status EndpointImpl::check_accepts(uint64_t bits, std::string_view what) const {
+  uint64_t known = 0;
+  for (const auto& ps : paths_)
+    if (ps.path && !ps.path->accepts_any()) known |= path_bit(ps.id);
+  if (bits & ~known)
+    return Status(Code::kProtocol,
+                  fmt::format("{} names payload paths that were not agreed or reach any buffer (0x{:x})", what, bits));
   return Status();
 }
 
-Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t len, tcp::TxItem* out) {
-  PathState& ps = paths_[static_cast<int>(path->kind())];
+Status EndpointImpl::post_path_chunk(PathState& ps, Transfer& t, uint64_t len, tcp::TxItem* out) {
+  PayloadPath* path = ps.path.get();
   OpState& op = *t.op;
   uint64_t seq = ps.tx_seq;
   DMX_TRACE_POINT("tx.export");
@@ -67,17 +77,17 @@ Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t le
                        path->post_tx(seq, MemRegion{const_cast<char*>(t.src) + t.next, len, t.where}, whole));
   DMX_TRACE_POINT("tx.exported");
   if (desc.empty() || desc.size() > kMaxPathDescriptor)
-    return Status(Code::kInternal, fmt::format("{} path made a {}-byte descriptor", path_name(path->kind()), desc.size()));
+    return Status(Code::kInternal, fmt::format("{} path made a {}-byte descriptor", path->name(), desc.size()));
   if (!whole) {  // a whole chunk is all of it by the contract: no decode on the small-message path
     auto taken = path->chunk_length(desc);
     if (!taken.ok() || *taken == 0 || *taken > len)
-      return Status(Code::kInternal, fmt::format("{} path took {} of a {} B chunk", path_name(path->kind()),
+      return Status(Code::kInternal, fmt::format("{} path took {} of a {} B chunk", path->name(),
                                                  taken.ok() ? std::to_string(*taken) : taken.status().message(), len));
     len = *taken;
   }
   ++ps.tx_seq;
   ps.tx[seq] = PathState::Tx{t.op, len};
-  out->header.flags |= flag_of(path->kind());
+  out->header.path = ps.id;
   out->header.payload_len = static_cast<uint32_t>(desc.size());
   out->owned = std::move(desc);
   out->src = out->owned.data();
@@ -87,25 +97,26 @@ Status EndpointImpl::post_path_chunk(PayloadPath* path, Transfer& t, uint64_t le
   t.next += len;
   t.emitted = true;
   op.handed += len;
-  op.via |= static_cast<uint8_t>(1u << static_cast<int>(path->kind()));
+  op.via |= path_bit(ps.id);
   ++op.inflight;
   return Status();
 }
 
 Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std::vector<unsigned char>& desc,
                                     PathRxSettled* now_done) {
-  PathKind k = kind_of(h.flags);
-  PathState& ps = paths_[static_cast<int>(k)];
+  PathState* found = path_state(h.path);
   bool eager = h.type == FrameType::kEager;  // the whole message, copied out of the sender's memory
-  if (!ps.path || (eager && !ps.path->receiver_releases()))
-    return Status(Code::kProtocol, fmt::format("{} uses the {} path, which was not agreed{}", wire::describe(h),
-                                               path_name(k), eager ? " or cannot carry eager messages" : ""));
+  if (!found || (eager && !found->path->receiver_releases()))
+    return Status(Code::kProtocol, fmt::format("{} uses path {}, which was not agreed{}", wire::describe(h), h.path,
+                                               eager ? " or cannot carry eager messages" : ""));
+  PathState& ps = *found;
+  std::string_view name = ps.path->name();
   DMX_TRACE_POINT("path_hdr");
   // A sender keeps a few chunks per path in flight (kPathWindow); a peer that announces thousands
   // would grow this table without bound.
   if (ps.rx.size() >= static_cast<size_t>(params_.max_inflight_ops))
     return Status(Code::kProtocol, fmt::format("the peer has more than {} {} chunks in flight", params_.max_inflight_ops,
-                                               path_name(k)));
+                                               name));
   auto len = ps.path->chunk_length(desc);
   if (!len.ok()) return Status(Code::kProtocol, fmt::format("{}: {}", wire::describe(h), len.status().message()));
   if (eager && (*len == 0 || *len > params_.eager_limit))
@@ -137,23 +148,25 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
     // An eager message has no one to tell but this side: the endpoint fails. A chunk of a transfer
     // counts as arrived-but-failed, like a failed copy.
     if (eager)
-      return Status(s.code(), fmt::format("an eager message by {} could not be taken: {}", path_name(k), s.message()));
+      return Status(s.code(), fmt::format("an eager message by {} could not be taken: {}", name, s.message()));
     if (h.type == FrameType::kWriteData) land_write(h, *len, s);
     else return land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, *len, plan->host_tag != 0, s);
     return Status();
   }
   if (*now) {  // moved already (the small-chunk lane): settle it here, as on_path_rx_done would
     DMX_TRACE_POINT("rx.inline");
-    *now_done = settle_path_rx(k, seq, Status());
+    *now_done = settle_path_rx(ps.id, seq, Status());
     return now_done->status;
   }
   DMX_TRACE_POINT("rx.posted");
   return Status();
 }
 
-EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(PathKind path, uint64_t seq, const Status& s) {
+EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(uint8_t path, uint64_t seq, const Status& s) {
   PathRxSettled out;
-  PathState& ps = paths_[static_cast<int>(path)];
+  PathState* found = path_state(path);
+  if (found == nullptr) return out;  // stopped meanwhile
+  PathState& ps = *found;
   auto it = ps.rx.find(seq);
   if (it == ps.rx.end()) return out;  // the endpoint failed meanwhile
   auto rx = std::move(it->second);
@@ -162,17 +175,17 @@ EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(PathKind path, uint64_t
   if (h.type == FrameType::kEager) {
     // A failed copy of an eager message has no one to tell but this side: fail the endpoint.
     if (s.ok())
-      eager_landed(rx.host_tag, rx.ctx, rx.len, static_cast<uint8_t>(1u << static_cast<int>(path)));
+      eager_landed(rx.host_tag, rx.ctx, rx.len, path_bit(path));
     else
       out.status =
-          Status(s.code(), fmt::format("an eager message by {} was not copied: {}", path_name(path), s.message()));
+          Status(s.code(), fmt::format("an eager message by {} was not copied: {}", ps.path->name(), s.message()));
   } else if (h.type == FrameType::kWriteData) {
     land_write(h, rx.len, s);
     out.noted = (h.flags & wire::kFlagNotify) != 0;
   } else {
     auto& inbound = h.type == FrameType::kSendData ? tokens_ : reads_;
     if (auto in = inbound.find(h.id); in != inbound.end() && in->second.op)
-      in->second.op->via |= static_cast<uint8_t>(1u << static_cast<int>(path));
+      in->second.op->via |= path_bit(path);
     out.status = land_inbound(inbound, h.id, rx.len, rx.host_tag != 0, s);
   }
   out.release = ps.path->receiver_releases() && status_.ok();
@@ -181,21 +194,26 @@ EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(PathKind path, uint64_t
   return out;
 }
 
-void EndpointImpl::send_path_done(PathKind path, uint64_t seq) {
+void EndpointImpl::send_path_done(uint8_t path, uint64_t seq) {
   FrameHeader done;
   done.type = FrameType::kPathDone;
   done.id = seq;
-  done.a0 = static_cast<uint64_t>(path);
+  done.a0 = path;
   push_reply(done);
 }
 
-PayloadPath* EndpointImpl::eager_path(const MemSpec& src) const {
-  const auto& p = paths_[static_cast<int>(PathKind::kCudaIpc)].path;
-  return p && p->receiver_releases() && p->carries(src) ? p.get() : nullptr;
+// A path that releases at the receiver copies an eager message straight out of the sender's
+// memory (no staging); the other paths' eager messages go inline.
+EndpointImpl::PathState* EndpointImpl::eager_path(const MemSpec& src) {
+  for (auto& ps : paths_)
+    if (ps.path && ps.path->receiver_releases() && ps.path->carries(src)) return &ps;
+  return nullptr;
 }
 
-bool EndpointImpl::path_chunk_sent(PathKind path, uint64_t seq, const Status& s) {
-  PathState& ps = paths_[static_cast<int>(path)];
+bool EndpointImpl::path_chunk_sent(uint8_t path, uint64_t seq, const Status& s) {
+  PathState* found = path_state(path);
+  if (found == nullptr) return false;
+  PathState& ps = *found;
   auto it = ps.tx.find(seq);
   if (it == ps.tx.end()) return false;
   auto tx = std::move(it->second);
@@ -213,7 +231,7 @@ Status EndpointImpl::chunk_failure(const Status& s) const {
   return as_lost_peer(named);
 }
 
-void EndpointImpl::on_path_tx_done(PathKind path, uint64_t seq, const Status& s) {
+void EndpointImpl::on_path_tx_done(uint8_t path, uint64_t seq, const Status& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Not in flight any more: the endpoint failed meanwhile.
@@ -222,7 +240,7 @@ void EndpointImpl::on_path_tx_done(PathKind path, uint64_t seq, const Status& s)
   deliver();
 }
 
-void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s) {
+void EndpointImpl::on_path_rx_done(uint8_t path, uint64_t seq, const Status& s) {
   DMX_TRACE_POINT("rx.done");
   PathRxSettled settled;
   {
@@ -240,14 +258,15 @@ void EndpointImpl::on_path_rx_done(PathKind path, uint64_t seq, const Status& s)
   if (settled.release) send_path_done(path, seq);
 }
 
-void EndpointImpl::on_path_failed(PathKind path, const Status& s) {
-  fail(Status(s.code(), fmt::format("the {} path failed: {}", path_name(path), s.message())).with_peer(session_.peer));
+void EndpointImpl::on_path_failed(uint8_t path, const Status& s) {
+  std::string_view name = path <= session_.agreed.size() && path > 0 ? session_.agreed[path - 1]->name() : "?";
+  fail(Status(s.code(), fmt::format("the {} path failed: {}", name, s.message())).with_peer(session_.peer));
 }
 
 EndpointStats::PathUse EndpointImpl::path_use(const PayloadPath& p) {
   PathStats x = p.stats();
   EndpointStats::PathUse u;
-  u.name = path_name(p.kind());
+  u.name = std::string(p.name());
   u.detail = p.describe();
   u.chunks_sent = x.chunks_sent;
   u.chunks_received = x.chunks_received;
@@ -259,9 +278,9 @@ EndpointStats::PathUse EndpointImpl::path_use(const PayloadPath& p) {
   return u;
 }
 
-void EndpointImpl::on_path_stopped(PathKind path) {
+void EndpointImpl::on_path_stopped(uint8_t path) {
   std::lock_guard<std::mutex> lock(mu_);
-  paths_running_ &= static_cast<uint8_t>(~(1u << static_cast<int>(path)));
+  paths_running_ &= ~path_bit(path);
   paths_cv_.notify_all();  // under the lock: the waiter may destroy the endpoint right after
 }
 
@@ -272,27 +291,28 @@ void EndpointImpl::on_path_stopped(PathKind path) {
 // A path that has not stopped by stop_timeout is left running (it may still use user memory and
 // call our events; ~EndpointImpl joins it) and named in stop_error_, which close() returns.
 void EndpointImpl::stop_paths() {
-  std::unique_ptr<PayloadPath> dead[kPathKinds];
+  std::vector<std::unique_ptr<PayloadPath>> dead(paths_.size());
   for (auto& ps : paths_)  // without mu_: a stop may wait for copies whose completions take it
     if (ps.path) ps.path->stop();
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (!paths_cv_.wait_for(lock, params_.stop_timeout, [&] { return paths_running_ == 0; })) {
       std::string names;
-      for (int k = 0; k < kPathKinds; ++k)
-        if (paths_running_ & (1u << k)) names += fmt::format("{}{}", names.empty() ? "" : ", ", path_name(PathKind(k)));
+      for (const auto& ps : paths_)
+        if (paths_running_ & path_bit(ps.id)) names += fmt::format("{}{}", names.empty() ? "" : ", ", ps.path->name());
       stop_error_ = Status(Code::kTimeout, fmt::format("payload path {} did not stop within {} ms", names,
                                                        std::chrono::duration_cast<std::chrono::milliseconds>(
                                                            params_.stop_timeout).count()))
                         .with_peer(session_.peer);
       DMX_LOG_ERROR("endpoint to {}: {}", session_.peer, stop_error_.message());
     }
-    for (int k = 0; k < kPathKinds; ++k) {
-      paths_[k].tx.clear();  // a late event of a path still running finds nothing in flight
-      paths_[k].rx.clear();
-      if (paths_running_ & (1u << k)) continue;  // still running: kept until ~EndpointImpl joins it
-      if (paths_[k].path) stopped_paths_.push_back(path_use(*paths_[k].path));  // stats stay readable
-      dead[k] = std::move(paths_[k].path);
+    for (size_t k = 0; k < paths_.size(); ++k) {
+      PathState& ps = paths_[k];
+      ps.tx.clear();  // a late event of a path still running finds nothing in flight
+      ps.rx.clear();
+      if (paths_running_ & path_bit(ps.id)) continue;  // still running: kept until ~EndpointImpl joins it
+      if (ps.path) stopped_paths_.push_back(path_use(*ps.path));  // stats stay readable
+      dead[k] = std::move(ps.path);
     }
   }
   for (auto& p : dead) p.reset();  // joins the path's thread (past its last event already)

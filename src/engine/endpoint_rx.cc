@@ -42,7 +42,7 @@ Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
   DMX_TRACE_POINT("on_header.locked");
   switch (h.type) {
     case FrameType::kEager:
-      if (h.flags & wire::kPathFlags) {  // the payload is the path's descriptor of the message
+      if (h.path != 0) {  // the payload is the path's descriptor of the message
         if (stream != 0) return protocol(fmt::format("{} arrived on stream {}, not 0", wire::describe(h), stream));
         tcp::RxPlan p;
         p.kind = tcp::RxPlan::Kind::kControl;
@@ -52,7 +52,7 @@ Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
     case FrameType::kSendData:
     case FrameType::kReadData:
     case FrameType::kWriteData:
-      if (h.flags & wire::kPathFlags) {  // the payload is the path's descriptor of the chunk
+      if (h.path != 0) {  // the payload is the path's descriptor of the chunk
         if (stream != 0) return protocol(fmt::format("{} arrived on stream {}, not 0", wire::describe(h), stream));
         tcp::RxPlan p;
         p.kind = tcp::RxPlan::Kind::kControl;
@@ -89,7 +89,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
     DMX_TRACE_POINT("on_landed.locked");
     switch (h.type) {
       case FrameType::kEager:
-        if (h.flags & wire::kPathFlags) st = on_path_header(stream, h, plan.control, &moved);
+        if (h.path != 0) st = on_path_header(stream, h, plan.control, &moved);
         else eager_landed(plan.host_tag, plan.ctx, h.payload_len);
         break;
       case FrameType::kRts: st = on_rts(h); break;
@@ -97,7 +97,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
       case FrameType::kSendData:
       case FrameType::kReadData:
       case FrameType::kWriteData:
-        if (h.flags & wire::kPathFlags) st = on_path_header(stream, h, plan.control, &moved);
+        if (h.path != 0) st = on_path_header(stream, h, plan.control, &moved);
         else if (h.type == FrameType::kSendData)
           st = land_inbound(tokens_, h.id, h.payload_len, plan.host_tag == kTagCounted);
         else if (h.type == FrameType::kReadData)
@@ -108,11 +108,11 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
         }
         break;
       case FrameType::kPathDone: {
-        auto k = static_cast<size_t>(h.a0);
-        if (k >= kPathKinds || !paths_[k].path || !paths_[k].path->receiver_releases())
+        PathState* ps = h.a0 <= wire::kMaxPathId ? path_state(static_cast<uint8_t>(h.a0)) : nullptr;
+        if (ps == nullptr || !ps->path->receiver_releases())
           st = protocol(fmt::format("PATH_DONE for path {}, which releases nothing here", h.a0));
-        else if (!path_chunk_sent(PathKind(k), h.id, Status()))
-          st = protocol(fmt::format("PATH_DONE for {} chunk {}, which is not in flight", path_name(PathKind(k)), h.id));
+        else if (!path_chunk_sent(ps->id, h.id, Status()))
+          st = protocol(fmt::format("PATH_DONE for {} chunk {}, which is not in flight", ps->path->name(), h.id));
         break;
       }
       case FrameType::kReadReq: st = on_read_req(h); break;
@@ -138,7 +138,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
   return st;
 }
 
-void EndpointImpl::eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, uint8_t via) {
+void EndpointImpl::eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, uint32_t via) {
   if (host_tag == kTagEagerMatched) {
     auto op = std::static_pointer_cast<OpState>(ctx);
     op->via |= via;

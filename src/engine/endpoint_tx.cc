@@ -31,10 +31,10 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
     // An empty transfer (one empty chunk) always goes inline: no path has anything to move.
-    PayloadPath* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.skip_paths) : nullptr;
+    PathState* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.skip_paths) : nullptr;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
-    if (path != nullptr && paths_[static_cast<int>(path->kind())].tx.size() >= kPathWindow) return false;
-    uint64_t len = std::min<uint64_t>(path ? path->max_chunk() : session_.chunk_size, op.total - t.next);
+    if (path != nullptr && path->tx.size() >= kPathWindow) return false;
+    uint64_t len = std::min<uint64_t>(path ? path->path->max_chunk() : session_.chunk_size, op.total - t.next);
     if (len == 0 && t.emitted) {
       tx_.pop_front();
       continue;
@@ -61,12 +61,12 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
         break;
     }
     if (path != nullptr) {
-      if (Status st = post_path_chunk(path, t, len, out); !st.ok()) {
+      if (Status st = post_path_chunk(*path, t, len, out); !st.ok()) {
         // The path cannot carry this source (cuda_ipc: memory CUDA IPC cannot export): the
         // transfer moves by the next path (shm, or inline on stream 0), said once per path.
         if (st.code() == Code::kUnavailable) {
           note_fallback(*path, st);
-          t.skip_paths |= static_cast<uint8_t>(1u << static_cast<int>(path->kind()));
+          t.skip_paths |= path_bit(path->id);
           continue;
         }
         stop(t.op, st);  // removes the transfer
@@ -94,12 +94,11 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
   return false;
 }
 
-void EndpointImpl::note_fallback(const PayloadPath& path, const Status& why) {
-  uint8_t bit = static_cast<uint8_t>(1u << static_cast<int>(path.kind()));
-  if ((fallback_noted_ & bit) != 0) return;
-  fallback_noted_ |= bit;
+void EndpointImpl::note_fallback(const PathState& ps, const Status& why) {
+  if ((fallback_noted_ & path_bit(ps.id)) != 0) return;
+  fallback_noted_ |= path_bit(ps.id);
   DMX_LOG_WARN("endpoint to {}: the {} path cannot carry a source, which goes by the next path (said once): {}",
-               session_.peer, path_name(path.kind()), why.to_string());
+               session_.peer, ps.path->name(), why.to_string());
 }
 
 void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {

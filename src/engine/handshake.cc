@@ -8,7 +8,7 @@
 
 #include "core/log.h"
 #include "core/sys.h"
-#include "engine/local_paths.h"
+#include "engine/transport_setup.h"
 #include "transport/tcp/socket.h"
 
 namespace dmx {
@@ -23,7 +23,6 @@ wire::Hello make_hello(const ContextImpl& ctx, wire::Role role) {
   h.chunk_size = p.chunk_size;
   h.eager_limit = p.eager_limit;
   h.unexpected_budget = p.unexpected_budget;
-  h.transports = wire::kTransportTcp;
   Status s = random_bytes(h.nonce.data(), h.nonce.size());
   assert(s.ok());
   (void)s;
@@ -53,65 +52,34 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
   s.streams = server.streams;
   s.chunk_size = server.chunk_size;
   s.peer = peer;
-  bool same_host = client.boot_id == server.boot_id && client.hostname == server.hostname && !client.boot_id.empty();
-  uint64_t common = client.transports & server.transports;
-  if ((common & wire::kTransportTcp) == 0) return Status(Code::kUnavailable, "the peers share no data path");
+  PeerPair pair = peer_pair(client, server);
+  DMX_ASSIGN_OR_RETURN(s.agreed, agree(ctx, client, server));
   const std::string& forced = ctx.params().transport;
   std::string detail = why_not.empty() ? "" : fmt::format(" ({})", why_not);
-  uint64_t local = common & (wire::kTransportShm | wire::kTransportCudaIpc);
-  // devmem: both HELLOs carry the bit. The server keeps it for a same-host client only when it is
-  // forced to devmem (accept_paths), so the bit alone decides, the same way on both sides.
-  bool devmem = (common & wire::kTransportDevmem) != 0;
-  if (forced == "devmem" && !devmem)
-    return Status(Code::kUnavailable,
-                  fmt::format("transport=devmem was forced, but the peers cannot use it{}",
-                              detail.empty() ? fmt::format(" (the {} does not offer devmem)",
-                                                           (client.transports & wire::kTransportDevmem) ? "server"
-                                                                                                       : "client")
-                                             : detail));
-  if (devmem) {
-    s.paths = wire::kTransportDevmem;
-    s.transport = "devmem";
-    s.reason = fmt::format("{}: device sources go by devmem on a dedicated data socket when the receiver's buffer "
-                           "accepts it, everything else inline on the TCP streams{}",
-                           forced == "devmem" ? "forced by configuration (transport=devmem)"
-                                              : same_host ? "devmem agreed (the server is forced to devmem)"
-                                                          : "auto: different hosts, both offer devmem",
-                           ctx.devmem_factory() ? fmt::format(" (this side's devmem is a test double){}", detail)
-                                                : detail);
-    return s;
+  std::string names, roles;
+  bool forced_agreed = false;
+  for (const auto& t : s.agreed) {
+    if (t->payload()) names += fmt::format("{}{}", names.empty() ? "" : "+", t->name());
+    roles += fmt::format("; {}", t->role(pair));
+    forced_agreed = forced_agreed || t->name() == forced;
+    // With a payload path every chunk header travels on stream 0 (their order is the paths'
+    // sequence), so further streams would only carry keepalives: one stream.
+    if (t->payload()) s.streams = 1;
   }
-  if (forced == "shm" || forced == "cuda_ipc") {
-    uint64_t bit = forced == "shm" ? uint64_t{wire::kTransportShm} : uint64_t{wire::kTransportCudaIpc};
-    if ((local & bit) == 0)
-      return Status(Code::kUnavailable, fmt::format("transport={} was forced, but the peers cannot use it{}", forced,
-                                                    detail.empty() ? (same_host ? "" : " (different hosts)") : detail));
-    local = bit;
-  }
-  if (forced == "tcp") local = 0;
-  bool pipe = (common & wire::kTransportControlPipe) != 0;
-  s.paths = local | (pipe ? uint64_t{wire::kTransportControlPipe} : 0);
-  if (local == (wire::kTransportShm | wire::kTransportCudaIpc)) {
-    s.transport = "shm+cuda_ipc";
-    s.reason = fmt::format("same host: device sources go by cuda_ipc, everything else through shm{}", detail);
-  } else if (local == wire::kTransportShm) {
-    s.transport = "shm";
-    s.reason = fmt::format("same host: payloads go through shm{}", detail);
-  } else if (local == wire::kTransportCudaIpc) {
-    s.transport = "cuda_ipc";
-    s.reason = fmt::format("same host: device sources go by cuda_ipc, host sources inline on stream 0{}", detail);
-  } else {
-    s.transport = "tcp";
-    s.reason = forced == "tcp" ? "forced by configuration (transport=tcp)"
-                               : fmt::format("auto: {}{}", same_host ? "same host, no same-host path agreed"
-                                                                     : "different hosts, devmem not agreed",
-                                             detail);
-  }
-  if (forced == "shm" || forced == "cuda_ipc")
-    s.reason = fmt::format("forced by configuration (transport={}); {}", forced, s.reason);
-  if ((local & wire::kTransportCudaIpc) && client.pid == server.pid)
-    s.reason += " (one process: cuda_ipc copies from the sender's own pointers)";
-  if (pipe) s.reason += "; control stream on an shm pipe";
+  if (forced != "auto" && forced != "tcp" && !forced_agreed)
+    return Status(Code::kUnavailable, fmt::format("transport={} was forced, but the peers cannot use it{}", forced,
+                                                  detail.empty() ? (pair.same_host ? "" : " (different hosts)")
+                                                                 : detail));
+  s.transport = names.empty() ? "tcp" : names;
+  std::string how = forced == "auto" ? "auto" : fmt::format("forced by configuration (transport={})", forced);
+  std::string where = pair.same_host ? "same host" : "different hosts";
+  if (names.empty())
+    s.reason = forced == "tcp" ? fmt::format("{}{}", how, roles)
+                               : fmt::format("{}: {}, no transport beside the TCP streams agreed{}{}", how, where,
+                                             roles, detail);
+  else
+    s.reason = fmt::format("{}: {}{}; the rest inline on {} stream{}{}", how, where, roles, s.streams,
+                           s.streams == 1 ? "" : "s", detail);
   return s;
 }
 
@@ -182,7 +150,7 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
   wire::Hello mine = make_hello(*ctx, wire::Role::kClient);
   std::optional<shm::UnixListener> local_listener;
   std::string why_not;
-  offer_paths(*ctx, &mine, &local_listener, &why_not);
+  offer_transports(*ctx, &mine, &local_listener, &why_not);
   DMX_RETURN_IF_ERROR(send_frame(fd0.get(), wire::FrameType::kHello, wire::encode_hello(mine), deadline, peer));
   DMX_ASSIGN_OR_RETURN(Frame reply, recv_frame(fd0.get(), deadline, peer));
   if (reply.header.type != wire::FrameType::kHello) return unexpected_reply(reply, "HELLO", peer);
@@ -194,10 +162,9 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
   if (theirs->streams != mine.streams || theirs->chunk_size > mine.chunk_size)
     return Status(Code::kProtocol, "the server changed the stream count or raised the chunk size").with_peer(peer);
   uint64_t session = theirs->session;
-  for (uint64_t bit : {uint64_t{wire::kTransportShm}, uint64_t{wire::kTransportCudaIpc}, uint64_t{wire::kTransportDevmem}})
-    if ((mine.transports & bit) && !(theirs->transports & bit))
-      why_not += fmt::format("{}the server did not accept {} (see its log)", why_not.empty() ? "" : "; ",
-                             bit == wire::kTransportShm ? "shm" : bit == wire::kTransportCudaIpc ? "cuda_ipc" : "devmem");
+  for (const wire::Offer& o : mine.offers)
+    if (!theirs->offer(o.name))
+      why_not += fmt::format("{}the server did not accept {} (see its log)", why_not.empty() ? "" : "; ", o.name);
   DMX_ASSIGN_OR_RETURN(Session agreed, negotiate(*ctx, mine, *theirs, peer, why_not));
   if (!ctx->auth().insecure) {
     wire::Proof expect = make_proof(ctx->auth(), kServerLabel, mine.nonce, theirs->nonce, session);
@@ -212,42 +179,34 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
   if (welcome.header.type != wire::FrameType::kWelcome) return unexpected_reply(welcome, "WELCOME", peer);
   fds.push_back(std::move(fd0));
 
-  for (uint16_t i = 1; i < mine.streams; ++i) {
+  // The streams, then a data socket for each agreed transport that needs one: JOIN index = streams
+  // + k (docs/wire.md).
+  size_t data = data_sockets_needed(agreed.agreed);
+  std::vector<UniqueFd> data_sockets;
+  for (uint16_t i = 1; i < agreed.streams + data; ++i) {
     DMX_ASSIGN_OR_RETURN(UniqueFd fd, open_stream(addr, p, deadline));
     wire::Join j;
     j.session = session;
     j.index = i;
-    j.streams = mine.streams;
+    j.streams = agreed.streams;
     if (!ctx->auth().insecure) j.proof = make_proof(ctx->auth(), kJoinLabel, mine.nonce, theirs->nonce, session, i);
     DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kJoin, wire::encode_join(j), deadline, peer));
     DMX_ASSIGN_OR_RETURN(Frame ok, recv_frame(fd.get(), deadline, peer));
-    if (ok.header.type != wire::FrameType::kWelcome) return unexpected_reply(ok, "WELCOME", peer);
-    fds.push_back(std::move(fd));
-  }
-  // The devmem data socket: one more connection, JOIN index = streams, carrying payload only.
-  UniqueFd data_socket;
-  if (agreed.paths & wire::kTransportDevmem) {
-    DMX_ASSIGN_OR_RETURN(UniqueFd fd, open_stream(addr, p, deadline));
-    wire::Join j;
-    j.session = session;
-    j.index = mine.streams;
-    j.streams = mine.streams;
-    if (!ctx->auth().insecure)
-      j.proof = make_proof(ctx->auth(), kJoinLabel, mine.nonce, theirs->nonce, session, mine.streams);
-    DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kJoin, wire::encode_join(j), deadline, peer));
-    DMX_ASSIGN_OR_RETURN(Frame ok, recv_frame(fd.get(), deadline, peer));
-    if (ok.header.type != wire::FrameType::kWelcome) return unexpected_reply(ok, "WELCOME for the devmem data socket", peer);
-    data_socket = std::move(fd);
+    if (ok.header.type != wire::FrameType::kWelcome)
+      return unexpected_reply(ok, i < agreed.streams ? "WELCOME" : "WELCOME for a data socket", peer);
+    (i < agreed.streams ? fds : data_sockets).push_back(std::move(fd));
   }
   agreed.keepalive = keepalive_for(p, *theirs);
   agreed.peer_eager_limit = theirs->eager_limit;
   agreed.peer_unexpected_budget = theirs->unexpected_budget;
-  // The side channels' listener: shm, the control pipe and cuda_ipc's fd channel each have one.
-  if ((agreed.paths & (wire::kTransportShm | wire::kTransportControlPipe | wire::kTransportCudaIpc)) == 0)
-    local_listener.reset();
+  // The side channels' listener: only while an agreed transport needs one.
+  bool channels = false;
+  for (const auto& t : agreed.agreed) channels = channels || t->needs().side_channel;
+  if (!channels) local_listener.reset();
   *final = true;  // the server has its endpoint now: a second attempt would make another
-  DMX_ASSIGN_OR_RETURN(LocalLinks links, build_paths(*ctx, agreed.paths, mine, *theirs, std::move(local_listener),
-                                                      LocalChannels{}, std::move(data_socket), peer, overall));
+  DMX_ASSIGN_OR_RETURN(TransportLinks links,
+                       connect_transports(*ctx, agreed.agreed, mine, *theirs, /*is_client=*/true, std::move(local_listener), SideChannels{},
+                                          std::move(data_sockets), peer, overall));
   return EndpointImpl::create(ctx, std::move(agreed), stream_conduits(std::move(fds), std::move(links.control)),
                               std::move(links.paths));
 }

@@ -20,7 +20,7 @@
 #include "core/log.h"
 #include "dmx/context.h"
 #include "engine/handshake.h"
-#include "engine/local_paths.h"
+#include "engine/transport_setup.h"
 #include "transport/tcp/socket.h"
 
 namespace dmx {
@@ -53,11 +53,10 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
     size_t joined = 0;
     Deadline deadline;
     std::string peer;
-    LocalChannels channels;  // the side channels (shm, control pipe), when agreed
-    std::string why_not;                      // reasons for same-host paths not used
-    bool devmem = false;                      // devmem agreed: one more JOIN (index = streams) brings
-    UniqueFd data;                            // the devmem data socket
-    size_t expected() const { return fds.size() + (devmem ? 1 : 0); }
+    SideChannels channels;          // of the agreed transports that need one
+    std::string why_not;            // reasons for transports not used
+    std::vector<UniqueFd> data;     // data sockets: JOIN index fds.size() + k
+    size_t expected() const { return fds.size() + data.size(); }
   };
   enum class Next { kKeep, kDrop, kTaken };
 
@@ -374,10 +373,10 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   } while (server.session == 0 || pending_.count(server.session));
   if (!ctx_->auth().insecure)
     server.proof = make_proof(ctx_->auth(), kServerLabel, client->nonce, server.nonce, server.session);
-  LocalChannels channels;
+  SideChannels channels;
   std::string why_not;
-  offer_paths(*ctx_, &server, nullptr, &why_not);
-  accept_paths(*ctx_, *client, &server, &channels, &why_not);
+  offer_transports(*ctx_, &server, nullptr, &why_not);
+  accept_transports(*ctx_, *client, &server, &channels, &why_not);
   auto agreed = negotiate(*ctx_, *client, server, c.peer, why_not);
   if (!agreed.ok()) return reject(c, agreed.status());
   Status s = send_frame(c.fd.get(), wire::FrameType::kHello, wire::encode_hello(server),
@@ -389,12 +388,12 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   Pending p;
   p.client = *client;
   p.server = server;
-  p.fds.resize(client->streams);
+  p.fds.resize(agreed->streams);
   p.deadline = c.deadline;
   p.peer = c.peer;
   p.channels = std::move(channels);
   p.why_not = std::move(why_not);
-  p.devmem = (agreed->paths & wire::kTransportDevmem) != 0;
+  p.data.resize(data_sockets_needed(agreed->agreed));
   pending_[server.session] = std::move(p);
   c.awaiting_auth = server.session;
   if (ctx_->auth().insecure) return on_auth(c);
@@ -432,12 +431,12 @@ ListenerImpl::Next ListenerImpl::on_join(Conn& c) {
   if (it == pending_.end() || !it->second.authed)
     return reject(c, Status(Code::kAuth, "JOIN for an unknown or unauthenticated session"));
   Pending& p = it->second;
-  bool data = j->streams == p.fds.size() && j->index == j->streams;  // the devmem data socket
-  if (data && !p.devmem)
-    return reject(c, Status(Code::kProtocol, fmt::format("JOIN for the devmem data socket (index {} = streams), but "
-                                                         "the session did not agree devmem",
-                                                         j->index)));
-  if (j->streams != p.fds.size() || (data ? p.data.valid() : p.fds[j->index].valid()))
+  bool data = j->streams == p.fds.size() && j->index >= j->streams;  // a transport's data socket
+  if (data && j->index - j->streams >= p.data.size())
+    return reject(c, Status(Code::kProtocol, fmt::format("JOIN for data socket {} (index {}), but the session agreed "
+                                                         "{}",
+                                                         j->index - j->streams, j->index, p.data.size())));
+  if (j->streams != p.fds.size() || (data ? p.data[j->index - j->streams].valid() : p.fds[j->index].valid()))
     return reject(c, Status(Code::kProtocol, fmt::format("JOIN for stream {} of {} does not fit the session", j->index,
                                                          j->streams)));
   if (!ctx_->auth().insecure) {
@@ -446,7 +445,7 @@ ListenerImpl::Next ListenerImpl::on_join(Conn& c) {
   }
   if (!send_frame(c.fd.get(), wire::FrameType::kWelcome, {}, Deadline::after(std::chrono::seconds(1)), c.peer).ok())
     return Next::kDrop;
-  if (data) p.data = std::move(c.fd);
+  if (data) p.data[j->index - j->streams] = std::move(c.fd);
   else p.fds[j->index] = std::move(c.fd);
   ++p.joined;
   complete(it->first);
@@ -482,10 +481,10 @@ void ListenerImpl::complete(uint64_t session) {
 }
 
 void ListenerImpl::build(Pending p, Session agreed) {
-  auto links = build_paths(*ctx_, agreed.paths, p.client, p.server, std::nullopt, std::move(p.channels),
-                           std::move(p.data), p.peer, p.deadline);
+  auto links = connect_transports(*ctx_, agreed.agreed, p.client, p.server, /*is_client=*/false, std::nullopt,
+                                  std::move(p.channels), std::move(p.data), p.peer, p.deadline);
   if (!links.ok()) {
-    DMX_LOG_LIMITED(log_, warn, "paths", "listener {}: peer {}: payload path set-up ({}) failed: {}", address_,
+    DMX_LOG_LIMITED(log_, warn, "paths", "listener {}: peer {}: transport set-up ({}) failed: {}", address_,
                     p.peer, agreed.transport, printable(links.status().message()));
     building_.fetch_sub(1, std::memory_order_acq_rel);
     return;  // dropping the streams tells the client

@@ -8,36 +8,35 @@
 namespace dmx {
 namespace {
 
-constexpr const char* kTransportNames[kMetricTransports] = {"tcp", "shm", "cuda_ipc", "devmem"};
-
-Metrics empty_metrics() {
+Metrics empty_metrics(const std::vector<std::string>& names) {
   Metrics m;
-  for (const char* name : kTransportNames) m.transports.push_back(TransportMetrics{name});
+  for (const auto& name : names) m.transports.push_back(TransportMetrics{name});
   return m;
-}
-
-// Stream bytes count under the stream's conduit (stream 0 may be the shm pipe), path bytes under
-// the path.
-void add_bytes(const EndpointStats& s, Metrics& m) {
-  for (size_t i = 0; i < s.stream_bytes_sent.size(); ++i) {
-    auto& t = m.transports[static_cast<size_t>(metric_transport(i == 0 ? s.control_stream : "tcp"))];
-    t.bytes_sent += s.stream_bytes_sent[i];
-    if (i < s.stream_bytes_received.size()) t.bytes_received += s.stream_bytes_received[i];
-  }
-  for (const auto& p : s.paths) {
-    auto& t = m.transports[static_cast<size_t>(metric_transport(p.name))];
-    t.bytes_sent += p.bytes_sent;
-    t.bytes_received += p.bytes_received;
-  }
 }
 
 }  // namespace
 
-MetricTransport metric_transport(std::string_view name) {
-  if (name == "shm" || name == "shm pipe") return MetricTransport::kShm;
-  if (name == "cuda_ipc") return MetricTransport::kCudaIpc;
-  if (name == "devmem") return MetricTransport::kDevmem;
-  return MetricTransport::kTcp;
+MetricTransport MetricsRegistry::index_of(std::string_view name) const {
+  for (size_t i = 0; i < names_.size(); ++i)
+    if (names_[i] == name) return i;
+  for (const auto& [alias, row] : alias_)
+    if (alias == name) return row;
+  return 0;
+}
+
+// Stream bytes count under the stream's conduit (stream 0 may be the shm pipe), path bytes under
+// the path.
+void MetricsRegistry::add_bytes(const EndpointStats& s, MetricTransport control, Metrics& m) const {
+  for (size_t i = 0; i < s.stream_bytes_sent.size(); ++i) {
+    auto& t = m.transports[i == 0 ? control : 0];
+    t.bytes_sent += s.stream_bytes_sent[i];
+    if (i < s.stream_bytes_received.size()) t.bytes_received += s.stream_bytes_received[i];
+  }
+  for (const auto& p : s.paths) {
+    auto& t = m.transports[index_of(p.name)];
+    t.bytes_sent += p.bytes_sent;
+    t.bytes_received += p.bytes_received;
+  }
 }
 
 size_t MetricsRegistry::bucket_of(uint64_t ns) {
@@ -46,19 +45,25 @@ size_t MetricsRegistry::bucket_of(uint64_t ns) {
   return std::min(i, LatencyHistogram::kBounds);
 }
 
-MetricsRegistry::MetricsRegistry() : gone_(empty_metrics()) {}
+MetricsRegistry::MetricsRegistry(const TransportList& transports) {
+  names_ = metric_names(transports);
+  names_.resize(std::min(names_.size(), kMetricTransports));
+  for (const auto& t : transports) alias_.emplace_back(std::string(t->name()), index_of(t->metric_name()));
+  gone_ = empty_metrics(names_);
+}
 
-void MetricsRegistry::add_endpoint(const EndpointImpl* ep) {
+void MetricsRegistry::add_endpoint(const EndpointImpl* ep, MetricTransport control) {
   std::lock_guard<std::mutex> lock(mu_);
-  live_.push_back(ep);
+  live_.emplace_back(ep, control);
 }
 
 void MetricsRegistry::remove_endpoint(const EndpointImpl* ep, const EndpointStats& last) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = std::find(live_.begin(), live_.end(), ep);
+  auto it = std::find_if(live_.begin(), live_.end(), [ep](const auto& l) { return l.first == ep; });
   if (it == live_.end()) return;
+  MetricTransport control = it->second;
   live_.erase(it);
-  add_bytes(last, gone_);
+  add_bytes(last, control, gone_);
 }
 
 Metrics MetricsRegistry::snapshot() const {
@@ -66,9 +71,9 @@ Metrics MetricsRegistry::snapshot() const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     m = gone_;
-    for (const EndpointImpl* ep : live_) add_bytes(ep->stats(), m);
+    for (const auto& [ep, control] : live_) add_bytes(ep->stats(), control, m);
   }
-  for (size_t t = 0; t < kMetricTransports; ++t) {
+  for (size_t t = 0; t < names_.size(); ++t) {
     const PerTransport& p = t_[t];
     TransportMetrics& out = m.transports[t];
     for (size_t op = 0; op < kMetricOpKinds; ++op) {

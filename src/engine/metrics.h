@@ -9,29 +9,32 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/clock.h"
 #include "dmx/endpoint.h"
 #include "dmx/metrics.h"
+#include "engine/transports.h"
 
 namespace dmx {
 
 class EndpointImpl;
 
-// Index of a transport in Metrics::transports.
-enum class MetricTransport : uint8_t { kTcp, kShm, kCudaIpc, kDevmem };
-inline constexpr size_t kMetricTransports = 4;
-// "tcp", "shm", "cuda_ipc", "devmem"; a conduit's "shm pipe" is shm. Unknown names count as tcp.
-MetricTransport metric_transport(std::string_view name);
+// Index of a transport in Metrics::transports (0: tcp, the streams).
+using MetricTransport = size_t;
+inline constexpr size_t kMetricTransports = 17;  // tcp and up to 16 registered transports
 
 class MetricsRegistry {
  public:
-  MetricsRegistry();
+  // Rows: tcp, then each transport's metric_name() once (at most kMetricTransports in all).
+  explicit MetricsRegistry(const TransportList& transports);
+  // The row of a transport (by its name or its metric name); unknown names count as tcp.
+  MetricTransport index_of(std::string_view name) const;
   // One completed operation. `op`: index into kMetricOps. Any thread.
   void record(MetricTransport t, size_t op, Code code, Clock::duration latency) {
-    PerTransport& p = t_[static_cast<size_t>(t)];
+    PerTransport& p = t_[t];
     if (code != Code::kOk) {
       p.failed[op][static_cast<size_t>(code)].fetch_add(1, std::memory_order_relaxed);
       return;
@@ -43,8 +46,9 @@ class MetricsRegistry {
   // The smallest i with ns <= 2^i us, or LatencyHistogram::kBounds when larger than all.
   static size_t bucket_of(uint64_t ns);
 
-  // The endpoint's byte counters count from here (once its streams exist) ...
-  void add_endpoint(const EndpointImpl* ep);
+  // The endpoint's byte counters count from here (once its streams exist) ... `control`: the row
+  // of stream 0's bytes.
+  void add_endpoint(const EndpointImpl* ep, MetricTransport control);
   // ... until here, which keeps `last` (its final statistics). Later calls do nothing.
   void remove_endpoint(const EndpointImpl* ep, const EndpointStats& last);
 
@@ -59,10 +63,13 @@ class MetricsRegistry {
     std::array<std::array<std::atomic<uint64_t>, kCodeCount>, kMetricOpKinds> failed{};
     std::array<Histogram, kMetricOpKinds> latency{};
   };
+  std::vector<std::string> names_;                            // rows
+  std::vector<std::pair<std::string, MetricTransport>> alias_;  // transport name -> row
   std::array<PerTransport, kMetricTransports> t_{};
+  void add_bytes(const EndpointStats& s, MetricTransport control, Metrics& m) const;
 
   mutable std::mutex mu_;  // guards live_, gone_
-  std::vector<const EndpointImpl*> live_;
+  std::vector<std::pair<const EndpointImpl*, MetricTransport>> live_;
   Metrics gone_;  // bytes of the endpoints removed
 };
 

@@ -57,7 +57,7 @@ struct OpState {
   std::weak_ptr<EndpointImpl> ep;
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point posted;  // for the latency metric
-  uint8_t via = 0;           // bits 1 << PathKind: payload paths that carried its bytes (metrics)
+  uint32_t via = 0;          // path bits (1 << path id) of the paths that carried its bytes (metrics)
   Callback callback;
 
   // Completion, readable without the endpoint's mutex.

@@ -5,10 +5,8 @@
 #include <thread>
 
 #include "core/units.h"
-#include "engine/devmem_path.h"
-#include "engine/ipc_path.h"
+#include "engine/transports.h"
 #include "memory/backend.h"
-#include "transport/shm/shm.h"
 
 namespace dmx {
 
@@ -31,25 +29,13 @@ std::vector<Capability> probe_engine_paths(const Config& c) {
                {"busy_poll", poll},
                {"transport_setting", c.get_string("transport")}};
   out.push_back(std::move(tcp));
-  // The payload paths beside the streams: when negotiate() picks each, and whether this host can
-  // offer it now (the reason when not).
-  std::string forced = c.get_string("transport");
-  auto line = [&](const char* name, bool allowed, const Status& offer, const std::string& when) {
-    std::string state = !allowed ? fmt::format("not offered: transport={}", forced)
-                        : offer.ok() ? "offered by this host"
-                                     : "not offered: " + offer.message();
-    return Capability{fmt::format("engine.path.{}", name), allowed && offer.ok(), fmt::format("{}; {}", state, when)};
-  };
-  auto allowed = [&](std::string_view p) { return forced == "auto" || forced == p; };
-  out.push_back(line("devmem", allowed("devmem"), devmem_path_offer(c),
-                     "chosen when both peers offer it and are on different hosts (or transport=devmem): payloads "
-                     "from device memory into buffers its gatherer writes go on a dedicated data socket, the rest "
-                     "inline; docs/devmem.md"));
-  out.push_back(line("shm", allowed("shm"), shm::available(),
-                     "chosen between two processes of one host (same boot id and hostname) when both offer it and "
-                     "the side channel connects"));
-  out.push_back(line("cuda_ipc", allowed("cuda_ipc"), cuda_ipc_path_available(),
-                     "chosen between two processes of one host with CUDA; carries device sources"));
+  // The transports beside the streams, in the registry's order: whether this host offers each
+  // now (the reason when not) and when the engine uses it.
+  for (const auto& t : default_transports()) {
+    auto offer = t->offer(c);
+    std::string state = offer.ok() ? "offered by this host" : "not offered: " + offer.status().message();
+    out.push_back(Capability{fmt::format("engine.path.{}", t->name()), offer.ok(), fmt::format("{}; {}", state, t->when())});
+  }
   return out;
 }
 

@@ -1,5 +1,5 @@
 // The data paths this engine can choose between endpoints, each "available" or "unavailable: why"
-// (for `dmx probe`). The rule that picks one per endpoint is negotiate() in handshake.cc.
+// (for `dmx probe`): the TCP streams, then every registered transport (engine/transports.h).
 #pragma once
 
 #include <vector>

@@ -11,6 +11,7 @@ HeaderBytes encode_header(const FrameHeader& h) {
   put_u32(b.data() + 0, kMagic);
   b[4] = static_cast<unsigned char>(h.type);
   b[5] = h.flags;
+  b[6] = h.path;
   put_u32(b.data() + 8, h.payload_len);
   put_u64(b.data() + 16, h.id);
   put_u64(b.data() + 24, h.a0);
@@ -83,7 +84,8 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   FrameHeader h;
   h.type = static_cast<FrameType>(b[4]);
   h.flags = b[5];
-  if (get_u16(b + 6) != 0 || get_u32(b + 12) != 0)
+  h.path = b[6];
+  if (b[7] != 0 || get_u32(b + 12) != 0)
     return Status(Code::kProtocol, "reserved header fields are not zero");
   h.payload_len = get_u32(b + 8);
   h.id = get_u64(b + 16);
@@ -93,16 +95,16 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   h.a3 = get_u64(b + 48);
   DMX_ASSIGN_OR_RETURN(uint32_t max, max_payload(h.type, limits));
   bool data = h.type == FrameType::kSendData || h.type == FrameType::kWriteData || h.type == FrameType::kReadData;
-  // EAGER may name cuda_ipc: the receiver copies the message out of the sender's memory.
-  uint8_t allowed_flags = (h.type == FrameType::kWriteData ? kFlagNotify : 0) | (data ? kPathFlags : 0) |
-                          (h.type == FrameType::kEager ? kFlagPathCudaIpc : 0);
+  uint8_t allowed_flags = h.type == FrameType::kWriteData ? kFlagNotify : 0;
   if ((h.flags & ~allowed_flags) != 0)
     return Status(Code::kProtocol, fmt::format("{} frame has unknown flags 0x{:02x}", frame_type_name(h.type), h.flags));
-  uint8_t path = h.flags & kPathFlags;
-  if ((path & (path - 1)) != 0)
-    return Status(Code::kProtocol, fmt::format("{} frame names more than one payload path (flags 0x{:02x})",
-                                               frame_type_name(h.type), h.flags));
-  if (path != 0) max = kMaxPathDescriptor;
+  // EAGER may name a path too: the receiver copies the message out of the sender's memory.
+  if (h.path != 0 && !(data || h.type == FrameType::kEager))
+    return Status(Code::kProtocol, fmt::format("{} frame names payload path {}", frame_type_name(h.type), h.path));
+  if (h.path > kMaxPathId)
+    return Status(Code::kProtocol, fmt::format("{} frame names payload path {} (at most {})", frame_type_name(h.type),
+                                               h.path, kMaxPathId));
+  if (h.path != 0) max = kMaxPathDescriptor;
   if (h.payload_len > max)
     return Status(Code::kProtocol, fmt::format("{} frame carries {} payload bytes; the limit is {}",
                                                frame_type_name(h.type), h.payload_len, max));
@@ -110,8 +112,8 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
 }
 
 std::string describe(const FrameHeader& h) {
-  return fmt::format("{}(id={}, a0={}, a1={}, a2={}, len={})", frame_type_name(h.type), h.id, h.a0, h.a1, h.a2,
-                     h.payload_len);
+  return fmt::format("{}(id={}, a0={}, a1={}, a2={}, len={}{})", frame_type_name(h.type), h.id, h.a0, h.a1, h.a2,
+                     h.payload_len, h.path != 0 ? fmt::format(", path={}", h.path) : "");
 }
 
 }  // namespace dmx::wire

@@ -5,7 +5,10 @@
 //   0  u32 magic        "DMX1"
 //   4  u8  type         FrameType
 //   5  u8  flags        FrameFlags
-//   6  u16 reserved     must be 0
+//   6  u8  path         data frames and EAGER: 0 = the payload follows the header; k = the payload
+//                       went by the k-th transport agreed in the handshake, and the frame's payload
+//                       is that path's descriptor of the chunk (≤ kMaxPathDescriptor bytes)
+//   7  u8  reserved     must be 0
 //   8  u32 payload_len  bytes that follow the header
 //   12 u32 reserved     must be 0
 //   16 u64 id           message / operation / token id (meaning per type)
@@ -23,7 +26,7 @@
 namespace dmx::wire {
 
 inline constexpr uint32_t kMagic = 0x31584d44;  // bytes 'D' 'M' 'X' '1'
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderSize = 56;
 inline constexpr uint32_t kMaxControlPayload = 4096;  // handshake, ack texts, reject reasons
 
@@ -35,18 +38,18 @@ enum class FrameType : uint8_t {
   kWelcome = 4,  // handshake accepted; no payload
   kReject = 5,   // handshake refused; payload: reason text
   // Two-sided messages.
-  kEager = 16,     // id=msg seq, a0=tag; payload = the whole message (flag cuda_ipc: its descriptor)
+  kEager = 16,     // id=msg seq, a0=tag; payload = the whole message (or a path's descriptor of it)
   kRts = 17,       // id=msg seq, a0=tag, a1=size
-  kCts = 18,       // id=msg seq, a0=receiver token, a1=kAcceptPathFlags
+  kCts = 18,       // id=msg seq, a0=receiver token, a1=accepting paths (bit k: path k)
   kSendData = 19,  // id=receiver token, a0=offset, a1=message size; payload = chunk
   kCancel = 20,    // id=msg seq or write op, a0=bytes the sender handed out, a1=OpKind
   kAck = 21,       // id=msg seq / op id, a0=status code, a1=OpKind; payload: error text
   kCredit = 22,    // a0=eager bytes the receiver has consumed
   // One-sided operations.
   kWriteData = 24,  // id=op id, a0=remote key, a1=remote offset, a2=op length, a3=notify value
-  kReadReq = 25,    // id=op id, a0=remote key, a1=remote offset, a2=length, a3=kAcceptPathFlags
+  kReadReq = 25,    // id=op id, a0=remote key, a1=remote offset, a2=length, a3=accepting paths
   kReadData = 26,   // id=op id, a0=offset in op, a1=op length; payload = chunk
-  kPathDone = 27,   // id=path sequence number, a0=PathKind: the receiver is done with a chunk the
+  kPathDone = 27,   // id=path sequence number, a0=path id: the receiver is done with a chunk the
                     // sender lent through a path that releases at the receiver (cuda_ipc)
   // Liveness.
   kKeepalive = 30,
@@ -55,19 +58,12 @@ enum class FrameType : uint8_t {
 
 enum FrameFlags : uint8_t {
   kFlagNotify = 1,  // kWriteData: deliver a notification to the target when the write has landed
-  // Data frames (kSendData / kWriteData / kReadData): the chunk's bytes travel on a payload path;
-  // the frame's payload is the path's descriptor of the chunk (≤ kMaxPathDescriptor bytes).
-  // At most one of these, and only when the handshake agreed that path.
-  kFlagPathShm = 2,
-  kFlagPathCudaIpc = 4,
-  kFlagPathDevmem = 8,
 };
-inline constexpr uint8_t kPathFlags = kFlagPathShm | kFlagPathCudaIpc | kFlagPathDevmem;
-// kCts a1 (receiver) and kReadReq a3 (reader): the payload paths that may carry chunks into the
-// buffer being filled, as path flag bits. Only kFlagPathDevmem is used (shm and cuda_ipc reach any
-// destination; devmem only memory its gatherer writes); other bits must be 0.
-inline constexpr uint64_t kAcceptPathFlags = kFlagPathDevmem;
+// kCts a1 (receiver) and kReadReq a3 (reader): bit k set = path k may carry chunks into the buffer
+// being filled. Only paths that reach some destinations and not others (devmem) are named; the
+// rest reach any buffer.
 inline constexpr uint32_t kMaxPathDescriptor = 256;
+inline constexpr uint8_t kMaxPathId = 16;
 
 // Operation kinds named in kAck / kCancel.
 enum class OpKind : uint8_t { kSend = 1, kWrite = 2, kRead = 3 };
@@ -78,6 +74,7 @@ struct FrameHeader {
   uint32_t payload_len = 0;
   uint64_t id = 0;
   uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  uint8_t path = 0;  // 0: inline; k: the k-th agreed transport
 };
 
 using HeaderBytes = std::array<unsigned char, kHeaderSize>;

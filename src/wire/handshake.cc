@@ -78,6 +78,12 @@ bool printable(const std::string& s) {
 
 }  // namespace
 
+const Offer* Hello::offer(std::string_view name) const {
+  for (const Offer& o : offers)
+    if (o.name == name) return &o;
+  return nullptr;
+}
+
 std::vector<unsigned char> encode_hello(const Hello& h) {
   Writer w;
   w.u16(h.version);
@@ -87,7 +93,6 @@ std::vector<unsigned char> encode_hello(const Hello& h) {
   w.u32(h.chunk_size);
   w.u32(h.eager_limit);
   w.u64(h.unexpected_budget);
-  w.u64(h.transports);
   w.u64(h.session);
   w.bytes(h.nonce.data(), h.nonce.size());
   w.bytes(h.proof.data(), h.proof.size());
@@ -96,6 +101,12 @@ std::vector<unsigned char> encode_hello(const Hello& h) {
   w.u32(h.pid);
   w.u32(h.peer_timeout_ms);
   w.str(h.local_channel);
+  w.u8(static_cast<uint8_t>(h.offers.size()));
+  for (const Offer& o : h.offers) {
+    w.str(o.name);
+    w.u16(static_cast<uint16_t>(o.descriptor.size()));
+    w.bytes(o.descriptor.data(), o.descriptor.size());
+  }
   return w.take();
 }
 
@@ -103,13 +114,17 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
   Reader r(data, len);
   Hello h;
   h.version = r.u16();
+  // Version first: another version may lay out the rest differently, and saying so is the useful
+  // error.
+  if (len >= 2 && h.version != kProtocolVersion)
+    return Status(Code::kProtocol, fmt::format("peer speaks dmx protocol {}, this side speaks {}", h.version,
+                                               kProtocolVersion));
   uint8_t role = r.u8();
   uint8_t auth = r.u8();
   h.streams = r.u16();
   h.chunk_size = r.u32();
   h.eager_limit = r.u32();
   h.unexpected_budget = r.u64();
-  h.transports = r.u64();
   h.session = r.u64();
   r.bytes(h.nonce.data(), h.nonce.size());
   r.bytes(h.proof.data(), h.proof.size());
@@ -118,11 +133,28 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
   h.pid = r.u32();
   h.peer_timeout_ms = r.u32();
   h.local_channel = r.str(108);  // sun_path
+  uint8_t offers = r.u8();
+  if (offers > kMaxOffers) return Status(Code::kProtocol, fmt::format("HELLO: {} transports offered (at most {})", offers, kMaxOffers));
+  for (uint8_t i = 0; i < offers; ++i) {
+    Offer o;
+    o.name = r.str(kMaxOfferName);
+    uint16_t n = r.u16();
+    if (n > kMaxOfferDescriptor)
+      return Status(Code::kProtocol, fmt::format("HELLO: a transport descriptor of {} bytes (at most {})", n,
+                                                 kMaxOfferDescriptor));
+    o.descriptor.resize(r.take(n) ? n : 0);
+    r.bytes(o.descriptor.data(), o.descriptor.size());
+    h.offers.push_back(std::move(o));
+  }
   DMX_RETURN_IF_ERROR(r.finish("HELLO"));
-  // Version first: a newer peer may lay out the rest differently, and saying so is the useful error.
-  if (h.version != kProtocolVersion)
-    return Status(Code::kProtocol, fmt::format("peer speaks dmx protocol {}, this side speaks {}", h.version,
-                                               kProtocolVersion));
+  for (size_t i = 0; i < h.offers.size(); ++i) {
+    const std::string& name = h.offers[i].name;
+    bool ok = !name.empty();
+    for (char c : name) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
+    if (!ok) return Status(Code::kProtocol, "HELLO: a transport name is empty or not of [a-z0-9_]");
+    for (size_t k = 0; k < i; ++k)
+      if (h.offers[k].name == name) return Status(Code::kProtocol, fmt::format("HELLO: transport {} offered twice", name));
+  }
   if (role != static_cast<uint8_t>(Role::kClient) && role != static_cast<uint8_t>(Role::kServer))
     return Status(Code::kProtocol, fmt::format("HELLO: unknown role {}", role));
   h.role = static_cast<Role>(role);
@@ -136,7 +168,6 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
   if (h.eager_limit > kMaxChunk) return Status(Code::kProtocol, fmt::format("HELLO: eager limit {} too large", h.eager_limit));
   if (h.unexpected_budget > kMaxUnexpectedBudget)
     return Status(Code::kProtocol, fmt::format("HELLO: unexpected budget {} too large", h.unexpected_budget));
-  if ((h.transports & kTransportTcp) == 0) return Status(Code::kProtocol, "HELLO: peer does not offer the tcp path");
   if (h.peer_timeout_ms < 100)
     return Status(Code::kProtocol, fmt::format("HELLO: peer timeout of {} ms is too short", h.peer_timeout_ms));
   if (!printable(h.boot_id) || !printable(h.hostname) || !printable(h.local_channel))
@@ -161,9 +192,9 @@ Result<Join> decode_join(const unsigned char* data, size_t len) {
   j.streams = r.u16();
   r.bytes(j.proof.data(), j.proof.size());
   DMX_RETURN_IF_ERROR(r.finish("JOIN"));
-  // index == streams is the devmem data socket; whether the session agreed devmem is the
+  // index >= streams is a transport's data socket; whether the session agreed one is the
   // listener's check (it knows the session).
-  if (j.streams < 1 || j.streams > kMaxStreams || j.index < 1 || j.index > j.streams)
+  if (j.streams < 1 || j.streams > kMaxStreams || j.index < 1 || j.index >= j.streams + kMaxOffers)
     return Status(Code::kProtocol, fmt::format("JOIN: stream {} of {} is not a valid extra stream or data socket",
                                                j.index, j.streams));
   return j;

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dmx/status.h"
@@ -17,16 +18,14 @@ using Proof = std::array<unsigned char, 32>;
 enum class Role : uint8_t { kClient = 1, kServer = 2 };
 enum class AuthMode : uint8_t { kInsecure = 0, kHmacSha256 = 1 };
 
-// Data paths a side can use, as bits.
-enum TransportBits : uint64_t {
-  kTransportTcp = 1,
-  kTransportShm = 2,
-  kTransportCudaIpc = 4,
-  kTransportDevmem = 8,
-  // Not a payload path: the endpoint's control stream (stream 0) runs over a shared-memory pipe
-  // instead of its TCP socket (same host only; docs/wire.md).
-  kTransportControlPipe = 16,
+// A transport a side offers (src/transport/transport.h): its name and its descriptor for the peer.
+struct Offer {
+  std::string name;  // 1 to kMaxOfferName of [a-z0-9_]
+  std::vector<unsigned char> descriptor;
 };
+inline constexpr size_t kMaxOffers = 16;
+inline constexpr size_t kMaxOfferName = 32;
+inline constexpr size_t kMaxOfferDescriptor = 128;
 
 inline constexpr uint16_t kMaxStreams = 64;
 inline constexpr uint32_t kMinChunk = 64 << 10;
@@ -41,7 +40,6 @@ struct Hello {
   uint32_t chunk_size = 0;       // client: proposed; server: agreed
   uint32_t eager_limit = 0;      // largest EAGER payload this side accepts
   uint64_t unexpected_budget = 0;  // EAGER bytes this side buffers before a matching recv
-  uint64_t transports = kTransportTcp;
   uint64_t session = 0;          // server: the endpoint's session id; client: 0
   Nonce nonce{};
   Proof proof{};                 // server: proof of the key; client: zeros
@@ -49,14 +47,18 @@ struct Hello {
   std::string hostname;
   uint32_t pid = 0;
   uint32_t peer_timeout_ms = 0;  // this side declares the peer dead after this much silence
-  // Client, same-host paths: the Unix socket where it waits for the server's side channels
-  // (shm, control pipe); empty when it offers none.
+  // Client, same-host paths: the Unix socket where it waits for the server's side channels;
+  // empty when it offers no transport that needs one.
   std::string local_channel;
+  // The transports this side offers (the server: those it accepts for this client), in the
+  // registry's order. The TCP streams are always there and not listed.
+  std::vector<Offer> offers;
+  const Offer* offer(std::string_view name) const;
 };
 
 struct Join {
   uint64_t session = 0;
-  uint16_t index = 0;  // 1 .. streams-1: an extra stream; streams: the devmem data socket (docs/wire.md)
+  uint16_t index = 0;  // 1 .. streams-1: an extra stream; streams + k: the k-th data socket (docs/wire.md)
   uint16_t streams = 0;
   Proof proof{};
 };

@@ -15,10 +15,11 @@
 
 #include "devmem/socket_double.h"
 #include "engine/context_impl.h"
-#include "engine/devmem_path.h"
 #include "engine/handshake.h"
-#include "engine/local_paths.h"
 #include "engine/test_util.h"
+#include "engine/transport_setup.h"
+#include "transport/devmem/devmem_path.h"
+#include "transport/devmem/devmem_transport.h"
 
 namespace dmx::test {
 namespace {
@@ -34,10 +35,11 @@ const MemSpec kHost{};
 class ForwardingPath : public PayloadPath {
  public:
   explicit ForwardingPath(std::unique_ptr<PayloadPath> inner) : inner_(std::move(inner)) {}
-  PathKind kind() const override { return inner_->kind(); }
+  std::string_view name() const override { return inner_->name(); }
   void start(Events* e, std::shared_ptr<void> k) override { inner_->start(e, std::move(k)); }
   bool carries(const MemSpec& src) const override { return inner_->carries(src); }
   bool accepts(const MemSpec& dst) const override { return inner_->accepts(dst); }
+  bool accepts_any() const override { return inner_->accepts_any(); }
   uint64_t max_chunk() const override { return inner_->max_chunk(); }
   Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override {
     return inner_->post_tx(seq, src, whole);
@@ -143,9 +145,9 @@ Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kN
   EXPECT_TRUE(c.ok()) << c.status().to_string();
   h.ctx = *c;
   ContextImpl* impl = h.ctx.impl().get();
-  impl->set_devmem_factory_for_testing(
-      [nic = h.nic, impl, wrap](UniqueFd fd, const std::string& peer) -> Result<std::unique_ptr<PayloadPath>> {
-        auto p = make_devmem_path(std::move(fd), impl->config(), peer, nic->seams());
+  impl->register_transport(make_devmem_transport(
+      [nic = h.nic, wrap](UniqueFd fd, const Config& config, const std::string& peer) -> Result<std::unique_ptr<PayloadPath>> {
+        auto p = make_devmem_path(std::move(fd), config, peer, nic->seams());
         if (!p.ok() || wrap == Wrap::kNone) return p;
         if (wrap == Wrap::kPrefix) return std::unique_ptr<PayloadPath>(std::make_unique<PrefixPath>(std::move(*p)));
         if (wrap == Wrap::kLaneCounting)
@@ -153,7 +155,7 @@ Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kN
         if (wrap == Wrap::kStuckStop)
           return std::unique_ptr<PayloadPath>(std::make_unique<StuckStopPath>(std::move(*p)));
         return std::unique_ptr<PayloadPath>(std::make_unique<SimOnlyPath>(std::move(*p)));
-      });
+      }));
   return h;
 }
 
@@ -500,32 +502,51 @@ TEST(DevmemEngine, NegotiateRule) {
   wire::Hello client = make_hello(impl, wire::Role::kClient);
   wire::Hello server = make_hello(impl, wire::Role::kServer);
   server.boot_id = "another-host-boot-id";
-  client.transports |= wire::kTransportDevmem;
-  server.transports |= wire::kTransportDevmem;
+  client.offers = {wire::Offer{"devmem", {1, 0}}};
+  server.offers = client.offers;
   auto s = negotiate(impl, client, server, "peer:1", "");
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   EXPECT_EQ(s->transport, "devmem");
-  EXPECT_EQ(s->paths, uint64_t{wire::kTransportDevmem});
+  ASSERT_EQ(s->agreed.size(), 1u);
+  EXPECT_EQ(s->agreed[0]->name(), "devmem");
+  EXPECT_EQ(s->streams, 1) << "a payload path needs only the control stream";
   EXPECT_NE(s->reason.find("different hosts"), std::string::npos) << s->reason;
 
-  server.transports &= ~uint64_t{wire::kTransportDevmem};
+  server.offers.clear();
   s = negotiate(impl, client, server, "peer:1", "devmem: off (setting devmem_ifname is empty)");
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->transport, "tcp");
-  EXPECT_NE(s->reason.find("different hosts, devmem not agreed (devmem: off (setting devmem_ifname is empty))"),
+  EXPECT_EQ(s->streams, server.streams);
+  EXPECT_NE(s->reason.find("different hosts, no transport beside the TCP streams agreed (devmem: off (setting "
+                           "devmem_ifname is empty))"),
             std::string::npos)
       << s->reason;
 
-  // The server drops devmem for a same-host client unless it is forced to devmem itself.
+  // A server listing what the client never offered is refused, as is a descriptor this side
+  // finds incompatible (a server on one host that dropped nothing).
+  server.offers = {wire::Offer{"shm", {1}}};
+  s = negotiate(impl, client, server, "peer:1", "");
+  EXPECT_EQ(s.status().code(), Code::kProtocol) << s.status().to_string();
+  server.offers = client.offers;
+  server.boot_id = client.boot_id;
+  s = negotiate(impl, client, server, "peer:1", "");
+  EXPECT_EQ(s.status().code(), Code::kProtocol) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("both ends are on one host"), std::string::npos) << s.status().to_string();
+
+  // The server drops devmem for a same-host client unless a side is forced to devmem.
   wire::Hello same = make_hello(impl, wire::Role::kServer);
-  same.transports |= wire::kTransportDevmem;
-  LocalChannels channel;
+  same.offers = {wire::Offer{"devmem", {1, 0}}};
+  SideChannels channels;
   std::string why;
   wire::Hello c2 = make_hello(impl, wire::Role::kClient);
-  c2.transports = wire::kTransportTcp | wire::kTransportDevmem;
-  accept_paths(impl, c2, &same, &channel, &why);
-  EXPECT_EQ(same.transports & wire::kTransportDevmem, 0u);
+  c2.offers = {wire::Offer{"devmem", {1, 0}}};
+  accept_transports(impl, c2, &same, &channels, &why);
+  EXPECT_EQ(same.offer("devmem"), nullptr);
   EXPECT_NE(why.find("both ends are on one host"), std::string::npos) << why;
+  c2.offers = {wire::Offer{"devmem", {1, 1}}};  // the client is forced: both sides agree devmem
+  same.offers = {wire::Offer{"devmem", {1, 0}}};
+  accept_transports(impl, c2, &same, &channels, &why);
+  EXPECT_NE(same.offer("devmem"), nullptr);
 }
 
 }  // namespace

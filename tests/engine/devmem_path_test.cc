@@ -18,7 +18,7 @@
 
 #include "core/config.h"
 #include "devmem/socket_double.h"
-#include "engine/devmem_path.h"
+#include "transport/devmem/devmem_path.h"
 #include "engine/test_util.h"
 
 namespace dmx {
@@ -71,14 +71,14 @@ std::vector<unsigned char> desc(uint64_t len) {
 // Records every event; waits with a deadline.
 class Recorder final : public PayloadPath::Events {
  public:
-  void on_path_tx_done(PathKind, uint64_t seq, const Status& s) override { add(&tx_, seq, s); }
-  void on_path_rx_done(PathKind, uint64_t seq, const Status& s) override { add(&rx_, seq, s); }
-  void on_path_failed(PathKind, const Status& s) override {
+  void on_path_tx_done(uint64_t seq, const Status& s) override { add(&tx_, seq, s); }
+  void on_path_rx_done(uint64_t seq, const Status& s) override { add(&rx_, seq, s); }
+  void on_path_failed(const Status& s) override {
     std::lock_guard<std::mutex> lock(mu_);
     failed_.push_back(s);
     cv_.notify_all();
   }
-  void on_path_stopped(PathKind) override {
+  void on_path_stopped() override {
     std::lock_guard<std::mutex> lock(mu_);
     ++stopped_;
     cv_.notify_all();

@@ -1,6 +1,6 @@
-// The cuda_ipc path's fd side channel (engine/ipc_fds.h), without GPUs: fds of any kind (memfds
+// The cuda_ipc path's fd side channel (transport/cuda_ipc/ipc_fds.h), without GPUs: fds of any kind (memfds
 // here) stand in for the fds of cuMem allocations. Every message from the peer is untrusted.
-#include "engine/ipc_fds.h"
+#include "transport/cuda_ipc/ipc_fds.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

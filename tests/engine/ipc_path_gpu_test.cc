@@ -11,7 +11,7 @@
 #include <mutex>
 #include <random>
 
-#include "engine/ipc_path.h"
+#include "transport/cuda_ipc/ipc_path.h"
 #include "memory/backend.h"
 #include "engine/ipc_path_test_util.h"
 #include "transport/gpu_children.h"

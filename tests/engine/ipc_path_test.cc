@@ -14,7 +14,7 @@
 #include <mutex>
 #include <random>
 
-#include "engine/ipc_path.h"
+#include "transport/cuda_ipc/ipc_path.h"
 #include "memory/backend.h"
 #include "engine/ipc_path_test_util.h"
 #include "transport/transport_test_util.h"
@@ -171,7 +171,7 @@ TEST(CudaIpcPath, OneProcessOnlyWhenTheKernelProvesIt) {
 
 TEST(CudaIpcPath, Properties) {
   auto p = new_cuda_ipc_path(config(), "peer-x");
-  EXPECT_EQ(p->kind(), PathKind::kCudaIpc);
+  EXPECT_EQ(p->name(), "cuda_ipc");
   EXPECT_TRUE(p->receiver_releases());
   EXPECT_TRUE(p->carries({MemKind::kCuda, 0}));
   EXPECT_TRUE(p->carries({MemKind::kCuda, 3}));

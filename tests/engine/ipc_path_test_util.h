@@ -9,20 +9,19 @@
 #include <mutex>
 
 #include "core/config.h"
-#include "engine/ipc_path.h"
+#include "transport/cuda_ipc/ipc_path.h"
 
 namespace dmx::testing {
 
 // Records what a path reports; waits with deadlines.
 class Recorder final : public PayloadPath::Events {
  public:
-  void on_path_tx_done(PathKind, uint64_t, const Status&) override {
+  void on_path_tx_done(uint64_t, const Status&) override {
     std::lock_guard lock(mu_);
     ++tx_done;
   }
-  void on_path_rx_done(PathKind kind, uint64_t seq, const Status& s) override {
+  void on_path_rx_done(uint64_t seq, const Status& s) override {
     std::lock_guard lock(mu_);
-    EXPECT_EQ(kind, PathKind::kCudaIpc);
     rx[seq] = s;
     ++rx_count[seq];
     ++rx_total;
@@ -30,13 +29,13 @@ class Recorder final : public PayloadPath::Events {
     if (on_rx) on_rx(seq);
     cv_.notify_all();
   }
-  void on_path_failed(PathKind, const Status& s) override {
+  void on_path_failed(const Status& s) override {
     std::lock_guard lock(mu_);
     ++failed;
     failure = s;
     cv_.notify_all();
   }
-  void on_path_stopped(PathKind) override {
+  void on_path_stopped() override {
     std::lock_guard lock(mu_);
     ++stopped;
     cv_.notify_all();

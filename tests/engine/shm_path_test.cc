@@ -16,7 +16,7 @@
 #include <random>
 
 #include "core/config.h"
-#include "engine/shm_path.h"
+#include "transport/shm/shm_path.h"
 
 namespace dmx {
 namespace {
@@ -29,28 +29,26 @@ constexpr auto kPrompt = 2s;    // how fast a failure or a stop must complete ev
 // Records every event; checks each chunk completes exactly once.
 class Recorder : public PayloadPath::Events {
  public:
-  void on_path_tx_done(PathKind k, uint64_t seq, const Status& s) override { record(k, true, seq, s); }
-  void on_path_rx_done(PathKind k, uint64_t seq, const Status& s) override {
+  void on_path_tx_done(uint64_t seq, const Status& s) override { record(true, seq, s); }
+  void on_path_rx_done(uint64_t seq, const Status& s) override {
     std::function<void(uint64_t)> hook;
     {
       std::lock_guard lk(mu_);
       hook = rx_hook_;
     }
     if (hook) hook(seq);
-    record(k, false, seq, s);
+    record(false, seq, s);
   }
-  void on_path_failed(PathKind k, const Status& s) override {
+  void on_path_failed(const Status& s) override {
     std::lock_guard lk(mu_);
-    EXPECT_EQ(k, PathKind::kShm);
     EXPECT_EQ(stopped_, 0) << "on_path_failed after on_path_stopped";
     failed_.push_back(s);
     // Every chunk still pending must complete after this, with an error.
     failed_at_done_count_ = tx_.size() + rx_.size();
     cv_.notify_all();
   }
-  void on_path_stopped(PathKind k) override {
+  void on_path_stopped() override {
     std::lock_guard lk(mu_);
-    EXPECT_EQ(k, PathKind::kShm);
     ++stopped_;
     cv_.notify_all();
   }
@@ -95,9 +93,8 @@ class Recorder : public PayloadPath::Events {
   }
 
  private:
-  void record(PathKind k, bool tx, uint64_t seq, const Status& s) {
+  void record(bool tx, uint64_t seq, const Status& s) {
     std::lock_guard lk(mu_);
-    EXPECT_EQ(k, PathKind::kShm);
     EXPECT_EQ(stopped_, 0) << "completion after on_path_stopped";
     auto& m = tx ? tx_ : rx_;
     EXPECT_TRUE(m.emplace(seq, s).second) << (tx ? "tx" : "rx") << " seq " << seq << " completed twice";
@@ -216,7 +213,7 @@ void transfer(PayloadPath& tx, Recorder& rtx, PayloadPath& rx, Recorder& rrx, ui
 TEST(ShmPath, Properties) {
   auto p = make_paths(config("8", "64K"));
   ASSERT_TRUE(p->ok());
-  EXPECT_EQ(p->a->kind(), PathKind::kShm);
+  EXPECT_EQ(p->a->name(), "shm");
   EXPECT_EQ(p->a->describe(), "shm 8 x 64 KiB slots");
   EXPECT_EQ(p->b->describe(), "shm 8 x 64 KiB slots");  // the creator's layout
   EXPECT_EQ(p->a->max_chunk(), kShmMaxChunk);
@@ -523,10 +520,10 @@ TEST(ShmPath, KeepAliveReleasedAfterStopped) {
 // ---- the peer killed mid-transfer (a child process) ----------------------------------------------
 
 class Quiet : public PayloadPath::Events {
-  void on_path_tx_done(PathKind, uint64_t, const Status&) override {}
-  void on_path_rx_done(PathKind, uint64_t, const Status&) override {}
-  void on_path_failed(PathKind, const Status&) override {}
-  void on_path_stopped(PathKind) override {}
+  void on_path_tx_done(uint64_t, const Status&) override {}
+  void on_path_rx_done(uint64_t, const Status&) override {}
+  void on_path_failed(const Status&) override {}
+  void on_path_stopped() override {}
 };
 
 TEST(ShmPath, PeerKilledMidTransferFailsEveryPendingChunk) {

@@ -15,10 +15,10 @@
 
 #include "core/sys.h"
 #include "dmx/endpoint.h"
-#include "engine/devmem_path.h"
-#include "engine/ipc_fds.h"
-#include "engine/ipc_path.h"
-#include "engine/shm_path.h"
+#include "transport/devmem/devmem_path.h"
+#include "transport/cuda_ipc/ipc_fds.h"
+#include "transport/cuda_ipc/ipc_path.h"
+#include "transport/shm/shm_path.h"
 
 using namespace dmx;
 

@@ -27,9 +27,11 @@ void check_round_trip(const std::vector<unsigned char>& again, const uint8_t* da
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto h = decode_hello(data, size);
   if (h.ok()) {
-    if (h->version != 1 || h->streams < 1 || h->streams > kMaxStreams) std::abort();
+    if (h->version != kProtocolVersion || h->streams < 1 || h->streams > kMaxStreams) std::abort();
     if (h->chunk_size < kMinChunk || h->chunk_size > kMaxChunk || h->eager_limit > kMaxChunk) std::abort();
-    if (h->unexpected_budget > kMaxUnexpectedBudget || (h->transports & kTransportTcp) == 0) std::abort();
+    if (h->unexpected_budget > kMaxUnexpectedBudget || h->offers.size() > kMaxOffers) std::abort();
+    for (const auto& o : h->offers)
+      if (o.name.empty() || o.name.size() > kMaxOfferName || o.descriptor.size() > kMaxOfferDescriptor) std::abort();
     if (!printable(h->boot_id) || !printable(h->hostname) || !printable(h->local_channel)) std::abort();
     if (h->boot_id.size() > 64 || h->hostname.size() > 255 || h->local_channel.size() > 108) std::abort();
     check_round_trip(encode_hello(*h), data, size);
@@ -38,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   auto j = decode_join(data, size);
   if (j.ok()) {
-    if (j->streams < 1 || j->streams > kMaxStreams || j->index < 1 || j->index > j->streams) std::abort();
+    if (j->streams < 1 || j->streams > kMaxStreams || j->index < 1 || j->index >= j->streams + kMaxOffers) std::abort();
     check_round_trip(encode_join(*j), data, size);
   } else if (j.status().code() != dmx::Code::kProtocol) {
     std::abort();

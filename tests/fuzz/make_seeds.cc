@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dmx/endpoint.h"
-#include "engine/ipc_path.h"
+#include "transport/cuda_ipc/ipc_path.h"
 #include "tools/dmx/bench.h"
 #include "wire/frame.h"
 #include "wire/handshake.h"
@@ -53,26 +53,29 @@ void frame_seeds() {
     FrameType t;
     uint8_t flags;
     uint32_t len;
-  } cases[] = {{FrameType::kHello, 0, 120},    {FrameType::kAuth, 0, 32},      {FrameType::kJoin, 0, 44},
-               {FrameType::kWelcome, 0, 0},    {FrameType::kReject, 0, 10},    {FrameType::kEager, 0, 4096},
-               {FrameType::kEager, kFlagPathCudaIpc, 136}, {FrameType::kRts, 0, 0}, {FrameType::kCts, 0, 0},
-               {FrameType::kSendData, 0, 65536}, {FrameType::kSendData, kFlagPathShm, 8},
-               {FrameType::kCancel, 0, 0},     {FrameType::kAck, 0, 5},        {FrameType::kCredit, 0, 0},
-               {FrameType::kWriteData, kFlagNotify, 100}, {FrameType::kWriteData, kFlagPathDevmem, 8},
-               {FrameType::kReadReq, 0, 0},    {FrameType::kReadData, kFlagPathCudaIpc, 144},
-               {FrameType::kPathDone, 0, 0},   {FrameType::kKeepalive, 0, 0},  {FrameType::kClose, 0, 6}};
+    uint8_t path;
+  } cases[] = {{FrameType::kHello, 0, 120, 0},    {FrameType::kAuth, 0, 32, 0},      {FrameType::kJoin, 0, 44, 0},
+               {FrameType::kWelcome, 0, 0, 0},    {FrameType::kReject, 0, 10, 0},    {FrameType::kEager, 0, 4096, 0},
+               {FrameType::kEager, 0, 136, 1},    {FrameType::kRts, 0, 0, 0},        {FrameType::kCts, 0, 0, 0},
+               {FrameType::kSendData, 0, 65536, 0}, {FrameType::kSendData, 0, 8, 3},
+               {FrameType::kCancel, 0, 0, 0},     {FrameType::kAck, 0, 5, 0},        {FrameType::kCredit, 0, 0, 0},
+               {FrameType::kWriteData, kFlagNotify, 100, 0}, {FrameType::kWriteData, 0, 8, 2},
+               {FrameType::kReadReq, 0, 0, 0},    {FrameType::kReadData, 0, 144, 1},
+               {FrameType::kPathDone, 0, 0, 0},   {FrameType::kKeepalive, 0, 0, 0},  {FrameType::kClose, 0, 6, 0}};
   int i = 0;
   for (const auto& c : cases) {
-    FrameHeader h{c.t, c.flags, c.len, 7, 1, 2, 3, 4};
+    FrameHeader h{c.t, c.flags, c.len, 7, 1, 2, 3, 4, c.path};
     HeaderBytes b = encode_header(h);
     put("frame", "valid-" + std::string(frame_type_name(c.t)) + "-" + std::to_string(i++),
         cat(limits, Bytes(b.begin(), b.end())));
   }
-  HeaderBytes b = encode_header(FrameHeader{FrameType::kSendData, kFlagPathShm | kFlagPathDevmem, 8});
-  put("frame", "bad-two-paths", cat(limits, Bytes(b.begin(), b.end())));
+  FrameHeader far{FrameType::kSendData, 0, 8};
+  far.path = kMaxPathId + 1;
+  HeaderBytes b = encode_header(far);
+  put("frame", "bad-path-id", cat(limits, Bytes(b.begin(), b.end())));
   b = encode_header(FrameHeader{FrameType::kEager, 0, 65537});
   put("frame", "bad-eager-over-limit", cat(limits, Bytes(b.begin(), b.end())));
-  b[6] = 1;
+  b[7] = 1;
   put("frame", "bad-reserved", cat(limits, Bytes(b.begin(), b.end())));
   b = encode_header(FrameHeader{});
   b[4] = 99;
@@ -87,7 +90,7 @@ void hello_join_seeds() {
   c.chunk_size = 1 << 20;
   c.eager_limit = 64 << 10;
   c.unexpected_budget = 64 << 20;
-  c.transports = kTransportTcp | kTransportShm | kTransportCudaIpc | kTransportControlPipe;
+  c.offers = {Offer{"cuda_ipc", {1}}, Offer{"shm", {1}}, Offer{"shm_pipe", {1}}};
   c.nonce.fill(0x11);
   c.boot_id = "0b6c6a5e-8f1e-4c39-9d0a-6e2f6d4b8a11";
   c.hostname = "gpu-node-01";
@@ -100,7 +103,7 @@ void hello_join_seeds() {
   s.session = 0x1234567890abcdefull;
   s.proof.fill(0x22);
   s.local_channel.clear();
-  s.transports = kTransportTcp | kTransportDevmem;
+  s.offers = {Offer{"devmem", {1, 1}}};
   put("hello_join", "hello-server", encode_hello(s));
   Hello i = c;
   i.auth = AuthMode::kInsecure;

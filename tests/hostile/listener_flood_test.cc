@@ -17,7 +17,7 @@
 #include "engine/auth.h"
 #include "engine/context_impl.h"
 #include "engine/handshake.h"
-#include "engine/local_paths.h"
+#include "engine/transport_setup.h"
 #include "hostile/hostile_util.h"
 #include "transport/tcp/socket.h"
 
@@ -200,8 +200,8 @@ TEST(ListenerFlood, PeerThatNeverSetsUpShmDelaysNobody) {
   wire::Hello mine = make_hello(me, wire::Role::kClient);
   std::optional<shm::UnixListener> side;  // listens; nobody ever accepts on it
   std::string why_not;
-  offer_paths(me, &mine, &side, &why_not);
-  ASSERT_TRUE(mine.transports & (wire::kTransportShm | wire::kTransportControlPipe)) << why_not;
+  offer_transports(me, &mine, &side, &why_not);
+  ASSERT_TRUE(mine.offer("shm") || mine.offer("shm_pipe")) << why_not;
   auto addr = tcp::parse_address(s.listener.address());
   Deadline d = Deadline::after(5s);
   auto fd = tcp::connect_to(*addr, d);
@@ -211,8 +211,7 @@ TEST(ListenerFlood, PeerThatNeverSetsUpShmDelaysNobody) {
   ASSERT_TRUE(hello.ok() && hello->header.type == wire::FrameType::kHello) << hello.status().to_string();
   auto theirs = wire::decode_hello(hello->payload.data(), hello->payload.size());
   ASSERT_TRUE(theirs.ok());
-  ASSERT_TRUE(theirs->transports & (wire::kTransportShm | wire::kTransportControlPipe))
-      << "the server agreed no same-host path";
+  ASSERT_TRUE(theirs->offer("shm") || theirs->offer("shm_pipe")) << "the server agreed no same-host path";
   wire::Proof proof = make_proof(me.auth(), kClientLabel, mine.nonce, theirs->nonce, theirs->session);
   ASSERT_TRUE(send_frame(fd->get(), wire::FrameType::kAuth, {proof.begin(), proof.end()}, d, "s").ok());
   auto welcome = recv_frame(fd->get(), d, "s");

@@ -166,11 +166,11 @@ TEST(BadPeer, MoreDataThanAnnounced) {
 }
 
 // A peer that did not agree a payload path may not use one, nor release chunks it never got.
-void expect_unagreed_path_refused(uint8_t flag, std::string_view text) {
+void expect_unagreed_path_refused(uint8_t path, std::string_view text) {
   Rendezvous z;
   ASSERT_NO_FATAL_FAILURE(z.start());
   FrameHeader d = frame(FrameType::kSendData, z.token, 0, 100);
-  d.flags = flag;
+  d.path = path;
   d.payload_len = 8;
   std::vector<unsigned char> len(8, 0);
   len[0] = 100;  // the descriptor of both paths: the chunk length
@@ -180,22 +180,22 @@ void expect_unagreed_path_refused(uint8_t flag, std::string_view text) {
   EXPECT_NE(st.message().find(text), std::string::npos) << st.to_string();
 }
 
-TEST(BadPeer, PayloadPathThatWasNotAgreed) { expect_unagreed_path_refused(wire::kFlagPathShm, "not agreed"); }
+TEST(BadPeer, PayloadPathThatWasNotAgreed) { expect_unagreed_path_refused(1, "path 1, which was not agreed"); }
 
-TEST(BadPeer, DevmemChunkThatWasNotAgreed) {
-  expect_unagreed_path_refused(wire::kFlagPathDevmem, "devmem path, which was not agreed");
+TEST(BadPeer, LastPathIdThatWasNotAgreed) {
+  expect_unagreed_path_refused(wire::kMaxPathId, "path 16, which was not agreed");
 }
 
 // An EAGER whose bytes the receiver would copy out of the sender's memory: only over an agreed
-// cuda_ipc path (this peer agreed none).
+// path that releases at the receiver (this peer agreed none).
 TEST(BadPeer, EagerByAPathThatWasNotAgreed) {
   Server s = make_server();
   FrameHeader h = frame(FrameType::kEager, 1, 7);
-  h.flags = wire::kFlagPathCudaIpc;
+  h.path = 2;
   h.payload_len = 8;
   Status st = provoke(s, {{h, std::vector<unsigned char>(8, 1)}});
   EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
-  EXPECT_NE(st.message().find("cuda_ipc path, which was not agreed"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("path 2, which was not agreed"), std::string::npos) << st.to_string();
   expect_listener_alive(s);
 }
 
@@ -206,13 +206,13 @@ TEST(BadPeer, ReadRequestAcceptingDevmemThatWasNotAgreed) {
   auto reg = s.ctx.register_memory(target.region());
   ASSERT_TRUE(reg.ok());
   FrameHeader h = frame(FrameType::kReadReq, 1, reg->remote().key, 0, 100);
-  h.a3 = wire::kFlagPathDevmem;
+  h.a3 = 1u << 1;  // path 1: none was agreed
   Status st = provoke(s, {{h, {}}});
   EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
-  EXPECT_NE(st.message().find("accepts the devmem path, which was not agreed"), std::string::npos) << st.to_string();
-  h.a3 = 1;  // not a path
+  EXPECT_NE(st.message().find("names payload paths that were not agreed"), std::string::npos) << st.to_string();
+  h.a3 = 1;  // bit 0: not a path
   st = provoke(s, {{h, {}}});
-  EXPECT_NE(st.message().find("unknown payload paths"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("names payload paths that were not agreed"), std::string::npos) << st.to_string();
   expect_listener_alive(s);
 }
 

@@ -1,7 +1,7 @@
 // A peer that agreed a payload path announces chunk after chunk on it and never lets one finish:
 // the receiver's table of path chunks in flight is bounded (max_inflight_ops), then it is a
 // protocol error naming the path. The path here is a double that accepts chunks and never moves
-// them, installed as the devmem path (ContextImpl::set_devmem_factory_for_testing).
+// them, installed as the devmem transport's path (ContextImpl::register_transport).
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -9,7 +9,8 @@
 #include "engine/auth.h"
 #include "engine/context_impl.h"
 #include "engine/handshake.h"
-#include "engine/payload_path.h"
+#include "transport/devmem/devmem_transport.h"
+#include "transport/path.h"
 #include "hostile/hostile_util.h"
 #include "transport/tcp/socket.h"
 
@@ -22,7 +23,7 @@ using wire::FrameType;
 // Takes every chunk and moves none; stops at once (it holds no memory).
 class StuckPath final : public PayloadPath {
  public:
-  PathKind kind() const override { return PathKind::kDevmem; }
+  std::string_view name() const override { return "devmem"; }
   void start(Events* events, std::shared_ptr<void>) override { events_ = events; }
   bool carries(const MemSpec&) const override { return true; }
   uint64_t max_chunk() const override { return 1 << 20; }
@@ -38,7 +39,7 @@ class StuckPath final : public PayloadPath {
   Status post_rx(uint64_t, std::span<const unsigned char>, const MemRegion&) override { return Status(); }
   bool receiver_releases() const override { return false; }
   void stop() override {
-    if (events_ != nullptr) std::exchange(events_, nullptr)->on_path_stopped(kind());
+    if (events_ != nullptr) std::exchange(events_, nullptr)->on_path_stopped();
   }
   PathStats stats() const override { return {}; }
   std::string describe() const override { return "stuck test path"; }
@@ -58,10 +59,10 @@ TEST(PathFlood, ChunksThatNeverFinishAreBoundedPerPath) {
   Options o = test_options(1);
   o.set("transport", "devmem").set("max_inflight_ops", "16");
   Server s = make_server(o);
-  s.ctx.impl()->set_devmem_factory_for_testing(
-      [](UniqueFd, const std::string&) -> Result<std::unique_ptr<PayloadPath>> {
+  s.ctx.impl()->register_transport(
+      make_devmem_transport([](UniqueFd, const Config&, const std::string&) -> Result<std::unique_ptr<PayloadPath>> {
         return std::unique_ptr<PayloadPath>(std::make_unique<StuckPath>());
-      });
+      }));
   Buffer target = poisoned(MemSpec{}, 1 << 20);
   auto reg = s.ctx.register_memory(target.region());
   ASSERT_TRUE(reg.ok());
@@ -80,7 +81,7 @@ TEST(PathFlood, ChunksThatNeverFinishAreBoundedPerPath) {
   mine.chunk_size = 1 << 20;
   mine.eager_limit = 16 << 10;
   mine.unexpected_budget = 1 << 20;
-  mine.transports = wire::kTransportTcp | wire::kTransportDevmem;
+  mine.offers = {wire::Offer{"devmem", {1, 0}}};
   mine.nonce[0] = 9;
   mine.boot_id = "another-host";
   mine.hostname = "another-host";
@@ -90,7 +91,7 @@ TEST(PathFlood, ChunksThatNeverFinishAreBoundedPerPath) {
   ASSERT_TRUE(hello.ok() && hello->header.type == FrameType::kHello) << hello.status().to_string();
   auto theirs = wire::decode_hello(hello->payload.data(), hello->payload.size());
   ASSERT_TRUE(theirs.ok());
-  ASSERT_TRUE(theirs->transports & wire::kTransportDevmem) << "the server did not keep devmem";
+  ASSERT_TRUE(theirs->offer("devmem") != nullptr) << "the server did not keep devmem";
   wire::Proof proof = make_proof(key, kClientLabel, mine.nonce, theirs->nonce, theirs->session);
   ASSERT_TRUE(send_frame(fd->get(), FrameType::kAuth, {proof.begin(), proof.end()}, d, "s").ok());
   auto welcome = recv_frame(fd->get(), d, "s");
@@ -113,7 +114,7 @@ TEST(PathFlood, ChunksThatNeverFinishAreBoundedPerPath) {
   for (uint64_t off = 0; off < 17; ++off) {
     wire::FrameHeader h;
     h.type = FrameType::kWriteData;
-    h.flags = wire::kFlagPathDevmem;
+    h.path = 1;  // devmem, the only transport agreed
     h.id = 1;
     h.a0 = reg->remote().key;
     h.a1 = off;

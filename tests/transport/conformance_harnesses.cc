@@ -6,7 +6,8 @@
 
 #include "devmem/socket_double.h"
 #include "engine/context_impl.h"
-#include "engine/devmem_path.h"
+#include "transport/devmem/devmem_path.h"
+#include "transport/devmem/devmem_transport.h"
 #include "transport/conformance.h"
 
 namespace dmx::test {
@@ -24,8 +25,8 @@ std::string unless_available(MemSpec mem) {
 
 // devmem's kernel and NIC are the socket-pair double (tests/devmem/socket_double.h): each "host"
 // has its own SimNic, and its "device" memory is the sim kind (mapped with no access rights, so
-// engine code that touches it directly crashes). The factory holds the NIC; it lives in the
-// context, so the context's config it reads cannot go away first.
+// engine code that touches it directly crashes). The transport's path factory holds the NIC; the
+// transport lives in the context's registry.
 Result<Context> devmem_context(int host, Options o) {
   devmem::testing::SimNicOptions no;
   no.seed = 1000 + static_cast<uint64_t>(host);
@@ -33,9 +34,9 @@ Result<Context> devmem_context(int host, Options o) {
   o.set("devmem_rx_pool", "32M");
   DMX_ASSIGN_OR_RETURN(Context ctx, forced(o, "devmem"));
   ContextImpl* impl = ctx.impl().get();
-  impl->set_devmem_factory_for_testing([nic, impl](UniqueFd fd, const std::string& peer) {
-    return make_devmem_path(std::move(fd), impl->config(), peer, nic->seams());
-  });
+  impl->register_transport(make_devmem_transport([nic](UniqueFd fd, const Config& config, const std::string& peer) {
+    return make_devmem_path(std::move(fd), config, peer, nic->seams());
+  }));
   return ctx;
 }
 

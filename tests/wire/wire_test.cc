@@ -53,7 +53,7 @@ TEST(Frame, RejectsMalformedHeaders) {
   EXPECT_NE(s.message().find("magic"), std::string::npos);
   s = decode_modified([](HeaderBytes& b) { b[4] = 99; });
   EXPECT_NE(s.message().find("unknown frame type"), std::string::npos);
-  s = decode_modified([](HeaderBytes& b) { b[6] = 1; });
+  s = decode_modified([](HeaderBytes& b) { b[7] = 1; });
   EXPECT_NE(s.message().find("reserved"), std::string::npos);
   s = decode_modified([](HeaderBytes& b) { b[13] = 1; });
   EXPECT_NE(s.message().find("reserved"), std::string::npos);
@@ -78,35 +78,45 @@ TEST(Frame, PayloadLimitsPerType) {
   EXPECT_FALSE(decode_header(encode_header(h).data(), kLimits).ok());
 }
 
-TEST(Frame, PayloadPathFlags) {
+TEST(Frame, PayloadPathByte) {
   FrameHeader h;
   h.type = FrameType::kSendData;
-  h.flags = kFlagPathShm;
+  h.path = 1;
   h.payload_len = 8;  // the path's descriptor, not the chunk
-  EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
+  auto d = decode_header(encode_header(h).data(), kLimits);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->path, 1);
   h.payload_len = kMaxPathDescriptor + 1;
   EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("limit"), std::string::npos);
   h.payload_len = 8;
-  h.flags = kFlagPathShm | kFlagPathCudaIpc;
-  EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("more than one"),
-            std::string::npos);
+  h.path = kMaxPathId + 1;
+  EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("at most"), std::string::npos);
   h.type = FrameType::kWriteData;
-  h.flags = kFlagNotify | kFlagPathCudaIpc;
+  h.path = kMaxPathId;
+  h.flags = kFlagNotify;
   EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
-  h.type = FrameType::kEager;  // only data frames travel on paths, and eager ones by cuda_ipc
-  h.flags = kFlagPathShm;
-  EXPECT_FALSE(decode_header(encode_header(h).data(), kLimits).ok());
-  h.flags = kFlagPathCudaIpc;
+  h.flags = 2;  // the path flags of protocol 1 are gone
+  EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("unknown flags"),
+            std::string::npos);
+  h.flags = 0;
+  h.type = FrameType::kEager;  // an eager message may go by a path (the receiver copies it out)
   EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
   h.payload_len = kMaxPathDescriptor + 1;
   EXPECT_FALSE(decode_header(encode_header(h).data(), kLimits).ok());
   h.payload_len = 8;
-  FrameHeader d;
-  d.type = FrameType::kPathDone;
-  d.id = 9;
-  EXPECT_TRUE(decode_header(encode_header(d).data(), kLimits).ok());
-  d.payload_len = 1;
-  EXPECT_FALSE(decode_header(encode_header(d).data(), kLimits).ok());
+  h.type = FrameType::kRts;  // control frames name no path
+  EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("names payload path"),
+            std::string::npos);
+  auto bytes = encode_header(h);
+  bytes[6] = 0;
+  bytes[7] = 1;  // reserved
+  EXPECT_FALSE(decode_header(bytes.data(), kLimits).ok());
+  FrameHeader pd;
+  pd.type = FrameType::kPathDone;
+  pd.id = 9;
+  EXPECT_TRUE(decode_header(encode_header(pd).data(), kLimits).ok());
+  pd.payload_len = 1;
+  EXPECT_FALSE(decode_header(encode_header(pd).data(), kLimits).ok());
 }
 
 Hello sample_hello() {
@@ -117,7 +127,7 @@ Hello sample_hello() {
   h.chunk_size = 1 << 20;
   h.eager_limit = 16 << 10;
   h.unexpected_budget = 64 << 20;
-  h.transports = kTransportTcp | kTransportShm;
+  h.offers = {Offer{"shm", {1}}, Offer{"devmem", {1, 0}}};
   h.session = 77;
   h.nonce[0] = 1;
   h.proof[31] = 2;
@@ -141,6 +151,11 @@ TEST(Handshake, HelloRoundTrip) {
   EXPECT_EQ(d->boot_id, h.boot_id);
   EXPECT_EQ(d->hostname, h.hostname);
   EXPECT_EQ(d->pid, 4242u);
+  ASSERT_EQ(d->offers.size(), 2u);
+  EXPECT_EQ(d->offers[1].name, "devmem");
+  EXPECT_EQ(d->offers[1].descriptor, (std::vector<unsigned char>{1, 0}));
+  ASSERT_NE(d->offer("shm"), nullptr);
+  EXPECT_EQ(d->offer("tcp"), nullptr);
 }
 
 TEST(Handshake, EveryTruncationIsAnError) {
@@ -168,7 +183,12 @@ TEST(Handshake, FieldValidation) {
   check([](Hello& h) { h.streams = 65; }, "stream count");
   check([](Hello& h) { h.chunk_size = 100; }, "chunk size");
   check([](Hello& h) { h.chunk_size = 1u << 30; }, "chunk size");
-  check([](Hello& h) { h.transports = kTransportShm; }, "tcp");
+  check([](Hello& h) { h.offers.push_back(h.offers[0]); }, "offered twice");
+  check([](Hello& h) { h.offers[0].name = "Shm"; }, "[a-z0-9_]");
+  check([](Hello& h) { h.offers[0].name = ""; }, "[a-z0-9_]");
+  check([](Hello& h) { h.offers[0].name = std::string(kMaxOfferName + 1, 'a'); }, "too long");
+  check([](Hello& h) { h.offers[0].descriptor.assign(kMaxOfferDescriptor + 1, 0); }, "descriptor");
+  check([](Hello& h) { h.offers.resize(kMaxOffers + 1, Offer{"x", {}}); }, "transports offered");
   check([](Hello& h) { h.unexpected_budget = UINT64_MAX; }, "unexpected budget");
   check([](Hello& h) { h.hostname = std::string("a\nb"); }, "non-printable");
   check([](Hello& h) { h.hostname = std::string(300, 'x'); }, "too long");
@@ -183,12 +203,12 @@ TEST(Handshake, JoinValidation) {
   auto d = decode_join(bytes.data(), bytes.size());
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->index, 3);
-  j.index = 4;  // index == streams: the devmem data socket (the listener checks the session agreed devmem)
+  j.index = 4;  // index >= streams: a data socket (the listener checks the session agreed one)
   bytes = encode_join(j);
   d = decode_join(bytes.data(), bytes.size());
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   EXPECT_EQ(d->index, 4);
-  j.index = 5;  // beyond the data socket
+  j.index = 4 + kMaxOffers;  // beyond any data socket
   bytes = encode_join(j);
   EXPECT_FALSE(decode_join(bytes.data(), bytes.size()).ok());
   j.streams = 1;  // one stream: index 1 is the data socket

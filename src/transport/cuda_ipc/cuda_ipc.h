@@ -80,7 +80,7 @@ struct IpcDescriptor {
 
 // Where an importer finds the POSIX fd of a peer's cuMem allocation (Kind::kCuMemFd), which the
 // owner sends over a Unix socket before the first descriptor that names it. The engine's cuda_ipc
-// path implements it over its side channel (engine/ipc_fds.h).
+// path implements it over its side channel (transport/cuda_ipc/ipc_fds.h).
 class FdSource {
  public:
   virtual ~FdSource() = default;

@@ -1,5 +1,5 @@
 // The shm payload path: a progress thread that owns an shm::ShmLink (see shm_path.h).
-#include "engine/shm_path.h"
+#include "transport/shm/shm_path.h"
 
 #include <fmt/format.h>
 #include <poll.h>
@@ -43,7 +43,7 @@ class ShmPath final : public PayloadPath {
     join_or_reap(thread_);
   }
 
-  PathKind kind() const override { return PathKind::kShm; }
+  std::string_view name() const override { return "shm"; }
   void start(Events* events, std::shared_ptr<void> keep_alive) override;
   bool carries(const MemSpec& src) const override;
   uint64_t max_chunk() const override { return kShmMaxChunk; }
@@ -336,9 +336,9 @@ bool ShmPath::sleep_locked(std::vector<Done>* done) {
 void ShmPath::deliver(std::vector<Done>* done) {
   for (Done& d : *done) {
     if (d.tx)
-      events_->on_path_tx_done(PathKind::kShm, d.seq, d.status);
+      events_->on_path_tx_done(d.seq, d.status);
     else
-      events_->on_path_rx_done(PathKind::kShm, d.seq, d.status);
+      events_->on_path_rx_done(d.seq, d.status);
   }
   done->clear();
 }
@@ -384,9 +384,9 @@ void ShmPath::run(std::shared_ptr<void> keep_alive) {
   std::vector<Done> errors(std::make_move_iterator(first_error), std::make_move_iterator(done.end()));
   done.erase(first_error, done.end());
   deliver(&done);
-  if (failure) events_->on_path_failed(PathKind::kShm, end);
+  if (failure) events_->on_path_failed(end);
   deliver(&errors);
-  events_->on_path_stopped(PathKind::kShm);
+  events_->on_path_stopped();
   keep_alive.reset();  // may destroy this path (the destructor then reaps us): touch nothing after
 }
 

@@ -1,17 +1,9 @@
-#include "engine/payload_path.h"
+#include "transport/path.h"
 
 #include <fmt/format.h>
 
 namespace dmx {
 
-const char* path_name(PathKind k) {
-  switch (k) {
-    case PathKind::kShm: return "shm";
-    case PathKind::kCudaIpc: return "cuda_ipc";
-    case PathKind::kDevmem: return "devmem";
-  }
-  return "?";
-}
 
 Result<uint64_t> decode_length_descriptor(std::span<const unsigned char> d, uint64_t max, std::string_view path,
                                           const std::string& peer) {

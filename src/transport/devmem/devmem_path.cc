@@ -1,5 +1,5 @@
 // The devmem payload path: see devmem_path.h for the contract and the design choices.
-#include "engine/devmem_path.h"
+#include "transport/devmem/devmem_path.h"
 
 #include <fmt/format.h>
 #include <poll.h>
@@ -121,7 +121,7 @@ class DevmemPath final : public PayloadPath {
     join_or_reap(thread_);
   }
 
-  PathKind kind() const override { return PathKind::kDevmem; }
+  std::string_view name() const override { return "devmem"; }
 
   void start(Events* events, std::shared_ptr<void> keep_alive) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -137,6 +137,7 @@ class DevmemPath final : public PayloadPath {
     return src.kind == MemKind::kSim && host_memory(p_.seams.memory);
   }
   bool accepts(const MemSpec& dst) const override { return gatherable(dst); }
+  bool accepts_any() const override { return false; }
   uint64_t max_chunk() const override { return kDevmemMaxChunk; }
 
   Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool /*whole*/) override {
@@ -301,7 +302,7 @@ class DevmemPath final : public PayloadPath {
       }
       deliver(events);
       if (exit) {
-        events_->on_path_stopped(PathKind::kDevmem);
+        events_->on_path_stopped();
         std::shared_ptr<void> keep = std::move(keep_alive_);  // released after on_path_stopped returned
         return;
       }
@@ -319,9 +320,9 @@ class DevmemPath final : public PayloadPath {
   void deliver(std::vector<Event>& events) {
     for (auto& e : events) {
       switch (e.kind) {
-        case Event::kTx: events_->on_path_tx_done(PathKind::kDevmem, e.seq, e.status); break;
-        case Event::kRx: events_->on_path_rx_done(PathKind::kDevmem, e.seq, e.status); break;
-        case Event::kFailed: events_->on_path_failed(PathKind::kDevmem, e.status); break;
+        case Event::kTx: events_->on_path_tx_done(e.seq, e.status); break;
+        case Event::kRx: events_->on_path_rx_done(e.seq, e.status); break;
+        case Event::kFailed: events_->on_path_failed(e.status); break;
       }
     }
   }

@@ -6,7 +6,7 @@
 #include <sys/socket.h>
 
 #include "core/log.h"
-#include "engine/devmem_path.h"
+#include "transport/devmem/devmem_path.h"
 #include "transport/devmem/devmem.h"
 #include "transport/devmem/nic.h"
 

@@ -1,6 +1,7 @@
 // A payload path: where the bytes of a data chunk travel when they do not follow their header on
-// a TCP stream. The endpoint keeps every decision on its TCP streams (matching, RTS/CTS, bounds,
-// cancel, ACKs): a chunk's header still goes out on stream 0, flagged with the path, and carries
+// a TCP stream; a Transport (transport.h) makes one per endpoint. The endpoint keeps every
+// decision on its streams (matching, RTS/CTS, bounds, cancel, ACKs): a chunk's header still goes
+// out on stream 0, naming the path by its id (the header's `path` byte), and carries
 // the path's *descriptor* of the chunk as its payload (≤ kMaxPathDescriptor bytes: the length for
 // shm, the IPC descriptor for cuda_ipc, the length for devmem). The path only moves bytes:
 //
@@ -56,10 +57,6 @@ namespace dmx {
 
 inline constexpr size_t kMaxPathDescriptor = 256;
 
-enum class PathKind : uint8_t { kShm = 0, kCudaIpc = 1, kDevmem = 2 };
-inline constexpr int kPathKinds = 3;
-const char* path_name(PathKind k);
-
 // The chunk descriptor of the shm and devmem paths: the chunk length, 8 bytes little-endian.
 // Untrusted input: kProtocol naming `path` and `peer` when the size is not 8 or the length is
 // over `max`. One decoder for both paths, so that the fuzzer (tests/fuzz) reaches it directly.
@@ -79,18 +76,20 @@ struct PathStats {
 
 class PayloadPath {
  public:
+  // One Events object per path: the endpoint knows which path calls.
   class Events {
    public:
     virtual ~Events() = default;
-    virtual void on_path_tx_done(PathKind path, uint64_t seq, const Status& s) = 0;
-    virtual void on_path_rx_done(PathKind path, uint64_t seq, const Status& s) = 0;
-    virtual void on_path_failed(PathKind path, const Status& s) = 0;
+    virtual void on_path_tx_done(uint64_t seq, const Status& s) = 0;
+    virtual void on_path_rx_done(uint64_t seq, const Status& s) = 0;
+    virtual void on_path_failed(const Status& s) = 0;
     // The progress thread has exited: the path no longer touches user memory.
-    virtual void on_path_stopped(PathKind path) = 0;
+    virtual void on_path_stopped() = 0;
   };
 
   virtual ~PayloadPath() = default;
-  virtual PathKind kind() const = 0;
+  // Its transport's name ("shm", "cuda_ipc", "devmem").
+  virtual std::string_view name() const = 0;
 
   // Starts the progress thread; events go to `events`, which `keep_alive` keeps alive until
   // on_path_stopped has returned.
@@ -102,6 +101,9 @@ class PayloadPath {
   // destination (the default); devmem only memory its gatherer writes. The receiver tells the
   // sender per transfer (CTS a1, READ_REQ a3: docs/wire.md), and the sender uses the path only then.
   virtual bool accepts(const MemSpec& dst) const { return true; }
+  // False when accepts() says no to some destinations: the receiver then names this path in its
+  // CTS / READ_REQ for each buffer it reaches, and the sender uses it only for those.
+  virtual bool accepts_any() const { return true; }
   // The largest chunk this path takes in one post_tx (the endpoint cuts transfers to it).
   virtual uint64_t max_chunk() const = 0;
 

@@ -30,7 +30,7 @@
 
 #include "core/clock.h"
 #include "core/config.h"
-#include "engine/payload_path.h"
+#include "transport/path.h"
 #include "transport/shm/shm.h"
 
 namespace dmx {

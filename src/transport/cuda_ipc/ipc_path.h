@@ -1,6 +1,6 @@
 // The cuda_ipc payload path (see payload_path.h): chunks whose source is CUDA device memory, between
 // two processes of one host. The sender exports the chunk (one IPC handle per allocation, made once
-// and cached; for a cuMem allocation its fd, sent once over the fd side channel, engine/ipc_fds.h)
+// and cached; for a cuMem allocation its fd, sent once over the fd side channel, transport/cuda_ipc/ipc_fds.h)
 // and sends its descriptor in the chunk header; a cuMem region that runs into the next block goes
 // as one chunk per block (post_tx takes the part up to the block's end). The receiver maps the
 // allocation (import cache) and copies the chunk out of the sender's memory into its destination
@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "engine/payload_path.h"
+#include "transport/path.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
 #include "transport/shm/shm.h"
 
@@ -69,7 +69,7 @@ Status cuda_ipc_path_available();
 Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid, bool proven_same_process);
 
 // `peer`: names the peer in messages and keys the import cache. `in_process`: the peer is this
-// process (see above). `fd_channel`: the side channel for cuMem allocations' fds (engine/ipc_fds.h);
+// process (see above). `fd_channel`: the side channel for cuMem allocations' fds (transport/cuda_ipc/ipc_fds.h);
 // without it such memory goes by other paths (post_tx: kUnavailable). Fails with the reason when
 // cuda_ipc_path_available() does.
 Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer, bool in_process = false,

@@ -1,4 +1,4 @@
-#include "engine/control_pipe.h"
+#include "transport/shm/control_pipe.h"
 
 #include <fmt/format.h>
 

@@ -55,7 +55,7 @@
 
 #include "core/config.h"
 #include "core/sys.h"
-#include "engine/payload_path.h"
+#include "transport/path.h"
 #include "transport/devmem/devmem.h"
 
 namespace dmx {

@@ -1,4 +1,4 @@
-#include "engine/ipc_fds.h"
+#include "transport/cuda_ipc/ipc_fds.h"
 
 #include <fmt/format.h>
 

@@ -2,7 +2,7 @@
 //
 // This file is CUDA-free: it drives the cuda_ipc layer (Exporter, CopyEngine) through its public
 // header, which says "built without CUDA" in builds without it.
-#include "engine/ipc_path.h"
+#include "transport/cuda_ipc/ipc_path.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -23,7 +23,7 @@
 #include "core/reaper.h"
 #include "core/sys.h"
 #include "core/trace.h"
-#include "engine/ipc_fds.h"
+#include "transport/cuda_ipc/ipc_fds.h"
 #include "memory/mps.h"
 
 namespace dmx {
@@ -75,7 +75,7 @@ class CudaIpcPath final : public PayloadPath {
     join_or_reap(thread_);
   }
 
-  PathKind kind() const override { return PathKind::kCudaIpc; }
+  std::string_view name() const override { return "cuda_ipc"; }
 
   void start(Events* events, std::shared_ptr<void> keep_alive) override {
     std::lock_guard lock(join_mu_);
@@ -531,8 +531,8 @@ class CudaIpcPath final : public PayloadPath {
   void deliver(std::vector<Done>* done, const std::optional<Status>& broke = std::nullopt, size_t broke_at = 0) {
     if (events_ != nullptr) {
       for (size_t i = 0; i <= done->size(); ++i) {
-        if (broke.has_value() && i == broke_at) events_->on_path_failed(PathKind::kCudaIpc, *broke);
-        if (i < done->size()) events_->on_path_rx_done(PathKind::kCudaIpc, (*done)[i].seq, (*done)[i].status);
+        if (broke.has_value() && i == broke_at) events_->on_path_failed(*broke);
+        if (i < done->size()) events_->on_path_rx_done((*done)[i].seq, (*done)[i].status);
       }
     }
     done->clear();
@@ -582,7 +582,7 @@ class CudaIpcPath final : public PayloadPath {
     deliver(done);
     Events* events = events_;
     std::shared_ptr<void> keep = std::move(keep_alive_);
-    if (events != nullptr) events->on_path_stopped(PathKind::kCudaIpc);
+    if (events != nullptr) events->on_path_stopped();
     // `keep` goes last: it may own this path, whose destructor then runs here and hands us to the
     // reaper (core/reaper.h).
   }

@@ -1,7 +1,7 @@
 // The cuda_ipc path's side channel for cuMem allocations (PyTorch's expandable segments, NCCL's
 // buffers): such memory is shared as a POSIX fd per allocation, which only a Unix socket can carry
 // (SCM_RIGHTS). The engine connects this channel at the handshake, beside the shm and control-pipe
-// channels, whenever cuda_ipc is agreed (engine/local_paths.h).
+// channels, whenever cuda_ipc is agreed (engine/transport_setup.h).
 //
 // Order: the owner sends an allocation's fd once, before the first chunk descriptor that names it
 // leaves on stream 0; a Unix-socket send is complete when it returns (the message is queued at

@@ -1,0 +1,25 @@
+// The transports this engine can use, in order of preference: the only engine file that names
+// one. Per chunk the endpoint takes the first agreed path, in this order, that carries the source
+// and reaches the destination; the rest goes inline on the TCP streams.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace dmx {
+
+using TransportList = std::vector<std::shared_ptr<Transport>>;
+
+// A fresh registry for a new context: cuda_ipc, devmem, shm, shm_pipe.
+TransportList default_transports();
+
+// The metrics rows: "tcp" (the streams), then each transport's metric_name() once.
+std::vector<std::string> metric_names(const TransportList& list);
+
+// Puts `t` in place of the transport of its name, or last (tests: doubles and extra transports).
+void register_transport(TransportList& list, std::shared_ptr<Transport> t);
+
+}  // namespace dmx
