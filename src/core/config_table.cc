@@ -8,8 +8,9 @@ constexpr ConfigEntry kTable[] = {
     // core
     {"log_level", ConfigType::kString, "info", "log verbosity", "trace|debug|info|warn|error|off"},
     // engine
-    {"transport", ConfigType::kString, "auto", "data path to use; auto picks the best both peers support",
-     "auto|tcp|devmem|shm|cuda_ipc"},
+    {"transport", ConfigType::kString, "auto",
+     "data path to use: auto (the best both peers support), tcp, or a registered transport (cuda_ipc, devmem, "
+     "shm; checked when the context is created)"},
     {"connect_timeout", ConfigType::kDuration, "10s",
      "deadline for connect() as a whole: every attempt, the backoff between them (50 ms doubling to 1 s) "
      "and the same-host paths; refused, reset or timed-out attempts are retried, a REJECT or a key "

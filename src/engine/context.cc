@@ -88,7 +88,9 @@ Result<std::shared_ptr<ContextImpl>> ContextImpl::create(const Options& options)
   set_log_level(config.get_string("log_level"));
   DMX_ASSIGN_OR_RETURN(EngineParams params, params_from(config));
   DMX_ASSIGN_OR_RETURN(AuthKey auth, load_auth_key(config));
-  return std::shared_ptr<ContextImpl>(new ContextImpl(std::move(config), std::move(params), std::move(auth)));
+  auto impl = std::shared_ptr<ContextImpl>(new ContextImpl(std::move(config), std::move(params), std::move(auth)));
+  DMX_RETURN_IF_ERROR(check_transport_setting(impl->transports_, impl->params_.transport));
+  return impl;
 }
 
 ContextImpl::ContextImpl(Config config, EngineParams params, AuthKey auth)

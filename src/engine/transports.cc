@@ -1,6 +1,9 @@
 #include "engine/transports.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <mutex>
 
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/devmem/devmem_transport.h"
@@ -8,10 +11,40 @@
 
 namespace dmx {
 
+namespace {
+
+std::mutex added_mu;
+std::vector<std::function<std::shared_ptr<Transport>()>>& added() {
+  static auto* list = new std::vector<std::function<std::shared_ptr<Transport>()>>;  // never destroyed
+  return *list;
+}
+
+}  // namespace
+
 // cuda_ipc first: it moves device memory at the link's speed and never stages; devmem next (the
 // NIC reads and writes device memory); shm carries every kind, staging device memory.
 TransportList default_transports() {
-  return {make_cuda_ipc_transport(), make_devmem_transport(), make_shm_transport(), make_shm_pipe_transport()};
+  TransportList list{make_cuda_ipc_transport(), make_devmem_transport(), make_shm_transport(),
+                     make_shm_pipe_transport()};
+  std::lock_guard<std::mutex> lock(added_mu);
+  for (const auto& make : added()) register_transport(list, make());
+  return list;
+}
+
+void add_transport(std::function<std::shared_ptr<Transport>()> make) {
+  std::lock_guard<std::mutex> lock(added_mu);
+  added().push_back(std::move(make));
+}
+
+Status check_transport_setting(const TransportList& list, const std::string& name) {
+  std::string choices = "auto|tcp";
+  for (const auto& t : list) {
+    if (!t->payload()) continue;
+    if (t->name() == name) return Status();
+    choices += fmt::format("|{}", t->name());
+  }
+  if (name == "auto" || name == "tcp") return Status();
+  return Status(Code::kInvalidArgument, fmt::format("setting transport: '{}' must be one of {}", name, choices));
 }
 
 std::vector<std::string> metric_names(const TransportList& list) {

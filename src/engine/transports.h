@@ -3,6 +3,7 @@
 // and reaches the destination; the rest goes inline on the TCP streams.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,8 +14,17 @@ namespace dmx {
 
 using TransportList = std::vector<std::shared_ptr<Transport>>;
 
-// A fresh registry for a new context: cuda_ipc, devmem, shm, shm_pipe.
+// A fresh registry for a new context: cuda_ipc, devmem, shm, shm_pipe, then those added with
+// add_transport.
 TransportList default_transports();
+
+// Process-wide: every context created afterwards also has the transport `make` returns (tests:
+// transports that live in the tests). Any thread.
+void add_transport(std::function<std::shared_ptr<Transport>()> make);
+
+// Whether `name` may be the transport setting: auto, tcp, or a payload transport of `list`;
+// kInvalidArgument listing the choices when not.
+Status check_transport_setting(const TransportList& list, const std::string& name);
 
 // The metrics rows: "tcp" (the streams), then each transport's metric_name() once.
 std::vector<std::string> metric_names(const TransportList& list);

@@ -69,10 +69,6 @@ TEST(Config, BadValuesNameTheSetting) {
   c = Config::resolve(Options().set("no_such_thing", "1"));
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("no_such_thing"), std::string::npos);
-
-  c = Config::resolve(Options().set("transport", "carrier-pigeon"));
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("auto|tcp"), std::string::npos);
 }
 
 TEST(Config, EveryDefaultParses) {

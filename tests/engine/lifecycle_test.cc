@@ -277,4 +277,14 @@ TEST_P(Concurrency, SmallFramesBackToBackCrossTheReadAhead) {
 INSTANTIATE_TEST_SUITE_P(Transports, Concurrency, ::testing::Values("tcp", "auto"));
 
 }  // namespace
+// The transport setting names the registry's transports; any other name fails the context.
+TEST(Lifecycle, UnknownTransportSettingListsTheChoices) {
+  auto c = Context::create(test_options().set("transport", "carrier-pigeon"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("auto|tcp|cuda_ipc|devmem|shm"), std::string::npos) << c.status().to_string();
+  EXPECT_FALSE(Context::create(test_options().set("transport", "shm_pipe")).ok()) << "not a payload transport";
+  EXPECT_TRUE(Context::create(test_options().set("transport", "devmem")).ok());
+}
+
 }  // namespace dmx::test

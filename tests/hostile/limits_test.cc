@@ -76,8 +76,9 @@ TEST(Limits, EveryThreadIsGoneAfterItsEndpointCloses) {
   std::thread([] {}).join();  // ThreadSanitizer starts a thread of its own with a process's first
   int before = threads_now();
   {
-    Server s = make_server(test_options(4));
-    auto client = Context::create(test_options(4));
+    // TCP: with a payload path an endpoint opens one stream, not four.
+    Server s = make_server(test_options(4).set("transport", "tcp"));
+    auto client = Context::create(test_options(4).set("transport", "tcp"));
     std::vector<Endpoint> eps;
     for (int i = 0; i < 10; ++i) {
       auto c = client->connect(s.listener.address());
@@ -96,6 +97,33 @@ TEST(Limits, EveryThreadIsGoneAfterItsEndpointCloses) {
   // One more is the reaper (src/core/reaper.h), started if a worker happened to drop its own
   // endpoint; 10 endpoint pairs leaking would leave 80.
   EXPECT_LE(after, before + 1) << "threads left behind by closed endpoints";
+}
+
+// Two processes of one host agree shm (and the shm pipe): one stream, so an endpoint costs its
+// stream's worker and the shm path's thread, whatever the streams setting.
+TEST(Limits, SameHostEndpointsOpenOneStream) {
+  std::thread([] {}).join();
+  int before = threads_now();
+  Server s = make_server(test_options(8));
+  auto client = Context::create(test_options(8));
+  std::vector<Endpoint> eps;
+  constexpr int kPairs = 8;
+  for (int i = 0; i < kPairs; ++i) {
+    auto c = client->connect(s.listener.address());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    if (c->stats().transport != "shm") GTEST_SKIP() << "shm not agreed here: " << c->stats().reason;
+    EXPECT_EQ(c->stats().streams, 1) << c->stats().reason;
+    eps.push_back(std::move(*c));
+    auto e = s.listener.accept(10s);
+    ASSERT_TRUE(e.ok());
+    eps.push_back(std::move(*e));
+  }
+  int grew = threads_now() - before;
+  std::printf("%d same-host endpoint pairs with streams=8: %d threads (%.1f per endpoint)\n", kPairs, grew,
+              grew / (2.0 * kPairs));
+  // 2 per endpoint, plus the listener's and a few set-up threads still finishing.
+  EXPECT_LE(grew, 2 * 2 * kPairs + 4);
+  for (auto& e : eps) EXPECT_TRUE(e.close().ok());
 }
 
 }  // namespace

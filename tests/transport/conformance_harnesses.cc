@@ -6,9 +6,11 @@
 
 #include "devmem/socket_double.h"
 #include "engine/context_impl.h"
+#include "engine/transports.h"
 #include "transport/devmem/devmem_path.h"
 #include "transport/devmem/devmem_transport.h"
 #include "transport/conformance.h"
+#include "transport/loop_transport.h"
 
 namespace dmx::test {
 namespace {
@@ -40,6 +42,16 @@ Result<Context> devmem_context(int host, Options o) {
   return ctx;
 }
 
+// The test-only transport, added the way any transport is: nothing else in the engine knows it.
+Result<Context> loop_context(int, Options o) {
+  static const bool added = [] {
+    add_transport(make_loop_transport);
+    return true;
+  }();
+  (void)added;
+  return forced(o, "loop");
+}
+
 }  // namespace
 
 const std::vector<Harness>& harnesses() {
@@ -51,6 +63,8 @@ const std::vector<Harness>& harnesses() {
        [](int, Options o) { return forced(o, "cuda_ipc"); }, "cuda_ipc",
        "CUDA cannot be used in a child forked after the parent initialised it (the killed-owner case is "
        "CudaIpcGpu.OwnerKilledWithCopiesInFlightNeverHangs and CudaIpcPathGpu.PeerKilledMidTransferNeverHangs)"},
+      {"loop", MemSpec{}, [] { return std::string(); }, loop_context, "loop",
+       "the loop transport shares pointers within one process"},
   };
   return all;
 }
