@@ -1,4 +1,4 @@
-// Endpoint: chunks whose bytes travel on a payload path (payload_path.h). The headers and every
+// Endpoint: chunks whose bytes travel on a payload path (transport/path.h). The headers and every
 // decision stay with the streams; this file hands chunks to paths and takes their completions.
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 // The engine with the devmem payload path chosen at connection time, over the socket-pair double
 // (tests/devmem/socket_double.h): each "host" is a Context with its own SimNic installed as the
-// devmem path factory (ContextImpl::set_devmem_factory_for_testing), so the data socket is a real
+// devmem transport's path factory (make_devmem_transport, ContextImpl::register_transport), so the data socket is a real
 // loopback TCP connection made by the handshake (JOIN index = streams) and real bytes move through
 // the double's fragments and tokens. The double's "device" memory is the sim kind (mapped with no
 // access rights: engine code that touches it directly crashes). No devmem NIC is involved.

@@ -1,4 +1,4 @@
-// Tests of the cuda_ipc payload path (src/engine/ipc_path.*).
+// Tests of the cuda_ipc payload path (src/transport/cuda_ipc/ipc_path.*).
 //
 // CudaIpcPath.*: the CUDA-free logic (chunk descriptor format and validation, drops, stop,
 // lifetime), run everywhere in this process, which never initialises CUDA.

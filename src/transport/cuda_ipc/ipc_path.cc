@@ -1,4 +1,4 @@
-// The cuda_ipc payload path: see ipc_path.h for the shape, payload_path.h for the contract.
+// The cuda_ipc payload path: see ipc_path.h for the shape, transport/path.h for the contract.
 //
 // This file is CUDA-free: it drives the cuda_ipc layer (Exporter, CopyEngine) through its public
 // header, which says "built without CUDA" in builds without it.

@@ -1,4 +1,4 @@
-// The cuda_ipc payload path (see payload_path.h): chunks whose source is CUDA device memory, between
+// The cuda_ipc payload path (see transport/path.h): chunks whose source is CUDA device memory, between
 // two processes of one host. The sender exports the chunk (one IPC handle per allocation, made once
 // and cached; for a cuMem allocation its fd, sent once over the fd side channel, transport/cuda_ipc/ipc_fds.h)
 // and sends its descriptor in the chunk header; a cuMem region that runs into the next block goes

@@ -1,4 +1,4 @@
-// The devmem payload path (see payload_path.h): chunk bytes of an endpoint whose peer is on
+// The devmem payload path (see transport/path.h): chunk bytes of an endpoint whose peer is on
 // another host travel on a DEDICATED TCP connection (the "data socket") that carries raw payload
 // bytes only — with devmem RX the whole TCP payload lands in the bound dmabuf, so no dmx header may
 // travel on it. Both sides process chunks in the same order (the order of their headers on stream

@@ -1,4 +1,4 @@
-// The control pipe: stream 0 of a same-host endpoint on a shared-memory pipe (local_paths.h).
+// The control pipe: stream 0 of a same-host endpoint on a shared-memory pipe (shm_transport.h).
 #pragma once
 
 #include <memory>

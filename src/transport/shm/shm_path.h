@@ -1,4 +1,4 @@
-// The shm payload path (see payload_path.h): chunk bytes of an endpoint whose peer is on the same
+// The shm payload path (see transport/path.h): chunk bytes of an endpoint whose peer is on the same
 // host travel through an shm::ShmLink (two slot rings in a shared memfd) instead of TCP.
 //
 //   descriptor   the chunk length, 8 bytes little-endian (nothing else: the ShmLink message id is
