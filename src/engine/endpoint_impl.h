@@ -1,6 +1,7 @@
 // The shared state behind an Endpoint: matching, one-sided targets, completion order, failure.
 //
-// Threads: user threads post operations; each stream's worker calls the StreamHost hooks.
+// Threads: user threads post operations; each stream's worker calls the StreamHost hooks; each
+// payload path's thread calls on_path_* (through its PathEvents).
 // mu_ guards everything below it. Lock order: mu_ -> a Stream's queue lock -> an OpState's mu.
 // Completion callbacks run with no lock held (deliver()).
 #pragma once

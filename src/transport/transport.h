@@ -8,9 +8,10 @@
 //   2. HELLO carries the list of (name, descriptor). The server keeps a transport when both offer
 //      it and compatible() says yes; it connects the transport's side channel when it needs one
 //      (dropping the transport with the reason when that fails) and then asks admit().
-//   3. Both sides take, in the registry's order, every transport that both HELLOs list and that
-//      compatible() accepts: the same list on both sides, so each transport's position in it is
-//      its path id on the wire (the chunk header's `path` byte; 0 = inline on a stream).
+//   3. Both sides take the transports the server's HELLO lists (in the server's registry order),
+//      each checked against their own registry and compatible(): the same list on both sides, so
+//      each transport's position in it is its path id on the wire (the chunk header's `path`
+//      byte; 0 = inline on a stream).
 //   4. connect(): both sides, once the streams joined, with a Bootstrap: the authenticated side
 //      channel and extra TCP socket the transport asked for, and the facts of the session.
 #pragma once

@@ -12,7 +12,7 @@
 namespace dmx::test {
 
 struct Harness {
-  std::string name;  // the transport: "tcp", "shm", "devmem", "cuda_ipc"
+  std::string name;  // the transport: "tcp", "shm", "devmem", "cuda_ipc", "loop"
   MemSpec mem;       // memory both sides use, so that bulk data takes this transport
   // Empty when the transport can run here; else why not (the test is skipped with it).
   std::function<std::string()> unavailable;
