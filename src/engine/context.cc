@@ -8,7 +8,7 @@
 #include "core/sys.h"
 #include "core/trace.h"
 #include "engine/context_impl.h"
-#include "engine/endpoint_impl.h"
+#include "engine/endpoint/endpoint_impl.h"
 #include "engine/handshake.h"
 #include "wire/handshake.h"
 

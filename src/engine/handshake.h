@@ -11,7 +11,7 @@
 
 #include "core/clock.h"
 #include "engine/context_impl.h"
-#include "engine/endpoint_impl.h"
+#include "engine/endpoint/endpoint_impl.h"
 #include "wire/frame.h"
 #include "wire/handshake.h"
 

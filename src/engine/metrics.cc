@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <bit>
 
-#include "engine/endpoint_impl.h"
+#include "engine/endpoint/endpoint_impl.h"
 
 namespace dmx {
 namespace {

@@ -6,17 +6,14 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
-#include "engine/endpoint_impl.h"
+#include "engine/endpoint/endpoint_impl.h"
+#include "engine/endpoint/internal.h"
 
 namespace dmx {
 
 using wire::FrameHeader;
 using wire::FrameType;
-
-namespace {
-// Chunks one payload path may have in flight from this side.
-constexpr size_t kPathWindow = 8;
-}  // namespace
+using namespace endpoint;
 
 // Transmit side: streams pull chunks of the oldest transfer first.
 bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {

@@ -75,7 +75,7 @@ class EndpointImpl final : public tcp::StreamHost,
   void on_tick() override;
   bool rx_paused() override;
 
-  // A path's events (PathEvents, endpoint_paths.cc), with the path's id.
+  // A path's events (PathEvents, endpoint/paths.cc), with the path's id.
   void on_path_tx_done(uint8_t path, uint64_t seq, const Status& s);
   void on_path_rx_done(uint8_t path, uint64_t seq, const Status& s);
   void on_path_failed(uint8_t path, const Status& s);
@@ -87,7 +87,7 @@ class EndpointImpl final : public tcp::StreamHost,
   void abandon(const Status& why) override { fail(why.with_peer(session_.peer)); }
 
  private:
-  // A payload path and its chunks in flight (endpoint_paths.cc). Sequence numbers count the
+  // A payload path and its chunks in flight (endpoint/paths.cc). Sequence numbers count the
   // path's chunk headers on stream 0, per direction.
   struct PathState {
     std::unique_ptr<PayloadPath> path;
@@ -178,7 +178,7 @@ class EndpointImpl final : public tcp::StreamHost,
   // A chunk of `op` left this side (written to a socket, or released by a path). Caller holds mu_.
   void chunk_sent(const std::shared_ptr<OpState>& op, uint64_t len, const Status& s);
 
-  // Payload paths (endpoint_paths.cc). A path bit is 1 << path id.
+  // Payload paths (endpoint/paths.cc). A path bit is 1 << path id.
   static uint32_t path_bit(uint8_t id) { return uint32_t{1} << id; }
   // The state of path `id`, or null when no such path runs here.
   PathState* path_state(uint8_t id);
@@ -223,7 +223,7 @@ class EndpointImpl final : public tcp::StreamHost,
   void stop_paths();
   static EndpointStats::PathUse path_use(const PayloadPath& p);
 
-  // Receive side (endpoint_rx.cc).
+  // Receive side (endpoint/rx.cc, matching.cc, one_sided.cc).
   // `len`: the message length (the frame's payload, or what a path's descriptor announced).
   Result<tcp::RxPlan> plan_eager(const wire::FrameHeader& h, uint64_t len);
   // An eager message's bytes are in place (plan_eager's host_tag and ctx); `via`: the path bits

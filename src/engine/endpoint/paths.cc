@@ -4,12 +4,14 @@
 
 #include "core/log.h"
 #include "core/trace.h"
-#include "engine/endpoint_impl.h"
+#include "engine/endpoint/endpoint_impl.h"
+#include "engine/endpoint/internal.h"
 
 namespace dmx {
 
 using wire::FrameHeader;
 using wire::FrameType;
+using namespace endpoint;
 
 namespace {
 
