@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <mutex>
+
+#include "transport/devmem/advice.h"
 #include "transport/devmem/devmem_path.h"
 
 namespace dmx {
@@ -18,13 +21,15 @@ class DevmemTransport final : public Transport {
   Result<std::vector<unsigned char>> offer(const Config& config) override {
     if (!transport_allowed(config, "devmem"))
       return Status(Code::kUnavailable, fmt::format("devmem: not asked (transport={})", config.get_string("transport")));
+    unsigned char forced = config.get_string("transport") == "devmem" ? 1 : 0;
     if (!factory_) {
       Status s = devmem_path_offer(config);
       if (!s.ok())
         return Status(Code::kUnavailable,
                       s.message().starts_with("devmem") ? s.message() : fmt::format("devmem: {}", s.message()));
+      // The NIC can do it; whether it pays here is the topology's question.
+      DMX_RETURN_IF_ERROR(consult_advisor(config, forced != 0));
     }
-    unsigned char forced = config.get_string("transport") == "devmem" ? 1 : 0;
     return std::vector<unsigned char>{kVersion, forced};
   }
   // devmem between two processes of one host would run over loopback, which cannot carry it:
@@ -39,9 +44,11 @@ class DevmemTransport final : public Transport {
     return Status();
   }
   std::string role(const PeerPair&) const override {
+    std::lock_guard<std::mutex> lock(mu_);
     return fmt::format("device sources go by devmem on a dedicated data socket when the receiver's buffer accepts "
-                       "it{}",
-                       factory_ ? " (this side's devmem is a test double)" : "");
+                       "it{}{}",
+                       factory_ ? " (this side's devmem is a test double)" : "",
+                       advice_.empty() ? "" : fmt::format(" (topology advisor: {})", advice_));
   }
   std::string when() const override {
     return "chosen when both peers offer it and are on different hosts (or a side is forced to it): payloads from "
@@ -61,7 +68,35 @@ class DevmemTransport final : public Transport {
   }
 
  private:
+  // In auto mode, offers devmem only where the advisor favours NIC-direct access between the GPU
+  // and the NIC; forced, offers it anyway. The topology is read once per context.
+  Status consult_advisor(const Config& config, bool forced) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!tried_) {
+      tried_ = true;
+      auto t = topo::discover_local(config.get_string("sysfs_root"));
+      topology_ = t.ok() ? *t : nullptr;
+      if (!t.ok()) advice_ = fmt::format("topology unknown ({}), not consulted", t.status().message());
+    }
+    if (!topology_) return Status();
+    int gpu = static_cast<int>(config.get_int("devmem_gpu"));
+    auto a = devmem::advise(*topology_, devmem::gpu_device(*topology_, gpu), config.get_string("devmem_ifname"));
+    if (!a.ok()) {
+      advice_ = fmt::format("not consulted: {}", a.status().message());
+      return Status();
+    }
+    advice_ = a->direct ? "NIC-direct favoured: " + a->why : "staging favoured, forced: " + a->why;
+    if (a->direct || forced) return Status();
+    return Status(Code::kUnavailable, fmt::format("devmem: the topology advisor favours staging through host memory "
+                                                  "for cuda:{} and {} ({}); set transport=devmem to force it",
+                                                  gpu, config.get_string("devmem_ifname"), a->why));
+  }
+
   DevmemPathFactory factory_;
+  mutable std::mutex mu_;  // guards tried_, topology_, advice_
+  bool tried_ = false;
+  std::shared_ptr<const topo::Topology> topology_;
+  std::string advice_;
 };
 
 }  // namespace
