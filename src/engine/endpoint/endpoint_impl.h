@@ -72,7 +72,7 @@ class EndpointImpl final : public tcp::StreamHost,
   void on_sent(int stream, tcp::TxItem& item) override;
   void on_stream_failed(int stream, const Status& s) override;
   void on_stream_stopped(int stream) override;
-  void on_tick() override;
+  Clock::time_point on_tick() override;
   bool rx_paused() override;
 
   // A path's events (PathEvents, endpoint/paths.cc), with the path's id.

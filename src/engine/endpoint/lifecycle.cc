@@ -267,9 +267,10 @@ Status EndpointImpl::close() {
   return result;
 }
 
-void EndpointImpl::on_tick() {
+Clock::time_point EndpointImpl::on_tick() {
   int64_t due = next_deadline_ns_.load(std::memory_order_relaxed);
-  if (Clock::now().time_since_epoch().count() < due) return;
+  if (Clock::now().time_since_epoch().count() < due)
+    return due == INT64_MAX ? Clock::time_point::max() : Clock::time_point(Clock::duration(due));
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto now = Clock::now();
@@ -282,6 +283,8 @@ void EndpointImpl::on_tick() {
     next_deadline_ns_.store(deadlines_.empty() ? INT64_MAX : deadlines_.begin()->first.time_since_epoch().count());
   }
   deliver();
+  int64_t next = next_deadline_ns_.load(std::memory_order_relaxed);
+  return next == INT64_MAX ? Clock::time_point::max() : Clock::time_point(Clock::duration(next));
 }
 
 Status EndpointImpl::health() const {

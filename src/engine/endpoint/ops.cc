@@ -30,7 +30,10 @@ Request EndpointImpl::start(const std::shared_ptr<OpState>& op, std::deque<std::
   if (op->deadline != Clock::time_point::max()) {
     deadlines_.emplace(op->deadline, op);
     int64_t ns = op->deadline.time_since_epoch().count();
-    if (ns < next_deadline_ns_.load()) next_deadline_ns_.store(ns);
+    if (ns < next_deadline_ns_.load()) {
+      next_deadline_ns_.store(ns);
+      if (!streams_.empty()) streams_[0]->wake();  // it may be asleep until a later deadline
+    }
   }
   return Request(op);
 }

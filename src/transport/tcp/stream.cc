@@ -421,8 +421,8 @@ void Stream::run() {
     const bool paused = host_->rx_paused();
     if (failure.ok() && !stop_.load(std::memory_order_acquire) && !paused) failure = step_rx(&rx);
     if (!failure.ok()) break;
-    if (config_.index == 0) host_->on_tick();
     auto now = Clock::now();
+    Clock::time_point due = config_.index == 0 ? host_->on_tick() : Clock::time_point::max();
     if (paused) {
       // Not reading is our choice, not the peer's silence; but a peer that takes none of the
       // replies it asked for within peer_timeout is gone or hostile.
@@ -472,8 +472,12 @@ void Stream::run() {
     // Nothing moved for a while: sleep until the socket or a wake-up, or briefly while copies
     // are in flight.
     bool copies = !pending_rx_.empty() || (!chunks_.empty() && chunks_.front().fence != 0);
-    auto timeout = copies ? std::chrono::microseconds(20)
-                          : std::min<std::chrono::microseconds>(config_.keepalive, config_.index == 0 ? config_.tick : config_.keepalive);
+    // Until the next keepalive or deadline, rounded up to `tick` so that deadlines close together
+    // share one wake-up.
+    auto until_due = due == Clock::time_point::max()
+                         ? config_.keepalive
+                         : std::max(config_.tick, std::chrono::ceil<std::chrono::microseconds>(due - Clock::now()));
+    auto timeout = copies ? std::chrono::microseconds(20) : std::min<std::chrono::microseconds>(config_.keepalive, until_due);
     if (paused) timeout = std::min<std::chrono::microseconds>(timeout, std::chrono::milliseconds(1));
     pollfd fds[3];
     // Paused: input must not wake us (we would not read it); room to write and the wake-up do.

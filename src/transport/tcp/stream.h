@@ -83,8 +83,10 @@ class StreamHost {
   virtual void on_stream_failed(int stream, const Status& s) = 0;
   // The worker has exited; it holds no user memory and no pending copies any more.
   virtual void on_stream_stopped(int stream) = 0;
-  // Stream 0 calls this at least every `tick` (deadlines).
-  virtual void on_tick() = 0;
+  // Stream 0 calls this on every pass (deadlines). Returns when it wants the next call at the
+  // latest; an idle stream sleeps until then (or `tick` when sooner), so idle endpoints without
+  // deadlines cost no wake-ups. A host whose next deadline moves earlier wakes the stream.
+  virtual Clock::time_point on_tick() = 0;
   // Asked before every read: true stops reading from the peer for now (back-pressure: the peer
   // does not read the replies its requests caused). Any stream's worker; must be cheap.
   virtual bool rx_paused() { return false; }
@@ -97,7 +99,7 @@ struct StreamConfig {
   wire::Limits limits;
   std::chrono::microseconds keepalive{1'000'000};
   std::chrono::microseconds peer_timeout{10'000'000};
-  std::chrono::microseconds tick{10'000};
+  std::chrono::microseconds tick{10'000};  // the granularity of deadlines (they fire late by at most this)
   // After any progress the worker polls without sleeping for this long: a message that follows
   // within the window costs no wake-up (latency), at the price of a busy core meanwhile.
   std::chrono::microseconds busy_poll{50};

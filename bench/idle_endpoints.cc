@@ -1,0 +1,96 @@
+// idle_endpoints — what N connected, idle endpoints cost one server process: threads, memory,
+// file descriptors. Server and client contexts live in this one process, so the figures are for
+// both sides; the server's share is half (each side runs the same threads per endpoint).
+//
+//   idle_endpoints [N (1000)] [transport (tcp)] [streams (1)]
+#include <dirent.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <thread>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dmx/dmx.h"
+
+namespace {
+
+long status_field(const char* name) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(name, 0) == 0) return std::atol(line.c_str() + std::string(name).size());
+  return -1;
+}
+
+int open_fds() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n - 2;
+}
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = argc > 1 ? std::atoi(argv[1]) : 1000;
+  std::string transport = argc > 2 ? argv[2] : "tcp";
+  std::string streams = argc > 3 ? argv[3] : "1";
+  dmx::Options o;
+  o.set("insecure", "true").set("transport", transport).set("streams", streams).set("log_level", "warn");
+  o.set("max_endpoints", std::to_string(n + 10)).set("keepalive_interval", "1s");
+  auto server = dmx::Context::create(o);
+  auto client = dmx::Context::create(o);
+  if (!server.ok() || !client.ok()) {
+    std::fprintf(stderr, "context: %s\n", (server.ok() ? client.status() : server.status()).to_string().c_str());
+    return 1;
+  }
+  auto listener = server->listen("tcp://127.0.0.1:0");
+  if (!listener.ok()) return 1;
+  long threads0 = status_field("Threads:"), rss0 = status_field("VmRSS:");
+  int fds0 = open_fds();
+  std::vector<dmx::Endpoint> eps;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) {
+    auto c = client->connect(listener->address());
+    auto s = c.ok() ? listener->accept(std::chrono::seconds(10)) : dmx::Result<dmx::Endpoint>(c.status());
+    if (!c.ok() || !s.ok()) {
+      std::fprintf(stderr, "endpoint %d: %s\n", i, (c.ok() ? s.status() : c.status()).to_string().c_str());
+      return 1;
+    }
+    if (i == 0) std::printf("# transport %s, %u stream(s): %s\n", c->stats().transport.c_str(), c->stats().streams,
+                            c->stats().reason.c_str());
+    eps.push_back(std::move(*c));
+    eps.push_back(std::move(*s));
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  long threads = status_field("Threads:") - threads0, rss = status_field("VmRSS:") - rss0;
+  int fds = open_fds() - fds0;
+  std::printf("{\"endpoints_per_side\":%d,\"transport\":\"%s\",\"streams\":%s,\"threads\":%ld,"
+              "\"threads_per_endpoint\":%.2f,\"rss_kib\":%ld,\"rss_kib_per_endpoint\":%.1f,\"fds\":%d,"
+              "\"fds_per_endpoint\":%.2f,\"connect_s\":%.2f}\n",
+              n, transport.c_str(), streams.c_str(), threads, threads / (2.0 * n), rss, rss / (2.0 * n), fds,
+              fds / (2.0 * n), secs);
+  // Idle for a few keepalive rounds: every endpoint must still be healthy, and idle endpoints
+  // should cost next to no CPU.
+  double cpu0 = cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  std::printf("# idle CPU: %.1f %% of one core over 3 s\n", (cpu_seconds() - cpu0) / 3 * 100);
+  int sick = 0;
+  for (auto& e : eps) sick += e.health().ok() ? 0 : 1;
+  std::printf("# after 3 s idle: %d of %zu endpoints unhealthy\n", sick, eps.size());
+  for (auto& e : eps) (void)e.close();
+  return sick == 0 ? 0 : 1;
+}
