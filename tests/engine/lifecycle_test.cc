@@ -287,4 +287,22 @@ TEST(Lifecycle, UnknownTransportSettingListsTheChoices) {
   EXPECT_TRUE(Context::create(test_options().set("transport", "devmem")).ok());
 }
 
+// An idle endpoint's control stream sleeps until its next deadline or keepalive; an operation
+// posted meanwhile with an earlier deadline wakes it, so the deadline does not wait for the
+// keepalive (30 s here).
+TEST(Lifecycle, DeadlinePostedOnAnIdleEndpointIsKept) {
+  for (const char* transport : {"tcp", "auto"}) {
+    Pair p = connect_pair(test_options(1).set("transport", transport).set("keepalive_interval", "30s").set("peer_timeout", "90s"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // stream 0 goes to sleep
+    std::vector<unsigned char> buf(16);
+    auto t0 = Clock::now();
+    Request r = p.server.recv(MemRegion{buf.data(), buf.size(), {}}, 7, OpOptions{.timeout = std::chrono::milliseconds(50)});
+    Status st = r.wait(std::chrono::seconds(20));
+    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    EXPECT_EQ(st.code(), Code::kTimeout) << transport << ": " << st.to_string();
+    EXPECT_LT(took, 10'000) << transport << ": the deadline waited for the keepalive";
+    std::printf("%s: a 50 ms deadline on an idle endpoint fired after %lld ms\n", transport, static_cast<long long>(took));
+  }
+}
+
 }  // namespace dmx::test
