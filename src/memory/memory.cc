@@ -9,6 +9,7 @@
 
 #include "core/units.h"
 #include "memory/backend.h"
+#include "memory/copy_queues.h"
 
 namespace dmx {
 
@@ -117,27 +118,17 @@ void Buffer::reset() {
 
 namespace {
 
-// One cached copy queue per device backend for the synchronous helper.
-Status device_copy(MemoryBackend* backend, bool to_device, void* dst, const void* src, size_t n) {
+// One cached copy queue per device for the synchronous helper.
+Status device_copy(MemSpec device, bool to_device, void* dst, const void* src, size_t n) {
   static std::mutex mu;
-  static std::vector<std::pair<MemoryBackend*, std::unique_ptr<CopyQueue>>> queues;
+  static CopyQueues queues;
   static pid_t owner = ::getpid();
   std::lock_guard<std::mutex> lock(mu);
   if (pid_t me = ::getpid(); me != owner) {
-    // A forked child inherits the queues but not their worker threads: abandon them (destroying
-    // one would join a thread that does not exist here) and make its own.
-    for (auto& entry : queues) (void)entry.second.release();
-    queues.clear();
+    queues.abandon();  // a forked child makes its own
     owner = me;
   }
-  CopyQueue* q = nullptr;
-  for (auto& [b, queue] : queues)
-    if (b == backend) q = queue.get();
-  if (q == nullptr) {
-    DMX_ASSIGN_OR_RETURN(auto queue, backend->create_queue());
-    q = queue.get();
-    queues.emplace_back(backend, std::move(queue));
-  }
+  DMX_ASSIGN_OR_RETURN(CopyQueue * q, queues.get(device));
   DMX_RETURN_IF_ERROR(to_device ? q->to_device(dst, src, n) : q->to_host(dst, src, n));
   DMX_ASSIGN_OR_RETURN(uint64_t fence, q->record());
   return q->wait(fence, Deadline::never());
@@ -155,15 +146,15 @@ Status copy_memory(MemRegion dst, MemRegion src) {
     std::memcpy(dst.ptr, src.ptr, dst.size);
     return Status();
   }
-  if (sb->host_accessible()) return device_copy(db, true, dst.ptr, src.ptr, dst.size);
-  if (db->host_accessible()) return device_copy(sb, false, dst.ptr, src.ptr, dst.size);
+  if (sb->host_accessible()) return device_copy(dst.where, true, dst.ptr, src.ptr, dst.size);
+  if (db->host_accessible()) return device_copy(src.where, false, dst.ptr, src.ptr, dst.size);
   // Device to device: bounce through host memory in pieces (a set-up helper, not a fast path).
   constexpr size_t kPiece = 64 << 20;
   std::vector<char> bounce(std::min(kPiece, dst.size));
   for (size_t off = 0; off < dst.size; off += kPiece) {
     size_t n = std::min(kPiece, dst.size - off);
-    DMX_RETURN_IF_ERROR(device_copy(sb, false, bounce.data(), static_cast<char*>(src.ptr) + off, n));
-    DMX_RETURN_IF_ERROR(device_copy(db, true, static_cast<char*>(dst.ptr) + off, bounce.data(), n));
+    DMX_RETURN_IF_ERROR(device_copy(src.where, false, bounce.data(), static_cast<char*>(src.ptr) + off, n));
+    DMX_RETURN_IF_ERROR(device_copy(dst.where, true, static_cast<char*>(dst.ptr) + off, bounce.data(), n));
   }
   return Status();
 }

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "memory/backend.h"
+#include "memory/copy_queues.h"
 #include "transport/shm/ring.h"
 #include "transport/shm/shm.h"
 
@@ -118,7 +119,7 @@ class LinkImpl final : public ShmLink {
   std::deque<RxChunk> rx_chunks_;
   std::map<MsgId, uint64_t> discarding_;  // truncated messages: bytes still to skip
   std::deque<Completion> failed_;         // completions owed after the link failed
-  std::map<std::pair<int, int>, std::unique_ptr<CopyQueue>> queues_;
+  CopyQueues queues_;
   MemoryBackend* pinned_by_ = nullptr;  // whose pin_host pinned our mapping (undone before munmap)
   bool pin_failed_ = false;             // said once; device copies then go through pageable memory
 

@@ -31,10 +31,7 @@ LinkImpl::LinkImpl(UnixChannel channel, const LinkOptions& options, const Layout
 
 LinkImpl::~LinkImpl() {
   // Device copies may still read or write our mapping of the slots: let them finish first.
-  for (auto& [key, q] : queues_) {
-    auto fence = q->record();
-    if (fence.ok()) (void)q->wait(*fence, Deadline::after(kDrainDeadline));
-  }
+  (void)queues_.drain(Deadline::after(kDrainDeadline));
   bells_->sleeping[side_].v.store(0, std::memory_order_relaxed);
   if (pinned_by_ != nullptr) pinned_by_->unpin_host(base_);
   ::munmap(base_, layout_.total);
@@ -80,15 +77,12 @@ Result<LinkImpl::SlotCopy> LinkImpl::copy_slot(void* dst, const void* src, size_
 }
 
 Result<CopyQueue*> LinkImpl::queue_for(MemSpec where) {
-  auto key = std::make_pair(static_cast<int>(where.kind), where.device);
-  auto it = queues_.find(key);
-  if (it != queues_.end()) return it->second.get();
-  DMX_ASSIGN_OR_RETURN(MemoryBackend * backend, backend_for(where));
-  DMX_ASSIGN_OR_RETURN(std::unique_ptr<CopyQueue> q, backend->create_queue());
-  CopyQueue* raw = q.get();
-  queues_.emplace(key, std::move(q));
+  bool made = false;
+  DMX_ASSIGN_OR_RETURN(CopyQueue * raw, queues_.get(where, &made));
+  if (!made) return raw;
   // The first device copy pins our mapping of the slots (once, for every device): copies between
   // device memory and pageable memory are synchronous and several times slower.
+  DMX_ASSIGN_OR_RETURN(MemoryBackend * backend, backend_for(where));
   if (pinned_by_ == nullptr && !pin_failed_) {
     if (Status s = backend->pin_host(base_, layout_.total); s.ok()) {
       pinned_by_ = backend;
@@ -404,10 +398,7 @@ void LinkImpl::fail(Status status, std::vector<Completion>* out) {
     DMX_LOG_WARN("shm link to peer {} failed: {}", peer_name(), error_.to_string());
   }
   // Completion returns buffer ownership: device copies into or out of user buffers must be over.
-  for (auto& [key, q] : queues_) {
-    auto fence = q->record();
-    if (fence.ok()) (void)q->wait(*fence, Deadline::after(kDrainDeadline));
-  }
+  (void)queues_.drain(Deadline::after(kDrainDeadline));
   for (auto& op : sends_) out->push_back(Completion{op.id, Completion::kSend, error_, 0});
   sends_.clear();
   for (auto& c : tx_chunks_)

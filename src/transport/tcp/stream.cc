@@ -21,7 +21,6 @@ uint64_t ns_since(Clock::time_point t) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
 }
 
-int queue_key(MemSpec w) { return (static_cast<int>(w.kind) << 16) | w.device; }
 
 }  // namespace
 
@@ -91,14 +90,7 @@ StreamStats Stream::stats() const {
   return s;
 }
 
-Result<CopyQueue*> Stream::queue_for(MemSpec where) {
-  auto& q = queues_[queue_key(where)];
-  if (!q) {
-    DMX_ASSIGN_OR_RETURN(MemoryBackend * backend, backend_for(where));
-    DMX_ASSIGN_OR_RETURN(q, backend->create_queue());
-  }
-  return q.get();
-}
+Result<CopyQueue*> Stream::queue_for(MemSpec where) { return queues_.get(where); }
 
 Status Stream::ensure_slots() {
   if (!slots_.empty()) return Status();
@@ -106,11 +98,9 @@ Status Stream::ensure_slots() {
   // device, and plain host memory serves the simulated one.
   MemoryBackend* backend = nullptr;
   for (MemKind k : {MemKind::kCuda, MemKind::kSim}) {
-    for (auto& [key, q] : queues_) {
-      if ((key >> 16) == static_cast<int>(k)) {
-        auto b = backend_for(MemSpec{k, key & 0xffff});
-        if (b.ok()) backend = *b;
-      }
+    for (MemSpec d : queues_.devices()) {
+      if (d.kind == k)
+        if (auto b = backend_for(d); b.ok()) backend = *b;
     }
     if (backend) break;
   }
@@ -525,13 +515,8 @@ Status Stream::check_frame_budget(Clock::time_point now) const {
 
 // Waits for copies still in flight (they may write user memory), then drops all references.
 void Stream::drain() {
-  for (auto& [key, q] : queues_) {
-    auto fence = q->record();
-    if (fence.ok()) {
-      Status s = q->wait(*fence, Deadline::after(std::chrono::seconds(30)));
-      if (!s.ok()) DMX_LOG_ERROR("stream {}: copies did not finish while closing: {}", config_.index, s.to_string());
-    }
-  }
+  if (Status s = queues_.drain(Deadline::after(std::chrono::seconds(30))); !s.ok())
+    DMX_LOG_ERROR("stream {}: copies did not finish while closing: {}", config_.index, s.to_string());
   pending_rx_.clear();
   chunks_.clear();
   current_ = TxItem();

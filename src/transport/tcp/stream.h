@@ -32,6 +32,7 @@
 #include "core/sys.h"
 #include "dmx/memory.h"
 #include "memory/backend.h"
+#include "memory/copy_queues.h"
 #include "transport/tcp/conduit.h"
 #include "transport/tcp/staging.h"
 #include "wire/frame.h"
@@ -214,7 +215,7 @@ class Stream {
 
 
   // Staging.
-  std::map<int, std::unique_ptr<CopyQueue>> queues_;  // by (kind << 16 | device)
+  CopyQueues queues_;
   StagingSlots slots_;
   std::vector<int> free_tx_slots_, free_rx_slots_;
 

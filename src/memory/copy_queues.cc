@@ -1,0 +1,38 @@
+#include "memory/copy_queues.h"
+
+namespace dmx {
+
+Result<CopyQueue*> CopyQueues::get(MemSpec where, bool* made) {
+  if (made != nullptr) *made = false;
+  auto key = std::make_pair(static_cast<int>(where.kind), where.device);
+  if (auto it = queues_.find(key); it != queues_.end()) return it->second.get();
+  DMX_ASSIGN_OR_RETURN(MemoryBackend * backend, backend_for(where));
+  DMX_ASSIGN_OR_RETURN(std::unique_ptr<CopyQueue> q, backend->create_queue());
+  CopyQueue* raw = q.get();
+  queues_.emplace(key, std::move(q));
+  if (made != nullptr) *made = true;
+  return raw;
+}
+
+Status CopyQueues::drain(Deadline deadline) {
+  Status first;
+  for (auto& [key, q] : queues_) {
+    auto fence = q->record();
+    Status s = fence.ok() ? q->wait(*fence, deadline) : fence.status();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+std::vector<MemSpec> CopyQueues::devices() const {
+  std::vector<MemSpec> out;
+  for (const auto& [key, q] : queues_) out.push_back(MemSpec{static_cast<MemKind>(key.first), key.second});
+  return out;
+}
+
+void CopyQueues::abandon() {
+  for (auto& [key, q] : queues_) (void)q.release();
+  queues_.clear();
+}
+
+}  // namespace dmx
