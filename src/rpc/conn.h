@@ -1,0 +1,73 @@
+// rpc/conn.h — the server side of one client connection: its control receives, its partition
+// of pool slots, and the join of each request's header and payload. Internal to src/rpc.
+//
+// Callbacks hold weak references; the server's reaper closes and drops a connection once it is
+// dead and no slot is at the orchestrator. mu_ guards the slot table; no call out under it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dmx/endpoint.h"
+#include "rpc/header.h"
+#include "rpc/orchestrator.h"
+#include "rpc/pool.h"
+
+namespace dmx::rpc {
+
+struct ServerShared;  // server.cc: pool, orchestrator, config, counters, log
+
+class Conn : public std::enable_shared_from_this<Conn> {
+ public:
+  Conn(ServerShared& server, Endpoint ep, uint32_t partition);
+  // Sends the hello and posts the receives. Call once, right after construction.
+  void start();
+  // The orchestrator's finish: sends the response (or an error header) and frees the slot.
+  void finish(Job& job, const Status& status);
+  // Refuses the peer: warns once naming it, tells it why, marks this connection dead.
+  void refuse(const std::string& why);
+  // Refuses the peer if a header has waited for its payload past the deadline.
+  void check_deadlines(std::chrono::steady_clock::time_point now);
+  bool dead() const { return dead_.load(); }
+  bool reapable() const { return dead_.load() && busy_.load() == 0; }
+  // Closes the endpoint (dmx touches the slots no more after it) and gives the partition back.
+  void close();
+  const std::string& peer() const { return peer_; }
+
+ private:
+  // Slot lifecycle: kFree (payload receive posted) -> kHeader or kData (one half arrived) ->
+  // kWork (at the orchestrator) -> kSend (response in flight) -> kFree (receive posted again).
+  enum class SlotState : uint8_t { kFree, kHeader, kData, kWork, kSend };
+  struct Slot {
+    SlotState state = SlotState::kFree;
+    Header hdr;
+    uint64_t data_len = 0;
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  void post_ctrl(uint32_t i);
+  void post_data(uint32_t local);
+  void on_ctrl(uint32_t i, const Status& s, size_t bytes);
+  void on_data(uint32_t local, const Status& s, size_t bytes);
+  void on_sent(uint32_t local, const Status& s);
+  void peer_gone(const Status& s);
+  // Under mu_: both halves are here; returns the job to submit, or an error to answer with.
+  void ready_locked(uint32_t local, Job& job, Status& error);
+  void send_header(const Header& h);
+
+  ServerShared& server_;
+  Endpoint ep_;
+  std::string peer_;
+  uint32_t partition_;
+  std::mutex mu_;  // guards slots_
+  std::vector<Slot> slots_;
+  std::vector<Wire> ctrl_bufs_;  // one per posted control receive; written only by dmx
+  std::atomic<bool> dead_{false}, closed_{false};
+  std::atomic<int> busy_{0};  // slots in kWork or kSend
+};
+
+}  // namespace dmx::rpc
