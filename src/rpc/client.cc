@@ -1,149 +1,221 @@
 #include "rpc/client.h"
 
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dmx::rpc {
 namespace {
 constexpr uint32_t kMaxSlots = 4096;
 constexpr uint32_t kMaxSlotSize = 64u << 20;
+constexpr uint32_t kRing = 4;  // receives posted for responses (one tag: they complete in order)
+using Clock = std::chrono::steady_clock;
 }  // namespace
 
 class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
  public:
-  // A call's three operations (control send, payload send, response receive) must all complete
-  // before `done` runs, so that dmx has let go of the caller's buffers.
+  // A call has three parts: the control send, the payload write and the response. `done` runs
+  // once all three ended, so that dmx has let go of the caller's buffers.
   struct Slot {
-    bool busy = false, draining = false, cancel_wanted = false, timed_out = false;
+    bool busy = false, answered = false, late = false;  // late: timed out, response still due
     int pending = 0;
     Wire wire{};
+    MemRegion resp;
     Client::Done done;
-    Status status, server_error;
+    Status status;
     size_t resp_bytes = 0;
-    Request resp_req;
-    std::vector<unsigned char> scratch;  // drains a late response after a timeout
+    Clock::time_point deadline;
+  };
+  struct RingEntry {
+    std::vector<unsigned char> buf;
+    Request req;
   };
 
   Endpoint ep_;
+  RemoteRegion region_;
   uint32_t slot_size_ = 0;
-  std::mutex mu_;  // guards slots_, free_, failed_, token_
+  uint64_t stride_ = 0;
+  std::mutex mu_;  // guards everything below
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_;
-  std::vector<Wire> ctrl_bufs_;
+  std::vector<RingEntry> ring_;  // only the rx thread (and hello, before it) touches it
   Status failed_;
   uint64_t token_ = 0;
+  bool closing_ = false;
+  std::thread rx_;
 
   Status hello(Duration timeout) {
     Wire w{};
     Request r = ep_.recv(MemRegion{w.data(), w.size(), {}}, kTagCtrl);
     Status s = r.wait(timeout);
     if (!s.ok()) {
-      if (s.code() == Code::kTimeout) r.cancel();
+      r.cancel();
       (void)r.wait(std::chrono::seconds(5));
       return s.code() == Code::kTruncated ? Status(Code::kProtocol, "rpc: server hello larger than 64 bytes") : s;
     }
     DMX_ASSIGN_OR_RETURN(Header h, parse_header(w.data(), r.bytes()));
-    if (h.kind == Kind::kRefused)
-      return Status(static_cast<Code>(h.status & 0xff), "rpc: the server refused this client (" +
-                                                            std::string(code_name(static_cast<Code>(h.status & 0xff))) +
-                                                            ")").with_peer(ep_.peer());
+    if (h.kind == Kind::kRefused) {
+      Code c = static_cast<Code>(h.status & 0xff);
+      return Status(c, "rpc: the server refused this client (" + std::string(code_name(c)) + ")").with_peer(ep_.peer());
+    }
     if (h.kind != Kind::kHello || h.slots == 0 || h.slots > kMaxSlots || h.slot_size == 0 ||
         h.slot_size > kMaxSlotSize)
       return Status(Code::kProtocol, "rpc: bad hello from the server").with_peer(ep_.peer());
+    DMX_ASSIGN_OR_RETURN(region_, RemoteRegion::parse(h.region.data(), h.region.size()));
     slot_size_ = h.slot_size;
+    stride_ = slot_stride(h.slot_size);
+    if (region_.size / stride_ < h.slots) return Status(Code::kProtocol, "rpc: hello region smaller than its slots");
     slots_ = std::vector<Slot>(h.slots);
     for (uint32_t i = h.slots; i-- > 0;) free_.push_back(i);
-    ctrl_bufs_.resize(h.slots + 2);
-    for (uint32_t i = 0; i < ctrl_bufs_.size(); ++i) post_ctrl(i);
+    ring_ = std::vector<RingEntry>(kRing);
+    for (auto& e : ring_) e.buf.resize(std::max<size_t>(slot_size_, kHeaderSize));
+    for (uint32_t i = 0; i < kRing; ++i) post_ring(i);
+    rx_ = std::thread([this] { rx_loop(); });
     return Status();
   }
 
-  void post_ctrl(uint32_t i) {
-    OpOptions o;
-    o.on_complete = [w = weak_from_this(), i](const Status& s, size_t bytes) {
-      if (auto c = w.lock()) c->on_ctrl(i, s, bytes);
-    };
-    (void)ep_.recv(MemRegion{ctrl_bufs_[i].data(), kHeaderSize, {}}, kTagCtrl, o);
+  void post_ring(uint32_t i) {
+    ring_[i].req = ep_.recv(MemRegion{ring_[i].buf.data(), ring_[i].buf.size(), {}}, kAnyTag);
   }
 
-  void fail(const Status& s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_.ok()) failed_ = s;
+  // The client's thread: takes responses in order from the ring of receives (a Request's tag is
+  // readable once it completed, which a completion callback cannot see yet) and ends calls whose
+  // deadline passed.
+  void rx_loop() {
+    for (uint32_t head = 0;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (closing_) return;
+      }
+      Request r = ring_[head].req;
+      if (!r.valid()) return;
+      Status s = r.wait(std::chrono::milliseconds(5));
+      if (s.code() != Code::kTimeout) {
+        if (!handle(head, s, r.tag(), r.bytes())) return;
+        post_ring(head);
+        head = (head + 1) % kRing;
+      }
+      check_deadlines();
+    }
   }
 
-  void on_ctrl(uint32_t i, const Status& s, size_t bytes) {
-    if (!s.ok()) return fail(s);
-    Result<Header> h = parse_header(ctrl_bufs_[i].data(), bytes);
-    if (!h.ok()) {
-      fail(h.status().with_peer(ep_.peer()));
-      (void)ep_.close();  // a server that breaks the protocol is not talked to again
-      return;
+  // One message from the server; false when the connection is over.
+  bool handle(uint32_t i, const Status& s, uint64_t tag, size_t n) {
+    if (!s.ok()) {
+      fail(s);
+      return false;
     }
-    if (h->kind == Kind::kRefused) {
-      fail(Status(Code::kPeerFailed, "rpc: the server refused this client").with_peer(ep_.peer()));
-      return;
+    const unsigned char* buf = ring_[i].buf.data();
+    if (tag == kTagCtrl) {
+      Result<Header> h = parse_header(buf, n);
+      if (!h.ok() || h->kind == Kind::kHello || h->kind == Kind::kRequest) {
+        return protocol(h.ok() ? "rpc: unexpected control header from the server" : h.status().message());
+      }
+      if (h->kind == Kind::kRefused) {
+        fail(Status(Code::kPeerFailed, "rpc: the server refused this client").with_peer(ep_.peer()));
+        return false;
+      }
+      Code c = static_cast<Code>(h->status & 0xff);
+      answer(h->slot, Status(c == Code::kOk ? Code::kInternal : c, "rpc: the server answered with an error")
+                          .with_peer(ep_.peer()), nullptr, 0);
+      return true;
     }
-    Request cancel;
+    if ((tag & kTagMask) != kTagResp)
+      return protocol("rpc: a message with an unknown tag " + std::to_string(tag) + " from the server");
+    answer(static_cast<uint32_t>(tag), Status(), buf, n);
+    return true;
+  }
+
+  bool protocol(const std::string& why) {
+    fail(Status(Code::kProtocol, why).with_peer(ep_.peer()));
+    (void)ep_.close();  // a server that breaks the protocol is not talked to again
+    return false;
+  }
+
+  // The response part of a call: copies the response into the caller's buffer.
+  void answer(uint32_t slot, Status s, const unsigned char* buf, size_t n) {
+    MemRegion resp;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (h->kind == Kind::kResponse && h->slot < slots_.size() && slots_[h->slot].busy) {
-        Slot& sl = slots_[h->slot];
-        Code code = static_cast<Code>(h->status & 0xff);
-        sl.server_error = Status(code == Code::kOk ? Code::kInternal : code, "rpc: the server answered with an error")
-                              .with_peer(ep_.peer());
-        sl.cancel_wanted = true;
-        cancel = sl.resp_req;
+      if (slot >= slots_.size() || !slots_[slot].busy || slots_[slot].answered) return;  // stale
+      Slot& sl = slots_[slot];
+      if (sl.late) {  // the call already ended with a timeout: the slot is free once all parts are
+        if (sl.pending > 0) {
+          sl.late = false;
+          sl.answered = true;
+        } else {
+          sl = Slot{};
+          if (failed_.ok()) free_.push_back(slot);
+        }
+        return;
       }
+      resp = sl.resp;
     }
-    if (cancel.valid()) cancel.cancel();
-    post_ctrl(i);
+    if (s.ok() && n > resp.size)
+      s = Status(Code::kTruncated, "rpc: a response of " + std::to_string(n) + " bytes for a " +
+                                       std::to_string(resp.size) + "-byte buffer");
+    if (s.ok() && n > 0) s = copy_memory(resp.sub(0, n), MemRegion{const_cast<unsigned char*>(buf), n, {}});
+    part_done(slot, s, n, true);
   }
 
-  enum class Op { kCtrl, kData, kResp };
-
-  void on_op(uint32_t slot, Op op, const Status& s, size_t bytes) {
+  void part_done(uint32_t slot, const Status& s, size_t n, bool response) {
     Client::Done done;
     Status final;
-    size_t resp_bytes = 0;
-    bool drain = false;
+    size_t bytes = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       Slot& sl = slots_[slot];
-      if (sl.draining) {  // the late response of a timed-out call: the slot is free again
-        sl = Slot{};
-        if (failed_.ok()) free_.push_back(slot);
-        return;
-      }
-      if (op == Op::kResp) {
-        sl.resp_bytes = bytes;
-        if (s.code() == Code::kTimeout) sl.timed_out = true;
+      if (response) {
+        sl.answered = true;
+        sl.resp_bytes = n;
       }
       if (!s.ok() && sl.status.ok()) sl.status = s;
       if (--sl.pending > 0) return;
-      final = !sl.server_error.ok() ? sl.server_error : sl.status;
-      resp_bytes = final.ok() ? sl.resp_bytes : 0;
+      final = sl.status;
+      bytes = final.ok() ? sl.resp_bytes : 0;
       done = std::move(sl.done);
-      if (sl.timed_out && sl.server_error.ok() && failed_.ok()) {
-        sl.draining = true;  // the response may still come: keep the slot until it has
-        sl.scratch.resize(slot_size_);
-        drain = true;
+      if (sl.late) {
+        sl.done = nullptr;  // keep the slot until the late response comes (answer() frees it)
       } else {
         sl = Slot{};
         if (failed_.ok()) free_.push_back(slot);
       }
     }
-    if (drain) {
-      OpOptions o;
-      o.on_complete = [w = weak_from_this(), slot](const Status& s2, size_t n) {
-        if (auto c = w.lock()) c->on_op(slot, Op::kResp, s2, n);
-      };
-      Request r = ep_.recv(MemRegion{slots_[slot].scratch.data(), slot_size_, {}}, resp_tag(slot), o);
+    if (done) done(final, bytes);
+  }
+
+  // Ends calls whose deadline passed with kTimeout; their slots wait for the late response.
+  void check_deadlines() {
+    auto now = Clock::now();
+    for (uint32_t i = 0; i < slots_.size(); ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        Slot& sl = slots_[i];
+        if (!sl.busy || sl.answered || sl.late || now < sl.deadline) continue;
+        sl.late = true;
+      }
+      part_done(i, Status(Code::kTimeout, "rpc: no response before the deadline").with_peer(ep_.peer()), 0, true);
       std::lock_guard<std::mutex> lock(mu_);
-      if (slots_[slot].draining) slots_[slot].resp_req = r;
+      slots_[i].answered = false;  // the late response still frees the slot
     }
-    if (done) done(final, resp_bytes);
+  }
+
+  void fail(const Status& s) {
+    std::vector<uint32_t> open;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failed_.ok()) failed_ = s;
+      for (uint32_t i = 0; i < slots_.size(); ++i)
+        if (slots_[i].busy && !slots_[i].answered && !slots_[i].late) open.push_back(i);
+    }
+    for (uint32_t i : open) {
+      std::lock_guard<std::mutex> lock(mu_);
+      slots_[i].late = true;  // no response will come: end the response part now
+    }
+    for (uint32_t i : open) part_done(i, s, 0, true);
   }
 
   Status submit(Method method, const MemRegion& req, const MemRegion& resp, Duration timeout, Client::Done done) {
@@ -151,6 +223,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       return Status(Code::kInvalidArgument, "rpc: a request of " + std::to_string(req.size) + " bytes exceeds the " +
                                                 std::to_string(slot_size_) + "-byte slot");
     uint32_t slot;
+    uint64_t token;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!failed_.ok()) return failed_;
@@ -158,38 +231,43 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       slot = free_.back();
       free_.pop_back();
       Slot& sl = slots_[slot];
+      sl = Slot{};
       sl.busy = true;
       sl.pending = 3;
+      sl.resp = resp;
       sl.done = std::move(done);
+      sl.deadline = Clock::now() + std::min<Duration>(timeout, std::chrono::hours(24 * 365));
       Header h;
       h.kind = Kind::kRequest;
       h.method = method;
       h.slot = slot;
       h.payload_len = static_cast<uint32_t>(req.size);
-      h.token = ++token_;
+      h.token = token = ++token_;
       sl.wire = encode_header(h);
     }
-    auto cb = [w = weak_from_this(), slot](Op op) {
-      return [w, slot, op](const Status& s, size_t n) {
-        if (auto c = w.lock()) c->on_op(slot, op, s, n);
-      };
+    auto part = [w = weak_from_this(), slot](const Status& s, size_t) {
+      if (auto c = w.lock()) c->part_done(slot, s, 0, false);
     };
     OpOptions o;
     o.timeout = timeout;
-    o.on_complete = cb(Op::kResp);
-    Request r = ep_.recv(resp, resp_tag(slot), o);
-    bool cancel = false;
+    o.on_complete = part;
+    (void)ep_.send(MemRegion{slots_[slot].wire.data(), kHeaderSize, {}}, kTagCtrl, o);
+    // The payload goes straight into the slot; the notification tells the server it landed.
+    o.notify = true;
+    o.notify_value = token;
+    (void)ep_.write(req, region_, slot * stride_, o);
+    return Status();
+  }
+
+  Status close() {
+    fail(Status(Code::kClosed, "rpc: client closed"));
+    Status s = ep_.close();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      slots_[slot].resp_req = r;
-      cancel = slots_[slot].cancel_wanted;
+      closing_ = true;
     }
-    if (cancel) r.cancel();
-    o.on_complete = cb(Op::kCtrl);
-    (void)ep_.send(MemRegion{slots_[slot].wire.data(), kHeaderSize, {}}, kTagCtrl, o);
-    o.on_complete = cb(Op::kData);
-    (void)ep_.send(req, data_tag(slot), o);
-    return Status();
+    if (rx_.joinable() && rx_.get_id() != std::this_thread::get_id()) rx_.join();
+    return s;
   }
 };
 
@@ -201,7 +279,7 @@ Result<std::unique_ptr<Client>> Client::connect(Context ctx, const std::string& 
   DMX_ASSIGN_OR_RETURN(impl->ep_, ctx.connect(address));
   Status s = impl->hello(timeout);
   if (!s.ok()) {
-    (void)impl->ep_.close();
+    (void)impl->close();
     return s;
   }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
@@ -231,12 +309,11 @@ Result<size_t> Client::call(Method method, const MemRegion& req, const MemRegion
     w->cv.notify_all();
   }));
   std::unique_lock<std::mutex> lock(w->mu);
-  // The operations carry the deadline; the margin only guards against a dmx bug. Past it the
-  // endpoint is closed, which completes every operation, so the caller's buffers are free.
+  // The rx thread and the operations carry the deadline; the margin guards against a bug. Past
+  // it the client is closed, which ends every part, so the caller's buffers are free.
   auto margin = std::min<Duration>(timeout, std::chrono::hours(1)) + std::chrono::seconds(5);
   if (!w->cv.wait_for(lock, margin, [&] { return w->done; })) {
     lock.unlock();
-    impl_->fail(Status(Code::kTimeout, "rpc: a call outlived its deadline; closing the client"));
     (void)close();
     lock.lock();
     w->cv.wait(lock, [&] { return w->done; });
@@ -245,9 +322,6 @@ Result<size_t> Client::call(Method method, const MemRegion& req, const MemRegion
   return w->bytes;
 }
 
-Status Client::close() {
-  impl_->fail(Status(Code::kClosed, "rpc: client closed"));
-  return impl_->ep_.close();
-}
+Status Client::close() { return impl_->close(); }
 
 }  // namespace dmx::rpc

@@ -1,5 +1,6 @@
 #include "rpc/conn.h"
 
+#include <algorithm>
 #include <string>
 
 #include "rpc/server_shared.h"
@@ -12,16 +13,54 @@ constexpr uint32_t kSpareCtrl = 2;  // control receives beyond one per slot
 
 Conn::Conn(ServerShared& server, Endpoint ep, uint32_t partition)
     : server_(server), ep_(std::move(ep)), peer_(ep_.peer()), partition_(partition),
-      slots_(server.config.pool.slots), ctrl_bufs_(server.config.pool.slots + kSpareCtrl) {}
+      key_(server.pool->partition_region(partition).key), slots_(server.config.pool.slots),
+      ctrl_bufs_(server.config.pool.slots + kSpareCtrl) {}
 
 void Conn::start() {
+  // Control receives all carry one tag, so they match and complete in arrival order (dmx
+  // completes receives in posting order: receives of different tags would wait on each other).
+  for (uint32_t i = 0; i < ctrl_bufs_.size(); ++i) post_ctrl(i);
   Header hello;
   hello.kind = Kind::kHello;
   hello.slots = server_.config.pool.slots;
   hello.slot_size = server_.config.pool.slot_size;
+  std::vector<unsigned char> region = server_.pool->partition_region(partition_).serialize();
+  std::copy(region.begin(), region.end(), hello.region.begin());
   send_header(hello);
-  for (uint32_t i = 0; i < ctrl_bufs_.size(); ++i) post_ctrl(i);
-  for (uint32_t s = 0; s < slots_.size(); ++s) post_data(s);
+  notes_ = std::thread([this] { notes_loop(); });
+}
+
+void Conn::notes_loop() {
+  while (!dead_) {
+    Result<Notification> n = ep_.next_notification(std::chrono::milliseconds(50));
+    if (n.ok()) on_note(*n);
+    else if (n.status().code() != Code::kTimeout) peer_gone(n.status());
+  }
+}
+
+void Conn::on_note(const Notification& n) {
+  if (n.key != key_) return refuse("a write into a region that is not its partition");
+  Job job;
+  Status error;
+  std::string bad;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint32_t i = 0;
+    while (i < slots_.size() && !(slots_[i].state == SlotState::kHeader && slots_[i].hdr.token == n.value)) ++i;
+    if (i < slots_.size()) {
+      if (n.length != slots_[i].hdr.payload_len)
+        bad = "a payload of " + std::to_string(n.length) + " bytes where its header said " +
+              std::to_string(slots_[i].hdr.payload_len);
+      else ready_locked(i, job, error);
+    } else if (early_.size() >= slots_.size()) {
+      bad = "more payloads than slots without their headers";
+    } else {
+      early_.push_back({n.value, n.length, std::chrono::steady_clock::now() + server_.config.request_timeout});
+    }
+  }
+  if (!bad.empty()) return refuse(bad);
+  if (job.conn) server_.orchestrator->submit(std::move(job));
+  else if (!error.ok()) finish(job, error);
 }
 
 void Conn::send_header(const Header& h) {
@@ -39,15 +78,6 @@ void Conn::post_ctrl(uint32_t i) {
     if (auto c = w.lock()) c->on_ctrl(i, s, bytes);
   };
   (void)ep_.recv(MemRegion{ctrl_bufs_[i].data(), kHeaderSize, {}}, kTagCtrl, o);
-}
-
-void Conn::post_data(uint32_t local) {
-  if (dead_) return;
-  OpOptions o;
-  o.on_complete = [w = weak_from_this(), local](const Status& s, size_t bytes) {
-    if (auto c = w.lock()) c->on_data(local, s, bytes);
-  };
-  (void)ep_.recv(server_.pool->request(server_.pool->global(partition_, local)), data_tag(local), o);
 }
 
 void Conn::peer_gone(const Status& s) {
@@ -85,52 +115,25 @@ void Conn::on_ctrl(uint32_t i, const Status& s, size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& sl = slots_[h->slot];
-    if (sl.state == SlotState::kFree) {
+    if (sl.state != SlotState::kFree) {
+      bad = "slot " + std::to_string(h->slot) + " reused while busy";
+    } else {
       sl.hdr = *h;
       sl.state = SlotState::kHeader;
       sl.deadline = std::chrono::steady_clock::now() + server_.config.request_timeout;
-    } else if (sl.state == SlotState::kData) {
-      sl.hdr = *h;
-      if (sl.data_len != h->payload_len)
-        bad = "a payload of " + std::to_string(sl.data_len) + " bytes where its header said " +
-              std::to_string(h->payload_len);
-      else ready_locked(h->slot, job, error);
-    } else {
-      bad = "slot " + std::to_string(h->slot) + " reused while busy";
+      auto it = std::find_if(early_.begin(), early_.end(), [&](const EarlyNote& e) { return e.token == h->token; });
+      if (it != early_.end()) {
+        uint64_t len = it->length;
+        early_.erase(it);
+        if (len != h->payload_len)
+          bad = "a payload of " + std::to_string(len) + " bytes where its header said " +
+                std::to_string(h->payload_len);
+        else ready_locked(h->slot, job, error);
+      }
     }
   }
   if (!bad.empty()) return refuse(bad);
   post_ctrl(i);
-  if (job.conn) server_.orchestrator->submit(std::move(job));
-  else if (!error.ok()) finish(job, error);
-}
-
-void Conn::on_data(uint32_t local, const Status& s, size_t bytes) {
-  if (!s.ok()) {
-    if (s.code() == Code::kTruncated) return refuse("a payload larger than its " +
-                                                    std::to_string(server_.config.pool.slot_size) + "-byte slot");
-    return peer_gone(s);
-  }
-  Job job;
-  Status error;
-  std::string bad;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Slot& sl = slots_[local];
-    sl.data_len = bytes;
-    if (sl.state == SlotState::kFree) {
-      sl.state = SlotState::kData;
-      sl.deadline = std::chrono::steady_clock::now() + server_.config.request_timeout;
-    } else if (sl.state == SlotState::kHeader) {
-      if (bytes != sl.hdr.payload_len)
-        bad = "a payload of " + std::to_string(bytes) + " bytes where its header said " +
-              std::to_string(sl.hdr.payload_len);
-      else ready_locked(local, job, error);
-    } else {
-      bad = "a payload for busy slot " + std::to_string(local);  // cannot happen: no receive posted
-    }
-  }
-  if (!bad.empty()) return refuse(bad);
   if (job.conn) server_.orchestrator->submit(std::move(job));
   else if (!error.ok()) finish(job, error);
 }
@@ -193,7 +196,6 @@ void Conn::on_sent(uint32_t local, const Status& s) {
   }
   --busy_;
   if (!s.ok()) return peer_gone(s);
-  post_data(local);
   if (dead_) server_.note_dead();
 }
 
@@ -202,8 +204,10 @@ void Conn::check_deadlines(std::chrono::steady_clock::time_point now) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (uint32_t i = 0; i < slots_.size() && bad.empty(); ++i)
-      if ((slots_[i].state == SlotState::kHeader || slots_[i].state == SlotState::kData) && now > slots_[i].deadline)
-        bad = "slot " + std::to_string(i) + ": the other half of a request did not arrive in time";
+      if (slots_[i].state == SlotState::kHeader && now > slots_[i].deadline)
+        bad = "slot " + std::to_string(i) + ": the payload did not follow its header in time";
+    for (const EarlyNote& e : early_)
+      if (now > e.deadline) bad = "a payload whose header did not arrive in time";
   }
   if (!bad.empty()) refuse(bad);
 }
@@ -212,6 +216,7 @@ void Conn::close() {
   if (closed_.exchange(true)) return;
   dead_ = true;
   (void)ep_.close();  // after it dmx no longer writes into this partition's slots
+  if (notes_.joinable()) notes_.join();
   server_.pool->release_partition(partition_);
 }
 

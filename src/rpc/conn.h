@@ -1,8 +1,11 @@
 // rpc/conn.h — the server side of one client connection: its control receives, its partition
-// of pool slots, and the join of each request's header and payload. Internal to src/rpc.
+// of pool slots, and the join of each request's header with the notification of its payload
+// write (by token). Internal to src/rpc.
 //
-// Callbacks hold weak references; the server's reaper closes and drops a connection once it is
-// dead and no slot is at the orchestrator. mu_ guards the slot table; no call out under it.
+// Threads: dmx callbacks (control receives, response sends), the connection's notification
+// thread, the orchestrator (finish) and the server's reaper (deadlines, close). Callbacks hold
+// weak references; the reaper closes and drops a connection once it is dead and no slot is at
+// the orchestrator. mu_ guards the slot table and early notes; no call out under it.
 #pragma once
 
 #include <atomic>
@@ -10,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dmx/endpoint.h"
@@ -34,25 +38,30 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void check_deadlines(std::chrono::steady_clock::time_point now);
   bool dead() const { return dead_.load(); }
   bool reapable() const { return dead_.load() && busy_.load() == 0; }
-  // Closes the endpoint (dmx touches the slots no more after it) and gives the partition back.
+  // Closes the endpoint (dmx touches the slots no more after it), joins the notification
+  // thread and gives the partition back.
   void close();
   const std::string& peer() const { return peer_; }
 
  private:
-  // Slot lifecycle: kFree (payload receive posted) -> kHeader or kData (one half arrived) ->
-  // kWork (at the orchestrator) -> kSend (response in flight) -> kFree (receive posted again).
-  enum class SlotState : uint8_t { kFree, kHeader, kData, kWork, kSend };
+  // Slot lifecycle: kFree -> kHeader (header here, payload notification awaited; a notification
+  // that comes first waits in early_) -> kWork (at the orchestrator) -> kSend (response in
+  // flight) -> kFree.
+  enum class SlotState : uint8_t { kFree, kHeader, kWork, kSend };
   struct Slot {
     SlotState state = SlotState::kFree;
     Header hdr;
-    uint64_t data_len = 0;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  struct EarlyNote {
+    uint64_t token, length;
     std::chrono::steady_clock::time_point deadline;
   };
 
   void post_ctrl(uint32_t i);
-  void post_data(uint32_t local);
+  void notes_loop();
   void on_ctrl(uint32_t i, const Status& s, size_t bytes);
-  void on_data(uint32_t local, const Status& s, size_t bytes);
+  void on_note(const Notification& n);
   void on_sent(uint32_t local, const Status& s);
   void peer_gone(const Status& s);
   // Under mu_: both halves are here; returns the job to submit, or an error to answer with.
@@ -63,8 +72,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
   Endpoint ep_;
   std::string peer_;
   uint32_t partition_;
-  std::mutex mu_;  // guards slots_
+  uint64_t key_;  // the partition's registration key
+  std::mutex mu_;  // guards slots_, early_
   std::vector<Slot> slots_;
+  std::vector<EarlyNote> early_;  // at most one per slot
+  std::thread notes_;
   std::vector<Wire> ctrl_bufs_;  // one per posted control receive; written only by dmx
   std::atomic<bool> dead_{false}, closed_{false};
   std::atomic<int> busy_{0};  // slots in kWork or kSend

@@ -1,8 +1,9 @@
 // rpc/header.h — the 64-byte SplitRPC control header and the tags that carry an RPC over dmx.
 //
-// An RPC is two messages each way on one dmx endpoint: the control header (host memory, to the
-// CPU handler) and the payload (straight into a slot of the server's receive pool). Every header
-// from a peer is hostile until parse_header() accepted it. Pure code, no I/O; thread-safe.
+// A request is the control header (a send, to the CPU handler, host memory) and the payload (a
+// one-sided write with a notification, straight into the client's slot of the server's receive
+// pool); the response is a send from the pool tagged with the slot, or an error header. Every
+// header from a peer is hostile until parse_header() accepted it. Pure code, no I/O; thread-safe.
 #pragma once
 
 #include <array>
@@ -17,12 +18,13 @@ inline constexpr size_t kHeaderSize = 64;  // as SplitRPC's p2p_rpc_hdr
 inline constexpr uint32_t kMagic = 0x43505244;  // "DRPC" little-endian
 inline constexpr uint16_t kVersion = 1;
 
-// Tags: a fixed prefix in the high bits, the client-local slot in the low 32 (data, response).
-inline constexpr uint64_t kTagCtrl = 0x5250'4300'0000'0000ULL;      // control headers, both ways
-inline constexpr uint64_t kTagData = 0x5250'4400'0000'0000ULL;      // request payload | slot
-inline constexpr uint64_t kTagResp = 0x5250'5200'0000'0000ULL;      // response payload | slot
-inline uint64_t data_tag(uint32_t slot) { return kTagData | slot; }
+// Tags: a fixed prefix in the high bits, the client-local slot in the low 32 (response).
+inline constexpr uint64_t kTagCtrl = 0x5250'4300'0000'0000ULL;  // control headers, both ways
+inline constexpr uint64_t kTagResp = 0x5250'5200'0000'0000ULL;  // response payload | slot
+inline constexpr uint64_t kTagMask = 0xffff'ffff'0000'0000ULL;
 inline uint64_t resp_tag(uint32_t slot) { return kTagResp | slot; }
+// Distance between slots in a partition (both sides compute it from the hello's slot size).
+inline uint64_t slot_stride(uint32_t slot_size) { return (static_cast<uint64_t>(slot_size) + 255) & ~uint64_t{255}; }
 
 enum class Kind : uint8_t {
   kHello = 1,     // server -> client on accept: slots and slot size
@@ -42,13 +44,14 @@ struct Header {
   uint64_t token = 0;        // client-chosen id, echoed
   uint32_t slots = 0;        // hello: slots this client may use
   uint32_t slot_size = 0;    // hello: bytes per slot (request and response each)
+  std::array<unsigned char, 16> region{};  // hello: the partition's RemoteRegion, serialized
 };
 
 using Wire = std::array<unsigned char, kHeaderSize>;
 
 Wire encode_header(const Header& h);
 // Accepts exactly kHeaderSize bytes with the right magic and version, a known kind and method,
-// and reserved bytes zero; anything else is kProtocol with what was wrong.
+// and reserved bytes zero (bytes 48-63 carry the region in a hello); anything else is kProtocol.
 Result<Header> parse_header(const unsigned char* data, size_t len);
 
 }  // namespace dmx::rpc

@@ -1,5 +1,7 @@
 #include "rpc/pool.h"
 
+#include "rpc/header.h"
+
 #include <string>
 
 namespace dmx::rpc {
@@ -14,7 +16,7 @@ Result<std::unique_ptr<Pool>> Pool::create(Context& ctx, const PoolShape& shape)
     return Status(Code::kInvalidArgument, "rpc pool: slot size must be 1 B-64 MiB");
   auto p = std::unique_ptr<Pool>(new Pool());
   p->shape_ = shape;
-  p->stride_ = (static_cast<size_t>(shape.slot_size) + 255) & ~static_cast<size_t>(255);
+  p->stride_ = slot_stride(shape.slot_size);
   size_t n = static_cast<size_t>(shape.clients) * shape.slots;  // <= 4M: no overflow below
   size_t slots_bytes = 2 * n * p->stride_;
   size_t ring_bytes = shape.mem.kind == MemKind::kCuda ? 0 : (2 * (n + 1) + 32) * sizeof(uint32_t);
@@ -23,9 +25,11 @@ Result<std::unique_ptr<Pool>> Pool::create(Context& ctx, const PoolShape& shape)
     p->doorbells_ = reinterpret_cast<uint32_t*>(static_cast<char*>(p->buf_.data()) + slots_bytes);
     for (size_t i = 0; i < 2 * (n + 1) + 32; ++i) p->doorbells_[i] = 0;
   }
-  // Registered so that transports may treat it as long-lived memory; its key is never given to a
-  // peer: payloads arrive only through receives the server posts, each bounded by its slot.
-  DMX_ASSIGN_OR_RETURN(p->reg_, ctx.register_memory(p->buf_.region().sub(0, slots_bytes)));
+  size_t part_bytes = shape.slots * p->stride_;
+  for (uint32_t i = 0; i < shape.clients; ++i) {
+    DMX_ASSIGN_OR_RETURN(Registration r, ctx.register_memory(p->buf_.region().sub(i * part_bytes, part_bytes)));
+    p->regs_.push_back(std::move(r));
+  }
   for (uint32_t i = shape.clients; i-- > 0;) p->free_.push_back(i);
   return p;
 }

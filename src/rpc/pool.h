@@ -2,8 +2,9 @@
 //
 // Layout: `clients` partitions of `slots` slots; a slot is a request area and a response area
 // of slot_size bytes each (256-byte aligned, so kernels may load floats), in one Buffer of the
-// server's memory kind, registered with the context. Request payloads land in a request area
-// straight from dmx (a receive posted into it), responses leave from the response area. After
+// server's memory kind. Each partition's request areas are contiguous and registered on their
+// own, so a client's one-sided writes (dmx bounds them by the registration) reach its own slots
+// only; the response areas are not registered: responses leave from them by send. After
 // the slots, host memory pools carry the doorbell ring that gpu mode's worker polls.
 // Partitions are handed to connections; acquire/release are thread-safe, the rest is immutable.
 #pragma once
@@ -39,6 +40,8 @@ class Pool {
   MemRegion response(uint32_t global) const;
   // Host memory only: 2 * (total_slots() + 1) + 32 words for gpu mode's doorbell and completion rings.
   uint32_t* doorbell_words() const { return doorbells_; }
+  // What a client of `partition` writes its payloads into, at slot * slot_stride().
+  RemoteRegion partition_region(uint32_t partition) const { return regs_[partition].remote(); }
 
   std::optional<uint32_t> acquire_partition();
   void release_partition(uint32_t partition);
@@ -47,7 +50,7 @@ class Pool {
   PoolShape shape_;
   size_t stride_ = 0;  // slot_size rounded up to 256
   Buffer buf_;
-  Registration reg_;
+  std::vector<Registration> regs_;  // one per partition
   uint32_t* doorbells_ = nullptr;
   std::mutex mu_;  // guards free_
   std::vector<uint32_t> free_;
