@@ -287,6 +287,7 @@ Result<std::unique_ptr<Client>> Client::connect(Context ctx, const std::string& 
 
 uint32_t Client::slots() const { return static_cast<uint32_t>(impl_->slots_.size()); }
 uint32_t Client::slot_size() const { return impl_->slot_size_; }
+std::string Client::transport() const { return impl_->ep_.stats().transport; }
 
 Status Client::submit(Method method, const MemRegion& req, const MemRegion& resp, Duration timeout, Done done) {
   return impl_->submit(method, req, resp, timeout, std::move(done));

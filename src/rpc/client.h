@@ -30,6 +30,7 @@ class Client {
                                                  Duration timeout = std::chrono::seconds(10));
   uint32_t slots() const;
   uint32_t slot_size() const;
+  std::string transport() const;  // the dmx data path in use ("tcp", "shm", ...)
   // kResourceExhausted when every slot is busy; kInvalidArgument when req exceeds a slot;
   // the connection's error once it failed. Otherwise `done` will run.
   Status submit(Method method, const MemRegion& req, const MemRegion& resp, Duration timeout, Done done);

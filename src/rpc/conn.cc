@@ -159,41 +159,38 @@ void Conn::ready_locked(uint32_t local, Job& job, Status& error) {
 void Conn::finish(Job& job, const Status& status) {
   uint32_t local = job.local;
   job.conn.reset();  // the orchestrator's reference; callbacks hold weak ones
-  if (dead_) {
+  uint64_t token;
+  {
     std::lock_guard<std::mutex> lock(mu_);
     slots_[local].state = SlotState::kFree;
+    token = slots_[local].hdr.token;
+  }
+  if (dead_) {
     --busy_;
     server_.note_dead();
     return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    slots_[local].state = SlotState::kSend;
   }
   if (!status.ok()) {
     ++server_.error_responses;
     Header h;
     h.kind = Kind::kResponse;
     h.slot = local;
-    h.token = slots_[local].hdr.token;  // kSend: nothing else writes the slot now
+    h.token = token;
     h.status = static_cast<uint32_t>(status.code());
     send_header(h);
-    on_sent(local, Status());
+    --busy_;
     return;
   }
   OpOptions o;
   o.timeout = server_.config.request_timeout;
-  o.on_complete = [w = weak_from_this(), local](const Status& s, size_t) {
-    if (auto c = w.lock()) c->on_sent(local, s);
+  o.on_complete = [w = weak_from_this()](const Status& s, size_t) {
+    if (auto c = w.lock()) c->on_sent(s);
   };
+  // busy_ carries over from the job to the send.
   (void)ep_.send(server_.pool->response(job.global).sub(0, job.resp_len), resp_tag(local), o);
 }
 
-void Conn::on_sent(uint32_t local, const Status& s) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    slots_[local].state = SlotState::kFree;
-  }
+void Conn::on_sent(const Status& s) {
   --busy_;
   if (!s.ok()) return peer_gone(s);
   if (dead_) server_.note_dead();

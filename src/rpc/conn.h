@@ -45,9 +45,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
 
  private:
   // Slot lifecycle: kFree -> kHeader (header here, payload notification awaited; a notification
-  // that comes first waits in early_) -> kWork (at the orchestrator) -> kSend (response in
-  // flight) -> kFree.
-  enum class SlotState : uint8_t { kFree, kHeader, kWork, kSend };
+  // that comes first waits in early_) -> kWork (at the orchestrator) -> kFree once the response
+  // is posted. The client reuses a slot when it has the response, which may be before the send
+  // completes here: a new header is welcome then, and the response area may be rewritten, as
+  // its bytes have arrived (a client that does not wait only spoils its own response).
+  enum class SlotState : uint8_t { kFree, kHeader, kWork };
   struct Slot {
     SlotState state = SlotState::kFree;
     Header hdr;
@@ -62,7 +64,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void notes_loop();
   void on_ctrl(uint32_t i, const Status& s, size_t bytes);
   void on_note(const Notification& n);
-  void on_sent(uint32_t local, const Status& s);
+  void on_sent(const Status& s);
   void peer_gone(const Status& s);
   // Under mu_: both halves are here; returns the job to submit, or an error to answer with.
   void ready_locked(uint32_t local, Job& job, Status& error);
@@ -79,7 +81,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::thread notes_;
   std::vector<Wire> ctrl_bufs_;  // one per posted control receive; written only by dmx
   std::atomic<bool> dead_{false}, closed_{false};
-  std::atomic<int> busy_{0};  // slots in kWork or kSend
+  std::atomic<int> busy_{0};  // jobs at the orchestrator plus response sends in flight
 };
 
 }  // namespace dmx::rpc

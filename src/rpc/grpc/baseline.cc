@@ -3,6 +3,7 @@
 #ifdef DMX_RPC_HAVE_GRPC
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -95,11 +96,8 @@ class ServerImpl final : public Server {
     b.RegisterService(&service_);
     b.SetMaxReceiveMessageSize(128 << 20);
     b.SetMaxSendMessageSize(128 << 20);
-    ::grpc::ResourceQuota quota("dmx-rpc-baseline");
-    quota.SetMaxThreads(threads + 2);
-    b.SetResourceQuota(quota);
     b.SetSyncServerOption(::grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
-    b.SetSyncServerOption(::grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, threads);
+    b.SetSyncServerOption(::grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, std::max(threads, 1));
     server_ = b.BuildAndStart();
     if (!server_ || port == 0) return Status(Code::kIo, "grpc: could not listen on " + host_port);
     target_ = host_port.substr(0, host_port.rfind(':')) + ":" + std::to_string(port);
