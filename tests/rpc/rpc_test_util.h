@@ -42,12 +42,12 @@ struct Rig {
 };
 
 inline Rig start(Mode mode, uint32_t clients = 4, uint32_t slots = 4, uint32_t slot_size = 64 << 10,
-                 Duration request_timeout = std::chrono::seconds(10)) {
+                 Duration request_timeout = std::chrono::seconds(10), MemSpec mem = MemSpec{MemKind::kHost, 0}) {
   Rig r;
   r.server_ctx = Context::create(options()).value();
   r.client_ctx = Context::create(options()).value();
   ServerConfig c;
-  c.pool = PoolShape{MemSpec{MemKind::kHost, 0}, clients, slots, slot_size};
+  c.pool = PoolShape{mem, clients, slots, slot_size};
   c.orchestration.mode = mode;
   c.orchestration.max_batch = 4;
   c.request_timeout = request_timeout;

@@ -23,7 +23,7 @@ void on_signal(int) { g_stop.store(true); }
 struct RpcArgs {
   bool loopback = false, json = false, verify = false;
   std::string listen, connect, mem = "host", payload = "64K", modes = "cpu", baseline, method = "vecop";
-  std::string transport = "auto", slot_size;
+  std::string transport = "tcp", slot_size;
   uint32_t clients = 2, depth = 4, slots = 16, streams = 1, max_batch = 16;
   double seconds = 2.0;
   std::vector<std::string> options;
@@ -185,7 +185,8 @@ void add_rpc_command(CLI::App& app, int* exit_code) {
   b->add_option("--max-batch", a->max_batch, "batch mode: requests per launch (default 16)")->check(CLI::Range(1, 1024));
   b->add_option("--seconds", a->seconds, "measured time per system (default 2; 0.3 s warm-up before)");
   b->add_option("--streams", a->streams, "dmx TCP streams per endpoint (default 1)")->check(CLI::Range(1, 64));
-  b->add_option("--transport", a->transport, "dmx data path: auto | tcp | shm ... (default auto)");
+  b->add_option("--transport", a->transport,
+                "dmx data path: tcp (default: loopback like gRPC; shm costs a thread per endpoint) | auto | shm");
   b->add_option("--option", a->options, "any dmx setting as NAME=VALUE (see dmx probe --config)");
   b->add_flag("--verify", a->verify, "compare every response with the host computation");
   b->add_flag("--json", a->json, "one JSON object per line per system");
