@@ -16,6 +16,13 @@ Conn::Conn(ServerShared& server, Endpoint ep, uint32_t partition)
       key_(server.pool->partition_region(partition).key), slots_(server.config.pool.slots),
       ctrl_bufs_(server.config.pool.slots + kSpareCtrl) {}
 
+// close() normally ran; if not, stop the notification thread (it holds no reference, so this
+// never runs on it).
+Conn::~Conn() {
+  dead_ = true;
+  if (notes_.joinable()) notes_.join();
+}
+
 void Conn::start() {
   // Control receives all carry one tag, so they match and complete in arrival order (dmx
   // completes receives in posting order: receives of different tags would wait on each other).

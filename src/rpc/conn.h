@@ -28,6 +28,7 @@ struct ServerShared;  // server.cc: pool, orchestrator, config, counters, log
 class Conn : public std::enable_shared_from_this<Conn> {
  public:
   Conn(ServerShared& server, Endpoint ep, uint32_t partition);
+  ~Conn();
   // Sends the hello and posts the receives. Call once, right after construction.
   void start();
   // The orchestrator's finish: sends the response (or an error header) and frees the slot.
