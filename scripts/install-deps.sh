@@ -9,6 +9,7 @@ pkgs=(
   iproute2 iperf3 python3 python3-matplotlib
   clang libclang-rt-14-dev
   libcpp-httplib-dev ccache
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
 )
 missing=()
 for p in "${pkgs[@]}"; do
