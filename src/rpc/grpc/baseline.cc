@@ -163,6 +163,7 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& target) {
 }  // namespace dmx::rpc::grpcb
 
 #else  // without gRPC: say why
+#include "grpc_reason.h"
 
 namespace dmx::rpc::grpcb {
 
