@@ -91,7 +91,10 @@ void Dispatcher::Impl::run() {
     busy |= forward_calls();
     if (!blocked.empty()) retry_blocked();
     // Busy-poll while anything is in flight (a response can land any moment); sleep otherwise.
-    int n = ::epoll_wait(ep.get(), evs, 64, busy || in_flight() ? 0 : 5);
+    // A poll round that found nothing yields, so that workers sharing our core can run.
+    const bool waiting = !busy && in_flight();
+    int n = ::epoll_wait(ep.get(), evs, 64, busy || waiting ? 0 : 5);
+    if (n == 0 && waiting) std::this_thread::yield();
     for (int i = 0; i < n; ++i) {
       auto kind = static_cast<FdKind>(evs[i].data.u64 >> 32);
       auto index = static_cast<uint32_t>(evs[i].data.u64);

@@ -14,12 +14,15 @@ namespace dmx::mqueue {
 class Backoff {
  public:
   void pause() {
-    if (++n_ < 256) return;
-    if (n_ < 1024) {
+    ++n_;
+    if (n_ < 64) return;
+    // Yielding, not sleeping: on a machine with fewer cores than pollers a sleep of even 10 us
+    // becomes the latency of every request; a yield hands the core over only when someone waits.
+    if (n_ < (1u << 16)) {
       std::this_thread::yield();
       return;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(n_ < 4096 ? 10 : 100));
+    std::this_thread::sleep_for(std::chrono::microseconds(50));  // idle for long: leave the core
   }
   void reset() { n_ = 0; }
 

@@ -125,7 +125,10 @@ TEST(LynxHostile, ClientGoneBeforeItsAnswers) {
   ASSERT_TRUE(testing::eventually([&] { return d.stats().requests == 3; }));
   c->reset();
   (*server)->cpu_workers()->set_paused(false);
-  ASSERT_TRUE(testing::eventually([&] { return d.stats().responses_discarded == 3; })) << ev.all();
+  // Each answer is discarded, or fails to send and drops the connection (when the dispatcher
+  // collects it before it has seen the goodbye); either way the dispatcher gets past all three.
+  ASSERT_TRUE(testing::eventually([&] { return d.stats().responses == 3; })) << ev.all();
+  EXPECT_GE(d.stats().responses_discarded, 1u);
   auto r = run_load(good_load(d.tcp_address(), false));  // the server goes on
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->ok, 150u) << r->first_error << "\n" << ev.all();
