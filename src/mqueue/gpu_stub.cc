@@ -13,6 +13,7 @@ Result<std::unique_ptr<GpuWorkers>> GpuWorkers::start(QueueSet*, AppKind, uint32
 GpuWorkers::GpuWorkers(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuWorkers::~GpuWorkers() = default;
 Status GpuWorkers::stop(Duration) { return Status(); }
+Result<std::unique_ptr<WorkerWriter>> make_stream_writer(int) { return gpu_workers_available(0); }
 Result<std::unique_ptr<GpuLauncher>> GpuLauncher::create(int) { return gpu_workers_available(0); }
 GpuLauncher::GpuLauncher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuLauncher::~GpuLauncher() = default;

@@ -35,6 +35,10 @@ class GpuWorkers {
   std::unique_ptr<Impl> impl_;
 };
 
+// A WorkerWriter that queues each copy on one CUDA stream and returns at once: stream order puts
+// a flag after its payload. Errors of earlier copies surface at a later call.
+Result<std::unique_ptr<WorkerWriter>> make_stream_writer(int device);
+
 // The host-centric baseline's kernel: one launch per request on its own stream, waited for.
 class GpuLauncher {
  public:

@@ -82,7 +82,6 @@ Result<std::unique_ptr<QueueSet>> QueueSet::create(const Geometry& g, MemSpec wo
   } else {
     // Staging mirrors worker memory byte for byte, so a message is assembled at its own offset.
     DMX_ASSIGN_OR_RETURN(q->staging_, Buffer::allocate(MemSpec{MemKind::kPinned, 0}, l.worker_bytes));
-    DMX_ASSIGN_OR_RETURN(q->scratch_, Buffer::allocate(MemSpec{MemKind::kPinned, 0}, 64));
     std::memset(q->staging_.data(), 0, l.worker_bytes);
     DMX_RETURN_IF_ERROR(copy_memory(q->worker_.region(), q->staging_.region()));
   }
@@ -95,6 +94,7 @@ uint8_t* QueueSet::staging_for(uint64_t off) const {
 
 Status QueueSet::publish_staged(uint64_t off, size_t n) {
   if (host_accessible_ || n == 0) return Status();
+  if (writer_) return writer_->copy(worker_base() + off, staging_for(off), n);
   return copy_memory(worker_.region().sub(off, n), staging_.region().sub(off, n));
 }
 
@@ -103,9 +103,11 @@ Status QueueSet::store_worker_word(uint64_t off, uint32_t v) {
     store_release(worker_base(), off, v);
     return Status();
   }
-  // copy_memory returns once the copy is complete, so the word lands after every earlier copy.
-  std::memcpy(scratch_.data(), &v, 4);
-  return copy_memory(worker_.region().sub(off, 4), scratch_.region().sub(0, 4));
+  // Through the word's own place in staging; the copy lands after every earlier one (copy_memory
+  // returns once complete; a stream-ordered writer starts it after them). A credit word restaged
+  // before its copy ran sends the newer count, which is as good.
+  std::memcpy(staging_for(off), &v, 4);
+  return publish_staged(off, 4);
 }
 
 }  // namespace dmx::mqueue

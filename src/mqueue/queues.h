@@ -7,8 +7,8 @@
 // plain stores otherwise. Flags are u32 written with release order and read with acquire order
 // (docs/mqueue.md, "memory ordering").
 //
-// Thread-safety: the accessors are safe from any thread for distinct offsets; the pinned flag
-// scratch (device worker memory) belongs to the dispatcher thread.
+// Thread-safety: the accessors are safe from any thread for distinct offsets; staging and the
+// writer belong to the dispatcher thread.
 #pragma once
 
 #include <atomic>
@@ -31,6 +31,16 @@ inline void store_release(uint8_t* base, uint64_t off, uint32_t v) {
   std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(base + off)).store(v, std::memory_order_release);
 }
 
+// Moves bytes from pinned staging into device worker memory, in call order. The default is
+// dmx::copy_memory (each copy waits for completion); GPU servers may install a stream-ordered
+// writer (gpu_workers.h) so that the dispatcher never waits for the GPU. Staging bytes stay
+// unchanged until the copy ran (a slot is restaged only after its response came back).
+class WorkerWriter {
+ public:
+  virtual ~WorkerWriter() = default;
+  virtual Status copy(void* dst_device, const void* src_pinned, size_t n) = 0;
+};
+
 class QueueSet {
  public:
   static Result<std::unique_ptr<QueueSet>> create(const Geometry& g, MemSpec worker_mem);
@@ -49,13 +59,17 @@ class QueueSet {
   // Stores a flag or credit word into worker memory, after everything published before it.
   Status store_worker_word(uint64_t off, uint32_t v);
 
+  // Installs a writer for device worker memory (before the dispatcher starts).
+  void set_writer(std::unique_ptr<WorkerWriter> writer) { writer_ = std::move(writer); }
+
   uint32_t load_response_word(uint64_t off) const { return load_acquire(response_base(), off); }
   void store_response_word(uint64_t off, uint32_t v) { store_release(response_base(), off, v); }
 
  private:
   QueueSet() = default;
   Layout layout_{};
-  Buffer worker_, response_, staging_, scratch_;
+  Buffer worker_, response_, staging_;
+  std::unique_ptr<WorkerWriter> writer_;
   bool host_accessible_ = false;
 };
 

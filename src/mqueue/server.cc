@@ -8,6 +8,10 @@ Result<std::unique_ptr<Server>> Server::start(ServerConfig config) {
     return Status(Code::kInvalidArgument, "face verification needs client queues (call_slots > 0)");
   DMX_ASSIGN_OR_RETURN(s->queues_, QueueSet::create(config.geometry, config.memory));
   if (config.memory.kind == MemKind::kCuda) {
+    if (config.stream_writes) {
+      DMX_ASSIGN_OR_RETURN(auto writer, make_stream_writer(config.memory.device));
+      s->queues_->set_writer(std::move(writer));
+    }
     DMX_ASSIGN_OR_RETURN(s->gpu_, GpuWorkers::start(s->queues_.get(), config.app, config.gpu_threads));
   } else {
     DMX_ASSIGN_OR_RETURN(s->cpu_, CpuWorkers::start(s->queues_.get(), config.app, config.call_timeout));

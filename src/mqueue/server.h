@@ -20,6 +20,9 @@ struct ServerConfig {
   DispatcherConfig dispatch;
   Duration call_timeout = std::chrono::seconds(2);  // a CPU worker's wait for a call reply
   uint32_t gpu_threads = 128;                       // per worker block
+  // GPU: how the dispatcher writes requests into GPU memory. false: dmx::copy_memory, each copy
+  // waited for; true: queued on one CUDA stream, never waited for (docs/mqueue.md).
+  bool stream_writes = true;
 };
 
 class Server {

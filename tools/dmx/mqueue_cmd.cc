@@ -74,8 +74,9 @@ struct AnyServer {
 Result<AnyServer> start_server(const Args& a, const std::string& system, MemSpec mem, uint32_t max_payload,
                                const std::string& bind_udp, const std::string& bind_tcp) {
   AnyServer s;
-  if (system == "lynx") {
+  if (system == "lynx" || system == "lynx-sync") {
     ServerConfig c;
+    c.stream_writes = system == "lynx";  // lynx-sync: every write into GPU memory by dmx::copy_memory
     c.geometry.workers = a.workers;
     c.geometry.slots = a.slots;
     c.geometry.max_request = c.geometry.max_response = max_payload;
@@ -93,7 +94,7 @@ Result<AnyServer> start_server(const Args& a, const std::string& system, MemSpec
     c.max_request = max_payload;
     DMX_ASSIGN_OR_RETURN(s.baseline, HostCentricServer::start(c));
   } else {
-    return Status(Code::kInvalidArgument, "unknown system '" + system + "' (lynx, host-centric)");
+    return Status(Code::kInvalidArgument, "unknown system '" + system + "' (lynx, lynx-sync, host-centric)");
   }
   return s;
 }
@@ -101,7 +102,7 @@ Result<AnyServer> start_server(const Args& a, const std::string& system, MemSpec
 nlohmann::json row(const std::string& system, const std::string& proto, const Args& a, uint32_t size,
                    const LoadResult& r, double server_cpu) {
   nlohmann::json j;
-  j["system"] = (system == "lynx" ? "dmx-lynx-" : "host-centric-") + proto;
+  j["system"] = (system == "host-centric" ? "host-centric-" : "dmx-" + system + "-") + proto;
   j["proto"] = proto;
   j["mem"] = a.mem;
   j["payload_bytes"] = size;
@@ -212,7 +213,8 @@ void add_mqueue_command(CLI::App& app, int* exit_code) {
   bench->add_option("--connect", args->connect, "load a server at HOST:PORT");
   bench->add_option("--mem", args->mem, "worker memory: host (CPU workers) or cuda:N (GPU kernel)");
   bench->add_option("--proto", args->proto, "udp,tcp");
-  bench->add_option("--system", args->systems, "lynx,host-centric");
+  bench->add_option("--system", args->systems,
+                    "lynx,host-centric (lynx-sync: GPU queue writes by dmx::copy_memory, waited for)");
   bench->add_option("--payload", args->payload, "payload sizes, e.g. 64,784,4K");
   bench->add_option("--clients", args->clients, "closed-loop clients, one request outstanding each");
   bench->add_option("--workers", args->workers, "Lynx workers (CPU threads or GPU thread blocks)");

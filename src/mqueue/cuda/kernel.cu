@@ -223,6 +223,46 @@ Status GpuWorkers::stop(Duration timeout) {
   return st;
 }
 
+namespace {
+
+class StreamWriter : public WorkerWriter {
+ public:
+  StreamWriter(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  ~StreamWriter() override {
+    (void)wait_stream(stream_, std::chrono::seconds(5), "the mqueue copy stream");
+    (void)cudaStreamDestroy(stream_);
+  }
+  Status copy(void* dst, const void* src, size_t n) override {
+    cudaError_t err = cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_);
+    if (err == cudaSuccess && (++calls_ & 255) == 0) {  // now and then: an asynchronous failure?
+      err = cudaStreamQuery(stream_);
+      if (err == cudaErrorNotReady) err = cudaSuccess;
+    }
+    if (err != cudaSuccess)
+      return cuda_error("cudaMemcpyAsync(" + std::to_string(n) + " B into cuda:" + std::to_string(device_) + ")", err);
+    return Status();
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  uint64_t calls_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<WorkerWriter>> make_stream_writer(int device) {
+  DMX_RETURN_IF_ERROR(gpu_workers_available(device));
+  int prev = 0;
+  (void)cudaGetDevice(&prev);
+  cudaStream_t stream = nullptr;
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  (void)cudaSetDevice(prev);
+  if (err != cudaSuccess) return cuda_error("cudaStreamCreateWithFlags", err);
+  return std::unique_ptr<WorkerWriter>(new StreamWriter(device, stream));
+}
+
 Result<std::unique_ptr<GpuLauncher>> GpuLauncher::create(int device) {
   DMX_RETURN_IF_ERROR(gpu_workers_available(device));
   auto impl = std::make_unique<Impl>();
