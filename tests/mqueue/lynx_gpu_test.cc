@@ -14,8 +14,10 @@ TEST(LynxGpu, PersistentKernelAnswersByteExact) {
   Events ev;
   ServerConfig cfg = testing::host_config(ev, 4, 16);
   cfg.memory = MemSpec{MemKind::kCuda, 0};
+  // Round-robin with stream-ordered writes, least-loaded with dmx::copy_memory writes.
   for (Policy p : {Policy::kRoundRobin, Policy::kLeastLoaded}) {
     cfg.dispatch.policy = p;
+    cfg.stream_writes = p == Policy::kRoundRobin;
     auto server = Server::start(cfg);
     ASSERT_TRUE(server.ok()) << server.status().to_string();
     for (bool udp : {true, false}) {
@@ -29,7 +31,7 @@ TEST(LynxGpu, PersistentKernelAnswersByteExact) {
       load.timeout = std::chrono::seconds(10);
       auto r = run_load(load);
       ASSERT_TRUE(r.ok()) << r.status().to_string();
-      EXPECT_EQ(r->ok, 400u) << (udp ? "udp: " : "tcp: ") << r->first_error << "\n" << ev.all();
+      EXPECT_EQ(r->ok, 400u) << (udp ? "udp, " : "tcp, ") << (cfg.stream_writes ? "stream: " : "copy_memory: ") << r->first_error << "\n" << ev.all();
     }
     EXPECT_TRUE((*server)->stop().ok());
   }
