@@ -54,7 +54,7 @@ __device__ void xor_block(const uint8_t* in, uint8_t* out, uint32_t n) {
 __global__ void lynx_workers(Args a) {
   const Layout& l = a.l;
   const uint32_t w = blockIdx.x, n = l.g.slots;
-  __shared__ uint32_t s_go, s_len, s_status, s_ref_len;
+  __shared__ uint32_t s_go, s_len, s_status, s_ref_len, s_call_slot;
   __shared__ unsigned long long s_dist;
   uint32_t call_seq = 0;  // thread 0's
   for (uint32_t seq = 0;; ++seq) {
@@ -88,6 +88,7 @@ __global__ void lynx_workers(Args a) {
           s_status = kSlotAppError;
         } else {
           const uint32_t cs = call_seq & (l.g.call_slots - 1);
+          s_call_slot = cs;  // call_seq lives in thread 0 only; the block reads the reply's slot here
           bool go = spin(a, [&] {
             return call_seq - ld_acquire(a.wmem, l.ctl_of(w) + offsetof(WorkerCtl, call_credit)) < l.g.call_slots;
           });
@@ -110,7 +111,7 @@ __global__ void lynx_workers(Args a) {
       __syncthreads();
       if (s_status == kSlotOk) {
         const uint8_t* img = req + 4;
-        const uint8_t* ref = a.wmem + l.crx_slot(w, (call_seq - 1) & (l.g.call_slots - 1)) + sizeof(SlotHeader);
+        const uint8_t* ref = a.wmem + l.crx_slot(w, s_call_slot) + sizeof(SlotHeader);
         const uint32_t m = min(s_len - 4, s_ref_len);
         unsigned long long d = 0;
         for (uint32_t i = threadIdx.x; i < m; i += blockDim.x) d += img[i] > ref[i] ? img[i] - ref[i] : ref[i] - img[i];
