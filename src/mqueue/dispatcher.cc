@@ -138,8 +138,6 @@ bool Dispatcher::Impl::post(uint32_t w, uint32_t len, const SlotMeta& m) {
   const Layout& l = q->layout();
   WorkerState& ws = workers[w];
   const uint32_t seq = ws.issued, s = seq & (l.g.slots - 1);
-  // The worker may answer seq only with a credit above seq - N; give it before it would wait.
-  if (seq - ws.credited >= l.g.slots) flush_credits(w);
   const uint64_t off = l.rx_slot(w, s);
   SlotHeader h{len, 0};
   std::memcpy(q->staging_for(off), &h, sizeof h);
@@ -187,6 +185,8 @@ bool Dispatcher::Impl::collect_responses() {
       send_response(meta[size_t{w} * l.g.slots + s], h.status, rmem + l.tx_slot(w, s) + sizeof h, len);
       ws.collected++;
       any = true;
+      // Batched. A worker waiting for a credit (answer seq with seq - credited >= N) has answered
+      // everything before seq; once those are collected, collected - credited >= N >= batch.
       if (ws.collected - ws.credited >= batch) flush_credits(w);
     }
   }
