@@ -162,8 +162,10 @@ int run(const Args& a) {
   int modes = a.loopback + !a.listen.empty() + !a.connect.empty();
   if (modes != 1) return fmt::print(stderr, "dmx mqueue bench: give one of --loopback, --listen, --connect\n"), 2;
 
+  // The other side runs one system: name it (rows are labelled with it).
+  if (!a.loopback && systems.size() != 1)
+    return fmt::print(stderr, "dmx mqueue bench --listen/--connect: give one --system\n"), 2;
   if (!a.listen.empty()) {  // serve until Ctrl-C
-    if (systems.size() != 1) return fmt::print(stderr, "dmx mqueue bench --listen: one --system\n"), 2;
     auto s = start_server(a, systems[0], *mem, max_payload, a.listen, a.listen);
     if (!s.ok()) return fmt::print(stderr, "dmx mqueue bench: {}\n", s.status().to_string()), 1;
     fmt::print(stderr, "dmx mqueue bench: {} serving on udp {} and tcp {}; Ctrl-C ends\n", systems[0],
