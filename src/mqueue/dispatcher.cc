@@ -106,6 +106,7 @@ void Dispatcher::Impl::run() {
       }
     }
     if (udp_blocked) on_udp();
+    if (!conns.empty()) drop_stalled();
   }
   timespec ts{};
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);

@@ -6,7 +6,7 @@
 // Clients speak WireHeader + payload (layout.h) per datagram or per TCP frame. Every byte from a
 // client is checked: a datagram with a bad header, a length that disagrees with its size or is
 // over the limit is dropped; a TCP client that sends a bad header or a length over the limit, or
-// disconnects mid-request, is dropped; each drop is reported through on_event naming the client,
+// disconnects or stalls mid-request (request_timeout), is dropped; each drop is reported through on_event naming the client,
 // and the others go on. A full queue back-pressures: the request waits (in the socket for UDP,
 // in its connection for TCP) until a credit frees a slot; nothing is overwritten.
 //
@@ -34,6 +34,7 @@ struct DispatcherConfig {
   uint32_t max_connections = 256;    // TCP clients beyond this are refused
   size_t max_tcp_backlog = 4u << 20;  // unsent response bytes per client before its reads pause
   Duration connect_timeout = std::chrono::seconds(2);  // to the external service
+  Duration request_timeout = std::chrono::seconds(10);  // a TCP request begun must be whole by then
   std::function<void(const std::string&)> on_event;   // drops and failures; default: stderr
 };
 

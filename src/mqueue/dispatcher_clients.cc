@@ -182,6 +182,7 @@ bool Dispatcher::Impl::advance_conn(uint32_t id) {
       }
       return false;
     }
+    if (c.state == Conn::State::kHeader && c.got == 0) c.begun = std::chrono::steady_clock::now();
     c.got += static_cast<size_t>(n);
     if (c.state == Conn::State::kHeader && c.got == sizeof c.hdr) {
       if (c.hdr.magic != kRequestMagic) {
@@ -201,6 +202,22 @@ bool Dispatcher::Impl::advance_conn(uint32_t id) {
     }
   }
   return true;
+}
+
+void Dispatcher::Impl::drop_stalled() {
+  auto now = std::chrono::steady_clock::now();
+  if (now < next_sweep) return;
+  next_sweep = now + std::chrono::milliseconds(50);
+  for (uint32_t id = 0; id < conns.size(); ++id) {
+    const Conn& c = conns[id];
+    // kReady is waiting for us, not for the client; kHeader with nothing read is idle.
+    bool reading = c.state == Conn::State::kPayload || (c.state == Conn::State::kHeader && c.got > 0);
+    if (c.open && reading && now - c.begun > cfg.request_timeout)
+      drop_conn(id, "stalled mid-request (" + std::to_string(c.got) + " bytes of the " +
+                        (c.state == Conn::State::kHeader ? "header" : "payload") + " in " +
+                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(cfg.request_timeout).count()) +
+                        " ms)");
+  }
 }
 
 void Dispatcher::Impl::retry_blocked() {

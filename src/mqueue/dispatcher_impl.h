@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -27,6 +28,7 @@ struct Conn {
   State state = State::kHeader;
   WireHeader hdr{};
   size_t got = 0;
+  std::chrono::steady_clock::time_point begun;  // when the request being read began
   std::vector<uint8_t> payload;
   std::string out;  // responses not yet sent
   size_t out_off = 0;
@@ -65,6 +67,7 @@ struct Dispatcher::Impl {
   std::vector<uint32_t> blocked;  // connections holding a whole request, oldest first
   uint32_t rr = 0;
   bool udp_blocked = false;
+  std::chrono::steady_clock::time_point next_sweep;
   Status failure;  // first failure of a worker-memory copy; ends the loop
 
   std::atomic<bool> stop{false};
@@ -87,6 +90,7 @@ struct Dispatcher::Impl {
   void on_conn(uint32_t id, uint32_t events);
   bool advance_conn(uint32_t id);  // reads and posts; false once closed
   void retry_blocked();
+  void drop_stalled();  // TCP clients stalled mid-request past request_timeout
   void drop_conn(uint32_t id, const std::string& why);
   void send_response(const SlotMeta& m, uint32_t status, const uint8_t* payload, uint32_t len);
   void flush_conn(uint32_t id);

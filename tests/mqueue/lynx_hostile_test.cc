@@ -108,6 +108,34 @@ TEST(LynxHostile, BadTcpClientsAreDroppedAndOthersGoOn) {
     }
 }
 
+// A client that begins a request and goes silent is dropped at request_timeout.
+TEST(LynxHostile, StalledTcpClientIsDropped) {
+  Events ev;
+  ServerConfig cfg = testing::host_config(ev, 1, 4, 1024);
+  cfg.dispatch.request_timeout = std::chrono::milliseconds(300);
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok());
+  Dispatcher& d = (*server)->dispatcher();
+  auto addr = resolve(d.tcp_address());
+  auto idle = tcp_connect(*addr, std::chrono::seconds(5));  // connected, sends nothing: fine
+  auto header = tcp_connect(*addr, std::chrono::seconds(5));
+  auto payload = tcp_connect(*addr, std::chrono::seconds(5));
+  ASSERT_TRUE(idle.ok() && header.ok() && payload.ok());
+  auto f = frame(kRequestMagic, 64, 1, std::vector<uint8_t>(10));
+  ASSERT_EQ(::send(header->get(), f.data(), 5, 0), 5);
+  ASSERT_EQ(::send(payload->get(), f.data(), f.size(), 0), static_cast<ssize_t>(f.size()));
+  const std::string h = "tcp client " + testing::local_name(header->get());
+  const std::string p = "tcp client " + testing::local_name(payload->get());
+  EXPECT_TRUE(testing::eventually([&] { return ev.any_contains(h, "stalled mid-request (5 bytes of the header"); }))
+      << ev.all();
+  EXPECT_TRUE(testing::eventually([&] { return ev.any_contains(p, "stalled mid-request (10 bytes of the payload"); }))
+      << ev.all();
+  EXPECT_FALSE(ev.any_contains("tcp client " + testing::local_name(idle->get()))) << ev.all();
+  auto r = run_load(good_load(d.tcp_address(), false));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->ok, 150u) << r->first_error;
+}
+
 // A client that disconnects with answers still in the queues: the answers are discarded.
 TEST(LynxHostile, ClientGoneBeforeItsAnswers) {
   Events ev;
