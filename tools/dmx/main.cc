@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   dmx::cli::add_topo_command(app, &exit_code);
   dmx::cli::add_devmem_command(app, &exit_code);
   dmx::cli::add_rpc_command(app, &exit_code);
+  dmx::cli::add_mqueue_command(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

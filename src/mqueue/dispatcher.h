@@ -1,0 +1,69 @@
+// mqueue/dispatcher.h — the CPU "SmartNIC": terminates UDP and TCP from clients, writes each
+// request into a worker's queue (payload first, flag last), collects responses from the
+// response rings, sends them back, returns credits in batches, and forwards the workers' calls
+// to an external service through their client queues.
+//
+// Clients speak WireHeader + payload (layout.h) per datagram or per TCP frame. Every byte from a
+// client is checked: a datagram with a bad header, a length that disagrees with its size or is
+// over the limit is dropped; a TCP client that sends a bad header or a length over the limit, or
+// disconnects or stalls mid-request (request_timeout), is dropped; each drop is reported through on_event naming the client,
+// and the others go on. A full queue back-pressures: the request waits (in the socket for UDP,
+// in its connection for TCP) until a credit frees a slot; nothing is overwritten.
+//
+// Thread-safety: one dispatcher thread owns all its state; stats() and stop() are safe from any
+// thread. Lifetime: the QueueSet outlives the dispatcher; stop() joins within ~10 ms.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dmx/request.h"
+#include "mqueue/queues.h"
+
+namespace dmx::mqueue {
+
+enum class Policy { kRoundRobin, kLeastLoaded };
+
+struct DispatcherConfig {
+  std::string udp;      // "host:port" to bind (port 0: any); empty: no UDP
+  std::string tcp;      // "host:port" to listen on; empty: no TCP
+  std::string service;  // external service for the client queues ("host:port"); empty: none
+  Policy policy = Policy::kRoundRobin;
+  uint32_t credit_batch = 0;         // responses per credit write-back; 0: slots / 2 (as Lynx)
+  uint32_t max_connections = 256;    // TCP clients beyond this are refused
+  size_t max_tcp_backlog = 4u << 20;  // unsent response bytes per client before its reads pause
+  Duration connect_timeout = std::chrono::seconds(2);  // to the external service
+  Duration request_timeout = std::chrono::seconds(10);  // a TCP request begun must be whole by then
+  std::function<void(const std::string&)> on_event;   // drops and failures; default: stderr
+};
+
+struct DispatcherStats {
+  uint64_t requests = 0, responses = 0, error_responses = 0;
+  uint64_t bad_datagrams = 0, dropped_clients = 0, refused_clients = 0;
+  uint64_t responses_discarded = 0;  // the client had gone
+  uint64_t backpressure = 0;         // times a request waited for a free slot
+  uint64_t credit_writes = 0;        // credit words written back to worker memory
+  uint64_t calls = 0, call_failures = 0;
+  uint32_t max_occupancy = 0;        // most requests one worker held at once (<= slots)
+  double cpu_seconds = 0;            // the dispatcher thread's CPU time (set when it ends)
+};
+
+class Dispatcher {
+ public:
+  static Result<std::unique_ptr<Dispatcher>> start(QueueSet* queues, DispatcherConfig config);
+  ~Dispatcher();
+  std::string udp_address() const;  // "127.0.0.1:port", empty without UDP
+  std::string tcp_address() const;
+  DispatcherStats stats() const;
+  // Stops the thread; the result says if it had failed (an error of worker memory copies).
+  Status stop();
+
+  struct Impl;
+
+ private:
+  explicit Dispatcher(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dmx::mqueue
