@@ -1,5 +1,5 @@
 // CPU-managed orchestration: a worker thread launches the work per request (cpu) or per dynamic
-// batch (batch), as SplitRPC's sync worker loop does.
+// batch (batch, graph), as SplitRPC's sync worker loop does.
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -21,7 +21,8 @@ class CpuOrchestrator final : public Orchestrator {
 
   Status start() {
     if (pool_.shape().mem.kind == MemKind::kCuda) {
-      DMX_ASSIGN_OR_RETURN(launcher_, device::Launcher::create(pool_.shape().mem.device));
+      DMX_ASSIGN_OR_RETURN(launcher_,
+                           device::Launcher::create(pool_.shape().mem.device, config_.mode == Mode::kGraph));
     }
     worker_ = std::thread([this] { loop(); });
     return Status();
@@ -51,7 +52,7 @@ class CpuOrchestrator final : public Orchestrator {
 
  private:
   void loop() {
-    uint32_t max = config_.mode == Mode::kBatch ? config_.max_batch : 1;
+    uint32_t max = config_.mode == Mode::kBatch || config_.mode == Mode::kGraph ? config_.max_batch : 1;
     std::vector<Job> batch;
     std::vector<device::Item> items;
     for (;;) {

@@ -8,7 +8,8 @@ Result<Mode> parse_mode(std::string_view text) {
   if (text == "cpu") return Mode::kCpu;
   if (text == "batch") return Mode::kBatch;
   if (text == "gpu") return Mode::kGpu;
-  return Status(Code::kInvalidArgument, "rpc mode '" + std::string(text) + "': expected cpu, batch or gpu");
+  if (text == "graph") return Mode::kGraph;
+  return Status(Code::kInvalidArgument, "rpc mode '" + std::string(text) + "': expected cpu, batch, gpu or graph");
 }
 
 std::string_view mode_name(Mode mode) {
@@ -16,6 +17,7 @@ std::string_view mode_name(Mode mode) {
     case Mode::kCpu: return "cpu";
     case Mode::kBatch: return "batch";
     case Mode::kGpu: return "gpu";
+    case Mode::kGraph: return "graph";
   }
   return "?";
 }

@@ -4,6 +4,8 @@
 //         the service; CUDA: launches a kernel and waits), one request per launch.
 //   batch CPU-managed with dynamic batching: the worker takes every ready request, up to
 //         max_batch, into one launch.
+//   graph batch, launched as a CUDA graph captured once per batch size (the item table is copied
+//         in by the graph itself), so a batch costs one cudaGraphLaunch. Host memory: as batch.
 //   gpu   GPU-managed: the work is already running and polls a doorbell ring. CUDA: a persistent
 //         kernel polls a ring in mapped pinned memory. Host memory: a worker thread polls a ring
 //         in the pool (the same structure, so the code path is tested without a GPU). A TX thread
@@ -26,7 +28,7 @@ namespace dmx::rpc {
 
 class Conn;
 
-enum class Mode : uint8_t { kCpu, kBatch, kGpu };
+enum class Mode : uint8_t { kCpu, kBatch, kGpu, kGraph };
 Result<Mode> parse_mode(std::string_view text);
 std::string_view mode_name(Mode mode);
 

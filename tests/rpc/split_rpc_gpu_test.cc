@@ -43,7 +43,7 @@ TEST_P(SplitRpcGpu, ByteExactVecopAndMlpOnCudaMemory) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-3f) << i;  // float sums in another order
 }
 
-INSTANTIATE_TEST_SUITE_P(AllModes, SplitRpcGpu, ::testing::Values(Mode::kCpu, Mode::kBatch, Mode::kGpu),
+INSTANTIATE_TEST_SUITE_P(AllModes, SplitRpcGpu, ::testing::Values(Mode::kCpu, Mode::kBatch, Mode::kGpu, Mode::kGraph),
                          [](const auto& info) { return std::string(mode_name(info.param)); });
 
 }  // namespace

@@ -116,7 +116,7 @@ TEST_P(SplitRpcModes, MlpAndItsErrorResponse) {
   EXPECT_EQ(r.server->stats().error_responses, 1u);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllModes, SplitRpcModes, ::testing::Values(Mode::kCpu, Mode::kBatch, Mode::kGpu),
+INSTANTIATE_TEST_SUITE_P(AllModes, SplitRpcModes, ::testing::Values(Mode::kCpu, Mode::kBatch, Mode::kGpu, Mode::kGraph),
                          [](const auto& info) { return std::string(mode_name(info.param)); });
 
 TEST(SplitRpc, FullPoolRefusesTheNextClientWithAReason) {

@@ -176,7 +176,7 @@ void add_rpc_command(CLI::App& app, int* exit_code) {
   b->add_option("--mem", a->mem, "the server's work memory: host | cuda[:N] (default host)");
   b->add_option("--payload", a->payload, "request payload size, e.g. 64K (default 64K)");
   b->add_option("--slot-size", a->slot_size, "pool slot size (default: the payload size)");
-  b->add_option("--mode", a->modes, "cpu | batch | gpu, or a comma list (default cpu)");
+  b->add_option("--mode", a->modes, "cpu | batch | gpu | graph, or a comma list (default cpu)");
   b->add_option("--method", a->method, "vecop | mlp (default vecop)")->check(CLI::IsMember({"vecop", "mlp"}));
   b->add_option("--baseline", a->baseline, "grpc: also run a gRPC server doing the same work (--loopback)");
   b->add_option("--clients", a->clients, "connections (default 2)")->check(CLI::Range(1, 64));

@@ -55,6 +55,9 @@ __device__ void compute(const Item& it) {
 
 __global__ void batch_kernel(Batch b) { compute(b.items[blockIdx.x]); }
 
+// The graph's kernel: its item table is in device memory, copied there by the graph's first node.
+__global__ void table_kernel(const Batch* b) { compute(b->items[blockIdx.x]); }
+
 // The doorbell rings, in mapped pinned host memory: the CPU produces `entries`, the GPU `done`.
 struct Rings {
   volatile uint32_t head;  // CPU: slots rung so far
@@ -127,8 +130,12 @@ Status upload_weights(int device) {
 
 class LauncherImpl final : public Launcher {
  public:
-  explicit LauncherImpl(int device) : device_(device) {}
+  LauncherImpl(int device, bool graphs) : device_(device), graphs_(graphs) {}
   ~LauncherImpl() override {
+    for (cudaGraphExec_t g : execs_)
+      if (g) cudaGraphExecDestroy(g);
+    if (table_host_) cudaFreeHost(table_host_);
+    if (table_dev_) cudaFree(table_dev_);
     if (ev_) cudaEventDestroy(ev_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -139,26 +146,69 @@ class LauncherImpl final : public Launcher {
       return cuda_error("cudaStreamCreate", e);
     if (cudaError_t e = cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming); e != cudaSuccess)
       return cuda_error("cudaEventCreate", e);
+    if (graphs_) {
+      if (cudaError_t e = cudaHostAlloc(&table_host_, sizeof(Batch), cudaHostAllocDefault); e != cudaSuccess)
+        return cuda_error("cudaHostAlloc(item table)", e);
+      if (cudaError_t e = cudaMalloc(&table_dev_, sizeof(Batch)); e != cudaSuccess)
+        return cuda_error("cudaMalloc(item table)", e);
+    }
     return Status();
   }
   Status run(const Item* items, uint32_t n, Duration timeout) override {
     cudaSetDevice(device_);
     for (uint32_t done = 0; done < n;) {
       uint32_t k = std::min(n - done, kMaxBatch);
-      Batch b{};
-      std::memcpy(b.items, items + done, k * sizeof(Item));
-      batch_kernel<<<k, kThreads, 0, stream_>>>(b);
-      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("kernel launch", e);
+      if (graphs_) {
+        DMX_RETURN_IF_ERROR(replay(items + done, k, timeout));
+      } else {
+        Batch b{};
+        std::memcpy(b.items, items + done, k * sizeof(Item));
+        batch_kernel<<<k, kThreads, 0, stream_>>>(b);
+        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error("kernel launch", e);
+      }
       done += k;
     }
+    if (graphs_) return Status();
     if (cudaError_t e = cudaEventRecord(ev_, stream_); e != cudaSuccess) return cuda_error("cudaEventRecord", e);
     return wait_event(ev_, timeout);
   }
 
  private:
+  // Replays the graph of `k` items over the table, and waits: the table is reused by the next batch.
+  Status replay(const Item* items, uint32_t k, Duration timeout) {
+    if (!execs_[k]) DMX_RETURN_IF_ERROR(capture(k));
+    std::memcpy(table_host_->items, items, k * sizeof(Item));
+    if (cudaError_t e = cudaGraphLaunch(execs_[k], stream_); e != cudaSuccess) return cuda_error("cudaGraphLaunch", e);
+    if (cudaError_t e = cudaEventRecord(ev_, stream_); e != cudaSuccess) return cuda_error("cudaEventRecord", e);
+    return wait_event(ev_, timeout);
+  }
+  // Captures, once per batch size, the table's copy to the device and the kernel over it.
+  Status capture(uint32_t k) {
+    cudaGraph_t g = nullptr;
+    if (cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal); e != cudaSuccess)
+      return cuda_error("cudaStreamBeginCapture", e);
+    cudaMemcpyAsync(table_dev_, table_host_, k * sizeof(Item), cudaMemcpyHostToDevice, stream_);
+    table_kernel<<<k, kThreads, 0, stream_>>>(table_dev_);
+    cudaError_t launched = cudaGetLastError();
+    cudaError_t ended = cudaStreamEndCapture(stream_, &g);
+    if (launched != cudaSuccess) return cuda_error("graph capture (kernel)", launched);
+    if (ended != cudaSuccess) return cuda_error("cudaStreamEndCapture", ended);
+    cudaError_t e = cudaGraphInstantiate(&execs_[k], g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+      execs_[k] = nullptr;
+      return cuda_error("cudaGraphInstantiate", e);
+    }
+    return Status();
+  }
+
   int device_;
+  bool graphs_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ev_ = nullptr;
+  Batch* table_host_ = nullptr;  // pinned: the graph's copy reads it when it runs
+  Batch* table_dev_ = nullptr;
+  cudaGraphExec_t execs_[kMaxBatch + 1] = {};  // by batch size
 };
 
 class PersistentImpl final : public Persistent {
@@ -233,8 +283,8 @@ class PersistentImpl final : public Persistent {
 
 }  // namespace
 
-Result<std::unique_ptr<Launcher>> Launcher::create(int device) {
-  auto l = std::make_unique<LauncherImpl>(device);
+Result<std::unique_ptr<Launcher>> Launcher::create(int device, bool graphs) {
+  auto l = std::make_unique<LauncherImpl>(device, graphs);
   DMX_RETURN_IF_ERROR(l->init());
   return std::unique_ptr<Launcher>(std::move(l));
 }

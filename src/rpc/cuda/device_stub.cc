@@ -8,7 +8,7 @@ Status no_cuda() {
 }
 }  // namespace
 
-Result<std::unique_ptr<Launcher>> Launcher::create(int) { return no_cuda(); }
+Result<std::unique_ptr<Launcher>> Launcher::create(int, bool) { return no_cuda(); }
 Result<std::unique_ptr<Persistent>> Persistent::create(int, uint32_t) { return no_cuda(); }
 
 }  // namespace dmx::rpc::device
