@@ -205,8 +205,9 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
   if (!channels) local_listener.reset();
   *final = true;  // the server has its endpoint now: a second attempt would make another
   DMX_ASSIGN_OR_RETURN(TransportLinks links,
-                       connect_transports(*ctx, agreed.agreed, mine, *theirs, /*is_client=*/true, std::move(local_listener), SideChannels{},
-                                          std::move(data_sockets), peer, overall));
+                       connect_transports(*ctx, agreed.agreed, mine, *theirs, /*is_client=*/true,
+                                          std::move(local_listener), SideChannels{}, std::move(data_sockets), peer,
+                                          overall));
   return EndpointImpl::create(ctx, std::move(agreed), stream_conduits(std::move(fds), std::move(links.control)),
                               std::move(links.paths));
 }
