@@ -48,6 +48,7 @@ struct OpState {
   uint64_t done = 0;    // bytes written (transmit) or landed (receive)
   int inflight = 0;     // chunks handed but not yet written / payloads being read into the buffer
   bool eager = false;
+  bool acked = false;   // write: the target's ACK came; it finishes once no chunk is in flight
   Status outcome;       // decided at kStopping / kFinished
   // One-sided.
   uint64_t rkey = 0, roffset = 0;

@@ -194,7 +194,11 @@ Status EndpointImpl::on_ack(const FrameHeader& h, const std::vector<unsigned cha
         if (op->handed < op->total) return protocol(fmt::format("ACK for write op {} before all its data", h.id));
         writes_.erase(it);
         op->done = op->total;
-        finish(*op, Status());
+        // The ACK can overtake a path's word that it let go of the source (the bytes were copied
+        // out before the target could have them): the write completes once that word came too,
+        // so that no thread of this side still touches the caller's buffer.
+        if (op->inflight == 0) finish(*op, Status());
+        else op->acked = true;
       } else {
         stop(op, Status(code, fmt::format("the target refused the write: {}", text)));
       }

@@ -114,10 +114,11 @@ void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {
 
 void EndpointImpl::chunk_sent(const std::shared_ptr<OpState>& op, uint64_t len, const Status& s) {
   --op->inflight;
-  // A write is complete once the target's ACK came, which can overtake the path's own word that it
-  // let go of the source (the bytes were copied out before the target could have them): its
-  // outcome and count are final, and deliver() may be reading them without the lock.
   if (op->phase == OpPhase::kFinished || op->phase == OpPhase::kDelivered) return;
+  if (op->acked && op->phase == OpPhase::kActive) {  // the target has it all: done once the source is free
+    if (op->inflight == 0) finish(*op, Status());
+    return;
+  }
   if (s.ok()) op->done += len;
   else if (op->eager) finish(*op, s);  // an eager send by a path: one chunk, not stoppable
   else stop(op, s);
