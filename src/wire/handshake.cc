@@ -42,7 +42,7 @@ class Reader {
   uint32_t u32() { return take(4) ? (off_ += 4, get_u32(p_ + off_ - 4)) : 0; }
   uint64_t u64() { return take(8) ? (off_ += 8, get_u64(p_ + off_ - 8)) : 0; }
   void bytes(unsigned char* out, size_t k) {
-    if (take(k)) std::memcpy(out, p_ + off_, k), off_ += k;
+    if (k > 0 && take(k)) std::memcpy(out, p_ + off_, k), off_ += k;  // an empty vector's data() may be null
   }
   std::string str(size_t max) {
     uint16_t len = u16();

@@ -15,7 +15,7 @@ namespace {
 
 // The payload limit restated from docs/wire.md, independently of frame.cc's table.
 uint32_t independent_limit(const FrameHeader& h, const Limits& l) {
-  if (h.flags & kPathFlags) return kMaxPathDescriptor;
+  if (h.path != 0) return kMaxPathDescriptor;
   switch (h.type) {
     case FrameType::kHello: case FrameType::kJoin: case FrameType::kReject: case FrameType::kAck:
     case FrameType::kClose: return kMaxControlPayload;
@@ -46,8 +46,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     HeaderBytes again = encode_header(*h);
     if (std::memcmp(again.data(), bytes, kHeaderSize) != 0) std::abort();
     if (h->payload_len > independent_limit(*h, l)) std::abort();
-    uint8_t path = h->flags & kPathFlags;
-    if ((path & (path - 1)) != 0) std::abort();
+    // A path only on data frames and EAGER, and only an id the wire allows.
+    bool carries = h->type == FrameType::kSendData || h->type == FrameType::kWriteData ||
+                   h->type == FrameType::kReadData || h->type == FrameType::kEager;
+    if (h->path > kMaxPathId || (h->path != 0 && !carries)) std::abort();
   }
   return 0;
 }

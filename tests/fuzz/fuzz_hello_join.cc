@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "wire/frame.h"
 #include "wire/handshake.h"
 
 using namespace dmx::wire;

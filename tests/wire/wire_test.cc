@@ -156,6 +156,14 @@ TEST(Handshake, HelloRoundTrip) {
   EXPECT_EQ(d->offers[1].descriptor, (std::vector<unsigned char>{1, 0}));
   ASSERT_NE(d->offer("shm"), nullptr);
   EXPECT_EQ(d->offer("tcp"), nullptr);
+  // An empty descriptor (found by fuzz_hello_join: copying zero bytes to an empty vector's null
+  // data() is undefined).
+  h.offers.push_back(Offer{"loop", {}});
+  bytes = encode_hello(h);
+  d = decode_hello(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  ASSERT_NE(d->offer("loop"), nullptr);
+  EXPECT_TRUE(d->offer("loop")->descriptor.empty());
 }
 
 TEST(Handshake, EveryTruncationIsAnError) {
