@@ -79,7 +79,7 @@ class Endpoint {
   // than dst fails both sides' operations with Code::kTruncated.
   Request recv(const MemRegion& dst, uint64_t tag, OpOptions options = {});
   // One-sided: writes `src` into the peer's registered region at `offset`. Completes once the
-  // data has landed at the target and this side no longer uses `src`.
+  // data has landed at the target.
   Request write(const MemRegion& src, const RemoteRegion& dst, uint64_t offset, OpOptions options = {});
   // One-sided: reads from the peer's registered region at `offset` into `dst`.
   Request read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions options = {});
