@@ -260,5 +260,48 @@ TEST(CudaIpcGpu, SweepRetiresFreedAllocations) {
   EXPECT_EQ(testing::wait_child(c, std::chrono::seconds(60)), 0);
 }
 
+// Exports go through the GTLB: sub-ranges of one allocation cost a lookup and the buffer-id check,
+// not a new handle; memory freed and allocated again at the same address is never translated to
+// the old export (its buffer id differs), and a forgotten allocation leaves no translation.
+TEST(CudaIpcGpu, GtlbTranslatesExportsAndNeverAStaleOne) {
+  std::string why;
+  int n = probe_gpus(&why);
+  if (n < 1) GTEST_SKIP() << "no usable GPU: " << why;
+  pid_t c = testing::fork_child([&] {
+    Exporter ex;
+    constexpr size_t kSize = 64 << 20;
+    auto buf = Buffer::allocate({MemKind::kCuda, 0}, kSize);
+    CHILD_CHECK(buf.ok(), 10);
+    auto first = ex.export_region(buf->region().sub(1, 100));
+    CHILD_CHECK(first.ok() && first->offset == 1, 11);
+    std::mt19937_64 rng(std::random_device{}());
+    for (int i = 0; i < 1000; ++i) {
+      size_t off = rng() % kSize, len = rng() % (kSize - off + 1);
+      auto d = ex.export_region(buf->region().sub(off, len));
+      CHILD_CHECK(d.ok() && d->alloc_id == first->alloc_id && d->offset == off && d->length == len, 12);
+    }
+    GtlbCounters t = ex.translations();
+    // Misses only fill the 2 MiB pages first touched: 32 pages (33 unaligned), 1,001 exports.
+    CHILD_CHECK(t.misses <= 34 && t.hits >= 1001 - 34 && t.fills == t.misses, 13);
+    void* base = buf->data();
+    *buf = Buffer();  // freed behind the exporter's back
+    auto again = Buffer::allocate({MemKind::kCuda, 0}, kSize);
+    CHILD_CHECK(again.ok(), 14);
+    auto d = ex.export_region(again->region().sub(4096, 8));
+    CHILD_CHECK(d.ok(), 15);
+    if (again->data() == base) {  // the usual case: cudaMalloc hands the same address back
+      CHILD_CHECK(d->alloc_id != first->alloc_id, 16);
+      CHILD_CHECK(ex.take_retired(8) == std::vector<uint64_t>{first->alloc_id}, 17);
+    }
+    auto id = ex.forget(again->data());
+    CHILD_CHECK(id.ok() && *id == d->alloc_id, 18);
+    uint64_t misses = ex.translations().misses;
+    auto fresh = ex.export_region(again->region().sub(4096, 8));
+    CHILD_CHECK(fresh.ok() && fresh->alloc_id != d->alloc_id && ex.translations().misses == misses + 1, 19);
+    return 0;
+  });
+  EXPECT_EQ(testing::wait_child(c, std::chrono::seconds(60)), 0);
+}
+
 }  // namespace
 }  // namespace dmx::cuda_ipc

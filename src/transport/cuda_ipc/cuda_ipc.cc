@@ -425,20 +425,16 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
                                                       to_string(region.where)));
   DMX_RETURN_IF_ERROR(available());
   auto addr = reinterpret_cast<uintptr_t>(region.ptr);
-  // Fast path (every small message): a cached allocation holds the region and is still the same
-  // allocation (its buffer id, which any pointer inside it reports): one driver call.
-  if (auto hit = by_base_.upper_bound(addr); hit != by_base_.begin()) {
-    --hit;
-    const Entry& e = hit->second;
-    uint64_t off = addr - hit->first;
-    if (off < e.desc.alloc_size && region.size <= e.desc.alloc_size - off) {
-      DMX_ASSIGN_OR_RETURN(uint64_t id, cuda::driver::buffer_id(region.ptr));
-      if (id == e.buffer_id) {
-        IpcDescriptor d = e.desc;
-        d.offset = off;
-        d.length = region.size;
-        return d;
-      }
+  // Fast path (every small message): the GTLB names a cached allocation that holds the region, and
+  // it is still the same allocation (its buffer id, which any pointer inside it reports): one
+  // driver call.
+  if (auto hit = gtlb_.lookup(addr, region.size)) {
+    DMX_ASSIGN_OR_RETURN(uint64_t id, cuda::driver::buffer_id(region.ptr));
+    if (id == hit->generation) {
+      IpcDescriptor d = reinterpret_cast<const Entry*>(hit->value)->desc;
+      d.offset = addr - hit->base;
+      d.length = region.size;
+      return d;
     }
   }
   // For a cuMem allocation the range is its block's mapping (memory/cuda/driver.h).
@@ -459,6 +455,9 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
     it = by_base_.emplace(range.base, Entry{d, buffer_id}).first;
     InProcessExports::get().add(d.alloc_id, range.base, range.size, buffer_id);
   }
+  // Entries stay where they are in the map until retired or forgotten, which invalidate them here.
+  gtlb_.fill(GtlbEntry{range.base, range.size, buffer_id, reinterpret_cast<uint64_t>(&it->second)}, addr,
+             std::min<uint64_t>(region.size, range.size - (addr - range.base)));
   IpcDescriptor d = it->second.desc;
   d.offset = addr - range.base;
   d.length = region.size;
@@ -481,6 +480,7 @@ void Exporter::retire(std::map<uintptr_t, Entry>::iterator it) {
   }
   retired_.push_back(it->second.desc.alloc_id);
   InProcessExports::get().remove(it->second.desc.alloc_id);
+  gtlb_.invalidate(it->first, it->second.desc.alloc_size);
   by_base_.erase(it);
 }
 
@@ -553,6 +553,7 @@ Result<uint64_t> Exporter::forget(const void* ptr) {
     return Status(Code::kNotFound, fmt::format("cuda_ipc forget: {} was never exported", ptr));
   uint64_t id = it->second.desc.alloc_id;
   InProcessExports::get().remove(id);
+  gtlb_.invalidate(it->first, it->second.desc.alloc_size);
   by_base_.erase(it);
   return id;
 }

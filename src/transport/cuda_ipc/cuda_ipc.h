@@ -48,6 +48,7 @@
 #include "core/sys.h"
 #include "dmx/memory.h"
 #include "dmx/status.h"
+#include "memory/gtlb.h"
 
 namespace dmx::cuda_ipc {
 
@@ -120,6 +121,7 @@ class Exporter {
   // retired.
   size_t sweep(size_t max);
   size_t exported() const { return by_base_.size(); }
+  GtlbCounters translations() const { return gtlb_.counters(); }
   size_t retired() const { return retired_.size(); }
   static constexpr size_t kMaxRetired = 4096;  // beyond this the oldest is dropped (and logged)
 
@@ -134,6 +136,7 @@ class Exporter {
   void retire(std::map<uintptr_t, Entry>::iterator it);
 
   std::map<uintptr_t, Entry> by_base_;  // allocation base -> entry
+  Gtlb gtlb_;  // address -> the entry holding it (value: the Entry's address); see export_region
   std::vector<uint64_t> retired_;
   uintptr_t sweep_from_ = 0;  // where the next sweep starts
 };
