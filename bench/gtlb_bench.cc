@@ -122,6 +122,14 @@ int main(int argc, char** argv) {
     }
   }
   const auto filled = g.counters();
+  {  // whether the table got huge pages (MADV_HUGEPAGE is advice)
+    FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    while (f && std::fgets(line, sizeof line, f))
+      if (!std::strncmp(line, "AnonHugePages:", 14))
+        std::printf("{\"bench\":\"gtlb\",\"what\":\"huge_pages\",\"anon_huge_kib\":%ld}\n", std::atol(line + 14));
+    if (f) std::fclose(f);
+  }
   std::vector<uintptr_t> addrs(lookups);
   for (auto& a : addrs) a = pages[rng() % entries] * kPage + rng() % (kPage - 4096);
   uint64_t sink = 0;
