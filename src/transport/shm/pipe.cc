@@ -88,7 +88,7 @@ Status check_eventfd(int fd, const std::string& peer) {
 }
 
 Result<char*> map_region(int fd, size_t size) {
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return errno_status(fmt::format("mmap(shm pipe, {} B)", size), errno, Code::kResourceExhausted);
   return static_cast<char*>(p);
 }
