@@ -60,7 +60,9 @@ struct EndpointStats {
 // Thread-safe. Move-only; destroying the last handle closes the endpoint.
 //
 // Recovery contract: after any connection error the endpoint is failed for good: every pending
-// and later operation completes with that error (it names the peer). Make a new endpoint.
+// and later operation completes with that error (it names the peer). Make a new endpoint. One
+// exception: after the peer's orderly close, a recv still gets the messages that had fully arrived
+// before the close (their senders saw those sends complete), in order; then kClosed.
 class Endpoint {
  public:
   Endpoint() = default;

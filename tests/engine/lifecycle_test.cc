@@ -59,6 +59,45 @@ TEST(Lifecycle, AnyTagAndUnexpectedMessages) {
   EXPECT_EQ(g2, big.data);
 }
 
+// A send that completed was delivered: messages that had fully arrived when the peer closed stay
+// receivable, in order; one that had not (a rendezvous the sender's close failed) was never sent.
+TEST(Lifecycle, MessagesThatArrivedBeforeThePeerClosedStayReceivable) {
+  for (bool wait_for_stop : {false, true}) {
+    SCOPED_TRACE(wait_for_stop ? "receives posted after the endpoint stopped" : "right after the close");
+    Pair p = connect_pair();
+    Filled a = filled(MemSpec{}, 1000), b = filled(MemSpec{}, 777), c = filled(MemSpec{}, 1),
+           big = filled(MemSpec{}, 3 << 20), after = filled(MemSpec{}, 10);
+    ASSERT_TRUE(p.client.send(a.buf.region(), 1).wait(10s).ok());
+    ASSERT_TRUE(p.client.send(b.buf.region(), 2).wait(10s).ok());
+    ASSERT_TRUE(p.client.send(c.buf.region(), 1).wait(10s).ok());
+    ASSERT_TRUE(p.client.send(after.buf.region(), 3).wait(10s).ok());
+    Request sbig = p.client.send(big.buf.region(), 3);  // announced, never received
+    std::this_thread::sleep_for(50ms);
+    ASSERT_TRUE(p.client.close().ok());
+    EXPECT_EQ(sbig.wait(10s).code(), Code::kClosed);
+    auto t0 = Clock::now();
+    while (p.server.health().ok() && Clock::now() - t0 < 10s) std::this_thread::sleep_for(1ms);
+    ASSERT_EQ(p.server.health().code(), Code::kClosed) << p.server.health().to_string();
+    if (wait_for_stop) std::this_thread::sleep_for(300ms);
+    Buffer d = poisoned(MemSpec{}, 4096);
+    Request r2 = p.server.recv(d.region(), 2);
+    ASSERT_TRUE(r2.wait(10s).ok()) << r2.status().to_string();
+    EXPECT_EQ(r2.bytes(), 777u);
+    EXPECT_EQ(read_back(d.region().sub(0, 777)), b.data);
+    Request r1 = p.server.recv(d.region().sub(1, 999), 1);  // too small for the first of tag 1
+    EXPECT_EQ(r1.wait(10s).code(), Code::kTruncated);
+    Request any = p.server.recv(d.region().sub(5, 1), kAnyTag);
+    ASSERT_TRUE(any.wait(10s).ok()) << any.status().to_string();
+    EXPECT_EQ(any.tag(), 1u);
+    EXPECT_EQ(read_back(d.region().sub(5, 1)), c.data);
+    Request r3 = p.server.recv(d.region(), 3);
+    ASSERT_TRUE(r3.wait(10s).ok()) << r3.status().to_string();
+    EXPECT_EQ(read_back(d.region().sub(0, 10)), after.data);
+    // The rendezvous of tag 3 had not arrived (its send failed): nothing is left.
+    EXPECT_EQ(p.server.recv(d.region(), kAnyTag).wait(10s).code(), Code::kClosed);  // nothing more
+  }
+}
+
 TEST(Lifecycle, TruncationFailsBothSidesAndKeepsTheEndpoint) {
   Pair p = connect_pair();
   Filled big = filled(MemSpec{}, 1 << 20), tiny = filled(MemSpec{}, 200);

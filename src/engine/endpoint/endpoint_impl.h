@@ -245,6 +245,9 @@ class EndpointImpl final : public tcp::StreamHost,
   Status on_cancel(const wire::FrameHeader& h);
   void match_recv(const std::shared_ptr<OpState>& op, bool front);
   Status consume_unexpected(const std::shared_ptr<Unexpected>& u, const std::shared_ptr<OpState>& op);
+  // After the peer's orderly close: completes `op` with the next message of its tag if that one
+  // had fully arrived (kept as the peer's completed send promised); false when there is none.
+  bool take_after_close(const std::shared_ptr<OpState>& op);
   void return_credit(uint64_t bytes);
   Status check_new_msg(uint64_t msg);
   tcp::RxPlan plan_into(const MemRegion& dst, std::shared_ptr<void> ctx) const;
@@ -291,6 +294,10 @@ class EndpointImpl final : public tcp::StreamHost,
   std::atomic<bool> has_tx_{false};  // == !tx_.empty(); read without mu_ by polling streams
   std::deque<std::shared_ptr<OpState>> posted_;                     // unmatched recvs
   std::deque<std::shared_ptr<Unexpected>> unexpected_;
+  // The peer closed in order: what it sent before (its sends completed) stays receivable. Once
+  // the endpoint has stopped, unexpected_ moves here (bounded by the same budget).
+  bool peer_closed_ = false;
+  std::deque<std::shared_ptr<Unexpected>> leftover_;
   uint64_t unexpected_bytes_ = 0, credit_owed_ = 0, highest_msg_ = 0;
   std::unordered_map<uint64_t, Inbound> tokens_;                    // matched recvs, by token
   std::unordered_map<uint64_t, uint64_t> token_of_msg_;

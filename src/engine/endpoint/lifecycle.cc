@@ -212,6 +212,7 @@ void EndpointImpl::fail_all() {
   tokens_.clear();
   token_of_msg_.clear();
   in_writes_.clear();
+  if (peer_closed_) leftover_ = std::move(unexpected_);
   unexpected_.clear();
   deadlines_.clear();
 }

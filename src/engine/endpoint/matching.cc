@@ -2,6 +2,8 @@
 // them, rendezvous (RTS/CTS) and credit. Every field from the peer is untrusted.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/checked.h"
 #include "core/log.h"
 #include "core/trace.h"
@@ -135,6 +137,35 @@ Status EndpointImpl::consume_unexpected(const std::shared_ptr<Unexpected>& u, co
   op->total = op->done = u->size;
   finish(*op, Status());
   return Status();
+}
+
+bool EndpointImpl::take_after_close(const std::shared_ptr<OpState>& op) {
+  auto& queue = unexpected_.empty() ? leftover_ : unexpected_;  // before or after the streams stopped
+  // The next message of the tag that had fully arrived. One that had not (a rendezvous, a payload
+  // still on its way) failed at its sender too: it was never sent, so it is passed over.
+  auto it = std::find_if(queue.begin(), queue.end(), [&](const std::shared_ptr<Unexpected>& u) {
+    return (op->posted_tag == kAnyTag || u->tag == op->posted_tag) && u->eager && u->landed && !u->waiting;
+  });
+  if (it == queue.end()) return false;
+  std::shared_ptr<Unexpected> u = *it;
+  queue.erase(it);
+  if (&queue == &unexpected_) unexpected_bytes_ -= u->size + kEagerOverhead;  // no credit: no one to tell
+  op->tag = u->tag;
+  op->id = u->msg;
+  op->via |= u->via;
+  Status s;
+  if (u->size > op->region.size)
+    s = Status(Code::kTruncated,
+               fmt::format("a message of {} bytes does not fit the {}-byte receive buffer", u->size, op->region.size));
+  else if (u->size > 0)
+    s = copy_memory(op->region.sub(0, u->size), MemRegion{u->data.data(), u->size, {}});
+  if (s.ok()) {
+    ++counters_.host_copies;
+    counters_.host_copy_bytes += u->size;
+    op->total = op->done = u->size;
+  }
+  finish(*op, s);
+  return true;
 }
 
 void EndpointImpl::return_credit(uint64_t bytes) {

@@ -178,7 +178,9 @@ Request EndpointImpl::post_recv(const MemRegion& dst, uint64_t tag, OpOptions o)
   Status bad = region_problem(dst, "recv");
   std::unique_lock<std::mutex> lock(mu_);
   Request r = start(op, received_);
-  if (!status_.ok() || !bad.ok()) {
+  if (bad.ok() && !status_.ok() && peer_closed_ && take_after_close(op)) {
+    // a message that arrived before the peer closed
+  } else if (!status_.ok() || !bad.ok()) {
     finish(*op, bad.ok() ? status_ : bad);
   } else {
     match_recv(op, /*front=*/false);

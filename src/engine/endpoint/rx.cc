@@ -112,6 +112,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
         break;
       case FrameType::kClose:
         closed = true;
+        peer_closed_ = status_.ok();  // not after our own close or a failure
         close_reason.assign(plan.control.begin(), plan.control.end());
         break;
       default:
