@@ -81,12 +81,15 @@ def prefill(a, address):
     if a.device != "cpu":
         import torch
         torch.cuda.synchronize()  # dmx copies on its own streams: the blocks must be complete
+    # Posted first: a message that arrives after its recv is posted is never lost to the close that
+    # follows it.
+    done = ep.recv(buf, DONE)
     t0 = time.perf_counter()
     futs = [ep.write(blocks[i], d, offset=slots[i] * block, notify=i) for i in range(len(slots))]
     for f in futs:
         f.wait(timeout=60)
     secs = time.perf_counter() - t0
-    n = ep.recv(buf, DONE).wait(timeout=60)
+    n = done.wait(timeout=60)
     bad = json.loads(buf[:n])["bad"]
     total = len(slots) * block
     print(f"prefill -> decode: {len(slots)} blocks of {block} B from {a.device} in {secs * 1e3:.1f} ms "

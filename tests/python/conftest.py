@@ -22,11 +22,14 @@ class Peer:
         self.ep = self.ctx.connect(address)
 
     def command(self, op, wait_reply=True, **args):
+        buf = bytearray(4096)
+        # The reply's recv is posted first: the peer may close right after replying (exit), and a
+        # recv posted after the close arrives would fail.
+        reply = self.ep.recv(buf, REPLY) if wait_reply else None
         self.ep.send(json.dumps(dict(op=op, **args)).encode(), CMD).wait(timeout=30)
         if not wait_reply:
             return None
-        buf = bytearray(4096)
-        n = self.ep.recv(buf, REPLY).wait(timeout=60)
+        n = reply.wait(timeout=60)
         return json.loads(buf[:n])
 
     def close(self):
