@@ -18,7 +18,7 @@ keep=${FUZZ_KEEP:-$build/findings}
 all=(frame hello_join descriptors shm_ring bench_plan)
 
 CC=${CC:-clang} CXX=${CXX:-clang++} cmake -S "$root" -B "$build" -G Ninja -DDMX_FUZZ=ON -DDMX_ENABLE_CUDA=OFF \
-  -DDMX_BUILD_BENCH=OFF -DDMX_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  -DDMX_BUILD_BENCH=OFF -DDMX_BUILD_TESTS=OFF -DDMX_BUILD_PYTHON=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 
 if [ "${1:-}" = "--write-seeds" ]; then
   cmake --build "$build" --target dmx_fuzz_make_seeds

@@ -5,7 +5,8 @@
 # Exits non-zero when the build fails, a test fails, or a sanitizer reports anything (every
 # report aborts the process that made it, so the test that caused it fails). CUDA and the
 # benchmarks are off: there is no GPU to check here, and no test runs a benchmark binary (the
-# CLI tests run `dmx`, which is built). Compiler: gcc, as in the normal build, so the lanes check
+# CLI tests run `dmx`, which is built), and so is the Python module (an instrumented extension cannot
+# load into the uninstrumented interpreter; scripts/test.sh tests it). Compiler: gcc, as in the normal build, so the lanes check
 # the code the release build ships (CC/CXX choose another for a new build directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ start=$(date +%s)
 # The compiler comes from CC/CXX at the first configure (naming it on the command line of a later
 # one makes CMake wipe the cache and drop the other -D settings of that run).
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDMX_SANITIZE="$sanitize" \
-  -DDMX_ENABLE_CUDA=OFF -DDMX_BUILD_BENCH=OFF
+  -DDMX_ENABLE_CUDA=OFF -DDMX_BUILD_BENCH=OFF -DDMX_BUILD_PYTHON=OFF
 # A lane that silently built without its sanitizer would pass everything.
 grep -qx "DMX_SANITIZE:STRING=$sanitize" "$build/CMakeCache.txt" ||
   { echo "sanitize.sh: $build is not configured with DMX_SANITIZE=$sanitize" >&2; exit 2; }

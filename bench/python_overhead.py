@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Python's overhead over the C++ API: the same measurement through `dmx bench` (C++, two
+processes) and through the dmx module (Python, two processes), in one run.
+
+    PYTHONPATH=build/python python3 bench/python_overhead.py [--dmx build/tools/dmx/dmx] [--repeat 3]
+
+Both follow `dmx bench --op send` (tools/dmx/bench.h): latency is the half round trip of a
+ping-pong (1,000 samples, p50); throughput is `iters` sends with `window` in flight, timed on the
+client until the server reports that the last one arrived (about 4 GiB per size, at least 8
+operations). Host memory, default settings (on one host: the shm path) on both sides. Each
+implementation runs `--repeat` times, alternating; the median is reported. Prints one JSON row
+per measurement, then a table.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+PING, PONG, DATA, DONE, CTRL = 11, 12, 10, 13, 1
+
+
+def throughput_plan(size):
+    iters = max(8, min(2000, (4 << 30) // max(size, 1)))
+    window = max(2, min(16, (1 << 30) // max(size, 1)))
+    return iters, min(window, iters)
+
+
+# ---- the Python side ------------------------------------------------------------------------
+
+def serve(address_out):
+    import numpy as np
+
+    import dmx
+    ctx = dmx.Context()
+    lis = ctx.listen("tcp://127.0.0.1:0")
+    print(lis.address, file=address_out, flush=True)
+    ep = lis.accept(timeout=60)
+    ctl = bytearray(256)
+    while True:
+        n = ep.recv(ctl, CTRL).wait(timeout=600)
+        cmd = json.loads(ctl[:n])
+        if cmd["op"] == "quit":
+            break
+        size, window = cmd["size"], cmd["window"]
+        # Touched now, as dmx bench does: page faults are not transfer time.
+        slots = [np.full(size, 0x5A, np.uint8) for _ in range(window)]
+        ep.send(b"ready", CTRL).wait(timeout=60)
+        if cmd["op"] == "throughput":
+            iters = cmd["iters"]
+            futs = [ep.recv(slots[i], DATA) for i in range(min(window, iters))]
+            for i in range(iters):
+                futs[i % window].wait(timeout=300)
+                if i + window < iters:
+                    futs[i % window] = ep.recv(slots[i % window], DATA)
+            ep.send(b"done", DONE).wait(timeout=60)
+        else:  # latency: ping-pong
+            buf = slots[0]
+            for _ in range(cmd["samples"] + 1):
+                ep.recv(buf, PING).wait(timeout=60)
+                ep.send(buf, PONG).wait(timeout=60)
+    ep.close()
+
+
+def python_run(sizes, samples):
+    import numpy as np
+
+    import dmx
+    proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True)
+    try:
+        address = proc.stdout.readline().strip()
+        ctx = dmx.Context()
+        ep = ctx.connect(address)
+        ready = bytearray(16)
+        rows = []
+        for size in sizes:
+            iters, window = throughput_plan(size)
+            src = np.frombuffer(np.random.default_rng().bytes(size), np.uint8).copy()
+            pong = np.full(size, 0x5A, np.uint8)
+
+            def plan(op, **kw):
+                ep.send(json.dumps(dict(op=op, size=size, window=window, **kw)).encode(), CTRL).wait(timeout=60)
+                ep.recv(ready, CTRL).wait(timeout=120)
+
+            plan("throughput", iters=iters + 1)
+            ep.send(src, DATA).wait(timeout=300)  # warm-up, untimed (as dmx bench does)
+            done = bytearray(16)
+            t0 = time.perf_counter()
+            futs = [ep.send(src, DATA) for _ in range(min(window, iters))]
+            for i in range(iters):
+                futs[i % window].wait(timeout=300)
+                if i + window < iters:
+                    futs[i % window] = ep.send(src, DATA)
+            ep.recv(done, DONE).wait(timeout=300)
+            secs = time.perf_counter() - t0
+            row = {"impl": "python", "size_bytes": size, "iters": iters, "window": window,
+                   "gb_per_s": size * iters / secs / 1e9}
+            if size <= (1 << 20):
+                plan("latency", samples=samples)
+                lat = []
+                for j in range(samples + 1):  # the first is a warm-up
+                    t = time.perf_counter()
+                    back = ep.recv(pong, PONG)
+                    ep.send(src, PING).wait(timeout=60)
+                    back.wait(timeout=60)
+                    if j:
+                        lat.append((time.perf_counter() - t) / 2 * 1e6)
+                lat.sort()
+                row.update(lat_samples=samples, p50_us=lat[len(lat) // 2], p99_us=lat[int(0.99 * (len(lat) - 1))])
+                if not np.array_equal(pong, src):
+                    raise SystemExit("python: the echoed bytes differ")
+            rows.append(row)
+        ep.send(json.dumps({"op": "quit"}).encode(), CTRL).wait(timeout=60)
+        proc.wait(timeout=60)
+        ep.close()
+        return rows
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# ---- the C++ side: dmx bench ----------------------------------------------------------------
+
+def cpp_run(dmx_bin, sizes):
+    server = subprocess.Popen([dmx_bin, "bench", "--listen", "tcp://127.0.0.1:0", "--mem", "host"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        address = None
+        for line in server.stderr:
+            if "serving on " in line:
+                address = line.split("serving on ")[1].split()[0]
+                break
+        if not address:
+            raise SystemExit("dmx bench --listen printed no address")
+        out = subprocess.run([dmx_bin, "bench", "--connect", address, "--mem", "host", "--peer-mem", "host",
+                              "--sizes", ",".join(str(s) for s in sizes), "--json"],
+                             capture_output=True, text=True, timeout=600, check=True).stdout
+        rows = []
+        for line in out.splitlines():
+            if line.startswith("{"):
+                j = json.loads(line)
+                if j.get("error"):
+                    raise SystemExit("dmx bench: " + j["error"])
+                row = {"impl": "cpp", "size_bytes": j["size_bytes"], "iters": j["iters"], "window": j["window"],
+                       "gb_per_s": j["gb_per_s"], "transport": j["transport"]}
+                if j["size_bytes"] <= (1 << 20):
+                    row.update(lat_samples=j["lat_samples"], p50_us=j["p50_us"], p99_us=j["p99_us"])
+                rows.append(row)
+        return rows
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dmx", help="the dmx CLI (default: build/tools/dmx/dmx, else dmx on PATH)")
+    ap.add_argument("--sizes", default="8,268435456", help="bytes, comma-separated (default 8 and 256 MiB)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=1000)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve:
+        return serve(sys.stdout)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dmx_bin = a.dmx or next((p for p in [os.path.join(root, "build/tools/dmx/dmx"), shutil.which("dmx")]
+                             if p and os.path.exists(p)), None)
+    if not dmx_bin:
+        raise SystemExit("no dmx CLI: build it (cmake --build build --target dmx_cli) or pass --dmx")
+    sizes = [int(s) for s in a.sizes.split(",")]
+    runs = {"cpp": [], "python": []}
+    for _ in range(a.repeat):
+        runs["cpp"].append(cpp_run(dmx_bin, sizes))
+        runs["python"].append(python_run(sizes, a.samples))
+    for impl in ("cpp", "python"):
+        for run in runs[impl]:
+            for row in run:
+                print(json.dumps(dict(row, kind="run")))
+
+    def median(impl, i, key):
+        vals = [run[i][key] for run in runs[impl] if key in run[i]]
+        return statistics.median(vals) if vals else None
+
+    print(f"# median of {a.repeat} runs each; latency: half round trip p50 (us); throughput: GB/s (1e9 B/s)")
+    print(f"# {'size':>10} {'C++ p50':>9} {'Py p50':>9} {'diff us':>8} {'C++ GB/s':>9} {'Py GB/s':>9} {'Py/C++':>7}")
+    for i, size in enumerate(sizes):
+        cp, pp = median("cpp", i, "p50_us"), median("python", i, "p50_us")
+        cg, pg = median("cpp", i, "gb_per_s"), median("python", i, "gb_per_s")
+        summary = {"kind": "summary", "size_bytes": size, "cpp_p50_us": cp, "python_p50_us": pp,
+                   "p50_diff_us": (pp - cp) if cp is not None and pp is not None else None,
+                   "cpp_gb_per_s": cg, "python_gb_per_s": pg, "throughput_ratio": pg / cg if cg else None}
+        print(json.dumps(summary))
+        fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
+        print(f"# {size:>10} {fmt(cp, '9.2f')} {fmt(pp, '9.2f')} {fmt(summary['p50_diff_us'], '8.2f')} "
+              f"{fmt(cg, '9.2f')} {fmt(pg, '9.2f')} {fmt(summary['throughput_ratio'], '7.3f')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

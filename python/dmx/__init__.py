@@ -1,0 +1,34 @@
+"""dmx — device memory exchange: move tensors between processes and hosts.
+
+    import dmx, numpy as np
+    ctx = dmx.Context()                      # settings as keywords: dmx.Context(streams=4)
+    lis = ctx.listen("tcp://127.0.0.1:0")    # lis.address: the real port
+    ep = lis.accept(timeout=20)              # the other side: ep = ctx.connect(address)
+    ep.send(x).wait(); n = ep.recv(y).wait()
+    reg = ctx.register(z); d = reg.descriptor()
+    ep.write(x, d, offset=0).wait(); ep.read(y, d, offset=0).wait()
+
+Buffers are anything with __dlpack__ (PyTorch, CuPy, JAX, NumPy; CPU, pinned or CUDA memory) or
+the buffer protocol (NumPy, bytearray, memoryview), contiguous. Operations return futures:
+wait(timeout=None), done(), cancel(), and `await`. Failures raise dmx.Error subclasses.
+See docs/python.md.
+"""
+from . import _dmx
+from ._aio import _await
+from ._errors import (AuthError, CancelledError, ClosedError, Error, InternalError,
+                      InvalidArgumentError, IoError, NotFoundError, OutOfRangeError,
+                      PeerFailedError, ProtocolError, ResourceExhaustedError, TimeoutError,
+                      TruncatedError, UnavailableError)
+from ._dmx import (ANY_TAG, Context, Endpoint, Future, Listener, Notification, Registration,
+                   RemoteRegion, build_info)
+
+Future.__await__ = _await
+__version__ = build_info()["version"]
+
+__all__ = [
+    "ANY_TAG", "Context", "Endpoint", "Future", "Listener", "Notification", "Registration",
+    "RemoteRegion", "build_info", "Error", "AuthError", "CancelledError", "ClosedError",
+    "InternalError", "InvalidArgumentError", "IoError", "NotFoundError", "OutOfRangeError",
+    "PeerFailedError", "ProtocolError", "ResourceExhaustedError", "TimeoutError",
+    "TruncatedError", "UnavailableError",
+]

@@ -1,0 +1,110 @@
+"""Type stubs of the dmx module (docs/python.md)."""
+from typing import Any, Generator, Optional, Union
+
+from ._errors import (AuthError as AuthError, CancelledError as CancelledError,
+                      ClosedError as ClosedError, Error as Error, InternalError as InternalError,
+                      InvalidArgumentError as InvalidArgumentError, IoError as IoError,
+                      NotFoundError as NotFoundError, OutOfRangeError as OutOfRangeError,
+                      PeerFailedError as PeerFailedError, ProtocolError as ProtocolError,
+                      ResourceExhaustedError as ResourceExhaustedError, TimeoutError as TimeoutError,
+                      TruncatedError as TruncatedError, UnavailableError as UnavailableError)
+
+__version__: str
+ANY_TAG: int
+"""recv(tag=ANY_TAG) matches a message of any tag."""
+
+Buffer = Any
+"""An object with __dlpack__ (CPU, pinned or CUDA memory) or the buffer protocol; contiguous."""
+Descriptor = Union[bytes, bytearray, memoryview, "RemoteRegion"]
+
+def build_info() -> dict[str, str]:
+    """version, git_revision and options of the library this module was built with."""
+
+class Future:
+    """An operation in flight. Holds its buffers until it completes."""
+    @property
+    def tag(self) -> int:
+        """recv: the tag of the matched message."""
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Waits (GIL released) and returns the bytes moved; a recv: the message size. Raises the
+        operation's Error, or TimeoutError when `timeout` seconds pass first (it continues)."""
+    def result(self, timeout: Optional[float] = None) -> int:
+        """Same as wait()."""
+    def done(self) -> bool:
+        """True once complete (successfully or not)."""
+    def cancel(self) -> None:
+        """Asks for completion with CancelledError; no effect once complete."""
+    def __await__(self) -> Generator[Any, None, int]:
+        """asyncio: suspends until complete; cancelling the task cancels the operation."""
+
+class RemoteRegion:
+    """A region a peer registered, from its descriptor bytes."""
+    key: int
+    size: int
+    @staticmethod
+    def from_descriptor(descriptor: Union[bytes, bytearray, memoryview]) -> "RemoteRegion": ...
+    def descriptor(self) -> bytes: ...
+
+class Notification:
+    """What a peer's write(..., notify=value) delivers once its data has landed here."""
+    value: int
+    key: int
+    length: int
+
+class Endpoint:
+    """A connection to one peer. After a connection error every operation fails; make a new one."""
+    @property
+    def peer(self) -> str: ...
+    def send(self, buf: Buffer, tag: int = 0, *, timeout: Optional[float] = None) -> Future:
+        """Sends the bytes of `buf` to the peer's recv with `tag`."""
+    def recv(self, buf: Buffer, tag: int = 0, *, timeout: Optional[float] = None) -> Future:
+        """Receives the next message with `tag` into `buf` (writable); wait() returns its size."""
+    def write(self, buf: Buffer, remote: Descriptor, offset: int = 0, *,
+              notify: Optional[int] = None, timeout: Optional[float] = None) -> Future:
+        """Writes `buf` into the peer's registered region at `offset`; complete once landed.
+        notify=VALUE: the peer's next_notification() returns VALUE after the data landed."""
+    def read(self, buf: Buffer, remote: Descriptor, offset: int = 0, *,
+             timeout: Optional[float] = None) -> Future:
+        """Reads len(buf) bytes of the peer's registered region at `offset` into `buf`."""
+    def next_notification(self, timeout: Optional[float] = None) -> Notification:
+        """The next notifying write the peer made into our memory (TimeoutError if none)."""
+    def stats(self) -> dict[str, Any]:
+        """transport, reason, peer, streams, bytes and message counters."""
+    def close(self) -> None:
+        """Pending operations fail with ClosedError."""
+    def __enter__(self) -> "Endpoint": ...
+    def __exit__(self, *args: Any) -> None: ...
+
+class Registration:
+    """Memory that peers may write into and read from, until deregistered."""
+    @property
+    def remote(self) -> RemoteRegion: ...
+    def descriptor(self) -> bytes:
+        """16 bytes that name the region for a peer's write/read."""
+    def deregister(self) -> None:
+        """Peers' operations on it fail from now; returns once no transfer uses it."""
+    def __enter__(self) -> "Registration": ...
+    def __exit__(self, *args: Any) -> None: ...
+
+class Listener:
+    @property
+    def address(self) -> str:
+        """"tcp://host:port" with the real port."""
+    def accept(self, timeout: Optional[float] = None) -> Endpoint:
+        """The next authenticated endpoint; TimeoutError when none comes in time."""
+    def close(self) -> None: ...
+    def __enter__(self) -> "Listener": ...
+    def __exit__(self, *args: Any) -> None: ...
+
+class Context:
+    def __init__(self, **settings: Any) -> None:
+        """Settings by name as `dmx probe --config` lists them: Context(streams=4, transport="tcp").
+        They win over DMX_* environment variables, which win over the defaults."""
+    def listen(self, address: str) -> Listener:
+        """"tcp://host:port"; port 0 picks one (see Listener.address)."""
+    def connect(self, address: str) -> Endpoint:
+        """Connects and authenticates within the connect_timeout setting."""
+    def register(self, buf: Buffer) -> Registration:
+        """Registers writable memory for peers' one-sided write and read."""
+    def metrics_text(self) -> str:
+        """Counters and latency histograms, Prometheus text format."""

@@ -1,0 +1,56 @@
+"""Builds the Python module dmx with CMake (the extension target _dmx and the library under it).
+
+    python3 -m pip install --no-build-isolation .      # offline, with Debian's setuptools
+
+Needs what scripts/install-deps.sh installs (CMake, a C++20 compiler, pybind11-dev, python3-dev).
+DMX_CMAKE_ARGS adds CMake options, e.g. "-DDMX_ENABLE_CUDA=OFF"; DMX_BUILD_JOBS sets the build's
+parallelism (default: the CPU count).
+"""
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = pathlib.Path(__file__).parent.resolve()
+VERSION = re.search(r"project\(dmx VERSION ([0-9.]+)", (ROOT / "CMakeLists.txt").read_text()).group(1)
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        target = pathlib.Path(self.get_ext_fullpath(ext.name)).resolve()
+        build = pathlib.Path(self.build_temp).resolve() / "cmake"
+        configure = ["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+                     "-DDMX_BUILD_TESTS=OFF", "-DDMX_BUILD_BENCH=OFF", "-DDMX_BUILD_PYTHON=ON",
+                     f"-DDMX_PYTHON={sys.executable}"]
+        if shutil.which("ninja"):
+            configure += ["-G", "Ninja"]
+        configure += shlex.split(os.environ.get("DMX_CMAKE_ARGS", ""))
+        jobs = os.environ.get("DMX_BUILD_JOBS", str(os.cpu_count() or 1))
+        subprocess.check_call(configure)
+        subprocess.check_call(["cmake", "--build", str(build), "--target", "_dmx", "-j", jobs])
+        built = sorted((build / "python" / "dmx").glob("_dmx*.so"))
+        if not built:
+            raise RuntimeError(f"CMake built no _dmx*.so under {build / 'python' / 'dmx'}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built[0], target)
+
+
+setup(
+    name="dmx",
+    version=VERSION,
+    description="dmx: move tensors between GPU, pinned and host memory across processes and hosts",
+    license="Apache-2.0",
+    python_requires=">=3.8",
+    packages=["dmx"],
+    package_dir={"dmx": "python/dmx"},
+    package_data={"dmx": ["*.pyi", "py.typed"]},
+    ext_modules=[Extension("dmx._dmx", sources=[])],
+    cmdclass={"build_ext": CMakeBuild},
+    zip_safe=False,
+)

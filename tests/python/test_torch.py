@@ -1,0 +1,80 @@
+"""PyTorch tensors (through DLPack): CPU when torch is importable, CUDA when a GPU is present."""
+import hashlib
+
+import numpy as np
+import pytest
+
+from conftest import DATA, ECHO
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (CPU tests need Debian's python3-torch)")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to PyTorch")
+
+
+def fresh(n, device="cpu"):
+    return torch.randint(0, 256, (n,), dtype=torch.uint8).to(device)
+
+
+def echo(peer, src, dst, size):
+    peer.command("echo", wait_reply=False, size=size)
+    back = peer.ep.recv(dst, ECHO)
+    peer.ep.send(src, DATA).wait(timeout=60)
+    return back.wait(timeout=60)
+
+
+def test_cpu_tensors(peer):
+    x = torch.randn(1000, 3)  # float32
+    y = torch.zeros(1000, 3)
+    assert echo(peer, x, y, x.numel() * 4) == 12000
+    assert torch.equal(x, y)
+    z = torch.zeros(10, 1000)
+    assert echo(peer, x.view(-1)[:2000], z[3:5], 8000) == 8000
+    assert torch.equal(z[3:5].reshape(-1), x.view(-1)[:2000]) and not z[:3].any() and not z[5:].any()
+    with pytest.raises(Exception, match="contiguous"):
+        peer.ep.send(x.t())
+
+
+def test_cpu_tensor_one_sided(peer):
+    info = peer.command("register", size=1 << 16)
+    d = bytes.fromhex(info["descriptor"])
+    before = torch.zeros(1 << 16, dtype=torch.uint8)
+    peer.ep.read(before, d).wait(timeout=30)
+    assert hashlib.sha256(before.numpy()).hexdigest() == info["digest"]
+    x = fresh(4099)
+    peer.ep.write(x, d, offset=7, notify=5).wait(timeout=30)
+    before[7:7 + 4099] = x
+    assert peer.command("notify")["value"] == 5
+    assert peer.command("digest")["digest"] == hashlib.sha256(before.numpy()).hexdigest()
+
+
+@cuda
+@pytest.mark.parametrize("size", [0, 8, (1 << 20) + 3, 64 << 20])
+def test_cuda_tensors_both_ways(peer, size):
+    x = fresh(size, "cuda:0")
+    y = torch.zeros(size, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()  # dmx copies on its own streams: the producers' work must be done
+    assert echo(peer, x, y, size) == size
+    assert torch.equal(x, y)
+
+
+@cuda
+def test_cuda_tensor_registered(peer):
+    n = (4 << 20) + 1
+    info = peer.command("register", size=n, device="cuda:0")  # the peer's memory is on the GPU
+    d = bytes.fromhex(info["descriptor"])
+    got = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+    peer.ep.read(got, d).wait(timeout=60)
+    assert hashlib.sha256(got.cpu().numpy()).hexdigest() == info["digest"]
+    x = fresh(n - 1, "cuda:0")
+    torch.cuda.synchronize()
+    peer.ep.write(x, d, offset=1, notify=9).wait(timeout=60)
+    assert peer.command("notify")["value"] == 9
+    got[1:] = x
+    assert peer.command("digest")["digest"] == hashlib.sha256(got.cpu().numpy()).hexdigest()
+
+
+@cuda
+def test_pinned_tensor(peer):
+    x = fresh(100000).pin_memory()
+    y = torch.zeros(100000, dtype=torch.uint8).pin_memory()
+    assert echo(peer, x, y, 100000) == 100000
+    assert torch.equal(x, y)
