@@ -7,9 +7,11 @@ processes) and through the dmx module (Python, two processes), in one run.
 Both follow `dmx bench --op send` (tools/dmx/bench.h): latency is the half round trip of a
 ping-pong (1,000 samples, p50); throughput is `iters` sends with `window` in flight, timed on the
 client until the server reports that the last one arrived (about 4 GiB per size, at least 8
-operations). Host memory, default settings (on one host: the shm path) on both sides. Each
-implementation runs `--repeat` times, alternating; the median is reported. Prints one JSON row
-per measurement, then a table.
+operations). Host memory by default; `--mem cuda:0 --peer-mem cuda:1` moves PyTorch CUDA tensors
+(C++: the same device buffers). Default settings (on one host: shm, and cuda_ipc for GPU memory).
+Each implementation runs `--repeat` times, alternating; the median is reported. `--nccl-p2p` adds
+torch.distributed send/recv between the two GPUs (NCCL) at the same sizes in the same run (issue 23,
+run 5). Prints one JSON row per measurement, then a table.
 """
 import argparse
 import json
@@ -31,9 +33,28 @@ def throughput_plan(size):
 
 # ---- the Python side ------------------------------------------------------------------------
 
-def serve(address_out):
+def alloc(mem, size, fill=None):
+    """A buffer of `size` bytes in `mem` ("host" or "cuda:N"): NumPy, or a torch tensor on the GPU."""
     import numpy as np
+    if mem == "host":
+        if fill is None:
+            return np.frombuffer(np.random.default_rng().bytes(size), np.uint8).copy()
+        return np.full(size, fill, np.uint8)
+    import torch
+    if fill is None:
+        return torch.randint(0, 256, (size,), dtype=torch.uint8, device=mem)
+    return torch.full((size,), fill, dtype=torch.uint8, device=mem)
 
+
+def same(a, b):
+    if hasattr(a, "device") and hasattr(a, "cpu"):
+        import torch
+        return bool(torch.equal(a, b))
+    import numpy as np
+    return bool(np.array_equal(a, b))
+
+
+def serve(address_out, mem):
     import dmx
     ctx = dmx.Context()
     lis = ctx.listen("tcp://127.0.0.1:0")
@@ -47,7 +68,10 @@ def serve(address_out):
             break
         size, window = cmd["size"], cmd["window"]
         # Touched now, as dmx bench does: page faults are not transfer time.
-        slots = [np.full(size, 0x5A, np.uint8) for _ in range(window)]
+        slots = [alloc(mem, size, 0x5A) for _ in range(window)]
+        if mem != "host":
+            import torch
+            torch.cuda.synchronize()
         ep.send(b"ready", CTRL).wait(timeout=60)
         if cmd["op"] == "throughput":
             iters = cmd["iters"]
@@ -65,11 +89,10 @@ def serve(address_out):
     ep.close()
 
 
-def python_run(sizes, samples):
-    import numpy as np
-
+def python_run(sizes, samples, mem, peer_mem):
     import dmx
-    proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", "--peer-mem", peer_mem], stdout=subprocess.PIPE,
+                            text=True)
     try:
         address = proc.stdout.readline().strip()
         ctx = dmx.Context()
@@ -78,8 +101,11 @@ def python_run(sizes, samples):
         rows = []
         for size in sizes:
             iters, window = throughput_plan(size)
-            src = np.frombuffer(np.random.default_rng().bytes(size), np.uint8).copy()
-            pong = np.full(size, 0x5A, np.uint8)
+            src = alloc(mem, size)
+            pong = alloc(mem, size, 0x5A)
+            if mem != "host":
+                import torch
+                torch.cuda.synchronize()  # dmx does not wait on the producer's stream
 
             def plan(op, **kw):
                 ep.send(json.dumps(dict(op=op, size=size, window=window, **kw)).encode(), CTRL).wait(timeout=60)
@@ -96,7 +122,7 @@ def python_run(sizes, samples):
                     futs[i % window] = ep.send(src, DATA)
             ep.recv(done, DONE).wait(timeout=300)
             secs = time.perf_counter() - t0
-            row = {"impl": "python", "size_bytes": size, "iters": iters, "window": window,
+            row = {"impl": "python", "mem": mem, "peer_mem": peer_mem, "size_bytes": size, "iters": iters, "window": window,
                    "gb_per_s": size * iters / secs / 1e9}
             if size <= (1 << 20):
                 plan("latency", samples=samples)
@@ -110,7 +136,7 @@ def python_run(sizes, samples):
                         lat.append((time.perf_counter() - t) / 2 * 1e6)
                 lat.sort()
                 row.update(lat_samples=samples, p50_us=lat[len(lat) // 2], p99_us=lat[int(0.99 * (len(lat) - 1))])
-                if not np.array_equal(pong, src):
+                if not same(pong, src):
                     raise SystemExit("python: the echoed bytes differ")
             rows.append(row)
         ep.send(json.dumps({"op": "quit"}).encode(), CTRL).wait(timeout=60)
@@ -125,8 +151,8 @@ def python_run(sizes, samples):
 
 # ---- the C++ side: dmx bench ----------------------------------------------------------------
 
-def cpp_run(dmx_bin, sizes):
-    server = subprocess.Popen([dmx_bin, "bench", "--listen", "tcp://127.0.0.1:0", "--mem", "host"],
+def cpp_run(dmx_bin, sizes, mem, peer_mem):
+    server = subprocess.Popen([dmx_bin, "bench", "--listen", "tcp://127.0.0.1:0", "--mem", peer_mem],
                               stderr=subprocess.PIPE, text=True)
     try:
         address = None
@@ -136,7 +162,7 @@ def cpp_run(dmx_bin, sizes):
                 break
         if not address:
             raise SystemExit("dmx bench --listen printed no address")
-        out = subprocess.run([dmx_bin, "bench", "--connect", address, "--mem", "host", "--peer-mem", "host",
+        out = subprocess.run([dmx_bin, "bench", "--connect", address, "--mem", mem, "--peer-mem", peer_mem,
                               "--sizes", ",".join(str(s) for s in sizes), "--json"],
                              capture_output=True, text=True, timeout=600, check=True).stdout
         rows = []
@@ -145,7 +171,7 @@ def cpp_run(dmx_bin, sizes):
                 j = json.loads(line)
                 if j.get("error"):
                     raise SystemExit("dmx bench: " + j["error"])
-                row = {"impl": "cpp", "size_bytes": j["size_bytes"], "iters": j["iters"], "window": j["window"],
+                row = {"impl": "cpp", "mem": mem, "peer_mem": peer_mem, "size_bytes": j["size_bytes"], "iters": j["iters"], "window": j["window"],
                        "gb_per_s": j["gb_per_s"], "transport": j["transport"]}
                 if j["size_bytes"] <= (1 << 20):
                     row.update(lat_samples=j["lat_samples"], p50_us=j["p50_us"], p99_us=j["p99_us"])
@@ -166,10 +192,15 @@ def main():
     ap.add_argument("--sizes", default="8,268435456", help="bytes, comma-separated (default 8 and 256 MiB)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--samples", type=int, default=1000)
+    ap.add_argument("--mem", default="host", help="the sender's memory: host or cuda:N (torch tensors)")
+    ap.add_argument("--peer-mem", default="host", help="the receiver's memory: host or cuda:N")
+    ap.add_argument("--nccl-p2p", action="store_true",
+                    help="also torch.distributed send/recv (NCCL defaults) cuda:0 -> cuda:1, same sizes "
+                         "(bench/ref/nccl_socket.py --p2p)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
-        return serve(sys.stdout)
+        return serve(sys.stdout, a.peer_mem)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     dmx_bin = a.dmx or next((p for p in [os.path.join(root, "build/tools/dmx/dmx"), shutil.which("dmx")]
                              if p and os.path.exists(p)), None)
@@ -178,8 +209,20 @@ def main():
     sizes = [int(s) for s in a.sizes.split(",")]
     runs = {"cpp": [], "python": []}
     for _ in range(a.repeat):
-        runs["cpp"].append(cpp_run(dmx_bin, sizes))
-        runs["python"].append(python_run(sizes, a.samples))
+        runs["cpp"].append(cpp_run(dmx_bin, sizes, a.mem, a.peer_mem))
+        runs["python"].append(python_run(sizes, a.samples, a.mem, a.peer_mem))
+    nccl = {}
+    if a.nccl_p2p:
+        ref = subprocess.run([sys.executable, os.path.join(root, "bench", "ref", "nccl_socket.py"), "--p2p", "--sizes",
+                              ",".join(str(s) for s in sizes)], capture_output=True, text=True, timeout=900)
+        for line in ref.stdout.splitlines():
+            if line.startswith("{"):
+                j = json.loads(line)
+                print(json.dumps(dict(j, kind="nccl")))
+                if j.get("metric") == "half_rtt":
+                    nccl["half_rtt"] = j.get("lat_p50_us")
+                elif "gb_per_s" in j:
+                    nccl[j["size_bytes"]] = j["gb_per_s"]
     for impl in ("cpp", "python"):
         for run in runs[impl]:
             for row in run:
@@ -189,18 +232,23 @@ def main():
         vals = [run[i][key] for run in runs[impl] if key in run[i]]
         return statistics.median(vals) if vals else None
 
-    print(f"# median of {a.repeat} runs each; latency: half round trip p50 (us); throughput: GB/s (1e9 B/s)")
-    print(f"# {'size':>10} {'C++ p50':>9} {'Py p50':>9} {'diff us':>8} {'C++ GB/s':>9} {'Py GB/s':>9} {'Py/C++':>7}")
+    print(f"# {a.mem} -> {a.peer_mem}; median of {a.repeat} runs each; latency: half round trip p50 (us); "
+          f"throughput: GB/s (1e9 B/s); NCCL: torch.distributed send/recv, its 8-byte half round trip "
+          f"{nccl.get('half_rtt', '-')} us")
+    print(f"# {'size':>10} {'C++ p50':>9} {'Py p50':>9} {'diff us':>8} {'C++ GB/s':>9} {'Py GB/s':>9} {'Py/C++':>7} "
+          f"{'NCCL GB/s':>9}")
     for i, size in enumerate(sizes):
         cp, pp = median("cpp", i, "p50_us"), median("python", i, "p50_us")
         cg, pg = median("cpp", i, "gb_per_s"), median("python", i, "gb_per_s")
         summary = {"kind": "summary", "size_bytes": size, "cpp_p50_us": cp, "python_p50_us": pp,
                    "p50_diff_us": (pp - cp) if cp is not None and pp is not None else None,
-                   "cpp_gb_per_s": cg, "python_gb_per_s": pg, "throughput_ratio": pg / cg if cg else None}
+                   "cpp_gb_per_s": cg, "python_gb_per_s": pg, "throughput_ratio": pg / cg if cg else None,
+                   "mem": a.mem, "peer_mem": a.peer_mem, "nccl_p2p_gb_per_s": nccl.get(size)}
         print(json.dumps(summary))
         fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
         print(f"# {size:>10} {fmt(cp, '9.2f')} {fmt(pp, '9.2f')} {fmt(summary['p50_diff_us'], '8.2f')} "
-              f"{fmt(cg, '9.2f')} {fmt(pg, '9.2f')} {fmt(summary['throughput_ratio'], '7.3f')}")
+              f"{fmt(cg, '9.2f')} {fmt(pg, '9.2f')} {fmt(summary['throughput_ratio'], '7.3f')} "
+              f"{fmt(summary['nccl_p2p_gb_per_s'], '9.2f')}")
 
 
 if __name__ == "__main__":
