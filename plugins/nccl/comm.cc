@@ -1,5 +1,6 @@
 // The data path: registrations, isend / irecv / iflush / test, and closing comms.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <climits>
 
@@ -244,6 +245,12 @@ NcclResult close_comm(void* comm, bool is_send) {
   Comm* c = as_comm(comm);
   if (c == nullptr || c->is_send != is_send) return kInternalError;
   c->magic = 0;
+  // The striping, for NCCL's log: bytes per TCP stream in this comm's direction.
+  EndpointStats st = c->ep.stats();
+  const auto& per = is_send ? st.stream_bytes_sent : st.stream_bytes_received;
+  info(kSubsysNet, "{} comm with {} closed: {} messages, {} B over {} stream(s); per stream: {}",
+       is_send ? "send" : "recv", c->peer, is_send ? st.messages_sent : st.messages_received,
+       is_send ? st.bytes_sent : st.bytes_received, st.streams, fmt::join(per, " "));
   // Fails what is still in flight and returns once dmx touches none of its buffers.
   Status s = c->ep.close();
   NcclResult r = kSuccess;

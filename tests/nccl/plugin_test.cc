@@ -441,6 +441,24 @@ TEST_P(Nccl, TwoProcessesMoveEveryMessageByteExact) {
     EXPECT_EQ(peer.wait_exit(), 0);
     EXPECT_EQ(api_.dereg_mr(comm, side.mh), kSuccess);
     EXPECT_EQ(we_receive ? api_.close_recv(comm) : api_.close_send(comm), kSuccess);
+    // Large messages were striped: every stream of the comm carried payload.
+    std::string closed;
+    for (const auto& l : logged_lines())
+      if (l.find(we_receive ? "recv comm with" : "send comm with") != std::string::npos &&
+          l.find("closed:") != std::string::npos)
+        closed = l;
+    ASSERT_FALSE(closed.empty()) << "closing a comm logs its striping";
+    std::printf("%s\n", closed.c_str());
+    std::string per = closed.substr(closed.find("per stream: ") + 12);
+    int streams = 0;
+    for (size_t pos = 0; pos < per.size();) {
+      size_t end = per.find(' ', pos);
+      if (end == std::string::npos) end = per.size();
+      EXPECT_GT(std::stoull(per.substr(pos, end - pos)), 0u) << closed;
+      ++streams;
+      pos = end + 1;
+    }
+    EXPECT_EQ(streams, 2) << closed;
   }
 }
 
