@@ -298,6 +298,8 @@ TEST_P(Nccl, RequestsPastTheMaximumFailCleanlyAndCloseEndsTheRest) {
     else EXPECT_EQ(r, kInternalError) << "isend number 257";
   }
   EXPECT_TRUE(logged("requests in flight"));
+  EXPECT_EQ(api_.dereg_mr(sc, smh), kSuccess);
+  EXPECT_EQ(api_.dereg_mr(rc, rmh), kSuccess);
   // Closing with everything in flight: bounded, and fine.
   auto t0 = Clock::now();
   EXPECT_EQ(api_.close_send(sc), kSuccess);
