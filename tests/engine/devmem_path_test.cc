@@ -468,6 +468,59 @@ TEST(DevmemPathDouble, BindingsAreReleasedWithThePath) {
   EXPECT_EQ(nic.open_bindings(), 0u);
 }
 
+// Defect 2: a second endpoint through the same NIC queues must not bind them again (the kernel
+// answers EEXIST); it shares the process's binding, which lives until the last path lets go.
+TEST(DevmemPathDouble, SecondPathSharesTheRxBinding) {
+  SimNic nic;
+  auto [x1, y1] = tcp_pair();
+  auto [x2, y2] = tcp_pair();
+  auto p1 = make_path(std::move(x1), nic, "p1");
+  ASSERT_TRUE(p1);
+  auto p2 = make_devmem_path(std::move(x2), config(), "p2", nic.seams());
+  ASSERT_TRUE(p2.ok()) << p2.status().to_string();
+  EXPECT_EQ(nic.open_bindings(), 3u);  // one RX binding, two TX rings
+  p1.reset();
+  EXPECT_EQ(nic.open_bindings(), 2u);  // the RX binding stays for p2
+  // Bytes still flow into the shared pool: p2 <- a path over the other end on its own "host".
+  SimNic other{SimNicOptions{"simdev0", 5}};
+  auto q2 = make_path(std::move(y2), other, "q2");
+  Recorder ev_p, ev_q;
+  (*p2)->start(&ev_p, nullptr);
+  q2->start(&ev_q, nullptr);
+  auto src = filled(kSimMem, 300001);
+  Buffer dst = poisoned(kHostMem, 300001);
+  ASSERT_TRUE((*p2)->post_rx(0, desc(300001), dst.region()).ok());
+  auto d = q2->post_tx(0, src.buf.region(), true);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(ev_p.rx(0).ok());
+  EXPECT_TRUE(read_back(dst.region()) == src.data);
+  (*p2)->stop();
+  q2->stop();
+  EXPECT_TRUE(ev_p.wait_stopped());
+  EXPECT_TRUE(ev_q.wait_stopped());
+  p2->reset();
+  EXPECT_EQ(nic.open_bindings(), 0u);
+  EXPECT_EQ(nic.outstanding_tokens(), 0u);
+}
+
+// Defect 2: when the queues are bound by someone else, the path is refused with kUnavailable and
+// the kernel's reason, so that the engine offers the next transport.
+TEST(DevmemPathDouble, QueuesHeldElsewhereGiveANoFreeQueueReason) {
+  SimNic nic;
+  auto held = nic.occupy_queues({12, 13});
+  auto [x, y] = tcp_pair();
+  auto p = make_devmem_path(std::move(x), config(), "p", nic.seams());
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), Code::kUnavailable) << p.status().to_string();
+  EXPECT_NE(p.status().message().find("no free RX queue"), std::string::npos) << p.status().to_string();
+  EXPECT_NE(p.status().message().find("designated queue already memory provider bound"), std::string::npos)
+      << p.status().to_string();
+  EXPECT_EQ(nic.open_bindings(), 0u);
+  held.reset();
+  auto q = make_devmem_path(std::move(y), config(), "q", nic.seams());
+  EXPECT_TRUE(q.ok()) << q.status().to_string();
+}
+
 TEST(DevmemPathRealHost, OfferGivesThePreciseReasonOnThisMachine) {
   auto off = Config::resolve();
   ASSERT_TRUE(off.ok());

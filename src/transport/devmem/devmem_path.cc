@@ -23,6 +23,7 @@
 #include "memory/backend.h"
 #include "transport/devmem/region.h"
 #include "transport/devmem/rx.h"
+#include "transport/devmem/rx_binding.h"
 #include "transport/devmem/tx.h"
 
 namespace dmx {
@@ -104,8 +105,9 @@ class DevmemPath final : public PayloadPath {
     UniqueFd fd;
     std::string peer;
     devmem::HostSeams seams;
-    Buffer pool, ring;
-    std::unique_ptr<BoundRegion> rx_bound, tx_bound;
+    std::shared_ptr<devmem::SharedRxBinding> rx_shared;  // the process's RX pool binding (rx_binding.h)
+    Buffer ring;
+    std::unique_ptr<BoundRegion> tx_bound;
     std::unique_ptr<devmem::KernelSocket> sock;
     std::unique_ptr<SwitchGatherer> gatherer;
     std::unique_ptr<Stager> stager;
@@ -210,7 +212,7 @@ class DevmemPath final : public PayloadPath {
   std::string describe() const override {
     return fmt::format("devmem {} queues {}-{}, {} MiB RX pool (binding {}), {} MiB TX ring (binding {}) in {}",
                        p_.seams.ifname, p_.seams.queues.empty() ? 0 : p_.seams.queues.front(),
-                       p_.seams.queues.empty() ? 0 : p_.seams.queues.back(), p_.pool.size() >> 20, rx_binding_,
+                       p_.seams.queues.empty() ? 0 : p_.seams.queues.back(), p_.rx_shared->pool_size() >> 20, rx_binding_,
                        p_.ring.size() >> 20, tx_binding_, to_string(p_.seams.memory));
   }
 
@@ -601,15 +603,13 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
   p.fd = std::move(data_socket);
   p.peer = peer;
   uint64_t pool_size = std::max<uint64_t>(config.get_size("devmem_rx_pool") / 4096 * 4096, 1 << 20);
-  auto pool = Buffer::allocate(seams.memory, pool_size);
-  if (!pool.ok()) return why(pool.status(), fmt::format("allocating the RX pool ({} bytes)", pool_size));
-  p.pool = std::move(*pool);
+  auto rxs = devmem::acquire_rx_binding(seams, pool_size);
+  if (!rxs.ok()) return Status(rxs.status().code(), rxs.status().message()).with_peer(peer);
+  p.rx_shared = std::move(*rxs);
+  pool_size = p.rx_shared->pool_size();
   auto ring = Buffer::allocate(seams.memory, kDevmemTxRing);
   if (!ring.ok()) return why(ring.status(), "allocating the TX ring");
   p.ring = std::move(*ring);
-  auto rxb = BoundRegion::bind_rx(*seams.netlink, seams.ifindex, seams.queues, p.pool.region(), seams.exporter);
-  if (!rxb.ok()) return why(rxb.status(), fmt::format("bind-rx of the RX pool to {}", seams.ifname));
-  p.rx_bound = std::move(*rxb);
   auto txb = BoundRegion::bind_tx(*seams.netlink, seams.ifindex, p.ring.region(), seams.exporter);
   if (!txb.ok()) return why(txb.status(), fmt::format("bind-tx of the TX ring to {}", seams.ifname));
   p.tx_bound = std::move(*txb);
@@ -628,7 +628,7 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
   ro.peer = peer;
   // Never hold more than a quarter of the pool's pages in tokens (a fragment pins a page).
   ro.max_outstanding_frags = std::max<size_t>(1, std::min<size_t>(ro.max_outstanding_frags, pool_size / 4096 / 4));
-  auto rx = DevmemRx::create(p.sock.get(), p.rx_bound->rx_pool(), p.gatherer.get(), ro);
+  auto rx = DevmemRx::create(p.sock.get(), p.rx_shared->bound().rx_pool(), p.gatherer.get(), ro);
   if (!rx.ok()) return why(rx.status(), "receive side");
   p.rx = std::move(*rx);
   devmem::TxOptions to;
@@ -639,7 +639,7 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
   p.tx = std::move(*tx);
   p.wake.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!p.wake.valid()) return errno_status("eventfd(devmem path)", errno);
-  uint32_t rx_id = p.rx_bound->id(), tx_id = p.tx_bound->id();
+  uint32_t rx_id = p.rx_shared->bound().id(), tx_id = p.tx_bound->id();
   p.seams = std::move(seams);
   auto path = std::make_unique<DevmemPath>(std::move(p));
   path->set_bindings(rx_id, tx_id);

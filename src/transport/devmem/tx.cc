@@ -20,12 +20,9 @@ Result<std::unique_ptr<DevmemTx>> DevmemTx::create(KernelSocket* sock, TxBinding
   int one = 1;
   if (int r = sock->setsockopt(SOL_SOCKET, abi::kSoZerocopy, &one, sizeof one); r < 0)
     return errno_status("setsockopt(SO_ZEROCOPY)", -r, Code::kUnavailable);
-  if (!options.ifname.empty()) {
-    if (int r = sock->setsockopt(SOL_SOCKET, SO_BINDTODEVICE, options.ifname.c_str(),
-                                 static_cast<socklen_t>(options.ifname.size()));
-        r < 0)
-      return errno_status(fmt::format("setsockopt(SO_BINDTODEVICE, {})", options.ifname), -r);
-  }
+  // No SO_BINDTODEVICE here: on a connected socket it resets the route, and kernels before the
+  // late-2025 fix then fail every devmem send with ENODEV. The socket is bound before connect
+  // (the engine's data socket: Transport::data_socket_device) or routed through the NIC.
   return std::unique_ptr<DevmemTx>(new DevmemTx(sock, binding, std::move(options)));
 }
 
@@ -147,7 +144,10 @@ Result<bool> DevmemTx::push_send(uint64_t ticket) {
     int err = n == 0 ? EPIPE : static_cast<int>(-n);
     std::string why;
     if (err == EINVAL) why = " (binding id unknown or an RX binding, or SO_ZEROCOPY off)";
-    if (err == ENODEV) why = " (the route leaves through another device than the bound NIC: bind the socket to it)";
+    if (err == ENODEV)
+      why = fmt::format(" (the socket's route does not leave through {}, the bound NIC: bind the socket to it with "
+                        "SO_BINDTODEVICE before connect, or route the peer through it)",
+                        opt_.ifname.empty() ? std::string("the NIC") : opt_.ifname);
     if (err == EFAULT) why = " (offset beyond the dmabuf)";
     return fail(errno_status(fmt::format("sendmsg(MSG_ZEROCOPY, dmabuf id {}, offset {}, {} bytes){}",
                                          binding_.dmabuf_id, t.offset + t.sent, iov.iov_len, why),

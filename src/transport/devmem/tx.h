@@ -30,7 +30,7 @@ struct TxBindingInfo {
 };
 
 struct TxOptions {
-  std::string ifname;        // SO_BINDTODEVICE to the bound NIC (the route must leave through it)
+  std::string ifname;        // the bound NIC, named in errors (the route must leave through it)
   size_t max_send = 4 << 20; // bytes per sendmsg (smaller sends complete, and free, sooner)
   std::string peer;          // named in errors
 };
@@ -47,7 +47,8 @@ struct TxStats {
 
 class DevmemTx {
  public:
-  // Sets SO_ZEROCOPY (and SO_BINDTODEVICE when options.ifname is set).
+  // Sets SO_ZEROCOPY. Never SO_BINDTODEVICE: that must come before connect (it resets the route of
+  // a connected socket, and the kernel checks the route's device against the binding's).
   static Result<std::unique_ptr<DevmemTx>> create(KernelSocket* sock, TxBindingInfo binding, TxOptions options);
 
   // Hands [offset, offset+len) of the dmabuf to the kernel (blocking until all bytes are queued,
