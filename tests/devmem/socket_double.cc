@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -20,11 +21,29 @@
 #include <set>
 #include <vector>
 
+#include "memory/backend.h"
 #include "transport/devmem/kernel_abi.h"
 
 namespace dmx::devmem::testing {
 namespace {
 constexpr uint32_t kPage = 4096;
+
+// What the "NIC's DMA" reads at [off, off+n) of bound memory: host memory directly, sim memory
+// through its backend (its pointers are handles, not addresses).
+bool read_bound(const MemRegion& m, size_t off, size_t n, std::vector<uint8_t>* out) {
+  out->resize(n);
+  if (m.where.kind != MemKind::kSim) {
+    std::memcpy(out->data(), static_cast<const uint8_t*>(m.ptr) + off, n);
+    return true;
+  }
+  auto b = backend_for(m.where);
+  if (!b.ok()) return false;
+  auto q = (*b)->create_queue();
+  if (!q.ok()) return false;
+  if (!(*q)->to_host(out->data(), static_cast<const uint8_t*>(m.ptr) + off, n).ok()) return false;
+  auto f = (*q)->record();
+  return f.ok() && (*q)->wait(*f, Deadline::after(std::chrono::seconds(10))).ok();
+}
 
 uint64_t fnv(const uint8_t* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -120,8 +139,8 @@ class SimNetlink final : public NetlinkOps {
     int e = rx ? st_->nic.check_rx(ifindex, fd_state, queues, &extack) : st_->nic.check_tx(ifindex, fd_state, &extack);
     if (e < 0) return kernel_bind_error(fmt::format("sim {}(ifindex {}, fd {})", rx ? "bind-rx" : "bind-tx", ifindex, fd), -e, extack);
     MemRegion m = it->second.memory;
-    if (m.where.kind != MemKind::kHost && m.where.kind != MemKind::kPinned)
-      return Status(Code::kInvalidArgument, "sim bind: the SimNic binds host memory only");
+    if (m.where.kind == MemKind::kCuda)  // host, pinned and sim memory are addressable here
+      return Status(Code::kInvalidArgument, "sim bind: the SimNic binds host (and sim) memory only");
     uint32_t id = st_->next_id++;
     st_->bindings[id] = {m, rx};
     if (rx) {
@@ -167,7 +186,8 @@ class SimSocket final : public KernelSocket {
         len > m.size - (offset - SimNic::kDmabufOffset))
       return -EFAULT;
     len = std::min(len, st_->opt.max_send);
-    const uint8_t* src = static_cast<const uint8_t*>(m.ptr) + (offset - SimNic::kDmabufOffset);
+    if (!read_bound(m, offset - SimNic::kDmabufOffset, len, &dma_)) return -EIO;
+    const uint8_t* src = dma_.data();
     ssize_t n = ::send(fd_, src, len, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) return -errno;
     if (n == 0) return -EAGAIN;
@@ -218,8 +238,9 @@ class SimSocket final : public KernelSocket {
   void complete_inflight() {
     for (const auto& f : inflight_) {
       auto b = st_->bindings.find(f.binding);
-      if (b != st_->bindings.end() &&
-          fnv(static_cast<const uint8_t*>(b->second.memory.ptr) + f.offset, f.len) != f.hash)
+      std::vector<uint8_t> now;
+      if (b != st_->bindings.end() && read_bound(b->second.memory, f.offset, f.len, &now) &&
+          fnv(now.data(), f.len) != f.hash)
         ++st_->reused;  // the sender wrote into a region the NIC had not finished with
       if (!errqueue_.empty() && errqueue_.back().second + 1 == f.zc_id)
         errqueue_.back().second = f.zc_id;  // the kernel coalesces unread notifications
@@ -377,6 +398,7 @@ class SimSocket final : public KernelSocket {
   std::deque<InFlight> inflight_;
   ZerocopyQueue errqueue_;
   std::vector<uint8_t> peek_;
+  std::vector<uint8_t> dma_;  // what one sendmsg reads from the bound memory
 };
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "core/config.h"
 #include "devmem/socket_double.h"
 #include "transport/devmem/devmem_path.h"
+#include "transport/devmem/tx_regions.h"
 #include "engine/test_util.h"
 
 namespace dmx {
@@ -519,6 +520,46 @@ TEST(DevmemPathDouble, QueuesHeldElsewhereGiveANoFreeQueueReason) {
   held.reset();
   auto q = make_devmem_path(std::move(y), config(), "q", nic.seams());
   EXPECT_TRUE(q.ok()) << q.status().to_string();
+}
+
+// TX per registered region: a source inside registered memory goes straight from it (bound for TX
+// once, at its first send, released with the registration); other sources go through the ring,
+// and the counters and describe() say which.
+TEST(DevmemPathDouble, TxFromARegisteredRegionSkipsTheRing) {
+  PathPair pp;
+  auto big = filled(kSimMem, (3 << 20) + 5);
+  auto reg = devmem::register_tx_region(big.buf.region());
+  size_t bindings_before = pp.nic_a.open_bindings();
+  // Two chunks from inside it, at odd offsets, then one from unregistered memory.
+  MemRegion c0 = big.buf.region().sub(7, 1000003), c1 = big.buf.region().sub(1000010, 2 << 20);
+  auto other = filled(kSimMem, 4099);
+  std::vector<MemRegion> srcs = {c0, c1, other.buf.region()};
+  std::vector<Buffer> dst;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    dst.push_back(poisoned(kHostMem, srcs[i].size));
+    Status pr = pp.b->post_rx(i, desc(srcs[i].size), dst.back().region());
+    ASSERT_TRUE(pr.ok()) << pr.to_string();
+    ASSERT_TRUE(pp.a->post_tx(i, srcs[i], true).ok());
+  }
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    ASSERT_TRUE(pp.ev_a.tx(i).ok());
+    ASSERT_TRUE(pp.ev_b.rx(i).ok());
+  }
+  EXPECT_TRUE(read_back(dst[0].region()) == std::vector<unsigned char>(big.data.begin() + 7, big.data.begin() + 7 + 1000003));
+  EXPECT_TRUE(read_back(dst[1].region()) ==
+              std::vector<unsigned char>(big.data.begin() + 1000010, big.data.begin() + 1000010 + (2 << 20)));
+  EXPECT_TRUE(read_back(dst[2].region()) == other.data);
+  DevmemPathCounters c;
+  ASSERT_TRUE(devmem_path_counters(*pp.a, &c));
+  EXPECT_EQ(c.direct_sends, 2u);
+  EXPECT_EQ(c.ring_sends, 1u);
+  EXPECT_EQ(c.stagings, 1u);
+  EXPECT_NE(c.tx_note.find("ring: the source is not inside registered memory"), std::string::npos) << c.tx_note;
+  EXPECT_EQ(pp.nic_a.open_bindings(), bindings_before + 1);  // the region's TX binding, made once
+  pp.expect_clean();
+  pp.a.reset();
+  reg.reset();  // the registration goes: its binding with it
+  EXPECT_EQ(pp.nic_a.open_bindings(), 0u);
 }
 
 TEST(DevmemPathRealHost, OfferGivesThePreciseReasonOnThisMachine) {

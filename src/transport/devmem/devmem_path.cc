@@ -25,6 +25,7 @@
 #include "transport/devmem/rx.h"
 #include "transport/devmem/rx_binding.h"
 #include "transport/devmem/tx.h"
+#include "transport/devmem/tx_regions.h"
 
 namespace dmx {
 namespace {
@@ -210,10 +211,15 @@ class DevmemPath final : public PayloadPath {
   }
 
   std::string describe() const override {
-    return fmt::format("devmem {} queues {}-{}, {} MiB RX pool (binding {}), {} MiB TX ring (binding {}) in {}",
+    std::string note;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      note = last_tx_note_.empty() ? std::string() : "; last TX from " + last_tx_note_;
+    }
+    return fmt::format("devmem {} queues {}-{}, {} MiB RX pool (binding {}), {} MiB TX ring (binding {}) in {}{}",
                        p_.seams.ifname, p_.seams.queues.empty() ? 0 : p_.seams.queues.front(),
                        p_.seams.queues.empty() ? 0 : p_.seams.queues.back(), p_.rx_shared->pool_size() >> 20, rx_binding_,
-                       p_.ring.size() >> 20, tx_binding_, to_string(p_.seams.memory));
+                       p_.ring.size() >> 20, tx_binding_, to_string(p_.seams.memory), note);
   }
 
   void set_bindings(uint32_t rx, uint32_t tx) { rx_binding_ = rx, tx_binding_ = tx; }
@@ -231,6 +237,11 @@ class DevmemPath final : public PayloadPath {
     Stager::Fence fence;
     uint64_t ticket = 0;
     bool reported = false;  // on_path_tx_done delivered (the source is free)
+    // Sent straight from a registered region bound for TX (no ring, no staging): the source is in
+    // use until the zerocopy completion; the region is kept alive until then.
+    std::shared_ptr<devmem::TxRegion> region;
+    devmem::TxBindingInfo direct;
+    uint64_t direct_off = 0;
   };
   // RX chunk: queued -> receiving (bytes read, gathers enqueued) -> finished (gathers complete,
   // tokens back: on_path_rx_done).
@@ -397,9 +408,7 @@ class DevmemPath final : public PayloadPath {
   Status tx_round(std::vector<Event>& events) {
     if (tx_.empty()) return Status();
     DMX_RETURN_IF_ERROR(p_.tx->poll_completions());
-    // Retire: ring space comes back in FIFO order once the kernel is done with it.
-    while (!tx_.empty() && tx_.front().state == TxState::kInFlight && p_.tx->completed(tx_.front().ticket))
-      tx_.pop_front();
+    retire(events);
     for (auto& t : tx_) {
       if (t.state == TxState::kNew) {
         if (t.src.size == 0) {
@@ -408,6 +417,7 @@ class DevmemPath final : public PayloadPath {
           events.push_back({Event::kTx, t.seq, Status()});
           continue;
         }
+        if (try_direct(t)) continue;
         auto off = ring_alloc(t.src.size);
         if (!off) break;  // ring full: later chunks wait (order is kept)
         t.ring_off = *off;
@@ -428,7 +438,11 @@ class DevmemPath final : public PayloadPath {
     for (auto& t : tx_) {
       if (t.state == TxState::kInFlight) continue;
       if (t.state == TxState::kStaged) {
-        DMX_ASSIGN_OR_RETURN(t.ticket, p_.tx->start_send(p_.tx_bound->tx_offset(t.ring_off), t.src.size));
+        if (t.region) {
+          DMX_ASSIGN_OR_RETURN(t.ticket, p_.tx->start_send(t.direct_off, t.src.size, t.direct));
+        } else {
+          DMX_ASSIGN_OR_RETURN(t.ticket, p_.tx->start_send(p_.tx_bound->tx_offset(t.ring_off), t.src.size));
+        }
         t.state = TxState::kSending;
       }
       if (t.state != TxState::kSending) break;
@@ -439,9 +453,47 @@ class DevmemPath final : public PayloadPath {
       }
       t.state = TxState::kInFlight;
     }
-    while (!tx_.empty() && tx_.front().state == TxState::kInFlight && p_.tx->completed(tx_.front().ticket))
-      tx_.pop_front();
+    retire(events);
     return Status();
+  }
+
+  // Ring space comes back in FIFO order once the kernel is done with it; a direct send's source
+  // is free (on_path_tx_done) only then.
+  void retire(std::vector<Event>& events) {
+    while (!tx_.empty() && tx_.front().state == TxState::kInFlight && p_.tx->completed(tx_.front().ticket)) {
+      if (!tx_.front().reported) events.push_back({Event::kTx, tx_.front().seq, Status()});
+      tx_.pop_front();
+    }
+  }
+
+  // A source inside a registered region that is (or can now be) bound for TX on this NIC goes
+  // straight from it. Otherwise the ring, and the reason is kept for describe().
+  bool try_direct(TxSeg& t) {
+    auto r = devmem::find_tx_region(t.src);
+    if (!r) {
+      ++ring_sends_;
+      set_tx_note("ring: the source is not inside registered memory");
+      return false;
+    }
+    auto b = r->bound_for(p_.seams);
+    if (!b.ok()) {
+      ++ring_sends_;
+      set_tx_note("ring: " + b.status().message());
+      return false;
+    }
+    t.region = std::move(r);
+    t.direct = (*b)->tx_info();
+    t.direct_off = (*b)->tx_offset(reinterpret_cast<uintptr_t>(t.src.ptr) -
+                                   reinterpret_cast<uintptr_t>(t.region->memory().ptr));
+    t.state = TxState::kStaged;  // nothing to copy; reported at its completion
+    ++direct_sends_;
+    set_tx_note(fmt::format("registered region (binding {})", t.direct.dmabuf_id));
+    return true;
+  }
+  void set_tx_note(std::string note) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    if (note != last_tx_note_) DMX_LOG_INFO("devmem path to {}: TX from {}", p_.peer, note);
+    last_tx_note_ = std::move(note);
   }
 
   // A contiguous range of the ring for `len` bytes; ranges are freed in allocation order.
@@ -450,7 +502,7 @@ class DevmemPath final : public PayloadPath {
     bool any = false;
     uint64_t tail = 0;  // start of the oldest live range
     for (const auto& t : tx_) {
-      if (t.state != TxState::kNew && t.src.size > 0) {
+      if (t.state != TxState::kNew && t.src.size > 0 && !t.region) {
         tail = t.ring_off;
         any = true;
         break;
@@ -551,6 +603,9 @@ class DevmemPath final : public PayloadPath {
       stats_.bytes_sent = t.bytes;
     }
     counters_.stagings = stagings_;
+    counters_.direct_sends = direct_sends_;
+    counters_.ring_sends = ring_sends_;
+    counters_.tx_note = last_tx_note_;
     stats_.chunks_received = received_;
     stats_.bytes_received = received_bytes_;
     stats_.device_copies = counters_.gathers + stagings_;
@@ -578,10 +633,11 @@ class DevmemPath final : public PayloadPath {
   bool tx_blocked_ = false, peer_shut_ = false, quiesced_ = false;
   short last_revents_ = 0;
   std::optional<std::chrono::steady_clock::time_point> unclaimed_since_;
-  uint64_t stagings_ = 0, received_ = 0, received_bytes_ = 0;
+  uint64_t stagings_ = 0, received_ = 0, received_bytes_ = 0, direct_sends_ = 0, ring_sends_ = 0;
   std::atomic<uint64_t> wakeups_{0};  // counted after poll, outside io_mu_
 
   mutable std::mutex stats_mu_;
+  std::string last_tx_note_;  // guarded by stats_mu_: where the last device chunk was sent from, and why
   PathStats stats_;
   DevmemPathCounters counters_;
 

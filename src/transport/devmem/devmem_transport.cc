@@ -8,6 +8,7 @@
 #include "transport/devmem/advice.h"
 #include "transport/devmem/devmem_path.h"
 #include "transport/devmem/rx_binding.h"
+#include "transport/devmem/tx_regions.h"
 
 namespace dmx {
 namespace {
@@ -20,6 +21,12 @@ class DevmemTransport final : public Transport {
   explicit DevmemTransport(DevmemPathFactory factory) : factory_(std::move(factory)) {}
   std::string_view name() const override { return "devmem"; }
   TransportNeeds needs() const override { return {.data_socket = true}; }
+  // Device memory registered for peers is also what large sends come from: bind it for TX once,
+  // on first use (tx_regions.h).
+  std::shared_ptr<void> attach_registration(const MemRegion& region) override {
+    if (!region.where.is_device() || region.size == 0) return nullptr;
+    return devmem::register_tx_region(region);
+  }
   std::string data_socket_device(const Config& config) const override {
     return factory_ ? std::string() : config.get_string("devmem_ifname");
   }

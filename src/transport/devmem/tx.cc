@@ -94,15 +94,17 @@ Status DevmemTx::wait_until(const std::function<bool()>& done, Deadline deadline
   }
 }
 
-Result<uint64_t> DevmemTx::start_send(uint64_t offset, uint64_t len) {
+Result<uint64_t> DevmemTx::start_send(uint64_t offset, uint64_t len) { return start_send(offset, len, binding_); }
+
+Result<uint64_t> DevmemTx::start_send(uint64_t offset, uint64_t len, TxBindingInfo binding) {
   if (!failed_.ok()) return failed_;
-  if (offset > binding_.dmabuf_size || len > binding_.dmabuf_size - offset)
+  if (offset > binding.dmabuf_size || len > binding.dmabuf_size - offset)
     return Status(Code::kOutOfRange, fmt::format("devmem send [{}, +{}) outside the {}-byte dmabuf", offset, len,
-                                                 binding_.dmabuf_size));
+                                                 binding.dmabuf_size));
   uint64_t ticket = next_ticket_++;
   ++stats_.sends;
   if (len == 0) return ticket;  // nothing in flight: complete at once
-  tickets_[ticket] = Ticket{offset, len, 0, 0};
+  tickets_[ticket] = Ticket{offset, len, 0, 0, binding.dmabuf_id};
   return ticket;
 }
 
@@ -126,7 +128,7 @@ Result<bool> DevmemTx::push_send(uint64_t ticket) {
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = abi::kScmDevmemDmabuf;
     c->cmsg_len = CMSG_LEN(sizeof(uint32_t));
-    std::memcpy(CMSG_DATA(c), &binding_.dmabuf_id, sizeof(uint32_t));
+    std::memcpy(CMSG_DATA(c), &t.dmabuf_id, sizeof(uint32_t));
     ssize_t n = sock_->sendmsg(&msg, abi::kMsgZerocopy | MSG_DONTWAIT);
     if (n > 0) {
       id_ticket_[next_id_++] = ticket;
@@ -150,7 +152,7 @@ Result<bool> DevmemTx::push_send(uint64_t ticket) {
                         opt_.ifname.empty() ? std::string("the NIC") : opt_.ifname);
     if (err == EFAULT) why = " (offset beyond the dmabuf)";
     return fail(errno_status(fmt::format("sendmsg(MSG_ZEROCOPY, dmabuf id {}, offset {}, {} bytes){}",
-                                         binding_.dmabuf_id, t.offset + t.sent, iov.iov_len, why),
+                                         t.dmabuf_id, t.offset + t.sent, iov.iov_len, why),
                              err));
   }
   if (it->second.pending_ids == 0) tickets_.erase(it);  // every id already reported
@@ -184,7 +186,7 @@ Status DevmemTx::wait_region_free(uint64_t offset, uint64_t len, Deadline deadli
   if (!failed_.ok()) return failed_;
   auto free_now = [&] {
     for (const auto& [id, t] : tickets_)
-      if (t.offset < offset + len && offset < t.offset + t.len) return false;
+      if (t.dmabuf_id == binding_.dmabuf_id && t.offset < offset + len && offset < t.offset + t.len) return false;
     return true;
   };
   return wait_until(free_now, deadline, "region reuse");
