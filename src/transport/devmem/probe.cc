@@ -20,6 +20,7 @@
 #include "transport/devmem/kernel_abi.h"
 #include "transport/devmem/nic.h"
 #include "transport/devmem/probe_bind.h"
+#include "transport/devmem/zcrx.h"
 
 namespace dmx::devmem {
 namespace {
@@ -57,7 +58,10 @@ std::vector<Capability> probe() {
       if (!nic.available) nic.detail += " (devmem RX needs tcp-data-split on, hds-thresh 0 where it exists, ntuple on)";
     }
     caps.push_back(std::move(nic));
-    if (s.bind_rx) caps.push_back(probe_bind_rx(*ops, ifname, ifindex, 0));
+    Capability rx = s.bind_rx ? probe_bind_rx(*ops, ifname, ifindex, 0)
+                              : Capability{fmt::format("devmem.bind_rx[{}]", ifname), false, "no bind-rx op"};
+    if (s.bind_rx) caps.push_back(rx);
+    caps.push_back(probe_zcrx(ifname, ifindex, 0, rx));
     if (s.bind_tx) caps.push_back(probe_bind_tx(*ops, ifname, ifindex));
   }
   // dmabuf export of CUDA memory, and the GPU gather.
