@@ -22,6 +22,7 @@
 
 #include "dmx/memory.h"
 #include "tools/dmx/commands.h"
+#include "tools/dmx/devmem_selftest.h"
 #include "transport/devmem/devmem.h"
 #include "transport/devmem/kernel.h"
 #include "transport/devmem/nic.h"
@@ -29,6 +30,7 @@
 #include "transport/devmem/rule_ledger.h"
 
 namespace dmx::cli {
+
 namespace {
 
 struct DevmemArgs {
@@ -176,7 +178,7 @@ int run_teardown(const DevmemArgs& a) {
 
 void add_devmem_command(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<DevmemArgs>();
-  auto* cmd = app.add_subcommand("devmem", "Linux devmem TCP: prepare a NIC (setup|status|teardown)");
+  auto* cmd = app.add_subcommand("devmem", "Linux devmem TCP: prepare a NIC (setup|status|teardown|selftest)");
   cmd->require_subcommand(1);
   auto common = [&](CLI::App* sub) {
     sub->add_option("--ifname", args->ifname, "network interface")->required();
@@ -192,6 +194,19 @@ void add_devmem_command(CLI::App& app, int* exit_code) {
   common(status);
   status->add_flag("--json", args->json, "machine-readable output");
   status->callback([args, exit_code] { *exit_code = run_status(*args); });
+  auto st = std::make_shared<SelftestArgs>();
+  auto* self = cmd->add_subcommand("selftest", "set up, move verified GPU data both ways by devmem, check zcrx, tear down");
+  self->add_option("--ifname", st->ifname, "this side's devmem NIC")->required();
+  self->add_option("--queues", st->queues, "its devmem queues, A-B")->required();
+  self->add_option("--listen", st->listen, "listen here (tcp://IP_OF_IFNAME:PORT) and echo");
+  self->add_option("--connect", st->connect, "connect there, send and compare");
+  self->add_option("--peer-ifname", st->peer_ifname, "one host, two ports: the other port (the client side)");
+  self->add_option("--peer-queues", st->peer_queues, "its devmem queues, C-D");
+  self->add_option("--gpu", st->gpu, "CUDA device (default 0)");
+  self->add_option("--size-mib", st->size_mib, "MiB each way (plus 4093 bytes; default 64)");
+  self->add_option("--timeout", st->timeout_s, "seconds for each wait (default 60)");
+  self->add_option("--state-dir", st->state_dir, "state directory (default /run/dmx)");
+  self->callback([st, exit_code] { *exit_code = run_devmem_selftest(*st); });
   auto* teardown = cmd->add_subcommand("teardown", "restore the NIC state saved by setup");
   common(teardown);
   teardown->callback([args, exit_code] { *exit_code = run_teardown(*args); });
