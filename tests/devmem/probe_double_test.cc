@@ -67,6 +67,18 @@ TEST(DevmemProbeDouble, IncapableDevicesSayWhy) {
   }
 }
 
+// A GPU dma-buf the exporter will not let the NIC attach (NVIDIA's topology check) says so.
+TEST(DevmemProbeDouble, GpuDmabufAttachRefusalIsNamed) {
+  Status s = testing::kernel_bind_error("netdev bind-tx(ifindex 2, dmabuf fd 5)", 524);
+  Capability c = classify_bind("devmem.bind_tx_gpu[eth1]", s, true, ProbeFd::kGpuDmabuf);
+  EXPECT_FALSE(c.available);
+  EXPECT_NE(c.detail.find("PCIe topology"), std::string::npos) << c.detail;
+  EXPECT_NE(c.detail.find("GPU memory"), std::string::npos) << c.detail;
+  Capability ok = classify_bind("devmem.bind_tx_gpu[eth1]", Status(), true, ProbeFd::kGpuDmabuf);
+  EXPECT_TRUE(ok.available);
+  EXPECT_NE(ok.detail.find("bound and released"), std::string::npos) << ok.detail;
+}
+
 // What the faithful double answers, in the kernel's order (the facts the probe relies on).
 TEST(DevmemKernelDouble, BindErrorsComeInTheKernelsOrder) {
   NetlinkDouble nl;

@@ -49,6 +49,7 @@ std::vector<Capability> probe() {
                                          s.bind_rx ? "yes" : "no (needs >= 6.12)", s.bind_tx ? "yes" : "no (needs >= 6.16)",
                                          abi::kKernelVersion)
                            : fmt::format("Linux {}: no netdev generic-netlink family: {}", u.release, s.detail)});
+  std::vector<std::pair<std::string, int>> tx_capable;  // passed the bind-tx device checks
   for (const auto& ifname : interfaces()) {
     int ifindex = static_cast<int>(::if_nametoindex(ifname.c_str()));
     auto st = read_nic_state(ifname);
@@ -62,7 +63,10 @@ std::vector<Capability> probe() {
                               : Capability{fmt::format("devmem.bind_rx[{}]", ifname), false, "no bind-rx op"};
     if (s.bind_rx) caps.push_back(rx);
     caps.push_back(probe_zcrx(ifname, ifindex, 0, rx));
-    if (s.bind_tx) caps.push_back(probe_bind_tx(*ops, ifname, ifindex));
+    if (s.bind_tx) {
+      caps.push_back(probe_bind_tx(*ops, ifname, ifindex));
+      if (caps.back().available) tx_capable.emplace_back(ifname, ifindex);
+    }
   }
   // dmabuf export of CUDA memory, and the GPU gather.
   auto ndev = cuda_device_count();
@@ -80,6 +84,12 @@ std::vector<Capability> probe() {
                                          fmt::format("cuda:0: 2 MiB exported as dmabuf ({} mapping)",
                                                      e->pcie_mapping ? "PCIe BAR1" : "default")}
                             : Capability{"devmem.dmabuf_export", false, e.status().message()});
+      // The NIC's import of GPU memory (bind-tx touches no queue; released at once).
+      for (const auto& [ifname, ifindex] : e.ok() ? tx_capable : decltype(tx_capable){}) {
+        auto b = ops->bind_tx(ifindex, e->fd.get());
+        caps.push_back(classify_bind(fmt::format("devmem.bind_tx_gpu[{}]", ifname), b.ok() ? Status() : b.status(),
+                                     true, ProbeFd::kGpuDmabuf));
+      }
     }
     auto g = make_cuda_gatherer(0);
     caps.push_back({"devmem.gpu_gather", g.ok(), g.ok() ? "cuda:0: gather kernel ready" : g.status().message()});

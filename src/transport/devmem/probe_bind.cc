@@ -37,10 +37,12 @@ Result<UniqueFd> make_udmabuf(size_t size) {
 }
 
 Capability classify_bind(const std::string& name, const Status& s, bool tx, ProbeFd kind) {
-  const char* how = kind == ProbeFd::kUdmabuf ? "bind with a udmabuf (host memory)" : "bind with a memfd, classified";
+  const char* how = kind == ProbeFd::kUdmabuf     ? "bind with a udmabuf (host memory)"
+                    : kind == ProbeFd::kGpuDmabuf ? "bind with a dma-buf of GPU memory"
+                                                  : "bind with a memfd, classified";
   if (s.ok())
-    return {name, true, kind == ProbeFd::kUdmabuf ? fmt::format("{}: bound and released", how)
-                                                  : "the kernel bound a memfd (not a dma-buf): unexpected kernel"};
+    return {name, true, kind != ProbeFd::kMemfd ? fmt::format("{}: bound and released", how)
+                                                : "the kernel bound a memfd (not a dma-buf): unexpected kernel"};
   const std::string& m = s.message();
   Capability c{name, false, fmt::format("{}: {}", how, m)};
   bool extack = contains(m, "; kernel:");
@@ -60,6 +62,9 @@ Capability classify_bind(const std::string& name, const Status& s, bool tx, Prob
     c.detail = fmt::format("driver supports devmem but the NIC needs `dmx devmem setup` ({}: {})", how, m);
   } else if (has_errno(m, EINVAL) && contains(m, "attribute at offset")) {
     c.detail = fmt::format("the kernel refused the queue id (out of range?) ({}: {})", how, m);
+  } else if (has_errno(m, 524)) {  // ENOTSUPP, kernel-internal: the exporter refused the attach
+    c.detail = fmt::format("the GPU driver refused the NIC's attach of its memory (NVIDIA's PCIe topology check: "
+                           "ENOTSUPP 524; GPU and NIC need a path it accepts) ({}: {})", how, m);
   } else if (has_errno(m, EEXIST)) {
     c.detail = fmt::format("queue already in use by a memory provider or XDP ({}: {})", how, m);
   }

@@ -10,6 +10,9 @@
 //    import and the per-queue checks are left to the first real bind, and the reason says so.
 //  - TX is probed with a real dma-buf where /dev/udmabuf lets us make one (bind-tx restarts
 //    nothing): then a success is a success; else with a memfd and classified like RX.
+//  - Where a CUDA device exists and a NIC passed the TX device checks, bind-tx is tried once more
+//    with a dma-buf of GPU memory: the NIC's import of GPU memory, and the GPU driver's PCIe
+//    topology check (ENOTSUPP 524), without touching a queue.
 #pragma once
 
 #include <functional>
@@ -21,7 +24,7 @@
 
 namespace dmx::devmem {
 
-enum class ProbeFd { kMemfd, kUdmabuf };
+enum class ProbeFd { kMemfd, kUdmabuf, kGpuDmabuf };
 
 // A dma-buf of `size` bytes of host memory: a sealed memfd handed to /dev/udmabuf (UDMABUF_CREATE).
 // kUnavailable with the reason where the device is absent or not ours to open.
