@@ -70,6 +70,8 @@ constexpr ConfigEntry kTable[] = {
     {"devmem_max_outstanding_frags", ConfigType::kInt, "16384",
      "received fragments held before waiting for their gather and returning the tokens"},
     {"devmem_gpu", ConfigType::kInt, "0", "CUDA device whose memory holds the devmem RX pool and TX ring"},
+    {"devmem_state_dir", ConfigType::kString, "/run/dmx",
+     "where dmx devmem setup keeps the NIC's saved state and connections record their flow rules (for teardown)"},
     // topology
     {"sysfs_root", ConfigType::kString, "/sys", "root of the sysfs tree that topology discovery reads"},
     // same-host paths (shm, cuda_ipc)

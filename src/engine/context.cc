@@ -165,6 +165,8 @@ Status ContextImpl::admit_endpoint(uint16_t peer_streams) const {
 std::shared_ptr<Registered> ContextImpl::add_registration(const MemRegion& region) {
   auto reg = std::make_shared<Registered>();
   reg->region = region;
+  for (const auto& t : transports())
+    if (auto a = t->attach_registration(region)) reg->attachments.push_back(std::move(a));
   std::lock_guard<std::mutex> lock(mu_);
   do {
     reg->key = random_u64();  // unguessable: a key is a capability

@@ -45,6 +45,7 @@ struct Registered {
   int inflight = 0;
   bool withdrawn = false;
   std::vector<std::weak_ptr<RegistrationUser>> users;  // endpoints that acquired it (pruned on use)
+  std::vector<std::shared_ptr<void>> attachments;     // Transport::attach_registration results
 };
 
 // Parameters one side proposes and enforces, derived from the configuration.

@@ -123,8 +123,9 @@ Status unexpected_reply(const Frame& f, std::string_view waiting_for, const std:
       .with_peer(peer);
 }
 
-Result<UniqueFd> open_stream(const tcp::Address& addr, const EngineParams& p, Deadline deadline) {
-  DMX_ASSIGN_OR_RETURN(UniqueFd fd, tcp::connect_to(addr, deadline));
+Result<UniqueFd> open_stream(const tcp::Address& addr, const EngineParams& p, Deadline deadline,
+                             const std::string& bind_device = {}) {
+  DMX_ASSIGN_OR_RETURN(UniqueFd fd, tcp::connect_to(addr, deadline, bind_device));
   tcp::StreamOptions so;
   so.socket_buffer = p.socket_buffer;
   so.user_timeout_ms = static_cast<unsigned>(p.peer_timeout.count() / 1000);
@@ -182,9 +183,13 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
   // The streams, then a data socket for each agreed transport that needs one: JOIN index = streams
   // + k (docs/wire.md).
   size_t data = data_sockets_needed(agreed.agreed);
+  std::vector<std::string> data_devices;  // per data socket, in agreed order
+  for (const auto& t : agreed.agreed)
+    if (t->needs().data_socket) data_devices.push_back(t->data_socket_device(ctx->config()));
   std::vector<UniqueFd> data_sockets;
   for (uint16_t i = 1; i < agreed.streams + data; ++i) {
-    DMX_ASSIGN_OR_RETURN(UniqueFd fd, open_stream(addr, p, deadline));
+    std::string device = i < agreed.streams ? std::string() : data_devices[i - agreed.streams];
+    DMX_ASSIGN_OR_RETURN(UniqueFd fd, open_stream(addr, p, deadline, device));
     wire::Join j;
     j.session = session;
     j.index = i;

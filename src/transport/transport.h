@@ -78,6 +78,13 @@ class Transport {
   // Short, stable, on the wire and in statistics: "shm", "cuda_ipc", "devmem".
   virtual std::string_view name() const = 0;
   virtual TransportNeeds needs() const { return {}; }
+  // The interface the connecting side binds its data socket to (SO_BINDTODEVICE) BEFORE connect,
+  // so that its route leaves through it from the start ("" for none). Binding after connect would
+  // reset the route (devmem TX checks the route's device).
+  virtual std::string data_socket_device(const Config& config) const { return {}; }
+  // Context::register_memory offers each registration here; what comes back is kept with the
+  // registration and released with it (devmem: the region's TX binding, made on first use).
+  virtual std::shared_ptr<void> attach_registration(const MemRegion& region) { return nullptr; }
   // Usable for a new endpoint of this side under `config` (the `transport` setting included):
   // the descriptor for the peer (≤ wire::kMaxOfferDescriptor bytes), or kUnavailable with the reason.
   virtual Result<std::vector<unsigned char>> offer(const Config& config) = 0;

@@ -17,6 +17,8 @@
 #include "transport/devmem/nic.h"
 #include "transport/devmem/region.h"
 #include "transport/devmem/rx.h"
+#include "transport/devmem/tx_regions.h"
+#include "transport/devmem/zcrx.h"
 
 namespace dmx::devmem {
 namespace {
@@ -166,6 +168,54 @@ TEST(Gpu, DevmemRxWithGpuGatherThroughTheDouble) {
               static_cast<unsigned long>((*rx)->stats().frags), static_cast<unsigned long>((*rx)->stats().devmem_bytes),
               static_cast<unsigned long>((*rx)->stats().linear_bytes),
               static_cast<unsigned long>((*rx)->stats().tokens.calls));
+}
+
+// TX per registered region with real GPU memory: the region is exported and bound with bind-tx
+// on a real NIC; where the NIC cannot (virtio_net: no netmem TX), the kernel's words are cached
+// with the region and are the reason its sends go through the ring.
+TEST(Gpu, DevmemTxRegionOfGpuMemoryBindsOrGivesTheKernelsReason) {
+  SKIP_WITHOUT_GPU();
+  DevMem mem(8 << 20);
+  auto region = register_tx_region(mem.region());
+  ASSERT_TRUE(find_tx_region(mem.region().sub(4096, 1 << 20)) == region);
+  for (const auto& e : std::filesystem::directory_iterator("/sys/class/net")) {
+    std::string ifname = e.path().filename();
+    if (ifname == "lo") continue;
+    HostSeams seams;
+    seams.netlink = make_kernel_netlink_ops();
+    if (!seams.netlink->detect().bind_tx) GTEST_SKIP() << "kernel has no bind-tx";
+    seams.exporter = export_dmabuf;
+    seams.ifname = ifname;
+    seams.ifindex = static_cast<int>(::if_nametoindex(ifname.c_str()));
+    auto b = region->bound_for(seams);
+    std::printf("%s: %s\n", ifname.c_str(), b.ok() ? "bound for TX" : b.status().message().c_str());
+    if (!b.ok()) {
+      EXPECT_NE(b.status().message().find("bind-tx of the registered region"), std::string::npos);
+      EXPECT_NE(b.status().message().find("(errno "), std::string::npos) << b.status().message();
+      auto again = region->bound_for(seams);  // cached: the same reason, no second attempt
+      EXPECT_EQ(again.status().message(), b.status().message());
+    }
+  }
+}
+
+// zcrx with a real GPU dma-buf area on this machine's NICs: registered (a capable NIC) or the
+// kernel's refusal with what it means.
+TEST(Gpu, ZcrxRegistrationWithAGpuDmabufAreaOnEveryNic) {
+  SKIP_WITHOUT_GPU();
+  if (running_kernel_before(6, 16)) GTEST_SKIP() << "zcrx dma-buf areas need Linux 6.16";
+  DevMem mem(4 << 20);
+  auto e = export_dmabuf(mem.region());
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  for (const auto& d : std::filesystem::directory_iterator("/sys/class/net")) {
+    std::string ifname = d.path().filename();
+    if (ifname == "lo") continue;
+    auto k = open_kernel_zcrx(static_cast<int>(::if_nametoindex(ifname.c_str())), 0, -1, e->fd.get(), e->size, 256);
+    std::printf("zcrx %s: %s\n", ifname.c_str(), k.ok() ? "registered (released)" : k.status().message().c_str());
+    if (!k.ok()) {
+      EXPECT_NE(k.status().message().find("IORING_REGISTER_ZCRX_IFQ"), std::string::npos) << k.status().message();
+      EXPECT_NE(k.status().message().find("(errno "), std::string::npos) << k.status().message();
+    }
+  }
 }
 
 }  // namespace

@@ -1,12 +1,17 @@
 #include "devmem/kernel_double.h"
 
+#include <fmt/format.h>
 #include <linux/errqueue.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <netinet/in.h>
 #include <poll.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "transport/devmem/kernel_abi.h"
 
@@ -174,7 +179,7 @@ ssize_t KernelDouble::recvmsg(msghdr* msg, int flags) {
   msg->msg_controllen = ctrl_used;
   if (sent == 0 && no_room) {
     ++etoosmall;
-    return -abi::kEtoosmall;
+    return legacy_cmsg ? -EFAULT : -abi::kEtoosmall;
   }
   return static_cast<ssize_t>(sent);
 }
@@ -226,8 +231,7 @@ ssize_t KernelDouble::sendmsg(const msghdr* msg, int flags) {
   uint32_t id;
   std::memcpy(&id, CMSG_DATA(dm), sizeof id);
   if (id != tx_id_ || tx_mem_.empty()) return -EINVAL;
-  const std::string& dev = bound_dev_.empty() ? route_dev : bound_dev_;
-  if (dev != tx_dev_) return -ENODEV;
+  if (route_dev != tx_dev_) return -ENODEV;  // keyed on the route, not on the socket option
   if (msg->msg_iovlen != 1) return -EINVAL;  // dmx sends one iov; keep the double simple
   auto offset = reinterpret_cast<uintptr_t>(msg->msg_iov[0].iov_base);
   size_t len = msg->msg_iov[0].iov_len;
@@ -287,9 +291,10 @@ int KernelDouble::setsockopt(int level, int name, const void* value, socklen_t l
     zerocopy_ = v != 0;
     return 0;
   }
-  if (name == SO_BINDTODEVICE) {
-    bound_dev_.assign(static_cast<const char*>(value), len);
-    bound_dev_.erase(std::find(bound_dev_.begin(), bound_dev_.end(), '\0'), bound_dev_.end());
+  if (name == SO_BINDTODEVICE) {  // on a connected socket: sk_dst_reset(); the route is gone
+    (void)value, (void)len;
+    route_dev.clear();
+    ++route_resets;
     return 0;
   }
   return -ENOPROTOOPT;
@@ -308,28 +313,113 @@ int KernelDouble::poll(short events, int timeout_ms) {
   return 0;
 }
 
+Status kernel_bind_error(std::string_view what, int err, std::string_view extack) {
+  std::string text = fmt::format("{} failed: {}", what, errno_text(err));
+  if (!extack.empty()) text += fmt::format("; kernel: {}", extack);
+  Code code = (err == EOPNOTSUPP || err == ENOENT || err == EPERM || err == EACCES) ? Code::kUnavailable : Code::kIo;
+  return Status(code, std::move(text));
+}
+
+namespace {
+std::optional<std::pair<uint64_t, uint64_t>> file_key(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return std::nullopt;
+  return std::make_pair(uint64_t{st.st_dev}, uint64_t{st.st_ino});
+}
+}  // namespace
+
+UniqueFd DmabufFiles::make(size_t size) {
+  UniqueFd fd(::memfd_create("dmx-double-dmabuf", MFD_CLOEXEC));
+  if (fd.valid() && ::ftruncate(fd.get(), static_cast<off_t>(size)) == 0) adopt(fd.get());
+  return fd;
+}
+
+void DmabufFiles::adopt(int fd) {
+  if (auto k = file_key(fd)) files_.insert(*k);
+}
+
+int DmabufFiles::get(int fd) const {
+  auto k = file_key(fd);
+  if (!k) return -EBADF;
+  return files_.count(*k) ? 0 : -EINVAL;  // dma_buf_get: !is_dma_buf_file(file)
+}
+
+int BindModel::check_rx(int idx, int fd_state, std::span<const uint32_t> queues, std::string* extack) const {
+  if (idx != ifindex) return -ENODEV;
+  if (!queue_api) return -EOPNOTSUPP;
+  if (queues.empty()) {
+    *extack = "missing attribute: queues";
+    return -EINVAL;
+  }
+  for (uint32_t q : queues)
+    if (q >= rx_queues) {
+      *extack = "points at the attribute at offset 28 of the request";  // NL_SET_BAD_ATTR: an offset, no text
+      return -EINVAL;
+    }
+  if (fd_state != 0) return fd_state;  // dma_buf_get(), no extack
+  for (uint32_t q : queues) {
+    if (!hds_on) {
+      *extack = "tcp-data-split is disabled";
+      return -EINVAL;
+    }
+    if (hds_thresh != 0) {
+      *extack = "hds-thresh is not zero";
+      return -EINVAL;
+    }
+    if (bound.count(q)) {
+      *extack = "designated queue already memory provider bound";
+      return -EEXIST;
+    }
+  }
+  return 0;
+}
+
+int BindModel::check_tx(int idx, int fd_state, std::string* extack) const {
+  if (idx != ifindex) return -ENODEV;
+  if (!netmem_tx) {
+    *extack = "Driver does not support netmem TX";
+    return -EOPNOTSUPP;
+  }
+  return fd_state;
+}
+
 namespace {
 class DoubleBinding final : public Binding {
  public:
-  DoubleBinding(std::set<uint32_t>* open, uint32_t id) : open_(open), id_(id) { open_->insert(id); }
-  ~DoubleBinding() override { open_->erase(id_); }
+  DoubleBinding(NetlinkDouble* nl, uint32_t id, std::vector<uint32_t> queues)
+      : nl_(nl), id_(id), queues_(std::move(queues)) {
+    nl_->open_bindings.insert(id);
+    for (uint32_t q : queues_) nl_->nic.bound.insert(q);
+  }
+  ~DoubleBinding() override {
+    nl_->open_bindings.erase(id_);
+    for (uint32_t q : queues_) nl_->nic.bound.erase(q);
+  }
   uint32_t id() const override { return id_; }
 
  private:
-  std::set<uint32_t>* open_;
+  NetlinkDouble* nl_;
   uint32_t id_;
+  std::vector<uint32_t> queues_;
 };
 }  // namespace
 
-Result<std::unique_ptr<Binding>> NetlinkDouble::bind_rx(int, int, std::span<const uint32_t> queues) {
+Result<std::unique_ptr<Binding>> NetlinkDouble::bind_rx(int ifindex, int fd, std::span<const uint32_t> queues) {
   if (!rx_error.ok()) return rx_error;
   rx_queues_seen.emplace_back(queues.begin(), queues.end());
-  return std::unique_ptr<Binding>(new DoubleBinding(&open_bindings, next_id++));
+  std::string extack;
+  if (int e = nic.check_rx(ifindex, dmabufs.get(fd), queues, &extack); e < 0)
+    return kernel_bind_error(fmt::format("netdev bind-rx(ifindex {}, dmabuf fd {}, {} queues)", ifindex, fd, queues.size()),
+                             -e, extack);
+  return std::unique_ptr<Binding>(new DoubleBinding(this, next_id++, {queues.begin(), queues.end()}));
 }
 
-Result<std::unique_ptr<Binding>> NetlinkDouble::bind_tx(int, int) {
+Result<std::unique_ptr<Binding>> NetlinkDouble::bind_tx(int ifindex, int fd) {
   if (!tx_error.ok()) return tx_error;
-  return std::unique_ptr<Binding>(new DoubleBinding(&open_bindings, next_id++));
+  std::string extack;
+  if (int e = nic.check_tx(ifindex, dmabufs.get(fd), &extack); e < 0)
+    return kernel_bind_error(fmt::format("netdev bind-tx(ifindex {}, dmabuf fd {})", ifindex, fd), -e, extack);
+  return std::unique_ptr<Binding>(new DoubleBinding(this, next_id++, {}));
 }
 
 }  // namespace dmx::devmem::testing

@@ -11,9 +11,12 @@
 //    skips unknown tokens, EINVAL on bad lengths); a freed page is immediately reused (and
 //    scribbled), so returning a token before the gather finished corrupts data, as on a NIC;
 //  - a control buffer too small for the next cmsg ends the call: a short count, or ETOOSMALL
-//    (525) when nothing was delivered; recvmsg without MSG_SOCK_DEVMEM on devmem data: EFAULT;
-//  - TX: SCM_DEVMEM_DMABUF with a u32 id, MSG_ZEROCOPY + SO_ZEROCOPY required (EINVAL), the route
-//    device must be the binding's (ENODEV), offsets past the dmabuf EFAULT; each sendmsg that
+//    (525) when nothing was delivered (EFAULT on kernels before put_cmsg_notrunc, 6.14: set
+//    `legacy_cmsg`); recvmsg without MSG_SOCK_DEVMEM on devmem data: EFAULT;
+//  - TX: SCM_DEVMEM_DMABUF with a u32 id, MSG_ZEROCOPY + SO_ZEROCOPY required (EINVAL), the
+//    socket's ROUTE device must be the binding's (ENODEV); SO_BINDTODEVICE on a connected socket
+//    resets the route (sk_dst_reset) and, before the late-2025 fix, nothing re-routes it for this
+//    check, so the send fails with ENODEV; offsets past the dmabuf EFAULT; each sendmsg that
 //    queues bytes takes the next notification id; the "NIC" reads the dmabuf only when it
 //    completes, and completions arrive as coalesced [lo, hi] ranges on the error queue.
 // Fault injection covers what a buggy kernel or hostile peer could cause (unknown dmabuf ids,
@@ -28,8 +31,10 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/sys.h"
 #include "transport/devmem/kernel.h"
 
 namespace dmx::devmem::testing {
@@ -70,6 +75,7 @@ class KernelDouble final : public KernelSocket {
   bool corrupt_offset = false;     // report an offset past the pool
   bool corrupt_token = false;      // report a token >= 2^31
   int fail_next_recv = 0;          // errno for the next recvmsg
+  bool legacy_cmsg = false;        // a kernel before 6.14: EFAULT where 6.14+ says ETOOSMALL
   bool peer_closed = false;        // recvmsg returns 0 once the queue is empty
 
   // Accounting.
@@ -83,7 +89,10 @@ class KernelDouble final : public KernelSocket {
   // --- TX ---
   std::vector<uint8_t>& tx_dmabuf() { return tx_mem_; }
   void set_tx_binding(uint32_t id, size_t size, std::string dev);
-  std::string route_dev;        // the device the socket's route leaves through
+  // The device the connected socket's route leaves through (chosen at connect, by SO_BINDTODEVICE
+  // made before it or by the routing table); "" once SO_BINDTODEVICE reset it after connect.
+  std::string route_dev;
+  size_t route_resets = 0;      // SO_BINDTODEVICE calls on the connected socket
   size_t tx_window = 1 << 20;   // bytes accepted before EAGAIN (partial sends happen at the edge)
   bool auto_complete = true;    // poll() completes everything in flight
   void complete(size_t n);      // the NIC finishes the oldest n sends (reads their bytes now)
@@ -126,7 +135,6 @@ class KernelDouble final : public KernelSocket {
   uint32_t tx_id_ = 0;
   std::string tx_dev_;
   bool zerocopy_ = false;
-  std::string bound_dev_;
   struct InFlight {
     uint32_t id;
     uint64_t offset;
@@ -138,17 +146,58 @@ class KernelDouble final : public KernelSocket {
   ZerocopyQueue errqueue_;
 };
 
-// NetlinkOps double: binding ids, scripted errors, and whether bindings are still open.
+// The kernel's answer to a failed bind, worded as KernelNetlinkOps reports it:
+// "<what> failed: <strerror> (errno N)[; kernel: <extack>]", with its status code.
+Status kernel_bind_error(std::string_view what, int err, std::string_view extack = {});
+
+// A registry of "dma-buf" files: memfds the doubles treat as dma-bufs (dma_buf_get accepts them),
+// keyed by inode so that a dup or a reused fd number is judged by the file, as the kernel does.
+class DmabufFiles {
+ public:
+  UniqueFd make(size_t size);        // a new dma-buf stand-in of `size` bytes
+  void adopt(int fd);                // treat this open file as a dma-buf
+  // dma_buf_get(): 0, -EBADF (not an open fd) or -EINVAL (a file that is not a dma-buf).
+  int get(int fd) const;
+
+ private:
+  std::set<std::pair<uint64_t, uint64_t>> files_;  // (st_dev, st_ino)
+};
+
+// One NIC as netdev bind-rx / bind-tx see it, checked in the kernel's order (6.18:
+// netdev_nl_bind_rx_doit -> netdev_nl_read_rxq_bitmap -> net_devmem_bind_dmabuf (dma_buf_get) ->
+// __net_mp_open_rxq per queue; netdev_nl_bind_tx_doit):
+//   rx: ENODEV (ifindex) / EOPNOTSUPP (no queue API) / EINVAL, bad attribute (queue id out of
+//       range) / EBADF, EINVAL (fd) / EINVAL "tcp-data-split is disabled", "hds-thresh is not
+//       zero" / EEXIST "designated queue already memory provider bound";
+//   tx: ENODEV / EOPNOTSUPP "Driver does not support netmem TX" / EBADF, EINVAL (fd).
+struct BindModel {
+  int ifindex = 2;
+  uint32_t rx_queues = 16;
+  bool queue_api = true;
+  bool netmem_tx = true;
+  bool hds_on = true;           // tcp-data-split enabled
+  uint32_t hds_thresh = 0;
+  std::set<uint32_t> bound;     // RX queues with a memory provider
+  // 0 or -errno, with the extack text.
+  int check_rx(int ifindex, int fd_state, std::span<const uint32_t> queues, std::string* extack) const;
+  int check_tx(int ifindex, int fd_state, std::string* extack) const;
+};
+
+// NetlinkOps double: a BindModel NIC, the dma-buf registry, binding ids, scripted errors, and
+// whether bindings are still open. A binding holds its queues until it is destroyed.
 class NetlinkDouble final : public NetlinkOps {
  public:
   NetdevSupport support{true, true, true, ""};
-  Status rx_error;  // returned by bind_rx when set
+  BindModel nic;
+  DmabufFiles dmabufs;
+  Status rx_error;  // returned by bind_rx when set (before the model is asked)
   Status tx_error;
   uint32_t next_id = 7;
   std::set<uint32_t> open_bindings;
   std::vector<std::vector<uint32_t>> rx_queues_seen;
 
   NetdevSupport detect() override { return support; }
+  const void* kernel_id() const override { return this; }
   Result<std::unique_ptr<Binding>> bind_rx(int ifindex, int dmabuf_fd, std::span<const uint32_t> queues) override;
   Result<std::unique_ptr<Binding>> bind_tx(int ifindex, int dmabuf_fd) override;
 };

@@ -151,6 +151,51 @@ TEST(RxDouble, ShortControlBufferGrowsOnEtoosmall) {
   EXPECT_EQ(h.k.user_tokens(), 0u);
 }
 
+// Defect 6: before 6.14 the kernel said EFAULT where it now says ETOOSMALL. On such kernels
+// (efault_may_mean_small_control, set from the running kernel's version) EFAULT grows the control
+// buffer; at control_max it stays fatal, and on a 6.14+ kernel it is fatal at once.
+TEST(DevmemRxDouble, EfaultOnPre614KernelsGrowsTheControlBuffer) {
+  auto data = random_bytes((1 << 20) + 77, 14);
+  {
+    RxHarness h;
+    h.k.legacy_cmsg = true;
+    ASSERT_TRUE(h.k.inject(data, RxLayout{}));
+    RxOptions o;
+    o.control_size = 16;
+    o.efault_may_mean_small_control = true;
+    auto rx = h.make(o);
+    std::vector<uint8_t> out(data.size());
+    ASSERT_TRUE(rx->receive(MemRegion{out.data(), out.size(), {}}, soon()).ok()) << rx->error().to_string();
+    EXPECT_EQ(out, data);
+    EXPECT_GE(rx->stats().control_grows, 1u);
+    EXPECT_EQ(h.k.user_tokens(), 0u);
+  }
+  {  // at control_max, EFAULT is fatal and says why it may be
+    RxHarness h;
+    h.k.legacy_cmsg = true;
+    ASSERT_TRUE(h.k.inject(data, RxLayout{}));
+    RxOptions o;
+    o.control_size = 16;
+    o.control_max = 16;
+    o.efault_may_mean_small_control = true;
+    auto rx = h.make(o);
+    std::vector<uint8_t> out(data.size());
+    Status s = rx->receive(MemRegion{out.data(), out.size(), {}}, soon());
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("pre-6.14"), std::string::npos) << s.to_string();
+  }
+  {  // a 6.14+ kernel: EFAULT means what it says
+    RxHarness h;
+    h.k.legacy_cmsg = true;
+    ASSERT_TRUE(h.k.inject(data, RxLayout{}));
+    RxOptions o;
+    o.control_size = 16;
+    auto rx = h.make(o);
+    std::vector<uint8_t> out(data.size());
+    EXPECT_FALSE(rx->receive(MemRegion{out.data(), out.size(), {}}, soon()).ok());
+  }
+}
+
 TEST(RxDouble, ControlBufferForOneFragmentAtATimeStillWorks) {
   RxHarness h;
   auto data = random_bytes(256 << 10, 5);
@@ -289,15 +334,15 @@ TEST(BoundRegionDouble, BindingLivesExactlyAsLongAsTheRegion) {
   testing::NetlinkDouble nl;
   std::vector<uint8_t> mem(1 << 20);
   MemRegion region{mem.data(), mem.size(), {}};
-  auto exporter = [](MemRegion r) -> Result<DmabufExport> {
+  auto exporter = [&nl](MemRegion r) -> Result<DmabufExport> {
     DmabufExport e;
-    e.fd.reset(::memfd_create("fake-dmabuf", MFD_CLOEXEC));
+    e.fd = nl.dmabufs.make(r.size);
     e.size = r.size;
     return e;
   };
   uint32_t queues[] = {6, 7};
   {
-    auto rx = BoundRegion::bind_rx(nl, 2, queues, region, exporter);
+    auto rx = BoundRegion::bind_rx(nl, nl.nic.ifindex, queues, region, exporter);
     ASSERT_TRUE(rx.ok());
     EXPECT_EQ(nl.open_bindings.size(), 1u);
     EXPECT_EQ((*rx)->rx_pool().dmabuf_id, (*rx)->id());

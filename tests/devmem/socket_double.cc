@@ -4,11 +4,14 @@
 
 #include <linux/errqueue.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -18,11 +21,29 @@
 #include <set>
 #include <vector>
 
+#include "memory/backend.h"
 #include "transport/devmem/kernel_abi.h"
 
 namespace dmx::devmem::testing {
 namespace {
 constexpr uint32_t kPage = 4096;
+
+// What the "NIC's DMA" reads at [off, off+n) of bound memory: host memory directly, sim memory
+// through its backend (its pointers are handles, not addresses).
+bool read_bound(const MemRegion& m, size_t off, size_t n, std::vector<uint8_t>* out) {
+  out->resize(n);
+  if (m.where.kind != MemKind::kSim) {
+    std::memcpy(out->data(), static_cast<const uint8_t*>(m.ptr) + off, n);
+    return true;
+  }
+  auto b = backend_for(m.where);
+  if (!b.ok()) return false;
+  auto q = (*b)->create_queue();
+  if (!q.ok()) return false;
+  if (!(*q)->to_host(out->data(), static_cast<const uint8_t*>(m.ptr) + off, n).ok()) return false;
+  auto f = (*q)->record();
+  return f.ok() && (*q)->wait(*f, Deadline::after(std::chrono::seconds(10))).ok();
+}
 
 uint64_t fnv(const uint8_t* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -47,6 +68,7 @@ struct SimNic::State {
   };
   std::map<uint32_t, Bound> bindings;
   uint32_t next_id = 7;
+  BindModel nic;  // ifindex 1000, 16 queues; `bound` holds the queues of live RX bindings
 
   // RX pages of the current RX binding (one pool per SimNic).
   uint32_t rx_id = 0;
@@ -79,9 +101,11 @@ namespace {
 
 class SimBinding final : public Binding {
  public:
-  SimBinding(std::shared_ptr<SimNic::State> st, uint32_t id) : st_(std::move(st)), id_(id) {}
+  SimBinding(std::shared_ptr<SimNic::State> st, uint32_t id, std::vector<uint32_t> queues)
+      : st_(std::move(st)), id_(id), queues_(std::move(queues)) {}
   ~SimBinding() override {
     std::lock_guard<std::mutex> lock(st_->mu);
+    for (uint32_t q : queues_) st_->nic.bound.erase(q);
     st_->bindings.erase(id_);
     if (st_->rx_id == id_) {
       st_->rx_id = 0;
@@ -93,41 +117,47 @@ class SimBinding final : public Binding {
  private:
   std::shared_ptr<SimNic::State> st_;
   uint32_t id_;
+  std::vector<uint32_t> queues_;
 };
 
 class SimNetlink final : public NetlinkOps {
  public:
   explicit SimNetlink(std::shared_ptr<SimNic::State> st) : st_(std::move(st)) {}
   NetdevSupport detect() override { return {true, true, true, ""}; }
-  Result<std::unique_ptr<Binding>> bind_rx(int, int fd, std::span<const uint32_t> queues) override {
-    if (queues.empty()) return Status(Code::kInvalidArgument, "sim bind-rx: no queues");
-    return bind(fd, true);
+  const void* kernel_id() const override { return st_.get(); }
+  Result<std::unique_ptr<Binding>> bind_rx(int ifindex, int fd, std::span<const uint32_t> queues) override {
+    return bind(ifindex, fd, queues, true);
   }
-  Result<std::unique_ptr<Binding>> bind_tx(int, int fd) override { return bind(fd, false); }
+  Result<std::unique_ptr<Binding>> bind_tx(int ifindex, int fd) override { return bind(ifindex, fd, {}, false); }
 
  private:
-  Result<std::unique_ptr<Binding>> bind(int fd, bool rx) {
+  Result<std::unique_ptr<Binding>> bind(int ifindex, int fd, std::span<const uint32_t> queues, bool rx) {
     std::lock_guard<std::mutex> lock(st_->mu);
     auto it = st_->exports.find(fd);
-    if (it == st_->exports.end()) return Status(Code::kIo, "sim bind: Bad file descriptor (errno 9): not a dmabuf");
+    int fd_state = ::fcntl(fd, F_GETFD) < 0 ? -EBADF : it == st_->exports.end() ? -EINVAL : 0;
+    std::string extack;
+    int e = rx ? st_->nic.check_rx(ifindex, fd_state, queues, &extack) : st_->nic.check_tx(ifindex, fd_state, &extack);
+    if (e < 0) return kernel_bind_error(fmt::format("sim {}(ifindex {}, fd {})", rx ? "bind-rx" : "bind-tx", ifindex, fd), -e, extack);
     MemRegion m = it->second.memory;
-    if (m.where.kind != MemKind::kHost && m.where.kind != MemKind::kPinned)
-      return Status(Code::kInvalidArgument, "sim bind: the SimNic binds host memory only");
+    if (m.where.kind == MemKind::kCuda)  // host, pinned and sim memory are addressable here
+      return Status(Code::kInvalidArgument, "sim bind: the SimNic binds host (and sim) memory only");
     uint32_t id = st_->next_id++;
     st_->bindings[id] = {m, rx};
     if (rx) {
+      for (uint32_t q : queues) st_->nic.bound.insert(q);
       st_->rx_id = id;
       st_->free_pages.clear();
       for (uint32_t p = 0; p < m.size / kPage; ++p) st_->free_pages.push_back(p);
     }
-    return std::unique_ptr<Binding>(new SimBinding(st_, id));
+    return std::unique_ptr<Binding>(new SimBinding(st_, id, {queues.begin(), queues.end()}));
   }
   std::shared_ptr<SimNic::State> st_;
 };
 
 class SimSocket final : public KernelSocket {
  public:
-  SimSocket(std::shared_ptr<SimNic::State> st, int fd) : st_(std::move(st)), fd_(fd) {}
+  // The data socket was connected to a peer behind the NIC: its route leaves through it.
+  SimSocket(std::shared_ptr<SimNic::State> st, int fd) : st_(std::move(st)), fd_(fd), route_dev_(st_->opt.ifname) {}
 
   ssize_t recvmsg(msghdr* msg, int flags) override {
     std::lock_guard<std::mutex> lock(st_->mu);
@@ -147,7 +177,7 @@ class SimSocket final : public KernelSocket {
     std::memcpy(&id, CMSG_DATA(dm), sizeof id);
     auto b = st_->bindings.find(id);
     if (b == st_->bindings.end() || b->second.rx) return -EINVAL;
-    if (bound_dev_ != st_->opt.ifname) return -ENODEV;  // the route must leave through the NIC
+    if (route_dev_ != st_->opt.ifname) return -ENODEV;  // the ROUTE must leave through the NIC
     if (msg->msg_iovlen != 1) return -EINVAL;
     auto offset = reinterpret_cast<uintptr_t>(msg->msg_iov[0].iov_base);
     size_t len = msg->msg_iov[0].iov_len;
@@ -156,7 +186,8 @@ class SimSocket final : public KernelSocket {
         len > m.size - (offset - SimNic::kDmabufOffset))
       return -EFAULT;
     len = std::min(len, st_->opt.max_send);
-    const uint8_t* src = static_cast<const uint8_t*>(m.ptr) + (offset - SimNic::kDmabufOffset);
+    if (!read_bound(m, offset - SimNic::kDmabufOffset, len, &dma_)) return -EIO;
+    const uint8_t* src = dma_.data();
     ssize_t n = ::send(fd_, src, len, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) return -errno;
     if (n == 0) return -EAGAIN;
@@ -177,9 +208,8 @@ class SimSocket final : public KernelSocket {
       zerocopy_ = v != 0;
       return 0;
     }
-    if (name == SO_BINDTODEVICE) {
-      bound_dev_.assign(static_cast<const char*>(value), len);
-      bound_dev_.erase(std::find(bound_dev_.begin(), bound_dev_.end(), '\0'), bound_dev_.end());
+    if (name == SO_BINDTODEVICE) {  // after connect: sk_dst_reset(), the route is gone (pre-fix kernels)
+      route_dev_.clear();
       return 0;
     }
     return -ENOPROTOOPT;
@@ -208,8 +238,9 @@ class SimSocket final : public KernelSocket {
   void complete_inflight() {
     for (const auto& f : inflight_) {
       auto b = st_->bindings.find(f.binding);
-      if (b != st_->bindings.end() &&
-          fnv(static_cast<const uint8_t*>(b->second.memory.ptr) + f.offset, f.len) != f.hash)
+      std::vector<uint8_t> now;
+      if (b != st_->bindings.end() && read_bound(b->second.memory, f.offset, f.len, &now) &&
+          fnv(now.data(), f.len) != f.hash)
         ++st_->reused;  // the sender wrote into a region the NIC had not finished with
       if (!errqueue_.empty() && errqueue_.back().second + 1 == f.zc_id)
         errqueue_.back().second = f.zc_id;  // the kernel coalesces unread notifications
@@ -362,16 +393,19 @@ class SimSocket final : public KernelSocket {
   std::shared_ptr<SimNic::State> st_;
   int fd_;
   bool zerocopy_ = false;
-  std::string bound_dev_;
+  std::string route_dev_;
   uint32_t zc_id_ = 0;
   std::deque<InFlight> inflight_;
   ZerocopyQueue errqueue_;
   std::vector<uint8_t> peek_;
+  std::vector<uint8_t> dma_;  // what one sendmsg reads from the bound memory
 };
 
 }  // namespace
 
-SimNic::SimNic(SimNicOptions options) : state_(std::make_shared<State>(std::move(options))) {}
+SimNic::SimNic(SimNicOptions options) : state_(std::make_shared<State>(std::move(options))) {
+  state_->nic.ifindex = 1000;
+}
 SimNic::~SimNic() = default;
 
 HostSeams SimNic::seams() {
@@ -395,6 +429,18 @@ HostSeams SimNic::seams() {
   s.ifindex = 1000;
   s.queues = {12, 13};
   return s;
+}
+
+std::shared_ptr<void> SimNic::occupy_queues(std::vector<uint32_t> queues) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (uint32_t q : queues) state_->nic.bound.insert(q);
+  }
+  auto st = state_;
+  return std::shared_ptr<void>(nullptr, [st, queues](void*) {
+    std::lock_guard<std::mutex> lock(st->mu);
+    for (uint32_t q : queues) st->nic.bound.erase(q);
+  });
 }
 
 #define DMX_SIM_LOCKED(expr)                   \

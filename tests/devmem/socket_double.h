@@ -4,10 +4,13 @@
 // One SimNic stands for one host's devmem NIC and kernel side. It provides every HostSeams seam:
 //  - exporter: a memfd stand-in for the dmabuf of host memory (the pool and ring of the path);
 //    the "dmabuf" starts kDmabufOffset bytes before the memory, so offsets are really translated;
-//  - netlink: bind-rx / bind-tx of those stand-ins, by fd; ids from 7 up; unbinding on destruction;
+//  - netlink: bind-rx / bind-tx of those stand-ins, by fd, with the kernel's checks in its order
+//    (BindModel: EINVAL for a file that is not one of them, EEXIST for a queue already bound);
+//    ids from 7 up; unbinding (and freeing the queues) on destruction;
 //  - socket(fd): a KernelSocket over the connected TCP socket `fd`:
 //      TX  sendmsg(MSG_ZEROCOPY, SCM_DEVMEM_DMABUF id, iov_base = dmabuf offset) checks what 6.18
-//          checks (zerocopy on, a TX binding's id, SO_BINDTODEVICE to the NIC, offsets inside),
+//          checks (zerocopy on, a TX binding's id, the socket's route through the NIC — it is,
+//          until SO_BINDTODEVICE on the connected socket resets it — offsets inside),
 //          reads the bytes from the TX-bound memory ("the NIC's DMA") and writes them to the real
 //          socket (partial writes and EAGAIN as the socket gives them). Each sendmsg that queued
 //          bytes takes the next zerocopy id; completions reach the error queue later, at random
@@ -33,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "transport/devmem/devmem.h"
 #include "transport/devmem/kernel.h"
@@ -57,6 +61,10 @@ class SimNic {
 
   // The seams for make_devmem_path: memory = host (pool and ring), gatherer = host gatherer.
   HostSeams seams();
+
+  // Marks `queues` bound by someone else (another process) until the result is released: bind-rx
+  // of them answers EEXIST, as the kernel does.
+  std::shared_ptr<void> occupy_queues(std::vector<uint32_t> queues);
 
   // Fault injection, for the next fragment delivered (then cleared).
   void corrupt_next_id(uint32_t id);

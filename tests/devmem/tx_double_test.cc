@@ -18,6 +18,7 @@ struct TxHarness {
   KernelDouble k{4096, 1};
   TxHarness(size_t size = 8 << 20) {
     k.set_tx_binding(9, size, "eth1");
+    k.route_dev = "eth1";  // bound to the NIC before connect (the engine's data socket)
     std::mt19937_64 rng(5);
     for (auto& b : k.tx_dmabuf()) b = static_cast<uint8_t>(rng());
   }
@@ -94,18 +95,14 @@ TEST(TxDouble, KernelErrorsAreExplained) {
   {  // route through another device than the binding's: ENODEV
     TxHarness h;
     h.k.route_dev = "eth0";
-    auto tx = DevmemTx::create(&h.k, TxBindingInfo{9, h.k.tx_dmabuf().size()}, TxOptions{});
+    TxOptions o;
+    o.ifname = "eth1";
+    auto tx = DevmemTx::create(&h.k, TxBindingInfo{9, h.k.tx_dmabuf().size()}, o);
     ASSERT_TRUE(tx.ok());
     auto t = (*tx)->send(0, 100, soon());
     EXPECT_FALSE(t.ok());
     EXPECT_NE(t.status().message().find("bound NIC"), std::string::npos) << t.status().to_string();
-  }
-  {  // SO_BINDTODEVICE fixes it
-    TxHarness h;
-    h.k.route_dev = "eth0";
-    auto tx = h.make();
-    auto t = tx->send(0, 100, soon());
-    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_NE(t.status().message().find("before connect"), std::string::npos) << t.status().to_string();
   }
   {  // unknown binding id: EINVAL
     TxHarness h;
@@ -122,6 +119,20 @@ TEST(TxDouble, KernelErrorsAreExplained) {
     EXPECT_EQ(tx->send(h.k.tx_dmabuf().size() - 10, 11, soon()).status().code(), Code::kOutOfRange);
     EXPECT_EQ(h.k.next_zc_id(), 0u);
   }
+}
+
+// Defect 5: SO_BINDTODEVICE on a connected socket resets its route, and kernels before the
+// late-2025 fix then refuse every devmem send with ENODEV. DevmemTx must never do it: a socket
+// bound (or routed) through the NIC before connect sends.
+TEST(DevmemTxDouble, NoBindToDeviceAfterConnect) {
+  TxHarness h;
+  auto tx = h.make();  // ifname eth1, the binding's device
+  auto t = tx->send(0, 4097, soon());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(h.k.route_resets, 0u);
+  ASSERT_TRUE(tx->wait(*t, soon()).ok());
+  EXPECT_TRUE(std::equal(h.k.wire.begin(), h.k.wire.end(), h.k.tx_dmabuf().begin()));
+  EXPECT_EQ(h.k.wire.size(), 4097u);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "core/config.h"
 #include "devmem/socket_double.h"
 #include "transport/devmem/devmem_path.h"
+#include "transport/devmem/tx_regions.h"
 #include "engine/test_util.h"
 
 namespace dmx {
@@ -466,6 +467,99 @@ TEST(DevmemPathDouble, BindingsAreReleasedWithThePath) {
     EXPECT_EQ(nic.open_bindings(), 2u);
   }
   EXPECT_EQ(nic.open_bindings(), 0u);
+}
+
+// Defect 2: a second endpoint through the same NIC queues must not bind them again (the kernel
+// answers EEXIST); it shares the process's binding, which lives until the last path lets go.
+TEST(DevmemPathDouble, SecondPathSharesTheRxBinding) {
+  SimNic nic;
+  auto [x1, y1] = tcp_pair();
+  auto [x2, y2] = tcp_pair();
+  auto p1 = make_path(std::move(x1), nic, "p1");
+  ASSERT_TRUE(p1);
+  auto p2 = make_devmem_path(std::move(x2), config(), "p2", nic.seams());
+  ASSERT_TRUE(p2.ok()) << p2.status().to_string();
+  EXPECT_EQ(nic.open_bindings(), 3u);  // one RX binding, two TX rings
+  p1.reset();
+  EXPECT_EQ(nic.open_bindings(), 2u);  // the RX binding stays for p2
+  // Bytes still flow into the shared pool: p2 <- a path over the other end on its own "host".
+  SimNic other{SimNicOptions{"simdev0", 5}};
+  auto q2 = make_path(std::move(y2), other, "q2");
+  Recorder ev_p, ev_q;
+  (*p2)->start(&ev_p, nullptr);
+  q2->start(&ev_q, nullptr);
+  auto src = filled(kSimMem, 300001);
+  Buffer dst = poisoned(kHostMem, 300001);
+  ASSERT_TRUE((*p2)->post_rx(0, desc(300001), dst.region()).ok());
+  auto d = q2->post_tx(0, src.buf.region(), true);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(ev_p.rx(0).ok());
+  EXPECT_TRUE(read_back(dst.region()) == src.data);
+  (*p2)->stop();
+  q2->stop();
+  EXPECT_TRUE(ev_p.wait_stopped());
+  EXPECT_TRUE(ev_q.wait_stopped());
+  p2->reset();
+  EXPECT_EQ(nic.open_bindings(), 0u);
+  EXPECT_EQ(nic.outstanding_tokens(), 0u);
+}
+
+// Defect 2: when the queues are bound by someone else, the path is refused with kUnavailable and
+// the kernel's reason, so that the engine offers the next transport.
+TEST(DevmemPathDouble, QueuesHeldElsewhereGiveANoFreeQueueReason) {
+  SimNic nic;
+  auto held = nic.occupy_queues({12, 13});
+  auto [x, y] = tcp_pair();
+  auto p = make_devmem_path(std::move(x), config(), "p", nic.seams());
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), Code::kUnavailable) << p.status().to_string();
+  EXPECT_NE(p.status().message().find("no free RX queue"), std::string::npos) << p.status().to_string();
+  EXPECT_NE(p.status().message().find("designated queue already memory provider bound"), std::string::npos)
+      << p.status().to_string();
+  EXPECT_EQ(nic.open_bindings(), 0u);
+  held.reset();
+  auto q = make_devmem_path(std::move(y), config(), "q", nic.seams());
+  EXPECT_TRUE(q.ok()) << q.status().to_string();
+}
+
+// TX per registered region: a source inside registered memory goes straight from it (bound for TX
+// once, at its first send, released with the registration); other sources go through the ring,
+// and the counters and describe() say which.
+TEST(DevmemPathDouble, TxFromARegisteredRegionSkipsTheRing) {
+  PathPair pp;
+  auto big = filled(kSimMem, (3 << 20) + 5);
+  auto reg = devmem::register_tx_region(big.buf.region());
+  size_t bindings_before = pp.nic_a.open_bindings();
+  // Two chunks from inside it, at odd offsets, then one from unregistered memory.
+  MemRegion c0 = big.buf.region().sub(7, 1000003), c1 = big.buf.region().sub(1000010, 2 << 20);
+  auto other = filled(kSimMem, 4099);
+  std::vector<MemRegion> srcs = {c0, c1, other.buf.region()};
+  std::vector<Buffer> dst;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    dst.push_back(poisoned(kHostMem, srcs[i].size));
+    Status pr = pp.b->post_rx(i, desc(srcs[i].size), dst.back().region());
+    ASSERT_TRUE(pr.ok()) << pr.to_string();
+    ASSERT_TRUE(pp.a->post_tx(i, srcs[i], true).ok());
+  }
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    ASSERT_TRUE(pp.ev_a.tx(i).ok());
+    ASSERT_TRUE(pp.ev_b.rx(i).ok());
+  }
+  EXPECT_TRUE(read_back(dst[0].region()) == std::vector<unsigned char>(big.data.begin() + 7, big.data.begin() + 7 + 1000003));
+  EXPECT_TRUE(read_back(dst[1].region()) ==
+              std::vector<unsigned char>(big.data.begin() + 1000010, big.data.begin() + 1000010 + (2 << 20)));
+  EXPECT_TRUE(read_back(dst[2].region()) == other.data);
+  DevmemPathCounters c;
+  ASSERT_TRUE(devmem_path_counters(*pp.a, &c));
+  EXPECT_EQ(c.direct_sends, 2u);
+  EXPECT_EQ(c.ring_sends, 1u);
+  EXPECT_EQ(c.stagings, 1u);
+  EXPECT_NE(c.tx_note.find("ring: the source is not inside registered memory"), std::string::npos) << c.tx_note;
+  EXPECT_EQ(pp.nic_a.open_bindings(), bindings_before + 1);  // the region's TX binding, made once
+  pp.expect_clean();
+  pp.a.reset();
+  reg.reset();  // the registration goes: its binding with it
+  EXPECT_EQ(pp.nic_a.open_bindings(), 0u);
 }
 
 TEST(DevmemPathRealHost, OfferGivesThePreciseReasonOnThisMachine) {

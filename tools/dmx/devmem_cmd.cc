@@ -1,13 +1,16 @@
 // dmx devmem setup|status|teardown: prepare a NIC for devmem TCP and undo it.
 //
-//   dmx devmem setup    --ifname IF --queues A-B [--gpu N] [--state-file F]
-//   dmx devmem status   --ifname IF [--state-file F] [--json]
-//   dmx devmem teardown --ifname IF [--state-file F]
+//   dmx devmem setup    --ifname IF --queues A-B [--gpu N] [--state-dir D] [--state-file F]
+//   dmx devmem status   --ifname IF [--state-dir D] [--state-file F] [--json]
+//   dmx devmem teardown --ifname IF [--state-dir D] [--state-file F]
 //
-// setup turns header split on (threshold 0) and ntuple on, and moves RSS off queues A-B, saving
-// the previous state to the state file (default /run/dmx/devmem-IF.json); with --gpu N it also
-// binds a dmabuf of GPU N's memory to queues A-B once, to prove the whole chain, and releases it.
-// Any failure restores what was changed. teardown restores the saved state. Needs CAP_NET_ADMIN.
+// setup turns header split on (threshold 0 where the kernel has it) and ntuple on, and moves RSS
+// off queues A-B, saving the previous state to the state file (default D/devmem-IF.json, D =
+// /run/dmx, the setting devmem_state_dir); with --gpu N it also binds a dmabuf of GPU N's memory
+// to queues A-B once, to prove the whole chain, and releases it. Any failure restores what was
+// changed. teardown removes the flow rules connections recorded in D/devmem-IF.rules (also those
+// of crashed processes), then restores the saved state (RSS: the default, as ethtool -X default).
+// Needs CAP_NET_ADMIN.
 #include <net/if.h>
 
 #include <cstdio>
@@ -19,12 +22,15 @@
 
 #include "dmx/memory.h"
 #include "tools/dmx/commands.h"
+#include "tools/dmx/devmem_selftest.h"
 #include "transport/devmem/devmem.h"
 #include "transport/devmem/kernel.h"
 #include "transport/devmem/nic.h"
 #include "transport/devmem/region.h"
+#include "transport/devmem/rule_ledger.h"
 
 namespace dmx::cli {
+
 namespace {
 
 struct DevmemArgs {
@@ -32,11 +38,15 @@ struct DevmemArgs {
   std::string queues;
   int gpu = -1;
   std::string state_file;
+  std::string state_dir = "/run/dmx";
   bool json = false;
 };
 
 std::string state_path(const DevmemArgs& a) {
-  return a.state_file.empty() ? "/run/dmx/devmem-" + a.ifname + ".json" : a.state_file;
+  return a.state_file.empty() ? a.state_dir + "/devmem-" + a.ifname + ".json" : a.state_file;
+}
+devmem::RuleLedger ledger(const DevmemArgs& a) {
+  return devmem::RuleLedger(devmem::RuleLedger::path_for(a.state_dir, a.ifname));
 }
 
 bool parse_queues(const std::string& text, uint32_t* first, uint32_t* last) {
@@ -132,6 +142,11 @@ int run_status(const DevmemArgs& a) {
   std::printf("%s: %s\n", a.ifname.c_str(), devmem::describe(*st).c_str());
   for (const auto& n : st->notes) std::printf("  note: %s\n", n.c_str());
   std::printf("setup: %s\n", saved.empty() ? "none recorded" : ("recorded in " + state_path(a)).c_str());
+  auto rules = ledger(a).list();
+  if (rules.ok())
+    std::printf("flow rules of dmx connections: %zu (%s)\n", rules->size(), ledger(a).path().c_str());
+  else
+    std::printf("flow rules of dmx connections: %s\n", rules.status().message().c_str());
   for (const auto& c : caps)
     std::printf("%-28s %-11s %s\n", c.name.c_str(), c.available ? "available" : "unavailable", c.detail.c_str());
   return 0;
@@ -147,10 +162,15 @@ int run_teardown(const DevmemArgs& a) {
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto rec = devmem::SetupRecord::from_json(text);
   if (!rec.ok()) return fail("teardown", rec.status());
+  auto l = ledger(a);
+  auto rules = l.list();
+  if (!rules.ok()) return fail("teardown (rule ledger unreadable; nothing changed)", rules.status());
   auto ops = devmem::make_kernel_nic_ops();
-  if (Status s = devmem::teardown_nic(*ops, *rec); !s.ok()) return fail("teardown (state file kept)", s);
+  if (Status s = devmem::teardown_nic(*ops, *rec, *rules); !s.ok()) return fail("teardown (state files kept)", s);
+  if (Status s = l.forget(*rules); !s.ok()) std::fprintf(stderr, "dmx devmem teardown: %s\n", s.to_string().c_str());
   std::filesystem::remove(path);
-  std::printf("%s restored to its state before setup\n", a.ifname.c_str());
+  std::printf("%s restored to its state before setup (%zu flow rules of dmx connections removed)\n", a.ifname.c_str(),
+              rules->size());
   return 0;
 }
 
@@ -158,11 +178,12 @@ int run_teardown(const DevmemArgs& a) {
 
 void add_devmem_command(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<DevmemArgs>();
-  auto* cmd = app.add_subcommand("devmem", "Linux devmem TCP: prepare a NIC (setup|status|teardown)");
+  auto* cmd = app.add_subcommand("devmem", "Linux devmem TCP: prepare a NIC (setup|status|teardown|selftest)");
   cmd->require_subcommand(1);
   auto common = [&](CLI::App* sub) {
     sub->add_option("--ifname", args->ifname, "network interface")->required();
     sub->add_option("--state-file", args->state_file, "where setup saves the previous NIC state");
+    sub->add_option("--state-dir", args->state_dir, "state directory (the setting devmem_state_dir; default /run/dmx)");
   };
   auto* setup = cmd->add_subcommand("setup", "header split on (threshold 0), ntuple on, RSS off queues A-B");
   common(setup);
@@ -173,6 +194,19 @@ void add_devmem_command(CLI::App& app, int* exit_code) {
   common(status);
   status->add_flag("--json", args->json, "machine-readable output");
   status->callback([args, exit_code] { *exit_code = run_status(*args); });
+  auto st = std::make_shared<SelftestArgs>();
+  auto* self = cmd->add_subcommand("selftest", "set up, move verified GPU data both ways by devmem, check zcrx, tear down");
+  self->add_option("--ifname", st->ifname, "this side's devmem NIC")->required();
+  self->add_option("--queues", st->queues, "its devmem queues, A-B")->required();
+  self->add_option("--listen", st->listen, "listen here (tcp://IP_OF_IFNAME:PORT) and echo");
+  self->add_option("--connect", st->connect, "connect there, send and compare");
+  self->add_option("--peer-ifname", st->peer_ifname, "one host, two ports: the other port (the client side)");
+  self->add_option("--peer-queues", st->peer_queues, "its devmem queues, C-D");
+  self->add_option("--gpu", st->gpu, "CUDA device (default 0)");
+  self->add_option("--size-mib", st->size_mib, "MiB each way (plus 4093 bytes; default 64)");
+  self->add_option("--timeout", st->timeout_s, "seconds for each wait (default 60)");
+  self->add_option("--state-dir", st->state_dir, "state directory (default /run/dmx)");
+  self->callback([st, exit_code] { *exit_code = run_devmem_selftest(*st); });
   auto* teardown = cmd->add_subcommand("teardown", "restore the NIC state saved by setup");
   common(teardown);
   teardown->callback([args, exit_code] { *exit_code = run_teardown(*args); });

@@ -23,7 +23,9 @@
 #include "memory/backend.h"
 #include "transport/devmem/region.h"
 #include "transport/devmem/rx.h"
+#include "transport/devmem/rx_binding.h"
 #include "transport/devmem/tx.h"
+#include "transport/devmem/tx_regions.h"
 
 namespace dmx {
 namespace {
@@ -104,8 +106,9 @@ class DevmemPath final : public PayloadPath {
     UniqueFd fd;
     std::string peer;
     devmem::HostSeams seams;
-    Buffer pool, ring;
-    std::unique_ptr<BoundRegion> rx_bound, tx_bound;
+    std::shared_ptr<devmem::SharedRxBinding> rx_shared;  // the process's RX pool binding (rx_binding.h)
+    Buffer ring;
+    std::unique_ptr<BoundRegion> tx_bound;
     std::unique_ptr<devmem::KernelSocket> sock;
     std::unique_ptr<SwitchGatherer> gatherer;
     std::unique_ptr<Stager> stager;
@@ -208,10 +211,15 @@ class DevmemPath final : public PayloadPath {
   }
 
   std::string describe() const override {
-    return fmt::format("devmem {} queues {}-{}, {} MiB RX pool (binding {}), {} MiB TX ring (binding {}) in {}",
+    std::string note;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      note = last_tx_note_.empty() ? std::string() : "; last TX from " + last_tx_note_;
+    }
+    return fmt::format("devmem {} queues {}-{}, {} MiB RX pool (binding {}), {} MiB TX ring (binding {}) in {}{}",
                        p_.seams.ifname, p_.seams.queues.empty() ? 0 : p_.seams.queues.front(),
-                       p_.seams.queues.empty() ? 0 : p_.seams.queues.back(), p_.pool.size() >> 20, rx_binding_,
-                       p_.ring.size() >> 20, tx_binding_, to_string(p_.seams.memory));
+                       p_.seams.queues.empty() ? 0 : p_.seams.queues.back(), p_.rx_shared->pool_size() >> 20, rx_binding_,
+                       p_.ring.size() >> 20, tx_binding_, to_string(p_.seams.memory), note);
   }
 
   void set_bindings(uint32_t rx, uint32_t tx) { rx_binding_ = rx, tx_binding_ = tx; }
@@ -229,6 +237,11 @@ class DevmemPath final : public PayloadPath {
     Stager::Fence fence;
     uint64_t ticket = 0;
     bool reported = false;  // on_path_tx_done delivered (the source is free)
+    // Sent straight from a registered region bound for TX (no ring, no staging): the source is in
+    // use until the zerocopy completion; the region is kept alive until then.
+    std::shared_ptr<devmem::TxRegion> region;
+    devmem::TxBindingInfo direct;
+    uint64_t direct_off = 0;
   };
   // RX chunk: queued -> receiving (bytes read, gathers enqueued) -> finished (gathers complete,
   // tokens back: on_path_rx_done).
@@ -395,9 +408,7 @@ class DevmemPath final : public PayloadPath {
   Status tx_round(std::vector<Event>& events) {
     if (tx_.empty()) return Status();
     DMX_RETURN_IF_ERROR(p_.tx->poll_completions());
-    // Retire: ring space comes back in FIFO order once the kernel is done with it.
-    while (!tx_.empty() && tx_.front().state == TxState::kInFlight && p_.tx->completed(tx_.front().ticket))
-      tx_.pop_front();
+    retire(events);
     for (auto& t : tx_) {
       if (t.state == TxState::kNew) {
         if (t.src.size == 0) {
@@ -406,6 +417,7 @@ class DevmemPath final : public PayloadPath {
           events.push_back({Event::kTx, t.seq, Status()});
           continue;
         }
+        if (try_direct(t)) continue;
         auto off = ring_alloc(t.src.size);
         if (!off) break;  // ring full: later chunks wait (order is kept)
         t.ring_off = *off;
@@ -426,7 +438,11 @@ class DevmemPath final : public PayloadPath {
     for (auto& t : tx_) {
       if (t.state == TxState::kInFlight) continue;
       if (t.state == TxState::kStaged) {
-        DMX_ASSIGN_OR_RETURN(t.ticket, p_.tx->start_send(p_.tx_bound->tx_offset(t.ring_off), t.src.size));
+        if (t.region) {
+          DMX_ASSIGN_OR_RETURN(t.ticket, p_.tx->start_send(t.direct_off, t.src.size, t.direct));
+        } else {
+          DMX_ASSIGN_OR_RETURN(t.ticket, p_.tx->start_send(p_.tx_bound->tx_offset(t.ring_off), t.src.size));
+        }
         t.state = TxState::kSending;
       }
       if (t.state != TxState::kSending) break;
@@ -437,9 +453,47 @@ class DevmemPath final : public PayloadPath {
       }
       t.state = TxState::kInFlight;
     }
-    while (!tx_.empty() && tx_.front().state == TxState::kInFlight && p_.tx->completed(tx_.front().ticket))
-      tx_.pop_front();
+    retire(events);
     return Status();
+  }
+
+  // Ring space comes back in FIFO order once the kernel is done with it; a direct send's source
+  // is free (on_path_tx_done) only then.
+  void retire(std::vector<Event>& events) {
+    while (!tx_.empty() && tx_.front().state == TxState::kInFlight && p_.tx->completed(tx_.front().ticket)) {
+      if (!tx_.front().reported) events.push_back({Event::kTx, tx_.front().seq, Status()});
+      tx_.pop_front();
+    }
+  }
+
+  // A source inside a registered region that is (or can now be) bound for TX on this NIC goes
+  // straight from it. Otherwise the ring, and the reason is kept for describe().
+  bool try_direct(TxSeg& t) {
+    auto r = devmem::find_tx_region(t.src);
+    if (!r) {
+      ++ring_sends_;
+      set_tx_note("ring: the source is not inside registered memory");
+      return false;
+    }
+    auto b = r->bound_for(p_.seams);
+    if (!b.ok()) {
+      ++ring_sends_;
+      set_tx_note("ring: " + b.status().message());
+      return false;
+    }
+    t.region = std::move(r);
+    t.direct = (*b)->tx_info();
+    t.direct_off = (*b)->tx_offset(reinterpret_cast<uintptr_t>(t.src.ptr) -
+                                   reinterpret_cast<uintptr_t>(t.region->memory().ptr));
+    t.state = TxState::kStaged;  // nothing to copy; reported at its completion
+    ++direct_sends_;
+    set_tx_note(fmt::format("registered region (binding {})", t.direct.dmabuf_id));
+    return true;
+  }
+  void set_tx_note(std::string note) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    if (note != last_tx_note_) DMX_LOG_INFO("devmem path to {}: TX from {}", p_.peer, note);
+    last_tx_note_ = std::move(note);
   }
 
   // A contiguous range of the ring for `len` bytes; ranges are freed in allocation order.
@@ -448,7 +502,7 @@ class DevmemPath final : public PayloadPath {
     bool any = false;
     uint64_t tail = 0;  // start of the oldest live range
     for (const auto& t : tx_) {
-      if (t.state != TxState::kNew && t.src.size > 0) {
+      if (t.state != TxState::kNew && t.src.size > 0 && !t.region) {
         tail = t.ring_off;
         any = true;
         break;
@@ -549,6 +603,9 @@ class DevmemPath final : public PayloadPath {
       stats_.bytes_sent = t.bytes;
     }
     counters_.stagings = stagings_;
+    counters_.direct_sends = direct_sends_;
+    counters_.ring_sends = ring_sends_;
+    counters_.tx_note = last_tx_note_;
     stats_.chunks_received = received_;
     stats_.bytes_received = received_bytes_;
     stats_.device_copies = counters_.gathers + stagings_;
@@ -576,10 +633,11 @@ class DevmemPath final : public PayloadPath {
   bool tx_blocked_ = false, peer_shut_ = false, quiesced_ = false;
   short last_revents_ = 0;
   std::optional<std::chrono::steady_clock::time_point> unclaimed_since_;
-  uint64_t stagings_ = 0, received_ = 0, received_bytes_ = 0;
+  uint64_t stagings_ = 0, received_ = 0, received_bytes_ = 0, direct_sends_ = 0, ring_sends_ = 0;
   std::atomic<uint64_t> wakeups_{0};  // counted after poll, outside io_mu_
 
   mutable std::mutex stats_mu_;
+  std::string last_tx_note_;  // guarded by stats_mu_: where the last device chunk was sent from, and why
   PathStats stats_;
   DevmemPathCounters counters_;
 
@@ -601,15 +659,13 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
   p.fd = std::move(data_socket);
   p.peer = peer;
   uint64_t pool_size = std::max<uint64_t>(config.get_size("devmem_rx_pool") / 4096 * 4096, 1 << 20);
-  auto pool = Buffer::allocate(seams.memory, pool_size);
-  if (!pool.ok()) return why(pool.status(), fmt::format("allocating the RX pool ({} bytes)", pool_size));
-  p.pool = std::move(*pool);
+  auto rxs = devmem::acquire_rx_binding(seams, pool_size);
+  if (!rxs.ok()) return Status(rxs.status().code(), rxs.status().message()).with_peer(peer);
+  p.rx_shared = std::move(*rxs);
+  pool_size = p.rx_shared->pool_size();
   auto ring = Buffer::allocate(seams.memory, kDevmemTxRing);
   if (!ring.ok()) return why(ring.status(), "allocating the TX ring");
   p.ring = std::move(*ring);
-  auto rxb = BoundRegion::bind_rx(*seams.netlink, seams.ifindex, seams.queues, p.pool.region(), seams.exporter);
-  if (!rxb.ok()) return why(rxb.status(), fmt::format("bind-rx of the RX pool to {}", seams.ifname));
-  p.rx_bound = std::move(*rxb);
   auto txb = BoundRegion::bind_tx(*seams.netlink, seams.ifindex, p.ring.region(), seams.exporter);
   if (!txb.ok()) return why(txb.status(), fmt::format("bind-tx of the TX ring to {}", seams.ifname));
   p.tx_bound = std::move(*txb);
@@ -628,7 +684,7 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
   ro.peer = peer;
   // Never hold more than a quarter of the pool's pages in tokens (a fragment pins a page).
   ro.max_outstanding_frags = std::max<size_t>(1, std::min<size_t>(ro.max_outstanding_frags, pool_size / 4096 / 4));
-  auto rx = DevmemRx::create(p.sock.get(), p.rx_bound->rx_pool(), p.gatherer.get(), ro);
+  auto rx = DevmemRx::create(p.sock.get(), p.rx_shared->bound().rx_pool(), p.gatherer.get(), ro);
   if (!rx.ok()) return why(rx.status(), "receive side");
   p.rx = std::move(*rx);
   devmem::TxOptions to;
@@ -639,7 +695,7 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
   p.tx = std::move(*tx);
   p.wake.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!p.wake.valid()) return errno_status("eventfd(devmem path)", errno);
-  uint32_t rx_id = p.rx_bound->id(), tx_id = p.tx_bound->id();
+  uint32_t rx_id = p.rx_shared->bound().id(), tx_id = p.tx_bound->id();
   p.seams = std::move(seams);
   auto path = std::make_unique<DevmemPath>(std::move(p));
   path->set_bindings(rx_id, tx_id);

@@ -10,6 +10,12 @@
 //                socket-pair double). Host and pinned sources are not carried: their payload stays
 //                inline on the TCP streams (the NIC would have to read host memory through a dmabuf
 //                of host memory, which gains nothing).
+//   TX direct    a source inside memory registered with Context::register_memory is sent straight
+//                from it: the registration carries a TxRegion (tx_regions.h), bound with bind-tx
+//                on this NIC at its first send and reused; sendmsg takes the dma-buf offset of
+//                the source. The source is in use until the zerocopy completion (on_path_tx_done
+//                then). Where the region cannot be bound, or the source is not registered: the
+//                ring, below; counters direct_sends / ring_sends and tx_note say which and why.
 //   TX           a path-owned TX ring in `HostSeams::memory` (64 MiB), bound with bind-tx once at
 //                creation. Each chunk is copied device-to-device into the ring (the CUDA gather
 //                kernel with 4 KiB descriptors, or, when the ring is host memory, the source's copy
@@ -92,6 +98,9 @@ struct DevmemPathCounters {
   uint64_t fragments = 0, linear_bytes = 0, linear_chunks = 0, devmem_bytes = 0, plain_calls = 0;
   uint64_t tokens_returned = 0, tokens_unknown = 0, tokens_outstanding = 0;
   uint64_t gathers = 0, stagings = 0, sendmsg_calls = 0, notifications = 0, zerocopy_copied = 0;
+  uint64_t direct_sends = 0;  // chunks sent straight from a registered region bound for TX
+  uint64_t ring_sends = 0;    // device chunks staged through the TX ring
+  std::string tx_note;        // where the last device chunk went from, and why ("ring: ...")
 };
 // Counters of `path` when it is a devmem path, else nullopt-like false.
 bool devmem_path_counters(const PayloadPath& path, DevmemPathCounters* out);

@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "transport/devmem/advice.h"
 #include "transport/devmem/devmem_path.h"
+#include "transport/devmem/rx_binding.h"
+#include "transport/devmem/tx_regions.h"
 
 namespace dmx {
 namespace {
@@ -18,6 +21,15 @@ class DevmemTransport final : public Transport {
   explicit DevmemTransport(DevmemPathFactory factory) : factory_(std::move(factory)) {}
   std::string_view name() const override { return "devmem"; }
   TransportNeeds needs() const override { return {.data_socket = true}; }
+  // Device memory registered for peers is also what large sends come from: bind it for TX once,
+  // on first use (tx_regions.h).
+  std::shared_ptr<void> attach_registration(const MemRegion& region) override {
+    if (!region.where.is_device() || region.size == 0) return nullptr;
+    return devmem::register_tx_region(region);
+  }
+  std::string data_socket_device(const Config& config) const override {
+    return factory_ ? std::string() : config.get_string("devmem_ifname");
+  }
   Result<std::vector<unsigned char>> offer(const Config& config) override {
     if (!transport_allowed(config, "devmem"))
       return Status(Code::kUnavailable, fmt::format("devmem: not asked (transport={})", config.get_string("transport")));
@@ -29,6 +41,9 @@ class DevmemTransport final : public Transport {
                       s.message().starts_with("devmem") ? s.message() : fmt::format("devmem: {}", s.message()));
       // The NIC can do it; whether it pays here is the topology's question.
       DMX_RETURN_IF_ERROR(consult_advisor(config, forced != 0));
+      // The RX queues must be ours: a queue another process bound answers EEXIST, and then the
+      // next transport is offered, with that reason.
+      DMX_RETURN_IF_ERROR(hold_rx_binding(config));
     }
     return std::vector<unsigned char>{kVersion, forced};
   }
@@ -92,8 +107,25 @@ class DevmemTransport final : public Transport {
                                                   gpu, config.get_string("devmem_ifname"), a->why));
   }
 
+  // The process's RX binding (rx_binding.h), held from the first offer for as long as this
+  // transport (its context) lives, so that endpoints come and go without rebinding the queues.
+  Status hold_rx_binding(const Config& config) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_) return Status();
+    auto seams = devmem::kernel_seams(config, static_cast<int>(config.get_int("devmem_gpu")));
+    if (!seams.ok()) return Status(Code::kUnavailable, seams.status().message());
+    uint64_t pool = std::max<uint64_t>(config.get_size("devmem_rx_pool") / 4096 * 4096, 1 << 20);
+    auto b = devmem::acquire_rx_binding(*seams, pool);
+    if (!b.ok())
+      return Status(Code::kUnavailable, b.status().message().starts_with("devmem") ? b.status().message()
+                                                                                 : "devmem: " + b.status().message());
+    held_ = std::move(*b);
+    return Status();
+  }
+
   DevmemPathFactory factory_;
-  mutable std::mutex mu_;  // guards tried_, topology_, advice_
+  std::shared_ptr<devmem::SharedRxBinding> held_;  // guarded by mu_
+  mutable std::mutex mu_;  // guards tried_, topology_, advice_, held_
   bool tried_ = false;
   std::shared_ptr<const topo::Topology> topology_;
   std::string advice_;

@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 #include <poll.h>
+#include <sys/utsname.h>
 
 #include <cerrno>
+#include <cstdio>
 
 #include "transport/devmem/kernel_abi.h"
 #include "transport/devmem/netlink.h"
@@ -24,6 +26,10 @@ class NetlinkBinding final : public Binding {
 
 class KernelNetlinkOps final : public NetlinkOps {
  public:
+  const void* kernel_id() const override {
+    static const char kRunningKernel = 0;
+    return &kRunningKernel;
+  }
   NetdevSupport detect() override {
     NetdevSupport s;
     auto sock = nl::GenlSocket::open();
@@ -115,5 +121,13 @@ class PosixKernelSocket final : public KernelSocket {
 
 std::unique_ptr<NetlinkOps> make_kernel_netlink_ops() { return std::make_unique<KernelNetlinkOps>(); }
 std::unique_ptr<KernelSocket> make_kernel_socket(int fd) { return std::make_unique<PosixKernelSocket>(fd); }
+
+bool running_kernel_before(int major, int minor) {
+  utsname u{};
+  if (::uname(&u) != 0) return false;
+  int a = 0, b = 0;
+  if (std::sscanf(u.release, "%d.%d", &a, &b) != 2) return false;
+  return a < major || (a == major && b < minor);
+}
 
 }  // namespace dmx::devmem

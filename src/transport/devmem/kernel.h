@@ -44,6 +44,9 @@ class NetlinkOps {
  public:
   virtual ~NetlinkOps() = default;
   virtual NetdevSupport detect() = 0;
+  // Which kernel answers: bindings made through ops with one id share one set of NIC queues (the
+  // running kernel: one static address for every instance; a double: its own state).
+  virtual const void* kernel_id() const = 0;
   // Errors carry the kernel's errno text and extended-ack message verbatim.
   virtual Result<std::unique_ptr<Binding>> bind_rx(int ifindex, int dmabuf_fd, std::span<const uint32_t> queues) = 0;
   virtual Result<std::unique_ptr<Binding>> bind_tx(int ifindex, int dmabuf_fd) = 0;
@@ -64,6 +67,9 @@ class KernelSocket {
   // poll(2) on this socket: revents, 0 on timeout, or -errno.
   virtual int poll(short events, int timeout_ms) = 0;
 };
+
+// Whether the running kernel (uname) is older than major.minor; false when it cannot be parsed.
+bool running_kernel_before(int major, int minor);
 
 // Wraps a connected TCP socket (not owned: the caller keeps the fd open longer than this).
 std::unique_ptr<KernelSocket> make_kernel_socket(int fd);

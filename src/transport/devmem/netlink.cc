@@ -156,7 +156,12 @@ Result<std::vector<std::vector<uint8_t>>> GenlSocket::request(GenlMessage& msg, 
           if (!(h.nlmsg_flags & NLM_F_CAPPED)) skip = sizeof(int) + e.msg.nlmsg_len;
           if (skip <= body_len) {
             auto tlvs = parse_attrs({body + align4(skip), body_len - std::min(body_len, align4(skip))});
-            if (const Attr* m = find_attr(tlvs, NLMSGERR_ATTR_MSG)) text += "; kernel: " + m->str();
+            if (const Attr* m = find_attr(tlvs, NLMSGERR_ATTR_MSG)) {
+              text += "; kernel: " + m->str();
+            } else if (const Attr* o = find_attr(tlvs, NLMSGERR_ATTR_OFFS); o && o->u32()) {
+              // NL_SET_BAD_ATTR: no text, only where in our request (a queue id out of range, ...).
+              text += fmt::format("; kernel: points at the attribute at offset {} of the request", *o->u32());
+            }
           }
         }
         Code code = (-e.error == EOPNOTSUPP || -e.error == ENOENT) ? Code::kUnavailable : Code::kIo;

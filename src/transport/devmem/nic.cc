@@ -11,7 +11,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -91,21 +93,61 @@ class KernelNicOps final : public NicOps {
     return ethtool_ioctl(ifname, buf.data(), "set rxfh-indir");
   }
 
-  Result<uint32_t> add_flow_rule(const std::string& ifname, const FlowRule& r) override {
+  Result<RuleTable> rule_table(const std::string& ifname) override {
+    ethtool_rxnfc cnt{};
+    cnt.cmd = ETHTOOL_GRXCLSRLCNT;
+    DMX_RETURN_IF_ERROR(ethtool_ioctl(ifname, &cnt, "get flow rule count"));
+    RuleTable t;
+    t.special = (cnt.data & RX_CLS_LOC_SPECIAL) != 0;
+    t.size = static_cast<uint32_t>(cnt.data & ~uint64_t{RX_CLS_LOC_SPECIAL});
+    if (cnt.rule_cnt == 0) return t;
+    if (cnt.rule_cnt > (1u << 20)) return Status(Code::kProtocol, fmt::format("{}: {} flow rules?", ifname, cnt.rule_cnt));
+    // ethtool_rxnfc ends in a flexible array of rule locations.
+    std::vector<uint8_t> buf(sizeof(ethtool_rxnfc) + size_t{cnt.rule_cnt} * sizeof(uint32_t));
+    ethtool_rxnfc all{};
+    all.cmd = ETHTOOL_GRXCLSRLALL;
+    all.rule_cnt = cnt.rule_cnt;
+    std::memcpy(buf.data(), &all, sizeof all);
+    DMX_RETURN_IF_ERROR(ethtool_ioctl(ifname, buf.data(), "get flow rule locations"));
+    std::memcpy(&all, buf.data(), sizeof all);
+    uint32_t n = std::min(all.rule_cnt, cnt.rule_cnt);
+    t.used.resize(n);
+    std::memcpy(t.used.data(), buf.data() + offsetof(ethtool_rxnfc, rule_locs), n * sizeof(uint32_t));
+    return t;
+  }
+
+  Result<uint32_t> insert_flow_rule(const std::string& ifname, const FlowRule& r, uint32_t location) override {
     ethtool_rxnfc n{};
     n.cmd = ETHTOOL_SRXCLSRLINS;
-    n.fs.flow_type = TCP_V4_FLOW;
-    n.fs.h_u.tcp_ip4_spec.ip4dst = r.dst_ip;
-    n.fs.m_u.tcp_ip4_spec.ip4dst = r.dst_ip ? 0xffffffffu : 0;
-    n.fs.h_u.tcp_ip4_spec.pdst = htons(r.dst_port);
-    n.fs.m_u.tcp_ip4_spec.pdst = r.dst_port ? 0xffff : 0;
-    n.fs.h_u.tcp_ip4_spec.ip4src = r.src_ip;
-    n.fs.m_u.tcp_ip4_spec.ip4src = r.src_ip ? 0xffffffffu : 0;
-    n.fs.h_u.tcp_ip4_spec.psrc = htons(r.src_port);
-    n.fs.m_u.tcp_ip4_spec.psrc = r.src_port ? 0xffff : 0;
+    if (r.ipv6) {
+      n.fs.flow_type = TCP_V6_FLOW;
+      auto& h = n.fs.h_u.tcp_ip6_spec;
+      auto& m = n.fs.m_u.tcp_ip6_spec;
+      bool src_any = r.src_ip6 == std::array<uint32_t, 4>{};
+      for (int i = 0; i < 4; ++i) {
+        h.ip6dst[i] = r.dst_ip6[i];
+        m.ip6dst[i] = 0xffffffffu;
+        h.ip6src[i] = r.src_ip6[i];
+        m.ip6src[i] = src_any ? 0 : 0xffffffffu;
+      }
+      h.pdst = htons(r.dst_port);
+      m.pdst = r.dst_port ? 0xffff : 0;
+      h.psrc = htons(r.src_port);
+      m.psrc = r.src_port ? 0xffff : 0;
+    } else {
+      n.fs.flow_type = TCP_V4_FLOW;
+      n.fs.h_u.tcp_ip4_spec.ip4dst = r.dst_ip;
+      n.fs.m_u.tcp_ip4_spec.ip4dst = r.dst_ip ? 0xffffffffu : 0;
+      n.fs.h_u.tcp_ip4_spec.pdst = htons(r.dst_port);
+      n.fs.m_u.tcp_ip4_spec.pdst = r.dst_port ? 0xffff : 0;
+      n.fs.h_u.tcp_ip4_spec.ip4src = r.src_ip;
+      n.fs.m_u.tcp_ip4_spec.ip4src = r.src_ip ? 0xffffffffu : 0;
+      n.fs.h_u.tcp_ip4_spec.psrc = htons(r.src_port);
+      n.fs.m_u.tcp_ip4_spec.psrc = r.src_port ? 0xffff : 0;
+    }
     n.fs.ring_cookie = r.queue;
-    n.fs.location = RX_CLS_LOC_ANY;
-    DMX_RETURN_IF_ERROR(ethtool_ioctl(ifname, &n, "insert flow rule"));
+    n.fs.location = location;
+    DMX_RETURN_IF_ERROR(ethtool_ioctl(ifname, &n, fmt::format("insert flow rule at {}", location == RX_CLS_LOC_ANY ? std::string("any") : std::to_string(location)).c_str()));
     return n.fs.location;
   }
 
@@ -179,6 +221,42 @@ std::string describe(const NicState& s) {
                      s.rss_indir.empty() ? std::string("unreadable") : fmt::format("{} entries", s.rss_indir.size()));
 }
 
+bool header_split_ready(const NicState& s) {
+  return s.tcp_data_split == abi::kTcpDataSplitEnabled && s.hds_thresh.value_or(0) == 0;
+}
+
+std::vector<uint32_t> default_indir(uint32_t rx_queues, size_t size) {
+  std::vector<uint32_t> t(size);
+  for (size_t i = 0; i < size && rx_queues > 0; ++i) t[i] = static_cast<uint32_t>(i % rx_queues);
+  return t;
+}
+
+Result<uint32_t> choose_rule_location(const RuleTable& t) {
+  if (t.special) return uint32_t{RX_CLS_LOC_ANY};
+  std::vector<bool> used(t.size, false);
+  for (uint32_t l : t.used)
+    if (l < t.size) used[l] = true;
+  for (uint32_t l = t.size; l-- > 0;)  // the last free one: lowest priority, as ethtool does
+    if (!used[l]) return l;
+  return Status(Code::kResourceExhausted, fmt::format("all {} flow-rule locations are in use", t.size));
+}
+
+Result<uint32_t> add_flow_rule(NicOps& ops, const std::string& ifname, const FlowRule& rule) {
+  Status last;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    DMX_ASSIGN_OR_RETURN(RuleTable t, ops.rule_table(ifname));
+    DMX_ASSIGN_OR_RETURN(uint32_t loc, choose_rule_location(t));
+    auto r = ops.insert_flow_rule(ifname, rule, loc);
+    if (r.ok()) return r;
+    last = r.status();
+    const std::string& m = last.message();
+    bool raced = m.find(fmt::format("(errno {})", EEXIST)) != std::string::npos ||
+                 m.find(fmt::format("(errno {})", EBUSY)) != std::string::npos;
+    if (!raced) break;
+  }
+  return last;
+}
+
 Result<std::vector<uint32_t>> isolating_indir(uint32_t rx_queues, size_t table_size, uint32_t first, uint32_t last) {
   if (first > last || last >= rx_queues)
     return Status(Code::kInvalidArgument, fmt::format("queues {}-{} are not inside the NIC's {} rx queues", first, last, rx_queues));
@@ -204,9 +282,11 @@ Result<SetupRecord> setup_nic(NicOps& ops, const std::string& ifname, uint32_t f
     (void)teardown_nic(ops, rec);
     return s;
   };
-  if (rec.before.tcp_data_split != abi::kTcpDataSplitEnabled || rec.before.hds_thresh.value_or(1) != 0) {
+  if (!header_split_ready(rec.before)) {
     rec.changed_header_split = true;
-    if (Status s = ops.set_header_split(ifname, abi::kTcpDataSplitEnabled, 0u); !s.ok()) return undo_and_fail(s);
+    // hds-thresh only where rings-get reported it: 6.12 has no such attribute and refuses it.
+    std::optional<uint32_t> thresh = rec.before.hds_thresh ? std::optional<uint32_t>(0) : std::nullopt;
+    if (Status s = ops.set_header_split(ifname, abi::kTcpDataSplitEnabled, thresh); !s.ok()) return undo_and_fail(s);
   }
   if (rec.before.ntuple != true) {
     rec.changed_ntuple = true;
@@ -219,13 +299,22 @@ Result<SetupRecord> setup_nic(NicOps& ops, const std::string& ifname, uint32_t f
   return rec;
 }
 
-Status teardown_nic(NicOps& ops, const SetupRecord& rec) {
+Status teardown_nic(NicOps& ops, const SetupRecord& rec, const std::vector<uint32_t>& extra_rules) {
   Status first;
   auto keep = [&first](Status s) {
     if (first.ok() && !s.ok()) first = std::move(s);
   };
-  for (uint32_t loc : rec.flow_rules) keep(ops.delete_flow_rule(rec.ifname, loc));
-  if (rec.changed_rss && !rec.before.rss_indir.empty()) keep(ops.set_rss_indir(rec.ifname, rec.before.rss_indir));
+  std::vector<uint32_t> rules = rec.flow_rules;
+  rules.insert(rules.end(), extra_rules.begin(), extra_rules.end());
+  std::sort(rules.begin(), rules.end());
+  rules.erase(std::unique(rules.begin(), rules.end()), rules.end());
+  for (uint32_t loc : rules) keep(ops.delete_flow_rule(rec.ifname, loc));
+  if (rec.changed_rss && !rec.before.rss_indir.empty()) {
+    // The default spread goes back as size 0 (ethtool -X default), which also clears the driver's
+    // "configured" flag; a table the user had set is written back as it was.
+    bool was_default = rec.before.rss_indir == default_indir(rec.before.rx_queues, rec.before.rss_indir.size());
+    keep(ops.set_rss_indir(rec.ifname, was_default ? std::vector<uint32_t>{} : rec.before.rss_indir));
+  }
   if (rec.changed_ntuple && rec.before.ntuple.has_value()) keep(ops.set_ntuple(rec.ifname, *rec.before.ntuple));
   if (rec.changed_header_split)
     keep(ops.set_header_split(rec.ifname, rec.before.tcp_data_split.value_or(abi::kTcpDataSplitUnknown),

@@ -99,6 +99,7 @@ RxOptions rx_options(const Config& config) {
   o.control_size = config.get_size("devmem_control_buffer");
   o.control_max = std::max<size_t>(o.control_size, 4 << 20);
   o.max_outstanding_frags = static_cast<size_t>(std::max<int64_t>(1, config.get_int("devmem_max_outstanding_frags")));
+  o.efault_may_mean_small_control = running_kernel_before(6, 14);
   return o;
 }
 
@@ -224,17 +225,25 @@ Status DevmemRx::step(MemRegion dst, size_t* got_io, Deadline deadline, bool* wo
     *would_block = true;
     return Status();
   }
-  if (n == -abi::kEtoosmall) {
+  bool small_control = n == -abi::kEtoosmall || (n == -EFAULT && opt_.efault_may_mean_small_control &&
+                                                  control_.size() < opt_.control_max);
+  if (small_control) {
     if (control_.size() >= opt_.control_max)
       return fail(Status(Code::kResourceExhausted,
                          fmt::format("recvmsg(MSG_SOCK_DEVMEM): ETOOSMALL with a {}-byte control buffer", control_.size())));
+    // On kernels before 6.14 this was EFAULT: grown like ETOOSMALL (fatal at control_max, below).
     control_.resize(std::min(control_.size() * 2, opt_.control_max));
     ++stats_.control_grows;
     return Status();
   }
   if (n == -EFAULT)
-    return fail(Status(Code::kIo, "recvmsg(MSG_SOCK_DEVMEM) failed: EFAULT: the kernel could not deliver devmem data "
-                                  "(fragments of another binding on this socket, or a bad host iov)"));
+    return fail(Status(Code::kIo, fmt::format("recvmsg(MSG_SOCK_DEVMEM) failed: EFAULT: the kernel could not deliver "
+                                              "devmem data (fragments of another binding on this socket, or a bad host "
+                                              "iov{})",
+                                              opt_.efault_may_mean_small_control
+                                                  ? fmt::format(", or a control buffer too small even at {} bytes on "
+                                                                "this pre-6.14 kernel", control_.size())
+                                                  : "")));
   if (n < 0) return fail(errno_status("recvmsg(MSG_SOCK_DEVMEM)", static_cast<int>(-n)));
   if (n == 0)
     return fail(Status(Code::kClosed, fmt::format("peer closed the connection after {} of {} bytes", got, dst.size)));

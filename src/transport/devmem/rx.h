@@ -60,10 +60,13 @@ struct RxOptions {
   size_t control_size = 64 << 10;       // initial msg_control size; grows (x2) on ETOOSMALL
   size_t control_max = 4 << 20;         // ... up to this
   size_t max_outstanding_frags = 16384; // tokens held before waiting for the oldest gather
+  // Kernels before 6.14 (no put_cmsg_notrunc) answer EFAULT where later ones say ETOOSMALL: there
+  // EFAULT grows the control buffer like ETOOSMALL, and is fatal only at control_max.
+  bool efault_may_mean_small_control = false;
   std::string peer;                     // named in errors
 };
 
-// RxOptions from the devmem_* rows of the configuration table.
+// RxOptions from the devmem_* rows of the configuration table (and the running kernel's version).
 RxOptions rx_options(const Config& config);
 
 struct RxStats {

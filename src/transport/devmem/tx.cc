@@ -20,12 +20,9 @@ Result<std::unique_ptr<DevmemTx>> DevmemTx::create(KernelSocket* sock, TxBinding
   int one = 1;
   if (int r = sock->setsockopt(SOL_SOCKET, abi::kSoZerocopy, &one, sizeof one); r < 0)
     return errno_status("setsockopt(SO_ZEROCOPY)", -r, Code::kUnavailable);
-  if (!options.ifname.empty()) {
-    if (int r = sock->setsockopt(SOL_SOCKET, SO_BINDTODEVICE, options.ifname.c_str(),
-                                 static_cast<socklen_t>(options.ifname.size()));
-        r < 0)
-      return errno_status(fmt::format("setsockopt(SO_BINDTODEVICE, {})", options.ifname), -r);
-  }
+  // No SO_BINDTODEVICE here: on a connected socket it resets the route, and kernels before the
+  // late-2025 fix then fail every devmem send with ENODEV. The socket is bound before connect
+  // (the engine's data socket: Transport::data_socket_device) or routed through the NIC.
   return std::unique_ptr<DevmemTx>(new DevmemTx(sock, binding, std::move(options)));
 }
 
@@ -97,15 +94,17 @@ Status DevmemTx::wait_until(const std::function<bool()>& done, Deadline deadline
   }
 }
 
-Result<uint64_t> DevmemTx::start_send(uint64_t offset, uint64_t len) {
+Result<uint64_t> DevmemTx::start_send(uint64_t offset, uint64_t len) { return start_send(offset, len, binding_); }
+
+Result<uint64_t> DevmemTx::start_send(uint64_t offset, uint64_t len, TxBindingInfo binding) {
   if (!failed_.ok()) return failed_;
-  if (offset > binding_.dmabuf_size || len > binding_.dmabuf_size - offset)
+  if (offset > binding.dmabuf_size || len > binding.dmabuf_size - offset)
     return Status(Code::kOutOfRange, fmt::format("devmem send [{}, +{}) outside the {}-byte dmabuf", offset, len,
-                                                 binding_.dmabuf_size));
+                                                 binding.dmabuf_size));
   uint64_t ticket = next_ticket_++;
   ++stats_.sends;
   if (len == 0) return ticket;  // nothing in flight: complete at once
-  tickets_[ticket] = Ticket{offset, len, 0, 0};
+  tickets_[ticket] = Ticket{offset, len, 0, 0, binding.dmabuf_id};
   return ticket;
 }
 
@@ -129,7 +128,7 @@ Result<bool> DevmemTx::push_send(uint64_t ticket) {
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = abi::kScmDevmemDmabuf;
     c->cmsg_len = CMSG_LEN(sizeof(uint32_t));
-    std::memcpy(CMSG_DATA(c), &binding_.dmabuf_id, sizeof(uint32_t));
+    std::memcpy(CMSG_DATA(c), &t.dmabuf_id, sizeof(uint32_t));
     ssize_t n = sock_->sendmsg(&msg, abi::kMsgZerocopy | MSG_DONTWAIT);
     if (n > 0) {
       id_ticket_[next_id_++] = ticket;
@@ -147,10 +146,13 @@ Result<bool> DevmemTx::push_send(uint64_t ticket) {
     int err = n == 0 ? EPIPE : static_cast<int>(-n);
     std::string why;
     if (err == EINVAL) why = " (binding id unknown or an RX binding, or SO_ZEROCOPY off)";
-    if (err == ENODEV) why = " (the route leaves through another device than the bound NIC: bind the socket to it)";
+    if (err == ENODEV)
+      why = fmt::format(" (the socket's route does not leave through {}, the bound NIC: bind the socket to it with "
+                        "SO_BINDTODEVICE before connect, or route the peer through it)",
+                        opt_.ifname.empty() ? std::string("the NIC") : opt_.ifname);
     if (err == EFAULT) why = " (offset beyond the dmabuf)";
     return fail(errno_status(fmt::format("sendmsg(MSG_ZEROCOPY, dmabuf id {}, offset {}, {} bytes){}",
-                                         binding_.dmabuf_id, t.offset + t.sent, iov.iov_len, why),
+                                         t.dmabuf_id, t.offset + t.sent, iov.iov_len, why),
                              err));
   }
   if (it->second.pending_ids == 0) tickets_.erase(it);  // every id already reported
@@ -184,7 +186,7 @@ Status DevmemTx::wait_region_free(uint64_t offset, uint64_t len, Deadline deadli
   if (!failed_.ok()) return failed_;
   auto free_now = [&] {
     for (const auto& [id, t] : tickets_)
-      if (t.offset < offset + len && offset < t.offset + t.len) return false;
+      if (t.dmabuf_id == binding_.dmabuf_id && t.offset < offset + len && offset < t.offset + t.len) return false;
     return true;
   };
   return wait_until(free_now, deadline, "region reuse");

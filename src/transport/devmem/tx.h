@@ -30,7 +30,7 @@ struct TxBindingInfo {
 };
 
 struct TxOptions {
-  std::string ifname;        // SO_BINDTODEVICE to the bound NIC (the route must leave through it)
+  std::string ifname;        // the bound NIC, named in errors (the route must leave through it)
   size_t max_send = 4 << 20; // bytes per sendmsg (smaller sends complete, and free, sooner)
   std::string peer;          // named in errors
 };
@@ -47,7 +47,8 @@ struct TxStats {
 
 class DevmemTx {
  public:
-  // Sets SO_ZEROCOPY (and SO_BINDTODEVICE when options.ifname is set).
+  // Sets SO_ZEROCOPY. Never SO_BINDTODEVICE: that must come before connect (it resets the route of
+  // a connected socket, and the kernel checks the route's device against the binding's).
   static Result<std::unique_ptr<DevmemTx>> create(KernelSocket* sock, TxBindingInfo binding, TxOptions options);
 
   // Hands [offset, offset+len) of the dmabuf to the kernel (blocking until all bytes are queued,
@@ -58,6 +59,9 @@ class DevmemTx {
   // now without blocking and returns true once every byte is queued (poll for POLLOUT otherwise).
   // A ticket completes only after all its bytes were queued and all their ids reported.
   Result<uint64_t> start_send(uint64_t offset, uint64_t len);
+  // The same from another TX binding on this socket (a registered region bound for TX of its own;
+  // the zerocopy ids are the socket's, shared by every binding).
+  Result<uint64_t> start_send(uint64_t offset, uint64_t len, TxBindingInfo binding);
   Result<bool> push_send(uint64_t ticket);
   // Reads the error queue without blocking and completes what it reports.
   Status poll_completions();
@@ -75,6 +79,7 @@ class DevmemTx {
     uint64_t len = 0;
     uint64_t sent = 0;        // bytes queued so far
     uint32_t pending_ids = 0;
+    uint32_t dmabuf_id = 0;
   };
   DevmemTx(KernelSocket* sock, TxBindingInfo binding, TxOptions options)
       : sock_(sock), binding_(binding), opt_(std::move(options)) {}

@@ -146,7 +146,7 @@ std::string peer_name(int fd) {
   return sockaddr_name(ss);
 }
 
-Result<UniqueFd> connect_to(const Address& addr, Deadline deadline) {
+Result<UniqueFd> connect_to(const Address& addr, Deadline deadline, const std::string& bind_device) {
   DMX_ASSIGN_OR_RETURN(addrinfo * res, resolve(addr, false));
   std::string name = addr.to_string();
   Status last(Code::kIo, "no address to connect to");
@@ -154,6 +154,12 @@ Result<UniqueFd> connect_to(const Address& addr, Deadline deadline) {
     UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd.valid()) {
       last = errno_status("socket", errno);
+      continue;
+    }
+    if (!bind_device.empty() && ::setsockopt(fd.get(), SOL_SOCKET, SO_BINDTODEVICE, bind_device.c_str(),
+                                             static_cast<socklen_t>(bind_device.size())) != 0) {
+      last = errno_status(fmt::format("setsockopt(SO_BINDTODEVICE, {}) before connect({})", bind_device, name), errno,
+                          errno == EPERM ? Code::kUnavailable : Code::kIo);
       continue;
     }
     if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {

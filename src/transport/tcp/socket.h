@@ -28,7 +28,9 @@ std::string local_name(int fd);
 std::string peer_name(int fd);
 
 // Connects with a deadline (non-blocking connect + poll). The socket is returned non-blocking.
-Result<UniqueFd> connect_to(const Address& addr, Deadline deadline);
+// A non-empty `bind_device` is applied with SO_BINDTODEVICE before connect (the route then leaves
+// through it; binding a connected socket would reset its route).
+Result<UniqueFd> connect_to(const Address& addr, Deadline deadline, const std::string& bind_device = {});
 
 struct StreamOptions {
   int socket_buffer = 0;                 // 0 keeps the kernel's autotuning
