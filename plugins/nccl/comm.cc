@@ -265,15 +265,4 @@ NcclResult close_comm(void* comm, bool is_send) {
 NcclResult close_send(void* send_comm) { return close_comm(send_comm, true); }
 NcclResult close_recv(void* recv_comm) { return close_comm(recv_comm, false); }
 
-NcclResult get_device_mr(void* comm, void* mhandle, void** dptr_mhandle) {
-  if (dptr_mhandle != nullptr) *dptr_mhandle = nullptr;
-  warn("getDeviceMr: dmx offers no device offload (netDeviceType HOST)");
-  return kInvalidUsage;
-}
-
-NcclResult irecv_consumed(void* recv_comm, int n, void* request) {
-  warn("irecvConsumed: dmx offers no device offload (netDeviceType HOST)");
-  return kInvalidUsage;
-}
-
 }  // namespace dmx::nccl

@@ -82,8 +82,8 @@ __attribute__((visibility("default"))) NetV11 ncclNetPlugin_v11 = {
     .close_send = close_send,
     .close_recv = close_recv,
     .close_listen = close_listen,
-    .get_device_mr = get_device_mr,
-    .irecv_consumed = irecv_consumed,
+    .get_device_mr = nullptr,  // no device offload: NCCL calls these when they are set
+    .irecv_consumed = nullptr,
     .make_v_device = make_v_device,
     .finalize = ctx_finalize,
     .set_net_attr = v11_set_net_attr,
@@ -107,8 +107,8 @@ __attribute__((visibility("default"))) NetV10 ncclNetPlugin_v10 = {
     .close_send = close_send,
     .close_recv = close_recv,
     .close_listen = close_listen,
-    .get_device_mr = get_device_mr,
-    .irecv_consumed = irecv_consumed,
+    .get_device_mr = nullptr,  // no device offload: NCCL calls these when they are set
+    .irecv_consumed = nullptr,
     .make_v_device = v10_make_v_device,
 };
 

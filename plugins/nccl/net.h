@@ -56,7 +56,5 @@ NcclResult test(void* request, int* done, int* sizes);
 NcclResult close_send(void* send_comm);
 NcclResult close_recv(void* recv_comm);
 NcclResult close_listen(void* listen_comm);
-NcclResult get_device_mr(void* comm, void* mhandle, void** dptr_mhandle);
-NcclResult irecv_consumed(void* recv_comm, int n, void* request);
 
 }  // namespace dmx::nccl
