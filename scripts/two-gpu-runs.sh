@@ -44,7 +44,9 @@ case "${1:-}" in
     step "plugin loaded into PyTorch's NCCL"
     bash scripts/nccl-plugin-check.sh "$B" 2>&1 | tail -12 || rc=1
     step "run 4: collectives through the plugin vs NCCL socket"
-    timeout 420 "$PY" bench/ref/nccl_collectives.py --plugin-dir "$B/lib" --sizes 1M,16M,256M,1G --iters 5 \
+    # TWO_GPU_RUN4_ENV="DMX_NCCL_STREAMS=8 ..." sets the plugin's settings for this run only.
+    timeout 420 env ${TWO_GPU_RUN4_ENV:-} "$PY" bench/ref/nccl_collectives.py --plugin-dir "$B/lib" \
+      --sizes "${TWO_GPU_RUN4_SIZES:-1M,16M,256M,1G}" --iters 5 \
       --warmup 2 --timeout 300 --kill-test --keep-logs "$OUT/nccl-logs" | tee "$OUT/collectives.jsonl" | cut -c1-260 || rc=1
     ;;
   measure)
