@@ -61,7 +61,34 @@ bool BufferRef::from_buffer(py::handle obj, bool writable, const char* what) {
   return true;
 }
 
+// PyTorch exports a CUDA tensor only while its device is the current one ("Can't export tensors
+// on a different CUDA device index"): a tensor on cuda:1 is exported inside torch.cuda.device(1).
+class TorchDeviceGuard {
+ public:
+  explicit TorchDeviceGuard(py::handle obj) {
+    py::object module = py::type::handle_of(obj).attr("__module__");
+    if (!py::isinstance<py::str>(module) || module.cast<std::string>().rfind("torch", 0) != 0 ||
+        !py::hasattr(obj, "__dlpack_device__"))
+      return;
+    py::tuple dev = obj.attr("__dlpack_device__")();
+    if (dev.size() != 2 || dev[0].cast<int>() != dlpack::kDLCUDA) return;
+    guard_ = py::module_::import("torch").attr("cuda").attr("device")(dev[1]);
+    guard_.attr("__enter__")();
+  }
+  ~TorchDeviceGuard() {
+    if (!guard_) return;
+    try {
+      guard_.attr("__exit__")(py::none(), py::none(), py::none());
+    } catch (py::error_already_set&) {  // nothing to do about it here; the export's error wins
+    }
+  }
+
+ private:
+  py::object guard_;
+};
+
 void BufferRef::from_dlpack(py::handle obj, bool writable, const char* what) {
+  TorchDeviceGuard device_guard(obj);
   py::object export_fn = obj.attr("__dlpack__");
   py::object capsule;
   // Ask for a versioned capsule (it says whether the memory is read-only); producers older than

@@ -78,3 +78,15 @@ def test_pinned_tensor(peer):
     y = torch.zeros(100000, dtype=torch.uint8).pin_memory()
     assert echo(peer, x, y, 100000) == 100000
     assert torch.equal(x, y)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_cuda_tensor_on_another_device_than_the_current_one(peer):
+    # PyTorch exports a CUDA tensor only while its device is current; dmx makes it so.
+    assert torch.cuda.current_device() == 0
+    x = fresh((1 << 20) + 5, "cuda:1")
+    y = torch.zeros((1 << 20) + 5, dtype=torch.uint8, device="cuda:1")
+    torch.cuda.synchronize(1)
+    assert echo(peer, x, y, x.numel()) == x.numel()
+    assert torch.equal(x, y)
+    assert torch.cuda.current_device() == 0  # and puts the current device back
