@@ -569,10 +569,11 @@ class DevmemPath final : public PayloadPath {
     Deadline d = Deadline::after(kQuiesceWait);
     for (auto& t : tx_)
       if (t.state == TxState::kStaging) (void)p_.stager->wait(t.fence, d);
-    // The NIC reads the ring until the zerocopy completions; wait for them (bounded) before the
-    // ring can go.
+    // The NIC reads the ring (or, for direct sends, the user's memory) until the zerocopy
+    // completions; wait for them (bounded) before the ring, or the user's buffer, is let go.
     for (auto& t : tx_)
-      if (t.state == TxState::kInFlight || t.state == TxState::kSending) (void)p_.tx->wait(t.ticket, Deadline::after(std::chrono::milliseconds(200)));
+      if (t.state == TxState::kInFlight || t.state == TxState::kSending)  // user memory (direct): the full bound
+        (void)p_.tx->wait(t.ticket, t.region ? d : Deadline::after(std::chrono::milliseconds(200)));
     publish_stats();
     p_.rx.reset();  // waits (bounded) for its gathers and returns every token
     p_.tx.reset();
