@@ -49,10 +49,11 @@ int endless(Api& api, void* comm, bool send) {
   std::deque<void*> flying;
   std::printf("STREAMING\n");
   std::fflush(stdout);
-  for (uint64_t i = 0;; ++i) {
+  // Requests complete in order, so post k reuses the buffer of post k - 8, done by then.
+  for (uint64_t posted = 0;;) {
     while (flying.size() < 8) {
       void* req = nullptr;
-      unsigned char* p = r.data() + (i % 8) * (1u << 20);
+      unsigned char* p = r.data() + (posted++ % 8) * (1u << 20);
       NcclResult rc;
       if (send) {
         rc = api.isend(comm, p, 1u << 20, 0, mh, &req);

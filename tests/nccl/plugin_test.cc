@@ -488,10 +488,11 @@ TEST_P(Nccl, PeerKilledMidTransferFailsEveryRequest) {
     void* mh = nullptr;
     ASSERT_EQ(api_.reg_mr(comm, buf.data(), buf.size(), kPtrHost, &mh), kSuccess);
     std::deque<void*> flying;
-    int completed = 0;
-    auto post = [&](int i) {
+    int completed = 0, posted = 0;
+    // Requests complete in order, so post k reuses the buffer of post k - 8, done by then.
+    auto post = [&]() {
       void* req = nullptr;
-      unsigned char* p = buf.data() + (i % 8) * (1u << 20);
+      unsigned char* p = buf.data() + (posted++ % 8) * (1u << 20);
       if (we_receive) {
         void* d[1] = {p};
         size_t sz[1] = {1u << 20};
@@ -503,14 +504,15 @@ TEST_P(Nccl, PeerKilledMidTransferFailsEveryRequest) {
       }
       flying.push_back(req);
     };
-    for (int i = 0; i < 8; ++i) post(i);
+    for (int i = 0; i < 8; ++i) post();
     auto t0 = Clock::now();
     while (completed < 16 && since(t0) < 20) {
       int done = 0;
       ASSERT_EQ(api_.test(flying.front(), &done, nullptr), kSuccess);
       if (done) {
         flying.pop_front();
-        post(++completed);
+        ++completed;
+        post();
       }
     }
     ASSERT_GE(completed, 16) << "the stream did not get going";
@@ -525,7 +527,7 @@ TEST_P(Nccl, PeerKilledMidTransferFailsEveryRequest) {
       flying.pop_front();
       if (r == kSuccess) {
         ++succeeded;
-        if (failed == 0) post(++completed);
+        if (failed == 0) post();
       } else {
         ++failed;
       }
