@@ -13,6 +13,7 @@
 #include <deque>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "tests/nccl/harness.h"
 
@@ -49,10 +50,11 @@ int endless(Api& api, void* comm, bool send) {
   std::deque<void*> flying;
   std::printf("STREAMING\n");
   std::fflush(stdout);
-  for (uint64_t i = 0;; ++i) {
+  // Requests complete in order, so post k reuses the buffer of post k - 8, done by then.
+  for (uint64_t posted = 0;;) {
     while (flying.size() < 8) {
       void* req = nullptr;
-      unsigned char* p = r.data() + (i % 8) * (1u << 20);
+      unsigned char* p = r.data() + (posted++ % 8) * (1u << 20);
       NcclResult rc;
       if (send) {
         rc = api.isend(comm, p, 1u << 20, 0, mh, &req);
@@ -70,6 +72,7 @@ int endless(Api& api, void* comm, bool send) {
     NcclResult rc = api.test(flying.front(), &done, nullptr);
     if (rc != kSuccess) return fail("test returned " + std::to_string(rc));
     if (done) flying.pop_front();
+    else std::this_thread::yield();  // as NCCL's proxy thread does when idle
   }
 }
 
