@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <vector>
 
 namespace dmx::devmem {
@@ -9,7 +10,9 @@ namespace {
 
 struct Registry {
   std::mutex mu;
-  std::vector<std::weak_ptr<TxRegion>> regions;
+  uint64_t next_id = 1;
+  std::map<uint64_t, std::weak_ptr<TxRegion>> regions;  // by id
+  Gtlb gtlb{Gtlb::Limits{4096, 256}};                    // address -> region id
 };
 Registry& registry() {
   static Registry* r = new Registry();  // never destroyed: registrations may outlive statics
@@ -40,21 +43,51 @@ Result<const BoundRegion*> TxRegion::bound_for(const HostSeams& seams) {
   return static_cast<const BoundRegion*>(s.bound.get());
 }
 
+TxRegion::~TxRegion() {
+  Registry& g = registry();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.regions.erase(id_);
+  g.gtlb.invalidate(reinterpret_cast<uintptr_t>(memory_.ptr), memory_.size);
+}
+
 std::shared_ptr<TxRegion> register_tx_region(const MemRegion& memory) {
   auto r = std::make_shared<TxRegion>(memory);
   Registry& g = registry();
   std::lock_guard<std::mutex> lock(g.mu);
-  std::erase_if(g.regions, [](const std::weak_ptr<TxRegion>& w) { return w.expired(); });
-  g.regions.push_back(r);
+  r->id_ = g.next_id++;
+  g.regions.emplace(r->id_, r);
   return r;
 }
 
 std::shared_ptr<TxRegion> find_tx_region(const MemRegion& src) {
+  // Regions that lock() made ours for a moment are let go after the registry's lock: the last
+  // reference going runs ~TxRegion, which takes that lock.
+  std::vector<std::shared_ptr<TxRegion>> release_later;
   Registry& g = registry();
   std::lock_guard<std::mutex> lock(g.mu);
-  for (const auto& w : g.regions)
-    if (auto r = w.lock(); r && r->contains(src)) return r;
+  auto addr = reinterpret_cast<uintptr_t>(src.ptr);
+  if (auto hit = g.gtlb.lookup(addr, src.size)) {
+    if (auto it = g.regions.find(hit->value); it != g.regions.end()) {
+      if (auto r = it->second.lock(); r && r->contains(src)) return r;
+      else release_later.push_back(std::move(r));
+    }
+  }
+  for (const auto& [id, w] : g.regions) {
+    auto r = w.lock();
+    if (r && r->contains(src)) {
+      const MemRegion& m = r->memory();
+      g.gtlb.fill(GtlbEntry{reinterpret_cast<uintptr_t>(m.ptr), m.size, 0, id}, addr, src.size);
+      return r;
+    }
+    release_later.push_back(std::move(r));
+  }
   return nullptr;
+}
+
+GtlbCounters tx_region_translations() {
+  Registry& g = registry();
+  std::lock_guard<std::mutex> lock(g.mu);
+  return g.gtlb.counters();
 }
 
 }  // namespace dmx::devmem

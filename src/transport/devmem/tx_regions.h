@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "memory/gtlb.h"
 #include "transport/devmem/devmem.h"
 #include "transport/devmem/region.h"
 
@@ -23,6 +24,7 @@ namespace dmx::devmem {
 class TxRegion {
  public:
   explicit TxRegion(MemRegion memory) : memory_(memory) {}
+  ~TxRegion();  // leaves the registry and its translations
   const MemRegion& memory() const { return memory_; }
   bool contains(const MemRegion& r) const;
   // The binding of this region on `seams`' NIC (made on first use), or why there is none.
@@ -33,14 +35,19 @@ class TxRegion {
     std::unique_ptr<BoundRegion> bound;
     Status refused;
   };
+  friend std::shared_ptr<TxRegion> register_tx_region(const MemRegion& memory);
   MemRegion memory_;
+  uint64_t id_ = 0;  // in the registry
   std::mutex mu_;  // guards slots_; held across the first bind of a slot
   std::map<std::pair<const void*, int>, Slot> slots_;
 };
 
 // Records `memory` for TX; dropped from the registry when the last holder releases it.
 std::shared_ptr<TxRegion> register_tx_region(const MemRegion& memory);
-// The live region containing `src` entirely, or null.
+// The live region containing `src` entirely, or null. Looked up in a GTLB (memory/gtlb.h); a
+// miss scans the regions and fills it.
 std::shared_ptr<TxRegion> find_tx_region(const MemRegion& src);
+// The registry's translation counters (tests).
+GtlbCounters tx_region_translations();
 
 }  // namespace dmx::devmem
