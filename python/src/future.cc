@@ -44,15 +44,13 @@ std::vector<uint64_t> Waker::drain() {
 }
 
 void Watch::fire() {
-  std::shared_ptr<Waker> w;
-  uint64_t wid;
+  std::vector<std::pair<std::shared_ptr<Waker>, uint64_t>> to_wake;
   {
     std::lock_guard<std::mutex> l(mu);
     fired = true;
-    w = std::move(waker);
-    wid = id;
+    to_wake.swap(waiters);
   }
-  if (w) w->post(wid);
+  for (auto& [w, id] : to_wake) w->post(id);
 }
 
 Future::Future(dmx::Request req, std::shared_ptr<Watch> watch, Keep keep, std::shared_ptr<EndpointState> ep)
@@ -102,8 +100,7 @@ void Future::cancel() {
 bool Future::watch(std::shared_ptr<Waker> waker, uint64_t id) {
   std::lock_guard<std::mutex> l(watch_->mu);
   if (watch_->fired) return false;
-  watch_->waker = std::move(waker);
-  watch_->id = id;
+  watch_->waiters.emplace_back(std::move(waker), id);  // bounded by the awaiters alive
   return true;
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "buffer.h"
@@ -40,8 +41,8 @@ class Waker {
 struct Watch {
   std::mutex mu;  // guards the fields below
   bool fired = false;
-  std::shared_ptr<Waker> waker;
-  uint64_t id = 0;
+  // Every awaiter's (loop waker, id): a Future may be awaited by several tasks or loops at once.
+  std::vector<std::pair<std::shared_ptr<Waker>, uint64_t>> waiters;
   void fire();
 };
 

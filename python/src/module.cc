@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <string>
+#include <vector>
 
 #include "buffer.h"
 #include "dmx/dmx.h"
@@ -72,9 +73,17 @@ dmx::RemoteRegion to_remote(py::handle obj) {
     dmxpy::raise_error(dmx::Code::kInvalidArgument,
                        std::string("remote: expected the bytes of Registration.descriptor() or a RemoteRegion, got ") +
                            Py_TYPE(obj.ptr())->tp_name);
-  py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request();
-  size_t n = static_cast<size_t>(info.size * info.itemsize);
-  return dmxpy::unwrap(dmx::RemoteRegion::parse(static_cast<const unsigned char*>(info.ptr), n));
+  // C-contiguous bytes only: a strided view's length is not the span that follows its pointer.
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) {
+    PyErr_Clear();
+    dmxpy::raise_error(dmx::Code::kInvalidArgument, std::string("remote: a descriptor must be contiguous bytes (") +
+                                                        Py_TYPE(obj.ptr())->tp_name + " is not)");
+  }
+  std::vector<unsigned char> bytes(static_cast<const unsigned char*>(view.buf),
+                                   static_cast<const unsigned char*>(view.buf) + view.len);
+  PyBuffer_Release(&view);
+  return dmxpy::unwrap(dmx::RemoteRegion::parse(bytes.data(), bytes.size()));
 }
 
 py::bytes to_bytes(const std::vector<unsigned char>& v) {

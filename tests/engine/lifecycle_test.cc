@@ -98,6 +98,20 @@ TEST(Lifecycle, MessagesThatArrivedBeforeThePeerClosedStayReceivable) {
   }
 }
 
+// Once this side closes too, nothing the peer sent is delivered any more.
+TEST(Lifecycle, OurOwnCloseEndsWhatThePeerLeft) {
+  Pair p = connect_pair();
+  Filled a = filled(MemSpec{}, 100);
+  ASSERT_TRUE(p.client.send(a.buf.region(), 1).wait(10s).ok());
+  ASSERT_TRUE(p.client.close().ok());
+  auto t0 = Clock::now();
+  while (p.server.health().ok() && Clock::now() - t0 < 10s) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(p.server.health().code(), Code::kClosed);
+  (void)p.server.close();
+  Buffer d = poisoned(MemSpec{}, 100);
+  EXPECT_EQ(p.server.recv(d.region(), 1).wait(10s).code(), Code::kClosed);
+}
+
 TEST(Lifecycle, TruncationFailsBothSidesAndKeepsTheEndpoint) {
   Pair p = connect_pair();
   Filled big = filled(MemSpec{}, 1 << 20), tiny = filled(MemSpec{}, 200);

@@ -37,3 +37,22 @@ def test_await_raises_and_cancel(peer):
             fut.wait(timeout=10)
 
     asyncio.run(main())
+
+
+def test_one_future_awaited_by_two_tasks(peer):
+    async def main():
+        x = np.frombuffer(np.random.default_rng().bytes(4096), np.uint8).copy()
+        y = np.zeros(4096, np.uint8)
+        back = peer.ep.recv(y, ECHO)
+        first = asyncio.ensure_future(asyncio.wait_for(_awaited(back), 10))
+        second = asyncio.ensure_future(asyncio.wait_for(_awaited(back), 10))
+        await asyncio.sleep(0.05)  # both are waiting before the data comes
+        peer.command("echo", wait_reply=False, size=4096)
+        await peer.ep.send(x, DATA)
+        return await asyncio.gather(first, second), np.array_equal(x, y)
+
+    assert asyncio.run(main()) == ([4096, 4096], True)
+
+
+async def _awaited(fut):
+    return await fut

@@ -57,6 +57,11 @@ def test_out_of_range_and_bad_descriptor(peer):
         dmx.RemoteRegion.from_descriptor(b"short")
     with pytest.raises(dmx.InvalidArgumentError):
         peer.ep.read(bytearray(4), "not a descriptor")
+    # A strided view of the descriptor's bytes is refused, not read past its end.
+    with pytest.raises(dmx.InvalidArgumentError, match="contiguous"):
+        peer.ep.read(bytearray(4), memoryview(d + d)[::2])
+    with pytest.raises(dmx.InvalidArgumentError, match="contiguous"):
+        peer.ep.read(bytearray(4), np.frombuffer(d + d, np.uint8)[::2])
 
 
 def test_local_registration(peer):

@@ -224,6 +224,8 @@ Status EndpointImpl::close() {
   bool sent = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    peer_closed_ = false;  // closed here too: what the peer sent before its close goes with it
+    leftover_.clear();
     if (status_.ok()) {
       status_ = Status(Code::kClosed, "the endpoint was closed by this side");
       FrameHeader h;
