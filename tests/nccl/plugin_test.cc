@@ -108,6 +108,22 @@ void unhex(const std::string& s, unsigned char* out, size_t n) {
 
 class Nccl : public ::testing::TestWithParam<int> {
  protected:
+  // A comm with the peer process: we listen and it connects (we_receive), or the other way round.
+  void open_comm(Peer& peer, bool we_receive, void** comm) {
+    unsigned char h[kHandleMaxSize] = {};
+    if (we_receive) {
+      void* lc = nullptr;
+      ASSERT_EQ(api_.listen(0, h, &lc), kSuccess);
+      peer.say("HANDLE " + hex(h, sizeof h));
+      ASSERT_EQ(accept_until(api_, lc, comm), kSuccess);
+      ASSERT_EQ(api_.close_listen(lc), kSuccess);
+    } else {
+      std::string l = peer.line();
+      ASSERT_EQ(l.rfind("HANDLE ", 0), 0u) << l;
+      unhex(l.substr(7), h, sizeof h);
+      ASSERT_EQ(connect_until(api_, 0, h, comm), kSuccess);
+    }
+  }
   void SetUp() override {
     std::string e = api_.load(DMX_NCCL_PLUGIN_PATH, GetParam());
     ASSERT_TRUE(e.empty()) << e;
@@ -413,20 +429,8 @@ TEST_P(Nccl, TwoProcessesMoveEveryMessageByteExact) {
     const uint64_t seed = fresh_seed();
     Peer peer;
     peer.start(GetParam(), we_receive ? "send" : "recv", seed);
-    unsigned char h[kHandleMaxSize] = {};
     void* comm = nullptr;
-    if (we_receive) {
-      void* lc = nullptr;
-      ASSERT_EQ(api_.listen(0, h, &lc), kSuccess);
-      peer.say("HANDLE " + hex(h, sizeof h));
-      ASSERT_EQ(accept_until(api_, lc, &comm), kSuccess);
-      ASSERT_EQ(api_.close_listen(lc), kSuccess);
-    } else {
-      std::string l = peer.line();
-      ASSERT_EQ(l.rfind("HANDLE ", 0), 0u) << l;
-      unhex(l.substr(7), h, sizeof h);
-      ASSERT_EQ(connect_until(api_, 0, h, &comm), kSuccess);
-    }
+    ASSERT_NO_FATAL_FAILURE(open_comm(peer, we_receive, &comm));
     Plan plan = make_plan(seed, 150, 8);
     Region region;
     ASSERT_EQ(make_region(false, plan.region_bytes, &region), "");
@@ -474,20 +478,8 @@ TEST_P(Nccl, PeerKilledMidTransferFailsEveryRequest) {
     SCOPED_TRACE(we_receive ? "peer floods us" : "we flood the peer");
     Peer peer;
     peer.start(GetParam(), we_receive ? "flood" : "sink", 1);
-    unsigned char h[kHandleMaxSize] = {};
     void* comm = nullptr;
-    if (we_receive) {
-      void* lc = nullptr;
-      ASSERT_EQ(api_.listen(0, h, &lc), kSuccess);
-      peer.say("HANDLE " + hex(h, sizeof h));
-      ASSERT_EQ(accept_until(api_, lc, &comm), kSuccess);
-      ASSERT_EQ(api_.close_listen(lc), kSuccess);
-    } else {
-      std::string l = peer.line();
-      ASSERT_EQ(l.rfind("HANDLE ", 0), 0u) << l;
-      unhex(l.substr(7), h, sizeof h);
-      ASSERT_EQ(connect_until(api_, 0, h, &comm), kSuccess);
-    }
+    ASSERT_NO_FATAL_FAILURE(open_comm(peer, we_receive, &comm));
     std::vector<unsigned char> buf(8u << 20);
     void* mh = nullptr;
     ASSERT_EQ(api_.reg_mr(comm, buf.data(), buf.size(), kPtrHost, &mh), kSuccess);
@@ -552,12 +544,8 @@ TEST_P(Nccl, PeerKilledMidTransferFailsEveryRequest) {
 TEST_P(Nccl, TwoProcessesStreamingRate) {
   Peer peer;
   peer.start(GetParam(), "flood", 1);
-  unsigned char h[kHandleMaxSize] = {};
-  void *lc = nullptr, *comm = nullptr;
-  ASSERT_EQ(api_.listen(0, h, &lc), kSuccess);
-  peer.say("HANDLE " + hex(h, sizeof h));
-  ASSERT_EQ(accept_until(api_, lc, &comm), kSuccess);
-  ASSERT_EQ(api_.close_listen(lc), kSuccess);
+  void* comm = nullptr;
+  ASSERT_NO_FATAL_FAILURE(open_comm(peer, /*we_receive=*/true, &comm));
   std::vector<unsigned char> buf(8u << 20);
   void* mh = nullptr;
   ASSERT_EQ(api_.reg_mr(comm, buf.data(), buf.size(), kPtrHost, &mh), kSuccess);
@@ -604,12 +592,8 @@ TEST_P(Nccl, CudaPointersMoveBetweenTwoProcesses) {
   const uint64_t seed = fresh_seed();
   Peer peer;
   peer.start(GetParam(), "send", seed, /*cuda=*/true);
-  unsigned char h[kHandleMaxSize] = {};
-  void *lc = nullptr, *comm = nullptr;
-  ASSERT_EQ(api_.listen(0, h, &lc), kSuccess);
-  peer.say("HANDLE " + hex(h, sizeof h));
-  ASSERT_EQ(accept_until(api_, lc, &comm), kSuccess);
-  ASSERT_EQ(api_.close_listen(lc), kSuccess);
+  void* comm = nullptr;
+  ASSERT_NO_FATAL_FAILURE(open_comm(peer, /*we_receive=*/true, &comm));
   Plan plan = make_plan(seed, 150, 8);
   Region region;
   ASSERT_EQ(make_region(true, plan.region_bytes, &region), "");
