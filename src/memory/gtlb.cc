@@ -116,8 +116,7 @@ void Gtlb::Table<V>::clear() {
   hand_ = 0;
 }
 
-Gtlb::Gtlb(Limits limits)
-    : main_limit_(std::max<size_t>(limits.main_entries, 1)), main_(limits.main_entries), comp_(limits.comp_blocks) {}
+Gtlb::Gtlb(Limits limits) : main_(limits.main_entries), comp_(limits.comp_blocks) {}
 
 Gtlb::~Gtlb() = default;
 
@@ -144,7 +143,7 @@ void Gtlb::fill(const GtlbEntry& e, uintptr_t addr, uint64_t len) {
   ++counters_.fills;
   const uint64_t first = addr >> kPageShift;
   uint64_t last = (addr + (len ? len - 1 : 0)) >> kPageShift;
-  last = std::min(last, first + main_limit_ - 1);  // more would only evict its own pages
+  last = std::min(last, first + main_.limit() - 1);  // more would only evict its own pages
   // The first page last: lookups go by it, and this fill's own evictions must not take it.
   for (uint64_t page = last + 1; page-- > first;) {
     const uintptr_t start = page << kPageShift;

@@ -88,6 +88,7 @@ class Gtlb {
     V& emplace(uint64_t page, bool* made, Slot* evicted);
     bool erase(uint64_t page);
     size_t size() const { return count_; }
+    size_t limit() const { return limit_; }
     template <typename F>
     void for_each(F&& f) {
       for (size_t i = 0; i < cap_; ++i)
@@ -114,7 +115,6 @@ class Gtlb {
   void fill_cells(const GtlbEntry& e, uint64_t page);
   size_t invalidate_page(uint64_t page, uintptr_t base, uint64_t size);
 
-  const size_t main_limit_;
   Table<GtlbEntry> main_;
   Table<uint32_t> comp_;       // page -> index in blocks_
   std::vector<Block> blocks_;  // grows to the limit, then reused
