@@ -26,7 +26,19 @@ class CopyQueue {
   // Whether the copies before `fence` have finished. An error means the device failed.
   virtual Result<bool> done(uint64_t fence) = 0;
   virtual Status wait(uint64_t fence, Deadline deadline) = 0;
+  // Enqueue the CRC32C (core/crc32c.h) of `n` bytes of device memory at `dev`, computed on the
+  // device. Returns a ticket; checksum_result(ticket) is the CRC once a fence recorded after it
+  // has completed, for the last kChecksumsKept tickets.
+  static constexpr uint64_t kChecksumsKept = 64;
+  virtual Result<uint64_t> checksum(const void* dev, size_t n) {
+    return Status(Code::kUnavailable, "this copy queue computes no checksums");
+  }
+  virtual uint32_t checksum_result(uint64_t ticket) const { return 0; }
 };
+
+// The CRC32C of `n` bytes at `p` in memory `where`, waiting for the device when it is device
+// memory (on a queue from the process-wide cache). For chunks that payload paths move.
+Result<uint32_t> checksum_memory(MemSpec where, const void* p, size_t n, Deadline deadline);
 
 class MemoryBackend {
  public:

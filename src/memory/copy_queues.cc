@@ -1,5 +1,7 @@
 #include "memory/copy_queues.h"
 
+#include "core/crc32c.h"
+
 namespace dmx {
 
 Result<CopyQueue*> CopyQueues::get(MemSpec where, bool* made) {
@@ -33,6 +35,18 @@ std::vector<MemSpec> CopyQueues::devices() const {
 void CopyQueues::abandon() {
   for (auto& [key, q] : queues_) (void)q.release();
   queues_.clear();
+}
+
+Result<uint32_t> checksum_memory(MemSpec where, const void* p, size_t n, Deadline deadline) {
+  DMX_ASSIGN_OR_RETURN(MemoryBackend * backend, backend_for(where));
+  if (backend->host_accessible()) return crc32c::of(p, n);
+  // A queue per thread and device: a CopyQueue serves one thread at a time.
+  thread_local CopyQueues queues;
+  DMX_ASSIGN_OR_RETURN(CopyQueue * q, queues.get(where));
+  DMX_ASSIGN_OR_RETURN(uint64_t ticket, q->checksum(p, n));
+  DMX_ASSIGN_OR_RETURN(uint64_t fence, q->record());
+  DMX_RETURN_IF_ERROR(q->wait(fence, deadline));
+  return q->checksum_result(ticket);
 }
 
 }  // namespace dmx

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -19,7 +20,9 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/crc32c.h"
 #include "memory/backend.h"
+#include "memory/cuda/crc32c.h"
 #include "memory/cuda/driver.h"
 #include "memory/cuda/event_pool.h"
 #include "memory/cuda/runtime.h"
@@ -47,6 +50,11 @@ class CudaQueue final : public CopyQueue {
       if (!s.ok()) DMX_LOG_WARN("cuda:{} copy queue destroyed with copies in flight: {}", device_, s.to_string());
     }
     for (auto& [fence, ev] : pending_) pool_->release(ev);
+    if (scratch_ != nullptr) {
+      DeviceGuard guard(device_);
+      (void)cudaFree(scratch_);
+    }
+    if (results_ != nullptr) (void)cudaFreeHost(results_);
     // cudaStreamDestroy returns at once; work still queued completes first. During process exit the
     // runtime may already be unloading; the error is ignored then.
     (void)cudaStreamDestroy(stream_);
@@ -57,6 +65,29 @@ class CudaQueue final : public CopyQueue {
   }
   Status to_device(void* dev_dst, const void* host_src, size_t n) override {
     return copy(dev_dst, host_src, n, cudaMemcpyHostToDevice, "to_device");
+  }
+
+  // The kernel leaves the raw CRC in device scratch; a 4-byte copy brings it to a pinned slot per
+  // ticket. One scratch word suffices: the stream orders each checksum's reset, kernel and copy.
+  Result<uint64_t> checksum(const void* dev, size_t n) override {
+    DMX_RETURN_IF_ERROR(error_);
+    DeviceGuard guard(device_);  // kernels launch on the current device
+    DMX_RETURN_IF_ERROR(guard.status());
+    if (scratch_ == nullptr) {
+      DMX_CUDA_RETURN_IF_ERROR("cudaMalloc(crc scratch)", device_, cudaMalloc(reinterpret_cast<void**>(&scratch_), sizeof(uint32_t)));
+      DMX_CUDA_RETURN_IF_ERROR("cudaHostAlloc(crc results)", device_,
+                               cudaHostAlloc(reinterpret_cast<void**>(&results_), kChecksumsKept * sizeof(uint32_t), cudaHostAllocPortable));
+    }
+    Status s = cuda::launch_crc32c(dev, n, scratch_, stream_);
+    if (!s.ok()) return fail(std::move(s));
+    uint64_t ticket = ++tickets_;
+    lengths_[ticket % kChecksumsKept] = n;
+    DMX_RETURN_IF_ERROR(copy(&results_[ticket % kChecksumsKept], scratch_, sizeof(uint32_t), cudaMemcpyDeviceToHost, "crc"));
+    return ticket;
+  }
+  uint32_t checksum_result(uint64_t ticket) const override {
+    size_t i = ticket % kChecksumsKept;
+    return crc32c::from_raw(results_[i], lengths_[i]);
   }
 
   Result<uint64_t> record() override {
@@ -139,6 +170,10 @@ class CudaQueue final : public CopyQueue {
   std::deque<std::pair<uint64_t, cudaEvent_t>> pending_;  // recorded, not yet seen complete
   uint64_t recorded_ = 0;
   uint64_t completed_ = 0;
+  uint32_t* scratch_ = nullptr;  // device; made at the first checksum
+  uint32_t* results_ = nullptr;  // pinned, kChecksumsKept slots
+  std::array<uint64_t, kChecksumsKept> lengths_{};
+  uint64_t tickets_ = 0;
   Status error_;  // sticky: after a device error every call fails with it
 };
 

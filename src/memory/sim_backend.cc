@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "core/sys.h"
+#include "core/crc32c.h"
 #include "memory/backend.h"
 
 namespace dmx {
@@ -92,6 +94,13 @@ class SimQueue final : public CopyQueue {
     DMX_RETURN_IF_ERROR(push(Task{nullptr, nullptr, 0, fence}));
     return fence;
   }
+  Result<uint64_t> checksum(const void* dev, size_t n) override {
+    DMX_ASSIGN_OR_RETURN(char* src, sim_map().translate(dev, n));
+    uint64_t ticket = ++tickets_;
+    DMX_RETURN_IF_ERROR(push(Task{nullptr, src, n, 0, ticket}));
+    return ticket;
+  }
+  uint32_t checksum_result(uint64_t ticket) const override { return results_[ticket % kChecksumsKept]; }
   Result<bool> done(uint64_t fence) override { return completed_.load(std::memory_order_acquire) >= fence; }
   Status wait(uint64_t fence, Deadline deadline) override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -109,7 +118,8 @@ class SimQueue final : public CopyQueue {
     void* dst;
     const void* src;
     size_t n;
-    uint64_t fence;  // nonzero: a fence marker
+    uint64_t fence;       // nonzero: a fence marker
+    uint64_t ticket = 0;  // nonzero: a checksum of src into results_
   };
   Status push(Task t) {
     {
@@ -127,7 +137,9 @@ class SimQueue final : public CopyQueue {
       Task t = tasks_.front();
       tasks_.pop_front();
       lock.unlock();
-      if (t.fence == 0) {
+      if (t.ticket != 0) {
+        results_[t.ticket % kChecksumsKept] = crc32c::of(t.src, t.n);
+      } else if (t.fence == 0) {
         std::memcpy(t.dst, t.src, t.n);
       }
       lock.lock();
@@ -143,6 +155,9 @@ class SimQueue final : public CopyQueue {
   std::deque<Task> tasks_;
   bool stop_ = false;
   uint64_t recorded_ = 0;  // owner thread only
+  uint64_t tickets_ = 0;   // owner thread only
+  // Written by the worker before it completes the next fence (release), read after (acquire).
+  std::array<uint32_t, kChecksumsKept> results_{};
   std::atomic<uint64_t> completed_{0};
   std::thread worker_;  // last: starts after the members above exist
 };
