@@ -41,6 +41,8 @@ struct EndpointStats {
   std::string transport;  // the data paths in use: "tcp", "shm", "cuda_ipc", "shm+cuda_ipc"
   std::string reason;     // why that path was chosen
   std::string control_stream;  // what stream 0 (control frames) runs on: "tcp" or "shm pipe"
+  bool checksum = false;        // every chunk carries its CRC32C (either side set checksum=crc32c)
+  uint64_t checksum_errors = 0;  // chunks whose landed bytes did not match (each failed its operation)
   std::string peer;
   uint32_t streams = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;  // payload bytes on the wire

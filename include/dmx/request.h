@@ -50,6 +50,10 @@ class Request {
   Status status() const;
   size_t bytes() const;
   uint64_t tag() const;  // receive: the tag of the matched message
+  // The CRC32C (Castagnoli) of the bytes the operation moved, when the endpoint checksums
+  // (setting checksum=crc32c on either side), else 0. Both sides of a transfer report the same
+  // value: the sender's from its source, the receiver's from what landed, chunk by chunk.
+  uint32_t crc32c() const;
   // Asks for completion with Code::kCancelled. Has no effect after completion; an operation
   // whose data is already on its way may still complete successfully.
   void cancel() const;

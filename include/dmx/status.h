@@ -35,6 +35,7 @@ enum class Code : unsigned char {
   kTruncated,          // a message larger than the posted buffer
   kResourceExhausted,  // a bounded resource ran out
   kPeerFailed,         // the peer reported an error, died or went silent
+  kDataLoss,           // bytes arrived corrupted: a chunk's checksum did not match (checksum=crc32c)
   kInternal,           // a bug in dmx; stays last (dmx/metrics.h sizes arrays by it)
 };
 

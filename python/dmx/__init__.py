@@ -15,7 +15,7 @@ See docs/python.md.
 """
 from . import _dmx
 from ._aio import _await
-from ._errors import (AuthError, CancelledError, ClosedError, Error, InternalError,
+from ._errors import (AuthError, CancelledError, ClosedError, DataLossError, Error, InternalError,
                       InvalidArgumentError, IoError, NotFoundError, OutOfRangeError,
                       PeerFailedError, ProtocolError, ResourceExhaustedError, TimeoutError,
                       TruncatedError, UnavailableError)
@@ -27,7 +27,7 @@ __version__ = build_info()["version"]
 
 __all__ = [
     "ANY_TAG", "Context", "Endpoint", "Future", "Listener", "Notification", "Registration",
-    "RemoteRegion", "build_info", "Error", "AuthError", "CancelledError", "ClosedError",
+    "RemoteRegion", "build_info", "Error", "AuthError", "CancelledError", "ClosedError", "DataLossError",
     "InternalError", "InvalidArgumentError", "IoError", "NotFoundError", "OutOfRangeError",
     "PeerFailedError", "ProtocolError", "ResourceExhaustedError", "TimeoutError",
     "TruncatedError", "UnavailableError",

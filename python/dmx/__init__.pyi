@@ -2,7 +2,7 @@
 from typing import Any, Generator, Optional, Union
 
 from ._errors import (AuthError as AuthError, CancelledError as CancelledError,
-                      ClosedError as ClosedError, Error as Error, InternalError as InternalError,
+                      ClosedError as ClosedError, DataLossError as DataLossError, Error as Error, InternalError as InternalError,
                       InvalidArgumentError as InvalidArgumentError, IoError as IoError,
                       NotFoundError as NotFoundError, OutOfRangeError as OutOfRangeError,
                       PeerFailedError as PeerFailedError, ProtocolError as ProtocolError,

@@ -67,6 +67,10 @@ class PeerFailedError(Error, ConnectionError):
     code = "peer failed"
 
 
+class DataLossError(Error):
+    code = "data loss"
+
+
 class InternalError(Error):
     code = "internal error"
 
@@ -74,7 +78,7 @@ class InternalError(Error):
 # Indexed by dmx::Code (0 is kOk).
 _BY_CODE = (Error, InvalidArgumentError, NotFoundError, UnavailableError, TimeoutError,
             CancelledError, ClosedError, ProtocolError, AuthError, IoError, OutOfRangeError,
-            TruncatedError, ResourceExhaustedError, PeerFailedError, InternalError)
+            TruncatedError, ResourceExhaustedError, PeerFailedError, DataLossError, InternalError)
 
 
 def _from_status(code, message, origin, peer, text):

@@ -38,21 +38,11 @@ inline uint32_t combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
   return multiply(zeros_operator(len_b), crc_a) ^ crc_b;
 }
 
-// A transfer's CRC folded from its chunks in any order: each chunk adds its raw CRC moved to the
-// transfer's end. Both sides of a transfer fold the same chunks to the same value.
-class Fold {
- public:
-  explicit Fold(uint64_t total = 0) : total_(total) {}
-  // A chunk of `len` bytes at `offset` whose standard CRC is `crc`. offset + len <= total.
-  void add(uint64_t offset, uint64_t len, uint32_t crc) {
-    raw_ ^= shift(to_raw(crc, len), total_ - offset - len);
-  }
-  uint32_t value() const { return from_raw(raw_, total_); }
-  uint64_t total() const { return total_; }
-
- private:
-  uint64_t total_;
-  uint32_t raw_ = 0;
-};
+// A transfer's CRC folded from its chunks in any order: `acc` (a raw CRC, 0 to start) takes the
+// chunk of `len` bytes at `offset` of a `total`-byte transfer whose standard CRC is `crc`, moved to
+// the transfer's end; from_raw(acc, total) is the transfer's CRC once every chunk was folded.
+inline uint32_t fold(uint32_t acc, uint64_t total, uint64_t offset, uint64_t len, uint32_t crc) {
+  return acc ^ shift(to_raw(crc, len), total - offset - len);
+}
 
 }  // namespace dmx::crc32c

@@ -20,6 +20,7 @@ std::string_view code_name(Code code) {
     case Code::kTruncated: return "truncated";
     case Code::kResourceExhausted: return "resource exhausted";
     case Code::kPeerFailed: return "peer failed";
+    case Code::kDataLoss: return "data loss";
     case Code::kInternal: return "internal error";
   }
   return "unknown";

@@ -73,6 +73,10 @@ Result<EngineParams> params_from(const Config& c) {
   if (sb > (1u << 30)) return Status(Code::kInvalidArgument, "socket_buffer must be at most 1G");
   p.socket_buffer = static_cast<int>(sb);
   p.transport = c.get_string("transport");
+  std::string checksum = c.get_string("checksum");
+  if (checksum != "none" && checksum != "crc32c")
+    return Status(Code::kInvalidArgument, fmt::format("checksum must be none or crc32c (got '{}')", checksum));
+  p.checksum = checksum == "crc32c";
   p.busy_poll = c.get_duration("busy_poll");
   for (const auto& item : c.items())  // an explicit value is always honoured; the default adapts
     if (item.entry->name == "busy_poll" && item.source == "default" && std::thread::hardware_concurrency() < 8)
@@ -377,6 +381,12 @@ Status Request::status() const {
   if (!test()) return Status(Code::kInternal, "the operation has not completed yet");
   std::lock_guard<std::mutex> lock(op_->mu);
   return op_->final_status;
+}
+
+uint32_t Request::crc32c() const {
+  if (!test()) return 0;
+  std::lock_guard<std::mutex> lock(op_->mu);
+  return op_->final_crc;
 }
 
 size_t Request::bytes() const {

@@ -70,6 +70,7 @@ struct EngineParams {
   int socket_buffer = 0;
   std::chrono::microseconds busy_poll{50};
   std::string transport = "auto";
+  bool checksum = false;  // ask for per-chunk CRC32C (wire::Checksum)
 };
 
 // Places TCP staging memory with the p2p-memory orchestrator: pinned host pools, one per NUMA node,

@@ -30,6 +30,7 @@ wire::Hello make_hello(const ContextImpl& ctx, wire::Role role) {
   h.hostname = ctx.hostname().substr(0, 255);
   h.pid = static_cast<uint32_t>(::getpid());
   h.peer_timeout_ms = static_cast<uint32_t>(std::min<int64_t>(p.peer_timeout.count() / 1000, UINT32_MAX));
+  h.checksum = static_cast<uint8_t>(p.checksum ? wire::Checksum::kCrc32c : wire::Checksum::kNone);
   return h;
 }
 
@@ -52,6 +53,7 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
   s.streams = server.streams;
   s.chunk_size = server.chunk_size;
   s.peer = peer;
+  s.checksum = std::max(client.checksum, server.checksum) == static_cast<uint8_t>(wire::Checksum::kCrc32c);
   PeerPair pair = peer_pair(client, server);
   DMX_ASSIGN_OR_RETURN(s.agreed, agree(ctx, client, server));
   const std::string& forced = ctx.params().transport;

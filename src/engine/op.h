@@ -59,6 +59,7 @@ struct OpState {
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point posted;  // for the latency metric
   uint32_t via = 0;          // path bits (1 << path id) of the paths that carried its bytes (metrics)
+  uint32_t crc_raw = 0;      // with checksums: its chunks' CRCs folded (crc32c::fold)
   Callback callback;
 
   // Completion, readable without the endpoint's mutex.
@@ -67,6 +68,7 @@ struct OpState {
   std::condition_variable cv;
   Status final_status;
   size_t final_bytes = 0;
+  uint32_t final_crc = 0;
   uint64_t matched_tag = 0;
 };
 

@@ -13,6 +13,7 @@ HeaderBytes encode_header(const FrameHeader& h) {
   b[5] = h.flags;
   b[6] = h.path;
   put_u32(b.data() + 8, h.payload_len);
+  put_u32(b.data() + 12, h.crc);
   put_u64(b.data() + 16, h.id);
   put_u64(b.data() + 24, h.a0);
   put_u64(b.data() + 32, h.a1);
@@ -85,7 +86,8 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   h.type = static_cast<FrameType>(b[4]);
   h.flags = b[5];
   h.path = b[6];
-  if (b[7] != 0 || get_u32(b + 12) != 0)
+  h.crc = get_u32(b + 12);
+  if (b[7] != 0 || (h.crc != 0 && (h.flags & kFlagChecksum) == 0))
     return Status(Code::kProtocol, "reserved header fields are not zero");
   h.payload_len = get_u32(b + 8);
   h.id = get_u64(b + 16);
@@ -96,6 +98,7 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   DMX_ASSIGN_OR_RETURN(uint32_t max, max_payload(h.type, limits));
   bool data = h.type == FrameType::kSendData || h.type == FrameType::kWriteData || h.type == FrameType::kReadData;
   uint8_t allowed_flags = h.type == FrameType::kWriteData ? kFlagNotify : 0;
+  if (carries_data(h.type)) allowed_flags |= kFlagChecksum;
   if ((h.flags & ~allowed_flags) != 0)
     return Status(Code::kProtocol, fmt::format("{} frame has unknown flags 0x{:02x}", frame_type_name(h.type), h.flags));
   // EAGER may name a path too: the receiver copies the message out of the sender's memory.
@@ -112,8 +115,9 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
 }
 
 std::string describe(const FrameHeader& h) {
-  return fmt::format("{}(id={}, a0={}, a1={}, a2={}, len={}{})", frame_type_name(h.type), h.id, h.a0, h.a1, h.a2,
-                     h.payload_len, h.path != 0 ? fmt::format(", path={}", h.path) : "");
+  return fmt::format("{}(id={}, a0={}, a1={}, a2={}, len={}{}{})", frame_type_name(h.type), h.id, h.a0, h.a1, h.a2,
+                     h.payload_len, h.path != 0 ? fmt::format(", path={}", h.path) : "",
+                     (h.flags & kFlagChecksum) ? fmt::format(", crc32c={:08x}", h.crc) : "");
 }
 
 }  // namespace dmx::wire

@@ -10,7 +10,7 @@
 //                       is that path's descriptor of the chunk (≤ kMaxPathDescriptor bytes)
 //   7  u8  reserved     must be 0
 //   8  u32 payload_len  bytes that follow the header
-//   12 u32 reserved     must be 0
+//   12 u32 crc32c       with kFlagChecksum: the CRC32C of the chunk's bytes; else must be 0
 //   16 u64 id           message / operation / token id (meaning per type)
 //   24 u64 a0, 32 u64 a1, 40 u64 a2, 48 u64 a3   arguments (meaning per type, see docs/wire.md)
 #pragma once
@@ -26,7 +26,7 @@
 namespace dmx::wire {
 
 inline constexpr uint32_t kMagic = 0x31584d44;  // bytes 'D' 'M' 'X' '1'
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHeaderSize = 56;
 inline constexpr uint32_t kMaxControlPayload = 4096;  // handshake, ack texts, reject reasons
 
@@ -57,7 +57,8 @@ enum class FrameType : uint8_t {
 };
 
 enum FrameFlags : uint8_t {
-  kFlagNotify = 1,  // kWriteData: deliver a notification to the target when the write has landed
+  kFlagNotify = 1,    // kWriteData: deliver a notification to the target when the write has landed
+  kFlagChecksum = 2,  // data frames and EAGER: `crc` is the CRC32C of the payload's bytes
 };
 // kCts a1 (receiver) and kReadReq a3 (reader): bit k set = path k may carry chunks into the buffer
 // being filled. Only paths that reach some destinations and not others (devmem) are named; the
@@ -75,7 +76,13 @@ struct FrameHeader {
   uint64_t id = 0;
   uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
   uint8_t path = 0;  // 0: inline; k: the k-th agreed transport
+  uint32_t crc = 0;  // with kFlagChecksum
 };
+
+// Frames whose bytes a checksum covers: the data frames and EAGER.
+inline bool carries_data(FrameType t) {
+  return t == FrameType::kSendData || t == FrameType::kWriteData || t == FrameType::kReadData || t == FrameType::kEager;
+}
 
 using HeaderBytes = std::array<unsigned char, kHeaderSize>;
 

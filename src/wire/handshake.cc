@@ -107,6 +107,7 @@ std::vector<unsigned char> encode_hello(const Hello& h) {
     w.u16(static_cast<uint16_t>(o.descriptor.size()));
     w.bytes(o.descriptor.data(), o.descriptor.size());
   }
+  w.u8(h.checksum);
   return w.take();
 }
 
@@ -146,7 +147,10 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
     r.bytes(o.descriptor.data(), o.descriptor.size());
     h.offers.push_back(std::move(o));
   }
+  h.checksum = r.u8();
   DMX_RETURN_IF_ERROR(r.finish("HELLO"));
+  if (h.checksum > static_cast<uint8_t>(Checksum::kCrc32c))
+    return Status(Code::kProtocol, fmt::format("HELLO: unknown checksum {}", h.checksum));
   for (size_t i = 0; i < h.offers.size(); ++i) {
     const std::string& name = h.offers[i].name;
     bool ok = !name.empty();

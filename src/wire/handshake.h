@@ -32,6 +32,9 @@ inline constexpr uint32_t kMinChunk = 64 << 10;
 inline constexpr uint32_t kMaxChunk = 64 << 20;
 inline constexpr uint64_t kMaxUnexpectedBudget = uint64_t{1} << 40;  // 1 TiB: sums of it cannot wrap
 
+// Per-chunk end-to-end checksums (docs/wire.md, "Checksums").
+enum class Checksum : uint8_t { kNone = 0, kCrc32c = 1 };
+
 struct Hello {
   uint16_t version = 0;
   Role role = Role::kClient;
@@ -54,6 +57,8 @@ struct Hello {
   // registry's order. The TCP streams are always there and not listed.
   std::vector<Offer> offers;
   const Offer* offer(std::string_view name) const;
+  // What this side asks of every data chunk (Checksum); the endpoint uses the stronger of the two.
+  uint8_t checksum = 0;
 };
 
 struct Join {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/clock.h"
+#include "core/crc32c.h"
 #include "core/sys.h"
 #include "engine/test_util.h"
 #include "transport/conformance.h"
@@ -113,6 +114,64 @@ TEST_P(Conformance, SendRecvMultiGiB) {
   Pair p = connect();
   ASSERT_TRUE(p.client.valid() && p.server.valid());
   ASSERT_NO_FATAL_FAILURE(send_and_check(p, (size_t{2} << 30) + 4099, 1));
+}
+
+// checksum=crc32c on one side turns it on for both: every chunk carries its CRC, each side folds
+// them into the operation's CRC, and both equal the CPU's CRC of the source bytes.
+TEST_P(Conformance, ChecksumsCoverEveryChunkAndBothSidesAgree) {
+  Options with = suite_options();
+  with.set("checksum", "crc32c");
+  Pair p;
+  {
+    auto s = GetParam().make_context(0, suite_options());
+    auto c = GetParam().make_context(1, with);
+    ASSERT_TRUE(s.ok() && c.ok());
+    p.server_ctx = *s;
+    p.client_ctx = *c;
+    auto l = p.server_ctx.listen("tcp://127.0.0.1:0");
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    auto ce = p.client_ctx.connect(l->address());
+    ASSERT_TRUE(ce.ok()) << ce.status().to_string();
+    auto se = l->accept(10s);
+    ASSERT_TRUE(se.ok()) << se.status().to_string();
+    p.client = std::move(*ce);
+    p.server = std::move(*se);
+  }
+  const MemSpec mem = GetParam().mem;
+  const size_t big = kSanitized ? 8 * kChunk + 3 : (size_t{64} << 20) + 3;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{8}, size_t{4097}, kChunk + 1, 3 * kChunk + 7, big}) {
+    Filled src = filled(mem, n + 3);
+    Buffer dst = poisoned(mem, n + 10);
+    Request r = p.server.recv(dst.region().sub(5, n), n);
+    Request s = p.client.send(src.buf.region().sub(3, n), n);
+    ASSERT_TRUE(s.wait(120s).ok()) << n << " B: " << s.status().to_string();
+    ASSERT_TRUE(r.wait(120s).ok()) << n << " B: " << r.status().to_string();
+    std::vector<unsigned char> got = read_back(dst.region());
+    ASSERT_TRUE(std::equal(src.data.begin() + 3, src.data.end(), got.begin() + 5)) << n << " B differ";
+    const uint32_t want = crc32c::of(src.data.data() + 3, n);
+    EXPECT_EQ(s.crc32c(), want) << n << " B, sender";
+    EXPECT_EQ(r.crc32c(), want) << n << " B, receiver";
+  }
+  // One-sided: the write's and the read's CRCs are those of the bytes they moved.
+  const size_t n = 2 * kChunk + 5;
+  Filled target = filled(mem, n + 7);
+  auto reg = p.server_ctx.register_memory(target.buf.region());
+  ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+  Filled src = filled(mem, n);
+  Request w = p.client.write(src.buf.region(), reg->remote(), 7);
+  ASSERT_TRUE(w.wait(60s).ok()) << w.status().to_string();
+  EXPECT_EQ(w.crc32c(), crc32c::of(src.data.data(), n));
+  Buffer back = poisoned(mem, n);
+  Request rd = p.client.read(back.region(), reg->remote(), 7);
+  ASSERT_TRUE(rd.wait(60s).ok()) << rd.status().to_string();
+  EXPECT_EQ(rd.crc32c(), crc32c::of(src.data.data(), n));
+  EXPECT_EQ(read_back(back.region()), src.data);
+  for (const Endpoint* e : {&p.client, &p.server}) {
+    EndpointStats st = e->stats();
+    EXPECT_TRUE(st.checksum);
+    EXPECT_EQ(st.checksum_errors, 0u);
+  }
+  EXPECT_GE(transport_bytes_received(p.server), big) << p.server.stats().reason;
 }
 
 TEST_P(Conformance, WriteAndReadWithTheLandedNotification) {

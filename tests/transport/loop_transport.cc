@@ -1,5 +1,6 @@
 #include "transport/loop_transport.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -12,6 +13,7 @@ namespace dmx::test {
 namespace {
 
 constexpr uint64_t kMaxChunk = 4 << 20;
+std::atomic<int> corrupt_next{0};
 
 bool host_memory(const MemSpec& m) { return m.kind == MemKind::kHost || m.kind == MemKind::kPinned; }
 
@@ -99,6 +101,8 @@ class LoopPath final : public PayloadPath {
         s = Status(Code::kUnavailable, "loop path: reaches host memory only");
       else if (j.dst.ptr != nullptr)
         copy_from_peer(j.dst.ptr, j.src, j.len);
+      if (j.dst.ptr != nullptr && j.len > 0 && corrupt_next.load() > 0 && corrupt_next.fetch_sub(1) > 0)
+        static_cast<unsigned char*>(j.dst.ptr)[j.len / 2] ^= 0x40;
       ++stats_.chunks_received;
       stats_.bytes_received += j.len;
       ++stats_.host_copies;
@@ -151,6 +155,8 @@ class LoopTransport final : public Transport {
 };
 
 }  // namespace
+
+void corrupt_loop_chunks(int n) { corrupt_next.store(n); }
 
 std::shared_ptr<Transport> make_loop_transport() { return std::make_shared<LoopTransport>(); }
 

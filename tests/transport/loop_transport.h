@@ -13,4 +13,7 @@ namespace dmx::test {
 
 std::shared_ptr<Transport> make_loop_transport();
 
+// The next `n` chunks the loop path moves land with one bit flipped (checksum tests).
+void corrupt_loop_chunks(int n);
+
 }  // namespace dmx::test

@@ -41,6 +41,7 @@ struct Session {
   TransportList agreed;           // path id k is agreed[k - 1]
   std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
   std::string reason;
+  bool checksum = false;  // every data chunk carries its CRC32C (either side asked)
 };
 
 class EndpointImpl final : public tcp::StreamHost,
@@ -105,6 +106,7 @@ class EndpointImpl final : public tcp::StreamHost,
       // was raised for it; for an EAGER, where the message lands (plan_eager).
       int host_tag = 0;
       std::shared_ptr<void> ctx;
+      MemRegion dst;  // where the path puts the bytes (null: dropped); checked with checksums
     };
     std::unordered_map<uint64_t, Tx> tx;
     std::unordered_map<uint64_t, Rx> rx;
@@ -135,6 +137,8 @@ class EndpointImpl final : public tcp::StreamHost,
     std::vector<unsigned char> data;
     std::shared_ptr<OpState> waiting;  // a recv that claimed it before its payload landed
     uint32_t via = 0;                  // OpState::via of the path that brought it
+    uint32_t crc = 0;                  // with checksums: the message's CRC32C
+    Status corrupt;                    // its bytes failed their checksum: the recv fails with it
   };
   // The target side of a peer's write.
   struct InWrite {
@@ -223,20 +227,39 @@ class EndpointImpl final : public tcp::StreamHost,
   void stop_paths();
   static EndpointStats::PathUse path_use(const PayloadPath& p);
 
+  // Checksums (endpoint/checksum.cc). A data frame carries its CRC32C exactly when the session
+  // agreed checksums (a protocol error otherwise). Caller holds mu_ unless said.
+  Status check_flag(const wire::FrameHeader& h) const;
+  // The landed bytes' CRC against the header's: ok, or kDataLoss (counted, logged at most once a
+  // second).
+  Status verify(const wire::FrameHeader& h, uint32_t landed);
+  // Without mu_: the CRC of a path chunk's landed bytes against its header (device memory: on the
+  // device, waiting for it).
+  Status verify_path_chunk(const wire::FrameHeader& h, const MemRegion& dst);
+  // Folds a chunk's CRC into its operation's (OpState::crc_raw).
+  static void fold_chunk(OpState& op, uint64_t offset, uint64_t len, uint32_t crc);
+  // Sender: the offset within its operation of a data frame's chunk.
+  static uint64_t chunk_offset(const OpState& op, const wire::FrameHeader& h);
+  // Sender: stamps a path chunk's header with the source's CRC, computed now.
+  Status stamp_path_chunk(const MemRegion& src, wire::FrameHeader* h);
+
   // Receive side (endpoint/rx.cc, matching.cc, one_sided.cc).
   // `len`: the message length (the frame's payload, or what a path's descriptor announced).
   Result<tcp::RxPlan> plan_eager(const wire::FrameHeader& h, uint64_t len);
   // An eager message's bytes are in place (plan_eager's host_tag and ctx); `via`: the path bits
-  // that carried it (OpState::via). Caller holds mu_.
-  void eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, uint32_t via = 0);
+  // that carried it (OpState::via); `h`: its header (checksum). `integrity`: not ok when the bytes
+  // failed their checksum. Caller holds mu_.
+  void eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, const wire::FrameHeader& h,
+                    uint32_t via = 0, const Status& integrity = Status());
   Status on_rts(const wire::FrameHeader& h);
   void accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_t msg, uint64_t size, uint64_t tag);
   // `len`: the chunk's length (the frame's payload, or what a path's descriptor announced).
   Result<tcp::RxPlan> plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const wire::FrameHeader& h,
                                    uint64_t offset, uint64_t total, uint64_t len, std::string_view what);
   // `moved`: whether the bytes reached the buffer (a path may fail a chunk).
-  Status land_inbound(std::unordered_map<uint64_t, Inbound>& map, uint64_t key, uint64_t len, bool counted,
-                      const Status& moved = Status());
+  // `h`: the chunk's header (id: the map's key; a0: its offset; crc).
+  Status land_inbound(std::unordered_map<uint64_t, Inbound>& map, const wire::FrameHeader& h, uint64_t len,
+                      bool counted, const Status& moved = Status());
   Status on_cts(const wire::FrameHeader& h);
   Result<tcp::RxPlan> plan_write(const wire::FrameHeader& h, uint64_t len);
   void land_write(const wire::FrameHeader& h, uint64_t len, const Status& moved = Status());
@@ -316,6 +339,7 @@ class EndpointImpl final : public tcp::StreamHost,
   struct Counters {
     uint64_t messages_sent = 0, messages_received = 0, eager = 0, rendezvous = 0, writes = 0, reads = 0;
     uint64_t host_copies = 0, host_copy_bytes = 0;
+    uint64_t checksum_errors = 0;
   } counters_;
 };
 

@@ -3,6 +3,7 @@
 
 #include <bit>
 
+#include "core/crc32c.h"
 #include "core/log.h"
 #include "core/trace.h"
 #include "core/units.h"
@@ -38,6 +39,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     sc.peer_timeout = p.peer_timeout;
     sc.peer = ep->session_.peer;
     sc.busy_poll = p.busy_poll;
+    sc.checksum = ep->session_.checksum;
     ep->streams_.push_back(std::make_unique<tcp::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
   }
   DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
@@ -131,6 +133,7 @@ void EndpointImpl::deliver() {
         std::lock_guard<std::mutex> g(op->mu);
         op->final_status = s;
         op->final_bytes = bytes;
+        op->final_crc = s.ok() && session_.checksum ? crc32c::from_raw(op->crc_raw, bytes) : 0;
         op->matched_tag = op->tag;
       }
       if (op->callback) op->callback(s, bytes);
@@ -328,6 +331,8 @@ EndpointStats EndpointImpl::stats() const {
   s.reads = counters_.reads;
   s.host_copies = counters_.host_copies;
   s.host_copy_bytes = counters_.host_copy_bytes;
+  s.checksum = session_.checksum;
+  s.checksum_errors = counters_.checksum_errors;
   return s;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/checked.h"
+#include "core/crc32c.h"
 #include "core/log.h"
 #include "core/trace.h"
 #include "engine/endpoint/endpoint_impl.h"
@@ -49,18 +50,22 @@ Status EndpointImpl::check_new_msg(uint64_t msg) {
   return Status();
 }
 
-void EndpointImpl::eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, uint32_t via) {
+void EndpointImpl::eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, const FrameHeader& h,
+                                uint32_t via, const Status& integrity) {
   if (host_tag == kTagEagerMatched) {
     auto op = std::static_pointer_cast<OpState>(ctx);
     op->via |= via;
     op->done = len;
+    op->crc_raw = crc32c::to_raw(h.crc, len);
     --op->inflight;
     if (op->phase == OpPhase::kStopping) settle_stopped(op);
-    else finish(*op, Status());
+    else finish(*op, integrity);
   } else if (host_tag == kTagEagerUnexpected) {
     auto u = std::static_pointer_cast<Unexpected>(ctx);
     u->landed = true;
     u->via = via;
+    u->crc = h.crc;
+    u->corrupt = integrity;
     if (u->waiting) {
       auto op = u->waiting;
       Status s = consume_unexpected(u, op);
@@ -131,10 +136,12 @@ Status EndpointImpl::consume_unexpected(const std::shared_ptr<Unexpected>& u, co
     send_ack(u->msg, wire::OpKind::kSend, s);
     return s;
   }
+  if (!u->corrupt.ok()) return u->corrupt;
   if (u->size > 0) DMX_RETURN_IF_ERROR(copy_memory(op->region.sub(0, u->size), MemRegion{u->data.data(), u->size, {}}));
   ++counters_.host_copies;
   counters_.host_copy_bytes += u->size;
   op->total = op->done = u->size;
+  op->crc_raw = crc32c::to_raw(u->crc, u->size);
   finish(*op, Status());
   return Status();
 }
@@ -153,8 +160,9 @@ bool EndpointImpl::take_after_close(const std::shared_ptr<OpState>& op) {
   op->tag = u->tag;
   op->id = u->msg;
   op->via |= u->via;
-  Status s;
-  if (u->size > op->region.size)
+  Status s = u->corrupt;
+  if (!s.ok()) {
+  } else if (u->size > op->region.size)
     s = Status(Code::kTruncated,
                fmt::format("a message of {} bytes does not fit the {}-byte receive buffer", u->size, op->region.size));
   else if (u->size > 0)
@@ -163,6 +171,7 @@ bool EndpointImpl::take_after_close(const std::shared_ptr<OpState>& op) {
     ++counters_.host_copies;
     counters_.host_copy_bytes += u->size;
     op->total = op->done = u->size;
+    op->crc_raw = crc32c::to_raw(u->crc, u->size);
   }
   finish(*op, s);
   return true;

@@ -87,6 +87,8 @@ Status EndpointImpl::post_path_chunk(PathState& ps, Transfer& t, uint64_t len, t
                                                  taken.ok() ? std::to_string(*taken) : taken.status().message(), len));
     len = *taken;
   }
+  DMX_RETURN_IF_ERROR(stamp_path_chunk(MemRegion{const_cast<char*>(t.src) + t.next, len, t.where}, &out->header));
+  if (session_.checksum) fold_chunk(op, chunk_offset(op, out->header), len, out->header.crc);
   ++ps.tx_seq;
   ps.tx[seq] = PathState::Tx{t.op, len};
   out->header.path = ps.id;
@@ -133,7 +135,7 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
   uint64_t seq = ps.rx_seq++;
   MemRegion dst{nullptr, *len, {}};
   if (plan->kind != tcp::RxPlan::Kind::kDiscard) dst = MemRegion{plan->dst, *len, plan->where};
-  ps.rx[seq] = PathState::Rx{h, *len, plan->host_tag, plan->ctx};
+  ps.rx[seq] = PathState::Rx{h, *len, plan->host_tag, plan->ctx, dst};
   DMX_TRACE_POINT("path_hdr.post_rx");
   // The small-chunk lane only for a chunk with nothing behind it on its stream (this runs on that
   // stream's worker): a burst of chunks goes to the path's thread, whose copies overlap, instead
@@ -152,12 +154,17 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
     if (eager)
       return Status(s.code(), fmt::format("an eager message by {} could not be taken: {}", name, s.message()));
     if (h.type == FrameType::kWriteData) land_write(h, *len, s);
-    else return land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h.id, *len, plan->host_tag != 0, s);
+    else return land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h, *len, plan->host_tag != 0, s);
     return Status();
   }
   if (*now) {  // moved already (the small-chunk lane): settle it here, as on_path_rx_done would
     DMX_TRACE_POINT("rx.inline");
-    *now_done = settle_path_rx(ps.id, seq, Status());
+    Status integrity;
+    if (session_.checksum && dst.ptr != nullptr) {  // small: checked under the lock
+      auto landed = checksum_memory(dst.where, dst.ptr, dst.size, Deadline::after(std::chrono::seconds(30)));
+      integrity = landed.ok() ? verify(h, *landed) : landed.status();
+    }
+    *now_done = settle_path_rx(ps.id, seq, integrity);
     return now_done->status;
   }
   DMX_TRACE_POINT("rx.posted");
@@ -176,8 +183,9 @@ EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(uint8_t path, uint64_t 
   const FrameHeader& h = rx.header;
   if (h.type == FrameType::kEager) {
     // A failed copy of an eager message has no one to tell but this side: fail the endpoint.
-    if (s.ok())
-      eager_landed(rx.host_tag, rx.ctx, rx.len, path_bit(path));
+    // Corrupt bytes fail the receive only, as inline ones do.
+    if (s.ok() || s.code() == Code::kDataLoss)
+      eager_landed(rx.host_tag, rx.ctx, rx.len, h, path_bit(path), s);
     else
       out.status =
           Status(s.code(), fmt::format("an eager message by {} was not copied: {}", ps.path->name(), s.message()));
@@ -188,7 +196,7 @@ EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(uint8_t path, uint64_t 
     auto& inbound = h.type == FrameType::kSendData ? tokens_ : reads_;
     if (auto in = inbound.find(h.id); in != inbound.end() && in->second.op)
       in->second.op->via |= path_bit(path);
-    out.status = land_inbound(inbound, h.id, rx.len, rx.host_tag != 0, s);
+    out.status = land_inbound(inbound, h, rx.len, rx.host_tag != 0, s);
   }
   out.release = ps.path->receiver_releases() && status_.ok();
   out.path = path;
@@ -244,11 +252,25 @@ void EndpointImpl::on_path_tx_done(uint8_t path, uint64_t seq, const Status& s) 
 
 void EndpointImpl::on_path_rx_done(uint8_t path, uint64_t seq, const Status& s) {
   DMX_TRACE_POINT("rx.done");
+  Status integrity;
+  if (session_.checksum && s.ok()) {  // the landed bytes against the header, outside the lock
+    FrameHeader h;
+    MemRegion dst;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (PathState* ps = path_state(path))
+        if (auto it = ps->rx.find(seq); it != ps->rx.end()) {
+          h = it->second.header;
+          dst = it->second.dst;
+        }
+    }
+    if (dst.ptr != nullptr) integrity = verify_path_chunk(h, dst);
+  }
   PathRxSettled settled;
   {
     std::lock_guard<std::mutex> lock(mu_);
     DMX_TRACE_POINT("rx.done.locked");
-    settled = settle_path_rx(path, seq, s.ok() ? s : chunk_failure(s));
+    settled = settle_path_rx(path, seq, !s.ok() ? chunk_failure(s) : integrity);
     DMX_TRACE_POINT("rx.done.settled");
   }
   DMX_TRACE_POINT("rx.landed");

@@ -27,6 +27,7 @@ tcp::RxPlan EndpointImpl::plan_into(const MemRegion& dst, std::shared_ptr<void> 
 Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
   std::lock_guard<std::mutex> lock(mu_);
   DMX_TRACE_POINT("on_header.locked");
+  if (wire::carries_data(h.type)) DMX_RETURN_IF_ERROR(check_flag(h));
   switch (h.type) {
     case FrameType::kEager:
       if (h.path != 0) {  // the payload is the path's descriptor of the message
@@ -74,10 +75,12 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
   {
     std::lock_guard<std::mutex> lock(mu_);
     DMX_TRACE_POINT("on_landed.locked");
+    // An inline chunk's bytes that the stream checked: a mismatch fails its operation only.
+    Status integrity = plan.crc_checked ? verify(h, plan.landed_crc) : Status();
     switch (h.type) {
       case FrameType::kEager:
         if (h.path != 0) st = on_path_header(stream, h, plan.control, &moved);
-        else eager_landed(plan.host_tag, plan.ctx, h.payload_len);
+        else eager_landed(plan.host_tag, plan.ctx, h.payload_len, h, 0, integrity);
         break;
       case FrameType::kRts: st = on_rts(h); break;
       case FrameType::kCts: st = on_cts(h); break;
@@ -86,11 +89,11 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
       case FrameType::kWriteData:
         if (h.path != 0) st = on_path_header(stream, h, plan.control, &moved);
         else if (h.type == FrameType::kSendData)
-          st = land_inbound(tokens_, h.id, h.payload_len, plan.host_tag == kTagCounted);
+          st = land_inbound(tokens_, h, h.payload_len, plan.host_tag == kTagCounted, integrity);
         else if (h.type == FrameType::kReadData)
-          st = land_inbound(reads_, h.id, h.payload_len, plan.host_tag == kTagCounted);
+          st = land_inbound(reads_, h, h.payload_len, plan.host_tag == kTagCounted, integrity);
         else {
-          land_write(h, h.payload_len);
+          land_write(h, h.payload_len, integrity);
           noted = h.flags & wire::kFlagNotify;
         }
         break;
@@ -151,17 +154,21 @@ Result<tcp::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, Inbo
   return p;
 }
 
-Status EndpointImpl::land_inbound(std::unordered_map<uint64_t, Inbound>& map, uint64_t key, uint64_t len,
+Status EndpointImpl::land_inbound(std::unordered_map<uint64_t, Inbound>& map, const FrameHeader& h, uint64_t len,
                                   bool counted, const Status& moved) {
-  auto it = map.find(key);
+  auto it = map.find(h.id);
   if (it == map.end()) return Status(Code::kInternal, "landed chunk of a forgotten transfer");
   Inbound& in = it->second;
   in.received += len;
   std::shared_ptr<OpState> op = in.op;
   if (counted && op) {
     --op->inflight;
-    if (moved.ok()) op->done += len;
-    else stop(op, moved);
+    if (moved.ok()) {
+      op->done += len;
+      if (session_.checksum) fold_chunk(*op, h.a0, len, h.crc);  // a0: the chunk's offset
+    } else {
+      stop(op, moved);
+    }
     if (op->phase == OpPhase::kStopping) settle_stopped(op);
   }
   if (in.received == in.expected) {

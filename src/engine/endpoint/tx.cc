@@ -102,6 +102,8 @@ void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {
   auto op = std::static_pointer_cast<OpState>(item.ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (session_.checksum && wire::carries_data(item.header.type))
+      fold_chunk(*op, chunk_offset(*op, item.header), item.len, item.header.crc);
     if (op->eager) {
       op->done = op->total;
       finish(*op, Status());

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/crc32c.h"
 #include "core/log.h"
 #include "core/reaper.h"
 #include "core/trace.h"
@@ -129,6 +130,9 @@ Status Stream::fill_pipeline(bool* progress) {
       item.slot = free_tx_slots_.back();
       free_tx_slots_.pop_back();
       DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(item.slot), item.src, item.len));
+      if (checks(item.header)) {
+        DMX_ASSIGN_OR_RETURN(item.crc_ticket, item.queue->checksum(item.src, item.len));
+      }
       DMX_ASSIGN_OR_RETURN(item.fence, item.queue->record());
       stats_.d2h_copies.fetch_add(1, std::memory_order_relaxed);
       stats_.d2h_bytes.fetch_add(item.len, std::memory_order_relaxed);
@@ -176,6 +180,7 @@ bool Stream::next_tx(TxItem** item) {
   }
   if (!writing_) return false;
   current_.header.payload_len = static_cast<uint32_t>(current_.len);
+  stamp(current_);
   cur_header_ = wire::encode_header(current_.header);
   cur_written_ = 0;
   *item = &current_;
@@ -189,6 +194,9 @@ Status Stream::stage_control(TxItem& item) {
   int slot = 2 * config_.slots;  // the reserved control slot
   DMX_TRACE_POINT("st.d2h");
   DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(slot), item.src, item.len));
+  if (checks(item.header)) {
+    DMX_ASSIGN_OR_RETURN(item.crc_ticket, item.queue->checksum(item.src, item.len));
+  }
   DMX_ASSIGN_OR_RETURN(uint64_t fence, item.queue->record());
   DMX_TRACE_POINT("st.d2h.issued");
   DMX_RETURN_IF_ERROR(item.queue->wait(fence, Deadline::after(std::chrono::seconds(30))));
@@ -198,6 +206,15 @@ Status Stream::stage_control(TxItem& item) {
   item.slot = slot;
   item.fence = 0;
   return Status();
+}
+
+// The bytes' CRC: the device's, computed beside the staging copy (its fence covers both), or the
+// CPU's over host memory, just before the bytes go out.
+void Stream::stamp(TxItem& item) const {
+  if (!checks(item.header)) return;
+  item.header.flags |= wire::kFlagChecksum;
+  if (item.crc_ticket != 0) item.header.crc = item.queue->checksum_result(item.crc_ticket);
+  else item.header.crc = crc32c::of(item.src, item.len);
 }
 
 Status Stream::step_tx(Io* io) {
@@ -289,17 +306,29 @@ Status Stream::finish_payload() {
     DMX_TRACE_POINT("st.h2d");
     DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));
     DMX_RETURN_IF_ERROR(q->to_device(rx_plan_.dst, slots_.at(rx_slot_), rx_.payload_len));
+    uint64_t ticket = 0;
+    if (checks(rx_) && (rx_.flags & wire::kFlagChecksum)) {
+      DMX_ASSIGN_OR_RETURN(ticket, q->checksum(rx_plan_.dst, rx_.payload_len));
+    }
     DMX_ASSIGN_OR_RETURN(uint64_t fence, q->record());
     DMX_TRACE_POINT("st.h2d.issued");
     stats_.h2d_copies.fetch_add(1, std::memory_order_relaxed);
     stats_.h2d_bytes.fetch_add(rx_.payload_len, std::memory_order_relaxed);
-    pending_rx_.push_back(PendingRx{rx_, std::move(rx_plan_), rx_slot_, fence, q});
+    pending_rx_.push_back(PendingRx{rx_, std::move(rx_plan_), rx_slot_, fence, q, ticket});
     rx_slot_ = -1;
     rx_plan_ = RxPlan();
     return Status();
   }
   RxPlan plan = std::move(rx_plan_);
   rx_plan_ = RxPlan();
+  if (checks(rx_) && (rx_.flags & wire::kFlagChecksum)) {
+    // Device payloads of zero bytes land here too: nothing moved, the CRC of nothing.
+    const void* landed = plan.kind == RxPlan::Kind::kControl ? plan.control.data() : plan.dst;
+    if (plan.kind == RxPlan::Kind::kHost || plan.kind == RxPlan::Kind::kControl || rx_.payload_len == 0) {
+      plan.crc_checked = true;
+      plan.landed_crc = rx_.payload_len == 0 ? 0 : crc32c::of(landed, rx_.payload_len);
+    }
+  }
   return host_->on_landed(config_.index, rx_, plan);
 }
 
@@ -316,6 +345,10 @@ Status Stream::reap_rx(bool block, bool* progress) {
     }
     PendingRx ready = std::move(p);
     pending_rx_.pop_front();
+    if (ready.crc_ticket != 0) {
+      ready.plan.crc_checked = true;
+      ready.plan.landed_crc = ready.queue->checksum_result(ready.crc_ticket);
+    }
     free_rx_slots_.push_back(ready.slot);
     *progress = true;
     DMX_TRACE_POINT("st.h2d.done");

@@ -52,6 +52,7 @@ struct TxItem {
   int slot = -1;
   uint64_t fence = 0;
   CopyQueue* queue = nullptr;
+  uint64_t crc_ticket = 0;  // the device computes the source's CRC32C (StreamConfig::checksum)
 };
 
 // Where an arriving payload goes.
@@ -69,6 +70,10 @@ struct RxPlan {
   std::vector<unsigned char> control;
   std::shared_ptr<void> ctx;  // the host's handle, given back in on_landed
   int host_tag = 0;           // the host's own marker, given back in on_landed
+  // With StreamConfig::checksum, for a frame with wire::kFlagChecksum and its bytes inline (kHost,
+  // kDevice, kControl): the CRC32C of the bytes as they landed, for the host to compare.
+  bool crc_checked = false;
+  uint32_t landed_crc = 0;
 };
 
 // What a stream needs from its endpoint. Called on the stream's worker thread, never while the
@@ -105,6 +110,9 @@ struct StreamConfig {
   // within the window costs no wake-up (latency), at the price of a busy core meanwhile.
   std::chrono::microseconds busy_poll{50};
   std::string peer;  // for messages
+  // Stamp every inline data frame and EAGER with the CRC32C of its bytes (computed by the device
+  // that holds them), and compute it over every such frame that lands (RxPlan::landed_crc).
+  bool checksum = false;
 };
 
 struct StreamStats {
@@ -155,6 +163,7 @@ class Stream {
     int slot;
     uint64_t fence;
     CopyQueue* queue;
+    uint64_t crc_ticket;  // nonzero: the device's CRC of the landed bytes
   };
   enum class Io { kProgress, kIdle, kBlocked };
 
@@ -170,6 +179,11 @@ class Stream {
   void drain();
   bool next_tx(TxItem** item);
   Status stage_control(TxItem& item);
+  // Sets the header's checksum of an inline data frame or EAGER (StreamConfig::checksum).
+  void stamp(TxItem& item) const;
+  bool checks(const wire::FrameHeader& h) const {
+    return config_.checksum && h.path == 0 && wire::carries_data(h.type);
+  }
   Status check_frame_budget(Clock::time_point now) const;
 
   const StreamConfig config_;
