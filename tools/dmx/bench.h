@@ -46,6 +46,7 @@ struct Plan {
   std::string peer_mem = "host";
   bool verify = false;
   uint64_t checksum = 0;  // send/write: the source's
+  uint32_t crc = 0;       // with --checksum crc32c, send/write: the source's CRC32C
   bool quit = false;      // the client is done with this endpoint
 };
 
@@ -55,6 +56,9 @@ struct Reply {
   RemoteRegion region;     // write/read: the server's registered memory (window slots of size)
   uint64_t checksum = 0;   // read: the server's data
   bool verified = false;   // after the run: every slot matched
+  uint32_t crc = 0;        // read: the CRC32C of the server's data
+  // After the run, with checksums: every operation of the server reported the plan's CRC32C.
+  bool crc_ok = true;
   std::string transport, reason;
   // After the run: the chunks the server's payload paths received so far (all sizes of the
   // session), and how many of them its small-chunk lane moved — the receive side of the
@@ -71,6 +75,8 @@ Result<Reply> reply_from_json(const std::string& s);
 uint64_t checksum(const unsigned char* p, size_t n);
 // Checksum of memory of any kind (copied to the host first when it is device memory).
 Result<uint64_t> checksum_region(const MemRegion& r);
+// The CRC32C of memory of any kind (copied to the host first when it is device memory).
+Result<uint32_t> crc32c_region(const MemRegion& r);
 // Fills a region of any kind with fresh random bytes; returns their checksum.
 Result<uint64_t> fill_random(const MemRegion& r);
 
@@ -89,6 +95,9 @@ struct Result1 {  // one size
   double seconds = 0;    // the throughput phase's wall time
   double gb_per_s = 0, msg_per_s = 0, p50_us = 0, p99_us = 0, p999_us = 0, cpu_pct = 0;
   bool verified = false;
+  // --checksum crc32c: every operation on both sides reported the CRC32C of the bytes it moved
+  // (the endpoint's per-chunk checksums, folded), equal to the source's.
+  bool checksum_ok = false;
   uint64_t peer_path_chunks_received = 0, peer_path_chunks_inline = 0;  // the server's (Reply)
   std::string error;
 };
@@ -100,6 +109,7 @@ struct ClientOptions {
   std::vector<uint64_t> sizes;
   uint32_t iters = 0;  // 0: chosen per size (both phases)
   bool verify = false;
+  bool checksum = false;  // the endpoint checksums every chunk (--checksum crc32c): check each op's CRC
   // Where run_size is, for a progress line another thread prints: "throughput" or "latency".
   std::atomic<const char*>* phase = nullptr;
 };

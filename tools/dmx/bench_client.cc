@@ -26,13 +26,15 @@ uint32_t auto_window(uint64_t size) {
   return static_cast<uint32_t>(std::clamp<uint64_t>(n, 2, 16));
 }
 
-// Posts `iters` operations keeping `window` in flight; `post(i)` starts operation i.
-template <typename Post>
-Status windowed(uint32_t iters, uint32_t window, Post post) {
+// Posts `iters` operations keeping `window` in flight; `post(i)` starts operation i; `done(r)`
+// sees each completed one.
+template <typename Post, typename Done>
+Status windowed(uint32_t iters, uint32_t window, Post post, Done done) {
   std::vector<Request> reqs(window);
   for (uint32_t i = 0; i < std::min(window, iters); ++i) reqs[i] = post(i);
   for (uint32_t i = 0; i < iters; ++i) {
     DMX_RETURN_IF_ERROR(reqs[i % window].wait());
+    done(reqs[i % window]);
     if (i + window < iters) reqs[i % window] = post(i + window);
   }
   return Status();
@@ -53,6 +55,7 @@ struct Phase {
   double secs = 0;          // the windowed operations
   std::vector<double> lat;  // microseconds, one per latency sample
   bool verified = false;
+  bool crc_ok = true;  // every operation's CRC32C was the expected one (ClientOptions::checksum)
   Reply final_reply;
 };
 
@@ -70,22 +73,26 @@ Result<Phase> run_plan(Endpoint& ep, const ClientOptions& o, const Plan& p, cons
 
   OpOptions data = with_timeout(kDataTimeout);
   auto slot = [&](uint32_t i) { return local.region().sub(uint64_t{i % w} * size, size); };
+  const uint32_t want_crc = o.op == "read" ? reply.crc : p.crc;
+  auto check = [&](const Request& r) { out.crc_ok = out.crc_ok && (!o.checksum || r.crc32c() == want_crc); };
   for (uint32_t i = 0; i < p.warmup; ++i) {  // untimed (Plan::warmup)
     Request r = o.op == "send"    ? ep.send(src, kDataTag, data)
                 : o.op == "write" ? ep.write(src, reply.region, 0, data)
                                   : ep.read(slot(0), reply.region, 0, data);
     DMX_RETURN_IF_ERROR(r.wait());
+    check(r);
   }
   auto t0 = Clock::now();
   if (o.op == "send") {
-    DMX_RETURN_IF_ERROR(windowed(p.iters, w, [&](uint32_t) { return ep.send(src, kDataTag, data); }));
+    DMX_RETURN_IF_ERROR(windowed(p.iters, w, [&](uint32_t) { return ep.send(src, kDataTag, data); }, check));
     DMX_RETURN_IF_ERROR(recv_text(ep, kDoneTag, kDataTimeout).status());
   } else if (o.op == "write") {
     DMX_RETURN_IF_ERROR(windowed(p.iters, w, [&](uint32_t i) {
       return ep.write(src, reply.region, uint64_t{i % w} * size, data);
-    }));
+    }, check));
   } else {
-    DMX_RETURN_IF_ERROR(windowed(p.iters, w, [&](uint32_t i) { return ep.read(slot(i), reply.region, 0, data); }));
+    DMX_RETURN_IF_ERROR(
+        windowed(p.iters, w, [&](uint32_t i) { return ep.read(slot(i), reply.region, 0, data); }, check));
   }
   out.secs = std::chrono::duration<double>(Clock::now() - t0).count();
   out.lat.reserve(p.lat_iters);
@@ -95,6 +102,7 @@ Result<Phase> run_plan(Endpoint& ep, const ClientOptions& o, const Plan& p, cons
       auto t = Clock::now();
       Request r = o.op == "write" ? ep.write(src, reply.region, 0, data) : ep.read(slot(0), reply.region, 0, data);
       DMX_RETURN_IF_ERROR(r.wait());
+      check(r);
       out.lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count());
     }
     DMX_RETURN_IF_ERROR(send_text(ep, kDoneTag, "done", kControlTimeout));
@@ -102,13 +110,17 @@ Result<Phase> run_plan(Endpoint& ep, const ClientOptions& o, const Plan& p, cons
     for (uint32_t j = 0; j < p.lat_iters; ++j) {
       auto t = Clock::now();
       Request r = ep.recv(pong.region().sub(0, size), kPongTag, data);
-      DMX_RETURN_IF_ERROR(ep.send(src, kPingTag, data).wait());
+      Request s = ep.send(src, kPingTag, data);
+      DMX_RETURN_IF_ERROR(s.wait());
       DMX_RETURN_IF_ERROR(r.wait());
+      check(s);
+      check(r);  // the echo of the same bytes
       out.lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count() / 2);
     }
   }
   DMX_ASSIGN_OR_RETURN(std::string ftext, recv_text(ep, kReplyTag, kDataTimeout));
   DMX_ASSIGN_OR_RETURN(out.final_reply, reply_from_json(ftext));
+  out.crc_ok = out.crc_ok && out.final_reply.crc_ok;
 
   if (o.verify) {
     if (o.op == "send") {
@@ -155,6 +167,9 @@ Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size) {
     if (!o.mem.is_device()) std::memset(b->data(), 0x5a, b->size());
   if (o.op != "read") {
     DMX_ASSIGN_OR_RETURN(p.checksum, fill_random(local.region().sub(0, size)));
+    if (o.checksum) {
+      DMX_ASSIGN_OR_RETURN(p.crc, crc32c_region(local.region().sub(0, size)));
+    }
   }
 
   if (o.phase) o.phase->store("throughput");
@@ -178,6 +193,7 @@ Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size) {
   out.peer_path_chunks_received = lat.final_reply.path_chunks_received;
   out.peer_path_chunks_inline = lat.final_reply.path_chunks_inline;
   out.verified = bw.verified && lat.verified;
+  out.checksum_ok = o.checksum && bw.crc_ok && lat.crc_ok;
   return out;
 }
 

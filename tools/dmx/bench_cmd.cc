@@ -31,6 +31,7 @@ struct Args {
   std::string streams;  // empty: not given; else passed on as given, for the library to judge
   uint32_t iters = 0;
   std::vector<std::string> options;
+  std::string checksum = "none";
   int metrics_port = -1;  // --listen: serve GET /metrics (metrics_http.h); -1: not
 };
 
@@ -52,6 +53,7 @@ Result<Options> make_options(const Args& a) {
   if (!a.chunk.empty()) o.set("chunk_size", a.chunk);
   o.set("transport", a.transport);
   if (a.insecure) o.set("insecure", "true");
+  o.set("checksum", a.checksum);
   return o;
 }
 
@@ -139,6 +141,7 @@ int run_client(Endpoint& ep, const Args& a, bench::ClientOptions co) {
     }
     row.cpu_pct = wall > 0 ? 100.0 * (cpu_seconds() - c0) / wall : 0;
     if (co.verify && r.ok() && !row.verified) rc = 1;
+    if (co.checksum && r.ok() && !row.checksum_ok) rc = 1;
     bench::print_row(row, a.json, co, ep.stats());
     if (!r.ok()) break;  // the endpoint is likely gone
   }
@@ -204,6 +207,7 @@ int run(const Args& a) {
   co.op = a.op;
   co.iters = a.iters;
   co.verify = a.verify;
+  co.checksum = a.checksum == "crc32c";
   if (Status s = pick_memory(a, co); !s.ok()) return fmt::print(stderr, "dmx bench: --mem: {}\n", s.to_string()), 2;
   if (Status s = pick_alloc(a, co); !s.ok())
     return fmt::print(stderr, "dmx bench: --cuda-alloc: {}\n", s.to_string()), 2;
@@ -258,6 +262,10 @@ void add_bench_command(CLI::App& app, int* exit_code) {
                 "per size, 8 to 2000 operations; latency 1000 samples, or as many as fit in 2 s when 1000 would "
                 "take longer, at least 10; one untimed warm-up operation before each phase)");
   b->add_flag("--verify", a->verify, "check an end-to-end checksum of fresh random data in every buffer");
+  b->add_option("--checksum", a->checksum,
+                "crc32c: every chunk carries its CRC32C, checked where it lands (computed by the GPU for GPU memory); "
+                "each operation's CRC is compared with the source's (checksum_ok)")
+      ->check(CLI::IsMember({"none", "crc32c"}));
   b->add_flag("--json", a->json, "one JSON object per line per size");
   b->add_flag("--insecure", a->insecure, "no peer authentication (both sides must agree)");
   b->add_option("--option", a->options, "any setting as NAME=VALUE (see dmx probe --config)");

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/checked.h"
+#include "core/crc32c.h"
 #include "tools/dmx/bench.h"
 
 namespace dmx::bench {
@@ -31,7 +32,7 @@ uint64_t optional_count(const json& j, const char* key) { return j.contains(key)
 
 std::string to_json(const Plan& p) {
   return json{{"op", p.op},         {"size", p.size},         {"iters", p.iters},   {"window", p.window},
-              {"lat_iters", p.lat_iters}, {"warmup", p.warmup}, {"peer_mem", p.peer_mem}, {"verify", p.verify}, {"checksum", p.checksum},
+              {"lat_iters", p.lat_iters}, {"warmup", p.warmup}, {"peer_mem", p.peer_mem}, {"verify", p.verify}, {"checksum", p.checksum}, {"crc", p.crc},
               {"quit", p.quit}}
       .dump();
 }
@@ -51,6 +52,7 @@ Result<Plan> plan_from_json(const std::string& s) {
     p.peer_mem = j.at("peer_mem").get<std::string>();
     p.verify = j.at("verify").get<bool>();
     p.checksum = count_field(j, "checksum");
+    p.crc = static_cast<uint32_t>(count_field(j, "crc", UINT32_MAX));
     p.quit = j.at("quit").get<bool>();
   } catch (const std::exception& e) {
     return Status(Code::kProtocol, std::string("bench plan: ") + e.what());
@@ -72,6 +74,8 @@ std::string to_json(const Reply& r) {
               {"region_size", r.region.size},
               {"checksum", r.checksum},
               {"verified", r.verified},
+              {"crc", r.crc},
+              {"crc_ok", r.crc_ok},
               {"transport", r.transport},
               {"reason", r.reason},
               {"path_chunks_received", r.path_chunks_received},
@@ -90,6 +94,8 @@ Result<Reply> reply_from_json(const std::string& s) {
     r.region.size = count_field(j, "region_size");
     r.checksum = count_field(j, "checksum");
     r.verified = j.at("verified").get<bool>();
+    r.crc = static_cast<uint32_t>(count_field(j, "crc", UINT32_MAX));
+    r.crc_ok = j.at("crc_ok").get<bool>();
     r.transport = j.at("transport").get<std::string>();
     r.reason = j.at("reason").get<std::string>();
     r.path_chunks_received = optional_count(j, "path_chunks_received");  // absent from older servers
@@ -126,6 +132,13 @@ Result<uint64_t> checksum_region(const MemRegion& r) {
   DMX_ASSIGN_OR_RETURN(Buffer host, Buffer::allocate(MemSpec{}, r.size));
   if (r.size) DMX_RETURN_IF_ERROR(copy_memory(host.region(), r));
   return checksum(static_cast<const unsigned char*>(host.data()), r.size);
+}
+
+Result<uint32_t> crc32c_region(const MemRegion& r) {
+  if (r.where.kind == MemKind::kHost || r.where.kind == MemKind::kPinned) return crc32c::of(r.ptr, r.size);
+  DMX_ASSIGN_OR_RETURN(Buffer host, Buffer::allocate(MemSpec{}, r.size));
+  if (r.size) DMX_RETURN_IF_ERROR(copy_memory(host.region(), r));
+  return crc32c::of(host.data(), r.size);
 }
 
 Result<uint64_t> fill_random(const MemRegion& r) {

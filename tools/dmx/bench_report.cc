@@ -24,6 +24,7 @@ void print_header(const ClientOptions& co, const EndpointStats& st, const std::s
   fmt::print("# throughput: {}; time = per operation; GB/s = 1e9 bytes/s\n",
              co.iters ? fmt::format("{} operations per size (--iters)", co.iters)
                       : "operations moving ~4 GiB per size, 8 to 2000, a window in flight");
+  if (co.checksum) fmt::print("# checksum: crc32c on every chunk, each operation's CRC checked (checksum_ok)\n");
   fmt::print("# latency: {}; samples: {}\n", co.op == "send" ? "half round trip (ping-pong)" : "operation completion time",
              co.iters ? fmt::format("{} per size (--iters)", co.iters)
                       : fmt::format("{}, or as many as fit in {:g} s when that takes longer (at least {})", kMinSamples,
@@ -69,6 +70,10 @@ void print_row(const Result1& r, bool json, const ClientOptions& co, const Endpo
                             {"chunks_inline", p.chunks_inline},
                             {"host_copies", p.host_copies},
                             {"device_copies", p.device_copies}});
+    if (co.checksum) {
+      j["checksum"] = "crc32c";
+      j["checksum_ok"] = r.checksum_ok;
+    }
     if (!r.error.empty()) j["error"] = r.error;
     fmt::print("{}\n", j.dump());
   } else {
@@ -77,6 +82,7 @@ void print_row(const Result1& r, bool json, const ClientOptions& co, const Endpo
                r.p99_us, r.p999_us, r.cpu_pct,
                !r.error.empty() ? "ERROR" : !co.verify ? "-" : r.verified ? "yes" : "NO");
     if (!r.error.empty()) fmt::print("#   error: {}\n", r.error);
+    if (co.checksum && r.error.empty() && !r.checksum_ok) fmt::print("#   checksum: an operation's CRC32C differed\n");
   }
   std::fflush(stdout);
 }

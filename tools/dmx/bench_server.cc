@@ -37,8 +37,12 @@ Status serve_send(Endpoint& ep, const Plan& p, Buffer& buf, Reply& reply) {
   auto slot = [&](uint32_t i) { return buf.region().sub(uint64_t{i % w} * p.size, p.size); };
   uint32_t total = p.iters + p.warmup;  // the client's untimed warm-up sends come first
   for (uint32_t i = 0; i < std::min(w, total); ++i) reqs[i] = ep.recv(slot(i), kDataTag, with_timeout(kDataTimeout));
+  // With checksums every operation reports a CRC32C (else 0); each must be the source's.
+  const bool checksums = ep.stats().checksum;
+  auto check = [&](const Request& r) { reply.crc_ok = reply.crc_ok && (!checksums || r.crc32c() == p.crc); };
   for (uint32_t i = 0; i < total; ++i) {
     DMX_RETURN_IF_ERROR(reqs[i % w].wait());
+    check(reqs[i % w]);
     if (reqs[i % w].bytes() != p.size) return Status(Code::kInternal, "bench: short message");
     if (i + w < total) reqs[i % w] = ep.recv(slot(i), kDataTag, with_timeout(kDataTimeout));
   }
@@ -54,9 +58,12 @@ Status serve_send(Endpoint& ep, const Plan& p, Buffer& buf, Reply& reply) {
   if (p.lat_iters > 0) r = ep.recv(ping_slot(0), kPingTag, with_timeout(kDataTimeout));
   for (uint32_t j = 0; j < p.lat_iters; ++j) {
     DMX_RETURN_IF_ERROR(r.wait());
+    check(r);
     bool more = j + 1 < p.lat_iters;
     if (more && alternate) r = ep.recv(ping_slot(j + 1), kPingTag, with_timeout(kDataTimeout));
-    DMX_RETURN_IF_ERROR(ep.send(ping_slot(j), kPongTag, with_timeout(kDataTimeout)).wait());
+    Request pong = ep.send(ping_slot(j), kPongTag, with_timeout(kDataTimeout));
+    DMX_RETURN_IF_ERROR(pong.wait());
+    check(pong);
     if (more && !alternate) r = ep.recv(ping_slot(0), kPingTag, with_timeout(kDataTimeout));
   }
   if (p.verify) {  // every slot that received data: the windowed sends' and the pings'
@@ -71,6 +78,9 @@ Status serve_one_sided(Endpoint& ep, const Plan& p, Context& ctx, Buffer& buf, R
   uint32_t w = p.op == "write" ? std::min(p.window, std::max<uint32_t>(p.iters, 1)) : 1;
   if (p.op == "read") {
     DMX_ASSIGN_OR_RETURN(reply.checksum, fill_random(buf.region().sub(0, p.size)));
+    if (ep.stats().checksum) {
+      DMX_ASSIGN_OR_RETURN(reply.crc, crc32c_region(buf.region().sub(0, p.size)));
+    }
   }
   DMX_ASSIGN_OR_RETURN(Registration reg, ctx.register_memory(buf.region().sub(0, uint64_t{w} * p.size)));
   reply.region = reg.remote();
