@@ -95,7 +95,7 @@ TEST(Frame, PayloadPathByte) {
   h.path = kMaxPathId;
   h.flags = kFlagNotify;
   EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
-  h.flags = 2;  // the path flags of protocol 1 are gone
+  h.flags = 4;  // the path flags of protocol 1 are gone
   EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("unknown flags"),
             std::string::npos);
   h.flags = 0;
@@ -119,6 +119,30 @@ TEST(Frame, PayloadPathByte) {
   EXPECT_FALSE(decode_header(encode_header(pd).data(), kLimits).ok());
 }
 
+// Bytes 12-15 carry a chunk's CRC32C exactly when the checksum flag is set, on data frames and
+// EAGER only; otherwise they are reserved.
+TEST(Frame, ChecksumFlagAndField) {
+  for (FrameType t : {FrameType::kSendData, FrameType::kWriteData, FrameType::kReadData, FrameType::kEager}) {
+    FrameHeader h;
+    h.type = t;
+    h.payload_len = 8;
+    h.flags = kFlagChecksum;
+    h.crc = 0xE3069283u;
+    auto d = decode_header(encode_header(h).data(), kLimits);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    EXPECT_EQ(d->crc, 0xE3069283u);
+    EXPECT_EQ(d->flags, kFlagChecksum);
+    EXPECT_NE(describe(*d).find("crc32c=e3069283"), std::string::npos) << describe(*d);
+    h.flags = 0;  // a CRC without the flag: the field is reserved
+    EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("reserved"), std::string::npos);
+  }
+  FrameHeader rts;
+  rts.type = FrameType::kRts;
+  rts.flags = kFlagChecksum;
+  EXPECT_NE(decode_header(encode_header(rts).data(), kLimits).status().message().find("unknown flags"),
+            std::string::npos);
+}
+
 Hello sample_hello() {
   Hello h;
   h.version = kProtocolVersion;
@@ -136,6 +160,7 @@ Hello sample_hello() {
   h.pid = 4242;
   h.peer_timeout_ms = 10000;
   h.local_channel = "@dmx-side-channel";
+  h.checksum = static_cast<uint8_t>(Checksum::kCrc32c);
   return h;
 }
 
@@ -156,6 +181,12 @@ TEST(Handshake, HelloRoundTrip) {
   EXPECT_EQ(d->offers[1].descriptor, (std::vector<unsigned char>{1, 0}));
   ASSERT_NE(d->offer("shm"), nullptr);
   EXPECT_EQ(d->offer("tcp"), nullptr);
+  EXPECT_EQ(d->checksum, static_cast<uint8_t>(Checksum::kCrc32c));
+  {  // an unknown checksum is refused (the last byte)
+    auto odd = bytes;
+    odd.back() = 2;
+    EXPECT_NE(decode_hello(odd.data(), odd.size()).status().message().find("unknown checksum"), std::string::npos);
+  }
   // An empty descriptor (found by fuzz_hello_join: copying zero bytes to an empty vector's null
   // data() is undefined).
   h.offers.push_back(Offer{"loop", {}});
