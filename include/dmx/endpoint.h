@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,8 +52,8 @@ struct EndpointStats {
   uint64_t writes = 0, reads = 0;
   uint64_t d2h_copies = 0, d2h_bytes = 0;  // device -> pinned staging copies
   uint64_t h2d_copies = 0, h2d_bytes = 0;  // pinned staging -> device copies
-  uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies: eager host payloads framed inline,
-                                                   // eager messages buffered before their recv
+  uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies: eager messages buffered before
+                                                   // their recv (eager sends go from the buffer)
   double send_seconds = 0, recv_seconds = 0, copy_wait_seconds = 0;  // time in each stage
   std::vector<uint64_t> stream_bytes_sent;      // per stream: shows the balance
   std::vector<uint64_t> stream_bytes_received;  // per stream
@@ -90,6 +91,11 @@ class Endpoint {
 
   // The next notification of a write the peer made into our memory, waiting up to `timeout`.
   Result<Notification> next_notification(Duration timeout = kForever);
+  // From now on notifications go to `handler` instead of next_notification: it runs on a dmx
+  // thread right after the write landed, one call at a time, in arrival order (those already
+  // waiting go to it at once). It holds up the stream that received the write, so keep it short;
+  // it may post operations. Not called once the endpoint has failed or closed.
+  void on_notification(std::function<void(const Notification&)> handler);
 
   EndpointStats stats() const;
   std::string peer() const;

@@ -330,6 +330,7 @@ Request failed_request(Status s, const OpOptions& o) {
   op->final_status = s;
   op->completed.store(true);
   if (o.on_complete) o.on_complete(s, 0);
+  else if (o.on_complete_tag) o.on_complete_tag(s, 0, 0);
   return Request(op);
 }
 }  // namespace
@@ -349,6 +350,9 @@ Request Endpoint::read(const MemRegion& dst, const RemoteRegion& src, uint64_t o
 Result<Notification> Endpoint::next_notification(Duration timeout) {
   if (!impl_) return no_endpoint();
   return impl_->next_notification(timeout);
+}
+void Endpoint::on_notification(std::function<void(const Notification&)> handler) {
+  if (impl_) impl_->set_note_handler(std::move(handler));
 }
 EndpointStats Endpoint::stats() const { return impl_ ? impl_->stats() : EndpointStats{}; }
 std::string Endpoint::peer() const { return impl_ ? impl_->peer() : std::string(); }

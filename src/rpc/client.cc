@@ -31,7 +31,6 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   };
   struct RingEntry {
     std::vector<unsigned char> buf;
-    Request req;
   };
 
   Endpoint ep_;
@@ -41,11 +40,12 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   std::mutex mu_;  // guards everything below
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_;
-  std::vector<RingEntry> ring_;  // only the rx thread (and hello, before it) touches it
+  std::vector<RingEntry> ring_;  // entry i: only its own completion (and hello, before) touches it
   Status failed_;
   uint64_t token_ = 0;
   bool closing_ = false;
-  std::thread rx_;
+  std::condition_variable closing_cv_;
+  std::thread timer_;
 
   Status hello(Duration timeout) {
     Wire w{};
@@ -73,32 +73,31 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     ring_ = std::vector<RingEntry>(kRing);
     for (auto& e : ring_) e.buf.resize(std::max<size_t>(slot_size_, kHeaderSize));
     for (uint32_t i = 0; i < kRing; ++i) post_ring(i);
-    rx_ = std::thread([this] { rx_loop(); });
+    timer_ = std::thread([this] { timer_loop(); });
     return Status();
   }
 
+  // Responses are taken in the ring's completion callbacks, on the dmx thread that received them
+  // (no hand-off to a thread of ours); dmx completes them in posting order. The entry is posted
+  // again once its bytes were copied out.
   void post_ring(uint32_t i) {
-    ring_[i].req = ep_.recv(MemRegion{ring_[i].buf.data(), ring_[i].buf.size(), {}}, kAnyTag);
+    OpOptions o;
+    o.on_complete_tag = [w = weak_from_this(), i](const Status& s, size_t n, uint64_t tag) {
+      if (auto c = w.lock())
+        if (c->handle(i, s, tag, n)) c->post_ring(i);
+    };
+    (void)ep_.recv(MemRegion{ring_[i].buf.data(), ring_[i].buf.size(), {}}, kAnyTag, o);
   }
 
-  // The client's thread: takes responses in order from the ring of receives (a Request's tag is
-  // readable once it completed, which a completion callback cannot see yet) and ends calls whose
-  // deadline passed.
-  void rx_loop() {
-    for (uint32_t head = 0;;) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (closing_) return;
-      }
-      Request r = ring_[head].req;
-      if (!r.valid()) return;
-      Status s = r.wait(std::chrono::milliseconds(5));
-      if (s.code() != Code::kTimeout) {
-        if (!handle(head, s, r.tag(), r.bytes())) return;
-        post_ring(head);
-        head = (head + 1) % kRing;
-      }
+  // Ends calls whose deadline passed, every 5 ms, until the client closes.
+  void timer_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!closing_) {
+      closing_cv_.wait_for(lock, std::chrono::milliseconds(5));
+      if (closing_) return;
+      lock.unlock();
       check_deadlines();
+      lock.lock();
     }
   }
 
@@ -265,8 +264,9 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     {
       std::lock_guard<std::mutex> lock(mu_);
       closing_ = true;
+      closing_cv_.notify_all();
     }
-    if (rx_.joinable() && rx_.get_id() != std::this_thread::get_id()) rx_.join();
+    if (timer_.joinable() && timer_.get_id() != std::this_thread::get_id()) timer_.join();
     return s;
   }
 };
@@ -310,7 +310,7 @@ Result<size_t> Client::call(Method method, const MemRegion& req, const MemRegion
     w->cv.notify_all();
   }));
   std::unique_lock<std::mutex> lock(w->mu);
-  // The rx thread and the operations carry the deadline; the margin guards against a bug. Past
+  // The timer thread and the operations carry the deadline; the margin guards against a bug. Past
   // it the client is closed, which ends every part, so the caller's buffers are free.
   auto margin = std::min<Duration>(timeout, std::chrono::hours(1)) + std::chrono::seconds(5);
   if (!w->cv.wait_for(lock, margin, [&] { return w->done; })) {

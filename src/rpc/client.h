@@ -1,7 +1,7 @@
 // rpc/client.h — a SplitRPC client: one dmx endpoint, the slots the server's hello granted.
 //
 // submit() starts a call on a free slot: the 64-byte control header and the payload go as two
-// sends; the response payload is received straight into `resp`. `done` runs exactly once, on a
+// sends; the response is copied into `resp` from a ring of receives. `done` runs exactly once, on a
 // dmx thread (or the closing thread), after dmx has let go of `req` and `resp`: with the
 // response size, the server's error, a timeout, or the connection's error. A slot whose call
 // timed out stays reserved until the late response has been drained, so it never lands in a

@@ -16,14 +16,13 @@ Conn::Conn(ServerShared& server, Endpoint ep, uint32_t partition)
       key_(server.pool->partition_region(partition).key), slots_(server.config.pool.slots),
       ctrl_bufs_(server.config.pool.slots + kSpareCtrl) {}
 
-// close() normally ran; if not, stop the notification thread (it holds no reference, so this
-// never runs on it).
-Conn::~Conn() {
-  dead_ = true;
-  if (notes_.joinable()) notes_.join();
-}
+Conn::~Conn() { dead_ = true; }
 
 void Conn::start() {
+  // Notifications come on the dmx thread that landed the payload: no hand-off to a thread of ours.
+  ep_.on_notification([w = weak_from_this()](const Notification& n) {
+    if (auto c = w.lock()) c->on_note(n);
+  });
   // Control receives all carry one tag, so they match and complete in arrival order (dmx
   // completes receives in posting order: receives of different tags would wait on each other).
   for (uint32_t i = 0; i < ctrl_bufs_.size(); ++i) post_ctrl(i);
@@ -34,18 +33,10 @@ void Conn::start() {
   std::vector<unsigned char> region = server_.pool->partition_region(partition_).serialize();
   std::copy(region.begin(), region.end(), hello.region.begin());
   send_header(hello);
-  notes_ = std::thread([this] { notes_loop(); });
-}
-
-void Conn::notes_loop() {
-  while (!dead_) {
-    Result<Notification> n = ep_.next_notification(std::chrono::milliseconds(50));
-    if (n.ok()) on_note(*n);
-    else if (n.status().code() != Code::kTimeout) peer_gone(n.status());
-  }
 }
 
 void Conn::on_note(const Notification& n) {
+  if (dead_) return;
   if (n.key != key_) return refuse("a write into a region that is not its partition");
   Job job;
   Status error;
@@ -220,7 +211,6 @@ void Conn::close() {
   if (closed_.exchange(true)) return;
   dead_ = true;
   (void)ep_.close();  // after it dmx no longer writes into this partition's slots
-  if (notes_.joinable()) notes_.join();
   server_.pool->release_partition(partition_);
 }
 

@@ -2,9 +2,9 @@
 // of pool slots, and the join of each request's header with the notification of its payload
 // write (by token). Internal to src/rpc.
 //
-// Threads: dmx callbacks (control receives, response sends), the connection's notification
-// thread, the orchestrator (finish) and the server's reaper (deadlines, close). Callbacks hold
-// weak references; the reaper closes and drops a connection once it is dead and no slot is at
+// Threads: dmx callbacks (control receives, write notifications, response sends), the
+// orchestrator (finish; in cpu mode that is the callback's thread) and the server's reaper
+// (deadlines, close). Callbacks hold weak references; the reaper closes and drops a connection once it is dead and no slot is at
 // the orchestrator. mu_ guards the slot table and early notes; no call out under it.
 #pragma once
 
@@ -13,7 +13,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "dmx/endpoint.h"
@@ -39,8 +38,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void check_deadlines(std::chrono::steady_clock::time_point now);
   bool dead() const { return dead_.load(); }
   bool reapable() const { return dead_.load() && busy_.load() == 0; }
-  // Closes the endpoint (dmx touches the slots no more after it), joins the notification
-  // thread and gives the partition back.
+  // Closes the endpoint (dmx touches the slots no more after it) and gives the partition back.
   void close();
   const std::string& peer() const { return peer_; }
 
@@ -62,7 +60,6 @@ class Conn : public std::enable_shared_from_this<Conn> {
   };
 
   void post_ctrl(uint32_t i);
-  void notes_loop();
   void on_ctrl(uint32_t i, const Status& s, size_t bytes);
   void on_note(const Notification& n);
   void on_sent(const Status& s);
@@ -79,7 +76,6 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::mutex mu_;  // guards slots_, early_
   std::vector<Slot> slots_;
   std::vector<EarlyNote> early_;  // at most one per slot
-  std::thread notes_;
   std::vector<Wire> ctrl_bufs_;  // one per posted control receive; written only by dmx
   std::atomic<bool> dead_{false}, closed_{false};
   std::atomic<int> busy_{0};  // jobs at the orchestrator plus response sends in flight

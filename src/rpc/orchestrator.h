@@ -1,7 +1,8 @@
 // rpc/orchestrator.h — who starts the work once a request's payload sits in the pool.
 //
-//   cpu   CPU-managed: a worker thread takes each ready request and runs it (host memory: calls
-//         the service; CUDA: launches a kernel and waits), one request per launch.
+//   cpu   CPU-managed: the thread that completed a request (dmx's) runs it at once (host memory:
+//         calls the service; CUDA: launches a kernel and waits, one launch at a time), one
+//         request per launch.
 //   batch CPU-managed with dynamic batching: the worker takes every ready request, up to
 //         max_batch, into one launch.
 //   graph batch, launched as a CUDA graph captured once per batch size (the item table is copied
@@ -11,8 +12,9 @@
 //         in the pool (the same structure, so the code path is tested without a GPU). A TX thread
 //         watches the completion ring and hands finished slots back.
 //
-// submit() is thread-safe and never blocks on the work; `finish` runs once per job, on an
-// orchestrator thread. stop() joins the threads after finishing queued jobs with kClosed.
+// submit() is thread-safe; `finish` runs once per job, on an orchestrator thread — in cpu mode on
+// the submitting thread, within submit() (the only mode whose submit waits for the work).
+// stop() waits for running jobs and joins the threads after finishing queued jobs with kClosed.
 #pragma once
 
 #include <cstdint>

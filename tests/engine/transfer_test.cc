@@ -2,6 +2,10 @@
 // memory kind pair, odd sizes, offsets, both operation styles.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
 #include "engine/context_impl.h"
 #include "engine/test_util.h"
 
@@ -118,6 +122,76 @@ TEST_P(Transfer, ZeroByteWriteAndRead) {
   ASSERT_TRUE(r.wait(10s).ok()) << r.status().to_string();
   EXPECT_EQ(r.bytes(), 0u);
   for (unsigned char c : read_back(target.region())) ASSERT_EQ(c, 0xA5);
+}
+
+// Endpoint::on_notification: a notification that waited goes to the handler when it is set, later
+// ones as their writes land, in order, each after its bytes; next_notification then gets none.
+// OpOptions::on_complete_tag tells a kAnyTag receive's callback which message it got; an eager
+// send (below eager_limit) goes from its buffer, without a CPU copy, and arrives byte-exact.
+TEST_P(Transfer, NotificationHandlerAndTaggedReceives) {
+  Pair p = connect_pair();
+  const size_t n = 3001;
+  Buffer target = poisoned(dst_, 4 * n);
+  auto reg = p.ctx.register_memory(target.region());
+  ASSERT_TRUE(reg.ok());
+  Filled src = filled(src_, 4 * n);
+  auto write = [&](int i) {
+    OpOptions o;
+    o.notify = true;
+    o.notify_value = 100 + i;
+    return p.client.write(src.buf.region().sub(i * n, n - i), reg->remote(), i * n, o);
+  };
+  ASSERT_TRUE(write(0).wait(10s).ok());  // waits for a handler
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Notification> got;
+  std::vector<bool> landed;
+  p.server.on_notification([&](const Notification& note) {
+    auto bytes = read_back(target.region().sub((note.value - 100) * n, note.length));
+    size_t off = (note.value - 100) * n;
+    bool exact = std::equal(bytes.begin(), bytes.end(), src.data.begin() + static_cast<long>(off));
+    std::lock_guard<std::mutex> lock(mu);
+    got.push_back(note);
+    landed.push_back(exact);
+    cv.notify_all();
+  });
+  for (int i = 1; i < 4; ++i) ASSERT_TRUE(write(i).wait(10s).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return got.size() == 4; }));
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(got[i].value, 100 + i);
+      EXPECT_EQ(got[i].key, reg->remote().key);
+      EXPECT_EQ(got[i].length, n - i);
+      EXPECT_TRUE(landed[i]) << "notification " << i << " came before its bytes";
+    }
+  }
+  EXPECT_EQ(p.server.next_notification(50ms).status().code(), Code::kTimeout);
+
+  // Two receives of any tag, told apart by the tag their callbacks get.
+  const size_t m = 1000;  // eager: below the default eager_limit
+  Buffer in = poisoned(dst_, 2 * m);
+  std::vector<std::pair<uint64_t, size_t>> tags;
+  for (int i = 0; i < 2; ++i) {
+    OpOptions o;
+    o.on_complete_tag = [&](const Status& st, size_t bytes, uint64_t tag) {
+      std::lock_guard<std::mutex> lock(mu);
+      tags.emplace_back(st.ok() ? tag : 0, bytes);
+      cv.notify_all();
+    };
+    (void)p.server.recv(in.region().sub(i * m, m), kAnyTag, o);
+  }
+  uint64_t copies = p.client.stats().host_copies;
+  ASSERT_TRUE(p.client.send(src.buf.region().sub(1, m), 9).wait(10s).ok());
+  ASSERT_TRUE(p.client.send(src.buf.region().sub(7, m - 3), 5).wait(10s).ok());
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return tags.size() == 2; }));
+  EXPECT_EQ(tags[0], std::make_pair(uint64_t{9}, m));
+  EXPECT_EQ(tags[1], std::make_pair(uint64_t{5}, m - 3));
+  auto back = read_back(in.region());
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + m, src.data.begin() + 1));
+  EXPECT_TRUE(std::equal(back.begin() + m, back.begin() + 2 * m - 3, src.data.begin() + 7));
+  EXPECT_EQ(p.client.stats().host_copies, copies) << "an eager send goes from its buffer, uncopied";
 }
 
 #define DMX_KIND_PAIRS(t)                                                                                   \

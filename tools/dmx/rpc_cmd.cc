@@ -1,6 +1,7 @@
 // dmx rpc bench — SplitRPC (docs/rpc.md) against a host-centric gRPC server doing the same work.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <memory>
@@ -29,12 +30,20 @@ struct RpcArgs {
   std::vector<std::string> options;
 };
 
-Result<Options> options_of(const RpcArgs& a) {
+// `slot`: the pool's slot size. A response up to it goes as one eager frame (no RTS/CTS round trip
+// per call) unless --option eager_limit says otherwise; the eager limit is at most the chunk size.
+Result<Options> options_of(const RpcArgs& a, uint64_t slot) {
   Options o;
   for (const auto& kv : a.options) {
     size_t eq = kv.find('=');
     if (eq == std::string::npos) return Status(Code::kInvalidArgument, "--option '" + kv + "': expected NAME=VALUE");
     o.set(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  if (!o.values().count("eager_limit")) {
+    uint64_t chunk = 1 << 20;  // the default chunk_size
+    if (auto it = o.values().find("chunk_size"); it != o.values().end())
+      if (auto c = parse_size(it->second); c.ok()) chunk = *c;
+    o.set("eager_limit", std::to_string(std::clamp<uint64_t>(slot, 16 << 10, chunk)));
   }
   o.set("streams", std::to_string(a.streams));
   o.set("transport", a.transport);
@@ -110,7 +119,7 @@ int run(const RpcArgs& a) {
     if (!mode.ok()) return fmt::print(stderr, "dmx rpc bench: --mode: {}\n", mode.status().message()), 2;
     modes.push_back(*mode);
   }
-  auto opts = options_of(a);
+  auto opts = options_of(a, slot);
   if (!opts.ok()) return fmt::print(stderr, "dmx rpc bench: {}\n", opts.status().message()), 2;
   auto ctx = Context::create(*opts);
   if (!ctx.ok()) return fmt::print(stderr, "dmx rpc bench: {}\n", ctx.status().to_string()), 1;

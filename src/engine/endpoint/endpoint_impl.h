@@ -61,6 +61,7 @@ class EndpointImpl final : public tcp::StreamHost,
   Request post_read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions o);
   void cancel(const std::shared_ptr<OpState>& op, Status why);
   Result<Notification> next_notification(Duration timeout);
+  void set_note_handler(std::function<void(const Notification&)> handler);
   EndpointStats stats() const;
   Status health() const;
   const std::string& peer() const { return session_.peer; }
@@ -177,6 +178,7 @@ class EndpointImpl final : public tcp::StreamHost,
   void end(Status s);
   void fail_all();
   void deliver();
+  void dispatch_notes();  // to the handler, when one is set (after notes_cv_ is notified)
   MetricTransport metric_transport_of(const OpState& op) const;
   bool on_worker_thread() const;
   // A chunk of `op` left this side (written to a socket, or released by a path). Caller holds mu_.
@@ -333,6 +335,10 @@ class EndpointImpl final : public tcp::StreamHost,
   int refusals_ = 0;  // within the 10 s from refusals_since_
   LogLimiter peer_log_;  // lines the peer can cause again and again
   std::condition_variable notes_cv_;
+  // Endpoint::on_notification's handler (shared: a dispatch in progress keeps its copy).
+  std::shared_ptr<std::function<void(const Notification&)>> note_handler_;
+  std::atomic<bool> has_note_handler_{false};
+  bool noting_ = false;  // a thread is in dispatch_notes()' loop
   std::multimap<Clock::time_point, std::weak_ptr<OpState>> deadlines_;
   std::atomic<int64_t> next_deadline_ns_{INT64_MAX};
 

@@ -18,6 +18,9 @@ std::shared_ptr<OpState> EndpointImpl::new_op(OpType type, const MemRegion& regi
   op->region = region;
   op->total = region.size;
   op->callback = o.on_complete;
+  if (o.on_complete_tag) {  // the op owns its callback, so the raw pointer outlives every call
+    op->callback = [self = op.get(), f = o.on_complete_tag](const Status& s, size_t n) { f(s, n, self->matched_tag); };
+  }
   op->ep = weak_from_this();
   op->posted = Clock::now();
   if (o.timeout != kForever) op->deadline = Clock::now() + o.timeout;
@@ -94,13 +97,11 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
   auto op = new_op(OpType::kSend, src, o);
   op->tag = tag;
   Status bad = region_problem(src, "send");
-  // Small messages travel inline (eager). Host memory is copied now, outside the lock, so the
-  // frame owns its payload; device memory is staged by the stream through a pinned slot.
-  std::vector<unsigned char> inline_copy;
+  // Small messages travel inline (eager). The frame points into the caller's buffer, which stays
+  // dmx's until the frame is written (on_sent completes the op; stop() leaves eager ops alone and
+  // fail_all() runs after the workers exit); device memory is staged by the stream through a
+  // pinned slot.
   bool try_eager = bad.ok() && src.size <= session_.peer_eager_limit;
-  if (try_eager && !src.where.is_device() && src.size > 0) {
-    inline_copy.assign(static_cast<const unsigned char*>(src.ptr), static_cast<const unsigned char*>(src.ptr) + src.size);
-  }
   DMX_TRACE_POINT("send.op");
   std::unique_lock<std::mutex> lock(mu_);
   DMX_TRACE_POINT("send.locked");
@@ -122,7 +123,7 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
       h.type = FrameType::kEager;
       if (src.size > 0 && post_eager_by_path(op, src, h)) {
         DMX_TRACE_POINT("send.queued");
-      } else if (src.where.is_device()) {
+      } else {
         tcp::TxItem item;
         item.header = h;
         item.src = src.ptr;
@@ -130,10 +131,6 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
         item.len = src.size;
         item.ctx = op;
         streams_[0]->push_control(std::move(item));
-      } else {
-        ++counters_.host_copies;  // the inline copy made above
-        counters_.host_copy_bytes += src.size;
-        push_control(h, std::move(inline_copy), op);
       }
     } else {
       ++counters_.rendezvous;
@@ -343,6 +340,34 @@ void EndpointImpl::settle_stopped(std::shared_ptr<OpState> op) {
   if (auto it = reads_.find(op->id); op->type == OpType::kRead && it != reads_.end()) it->second.op = nullptr;
   Status outcome = op->outcome;
   finish(*op, std::move(outcome));
+}
+
+void EndpointImpl::set_note_handler(std::function<void(const Notification&)> handler) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    note_handler_ = std::make_shared<std::function<void(const Notification&)>>(std::move(handler));
+    has_note_handler_.store(true, std::memory_order_release);
+  }
+  dispatch_notes();
+}
+
+// Hands waiting notifications to the handler, outside the lock. One thread at a time, like
+// deliver(): another that finds it busy leaves its notifications to it.
+void EndpointImpl::dispatch_notes() {
+  if (!has_note_handler_.load(std::memory_order_acquire)) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (noting_) return;  // that thread's loop takes ours too
+  noting_ = true;
+  for (;;) {
+    if (notes_.empty() || !status_.ok()) break;
+    std::deque<Notification> batch;
+    batch.swap(notes_);
+    auto handler = note_handler_;
+    lock.unlock();
+    for (const Notification& n : batch) (*handler)(n);
+    lock.lock();
+  }
+  noting_ = false;
 }
 
 Result<Notification> EndpointImpl::next_notification(Duration timeout) {

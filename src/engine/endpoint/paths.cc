@@ -277,6 +277,7 @@ void EndpointImpl::on_path_rx_done(uint8_t path, uint64_t seq, const Status& s) 
   if (!settled.status.ok()) fail(settled.status);
   if (settled.noted) notes_cv_.notify_all();
   deliver();
+  dispatch_notes();
   // After the delivery: the receiver's completion is what a ping-pong waits for; the sender's
   // source can be released a moment later. (A failed endpoint's stopped stream drops it.)
   if (settled.release) send_path_done(path, seq);

@@ -125,6 +125,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
   if (closed) end(Status(Code::kClosed, fmt::format("the peer closed the endpoint ({})", printable(close_reason))));
   if (noted || moved.noted) notes_cv_.notify_all();
   deliver();
+  dispatch_notes();
   if (moved.release) send_path_done(moved.path, moved.seq);  // after the delivery, as on_path_rx_done
   return st;
 }

@@ -118,8 +118,8 @@ Status Stream::ensure_slots() {
 
 // Pulls chunks while the pipeline has room; starts the device->host copy of staged ones.
 Status Stream::fill_pipeline(bool* progress) {
-  // Every chunk in the pipeline, and the one being written, may hold a slot.
-  while (chunks_.size() + (writing_ ? 1 : 0) < static_cast<size_t>(config_.slots)) {
+  // Every chunk in the pipeline, and those being written, may hold a slot.
+  while (chunks_.size() + out_chunks_ < static_cast<size_t>(config_.slots)) {
     TxItem item;
     if (!host_->next_chunk(config_.index, &item)) break;
     *progress = true;
@@ -142,48 +142,50 @@ Status Stream::fill_pipeline(bool* progress) {
   return Status();
 }
 
-// Chooses the next frame to write: control frames first, then the oldest chunk once staged.
-bool Stream::next_tx(TxItem** item) {
-  if (writing_) {
-    *item = &current_;
-    return true;
-  }
+// Appends the next frame to the batch being written: control frames first, then the oldest chunk
+// once staged. False when none is ready, or when staging a control frame's device payload failed
+// (control_error_).
+bool Stream::take_next() {
+  TxItem item;
+  bool got = false, chunk = false;
   // The lock only when something was pushed: a busy-polling worker would otherwise hold it so
   // often that pushers (under the endpoint's lock) block on it.
   if (has_control_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!control_.empty()) {
-      current_ = std::move(control_.front());
+      const TxItem& f = control_.front();
+      // A small device payload travelling inline (eager) is staged through the one reserved
+      // pinned slot, waiting for the copy (microseconds): it starts a batch of its own, so the
+      // frames before it are not held up and no two such frames share the slot.
+      if (f.where.is_device() && f.len > 0 && f.slot < 0 && !out_.empty()) return false;
+      item = std::move(control_.front());
       control_.pop_front();
-      writing_ = true;
+      got = true;
     }
     has_control_.store(!control_.empty(), std::memory_order_relaxed);
   }
-  if (writing_ && current_.where.is_device() && current_.len > 0 && current_.slot < 0) {
-    // A small device payload travelling inline (eager): stage it through the reserved pinned slot
-    // now, and wait for the copy (microseconds), so the frame can go out.
-    Status s = stage_control(current_);
-    if (!s.ok()) {
+  if (got && item.where.is_device() && item.len > 0 && item.slot < 0) {
+    if (Status s = stage_control(item); !s.ok()) {
       control_error_ = s;
       return false;
     }
   }
-  if (!writing_ && !chunks_.empty()) {
+  if (!got && !chunks_.empty()) {
     TxItem& front = chunks_.front();
     if (front.fence != 0) {
       auto done = front.queue->done(front.fence);
       if (!done.ok() || !*done) return false;  // errors surface on the next fill or wait
     }
-    current_ = std::move(front);
+    item = std::move(front);
     chunks_.pop_front();
-    writing_ = true;
+    got = chunk = true;
   }
-  if (!writing_) return false;
-  current_.header.payload_len = static_cast<uint32_t>(current_.len);
-  stamp(current_);
-  cur_header_ = wire::encode_header(current_.header);
-  cur_written_ = 0;
-  *item = &current_;
+  if (!got) return false;
+  item.header.payload_len = static_cast<uint32_t>(item.len);
+  stamp(item);
+  wire::HeaderBytes header = wire::encode_header(item.header);
+  out_.push_back(OutFrame{std::move(item), header, chunk});
+  if (chunk) ++out_chunks_;
   return true;
 }
 
@@ -220,17 +222,19 @@ void Stream::stamp(TxItem& item) const {
 Status Stream::step_tx(Io* io) {
   *io = Io::kIdle;
   for (int rounds = 0; rounds < 64; ++rounds) {
-    TxItem* item = nullptr;
-    if (!next_tx(&item)) return std::exchange(control_error_, Status());
-    const void* payload = item->slot >= 0 ? slots_.at(item->slot) : item->src;
-    iovec iov[2];
+    while (out_.size() < kMaxBatch && take_next()) {
+    }
+    if (!control_error_.ok()) return std::exchange(control_error_, Status());
+    if (out_.empty()) return Status();
+    iovec iov[2 * kMaxBatch];
     int n = 0;
-    if (cur_written_ < wire::kHeaderSize) {
-      iov[n++] = {cur_header_.data() + cur_written_, wire::kHeaderSize - cur_written_};
-      if (item->len > 0) iov[n++] = {const_cast<void*>(payload), item->len};
-    } else {
-      size_t off = cur_written_ - wire::kHeaderSize;
-      iov[n++] = {static_cast<char*>(const_cast<void*>(payload)) + off, item->len - off};
+    size_t skip = out_written_;  // only the front frame is partly written
+    for (OutFrame& f : out_) {
+      const void* payload = f.item.slot >= 0 ? slots_.at(f.item.slot) : f.item.src;
+      if (skip < wire::kHeaderSize) iov[n++] = {f.header.data() + skip, wire::kHeaderSize - skip};
+      size_t off = skip > wire::kHeaderSize ? skip - wire::kHeaderSize : 0;
+      if (f.item.len > off) iov[n++] = {static_cast<char*>(const_cast<void*>(payload)) + off, f.item.len - off};
+      skip = 0;
     }
     if (config_.index == 0) DMX_TRACE_POINT("s0.write");
     auto t0 = Clock::now();
@@ -242,24 +246,35 @@ Status Stream::step_tx(Io* io) {
       return Status();
     }
     *io = Io::kProgress;
-    cur_written_ += *k;
     last_tx_ = Clock::now();
-    if (cur_written_ < wire::kHeaderSize + item->len) continue;
-    // The whole frame is out.
-    stats_.frames_sent.fetch_add(1, std::memory_order_relaxed);
-    stats_.bytes_sent.fetch_add(item->len, std::memory_order_relaxed);
-    if (item->slot >= 0 && item->slot < 2 * config_.slots) free_tx_slots_.push_back(item->slot);
-    if (config_.index == 0)
-      DMX_TRACE_POINT(current_.header.type == wire::FrameType::kEager      ? "s0.out.eager"
-                      : current_.header.type == wire::FrameType::kPathDone ? "s0.out.pathdone"
-                                                                           : "s0.out.other");
-    if (current_.reply) reply_bytes_.fetch_sub(wire::kHeaderSize + current_.len, std::memory_order_relaxed);
-    TxItem done = std::move(current_);
-    writing_ = false;
-    current_ = TxItem();
-    if (done.ctx) host_->on_sent(config_.index, done);
+    for (size_t left = *k; left > 0;) {
+      size_t rest = wire::kHeaderSize + out_.front().item.len - out_written_;
+      if (left < rest) {
+        out_written_ += left;
+        break;
+      }
+      left -= rest;
+      out_written_ = 0;
+      TxItem done = std::move(out_.front().item);
+      if (out_.front().chunk) --out_chunks_;
+      out_.pop_front();
+      frame_sent(done);  // may push control frames (completions): out_ is consistent by now
+    }
   }
   return Status();
+}
+
+// The whole frame is out.
+void Stream::frame_sent(TxItem& item) {
+  stats_.frames_sent.fetch_add(1, std::memory_order_relaxed);
+  stats_.bytes_sent.fetch_add(item.len, std::memory_order_relaxed);
+  if (item.slot >= 0 && item.slot < 2 * config_.slots) free_tx_slots_.push_back(item.slot);
+  if (config_.index == 0)
+    DMX_TRACE_POINT(item.header.type == wire::FrameType::kEager      ? "s0.out.eager"
+                    : item.header.type == wire::FrameType::kPathDone ? "s0.out.pathdone"
+                                                                     : "s0.out.other");
+  if (item.reply) reply_bytes_.fetch_sub(wire::kHeaderSize + item.len, std::memory_order_relaxed);
+  if (item.ctx) host_->on_sent(config_.index, item);
 }
 
 Status Stream::begin_payload() {
@@ -469,7 +484,7 @@ void Stream::run() {
     failure = check_frame_budget(now);
     if (!failure.ok()) break;
     prev = now;
-    if (now - last_tx_ > config_.keepalive && !writing_ && chunks_.empty()) {
+    if (now - last_tx_ > config_.keepalive && out_.empty() && chunks_.empty()) {
       TxItem ka;
       ka.header.type = wire::FrameType::kKeepalive;
       std::lock_guard<std::mutex> lock(mu_);
@@ -552,7 +567,8 @@ void Stream::drain() {
     DMX_LOG_ERROR("stream {}: copies did not finish while closing: {}", config_.index, s.to_string());
   pending_rx_.clear();
   chunks_.clear();
-  current_ = TxItem();
+  out_.clear();
+  out_written_ = out_chunks_ = 0;
   rx_plan_ = RxPlan();
   std::lock_guard<std::mutex> lock(mu_);
   control_.clear();

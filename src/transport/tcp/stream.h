@@ -4,7 +4,9 @@
 // processes on one host, a shared-memory pipe), non-blocking, in one loop:
 //  - transmit: control frames first (pushed by anyone, thread-safe), then data chunks it pulls
 //    from its host (the endpoint) whenever its pipeline has room — fast streams pull more, which
-//    balances the load across streams. A chunk whose source is device memory is staged: the
+//    balances the load across streams. The frames ready at once (up to kMaxBatch) go out in one
+//    writev: a request's control message and its payload, or an ACK and a reply, cost one system
+//    call and wake the peer once. A chunk whose source is device memory is staged: the
 //    worker copies it into a pinned slot on a copy engine (asynchronously; the copies of later
 //    chunks overlap the socket write of earlier ones) and writes the slot once the copy is done.
 //  - receive: it reads a header, asks the host where the payload goes (host memory: straight
@@ -177,7 +179,8 @@ class Stream {
   Result<CopyQueue*> queue_for(MemSpec where);
   Status ensure_slots();
   void drain();
-  bool next_tx(TxItem** item);
+  bool take_next();
+  void frame_sent(TxItem& item);
   Status stage_control(TxItem& item);
   // Sets the header's checksum of an inline data frame or EAGER (StreamConfig::checksum).
   void stamp(TxItem& item) const;
@@ -202,12 +205,17 @@ class Stream {
   std::atomic<bool> sleeping_{false};  // the worker may be asleep in ppoll: wake() must ring
 
   // Transmit.
+  struct OutFrame {
+    TxItem item;
+    wire::HeaderBytes header;
+    bool chunk;  // pulled from chunks_ (counts against the pipeline)
+  };
+  static constexpr size_t kMaxBatch = 8;  // frames per writev
   std::deque<TxItem> chunks_;  // pulled data chunks, in order; staged ones carry fences
-  TxItem current_;             // the frame being written
-  bool writing_ = false;
+  std::deque<OutFrame> out_;   // frames being written, in order; the front may be partly out
+  size_t out_written_ = 0;     // bytes of out_.front() written
+  size_t out_chunks_ = 0;      // frames in out_ with chunk set
   Status control_error_;  // staging of an inline device payload failed
-  wire::HeaderBytes cur_header_{};
-  size_t cur_written_ = 0;
   Clock::time_point last_tx_;
 
   // Receive.
