@@ -72,6 +72,10 @@ constexpr ConfigEntry kTable[] = {
     {"devmem_control_buffer", ConfigType::kSize, "64K", "initial recvmsg control buffer; doubles on ETOOSMALL up to 4M"},
     {"devmem_max_outstanding_frags", ConfigType::kInt, "16384",
      "received fragments held before waiting for their gather and returning the tokens"},
+    {"devmem_rx", ConfigType::kString, "auto",
+     "devmem receiver: auto = io_uring zcrx where the kernel (6.16+) and NIC allow it, else devmem RX; zcrx or "
+     "devmem = only that one (docs/devmem.md)",
+     "auto|zcrx|devmem"},
     {"devmem_gpu", ConfigType::kInt, "0", "CUDA device whose memory holds the devmem RX pool and TX ring"},
     {"devmem_state_dir", ConfigType::kString, "/run/dmx",
      "where dmx devmem setup keeps the NIC's saved state and connections record their flow rules (for teardown)"},

@@ -20,13 +20,15 @@
 #include "core/sys.h"
 #include "memory/backend.h"
 #include "memory/mps.h"
-#include "probe/io_uring_abi.h"
+#include "transport/devmem/zcrx_abi.h"
 #include "probe/probe.h"
 #include "topo/advisor.h"
 #include "topo/distance.h"
 #include "topo/topology.h"
 
 namespace dmx::probe {
+
+namespace za = devmem::zcrx_abi;  // the one copy of the zcrx uapi layouts
 
 namespace {
 
@@ -211,18 +213,18 @@ Capability try_zcrx(const std::string& ifname, unsigned ifindex) {
   constexpr size_t kAreaBytes = 16 * 4096;
   void* mem = ::mmap(nullptr, kAreaBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return no(name, errno_status("mmap", errno).message());
-  uapi::ZcrxAreaReg area{};
+  za::AreaReg area{};
   area.addr = reinterpret_cast<uint64_t>(mem);
   area.len = kAreaBytes;
-  uapi::RegionDesc region{};
+  za::RegionDesc region{};
   region.size = 4096;  // refill ring of 64 entries, allocated by the kernel
-  uapi::ZcrxIfqReg reg{};
+  za::IfqReg reg{};
   reg.if_idx = ifindex;
   reg.if_rxq = static_cast<uint32_t>(queue);
   reg.rq_entries = 64;
   reg.area_ptr = reinterpret_cast<uint64_t>(&area);
   reg.region_ptr = reinterpret_cast<uint64_t>(&region);
-  long r = ::syscall(__NR_io_uring_register, ring.get(), uapi::kIoringRegisterZcrxIfq, &reg, 1);
+  long r = ::syscall(__NR_io_uring_register, ring.get(), za::kRegisterZcrxIfq, &reg, 1);
   int err = r < 0 ? errno : 0;
   ring.reset();  // unregisters the queue
   ::munmap(mem, kAreaBytes);
@@ -257,7 +259,7 @@ std::vector<Capability> probe_io_uring_zcrx() {
   auto* probe = reinterpret_cast<io_uring_probe*>(buf.data());
   long r = ::syscall(__NR_io_uring_register, ring.get(), IORING_REGISTER_PROBE, probe, kOps);
   if (r < 0) return {no("io_uring.zcrx", errno_status("io_uring_register(IORING_REGISTER_PROBE)", errno).message())};
-  unsigned op = uapi::kIoringOpRecvZc;
+  unsigned op = za::kOpRecvZc;
   bool supported = op <= probe->last_op && op < kOps && (probe->ops[op].flags & IO_URING_OP_SUPPORTED) != 0;
   if (!supported)
     return {

@@ -1,6 +1,7 @@
 #include "devmem/socket_double.h"
 
 #include "devmem/kernel_double.h"
+#include "devmem/sim_state.h"
 
 #include <linux/errqueue.h>
 #include <netinet/in.h>
@@ -26,7 +27,6 @@
 
 namespace dmx::devmem::testing {
 namespace {
-constexpr uint32_t kPage = 4096;
 
 // What the "NIC's DMA" reads at [off, off+n) of bound memory: host memory directly, sim memory
 // through its backend (its pointers are handles, not addresses).
@@ -51,51 +51,6 @@ uint64_t fnv(const uint8_t* p, size_t n) {
   return h;
 }
 }  // namespace
-
-struct SimNic::State {
-  explicit State(SimNicOptions o) : opt(std::move(o)), rng(opt.seed) {}
-  SimNicOptions opt;
-  mutable std::mutex mu;
-  std::mt19937_64 rng;
-
-  struct Export {
-    MemRegion memory;
-  };
-  std::map<int, Export> exports;  // memfd stand-in fd -> what it exports
-  struct Bound {
-    MemRegion memory;
-    bool rx;
-  };
-  std::map<uint32_t, Bound> bindings;
-  uint32_t next_id = 7;
-  BindModel nic;  // ifindex 1000, 16 queues; `bound` holds the queues of live RX bindings
-
-  // RX pages of the current RX binding (one pool per SimNic).
-  uint32_t rx_id = 0;
-  std::vector<uint32_t> free_pages;
-  std::map<uint32_t, uint32_t> tokens;  // token -> page
-  std::set<uint32_t> free_tokens;
-  uint32_t next_token = 0;
-
-  uint32_t corrupt_id = 0;
-  bool corrupt_offset = false, corrupt_token = false, plain_next = false;
-  size_t unknown_returns = 0, reused = 0, frags = 0, linear = 0, sends = 0, etoosmall = 0;
-
-  uint32_t alloc_token() {
-    if (!free_tokens.empty()) {
-      uint32_t t = *free_tokens.begin();
-      free_tokens.erase(free_tokens.begin());
-      return t;
-    }
-    return next_token++;
-  }
-  void free_page(uint32_t page) {
-    auto it = bindings.find(rx_id);
-    if (it != bindings.end())
-      std::memset(static_cast<uint8_t*>(it->second.memory.ptr) + size_t{page} * kPage, 0xEE, kPage);
-    free_pages.push_back(page);
-  }
-};
 
 namespace {
 
@@ -182,16 +137,16 @@ class SimSocket final : public KernelSocket {
     auto offset = reinterpret_cast<uintptr_t>(msg->msg_iov[0].iov_base);
     size_t len = msg->msg_iov[0].iov_len;
     const MemRegion& m = b->second.memory;
-    if (offset < SimNic::kDmabufOffset || offset - SimNic::kDmabufOffset > m.size ||
-        len > m.size - (offset - SimNic::kDmabufOffset))
+    if (offset < st_->opt.dmabuf_offset || offset - st_->opt.dmabuf_offset > m.size ||
+        len > m.size - (offset - st_->opt.dmabuf_offset))
       return -EFAULT;
     len = std::min(len, st_->opt.max_send);
-    if (!read_bound(m, offset - SimNic::kDmabufOffset, len, &dma_)) return -EIO;
+    if (!read_bound(m, offset - st_->opt.dmabuf_offset, len, &dma_)) return -EIO;
     const uint8_t* src = dma_.data();
     ssize_t n = ::send(fd_, src, len, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) return -errno;
     if (n == 0) return -EAGAIN;
-    inflight_.push_back({zc_id_++, id, offset - SimNic::kDmabufOffset, static_cast<size_t>(n),
+    inflight_.push_back({zc_id_++, id, offset - st_->opt.dmabuf_offset, static_cast<size_t>(n),
                          fnv(src, static_cast<size_t>(n))});
     ++st_->sends;
     return n;
@@ -332,12 +287,12 @@ class SimSocket final : public KernelSocket {
         uint32_t token = st_->alloc_token();
         st_->tokens[token] = page;
         abi::DmabufCmsg d{};
-        d.frag_offset = SimNic::kDmabufOffset + uint64_t{page} * kPage + off;
+        d.frag_offset = st_->opt.dmabuf_offset + uint64_t{page} * kPage + off;
         d.frag_size = len;
         d.frag_token = token;
         d.dmabuf_id = st_->rx_id;
         if (st_->corrupt_id) d.dmabuf_id = std::exchange(st_->corrupt_id, 0);
-        if (st_->corrupt_offset) d.frag_offset = SimNic::kDmabufOffset + b->second.memory.size + kPage, st_->corrupt_offset = false;
+        if (st_->corrupt_offset) d.frag_offset = st_->opt.dmabuf_offset + b->second.memory.size + kPage, st_->corrupt_offset = false;
         if (st_->corrupt_token) d.frag_token = 0x80000000u + token, st_->corrupt_token = false;
         put(abi::kScmDevmemDmabuf, d);
         ++st_->frags;
@@ -416,8 +371,8 @@ HostSeams SimNic::seams() {
     DmabufExport e;
     e.fd.reset(::memfd_create("dmx-sim-dmabuf", MFD_CLOEXEC));
     if (!e.fd.valid()) return errno_status("memfd_create(sim dmabuf)", errno);
-    e.offset = kDmabufOffset;
-    e.size = kDmabufOffset + m.size;
+    e.offset = st->opt.dmabuf_offset;
+    e.size = st->opt.dmabuf_offset + m.size;
     std::lock_guard<std::mutex> lock(st->mu);
     st->exports[e.fd.get()] = {m};
     return e;
@@ -428,6 +383,10 @@ HostSeams SimNic::seams() {
   s.ifname = state_->opt.ifname;
   s.ifindex = 1000;
   s.queues = {12, 13};
+  if (state_->opt.zcrx)
+    s.zcrx = [st](int ifindex, uint32_t queue, int sock, int dmabuf_fd, uint64_t size, uint32_t rq_entries) {
+      return open_sim_zcrx(st, ifindex, queue, sock, dmabuf_fd, size, rq_entries);
+    };
   return s;
 }
 
@@ -451,6 +410,12 @@ void SimNic::corrupt_next_id(uint32_t id) { DMX_SIM_LOCKED(state_->corrupt_id = 
 void SimNic::corrupt_next_offset() { DMX_SIM_LOCKED(state_->corrupt_offset = true;) }
 void SimNic::corrupt_next_token() { DMX_SIM_LOCKED(state_->corrupt_token = true;) }
 void SimNic::plain_next_call() { DMX_SIM_LOCKED(state_->plain_next = true;) }
+void SimNic::zcrx_fault_next(ZcrxFault f) { DMX_SIM_LOCKED(state_->zcrx_fault = f;) }
+void SimNic::set_queue_api(bool on) { DMX_SIM_LOCKED(state_->nic.queue_api = on;) }
+ZcrxCounts SimNic::zcrx_counts() const {
+  DMX_SIM_LOCKED(auto& s = *state_;)
+  return {s.zcrx_ifqs, s.zcrx_cqes, s.zcrx_held, s.zcrx_refilled, s.zcrx_bad_refills, s.zcrx_ends};
+}
 size_t SimNic::outstanding_tokens() const { DMX_SIM_LOCKED(return state_->tokens.size();) }
 size_t SimNic::unknown_returns() const { DMX_SIM_LOCKED(return state_->unknown_returns;) }
 size_t SimNic::reused_before_completion() const { DMX_SIM_LOCKED(return state_->reused;) }

@@ -30,6 +30,18 @@
 // Fault injection (next fragment delivered by any socket of this SimNic): an unknown dmabuf id,
 // an offset outside the bound buffer, a token beyond 31 bits (the real token is then held until
 // "close", as the kernel would), a plain (non-devmem) call.
+//
+// zcrx (options.zcrx; sim_zcrx.cc): seams().zcrx registers an io_uring zcrx ifq as 6.18's
+// io_register_zcrx_ifq does, in its order: EINVAL on kernels before 6.15 (no such register
+// opcode) and 6.15 (no dma-buf areas), ENODEV (ifindex), EOPNOTSUPP (no queue API), EBADF/EINVAL
+// (the fd is not one of this NIC's dma-bufs, or the area length is not the dma-buf's), ERANGE
+// (queue id), EINVAL (header split), EEXIST (the queue has a memory provider: a devmem binding or
+// another ifq). The area is the whole dma-buf. While a multishot RECV_ZC is armed, wait() takes
+// the refill ring (each entry checked against the buffers handed out; a freed buffer's page is
+// scribbled), then peeks the real socket and places the bytes as buffers of <= 4 KiB at random
+// offsets of free pages, one CQE32 each (token | offset), until the CQ or the area is full; ends
+// the multishot now and then (no F_MORE), as the kernel does when its CQ overflows; 0 bytes and no
+// F_MORE at EOF. ready_fd() is the socket's POLLIN.
 // Thread-safety: every call locks the SimNic's state; accounting may be read from any thread.
 #pragma once
 
@@ -50,12 +62,32 @@ struct SimNicOptions {
   uint32_t max_packet = 9000;
   double linear_fraction = 0.02; // packets whose payload lands in the linear (host) area
   size_t max_send = 256 << 10;   // bytes one sendmsg hands to the socket at most (partial sends)
+  uint64_t dmabuf_offset = 8192; // where exported memory starts in its "dma-buf"
+  bool zcrx = false;             // seams() offers zcrx (the double below)
+  int kernel_major = 6, kernel_minor = 18;  // the kernel the zcrx double answers as
+  uint32_t zcrx_cq_entries = 128;
+  uint32_t zcrx_end_every = 97;  // every n-th CQE ends the multishot (0: never)
+};
+
+// What the zcrx double hands the next CQE instead of the truth.
+enum class ZcrxFault {
+  kNone,
+  kUnknownArea,    // another area's token
+  kOutsideArea,    // an offset past the area
+  kLongerThanArea, // a length that runs past the area's end ("short" area for the CQE)
+  kForeignTag,     // user_data of no request of ours
+  kErrorCqe,       // res = -EFAULT (the copy fallback a dma-buf area cannot take: flow on another queue)
+};
+struct ZcrxCounts {
+  size_t ifqs = 0;          // registered now
+  size_t cqes = 0;          // posted
+  size_t held = 0;          // buffers handed out, not yet refilled
+  size_t refilled = 0, bad_refills = 0;
+  size_t multishot_ends = 0;
 };
 
 class SimNic {
  public:
-  static constexpr uint64_t kDmabufOffset = 8192;
-
   explicit SimNic(SimNicOptions options = {});
   ~SimNic();
 
@@ -71,6 +103,8 @@ class SimNic {
   void corrupt_next_offset();
   void corrupt_next_token();
   void plain_next_call();
+  void zcrx_fault_next(ZcrxFault f);
+  void set_queue_api(bool on);  // the driver's queue API (bind-rx and zcrx: EOPNOTSUPP without)
 
   // Accounting.
   size_t outstanding_tokens() const;     // handed out, not yet returned
@@ -81,6 +115,7 @@ class SimNic {
   size_t sendmsg_calls() const;
   size_t open_bindings() const;
   size_t etoosmall() const;
+  ZcrxCounts zcrx_counts() const;
 
   struct State;
 

@@ -47,6 +47,7 @@ class ZcrxKernelDouble final : public ZcrxKernel {
     tag = user_data;
     return Status();
   }
+  pollfd ready_fd() const override { return {-1, 0, 0}; }
   Status wait(int) override {
     ++waits;
     take_refills();

@@ -29,9 +29,14 @@ std::string unless_available(MemSpec mem) {
 // has its own SimNic, and its "device" memory is the sim kind (mapped with no access rights, so
 // engine code that touches it directly crashes). The transport's path factory holds the NIC; the
 // transport lives in the context's registry.
-Result<Context> devmem_context(int host, Options o) {
+Result<Context> devmem_context_with(int host, Options o, bool zcrx) {
   devmem::testing::SimNicOptions no;
   no.seed = 1000 + static_cast<uint64_t>(host);
+  if (zcrx) {  // the receiver is zcrx's double, forced (a refusal fails instead of falling back)
+    no.zcrx = true;
+    no.dmabuf_offset = 0;
+    o.set("devmem_rx", "zcrx");
+  }
   auto nic = std::make_shared<devmem::testing::SimNic>(no);
   o.set("devmem_rx_pool", "32M");
   DMX_ASSIGN_OR_RETURN(Context ctx, forced(o, "devmem"));
@@ -41,6 +46,9 @@ Result<Context> devmem_context(int host, Options o) {
   }));
   return ctx;
 }
+
+Result<Context> devmem_context(int host, Options o) { return devmem_context_with(host, std::move(o), false); }
+Result<Context> devmem_zcrx_context(int host, Options o) { return devmem_context_with(host, std::move(o), true); }
 
 // The test-only transport, added the way any transport is: nothing else in the engine knows it.
 Result<Context> loop_context(int, Options o) {
@@ -59,6 +67,8 @@ const std::vector<Harness>& harnesses() {
       {"tcp", MemSpec{}, [] { return std::string(); }, [](int, Options o) { return forced(o, "tcp"); }, "", ""},
       {"shm", MemSpec{}, [] { return std::string(); }, [](int, Options o) { return forced(o, "shm"); }, "shm", ""},
       {"devmem", MemSpec{MemKind::kSim, 0}, [] { return std::string(); }, devmem_context, "devmem", ""},
+      // devmem receiving by io_uring zcrx (SimNic's zcrx double): the same suite through ZcrxRx.
+      {"devmemZcrx", MemSpec{MemKind::kSim, 0}, [] { return std::string(); }, devmem_zcrx_context, "devmem", ""},
       {"cuda_ipc", MemSpec{MemKind::kCuda, 0}, [] { return unless_available(MemSpec{MemKind::kCuda, 0}); },
        [](int, Options o) { return forced(o, "cuda_ipc"); }, "cuda_ipc",
        "CUDA cannot be used in a child forked after the parent initialised it (the killed-owner case is "

@@ -70,8 +70,8 @@ Status zcrx_check(const std::string& ifname, uint32_t queue, int gpu, std::strin
   DMX_ASSIGN_OR_RETURN(DmabufExport e, export_dmabuf(buf.region()));
   int ifindex = static_cast<int>(::if_nametoindex(ifname.c_str()));
   DMX_ASSIGN_OR_RETURN(auto k, devmem::open_kernel_zcrx(ifindex, queue, -1, e.fd.get(), e.size, 256));
-  *what = fmt::format("registered {} queue {} with a {}-byte GPU dma-buf area (token {:#x}); released; data "
-                      "through zcrx is not run: the devmem path receives with devmem RX",
+  *what = fmt::format("registered {} queue {} with a {}-byte GPU dma-buf area (token {:#x}); released "
+                      "(transfer receives by zcrx where the path picks it: see its path line)",
                       ifname, queue, e.size, k->area_token());
   return Status();
 }
@@ -113,8 +113,11 @@ Status exchange(Endpoint& ep, bool echo, const SelftestArgs& a, std::string* wha
   }
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto st = ep.stats();
-  *what = fmt::format("{} bytes {} in {:.3f} s; transport {} ({})", size, echo ? "echoed" : "both ways, equal", s,
-                      st.transport, st.reason);
+  std::string path;  // the devmem path's detail names the receiver (zcrx or devmem RX) and why
+  for (const auto& p : st.paths)
+    if (p.name == "devmem") path = "; path: " + p.detail;
+  *what = fmt::format("{} bytes {} in {:.3f} s; transport {} ({}){}", size, echo ? "echoed" : "both ways, equal", s,
+                      st.transport, st.reason, path);
   if (st.transport.find("devmem") == std::string::npos)
     return Status(Code::kUnavailable, fmt::format("the endpoint did not use devmem: {} ({})", st.transport, st.reason));
   return Status();

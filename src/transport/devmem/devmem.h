@@ -12,6 +12,7 @@
 #include "transport/devmem/gather.h"
 #include "transport/devmem/kernel.h"
 #include "transport/devmem/region.h"
+#include "transport/devmem/zcrx.h"
 
 namespace dmx {
 class Config;
@@ -47,6 +48,13 @@ struct HostSeams {
   std::string ifname;             // the devmem NIC (TX sockets are bound to it: SO_BINDTODEVICE)
   int ifindex = 0;
   std::vector<uint32_t> queues;   // the RX queues the pool is bound to (setting devmem_queues)
+  // An io_uring zcrx interface queue: `queue` of `ifindex` with the dma-buf `dmabuf_fd`
+  // (`dmabuf_size` bytes, all of it the area) receiving on `sock_fd`, with `rq_entries` refill
+  // entries. Production: open_kernel_zcrx behind the kernel-version check; tests: SimNic's double.
+  // Empty: these seams have no zcrx (the path then receives with devmem RX).
+  std::function<Result<std::unique_ptr<ZcrxKernel>>(int ifindex, uint32_t queue, int sock_fd, int dmabuf_fd,
+                                                    uint64_t dmabuf_size, uint32_t rq_entries)>
+      zcrx;
 };
 
 // The production seams: netlink and sockets of the running kernel, CUDA dmabuf export and the

@@ -21,9 +21,8 @@
 #include "core/log.h"
 #include "core/reaper.h"
 #include "memory/backend.h"
+#include "transport/devmem/devmem_path_rx.h"
 #include "transport/devmem/region.h"
-#include "transport/devmem/rx.h"
-#include "transport/devmem/rx_binding.h"
 #include "transport/devmem/tx.h"
 #include "transport/devmem/tx_regions.h"
 
@@ -31,7 +30,6 @@ namespace dmx {
 namespace {
 
 using devmem::BoundRegion;
-using devmem::DevmemRx;
 using devmem::DevmemTx;
 using devmem::Gatherer;
 
@@ -39,6 +37,7 @@ constexpr auto kDeviceWait = std::chrono::seconds(10);  // a copy or gather that
 constexpr auto kQuiesceWait = std::chrono::seconds(5);  // stop/fail: bounded wait for user memory copies
 constexpr int kRxCallsPerRound = 16;                     // recvmsg calls before looking at TX again
 constexpr uint32_t kStagePiece = 4096;                   // D2D staging descriptors (gather kernel)
+constexpr int kZcrxPollMs = 20;                          // longest sleep on the zcrx eventfd while receiving
 
 bool host_memory(const MemSpec& m) { return m.kind == MemKind::kHost || m.kind == MemKind::kPinned; }
 
@@ -106,13 +105,13 @@ class DevmemPath final : public PayloadPath {
     UniqueFd fd;
     std::string peer;
     devmem::HostSeams seams;
-    std::shared_ptr<devmem::SharedRxBinding> rx_shared;  // the process's RX pool binding (rx_binding.h)
     Buffer ring;
     std::unique_ptr<BoundRegion> tx_bound;
     std::unique_ptr<devmem::KernelSocket> sock;
     std::unique_ptr<SwitchGatherer> gatherer;
     std::unique_ptr<Stager> stager;
-    std::unique_ptr<DevmemRx> rx;
+    std::unique_ptr<devmem::PathRx> rx;  // zcrx or devmem RX (devmem_path_rx.h)
+    std::string rx_note;                 // which receiver, and why not the other
     std::unique_ptr<DevmemTx> tx;
     UniqueFd wake;
   };
@@ -207,7 +206,9 @@ class DevmemPath final : public PayloadPath {
   }
   DevmemPathCounters counters() const {
     std::lock_guard<std::mutex> lock(stats_mu_);
-    return counters_;
+    DevmemPathCounters c = counters_;
+    c.rx_note = p_.rx_note;  // fixed at creation
+    return c;
   }
 
   std::string describe() const override {
@@ -216,13 +217,11 @@ class DevmemPath final : public PayloadPath {
       std::lock_guard<std::mutex> lock(stats_mu_);
       note = last_tx_note_.empty() ? std::string() : "; last TX from " + last_tx_note_;
     }
-    return fmt::format("devmem {} queues {}-{}, {} MiB RX pool (binding {}), {} MiB TX ring (binding {}) in {}{}",
-                       p_.seams.ifname, p_.seams.queues.empty() ? 0 : p_.seams.queues.front(),
-                       p_.seams.queues.empty() ? 0 : p_.seams.queues.back(), p_.rx_shared->pool_size() >> 20, rx_binding_,
+    return fmt::format("devmem {}: RX by {}; {} MiB TX ring (binding {}) in {}{}", p_.seams.ifname, p_.rx_note,
                        p_.ring.size() >> 20, tx_binding_, to_string(p_.seams.memory), note);
   }
 
-  void set_bindings(uint32_t rx, uint32_t tx) { rx_binding_ = rx, tx_binding_ = tx; }
+  void set_tx_binding(uint32_t tx) { tx_binding_ = tx; }
 
  private:
   // TX chunk lifecycle:  kNew -> kStaging (copy into the ring enqueued) -> kStaged (copy done:
@@ -277,7 +276,7 @@ class DevmemPath final : public PayloadPath {
     for (;;) {
       std::vector<Event> events;
       bool exit = false;
-      pollfd fds[2] = {{p_.wake.get(), POLLIN, 0}, {-1, 0, 0}};
+      pollfd fds[3] = {{p_.wake.get(), POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
       int timeout = -1;
       {
         std::lock_guard<std::mutex> io(io_mu_);
@@ -302,7 +301,7 @@ class DevmemPath final : public PayloadPath {
         } else if (failed_.ok()) {
           Status s = round(events);
           if (!s.ok()) fail(std::move(s), events);
-          if (failed_.ok()) timeout = poll_plan(&fds[1]);
+          if (failed_.ok()) timeout = poll_plan(&fds[1], &fds[2]);
         }
         if (!failed_.ok() && !exit) {  // failed: every chunk posted meanwhile completes with the failure
           for (auto& t : tx_)
@@ -319,7 +318,9 @@ class DevmemPath final : public PayloadPath {
         std::shared_ptr<void> keep = std::move(keep_alive_);  // released after on_path_stopped returned
         return;
       }
-      int n = ::poll(fds, fds[1].fd >= 0 ? 2 : 1, timeout);
+      nfds_t nfds = fds[2].fd >= 0 ? 3 : fds[1].fd >= 0 ? 2 : 1;
+      if (fds[1].fd < 0) fds[1] = {-1, 0, 0};  // poll ignores a negative fd
+      int n = ::poll(fds, nfds, timeout);
       if (n > 0 && (fds[0].revents & POLLIN)) {
         uint64_t v;
         ssize_t r = ::read(p_.wake.get(), &v, sizeof v);
@@ -348,19 +349,24 @@ class DevmemPath final : public PayloadPath {
     return check_unclaimed();
   }
 
-  // What poll() should wait for on the data socket, and how long.
-  int poll_plan(pollfd* pfd) {
+  // What poll() should wait for on the data socket (and the receiver's own fd), and how long.
+  int poll_plan(pollfd* pfd, pollfd* rx_fd) {
     short ev = 0;
     int timeout = -1;
-    if (!rx_.empty()) ev |= POLLIN;
-    else if (!peer_shut_) ev |= POLLRDHUP;  // no receive posted: learn when the peer stops sending
+    pollfd ready = p_.rx ? p_.rx->ready_fd() : pollfd{-1, 0, 0};
+    if (!rx_.empty() && ready.fd < 0) ev |= POLLIN;
+    if (!rx_.empty() && ready.fd >= 0) {
+      *rx_fd = ready;
+      timeout = kZcrxPollMs;  // a missed wake-up costs latency, never a hang
+    }
+    if (rx_.empty() && !peer_shut_) ev |= POLLRDHUP;  // no receive posted: learn when the peer stops sending
     if (tx_blocked_) ev |= POLLOUT;
     bool device_work = std::any_of(tx_.begin(), tx_.end(), [](const TxSeg& t) {
       return t.state == TxState::kStaging || t.state == TxState::kInFlight;
     });
     // Staging copies and (over the double) zerocopy completions have no fd to wait on.
     if (device_work) timeout = 1;
-    if (unclaimed_since_) timeout = timeout < 0 ? 50 : std::min(timeout, 50);
+    if (unclaimed_since_ || (ready.fd >= 0 && peer_shut_ && rx_.empty())) timeout = timeout < 0 ? 50 : std::min(timeout, 50);
     if (!tx_.empty() && !device_work && !tx_blocked_) timeout = 0;  // more to stage or send now
     if (!rx_.empty() && rx_.front().len == 0) timeout = 0;
     if (ev != 0 || timeout >= 0) {
@@ -393,7 +399,10 @@ class DevmemPath final : public PayloadPath {
       return Status();
     }
     int avail = 0;
-    if (::ioctl(p_.fd.get(), FIONREAD, &avail) != 0 || avail <= 0) {
+    if (::ioctl(p_.fd.get(), FIONREAD, &avail) != 0) avail = 0;
+    DMX_ASSIGN_OR_RETURN(uint64_t held, p_.rx->unclaimed());
+    avail += static_cast<int>(std::min<uint64_t>(held, 1 << 30));
+    if (avail <= 0) {
       unclaimed_since_.reset();
       return Status();
     }
@@ -583,18 +592,7 @@ class DevmemPath final : public PayloadPath {
 
   void publish_stats() {
     std::lock_guard<std::mutex> lock(stats_mu_);
-    if (p_.rx) {
-      const auto& r = p_.rx->stats();
-      counters_.fragments = r.frags;
-      counters_.linear_bytes = r.linear_bytes;
-      counters_.linear_chunks = r.linear_chunks;
-      counters_.devmem_bytes = r.devmem_bytes;
-      counters_.plain_calls = r.plain_calls;
-      counters_.tokens_returned = r.tokens.returned;
-      counters_.tokens_unknown = r.tokens.unknown;
-      counters_.tokens_outstanding = p_.rx->outstanding_tokens();
-      counters_.gathers = r.gathers;
-    }
+    if (p_.rx) p_.rx->counters(&counters_);
     if (p_.tx) {
       const auto& t = p_.tx->stats();
       counters_.sendmsg_calls = t.sendmsg_calls;
@@ -615,7 +613,7 @@ class DevmemPath final : public PayloadPath {
   }
 
   Parts p_;
-  uint32_t rx_binding_ = 0, tx_binding_ = 0;
+  uint32_t tx_binding_ = 0;
 
   // mu_ guards the posts, the flags and the failure (lock order: io_mu_, then mu_, then stats_mu_).
   mutable std::mutex mu_;
@@ -648,7 +646,7 @@ class DevmemPath final : public PayloadPath {
 }  // namespace
 
 Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, const Config& config, std::string peer,
-                                                      devmem::HostSeams seams, std::shared_ptr<void> steering) {
+                                                      devmem::HostSeams seams, DevmemSteer steer) {
   auto why = [&](const Status& s, std::string_view what) {
     return Status(s.code(), fmt::format("devmem path: {}: {}", what, s.message())).with_peer(peer);
   };
@@ -656,24 +654,28 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
   if (!seams.netlink || !seams.exporter || !seams.socket || !seams.gatherer)
     return Status(Code::kInvalidArgument, "devmem path: incomplete seams");
   DevmemPath::Parts p;
-  p.steering = std::move(steering);
   p.fd = std::move(data_socket);
   p.peer = peer;
-  uint64_t pool_size = std::max<uint64_t>(config.get_size("devmem_rx_pool") / 4096 * 4096, 1 << 20);
-  auto rxs = devmem::acquire_rx_binding(seams, pool_size);
-  if (!rxs.ok()) return Status(rxs.status().code(), rxs.status().message()).with_peer(peer);
-  p.rx_shared = std::move(*rxs);
-  pool_size = p.rx_shared->pool_size();
+  p.sock = seams.socket(p.fd.get());
+  auto g = seams.gatherer();
+  if (!g.ok()) return why(g.status(), "RX gatherer");
+  p.gatherer = std::make_unique<SwitchGatherer>(std::move(*g));
+  // The receiver first: zcrx decides which queue the data socket must be steered to.
+  auto rx = devmem::open_path_rx(seams, p.fd.get(), p.sock.get(), p.gatherer.get(), config, peer);
+  if (!rx.ok()) return Status(rx.status().code(), "devmem path: " + rx.status().message()).with_peer(peer);
+  p.rx = std::move(rx->rx);
+  p.rx_note = std::move(rx->note);
+  if (steer) {
+    auto s = steer(rx->queue);
+    if (!s.ok()) return s.status().with_peer(peer);
+    p.steering = std::move(*s);
+  }
   auto ring = Buffer::allocate(seams.memory, kDevmemTxRing);
   if (!ring.ok()) return why(ring.status(), "allocating the TX ring");
   p.ring = std::move(*ring);
   auto txb = BoundRegion::bind_tx(*seams.netlink, seams.ifindex, p.ring.region(), seams.exporter);
   if (!txb.ok()) return why(txb.status(), fmt::format("bind-tx of the TX ring to {}", seams.ifname));
   p.tx_bound = std::move(*txb);
-  p.sock = seams.socket(p.fd.get());
-  auto g = seams.gatherer();
-  if (!g.ok()) return why(g.status(), "RX gatherer");
-  p.gatherer = std::make_unique<SwitchGatherer>(std::move(*g));
   if (host_memory(seams.memory)) {
     p.stager = std::make_unique<Stager>(nullptr);
   } else {
@@ -681,13 +683,6 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
     if (!sg.ok()) return why(sg.status(), "TX staging gatherer");
     p.stager = std::make_unique<Stager>(std::move(*sg));
   }
-  devmem::RxOptions ro = devmem::rx_options(config);
-  ro.peer = peer;
-  // Never hold more than a quarter of the pool's pages in tokens (a fragment pins a page).
-  ro.max_outstanding_frags = std::max<size_t>(1, std::min<size_t>(ro.max_outstanding_frags, pool_size / 4096 / 4));
-  auto rx = DevmemRx::create(p.sock.get(), p.rx_shared->bound().rx_pool(), p.gatherer.get(), ro);
-  if (!rx.ok()) return why(rx.status(), "receive side");
-  p.rx = std::move(*rx);
   devmem::TxOptions to;
   to.ifname = seams.ifname;
   to.peer = peer;
@@ -696,10 +691,10 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
   p.tx = std::move(*tx);
   p.wake.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!p.wake.valid()) return errno_status("eventfd(devmem path)", errno);
-  uint32_t rx_id = p.rx_shared->bound().id(), tx_id = p.tx_bound->id();
+  uint32_t tx_id = p.tx_bound->id();
   p.seams = std::move(seams);
   auto path = std::make_unique<DevmemPath>(std::move(p));
-  path->set_bindings(rx_id, tx_id);
+  path->set_tx_binding(tx_id);
   DMX_LOG_INFO("devmem path to {}: {}", peer, path->describe());
   return std::unique_ptr<PayloadPath>(std::move(path));
 }

@@ -26,8 +26,13 @@
 //                per-allocation export/bind on the hot path, no cache to invalidate when the user
 //                frees memory, bounded pinned NIC mappings; the cost is one D2D copy per chunk
 //                (~1.4 TB/s on H100, far above any NIC).
-//   RX           a path-owned RX pool in `memory` (setting devmem_rx_pool), bound with bind-rx to
-//                the devmem queues once at creation. DevmemRx receives (recvmsg MSG_SOCK_DEVMEM),
+//   RX           io_uring zcrx or devmem RX (setting devmem_rx; devmem_path_rx.h says which is
+//                chosen and how it falls back; the describe() text names the receiver and why not
+//                the other). zcrx: one ifq per path on a free queue of devmem_queues, its area a
+//                dma-buf of a path-owned pool (devmem_rx_pool bytes), buffers back through the
+//                refill ring in batches after the gather (zcrx.h). devmem RX:
+//                the process's RX pool in `memory` (setting devmem_rx_pool), bound with bind-rx to
+//                the devmem queues once (rx_binding.h). DevmemRx receives (recvmsg MSG_SOCK_DEVMEM),
 //                validates every cmsg, gathers fragments and linear chunks into dst, and returns
 //                the tokens after the gather completed. Destinations must be memory the gatherer
 //                can write (CUDA on the pool's device; host, pinned or sim over the double); a chunk
@@ -56,7 +61,9 @@
 // under such a lock while its thread may still be delivering events.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/config.h"
@@ -78,6 +85,9 @@ inline constexpr int kDevmemExtraGraceMs = 500;
 // path's own needs (devmem_queues set and well-formed, a CUDA device). Ok, or kUnavailable with
 // the exact first reason (for statistics and `dmx bench`).
 Status devmem_path_offer(const Config& config);
+// Whether zcrx can receive for devmem here (kernel 6.16+, the zcrx probe, the NIC's queue API):
+// ok, or kUnavailable with the reason. Non-destructive.
+Status devmem_zcrx_offer(const Config& config);
 
 // The path over `data_socket` (a connected TCP socket dedicated to payload, already authenticated
 // by the engine; the path owns it from now on) with the production seams on CUDA device
@@ -86,11 +96,17 @@ Status devmem_path_offer(const Config& config);
 Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, const Config& config, std::string peer,
                                                       int cuda_device = 0);
 
+// Steers the data socket's incoming packets to `queue` (the zcrx receiver's one queue), or, when
+// nullopt, to one of devmem_queues (devmem RX); the result (the NIC flow rule) is kept until the
+// path is destroyed.
+using DevmemSteer = std::function<Result<std::shared_ptr<void>>(std::optional<uint32_t> queue)>;
+
 // The same over any seams: tests pass devmem::testing::SimNic::seams() (tests/devmem/
 // socket_double.h, library dmx_devmem_double) and a connected socket pair, so real bytes move.
-// `steering` (the NIC flow rule of the production overload) is kept until the path is destroyed.
+// The receiver is chosen by setting devmem_rx (devmem_path_rx.h); `steer` (the production
+// overload's NIC flow rule) is called once it is known.
 Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, const Config& config, std::string peer,
-                                                      devmem::HostSeams seams, std::shared_ptr<void> steering = nullptr);
+                                                      devmem::HostSeams seams, DevmemSteer steer = nullptr);
 
 // Devmem-specific counters of a path made by make_devmem_path (for tests and detailed statistics;
 // PathStats folds them: device_copies = gathers + TX staging copies, host_copies = linear chunks).
@@ -101,6 +117,10 @@ struct DevmemPathCounters {
   uint64_t direct_sends = 0;  // chunks sent straight from a registered region bound for TX
   uint64_t ring_sends = 0;    // device chunks staged through the TX ring
   std::string tx_note;        // where the last device chunk went from, and why ("ring: ...")
+  // The zcrx receiver (devmem_path_rx.h); zero with devmem RX.
+  uint64_t zcrx_cqes = 0, zcrx_bytes = 0, zcrx_refills = 0, zcrx_refill_flushes = 0, zcrx_arms = 0;
+  uint64_t zcrx_buffers_held = 0;
+  std::string rx_note;        // the receiver ("zcrx: queue 13 ..." / "devmem RX: ...; zcrx not used: ...")
 };
 // Counters of `path` when it is a devmem path, else nullopt-like false.
 bool devmem_path_counters(const PayloadPath& path, DevmemPathCounters* out);

@@ -6,11 +6,13 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <optional>
 
 #include "core/log.h"
 #include "transport/devmem/devmem_path.h"
 #include "transport/devmem/devmem.h"
 #include "transport/devmem/nic.h"
+#include "transport/devmem/probe_bind.h"
 #include "transport/devmem/rule_ledger.h"
 
 namespace dmx {
@@ -21,6 +23,18 @@ Status devmem_path_offer(const Config& config) {
   if (queues.empty())
     return Status(Code::kUnavailable, "devmem: setting devmem_queues is empty (the RX queues given to dmx devmem setup)");
   if (auto q = devmem::parse_queue_range(queues); !q.ok()) return Status(Code::kUnavailable, q.status().message());
+  return Status();
+}
+
+Status devmem_zcrx_offer(const Config& config) {
+  const std::string& ifname = config.get_string("devmem_ifname");
+  auto seams = devmem::kernel_seams(config, static_cast<int>(config.get_int("devmem_gpu")));
+  if (!seams.ok()) return Status(Code::kUnavailable, seams.status().message());
+  // The probe reaches the dma-buf import without touching a queue; the queue API verdict is bind-rx's.
+  uint32_t queue = seams->queues.empty() ? 0 : seams->queues.back();
+  Capability rx = devmem::probe_bind_rx(*seams->netlink, ifname, seams->ifindex, queue);
+  Capability z = devmem::probe_zcrx(ifname, seams->ifindex, queue, rx);
+  if (!z.available) return Status(Code::kUnavailable, "zcrx: " + z.detail);
   return Status();
 }
 
@@ -75,11 +89,11 @@ Result<devmem::FlowRule> rule_for(const sockaddr_storage& local, const sockaddr_
   return Status(Code::kUnavailable, "devmem path: the data socket is neither TCP over IPv4 nor over IPv6");
 }
 
-// Steers this data socket's incoming packets to one of the devmem RX queues (ETHTOOL_SRXCLSRLINS
-// at a free location, dst = our address and port, src = the peer's), so that its payload lands in
-// the bound pool.
+// Steers this data socket's incoming packets to `queue` (zcrx's) or, when nullopt, to one of the
+// devmem RX queues chosen by port (ETHTOOL_SRXCLSRLINS at a free location, dst = our address and
+// port, src = the peer's), so that its payload lands in the bound pool or the zcrx area.
 Result<std::shared_ptr<void>> steer_data_socket(int fd, const devmem::HostSeams& seams, const std::string& peer,
-                                                const std::string& state_dir) {
+                                                const std::string& state_dir, std::optional<uint32_t> queue) {
   sockaddr_storage local{}, remote{};
   socklen_t ll = sizeof local, rl = sizeof remote;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return errno_status("getsockname", errno);
@@ -87,7 +101,8 @@ Result<std::shared_ptr<void>> steer_data_socket(int fd, const devmem::HostSeams&
   if (seams.queues.empty()) return Status(Code::kUnavailable, "devmem path: no devmem RX queues (devmem_queues)");
   uint16_t port = local.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port)
                                               : ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port);
-  DMX_ASSIGN_OR_RETURN(devmem::FlowRule rule, rule_for(local, remote, seams.queues[port % seams.queues.size()]));
+  DMX_ASSIGN_OR_RETURN(devmem::FlowRule rule,
+                       rule_for(local, remote, queue ? *queue : seams.queues[port % seams.queues.size()]));
   auto g = std::make_shared<FlowRuleGuard>();
   g->nic = devmem::make_kernel_nic_ops();
   g->ledger = std::make_unique<devmem::RuleLedger>(devmem::RuleLedger::path_for(state_dir, seams.ifname));
@@ -112,9 +127,11 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
                                                       int cuda_device) {
   DMX_ASSIGN_OR_RETURN(devmem::HostSeams seams, devmem::kernel_seams(config, cuda_device));
   if (!data_socket.valid()) return Status(Code::kInvalidArgument, "devmem path: no data socket");
-  auto steering = steer_data_socket(data_socket.get(), seams, peer, config.get_string("devmem_state_dir"));
-  if (!steering.ok()) return steering.status().with_peer(peer);
-  return make_devmem_path(std::move(data_socket), config, std::move(peer), std::move(seams), std::move(*steering));
+  int fd = data_socket.get();
+  DevmemSteer steer = [fd, seams, peer, dir = config.get_string("devmem_state_dir")](std::optional<uint32_t> q) {
+    return steer_data_socket(fd, seams, peer, dir, q);
+  };
+  return make_devmem_path(std::move(data_socket), config, std::move(peer), std::move(seams), std::move(steer));
 }
 
 }  // namespace dmx

@@ -42,8 +42,9 @@ class DevmemTransport final : public Transport {
       // The NIC can do it; whether it pays here is the topology's question.
       DMX_RETURN_IF_ERROR(consult_advisor(config, forced != 0));
       // The RX queues must be ours: a queue another process bound answers EEXIST, and then the
-      // next transport is offered, with that reason.
-      DMX_RETURN_IF_ERROR(hold_rx_binding(config));
+      // next transport is offered, with that reason. Not where paths will receive by zcrx (one
+      // ifq per path on those queues, which a devmem binding would hold).
+      DMX_RETURN_IF_ERROR(choose_receiver(config));
     }
     return std::vector<unsigned char>{kVersion, forced};
   }
@@ -107,6 +108,22 @@ class DevmemTransport final : public Transport {
                                                   gpu, config.get_string("devmem_ifname"), a->why));
   }
 
+  // devmem_rx: zcrx where possible (auto) or asked (zcrx), else the devmem RX binding, held now.
+  Status choose_receiver(const Config& config) {
+    const std::string& mode = config.get_string("devmem_rx");
+    if (mode != "devmem") {
+      Status z;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!zcrx_tried_) zcrx_ = devmem_zcrx_offer(config), zcrx_tried_ = true;
+        z = zcrx_;
+      }
+      if (z.ok()) return Status();
+      if (mode == "zcrx") return Status(Code::kUnavailable, "devmem: devmem_rx=zcrx, but " + z.message());
+    }
+    return hold_rx_binding(config);
+  }
+
   // The process's RX binding (rx_binding.h), held from the first offer for as long as this
   // transport (its context) lives, so that endpoints come and go without rebinding the queues.
   Status hold_rx_binding(const Config& config) {
@@ -125,8 +142,9 @@ class DevmemTransport final : public Transport {
 
   DevmemPathFactory factory_;
   std::shared_ptr<devmem::SharedRxBinding> held_;  // guarded by mu_
-  mutable std::mutex mu_;  // guards tried_, topology_, advice_, held_
-  bool tried_ = false;
+  mutable std::mutex mu_;  // guards tried_, topology_, advice_, held_, zcrx_tried_, zcrx_
+  bool tried_ = false, zcrx_tried_ = false;
+  Status zcrx_;  // devmem_zcrx_offer's answer, asked once
   std::shared_ptr<const topo::Topology> topology_;
   std::string advice_;
 };

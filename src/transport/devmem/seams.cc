@@ -45,6 +45,14 @@ Result<HostSeams> kernel_seams(const Config& config, int cuda_device) {
   s.socket = [](int fd) { return make_kernel_socket(fd); };
   s.gatherer = [cuda_device] { return make_cuda_gatherer(cuda_device); };
   s.memory = MemSpec{MemKind::kCuda, cuda_device};
+  s.zcrx = [](int ifindex, uint32_t queue, int sock, int dmabuf_fd, uint64_t size,
+              uint32_t rq_entries) -> Result<std::unique_ptr<ZcrxKernel>> {
+    // The kernel would answer EINVAL for either; the version says which.
+    if (running_kernel_before(6, 15)) return Status(Code::kUnavailable, "the kernel has no io_uring zcrx (needs Linux 6.15)");
+    if (running_kernel_before(6, 16))
+      return Status(Code::kUnavailable, "the kernel's zcrx has no dma-buf areas (needs Linux 6.16)");
+    return open_kernel_zcrx(ifindex, queue, sock, dmabuf_fd, size, rq_entries);
+  };
   return s;
 }
 

@@ -81,9 +81,10 @@ Status ZcrxRx::drain_cqes(size_t* n) {
     } else {
       uint64_t off = z.off & ~za::kAreaMask;
       auto len = static_cast<uint64_t>(cqe.res);
-      if (off > area_.size || len > area_.size - off || len > (1u << 31))
-        bad = Status(Code::kOutOfRange, fmt::format("zcrx: buffer [{}, +{}) outside the {}-byte area", off, len,
-                                                    area_.size));
+      uint64_t base = opt_.area_base;
+      if (off < base || off - base > area_.size || len > area_.size - (off - base) || len > (1u << 31))
+        bad = Status(Code::kOutOfRange, fmt::format("zcrx: buffer [{}, +{}) outside our {} bytes at {} of the area",
+                                                    off, len, area_.size, base));
       else
         leftover_.push_back({off, static_cast<uint32_t>(len), 0}), stats_.bytes += len;
     }
@@ -122,55 +123,88 @@ void ZcrxRx::flush_refills() {
   ++stats_.refill_flushes;
 }
 
-Status ZcrxRx::receive(MemRegion dst, Deadline deadline) {
-  if (!failed_.ok()) return failed_;
-  size_t got = 0;
+size_t ZcrxRx::take(MemRegion dst, size_t* got) {
   std::vector<Fragment> frags;
-  while (got < dst.size) {
-    // Hand what arrived to the gatherer; buffers consumed whole go back after its fence.
-    frags.clear();
-    Pending p{0, {}};
-    while (!leftover_.empty() && got < dst.size) {
-      Frag& f = leftover_.front();
-      auto n = static_cast<uint32_t>(std::min<uint64_t>(f.len - f.used, dst.size - got));
-      frags.push_back({f.off + f.used, got, n});
-      got += n;
-      f.used += n;
-      if (f.used == f.len) {
-        p.returns.push_back({token_ | f.off, f.len, 0});
-        leftover_.pop_front();
-      }
+  Pending p{0, {}};
+  while (!leftover_.empty() && *got < dst.size) {
+    Frag& f = leftover_.front();
+    auto n = static_cast<uint32_t>(std::min<uint64_t>(f.len - f.used, dst.size - *got));
+    frags.push_back({f.off - opt_.area_base + f.used, *got, n});
+    *got += n;
+    f.used += n;
+    if (f.used == f.len) {
+      p.returns.push_back({token_ | f.off, f.len, 0});
+      leftover_.pop_front();
     }
-    if (!frags.empty()) {
-      auto fence = g_->enqueue(area_, frags, nullptr, {}, dst);
-      if (!fence.ok()) return fail(fence.status());
-      ++stats_.gathers;
-      p.fence = *fence;
-      pending_.push_back(std::move(p));
-    }
+  }
+  if (frags.empty()) return 0;
+  auto fence = g_->enqueue(area_, frags, nullptr, {}, dst);
+  if (!fence.ok()) {
+    // The buffers are ours to give back even so; the failure is the caller's to report.
+    ready_.insert(ready_.end(), p.returns.begin(), p.returns.end());
+    failed_ = fence.status();
+    return frags.size();
+  }
+  ++stats_.gathers;
+  p.fence = *fence;
+  pending_.push_back(std::move(p));
+  return frags.size();
+}
+
+Status ZcrxRx::receive_some(MemRegion dst, size_t* got, Deadline deadline) {
+  if (!failed_.ok()) return failed_;
+  for (int pass = 0; pass < 2 && *got < dst.size; ++pass) {
+    take(dst, got);  // what arrived earlier (bytes beyond a previous destination)
+    if (!failed_.ok()) return fail(failed_);
     if (Status s = reclaim(false, deadline); !s.ok()) return fail(std::move(s));
-    if (got == dst.size) break;
+    if (*got == dst.size) break;
     size_t n = 0;
     if (Status s = drain_cqes(&n); !s.ok()) return fail(std::move(s));
     if (n > 0) continue;
     if (eof_)
-      return fail(Status(Code::kClosed, fmt::format("peer closed the connection after {} of {} bytes", got, dst.size)));
+      return fail(Status(Code::kClosed, fmt::format("peer closed the connection after {} of {} bytes", *got, dst.size)));
     if (!armed_) {
       if (Status s = k_->arm(kTag); !s.ok()) return fail(std::move(s));
       armed_ = true;
       ++stats_.rearms;
     }
-    flush_refills();  // the NIC may be waiting for buffers: never sleep on refills we hold
-    if (deadline.expired())
-      return fail(Status(Code::kTimeout, fmt::format("zcrx receive: {} of {} bytes by the deadline", got, dst.size)));
-    int ms = deadline.poll_timeout_ms();
-    if (Status s = k_->wait(ms < 0 ? 100 : std::min(ms, 100)); !s.ok())
-      return fail(std::move(s));
+    flush_refills();  // the NIC may be waiting for buffers: never idle on refills we hold
+    if (pass == 0)
+      if (Status s = k_->wait(0); !s.ok()) return fail(std::move(s));  // run the kernel's pending work
   }
+  if (*got < dst.size) flush_refills();
+  return Status();
+}
+
+Status ZcrxRx::finish(Deadline deadline) {
+  if (!failed_.ok()) return failed_;
   // Completion contract: dst holds the bytes; its buffers are back (or queued to go back).
   if (Status s = reclaim(true, deadline); !s.ok()) return fail(std::move(s));
   flush_refills();
   return Status();
+}
+
+Result<uint64_t> ZcrxRx::unclaimed() {
+  if (!failed_.ok()) return failed_;
+  size_t n = 0;
+  if (Status s = drain_cqes(&n); !s.ok()) return fail(std::move(s));
+  uint64_t bytes = 0;
+  for (const auto& f : leftover_) bytes += f.len - f.used;
+  return bytes;
+}
+
+Status ZcrxRx::receive(MemRegion dst, Deadline deadline) {
+  size_t got = 0;
+  while (got < dst.size) {
+    size_t before = got;
+    DMX_RETURN_IF_ERROR(receive_some(dst, &got, deadline));
+    if (got > before) continue;
+    if (deadline.expired())
+      return fail(Status(Code::kTimeout, fmt::format("zcrx receive: {} of {} bytes by the deadline", got, dst.size)));
+    int ms = deadline.poll_timeout_ms();
+    if (Status s = k_->wait(ms < 0 ? 100 : std::min(ms, 100)); !s.ok()) return fail(std::move(s));
+  }
+  return finish(deadline);
 }
 
 }  // namespace dmx::devmem

@@ -16,6 +16,8 @@
 // Thread-safety: one owner thread.
 #pragma once
 
+#include <poll.h>
+
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -51,8 +53,13 @@ class ZcrxKernel {
   virtual uint64_t area_token() const = 0;  // rq_area_token of the registered area
   // Submits a multishot RECV_ZC on the data socket, tagged `user_data`.
   virtual Status arm(uint64_t user_data) = 0;
-  // Lets the kernel post completions (io_uring_enter GETEVENTS), waiting up to timeout_ms for one.
+  // Lets the kernel post completions (io_uring_enter GETEVENTS), waiting up to timeout_ms for one
+  // (0: only run what is pending). The first arm() or wait() comes from the thread that owns the
+  // ring from then on (SINGLE_ISSUER: the real ring is created disabled and enabled there).
   virtual Status wait(int timeout_ms) = 0;
+  // What to poll(2) for "completions may be ready; call wait(0)": the real ring's eventfd
+  // (IORING_REGISTER_EVENTFD; signalled when deferred task work is queued and when CQEs post).
+  virtual pollfd ready_fd() const = 0;
 };
 
 // The real one: an io_uring (SINGLE_ISSUER | DEFER_TASKRUN | CQE32) with queue `queue` of
@@ -64,6 +71,10 @@ Result<std::unique_ptr<ZcrxKernel>> open_kernel_zcrx(int ifindex, uint32_t queue
 struct ZcrxOptions {
   size_t refill_batch = 64;  // refills posted together (always flushed before a wait)
   std::string peer;          // named in errors
+  // Area offsets of our memory start here: area offset o is area-memory byte o - area_base; a
+  // buffer the kernel places before it is refused (the path asks for 0: a dma-buf that begins at
+  // its memory).
+  uint64_t area_base = 0;
 };
 
 struct ZcrxStats {
@@ -82,6 +93,14 @@ class ZcrxRx {
 
   // Receives exactly dst.size bytes into dst (bytes beyond it stay for the next call).
   Status receive(MemRegion dst, Deadline deadline);
+  // The same without waiting, for a poll loop: gathers what has arrived into dst from *got on
+  // (advancing *got), lets the kernel post what is pending, re-arms and gives buffers back; returns
+  // with *got unchanged when nothing is there (then poll kernel->ready_fd()). When *got reached
+  // dst.size, finish() waits for the gathers.
+  Status receive_some(MemRegion dst, size_t* got, Deadline deadline);
+  Status finish(Deadline deadline);
+  // Bytes received that no receive has claimed yet (completions drained first).
+  Result<uint64_t> unclaimed();
   const ZcrxStats& stats() const { return stats_; }
   size_t buffers_held() const;  // received buffers not yet given back
   const Status& error() const { return failed_; }
@@ -98,6 +117,7 @@ class ZcrxRx {
   ZcrxRx(ZcrxKernel* k, MemRegion area, Gatherer* g, ZcrxOptions o) : k_(k), area_(area), g_(g), opt_(std::move(o)) {}
   Status fail(Status s);
   Status drain_cqes(size_t* n);
+  size_t take(MemRegion dst, size_t* got);  // leftover buffers -> one gather into dst
   Status reclaim(bool all, Deadline deadline);
   void flush_refills();
 

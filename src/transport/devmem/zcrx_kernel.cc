@@ -1,6 +1,7 @@
 // The real kernel side of zcrx (zcrx.h): io_uring set-up, IFQ registration, RECV_ZC, and the probe.
 #include <fmt/format.h>
 #include <linux/time_types.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -64,10 +65,13 @@ class KernelZcrx final : public ZcrxKernel {
     auto k = std::unique_ptr<KernelZcrx>(new KernelZcrx());
     k->sock_ = sock;
     io_uring_params p{};
-    p.flags = za::kSetupSingleIssuer | za::kSetupDeferTaskrun | za::kSetupCqe32;
+    // Created disabled: the thread that enables it (the first arm()/wait(), the path's own thread)
+    // becomes its single issuer, the only one that may submit and run its task work.
+    p.flags = za::kSetupSingleIssuer | za::kSetupDeferTaskrun | za::kSetupCqe32 | za::kSetupRDisabled;
     int fd = sys_setup(64, &p);
     if (fd < 0)
-      return errno_status("io_uring_setup(SINGLE_ISSUER | DEFER_TASKRUN | CQE32)", errno, Code::kUnavailable);
+      return errno_status("io_uring_setup(SINGLE_ISSUER | DEFER_TASKRUN | CQE32 | R_DISABLED)", errno,
+                          Code::kUnavailable);
     k->fd_.reset(fd);
     if (!(p.features & za::kFeatSingleMmap)) return Status(Code::kUnavailable, "io_uring without IORING_FEAT_SINGLE_MMAP");
     size_t sq_sz = p.sq_off.array + p.sq_entries * sizeof(uint32_t);
@@ -123,6 +127,11 @@ class KernelZcrx final : public ZcrxKernel {
     k->rings_.rq_mask = reg.rq_entries - 1;
     k->token_ = area.rq_area_token;
     k->zcrx_id_ = reg.zcrx_id;
+    // With DEFER_TASKRUN nothing runs until we enter the ring; the eventfd says when to.
+    k->evfd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!k->evfd_.valid()) return errno_status("eventfd(zcrx)", errno);
+    int efd = k->evfd_.get();
+    if (sys_register(fd, za::kRegisterEventfd, &efd, 1) < 0) return errno_status("IORING_REGISTER_EVENTFD", errno);
     return k;
   }
 
@@ -130,6 +139,7 @@ class KernelZcrx final : public ZcrxKernel {
   uint64_t area_token() const override { return token_; }
 
   Status arm(uint64_t user_data) override {
+    DMX_RETURN_IF_ERROR(enable());
     uint32_t tail = *sq_tail_;
     uint32_t idx = tail & sq_mask_;
     auto* sqe = static_cast<uint8_t*>(sqes_.p) + size_t{idx} * za::kSqeSize;
@@ -148,6 +158,10 @@ class KernelZcrx final : public ZcrxKernel {
   }
 
   Status wait(int timeout_ms) override {
+    DMX_RETURN_IF_ERROR(enable());
+    uint64_t v;
+    while (::read(evfd_.get(), &v, sizeof v) > 0) {
+    }
     __kernel_timespec ts{timeout_ms / 1000, static_cast<long long>(timeout_ms % 1000) * 1000000};
     io_uring_getevents_arg arg{};
     arg.ts = reinterpret_cast<uintptr_t>(&ts);
@@ -157,9 +171,20 @@ class KernelZcrx final : public ZcrxKernel {
     return Status();
   }
 
+  pollfd ready_fd() const override { return {evfd_.get(), POLLIN, 0}; }
+
  private:
   KernelZcrx() = default;
+  Status enable() {
+    if (enabled_) return Status();
+    if (sys_register(fd_.get(), za::kRegisterEnableRings, nullptr, 0) < 0)
+      return errno_status("IORING_REGISTER_ENABLE_RINGS", errno);
+    enabled_ = true;
+    return Status();
+  }
   UniqueFd fd_;
+  UniqueFd evfd_;
+  bool enabled_ = false;
   Mapping ring_, sqes_, refill_;  // unmapped before fd_ closes (declared after it)
   int sock_ = -1;
   uint32_t* sq_tail_ = nullptr;
