@@ -18,7 +18,7 @@ namespace dmx::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr uint64_t kPiecesPerThread = 32;  // fewer threads than that would spend more joining than reading
+constexpr uint64_t kPiecesPerThread = 8;  // a 1 MiB chunk: 32 blocks; fewer pieces each would spend more joining than reading
 
 struct Params {
   uint32_t powers[64];  // x^(2^k) modulo the polynomial
