@@ -129,10 +129,10 @@ Status Stream::fill_pipeline(bool* progress) {
       assert(!free_tx_slots_.empty() && "pipeline depth equals the number of tx slots");
       item.slot = free_tx_slots_.back();
       free_tx_slots_.pop_back();
-      DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(item.slot), item.src, item.len));
-      if (checks(item.header)) {
+      if (checks(item.header)) {  // before the copy: the device computes it beside the copy
         DMX_ASSIGN_OR_RETURN(item.crc_ticket, item.queue->checksum(item.src, item.len));
       }
+      DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(item.slot), item.src, item.len));
       DMX_ASSIGN_OR_RETURN(item.fence, item.queue->record());
       stats_.d2h_copies.fetch_add(1, std::memory_order_relaxed);
       stats_.d2h_bytes.fetch_add(item.len, std::memory_order_relaxed);
@@ -195,10 +195,10 @@ Status Stream::stage_control(TxItem& item) {
   if (item.len > pool_->slot_size()) return Status(Code::kInternal, "inline payload larger than a staging slot");
   int slot = 2 * config_.slots;  // the reserved control slot
   DMX_TRACE_POINT("st.d2h");
-  DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(slot), item.src, item.len));
-  if (checks(item.header)) {
+  if (checks(item.header)) {  // before the copy: the device computes it beside the copy
     DMX_ASSIGN_OR_RETURN(item.crc_ticket, item.queue->checksum(item.src, item.len));
   }
+  DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(slot), item.src, item.len));
   DMX_ASSIGN_OR_RETURN(uint64_t fence, item.queue->record());
   DMX_TRACE_POINT("st.d2h.issued");
   DMX_RETURN_IF_ERROR(item.queue->wait(fence, Deadline::after(std::chrono::seconds(30))));
