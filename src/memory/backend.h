@@ -27,9 +27,8 @@ class CopyQueue {
   virtual Result<bool> done(uint64_t fence) = 0;
   virtual Status wait(uint64_t fence, Deadline deadline) = 0;
   // Enqueue the CRC32C (core/crc32c.h) of `n` bytes of device memory at `dev`, computed on the
-  // device after the copies enqueued before it; copies enqueued after it may run beside it (so
-  // they must not write those bytes). Returns a ticket; checksum_result(ticket) is the CRC once a
-  // fence recorded after it has completed, for the last kChecksumsKept tickets.
+  // device, in order with the copies. Returns a ticket; checksum_result(ticket) is the CRC once a
+  // fence recorded after it has completed, for the last kChecksumsKept - 1 tickets.
   static constexpr uint64_t kChecksumsKept = 64;
   virtual Result<uint64_t> checksum(const void* dev, size_t n) {
     return Status(Code::kUnavailable, "this copy queue computes no checksums");

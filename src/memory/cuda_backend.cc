@@ -52,11 +52,7 @@ class CudaQueue final : public CopyQueue {
     for (auto& [fence, ev] : pending_) pool_->release(ev);
     if (scratch_ != nullptr) {
       DeviceGuard guard(device_);
-      (void)cudaStreamSynchronize(side_);
       (void)cudaFree(scratch_);
-      (void)cudaEventDestroy(before_);
-      (void)cudaEventDestroy(after_);
-      (void)cudaStreamDestroy(side_);
     }
     if (results_ != nullptr) (void)cudaFreeHost(results_);
     // cudaStreamDestroy returns at once; work still queued completes first. During process exit the
@@ -71,50 +67,38 @@ class CudaQueue final : public CopyQueue {
     return copy(dev_dst, host_src, n, cudaMemcpyHostToDevice, "to_device");
   }
 
-  // The kernel runs on a side stream, after the copies enqueued before it (`before_`) but beside
-  // those enqueued after it: a sender's CRC of its source overlaps the staging copy of the same
-  // bytes. The next record() joins it (`after_`). It leaves the raw CRC in device scratch; a 4-byte
-  // copy brings it to a pinned slot per ticket. One scratch word suffices: the side stream orders
-  // each checksum's reset, kernel and copy.
+  // Two calls per checksum, since the stream thread that makes them is the staged path's
+  // bottleneck: the kernel XORs the raw CRC into one device word that is never reset, and a
+  // 4-byte copy brings the word to a pinned slot per ticket; the CRC is the XOR of two
+  // consecutive slots. The stream orders the kernels and copies.
   Result<uint64_t> checksum(const void* dev, size_t n) override {
     DMX_RETURN_IF_ERROR(error_);
     DeviceGuard guard(device_);  // kernels launch on the current device
     DMX_RETURN_IF_ERROR(guard.status());
     if (scratch_ == nullptr) {
       DMX_CUDA_RETURN_IF_ERROR("cudaMalloc(crc scratch)", device_, cudaMalloc(reinterpret_cast<void**>(&scratch_), sizeof(uint32_t)));
+      // On this stream: a plain cudaMemset runs on the legacy stream, which a non-blocking stream
+      // does not wait for (the first kernel could XOR into the word before it is zeroed).
+      DMX_CUDA_RETURN_IF_ERROR("cudaMemsetAsync(crc scratch)", device_, cudaMemsetAsync(scratch_, 0, sizeof(uint32_t), stream_));
       DMX_CUDA_RETURN_IF_ERROR("cudaHostAlloc(crc results)", device_,
                                cudaHostAlloc(reinterpret_cast<void**>(&results_), kChecksumsKept * sizeof(uint32_t), cudaHostAllocPortable));
-      DMX_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags(crc side stream)", device_,
-                               cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-      DMX_CUDA_RETURN_IF_ERROR("cudaEventCreate(crc)", device_, cudaEventCreateWithFlags(&before_, cudaEventDisableTiming));
-      DMX_CUDA_RETURN_IF_ERROR("cudaEventCreate(crc)", device_, cudaEventCreateWithFlags(&after_, cudaEventDisableTiming));
+      results_[0] = 0;  // the word before the first ticket
     }
     uint64_t ticket = tickets_ + 1;
-    cudaError_t err = cudaEventRecord(before_, stream_);
-    if (err == cudaSuccess) err = cudaStreamWaitEvent(side_, before_, 0);
-    if (err != cudaSuccess) return fail(error_status("crc side stream ordering", device_, err));
-    Status s = cuda::launch_crc32c(dev, n, scratch_, side_);
+    Status s = cuda::launch_crc32c(dev, n, scratch_, stream_);
     if (!s.ok()) return fail(std::move(s));
-    err = cudaMemcpyAsync(&results_[ticket % kChecksumsKept], scratch_, sizeof(uint32_t), cudaMemcpyDeviceToHost, side_);
-    if (err == cudaSuccess) err = cudaEventRecord(after_, side_);
-    if (err != cudaSuccess) return fail(error_status("crc result copy", device_, err));
+    DMX_RETURN_IF_ERROR(copy(&results_[ticket % kChecksumsKept], scratch_, sizeof(uint32_t), cudaMemcpyDeviceToHost, "crc"));
     tickets_ = ticket;
     lengths_[ticket % kChecksumsKept] = n;
-    side_pending_ = true;
     return ticket;
   }
   uint32_t checksum_result(uint64_t ticket) const override {
     size_t i = ticket % kChecksumsKept;
-    return crc32c::from_raw(results_[i], lengths_[i]);
+    return crc32c::from_raw(results_[i] ^ results_[(ticket - 1) % kChecksumsKept], lengths_[i]);
   }
 
   Result<uint64_t> record() override {
     DMX_RETURN_IF_ERROR(error_);
-    if (side_pending_) {  // the fence covers the checksums enqueued since the last one
-      cudaError_t err = cudaStreamWaitEvent(stream_, after_, 0);
-      if (err != cudaSuccess) return fail(error_status("cudaStreamWaitEvent(crc)", device_, err));
-      side_pending_ = false;
-    }
     DMX_ASSIGN_OR_RETURN(cudaEvent_t ev, pool_->acquire());
     cudaError_t err = cudaEventRecord(ev, stream_);
     if (err != cudaSuccess) {
@@ -193,11 +177,8 @@ class CudaQueue final : public CopyQueue {
   std::deque<std::pair<uint64_t, cudaEvent_t>> pending_;  // recorded, not yet seen complete
   uint64_t recorded_ = 0;
   uint64_t completed_ = 0;
-  uint32_t* scratch_ = nullptr;  // device; made at the first checksum, with the three below
-  cudaStream_t side_ = nullptr;  // where checksum kernels run
-  cudaEvent_t before_ = nullptr, after_ = nullptr;
-  bool side_pending_ = false;    // a checksum since the last record()
-  uint32_t* results_ = nullptr;  // pinned, kChecksumsKept slots
+  uint32_t* scratch_ = nullptr;  // device: the XOR of every raw CRC so far; made at the first checksum
+  uint32_t* results_ = nullptr;  // pinned: scratch after ticket t in slot t % kChecksumsKept
   std::array<uint64_t, kChecksumsKept> lengths_{};
   uint64_t tickets_ = 0;
   Status error_;  // sticky: after a device error every call fails with it

@@ -9,8 +9,8 @@
 
 namespace dmx::cuda {
 
-// Enqueues on `stream` (a cudaStream_t of the current device): *scratch (device memory) = 0, then
-// the raw CRC32C of [data, data + n) into *scratch, by all SMs. Launch errors only.
+// Enqueues on `stream` (a cudaStream_t of the current device): *scratch (device memory) ^= the raw
+// CRC32C of [data, data + n), by all SMs. Launch errors only.
 Status launch_crc32c(const void* data, size_t n, uint32_t* scratch, void* stream);
 
 }  // namespace dmx::cuda

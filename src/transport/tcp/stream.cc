@@ -129,7 +129,7 @@ Status Stream::fill_pipeline(bool* progress) {
       assert(!free_tx_slots_.empty() && "pipeline depth equals the number of tx slots");
       item.slot = free_tx_slots_.back();
       free_tx_slots_.pop_back();
-      if (checks(item.header)) {  // before the copy: the device computes it beside the copy
+      if (checks(item.header)) {
         DMX_ASSIGN_OR_RETURN(item.crc_ticket, item.queue->checksum(item.src, item.len));
       }
       DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(item.slot), item.src, item.len));
@@ -195,7 +195,7 @@ Status Stream::stage_control(TxItem& item) {
   if (item.len > pool_->slot_size()) return Status(Code::kInternal, "inline payload larger than a staging slot");
   int slot = 2 * config_.slots;  // the reserved control slot
   DMX_TRACE_POINT("st.d2h");
-  if (checks(item.header)) {  // before the copy: the device computes it beside the copy
+  if (checks(item.header)) {
     DMX_ASSIGN_OR_RETURN(item.crc_ticket, item.queue->checksum(item.src, item.len));
   }
   DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(slot), item.src, item.len));
