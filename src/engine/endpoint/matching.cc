@@ -160,12 +160,11 @@ bool EndpointImpl::take_after_close(const std::shared_ptr<OpState>& op) {
   op->tag = u->tag;
   op->id = u->msg;
   op->via |= u->via;
-  Status s = u->corrupt;
-  if (!s.ok()) {
-  } else if (u->size > op->region.size)
+  Status s = u->corrupt;  // its bytes failed their checksum
+  if (s.ok() && u->size > op->region.size)
     s = Status(Code::kTruncated,
                fmt::format("a message of {} bytes does not fit the {}-byte receive buffer", u->size, op->region.size));
-  else if (u->size > 0)
+  else if (s.ok() && u->size > 0)
     s = copy_memory(op->region.sub(0, u->size), MemRegion{u->data.data(), u->size, {}});
   if (s.ok()) {
     ++counters_.host_copies;
