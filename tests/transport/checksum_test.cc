@@ -182,6 +182,14 @@ TEST(ChecksumCorruption, LoopPathChunkCorruptedAsItLandsFailsOnlyThatMessage) {
   // An eager message by the path, too.
   corrupt_loop_chunks(1);
   ASSERT_NO_FATAL_FAILURE(expect_loss_then_recovery(*c, *s, 100));
+  // And one that arrives before its receive: kept as unexpected, it fails the receive that takes it.
+  corrupt_loop_chunks(1);
+  Filled early = filled(MemSpec{}, 100);
+  Buffer into = poisoned(MemSpec{}, 100);
+  ASSERT_TRUE(c->send(early.buf.region(), 9).wait(30s).ok());
+  Status late = s->recv(into.region(), 9).wait(30s);
+  EXPECT_EQ(late.code(), Code::kDataLoss) << late.to_string();
+  EXPECT_TRUE(s->health().ok());
 }
 
 // Device memory over the staged TCP path: the device computes each chunk's CRC beside its staging
