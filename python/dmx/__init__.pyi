@@ -25,6 +25,9 @@ class Future:
     @property
     def tag(self) -> int:
         """recv: the tag of the matched message."""
+    @property
+    def crc32c(self) -> int:
+        """The CRC32C of the bytes moved when the endpoint checksums (checksum="crc32c"), else 0."""
     def wait(self, timeout: Optional[float] = None) -> int:
         """Waits (GIL released) and returns the bytes moved; a recv: the message size. Raises the
         operation's Error, or TimeoutError when `timeout` seconds pass first (it continues)."""

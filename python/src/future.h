@@ -61,6 +61,7 @@ class Future {
   bool done();
   void cancel();
   uint64_t tag() const { return req_.tag(); }
+  uint32_t crc32c() const { return req_.crc32c(); }
   // asyncio: post `id` to `waker` on completion. False when already complete (nothing posted).
   bool watch(std::shared_ptr<Waker> waker, uint64_t id);
 

@@ -160,6 +160,9 @@ PYBIND11_MODULE(_dmx, m) {
            "Asks for completion with CancelledError; no effect after completion (data already on its\n"
            "way may still complete the operation successfully).")
       .def_property_readonly("tag", &Future::tag, "recv: the tag of the matched message.")
+      .def_property_readonly("crc32c", &Future::crc32c,
+                             "The CRC32C of the bytes moved, when the endpoint checksums (checksum='crc32c' on\n"
+                             "either side); else 0.")
       .def("_watch", &Future::watch);
 
   py::class_<EndpointState, std::shared_ptr<EndpointState>>(m, "Endpoint", "A connection to one peer.")
