@@ -87,7 +87,10 @@ class CudaQueue final : public CopyQueue {
     uint64_t ticket = tickets_ + 1;
     Status s = cuda::launch_crc32c(dev, n, scratch_, stream_);
     if (!s.ok()) return fail(std::move(s));
-    DMX_RETURN_IF_ERROR(copy(&results_[ticket % kChecksumsKept], scratch_, sizeof(uint32_t), cudaMemcpyDeviceToHost, "crc"));
+    // Sticky on any error: the word already holds this CRC, so the chain of slots would be off.
+    if (Status c = copy(&results_[ticket % kChecksumsKept], scratch_, sizeof(uint32_t), cudaMemcpyDeviceToHost, "crc");
+        !c.ok())
+      return fail(std::move(c));
     tickets_ = ticket;
     lengths_[ticket % kChecksumsKept] = n;
     return ticket;
