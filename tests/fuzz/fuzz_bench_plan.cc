@@ -20,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!again.ok()) std::abort();
     if (again->op != p->op || again->size != p->size || again->iters != p->iters || again->window != p->window ||
         again->lat_iters != p->lat_iters || again->warmup != p->warmup || again->peer_mem != p->peer_mem ||
-        again->verify != p->verify || again->checksum != p->checksum || again->quit != p->quit)
+        again->verify != p->verify || again->checksum != p->checksum || again->crc != p->crc || again->quit != p->quit)
       std::abort();
   } else if (p.status().code() != Code::kProtocol) {
     std::abort();
