@@ -107,8 +107,6 @@ uint32_t zeros_operator(uint64_t n) {
   return r;
 }
 
-bool hardware() { return kHardware; }
-
 uint32_t extend(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
 #if defined(__x86_64__)

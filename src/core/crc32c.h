@@ -19,9 +19,6 @@ inline constexpr uint32_t kPoly = 0x82F63B78u;  // reflected
 uint32_t extend(uint32_t crc, const void* data, size_t n);
 inline uint32_t of(const void* data, size_t n) { return extend(0, data, n); }
 
-// Whether extend() uses the CPU's CRC instructions (for reports).
-bool hardware();
-
 // (a * b) modulo the polynomial, both in the reflected representation (x^0 is bit 31).
 uint32_t multiply(uint32_t a, uint32_t b);
 // x^(8 n) modulo the polynomial: multiplying a raw CRC by it appends n zero bytes.

@@ -29,6 +29,16 @@ const Harness& harness(const std::string& name) {
   throw std::runtime_error("no harness " + name);
 }
 
+// Dials `address` (the listener's, or a proxy's in front of it) and accepts: client, server.
+std::pair<Endpoint, Endpoint> dial(Context& client, Listener& l, const std::string& address) {
+  auto c = client.connect(address);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  auto s = l.accept(10s);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  if (!c.ok() || !s.ok()) return {};
+  return {std::move(*c), std::move(*s)};
+}
+
 Options checked() {
   Options o = test_options(1);
   o.set("chunk_size", "1M").set("checksum", "crc32c").set("peer_timeout", "5s").set("keepalive_interval", "200ms");
@@ -157,11 +167,9 @@ TEST(ChecksumCorruption, TcpBitFlippedOnTheWireFailsOnlyThatMessage) {
   const std::string addr = l->address();
   uint16_t port = static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1)));
   FlippingProxy proxy(port, 2);  // the second chunk of the first message
-  auto c = ctx->connect(proxy.address());
-  ASSERT_TRUE(c.ok()) << c.status().to_string();
-  auto s = l->accept(10s);
-  ASSERT_TRUE(s.ok()) << s.status().to_string();
-  ASSERT_NO_FATAL_FAILURE(expect_loss_then_recovery(*c, *s, 3 * (1 << 20) + 11));
+  auto [c, s] = dial(*ctx, *l, proxy.address());
+  ASSERT_TRUE(c.valid() && s.valid());
+  ASSERT_NO_FATAL_FAILURE(expect_loss_then_recovery(c, s, 3 * (1 << 20) + 11));
   EXPECT_TRUE(proxy.flipped());
 }
 
@@ -172,24 +180,22 @@ TEST(ChecksumCorruption, LoopPathChunkCorruptedAsItLandsFailsOnlyThatMessage) {
   ASSERT_TRUE(sc.ok() && cc.ok());
   auto l = sc->listen("tcp://127.0.0.1:0");
   ASSERT_TRUE(l.ok());
-  auto c = cc->connect(l->address());
-  ASSERT_TRUE(c.ok()) << c.status().to_string();
-  auto s = l->accept(10s);
-  ASSERT_TRUE(s.ok()) << s.status().to_string();
-  ASSERT_EQ(s->stats().transport, "loop");
+  auto [c, s] = dial(*cc, *l, l->address());
+  ASSERT_TRUE(c.valid() && s.valid());
+  ASSERT_EQ(s.stats().transport, "loop");
   corrupt_loop_chunks(1);
-  ASSERT_NO_FATAL_FAILURE(expect_loss_then_recovery(*c, *s, 3 * (1 << 20) + 11));
+  ASSERT_NO_FATAL_FAILURE(expect_loss_then_recovery(c, s, 3 * (1 << 20) + 11));
   // An eager message by the path, too.
   corrupt_loop_chunks(1);
-  ASSERT_NO_FATAL_FAILURE(expect_loss_then_recovery(*c, *s, 100));
+  ASSERT_NO_FATAL_FAILURE(expect_loss_then_recovery(c, s, 100));
   // And one that arrives before its receive: kept as unexpected, it fails the receive that takes it.
   corrupt_loop_chunks(1);
   Filled early = filled(MemSpec{}, 100);
   Buffer into = poisoned(MemSpec{}, 100);
-  ASSERT_TRUE(c->send(early.buf.region(), 9).wait(30s).ok());
-  Status late = s->recv(into.region(), 9).wait(30s);
+  ASSERT_TRUE(c.send(early.buf.region(), 9).wait(30s).ok());
+  Status late = s.recv(into.region(), 9).wait(30s);
   EXPECT_EQ(late.code(), Code::kDataLoss) << late.to_string();
-  EXPECT_TRUE(s->health().ok());
+  EXPECT_TRUE(s.health().ok());
 }
 
 // Device memory over the staged TCP path: the device computes each chunk's CRC beside its staging
@@ -203,15 +209,13 @@ TEST_P(ChecksumStaged, DeviceMemoryChunksCarryTheDevicesCrc) {
   ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
   auto l = ctx->listen("tcp://127.0.0.1:0");
   ASSERT_TRUE(l.ok());
-  auto c = ctx->connect(l->address());
-  ASSERT_TRUE(c.ok()) << c.status().to_string();
-  auto s = l->accept(10s);
-  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  auto [c, s] = dial(*ctx, *l, l->address());
+  ASSERT_TRUE(c.valid() && s.valid());
   for (size_t n : {size_t{0}, size_t{8}, size_t{4097}, (size_t{1} << 20) + 1, (size_t{5} << 20) + 3}) {
     Filled src = filled(mem, n + 1);
     Buffer dst = poisoned(mem, n + 2);
-    Request r = s->recv(dst.region().sub(2, n), 7);
-    Request q = c->send(src.buf.region().sub(1, n), 7);
+    Request r = s.recv(dst.region().sub(2, n), 7);
+    Request q = c.send(src.buf.region().sub(1, n), 7);
     ASSERT_TRUE(q.wait(60s).ok()) << n << " B: " << q.status().to_string();
     ASSERT_TRUE(r.wait(60s).ok()) << n << " B: " << r.status().to_string();
     std::vector<unsigned char> got = read_back(dst.region());
@@ -219,8 +223,8 @@ TEST_P(ChecksumStaged, DeviceMemoryChunksCarryTheDevicesCrc) {
     EXPECT_EQ(q.crc32c(), crc32c::of(src.data.data() + 1, n)) << n;
     EXPECT_EQ(r.crc32c(), q.crc32c()) << n;
   }
-  EXPECT_GT(s->stats().h2d_copies, 0u);
-  EXPECT_EQ(s->stats().checksum_errors, 0u);
+  EXPECT_GT(s.stats().h2d_copies, 0u);
+  EXPECT_EQ(s.stats().checksum_errors, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, ChecksumStaged, ::testing::Values(MemKind::kSim, MemKind::kCuda),

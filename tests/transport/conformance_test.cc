@@ -51,11 +51,12 @@ class Conformance : public ::testing::TestWithParam<Harness> {
     Endpoint client, server;
   };
 
-  Pair connect(const Options& o = suite_options()) {
+  Pair connect(const Options& o = suite_options()) { return connect(o, o); }
+  Pair connect(const Options& server, const Options& client) {
     Pair p;
-    auto s = GetParam().make_context(0, o);
+    auto s = GetParam().make_context(0, server);
     EXPECT_TRUE(s.ok()) << s.status().to_string();
-    auto c = GetParam().make_context(1, o);
+    auto c = GetParam().make_context(1, client);
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     if (!s.ok() || !c.ok()) return p;
     p.server_ctx = *s;
@@ -121,22 +122,8 @@ TEST_P(Conformance, SendRecvMultiGiB) {
 TEST_P(Conformance, ChecksumsCoverEveryChunkAndBothSidesAgree) {
   Options with = suite_options();
   with.set("checksum", "crc32c");
-  Pair p;
-  {
-    auto s = GetParam().make_context(0, suite_options());
-    auto c = GetParam().make_context(1, with);
-    ASSERT_TRUE(s.ok() && c.ok());
-    p.server_ctx = *s;
-    p.client_ctx = *c;
-    auto l = p.server_ctx.listen("tcp://127.0.0.1:0");
-    ASSERT_TRUE(l.ok()) << l.status().to_string();
-    auto ce = p.client_ctx.connect(l->address());
-    ASSERT_TRUE(ce.ok()) << ce.status().to_string();
-    auto se = l->accept(10s);
-    ASSERT_TRUE(se.ok()) << se.status().to_string();
-    p.client = std::move(*ce);
-    p.server = std::move(*se);
-  }
+  Pair p = connect(suite_options(), with);
+  ASSERT_TRUE(p.client.valid() && p.server.valid());
   const MemSpec mem = GetParam().mem;
   const size_t big = kSanitized ? 8 * kChunk + 3 : (size_t{64} << 20) + 3;
   for (size_t n : {size_t{0}, size_t{1}, size_t{8}, size_t{4097}, kChunk + 1, 3 * kChunk + 7, big}) {

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "core/checked.h"
-#include "core/crc32c.h"
+#include "memory/backend.h"
 #include "tools/dmx/bench.h"
 
 namespace dmx::bench {
@@ -135,10 +135,7 @@ Result<uint64_t> checksum_region(const MemRegion& r) {
 }
 
 Result<uint32_t> crc32c_region(const MemRegion& r) {
-  if (r.where.kind == MemKind::kHost || r.where.kind == MemKind::kPinned) return crc32c::of(r.ptr, r.size);
-  DMX_ASSIGN_OR_RETURN(Buffer host, Buffer::allocate(MemSpec{}, r.size));
-  if (r.size) DMX_RETURN_IF_ERROR(copy_memory(host.region(), r));
-  return crc32c::of(host.data(), r.size);
+  return checksum_memory(r.where, r.ptr, r.size, Deadline::after(std::chrono::seconds(60)));
 }
 
 Result<uint64_t> fill_random(const MemRegion& r) {

@@ -210,7 +210,7 @@ Status Stream::stage_control(TxItem& item) {
   return Status();
 }
 
-// The bytes' CRC: the device's, computed beside the staging copy (its fence covers both), or the
+// The bytes' CRC: the device's, computed with the staging copy (its fence covers both), or the
 // CPU's over host memory, just before the bytes go out.
 void Stream::stamp(TxItem& item) const {
   if (!checks(item.header)) return;
