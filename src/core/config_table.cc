@@ -53,7 +53,7 @@ constexpr ConfigEntry kTable[] = {
     {"insecure", ConfigType::kBool, "false", "turn peer authentication off (both peers must agree)"},
     // staged TCP
     {"max_streams", ConfigType::kInt, "16",
-     "the most TCP streams a peer may ask for per endpoint (1-64): each is a thread on both sides"},
+     "the most TCP streams a peer may ask for per endpoint (1-64)"},
     {"max_endpoints", ConfigType::kInt, "256",
      "endpoints one context holds at once (accepted and connected); beyond, connect fails and the "
      "listener refuses new peers"},
@@ -63,6 +63,13 @@ constexpr ConfigEntry kTable[] = {
     {"busy_poll", ConfigType::kDuration, "50us",
      "after activity, stream workers poll this long before sleeping (latency vs. idle CPU); the default "
      "applies on machines with 8 or more CPUs, below that it is 0 (spinning starves the other threads)"},
+    {"stream_workers", ConfigType::kInt, "0",
+     "threads that run the streams of this context's endpoints, each an event loop over many streams "
+     "(docs/threading.md); 0: one per CPU, at most 16"},
+    {"stream_worker_scope", ConfigType::kString, "context",
+     "context: one set of stream_workers for all endpoints (threads do not grow with endpoints); endpoint: "
+     "each endpoint runs its streams on one thread of its own",
+     "context|endpoint"},
     {"socket_buffer", ConfigType::kSize, "0", "SO_SNDBUF/SO_RCVBUF per stream; 0 keeps the kernel's autotuning"},
     // devmem TCP
     {"devmem_ifname", ConfigType::kString, "", "NIC whose queues receive into GPU memory (devmem TCP); empty: devmem off"},

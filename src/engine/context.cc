@@ -1,4 +1,6 @@
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <unistd.h>
 
 #include <fstream>
@@ -82,6 +84,11 @@ Result<EngineParams> params_from(const Config& c) {
     if (item.entry->name == "busy_poll" && item.source == "default" && std::thread::hardware_concurrency() < 8)
       p.busy_poll = std::chrono::microseconds(0);
   if (p.busy_poll > std::chrono::milliseconds(100)) return Status(Code::kInvalidArgument, "busy_poll must be at most 100ms");
+  int64_t workers = c.get_int("stream_workers");
+  if (workers < 0 || workers > 1024) return Status(Code::kInvalidArgument, "stream_workers must be 0-1024");
+  p.stream_workers = workers > 0 ? static_cast<int>(workers)
+                                 : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  p.workers_per_endpoint = c.get_string("stream_worker_scope") == "endpoint";
   return p;
 }
 
@@ -104,7 +111,8 @@ ContextImpl::ContextImpl(Config config, EngineParams params, AuthKey auth)
       placement_(config_.get_string("sysfs_root")),
       staging_(params_.chunk_size, &placement_),
       transports_(default_transports()),
-      metrics_(transports_) {
+      metrics_(transports_),
+      workers_(params_.stream_workers, "dmx-w") {
   boot_id_ = read_boot_id();
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);

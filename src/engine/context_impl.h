@@ -18,6 +18,7 @@
 #include "topo/orchestrator.h"
 #include "engine/transports.h"
 #include "transport/tcp/staging.h"
+#include "transport/tcp/workers.h"
 
 namespace dmx {
 
@@ -69,6 +70,8 @@ struct EngineParams {
   std::chrono::microseconds stop_timeout{30'000'000};
   int socket_buffer = 0;
   std::chrono::microseconds busy_poll{50};
+  int stream_workers = 1;             // threads of the stream worker set (resolved from 0 = per CPU)
+  bool workers_per_endpoint = false;  // stream_worker_scope=endpoint
   std::string transport = "auto";
   bool checksum = false;  // ask for per-chunk CRC32C (wire::Checksum)
 };
@@ -102,6 +105,8 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   tcp::StagingPool& staging() { return staging_; }
   const StagingPlacement& placement() const { return placement_; }
   MetricsRegistry& metrics() { return metrics_; }
+  // The threads that run every endpoint's streams (stream_worker_scope=context).
+  tcp::Workers& workers() { return workers_; }
   const MetricsRegistry& metrics() const { return metrics_; }
 
   // The transports new endpoints may use, in order of preference (engine/transports.h).
@@ -142,6 +147,7 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   TransportList transports_;
   std::atomic<int> endpoints_{0};
   MetricsRegistry metrics_;
+  tcp::Workers workers_;
 };
 
 }  // namespace dmx

@@ -1,6 +1,6 @@
-// Threads are the scarce resource while each stream has its own worker: a peer cannot ask for more
-// streams than max_streams, a context holds at most max_endpoints, both refused with a reason that
-// names the setting, and every thread is gone once its endpoint is closed.
+// Threads do not grow with streams or endpoints: a context runs every stream on its set of workers.
+// A peer cannot ask for more streams than max_streams, a context holds at most max_endpoints, both
+// refused with a reason that names the setting, and every thread is gone once its context is.
 #include <dirent.h>
 #include <gtest/gtest.h>
 
@@ -72,40 +72,60 @@ TEST(Limits, EndpointsPerContextAreCappedAndComeBack) {
   mine.clear();
 }
 
-TEST(Limits, EveryThreadIsGoneAfterItsEndpointCloses) {
+// 10 endpoint pairs of 4 TCP streams, all moving bytes at once: 80 streams on each context's 3
+// workers (and its closer), not a thread each. In the endpoint scope, one thread per endpoint.
+void busy_endpoints_add_few_threads(const char* scope, int allowed) {
   std::thread([] {}).join();  // ThreadSanitizer starts a thread of its own with a process's first
   int before = threads_now();
   {
-    // TCP: with a payload path an endpoint opens one stream, not four.
-    Server s = make_server(test_options(4).set("transport", "tcp"));
-    auto client = Context::create(test_options(4).set("transport", "tcp"));
-    std::vector<Endpoint> eps;
+    auto opts = test_options(4).set("transport", "tcp").set("stream_workers", "3").set("stream_worker_scope", scope);
+    Server s = make_server(opts);
+    auto client = Context::create(opts);
+    std::vector<Endpoint> mine, theirs;
     for (int i = 0; i < 10; ++i) {
       auto c = client->connect(s.listener.address());
       ASSERT_TRUE(c.ok()) << c.status().to_string();
-      eps.push_back(std::move(*c));
+      mine.push_back(std::move(*c));
       auto e = s.listener.accept(10s);
       ASSERT_TRUE(e.ok());
-      eps.push_back(std::move(*e));
+      theirs.push_back(std::move(*e));
     }
-    EXPECT_GE(threads_now(), before + 80) << "10 endpoint pairs of 4 streams";
-    for (auto& e : eps) EXPECT_TRUE(e.close().ok());
+    std::vector<std::vector<unsigned char>> src, dst;
+    std::vector<Request> reqs;
+    for (int i = 0; i < 10; ++i) {
+      src.push_back(random_bytes((8 << 20) + i));
+      dst.emplace_back(src.back().size());
+      reqs.push_back(theirs[i].recv(MemRegion{dst.back().data(), dst.back().size(), {}}, 1));
+      reqs.push_back(mine[i].send(MemRegion{src.back().data(), src.back().size(), {}}, 1));
+    }
+    int busy = threads_now() - before;
+    for (auto& r : reqs) ASSERT_TRUE(r.wait(60s).ok());
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(src[i], dst[i]) << "endpoint " << i;
+    std::printf("scope %s: 10 busy endpoint pairs of 4 streams: %d threads\n", scope, busy);
+    EXPECT_LE(busy, allowed) << "10 busy endpoint pairs of 4 streams";
+    for (auto& e : mine) EXPECT_TRUE(e.close().ok());
+    for (auto& e : theirs) EXPECT_TRUE(e.close().ok());
   }
   int after = threads_now();
   for (auto until = Clock::now() + 5s; Clock::now() < until && after > before; after = threads_now())
     std::this_thread::sleep_for(10ms);
-  // One more is the reaper (src/core/reaper.h), started if a worker happened to drop its own
-  // endpoint; 10 endpoint pairs leaking would leave 80.
-  EXPECT_LE(after, before + 1) << "threads left behind by closed endpoints";
+  // One more is the reaper (src/core/reaper.h), started if a thread happened to drop its own owner.
+  EXPECT_LE(after, before + 1) << "threads left behind by closed contexts";
 }
 
-// Two processes of one host agree shm (and the shm pipe): one stream, so an endpoint costs its
-// stream's worker and the shm path's thread, whatever the streams setting.
+// Two contexts × (3 workers + closer), the listener, set-up threads still finishing.
+TEST(Limits, BusyEndpointsShareTheContextsWorkers) { busy_endpoints_add_few_threads("context", 2 * 4 + 3); }
+
+// 20 endpoints × (1 worker + closer), the listener, set-up threads still finishing.
+TEST(Limits, EndpointScopeRunsAnEndpointOnOneThread) { busy_endpoints_add_few_threads("endpoint", 20 * 2 + 3); }
+
+// Two processes of one host agree shm (and the shm pipe): one stream, so an endpoint costs the shm
+// path's thread, whatever the streams setting; its stream runs on the context's workers.
 TEST(Limits, SameHostEndpointsOpenOneStream) {
   std::thread([] {}).join();
   int before = threads_now();
-  Server s = make_server(test_options(8));
-  auto client = Context::create(test_options(8));
+  Server s = make_server(test_options(8).set("stream_workers", "2"));
+  auto client = Context::create(test_options(8).set("stream_workers", "2"));
   std::vector<Endpoint> eps;
   constexpr int kPairs = 8;
   for (int i = 0; i < kPairs; ++i) {
@@ -121,8 +141,8 @@ TEST(Limits, SameHostEndpointsOpenOneStream) {
   int grew = threads_now() - before;
   std::printf("%d same-host endpoint pairs with streams=8: %d threads (%.1f per endpoint)\n", kPairs, grew,
               grew / (2.0 * kPairs));
-  // 2 per endpoint, plus the listener's and a few set-up threads still finishing.
-  EXPECT_LE(grew, 2 * 2 * kPairs + 4);
+  // 1 per endpoint, 2 workers and the closer per context, the listener, set-up threads finishing.
+  EXPECT_LE(grew, 2 * kPairs + 2 * 3 + 4);
   for (auto& e : eps) EXPECT_TRUE(e.close().ok());
 }
 

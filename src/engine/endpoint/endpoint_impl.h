@@ -281,6 +281,7 @@ class EndpointImpl final : public tcp::StreamHost,
   const Session session_;
   const EngineParams params_;
   std::vector<std::unique_ptr<tcp::Stream>> streams_;  // fixed after create()
+  std::unique_ptr<tcp::Workers> own_workers_;          // stream_worker_scope=endpoint
   std::vector<PathState> paths_;  // paths_[k - 1]: path id k; fixed after create() but for stop_paths
   uint32_t paths_running_ = 0;    // path bits: started, not yet on_path_stopped (mu_)
   Status stop_error_;          // what did not stop by stop_timeout (mu_); close() returns it

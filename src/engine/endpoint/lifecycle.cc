@@ -61,8 +61,13 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   ep->ctx_->endpoint_started();
   ep->running_ = static_cast<int>(ep->streams_.size());
   ep->holders_->count = ep->running_;
+  tcp::Workers* workers = &ep->ctx_->workers();
+  if (p.workers_per_endpoint) {
+    ep->own_workers_ = std::make_unique<tcp::Workers>(1, "dmx-ep");
+    workers = ep->own_workers_.get();
+  }
   for (auto& s : ep->streams_)
-    s->start(ep, [h = ep->holders_] {
+    workers->add(s.get(), ep, [h = ep->holders_] {
       std::lock_guard<std::mutex> g(h->mu);
       --h->count;
       h->cv.notify_all();  // under the lock: the waiter may release `h` right after
@@ -82,11 +87,8 @@ EndpointImpl::~EndpointImpl() {
   for (auto& ps : paths_) ps.path.reset();
 }
 
-bool EndpointImpl::on_worker_thread() const {
-  for (const auto& s : streams_)
-    if (s->is_worker_thread()) return true;
-  return false;
-}
+// A worker may run this endpoint's streams: waiting there for them could wait forever.
+bool EndpointImpl::on_worker_thread() const { return tcp::Workers::on_worker_thread(); }
 
 // The first payload path that carried the op's bytes (in the agreed order), else stream 0's
 // conduit.

@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 #include <poll.h>
-#include <sys/prctl.h>
-#include <sys/eventfd.h>
 #include <sys/uio.h>
 
 #include <cerrno>
@@ -12,7 +10,6 @@
 
 #include "core/crc32c.h"
 #include "core/log.h"
-#include "core/reaper.h"
 #include "core/trace.h"
 
 namespace dmx::tcp {
@@ -27,27 +24,12 @@ uint64_t ns_since(Clock::time_point t) {
 
 Stream::Stream(StreamConfig config, std::unique_ptr<Conduit> conduit, StreamHost* host, StagingPool* pool)
     : config_(std::move(config)), conduit_(std::move(conduit)), host_(host), pool_(pool) {
-  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   scratch_.resize(64 << 10);
-  last_tx_ = last_rx_ = Clock::now();
+  last_tx_ = last_rx_ = last_progress_ = prev_ = Clock::now();
 }
 
-Stream::~Stream() {
-  // By contract the worker is past its use of us. It may be the thread destroying us (it dropped
-  // the host's last reference): then the reaper joins it.
-  join_or_reap(thread_);
-}
-
-void Stream::start(std::shared_ptr<void> keep_alive, std::function<void()> after_exit) {
-  thread_ = std::thread([this, keep = std::move(keep_alive), done = std::move(after_exit)]() mutable {
-    run();
-    std::function<void()> last = std::move(done);
-    // Drop the host: if it is the final reference, the host (and this Stream) die here.
-    { std::shared_ptr<void> drop = std::move(keep); }
-    if (last) last();
-  });
-  worker_id_ = thread_.get_id();
-}
+// By contract the stream has ended and its worker let go of it (finish() ran).
+Stream::~Stream() = default;
 
 void Stream::push_control(TxItem item) {
   if (item.reply) reply_bytes_.fetch_add(wire::kHeaderSize + item.len, std::memory_order_relaxed);
@@ -60,19 +42,15 @@ void Stream::push_control(TxItem item) {
 }
 
 void Stream::wake() {
-  // A busy-polling worker finds the work itself: no system call on the poster's path.
+  // A busy-polling stream finds the work itself: no lock or system call on the poster's path.
   if (!sleeping_.load(std::memory_order_seq_cst)) return;
-  uint64_t one = 1;
-  ssize_t rc = ::write(wake_fd_.get(), &one, sizeof one);
-  (void)rc;  // a full counter still wakes the worker
+  if (slot_.worker != nullptr) ready(slot_.worker, this);
 }
 
 void Stream::stop() {
   stop_.store(true, std::memory_order_release);
   conduit_->shutdown();  // the peer's streams see the end now, not at the next keepalive
-  uint64_t one = 1;
-  ssize_t rc = ::write(wake_fd_.get(), &one, sizeof one);  // whether or not it sleeps
-  (void)rc;
+  if (slot_.worker != nullptr) ready(slot_.worker, this);  // whether or not it sleeps
 }
 
 StreamStats Stream::stats() const {
@@ -442,99 +420,92 @@ Status Stream::step_rx(Io* io) {
   return Status();
 }
 
-void Stream::run() {
-  // Sleeps below are short and deliberate; the default 50 us timer slack would dominate them.
-  ::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-  Status failure;
-  Clock::time_point last_progress = Clock::now();
-  bool armed = false;  // sleeping_ is set
-  Clock::time_point prev = Clock::now();
-  for (;;) {
-    if (stop_.load(std::memory_order_acquire)) break;
-    bool progress = false;
-    Io tx = Io::kIdle, rx = Io::kIdle;
-    failure = reap_rx(false, &progress);
-    if (failure.ok()) failure = fill_pipeline(&progress);
-    if (failure.ok()) failure = step_tx(&tx);
-    const bool paused = host_->rx_paused();
-    if (failure.ok() && !stop_.load(std::memory_order_acquire) && !paused) failure = step_rx(&rx);
-    if (!failure.ok()) break;
-    auto now = Clock::now();
-    Clock::time_point due = config_.index == 0 ? host_->on_tick() : Clock::time_point::max();
-    if (paused) {
-      // Not reading is our choice, not the peer's silence; but a peer that takes none of the
-      // replies it asked for within peer_timeout is gone or hostile.
-      last_rx_ = now;
-      rx_frame_start_ += now - prev;  // nor does the frame in progress use its budget meanwhile
-      if (config_.index == 0 && now - last_tx_ > config_.peer_timeout) {
-        failure = Status(Code::kResourceExhausted,
-                         fmt::format("the peer read none of its {} bytes of replies for {} ms; closing it",
-                                     reply_backlog(),
-                                     std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tx_).count()));
-        break;
-      }
-    }
-    if (now - last_rx_ > config_.peer_timeout) {
-      failure = Status(Code::kPeerFailed,
-                       fmt::format("peer sent nothing for {} ms (stream {})",
-                                   std::chrono::duration_cast<std::chrono::milliseconds>(now - last_rx_).count(),
-                                   config_.index));
-      break;
-    }
-    failure = check_frame_budget(now);
-    if (!failure.ok()) break;
-    prev = now;
-    if (now - last_tx_ > config_.keepalive && out_.empty() && chunks_.empty()) {
-      TxItem ka;
-      ka.header.type = wire::FrameType::kKeepalive;
-      std::lock_guard<std::mutex> lock(mu_);
-      control_.push_back(std::move(ka));
-      has_control_.store(true, std::memory_order_release);
-      continue;
-    }
-    if (progress || tx == Io::kProgress || rx == Io::kProgress) {
-      last_progress = now;
-      if (armed) sleeping_.store(false, std::memory_order_seq_cst);
-      armed = false;
-      continue;
-    }
-    if (now - last_progress < config_.busy_poll) continue;
-    // Before sleeping, say so and make one more pass: whatever was queued before the flag was set
-    // is found by that pass, and whoever queues after it sees the flag and rings (wake()).
-    if (!armed) {
-      sleeping_.store(true, std::memory_order_seq_cst);
-      armed = true;
-      continue;
-    }
-
-    // Nothing moved for a while: sleep until the socket or a wake-up, or briefly while copies
-    // are in flight.
-    bool copies = !pending_rx_.empty() || (!chunks_.empty() && chunks_.front().fence != 0);
-    // Until the next keepalive or deadline, rounded up to `tick` so that deadlines close together
-    // share one wake-up.
-    auto until_due = due == Clock::time_point::max()
-                         ? config_.keepalive
-                         : std::max(config_.tick, std::chrono::ceil<std::chrono::microseconds>(due - Clock::now()));
-    auto timeout = copies ? std::chrono::microseconds(20) : std::min<std::chrono::microseconds>(config_.keepalive, until_due);
-    if (paused) timeout = std::min<std::chrono::microseconds>(timeout, std::chrono::milliseconds(1));
-    pollfd fds[3];
-    // Paused: input must not wake us (we would not read it); room to write and the wake-up do.
-    int n = paused ? 0 : conduit_->prepare_sleep(tx == Io::kBlocked, fds);
-    if (n < 0) continue;  // something arrived meanwhile
-    fds[n] = {wake_fd_.get(), POLLIN, 0};
-    timespec ts{static_cast<time_t>(timeout.count() / 1000000), static_cast<long>(timeout.count() % 1000000) * 1000};
-    int rc = ::ppoll(fds, static_cast<nfds_t>(n + 1), &ts, nullptr);
-    conduit_->after_sleep();
-    sleeping_.store(false, std::memory_order_seq_cst);
-    armed = false;
-    if (rc > 0 && (fds[n].revents & POLLIN)) {
-      uint64_t v;
-      ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
-      (void)r;
+// One pass: what the worker thread's loop did once per round before streams shared workers.
+Stream::Turn Stream::turn() {
+  if (stop_.load(std::memory_order_acquire)) return Turn::kDone;
+  bool progress = false;
+  Io tx = Io::kIdle, rx = Io::kIdle;
+  failure_ = reap_rx(false, &progress);
+  if (failure_.ok()) failure_ = fill_pipeline(&progress);
+  if (failure_.ok()) failure_ = step_tx(&tx);
+  paused_ = host_->rx_paused();
+  if (failure_.ok() && !stop_.load(std::memory_order_acquire) && !paused_) failure_ = step_rx(&rx);
+  if (!failure_.ok()) return Turn::kDone;
+  auto now = Clock::now();
+  Clock::time_point due = config_.index == 0 ? host_->on_tick() : Clock::time_point::max();
+  if (paused_) {
+    // Not reading is our choice, not the peer's silence; but a peer that takes none of the
+    // replies it asked for within peer_timeout is gone or hostile.
+    last_rx_ = now;
+    rx_frame_start_ += now - prev_;  // nor does the frame in progress use its budget meanwhile
+    if (config_.index == 0 && now - last_tx_ > config_.peer_timeout) {
+      failure_ = Status(Code::kResourceExhausted,
+                        fmt::format("the peer read none of its {} bytes of replies for {} ms; closing it",
+                                    reply_backlog(),
+                                    std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tx_).count()));
+      return Turn::kDone;
     }
   }
-  if (!failure.ok() && !stop_.load(std::memory_order_acquire))
-    host_->on_stream_failed(config_.index, failure.with_peer(config_.peer)
+  if (now - last_rx_ > config_.peer_timeout) {
+    failure_ = Status(Code::kPeerFailed,
+                      fmt::format("peer sent nothing for {} ms (stream {})",
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(now - last_rx_).count(),
+                                  config_.index));
+    return Turn::kDone;
+  }
+  failure_ = check_frame_budget(now);
+  if (!failure_.ok()) return Turn::kDone;
+  prev_ = now;
+  if (now - last_tx_ > config_.keepalive && out_.empty() && chunks_.empty()) {
+    TxItem ka;
+    ka.header.type = wire::FrameType::kKeepalive;
+    std::lock_guard<std::mutex> lock(mu_);
+    control_.push_back(std::move(ka));
+    has_control_.store(true, std::memory_order_release);
+    return Turn::kAgain;
+  }
+  if (progress || tx == Io::kProgress || rx == Io::kProgress) {
+    last_progress_ = now;
+    if (armed_) sleeping_.store(false, std::memory_order_seq_cst);
+    armed_ = false;
+    return Turn::kAgain;
+  }
+  if (now - last_progress_ < config_.busy_poll) return Turn::kAgain;
+  // Before parking, say so and make one more pass: whatever was queued before the flag was set is
+  // found by that pass, and whoever queues after it sees the flag and wakes us (wake()).
+  if (!armed_) {
+    sleeping_.store(true, std::memory_order_seq_cst);
+    armed_ = true;
+    return Turn::kAgain;
+  }
+  // Nothing moved for a while: park until the conduit or a wake-up, or briefly while copies are in
+  // flight; at the latest until the next keepalive or deadline, rounded up to `tick` so that
+  // deadlines close together share one wake-up.
+  bool copies = !pending_rx_.empty() || (!chunks_.empty() && chunks_.front().fence != 0);
+  auto until_due = due == Clock::time_point::max()
+                       ? config_.keepalive
+                       : std::max(config_.tick, std::chrono::ceil<std::chrono::microseconds>(due - Clock::now()));
+  auto timeout = copies ? std::chrono::microseconds(20) : std::min<std::chrono::microseconds>(config_.keepalive, until_due);
+  if (paused_) timeout = std::min<std::chrono::microseconds>(timeout, std::chrono::milliseconds(1));
+  want_room_ = tx == Io::kBlocked;
+  wake_by_ = now + timeout;
+  return Turn::kSleep;
+}
+
+int Stream::sleep_fds(pollfd* fds) {
+  // Paused: input must not wake us (we would not read it); room to write and wake-ups do.
+  return paused_ ? 0 : conduit_->prepare_sleep(want_room_, fds);
+}
+
+void Stream::woke() {
+  conduit_->after_sleep();
+  sleeping_.store(false, std::memory_order_seq_cst);
+  armed_ = false;
+}
+
+void Stream::finish() {
+  if (!failure_.ok() && !stop_.load(std::memory_order_acquire))
+    host_->on_stream_failed(config_.index, failure_.with_peer(config_.peer)
                                                .with_origin(fmt::format("{}/stream {}", conduit_->kind(), config_.index)));
   drain();
   host_->on_stream_stopped(config_.index);

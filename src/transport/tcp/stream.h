@@ -1,13 +1,13 @@
-// One stream of an endpoint and the worker thread that owns it.
+// One stream of an endpoint. A worker (workers.h) runs it, among many others, one pass at a time.
 //
-// The worker moves frames both ways on its conduit (a TCP socket; for the control stream of two
-// processes on one host, a shared-memory pipe), non-blocking, in one loop:
+// A pass moves frames both ways on its conduit (a TCP socket; for the control stream of two
+// processes on one host, a shared-memory pipe), non-blocking:
 //  - transmit: control frames first (pushed by anyone, thread-safe), then data chunks it pulls
 //    from its host (the endpoint) whenever its pipeline has room — fast streams pull more, which
 //    balances the load across streams. The frames ready at once (up to kMaxBatch) go out in one
 //    writev: a request's control message and its payload, or an ACK and a reply, cost one system
 //    call and wake the peer once. A chunk whose source is device memory is staged: the
-//    worker copies it into a pinned slot on a copy engine (asynchronously; the copies of later
+//    stream copies it into a pinned slot on a copy engine (asynchronously; the copies of later
 //    chunks overlap the socket write of earlier ones) and writes the slot once the copy is done.
 //  - receive: it reads a header, asks the host where the payload goes (host memory: straight
 //    into the destination; device memory: into a pinned slot, then an asynchronous copy to the
@@ -16,8 +16,9 @@
 // Liveness: it sends a keepalive when idle and fails when the peer is silent for too long, or when
 // a frame it has begun does not finish within its budget (a trickling peer; check_frame_budget).
 //
-// Threading: every member without a comment is owned by the worker thread. push_control, wake
-// and stop may be called from any thread.
+// Threading: every member without a comment is owned by the worker running the stream (one
+// thread at a time: its worker, then the set's closer for finish()). push_control, wake and stop
+// may be called from any thread.
 #pragma once
 
 #include <atomic>
@@ -37,6 +38,7 @@
 #include "memory/copy_queues.h"
 #include "transport/tcp/conduit.h"
 #include "transport/tcp/staging.h"
+#include "transport/tcp/workers.h"
 #include "wire/frame.h"
 
 namespace dmx::tcp {
@@ -78,8 +80,9 @@ struct RxPlan {
   uint32_t landed_crc = 0;
 };
 
-// What a stream needs from its endpoint. Called on the stream's worker thread, never while the
-// stream holds a lock of its own.
+// What a stream needs from its endpoint. Called on the stream's worker (on_stream_stopped, and
+// on_stream_failed of a stream that ended, on its set's closer), never while the stream holds a
+// lock of its own. A worker runs other endpoints' streams too: a hook may wait only briefly.
 class StreamHost {
  public:
   virtual ~StreamHost() = default;
@@ -139,10 +142,20 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
-  // Starts the worker; it holds `keep_alive` (the host) until it has exited.
-  // `after_exit` runs as the thread's very last step, after `keep_alive` was dropped (so it must
-  // not touch the host or this Stream): it lets the host wait until no worker holds it any more.
-  void start(std::shared_ptr<void> keep_alive, std::function<void()> after_exit = {});
+  // What a worker's pass (turn) found: turn again soon, park until wake_by() or an event on
+  // sleep_fds(), or done (the stream ended: finish() it off the worker).
+  enum class Turn { kAgain, kSleep, kDone };
+  Turn turn();
+  Clock::time_point wake_by() const { return wake_by_; }
+  // After kSleep: fills at most 3 pollfds to wait on and returns how many; -1 when something
+  // arrived meanwhile (turn again).
+  int sleep_fds(pollfd* fds);
+  // The worker took it out of its sleep (an event, the deadline, a wake-up).
+  void woke();
+  // After kDone, off the worker: reports the failure, waits for copies in flight, and tells the
+  // host the stream stopped.
+  void finish();
+
   void push_control(TxItem item);  // any thread
   // Any thread: bytes of reply frames (TxItem::reply) queued and not yet written.
   uint64_t reply_backlog() const { return reply_bytes_.load(std::memory_order_relaxed); }
@@ -152,7 +165,6 @@ class Stream {
   StreamStats stats() const;
   int index() const { return config_.index; }
   const char* conduit_kind() const { return conduit_->kind(); }
-  bool is_worker_thread() const { return std::this_thread::get_id() == worker_id_; }
   // Worker thread only (e.g. in StreamHost::on_landed): whether more frames may be waiting behind
   // the one being handled — bytes of them are read ahead already, or the last read filled its
   // buffer (a short read means the conduit had nothing more).
@@ -169,7 +181,9 @@ class Stream {
   };
   enum class Io { kProgress, kIdle, kBlocked };
 
-  void run();
+  friend class Worker;
+  friend class Closer;
+  friend class Workers;
   Status step_tx(Io* io);
   Status step_rx(Io* io);
   Status fill_pipeline(bool* progress);
@@ -191,18 +205,23 @@ class Stream {
 
   const StreamConfig config_;
   const std::unique_ptr<Conduit> conduit_;
-  UniqueFd wake_fd_;
   StreamHost* host_;
   StagingPool* pool_;
-  std::thread thread_;
-  std::thread::id worker_id_;
+  WorkerSlot slot_;
 
   std::mutex mu_;  // guards control_
   std::deque<TxItem> control_;
   std::atomic<bool> has_control_{false};  // == !control_.empty(), written under mu_
   std::atomic<uint64_t> reply_bytes_{0};   // queued reply frames' bytes (header and payload)
   std::atomic<bool> stop_{false};
-  std::atomic<bool> sleeping_{false};  // the worker may be asleep in ppoll: wake() must ring
+  std::atomic<bool> sleeping_{false};  // the stream may be parked: wake() must tell its worker
+
+  // The pass's state between turns.
+  Status failure_;
+  Clock::time_point last_progress_, prev_, wake_by_;
+  bool armed_ = false;      // sleeping_ is set
+  bool want_room_ = false;  // the last write found no room
+  bool paused_ = false;     // the host paused reading
 
   // Transmit.
   struct OutFrame {
