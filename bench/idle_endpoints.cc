@@ -1,11 +1,16 @@
-// idle_endpoints — what N connected, idle endpoints cost one server process: threads, memory,
-// file descriptors. Server and client contexts live in this one process, so the figures are for
-// both sides; the server's share is half (each side runs the same threads per endpoint).
+// idle_endpoints — what N connected endpoints cost one server process: threads, memory, file
+// descriptors, idle or busy. Server and client contexts live in this one process, so the figures
+// are for both sides; the server's share is half (each side runs the same threads per endpoint).
 //
-//   idle_endpoints [N (1000)] [transport (tcp)] [streams (1)]
+//   idle_endpoints [N (1000)] [transport (tcp)] [streams (1)] [busy seconds (0)] [scope]
+//
+// busy > 0: every endpoint pair then moves 1 MiB messages, two in flight, for that long; the
+// threads are counted while they do, and the total rate is printed. scope: stream_worker_scope
+// (context or endpoint; unset: the build's default, so older builds run too).
 #include <dirent.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <cstdio>
@@ -42,14 +47,67 @@ double cpu_seconds() {
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
+// Each pair (eps[2k] client, eps[2k+1] server) keeps two 1 MiB messages in flight; returns false
+// when an operation fails or a message arrives altered.
+bool run_busy(std::vector<dmx::Endpoint>& eps, double seconds, long threads0) {
+  constexpr size_t kSize = 1 << 20;
+  struct Lane {
+    std::vector<unsigned char> src, dst[2];
+    dmx::Request send[2], recv[2];
+  };
+  std::vector<Lane> lanes(eps.size() / 2);
+  uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  for (auto& l : lanes) {
+    l.src.resize(kSize);
+    for (auto& b : l.src) b = static_cast<unsigned char>((seed = seed * 6364136223846793005ULL + 1442695040888963407ULL) >> 56);
+    for (auto& d : l.dst) d.resize(kSize);
+  }
+  auto post = [&](size_t k, int slot) {
+    Lane& l = lanes[k];
+    l.recv[slot] = eps[2 * k + 1].recv(dmx::MemRegion{l.dst[slot].data(), kSize, {}}, 7);
+    l.send[slot] = eps[2 * k].send(dmx::MemRegion{l.src.data(), kSize, {}}, 7);
+  };
+  for (size_t k = 0; k < lanes.size(); ++k) post(k, 0), post(k, 1);
+  long threads_max = 0;
+  uint64_t messages = 0;
+  auto t0 = std::chrono::steady_clock::now(), last_count = t0;
+  auto until = t0 + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    for (size_t k = 0; k < lanes.size(); ++k)
+      for (int slot = 0; slot < 2; ++slot) {
+        Lane& l = lanes[k];
+        if (!l.recv[slot].test() || !l.send[slot].test()) continue;
+        if (!l.recv[slot].status().ok() || !l.send[slot].status().ok() || l.dst[slot] != l.src) {
+          std::fprintf(stderr, "pair %zu: %s / %s%s\n", k, l.send[slot].status().to_string().c_str(),
+                       l.recv[slot].status().to_string().c_str(), l.dst[slot] != l.src ? " (bytes differ)" : "");
+          return false;
+        }
+        ++messages;
+        post(k, slot);
+      }
+    if (std::chrono::steady_clock::now() - last_count > std::chrono::milliseconds(100)) {
+      threads_max = std::max(threads_max, status_field("Threads:") - threads0);
+      last_count = std::chrono::steady_clock::now();
+    }
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& l : lanes)
+    for (int slot = 0; slot < 2; ++slot) (void)l.recv[slot].wait(std::chrono::seconds(30)), (void)l.send[slot].wait(std::chrono::seconds(30));
+  std::printf("{\"busy_pairs\":%zu,\"busy_s\":%.1f,\"threads_busy\":%ld,\"gb_per_s\":%.2f}\n", lanes.size(), secs,
+              threads_max, static_cast<double>(messages) * kSize / secs / 1e9);
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int n = argc > 1 ? std::atoi(argv[1]) : 1000;
   std::string transport = argc > 2 ? argv[2] : "tcp";
   std::string streams = argc > 3 ? argv[3] : "1";
+  double busy = argc > 4 ? std::atof(argv[4]) : 0;
   dmx::Options o;
   o.set("insecure", "true").set("transport", transport).set("streams", streams).set("log_level", "warn");
+  if (argc > 5) o.set("stream_worker_scope", argv[5]);
   o.set("max_endpoints", std::to_string(n + 10)).set("keepalive_interval", "1s");
   auto server = dmx::Context::create(o);
   auto client = dmx::Context::create(o);
@@ -83,6 +141,7 @@ int main(int argc, char** argv) {
               "\"fds_per_endpoint\":%.2f,\"connect_s\":%.2f}\n",
               n, transport.c_str(), streams.c_str(), threads, threads / (2.0 * n), rss, rss / (2.0 * n), fds,
               fds / (2.0 * n), secs);
+  if (busy > 0 && !run_busy(eps, busy, threads0)) return 1;
   // Idle for a few keepalive rounds: every endpoint must still be healthy, and idle endpoints
   // should cost next to no CPU.
   double cpu0 = cpu_seconds();

@@ -4,7 +4,9 @@
 // timeout or close — and operations of one endpoint complete in submission order within their
 // queue (sends, writes and reads in one queue; receives in another). Completion returns ownership
 // of the buffer: after it, dmx touches the memory no more. If a callback was given, it runs once,
-// on a dmx thread or on the thread that cancelled or closed, before test() turns true.
+// on a dmx thread or on the thread that cancelled or closed, before test() turns true. A dmx
+// thread runs the streams of many endpoints (docs/threading.md): a callback there must be short
+// and must not wait for dmx (wait() refuses it with kInvalidArgument).
 #pragma once
 
 #include <chrono>
@@ -47,7 +49,8 @@ class Request {
   // Non-blocking: true once the operation has completed.
   bool test() const;
   // Waits up to `timeout` for completion. Returns the operation's status, or Code::kTimeout if it
-  // did not complete in time (the operation itself continues).
+  // did not complete in time (the operation itself continues). On a dmx thread (in a callback),
+  // an operation not yet complete gives kInvalidArgument at once.
   Status wait(Duration timeout = kForever) const;
   // The final status; Code::kInternal "not complete" before completion.
   Status status() const;

@@ -1,8 +1,7 @@
 #include <fmt/format.h>
-
-#include <algorithm>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <thread>
 
@@ -373,6 +372,10 @@ bool Request::test() const { return op_ && op_->completed.load(std::memory_order
 
 Status Request::wait(Duration timeout) const {
   if (!op_) return Status(Code::kInvalidArgument, "wait on an empty Request");
+  if (!op_->completed.load(std::memory_order_acquire) && timeout.count() > 0 && tcp::Workers::on_worker_thread())
+    return Status(Code::kInvalidArgument,
+                  "wait() on a dmx worker thread (in a completion callback or notification handler) would hold "
+                  "up the streams that complete operations; use test() or a callback there");
   // Small operations complete within tens of microseconds: spinning that long saves a futex sleep
   // and wake-up per operation. Not on small machines, where the spinner would take the core that
   // the completing worker needs (measured on 2 cores).

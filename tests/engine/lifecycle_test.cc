@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -110,6 +111,27 @@ TEST(Lifecycle, OurOwnCloseEndsWhatThePeerLeft) {
   (void)p.server.close();
   Buffer d = poisoned(MemSpec{}, 100);
   EXPECT_EQ(p.server.recv(d.region(), 1).wait(10s).code(), Code::kClosed);
+}
+
+// A callback runs on a worker that also runs the streams a wait there would wait for: wait()
+// refuses at once, naming why, rather than hold them up (or wait forever).
+TEST(Lifecycle, WaitInACallbackIsRefusedNotAHang) {
+  Pair p = connect_pair();
+  Filled src = filled(MemSpec{}, 1000);
+  Buffer dst = poisoned(MemSpec{}, 1000), later = poisoned(MemSpec{}, 1000);
+  Request next = p.client.recv(later.region(), 2);  // never sent: waiting on it would hang
+  std::promise<Status> inner;
+  OpOptions o;
+  o.on_complete = [&](const Status&, size_t) { inner.set_value(next.wait(5s)); };
+  Request r = p.server.recv(dst.region(), 1, o);
+  ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(30s).ok());
+  ASSERT_TRUE(r.wait(30s).ok());
+  auto got = inner.get_future();
+  ASSERT_EQ(got.wait_for(30s), std::future_status::ready);
+  Status s = got.get();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("worker thread"), std::string::npos) << s.to_string();
+  EXPECT_FALSE(next.test());
 }
 
 TEST(Lifecycle, TruncationFailsBothSidesAndKeepsTheEndpoint) {

@@ -49,6 +49,7 @@ class Shutdown : public ::testing::TestWithParam<const char*> {};
 TEST_P(Shutdown, ThreadCountReturnsToTheStartAfterEndpointsClose) {
   Options o = test_options(3);
   o.set("transport", GetParam());
+  o.set("stream_workers", "1");  // started by the first pair
   Pair p = connect_pair(o);
   one_message(p.client, p.server, 100000);  // lazily made threads (copy workers) exist from here
   EXPECT_TRUE(p.client.close().ok());
@@ -62,7 +63,8 @@ TEST_P(Shutdown, ThreadCountReturnsToTheStartAfterEndpointsClose) {
     auto s = p.listener.accept(10s);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     one_message(*c, *s, i % 2 ? 100 : 3 << 20);
-    EXPECT_GT(thread_count(), start);
+    // Streams run on the context's workers; a payload path (auto: shm) has a thread of its own.
+    if (std::string(GetParam()) != "tcp") EXPECT_GT(thread_count(), start);
     // Either side closes first, or the handles just go.
     if (i % 3 == 0) {
       EXPECT_TRUE(c->close().ok());
