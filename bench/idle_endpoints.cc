@@ -76,7 +76,9 @@ bool run_busy(std::vector<dmx::Endpoint>& eps, double seconds, long threads0) {
     for (size_t k = 0; k < lanes.size(); ++k)
       for (int slot = 0; slot < 2; ++slot) {
         Lane& l = lanes[k];
-        if (!l.recv[slot].test() || !l.send[slot].test()) continue;
+        // In posting order: a blocking wait, so that this thread takes no core from the workers.
+        (void)l.recv[slot].wait(std::chrono::seconds(30));
+        (void)l.send[slot].wait(std::chrono::seconds(30));
         if (!l.recv[slot].status().ok() || !l.send[slot].status().ok() || l.dst[slot] != l.src) {
           std::fprintf(stderr, "pair %zu: %s / %s%s\n", k, l.send[slot].status().to_string().c_str(),
                        l.recv[slot].status().to_string().c_str(), l.dst[slot] != l.src ? " (bytes differ)" : "");

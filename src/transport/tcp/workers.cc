@@ -62,7 +62,7 @@ class Worker {
     s->slot_.attached = true;
     s->slot_.queued = true;
     ready_.push_back(s);
-    has_ready_.store(true, std::memory_order_release);
+    has_ready_.store(true, std::memory_order_seq_cst);
     if (!thread_.joinable()) {
       thread_ = std::thread([this, core = std::move(core)] { run(core); });
     } else {
@@ -76,7 +76,7 @@ class Worker {
       if (!s->slot_.attached || s->slot_.queued) return;
       s->slot_.queued = true;
       ready_.push_back(s);
-      has_ready_.store(true, std::memory_order_release);
+      has_ready_.store(true, std::memory_order_seq_cst);
     }
     if (sleeping_.load(std::memory_order_seq_cst)) ring();
   }
