@@ -318,6 +318,9 @@ class EndpointImpl final : public tcp::StreamHost,
   std::unordered_map<uint64_t, std::shared_ptr<OpState>> sends_;   // rendezvous, by msg
   std::deque<Transfer> tx_;
   std::atomic<bool> has_tx_{false};  // == !tx_.empty(); read without mu_ by polling streams
+  // Inline chunks each stream took and has not written yet: a stream ahead of the least loaded by
+  // more than kStreamSlack leaves the next chunk to it, so a busy stream does not take them all.
+  std::vector<uint32_t> stream_load_;
   std::deque<std::shared_ptr<OpState>> posted_;                     // unmatched recvs
   std::deque<std::shared_ptr<Unexpected>> unexpected_;
   // The peer closed in order: what it sent before (its sends completed) stays receivable. Once

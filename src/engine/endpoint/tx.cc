@@ -5,6 +5,8 @@
 // (on_sent), which completes eager sends and counts chunks.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
@@ -24,6 +26,13 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     ~Sync() { ep->has_tx_.store(!ep->tx_.empty(), std::memory_order_release); }
   } sync{this};
   if (has_paths_ && stream != 0) return false;  // path chunk headers keep their order on stream 0
+  if (!has_paths_ && streams_.size() > 1) {
+    auto least = std::min_element(stream_load_.begin(), stream_load_.end());
+    if (stream_load_[stream] > *least + kStreamSlack) {
+      streams_[least - stream_load_.begin()]->wake();  // it may be parked
+      return false;
+    }
+  }
   while (!tx_.empty()) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
@@ -85,6 +94,7 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     t.emitted = true;
     op.handed += len;
     ++op.inflight;
+    ++stream_load_[stream];
     if (t.next == op.total) tx_.pop_front();
     return true;
   }
@@ -102,6 +112,7 @@ void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {
   auto op = std::static_pointer_cast<OpState>(item.ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (item.pulled && stream_load_[stream] > 0) --stream_load_[stream];
     if (session_.checksum && wire::carries_data(item.header.type))
       fold_chunk(*op, chunk_offset(*op, item.header), item.len, item.header.crc);
     if (op->eager) {

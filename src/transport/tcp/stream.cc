@@ -101,6 +101,7 @@ Status Stream::fill_pipeline(bool* progress) {
     TxItem item;
     if (!host_->next_chunk(config_.index, &item)) break;
     *progress = true;
+    item.pulled = true;
     if (item.where.is_device() && item.len > 0) {
       DMX_ASSIGN_OR_RETURN(item.queue, queue_for(item.where));
       DMX_RETURN_IF_ERROR(ensure_slots());

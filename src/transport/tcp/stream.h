@@ -52,6 +52,7 @@ struct TxItem {
   std::vector<unsigned char> owned;  // for small payloads copied at post time
   std::shared_ptr<void> ctx;         // the host's handle, given back in on_sent
   bool reply = false;                // a frame the peer's request caused (counted in reply_backlog)
+  bool pulled = false;               // a data chunk the stream took with next_chunk
   // Stream-internal staging state.
   int slot = -1;
   uint64_t fence = 0;
