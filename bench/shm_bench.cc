@@ -29,7 +29,9 @@ using shm::Completion;
 
 namespace {
 
-double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+double now_s() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
 
 // Where one side's time goes while it waits for completions.
 struct SideTimes {
@@ -204,9 +206,10 @@ int main(int argc, char** argv) {
     double dt = now_s() - t0;
     std::vector<Completion> rest;
     while (l.pending() != 0) l.progress(&rest);
-    fmt::print("{{\"bench\":\"shm.first_message\",\"size\":{},\"slot_size\":{},\"slots\":{},\"shm_GBps\":{:.2f},"
-               "\"tx_faults\":{},\"rx_faults\":{}}}\n",
-               max_size, options.slot_size, options.slots, double(max_size) / dt / 1e9, minor_faults() - f0, ack.faults);
+    fmt::print(
+        "{{\"bench\":\"shm.first_message\",\"size\":{},\"slot_size\":{},\"slots\":{},\"shm_GBps\":{:.2f},"
+        "\"tx_faults\":{},\"rx_faults\":{}}}\n",
+        max_size, options.slot_size, options.slots, double(max_size) / dt / 1e9, minor_faults() - f0, ack.faults);
   }
 
   for (size_t size : sizes) {
@@ -242,15 +245,16 @@ int main(int argc, char** argv) {
     }
     double bytes = double(size) * double(iters), round_s = bytes / (best * 1e9);
     // *_busy: fraction of the round inside progress() (copying); *_copy_GBps: bytes / that time.
-    fmt::print("{{\"bench\":\"shm.host_to_host\",\"size\":{},\"iters\":{},\"rounds\":{},\"slot_size\":{},"
-               "\"slots\":{},\"shm_GBps\":{:.2f},\"memcpy_1thread_GBps\":{:.2f},\"ratio\":{:.3f},"
-               "\"memcpy_cold_dst_GBps\":{:.2f},\"tx_busy\":{:.2f},\"tx_wait\":{:.2f},\"tx_copy_GBps\":{:.2f},"
-               "\"tx_faults\":{},\"tx_wakeups\":{},\"rx_busy\":{:.2f},\"rx_wait\":{:.2f},\"rx_copy_GBps\":{:.2f},"
-               "\"rx_faults\":{},\"rx_wakeups\":{}}}\n",
-               size, iters, rounds, options.slot_size, options.slots, best, ref, best / ref, cold, tx_busy, tx_wait,
-               tx_busy > 0 ? best / tx_busy : 0.0, tx_faults, tx_wakeups,
-               best_ack.progress_s / round_s, best_ack.wait_s / round_s,
-               best_ack.progress_s > 0 ? bytes / best_ack.progress_s / 1e9 : 0.0, best_ack.faults, best_ack.wakeups);
+    fmt::print(
+        "{{\"bench\":\"shm.host_to_host\",\"size\":{},\"iters\":{},\"rounds\":{},\"slot_size\":{},"
+        "\"slots\":{},\"shm_GBps\":{:.2f},\"memcpy_1thread_GBps\":{:.2f},\"ratio\":{:.3f},"
+        "\"memcpy_cold_dst_GBps\":{:.2f},\"tx_busy\":{:.2f},\"tx_wait\":{:.2f},\"tx_copy_GBps\":{:.2f},"
+        "\"tx_faults\":{},\"tx_wakeups\":{},\"rx_busy\":{:.2f},\"rx_wait\":{:.2f},\"rx_copy_GBps\":{:.2f},"
+        "\"rx_faults\":{},\"rx_wakeups\":{}}}\n",
+        size, iters, rounds, options.slot_size, options.slots, best, ref, best / ref, cold, tx_busy, tx_wait,
+        tx_busy > 0 ? best / tx_busy : 0.0, tx_faults, tx_wakeups, best_ack.progress_s / round_s,
+        best_ack.wait_s / round_s, best_ack.progress_s > 0 ? bytes / best_ack.progress_s / 1e9 : 0.0, best_ack.faults,
+        best_ack.wakeups);
     std::fflush(stdout);
   }
 
