@@ -417,9 +417,9 @@ PY
     return $rc
   }
   run_section cumem cumem_section
-  shm_slots_section() {  # host->host 256 MiB vs memcpy in the same run: the shm link alone at four ring shapes
+  shm_slots_section() {  # host->host 256 MiB vs memcpy in the same run: the shm link alone at five ring shapes
     local cfg
-    for cfg in 65536:32 262144:16 1048576:8 4194304:8; do
+    for cfg in 65536:32 262144:16 524288:16 1048576:8 4194304:8; do
       "$B/bench/shm_bench" --min-size 268435456 --max-size 268435456 --slot-size "${cfg%%:*}" --slots "${cfg##*:}" \
         | grep host_to_host || return 1
     done
