@@ -44,13 +44,13 @@ void Stream::push_control(TxItem item) {
 void Stream::wake() {
   // A busy-polling stream finds the work itself: no lock or system call on the poster's path.
   if (!sleeping_.load(std::memory_order_seq_cst)) return;
-  if (slot_.worker != nullptr) ready(slot_.worker, this);
+  if (Worker* w = slot_.worker.load(std::memory_order_acquire)) ready(w, this);
 }
 
 void Stream::stop() {
   stop_.store(true, std::memory_order_release);
   conduit_->shutdown();  // the peer's streams see the end now, not at the next keepalive
-  if (slot_.worker != nullptr) ready(slot_.worker, this);  // whether or not it sleeps
+  if (Worker* w = slot_.worker.load(std::memory_order_acquire)) ready(w, this);  // whether or not it sleeps
 }
 
 StreamStats Stream::stats() const {

@@ -57,7 +57,7 @@ class Worker {
 
   // Starts the thread on first use. `core` keeps the set's state alive while the thread runs.
   void attach(Stream* s, std::shared_ptr<void> core) {
-    s->slot_.worker = this;
+    s->slot_.worker.store(this, std::memory_order_release);
     std::lock_guard<std::mutex> lock(mu_);
     s->slot_.attached = true;
     s->slot_.queued = true;

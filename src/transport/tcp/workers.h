@@ -21,6 +21,7 @@
 
 #include <sys/epoll.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -36,7 +37,8 @@ class Worker;
 
 // A stream's place on its worker. Owned by the worker thread, except where noted.
 struct WorkerSlot {
-  Worker* worker = nullptr;  // set before the stream runs, never changed
+  // Set when the stream joins its worker, never changed; any thread reads it (wake, stop).
+  std::atomic<Worker*> worker{nullptr};
   std::shared_ptr<void> keep_alive;
   std::function<void()> after_exit;
   bool known = false;   // the worker has taken it
