@@ -44,6 +44,7 @@ PathBase::PathBase(Options o) : options_(std::move(o)), wake_(::eventfd(0, EFD_C
   if (!wake_.valid()) {
     failure_ = errno_status(fmt::format("eventfd({} path)", options_.thread_name), errno);
     closed_why_ = failure_;
+    failed_.store(true, std::memory_order_relaxed);
   }
 }
 
@@ -104,11 +105,7 @@ void PathBase::fail(Status why) {
   if (!failure_.ok() || stop_requested_.load(std::memory_order_relaxed)) return;
   failure_ = std::move(why);
   closed_why_ = failure_;
-}
-
-bool PathBase::failed() const {
-  std::lock_guard lk(post_mu_);
-  return !failure_.ok();
+  failed_.store(true, std::memory_order_release);
 }
 
 bool PathBase::sleep_on(std::span<pollfd> fds, std::optional<std::chrono::microseconds> timeout) {
@@ -172,12 +169,13 @@ void PathBase::run(std::shared_ptr<void> keep_alive) {
 // that failed or was still pending, then on_path_stopped.
 void PathBase::finish(std::vector<Done>* done) {
   Status why;
+  bool failure;
   {
     std::lock_guard lk(post_mu_);
     if (closed_why_.ok()) closed_why_ = options_.stopped;  // the gate closes before release takes the queue
-    why = failure_.ok() ? options_.stopped : failure_;
+    failure = !failure_.ok();
+    why = failure ? failure_ : options_.stopped;
   }
-  bool failure = failed();
   release(why, done);
   auto first_error = std::stable_partition(done->begin(), done->end(), [](const Done& d) { return d.status.ok(); });
   std::vector<Done> errors(std::make_move_iterator(first_error), std::make_move_iterator(done->end()));

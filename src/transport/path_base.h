@@ -44,9 +44,9 @@ struct PathCounters {
 class PathBase : public PayloadPath {
  public:
   struct Options {
-    const char* thread_name;  // pthread_setname_np: at most 15 characters
+    const char* thread_name;            // pthread_setname_np: at most 15 characters
     std::chrono::microseconds spin{0};  // polling after the last activity before idle()
-    Status stopped;  // what posts after stop() return, and what pending chunks complete with
+    Status stopped;                     // what posts after stop() return, and what pending chunks complete with
   };
 
   ~PathBase() override;
@@ -123,7 +123,7 @@ class PathBase : public PayloadPath {
   // The path is broken for good: posts are refused with `why`, the thread ends after this round.
   // The first reason wins; after stop() it is ignored. Logging is the caller's (it knows why).
   void fail(Status why);
-  bool failed() const;
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
   bool stopping() const { return stop_requested_.load(std::memory_order_acquire); }
 
   PathCounters counters_;
@@ -135,14 +135,16 @@ class PathBase : public PayloadPath {
   void ring_wake();
 
   const Options options_;
-  const UniqueFd wake_;  // eventfd: posters, poke() and stop() ring it while the thread sleeps
+  const UniqueFd wake_;       // eventfd: posters, poke() and stop() ring it while the thread sleeps
   Events* events_ = nullptr;  // set by start(), before the thread exists
 
   std::mutex thread_mu_;  // guards thread_, started_
   std::thread thread_;
   bool started_ = false;
 
+  // Read without the post lock by the thread's loop (the spin takes no lock while nothing is posted).
   std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> failed_{false};
   std::atomic<bool> posted_{false};  // a post or poke since take_posts: a spinning thread looks
   mutable std::mutex post_mu_;       // guards the derived queues (post, take_posts) and below
   bool sleeping_ = false;            // the thread sleeps (or is about to): ring wake_

@@ -112,7 +112,8 @@ class DevmemPath final : public PathBase {
     std::unique_ptr<DevmemTx> tx;
   };
   explicit DevmemPath(Parts p)
-      : PathBase({.thread_name = "dmx-devmem", .stopped = Status(Code::kClosed, "devmem path stopped").with_peer(p.peer)}),
+      : PathBase({.thread_name = "dmx-devmem",
+                  .stopped = Status(Code::kClosed, "devmem path stopped").with_peer(p.peer)}),
         p_(std::move(p)) {}
   ~DevmemPath() override { end_thread(); }
 
