@@ -21,9 +21,11 @@
 // sending endpoint treats that frame as the chunk's tx completion (the path never calls
 // on_path_tx_done itself).
 //
-// Threading: each path runs its own progress thread. post_tx/post_rx/chunk_length may be called
-// from any thread (the endpoint calls them under its mutex, so they must not block on I/O or call
-// back into Events). Events are called on the path's thread with no path lock held.
+// Threading: each path runs its own progress thread (the shared machinery — thread life cycle,
+// post gate and wake-up, sticky failure, the order of the last events, counters — is PathBase,
+// path_base.h). post_tx/post_rx/chunk_length may be called from any thread (the endpoint calls them
+// under its mutex, so they must not block on I/O or call back into Events). Events are called on
+// the path's thread with no path lock held.
 //
 // Errors: a post that returns an error did not take the chunk and no event follows for it (the
 // endpoint settles it itself). post_tx returns kUnavailable when this path cannot carry this
@@ -31,7 +33,8 @@
 // export); the endpoint then moves that transfer by the next path instead of failing it. An
 // accepted chunk that cannot move completes with an error status
 // (that chunk only); a path that is broken for good (peer died, corrupt ring, device error) calls
-// on_path_failed once, then completes every pending chunk with that error. Completions may come
+// on_path_failed once, then completes every pending chunk with that error, then on_path_stopped
+// (a failed path ends without waiting for stop(); stop() is still allowed). Completions may come
 // in any order (match them by seq). on_path_tx_done means "the source is free", not "delivered":
 // delivery is confirmed by the endpoint's own ACKs.
 //

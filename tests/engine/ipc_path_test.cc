@@ -231,7 +231,7 @@ TEST(CudaIpcPath, StopWithNothingPendingIsPromptAndIdempotent) {
   std::weak_ptr<int> watch = keep;
   auto p = new_cuda_ipc_path(config(), "peer-x");
   p->start(&rec, std::move(keep));
-  std::this_thread::sleep_for(10ms);  // let the thread go to sleep on its condition variable
+  std::this_thread::sleep_for(10ms);  // let the thread go to sleep (PathBase::sleep_on)
   auto t0 = Clock::now();
   p->stop();
   EXPECT_LT(Clock::now() - t0, 1s);

@@ -1,13 +1,12 @@
 #include "transport/loop_transport.h"
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
-#include <thread>
 
 #include <fmt/format.h>
+
+#include "transport/path_base.h"
 
 namespace dmx::test {
 namespace {
@@ -27,26 +26,21 @@ __attribute__((no_sanitize("thread"), noinline)) void copy_from_peer(void* dst, 
   for (uint64_t i = 0; i < n; ++i) d[i] = s[i];
 }
 
-class LoopPath final : public PayloadPath {
+class LoopPath final : public PathBase {
  public:
-  ~LoopPath() override { stop(); }
+  LoopPath() : PathBase({.thread_name = "dmx-loop", .stopped = Status(Code::kClosed, "loop path: stopped")}) {}
+  ~LoopPath() override { end_thread(); }
   std::string_view name() const override { return "loop"; }
-  void start(Events* events, std::shared_ptr<void> keep_alive) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    events_ = events;
-    thread_ = std::thread([this, keep = std::move(keep_alive)] { run(); });
-  }
   bool carries(const MemSpec& src) const override { return host_memory(src); }
   uint64_t max_chunk() const override { return kMaxChunk; }
   Result<std::vector<unsigned char>> post_tx(uint64_t, const MemRegion& src, bool) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return Status(Code::kClosed, "loop path: stopped");
+    if (!open_and([] { return true; })) return Status(Code::kClosed, "loop path: stopped");
     std::vector<unsigned char> d(16);
     auto addr = reinterpret_cast<uintptr_t>(src.ptr);
     std::memcpy(d.data(), &addr, 8);
     std::memcpy(d.data() + 8, &src.size, 8);
-    ++stats_.chunks_sent;
-    stats_.bytes_sent += src.size;
+    PathCounters::add(counters_.chunks_sent);
+    PathCounters::add(counters_.bytes_sent, src.size);
     return d;
   }
   Result<uint64_t> chunk_length(std::span<const unsigned char> d) override {
@@ -60,25 +54,9 @@ class LoopPath final : public PayloadPath {
     DMX_ASSIGN_OR_RETURN(uint64_t n, chunk_length(d));
     uintptr_t addr = 0;
     std::memcpy(&addr, d.data(), 8);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return Status(Code::kClosed, "loop path: stopped");
-    jobs_.push_back(Job{seq, reinterpret_cast<const void*>(addr), n, dst});
-    cv_.notify_one();
-    return Status();
+    return post([&] { jobs_.push_back(Job{seq, reinterpret_cast<const void*>(addr), n, dst}); });
   }
   bool receiver_releases() const override { return true; }
-  void stop() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-      cv_.notify_one();
-    }
-    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
-  }
-  PathStats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
   std::string describe() const override { return "loop (test transport: copies from the sender's pointer)"; }
 
  private:
@@ -89,13 +67,11 @@ class LoopPath final : public PayloadPath {
     MemRegion dst;
   };
 
-  void run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-      if (stopping_) break;
-      Job j = jobs_.front();
-      jobs_.pop_front();
+  // PathBase: each round copies what was posted; stop() waits for the thread (the default).
+  bool progress(std::vector<Done>* done) override {
+    std::deque<Job> jobs;
+    take_posts([&] { jobs.swap(jobs_); });
+    for (const Job& j : jobs) {
       Status s;
       if (j.dst.ptr != nullptr && !host_memory(j.dst.where))
         s = Status(Code::kUnavailable, "loop path: reaches host memory only");
@@ -103,26 +79,20 @@ class LoopPath final : public PayloadPath {
         copy_from_peer(j.dst.ptr, j.src, j.len);
       if (j.dst.ptr != nullptr && j.len > 0 && corrupt_next.load() > 0 && corrupt_next.fetch_sub(1) > 0)
         static_cast<unsigned char*>(j.dst.ptr)[j.len / 2] ^= 0x40;
-      ++stats_.chunks_received;
-      stats_.bytes_received += j.len;
-      ++stats_.host_copies;
-      lock.unlock();
-      events_->on_path_rx_done(j.seq, s);
-      lock.lock();
+      PathCounters::add(counters_.chunks_received);
+      PathCounters::add(counters_.bytes_received, j.len);
+      PathCounters::add(counters_.host_copies);
+      done->push_back({false, j.seq, s});
     }
-    auto left = std::move(jobs_);
-    lock.unlock();
-    for (const Job& j : left) events_->on_path_rx_done(j.seq, Status(Code::kClosed, "loop path: stopped"));
-    events_->on_path_stopped();
+    return !jobs.empty();
+  }
+  void release(const Status& why, std::vector<Done>* done) override {
+    std::deque<Job> left;
+    take_posts([&] { left.swap(jobs_); });
+    for (const Job& j : left) done->push_back({false, j.seq, why});
   }
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  Events* events_ = nullptr;
-  std::deque<Job> jobs_;
-  bool stopping_ = false;
-  PathStats stats_;
-  std::thread thread_;
+  std::deque<Job> jobs_;  // under the post lock (PathBase::post)
 };
 
 class LoopTransport final : public Transport {

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -20,10 +19,10 @@
 
 #include "core/clock.h"
 #include "core/log.h"
-#include "core/reaper.h"
 #include "core/sys.h"
 #include "core/trace.h"
 #include "transport/cuda_ipc/ipc_fds.h"
+#include "transport/path_base.h"
 #include "memory/mps.h"
 
 namespace dmx {
@@ -40,16 +39,12 @@ constexpr uint32_t kLaneBackoff = 64;                       // chunks the small-
 constexpr auto kSweepEvery = std::chrono::milliseconds(10);  // how often post_tx looks for freed exports
 constexpr size_t kSweepMax = 8;  // allocations it looks at each time (a driver call each, ~0.6-0.9 us)
 
-class CudaIpcPath final : public PayloadPath {
+class CudaIpcPath final : public PathBase {
   struct RxItem {
     uint64_t seq;
     IpcDescriptor source;
     std::vector<uint64_t> retired;
     MemRegion dst;  // ptr == nullptr: drop
-  };
-  struct Done {
-    uint64_t seq;
-    Status status;
   };
   struct Inflight {
     uint64_t bytes;
@@ -58,7 +53,10 @@ class CudaIpcPath final : public PayloadPath {
  public:
   CudaIpcPath(std::string peer, int streams, uint64_t max_chunk, bool copy_by_source, bool in_process,
               uint64_t inline_max, std::chrono::microseconds inline_wait, std::unique_ptr<IpcFdChannel> fds)
-      : fds_(std::move(fds)),
+      : PathBase({.thread_name = "dmx-cuda-ipc",
+                  .spin = kSpin,
+                  .stopped = Status(Code::kClosed, "the cuda_ipc path is stopped").with_peer(peer)}),
+        fds_(std::move(fds)),
         peer_(std::move(peer)),
         streams_(streams),
         max_chunk_(max_chunk),
@@ -67,25 +65,9 @@ class CudaIpcPath final : public PayloadPath {
         inline_max_(inline_max),
         inline_wait_(inline_wait) {}
 
-  ~CudaIpcPath() override {
-    stop();
-    std::lock_guard lock(join_mu_);
-    // Still joinable only when the last owner let go on the path's own thread (keep_alive released
-    // after on_path_stopped): that thread is past its last use of *this, and the reaper joins it.
-    join_or_reap(thread_);
-  }
+  ~CudaIpcPath() override { end_thread(); }
 
   std::string_view name() const override { return "cuda_ipc"; }
-
-  void start(Events* events, std::shared_ptr<void> keep_alive) override {
-    std::lock_guard lock(join_mu_);
-    assert(!started_ && "PayloadPath::start called twice");
-    if (started_) return;
-    started_ = true;
-    events_ = events;
-    keep_alive_ = std::move(keep_alive);
-    thread_ = std::thread([this] { run(); });
-  }
 
   bool carries(const MemSpec& src) const override { return src.kind == MemKind::kCuda; }
   uint64_t max_chunk() const override { return max_chunk_; }
@@ -98,10 +80,7 @@ class CudaIpcPath final : public PayloadPath {
     if (src.size > max_chunk_)
       return Status(Code::kInvalidArgument,
                     fmt::format("cuda_ipc chunk of {} B is larger than the path's {} B", src.size, max_chunk_));
-    {
-      std::lock_guard lock(mu_);
-      if (stopping_) return closed();
-    }
+    if (stopping()) return closed();
     IpcChunkDescriptor d;
     {
       std::lock_guard lock(tx_mu_);
@@ -131,8 +110,8 @@ class CudaIpcPath final : public PayloadPath {
       d.retired = exporter_.take_retired(kCudaIpcMaxRetired);
       if (fds_) fds_->retire_sent(d.retired);
     }
-    chunks_sent_.fetch_add(1, std::memory_order_relaxed);
-    bytes_sent_.fetch_add(d.source.length, std::memory_order_relaxed);
+    PathCounters::add(counters_.chunks_sent);
+    PathCounters::add(counters_.bytes_sent, d.source.length);
     return d.encode();
   }
 
@@ -173,7 +152,7 @@ class CudaIpcPath final : public PayloadPath {
     CopyEngine* engine = engines_.at(*device).get();
     // The chunk was not taken (no copy started, or it failed): the thread reports a broken device.
     auto refuse = [&](Status why) -> Result<bool> {  // by value: completions_ is engine_mu_'s
-      note_failure(*engine, why, 0);
+      note_failure(*engine, why);
       engines.unlock();
       poke();
       return why.with_peer(peer_);
@@ -203,35 +182,12 @@ class CudaIpcPath final : public PayloadPath {
     if (!completions_.front().status.ok()) return refuse(completions_.front().status);
     engines.unlock();
     count_received(dst.size);
-    inline_copies_.fetch_add(1, std::memory_order_relaxed);
+    PathCounters::add(counters_.inline_copies);
     return true;
   }
 
-  void stop() override {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-      posted_.store(true, std::memory_order_release);
-    }
-    cv_.notify_all();
-    std::lock_guard lock(join_mu_);
-    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
-  }
-
-  PathStats stats() const override {
-    PathStats s;
-    s.chunks_sent = chunks_sent_.load(std::memory_order_relaxed);
-    s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
-    s.chunks_received = chunks_received_.load(std::memory_order_relaxed);
-    s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
-    s.device_copies = device_copies_.load(std::memory_order_relaxed);
-    s.wakeups = wakeups_.load(std::memory_order_relaxed);
-    s.inline_copies = inline_copies_.load(std::memory_order_relaxed);
-    return s;
-  }
-
   std::string describe() const override {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(note_mu_);
     std::string mode = in_process_ ? "in one process (the exporter's pointers, no IPC handles); " : "";
     uint64_t fds = cumem_fds_sent_.load(std::memory_order_relaxed);
     std::string cumem = fds == 0 ? "" : fmt::format("; {} cuMem allocations shared by fd", fds);
@@ -242,7 +198,7 @@ class CudaIpcPath final : public PayloadPath {
             : fmt::format(
                   "; {} chunks of <= {} B copied by the receiving stream itself ({} handed on after {} us, "
                   "each time the next {} left to the path's thread)",
-                  inline_copies_.load(std::memory_order_relaxed), inline_max_,
+                  counters_.inline_copies.load(std::memory_order_relaxed), inline_max_,
                   handed_over_.load(std::memory_order_relaxed), inline_wait_.count(), kLaneBackoff);
     return "cuda_ipc: " + mode + report_ + lane + cumem + shared_note_;
   }
@@ -294,19 +250,13 @@ class CudaIpcPath final : public PayloadPath {
 
   // Hands a chunk to the progress thread.
   Status enqueue(RxItem item) {
-    std::lock_guard lock(mu_);
-    if (stopping_) return closed();
-    if (!failed_.ok()) return failed_;
-    queue_.push_back(std::move(item));
-    wake_locked();
-    return Status();
+    return post([&] { queue_.push_back(std::move(item)); });
   }
 
   // Nothing waits for the progress thread (the small-chunk lane may take a chunk; under engine_mu_
   // it also checks that no copy is in flight).
   bool queue_idle() const {
-    std::lock_guard lock(mu_);
-    return queue_.empty() && !stopping_ && failed_.ok();
+    return open_and([&] { return queue_.empty(); });
   }
 
   // True while the lane backs off after a copy outlasted inline_wait_ (counts the chunks down).
@@ -317,20 +267,10 @@ class CudaIpcPath final : public PayloadPath {
     return true;
   }
 
-  // Makes the progress thread look now (a copy handed over, a failure to report).
-  void poke() {
-    std::lock_guard lock(mu_);
-    wake_locked();
-  }
-  void wake_locked() {  // mu_ held
-    posted_.store(true, std::memory_order_release);
-    if (sleeping_) cv_.notify_one();
-  }
-
   void count_received(uint64_t bytes) {
-    chunks_received_.fetch_add(1, std::memory_order_relaxed);
-    bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
-    device_copies_.fetch_add(1, std::memory_order_relaxed);
+    PathCounters::add(counters_.chunks_received);
+    PathCounters::add(counters_.bytes_received, bytes);
+    PathCounters::add(counters_.device_copies);
   }
 
   // ---- copies (engine_mu_ held) ----
@@ -369,22 +309,22 @@ class CudaIpcPath final : public PayloadPath {
   bool issue(RxItem& item, std::vector<Done>* done) {
     invalidate_retired(item);
     if (!failure_.ok()) {
-      done->push_back({item.seq, failure_});
+      done->push_back({false, item.seq, failure_});
       return false;
     }
     if (item.dst.ptr == nullptr) {  // a dropped chunk: nothing to copy, the sender may release it
-      done->push_back({item.seq, Status()});
+      done->push_back({false, item.seq, Status()});
       return false;
     }
     Result<CopyEngine*> engine = engine_for(*device_for(item, /*make=*/true));
     if (!engine.ok()) {
-      done->push_back({item.seq, engine.status().with_peer(peer_)});
+      done->push_back({false, item.seq, engine.status().with_peer(peer_)});
       return false;
     }
     Status s = (*engine)->read(item.seq, item.dst, peer_, item.source, 0);
     if (!s.ok()) {
-      done->push_back({item.seq, s.with_peer(peer_)});
-      note_failure(**engine, s, done->size());
+      done->push_back({false, item.seq, s.with_peer(peer_)});
+      note_failure(**engine, s);
       return false;
     }
     inflight_.emplace(item.seq, Inflight{item.dst.size});
@@ -399,7 +339,7 @@ class CudaIpcPath final : public PayloadPath {
       if (engine->progress(&completions_) == 0) continue;
       for (size_t i = before; i < completions_.size(); ++i)
         if (!completions_[i].status.ok()) {
-          note_failure(*engine, completions_[i].status, done->size());
+          note_failure(*engine, completions_[i].status);
           break;
         }
     }
@@ -411,27 +351,24 @@ class CudaIpcPath final : public PayloadPath {
       inflight_.erase(it);
       if (c.status.ok() && failure_.ok()) {
         count_received(bytes);
-        done->push_back({c.op, Status()});
+        done->push_back({false, c.op, Status()});
       } else {
-        done->push_back({c.op, !failure_.ok() ? failure_ : c.status.with_peer(peer_)});
+        done->push_back({false, c.op, !failure_.ok() ? failure_ : c.status.with_peer(peer_)});
       }
     }
   }
 
-  // A copy failed: if the device is broken for good (sticky CUDA error), so is the path. The
-  // progress thread reports it (on_path_failed) after the completions before `done_before`.
-  void note_failure(CopyEngine& engine, const Status& why, size_t done_before) {
+  // A copy failed: if the device is broken for good (sticky CUDA error), so is the path (the
+  // progress thread ends after its round: PathBase).
+  void note_failure(CopyEngine& engine, const Status& why) {
     Status sticky = engine.device_error();
     if (sticky.ok() || !failure_.ok()) return;
     failure_ =
         Status(sticky.code(), fmt::format("cuda_ipc path failed: {} (after: {})", sticky.message(), why.message()))
             .with_peer(peer_);
     DMX_LOG_ERROR("{}", failure_.to_string());
-    failure_unreported_ = true;
-    failed_before_ = done_before;
     needs_thread_.store(true, std::memory_order_release);
-    std::lock_guard lock(mu_);
-    failed_ = failure_;
+    fail(failure_);
   }
 
   // Both processes use one GPU: say once whether MPS serves it (without it, every copy that follows
@@ -447,7 +384,7 @@ class CudaIpcPath final : public PayloadPath {
                                device, mps.status().message());
     if (mps.ok()) DMX_LOG_INFO("cuda_ipc to {}: {}", peer_, note);
     else DMX_LOG_WARN("cuda_ipc to {}: {}", peer_, note);
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(note_mu_);
     shared_note_ = "; " + note;
   }
 
@@ -460,106 +397,59 @@ class CudaIpcPath final : public PayloadPath {
     engines_.emplace(device, std::move(*e));
     std::string report;
     for (auto& [dev, engine] : engines_) report += engine->peer_access_report();
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(note_mu_);
     report_ = std::move(report);
     return raw;
   }
 
-  // ---- the progress thread ----
+  // ---- PathBase's hooks (the progress thread) ----
 
-  void run() {
-    std::vector<RxItem> batch;
-    std::vector<Done> done;
-    bool idle = false;
-    Clock::time_point idle_since;
-    for (;;) {
-      // After work, poll for kSpin before sleeping: a chunk that follows soon (a small message
-      // of a ping-pong) then costs no wake-up. While spinning with nothing posted the lock is not
-      // taken (a poster — the endpoint's stream worker — would otherwise often find it held).
-      bool spinning = !idle || Clock::now() - idle_since < kSpin;
-      if (!spinning || posted_.load(std::memory_order_acquire)) {
-        std::unique_lock lock(mu_);
-        auto ready = [&] { return stopping_ || !queue_.empty() || posted_.load(std::memory_order_relaxed); };
-        if (!ready() && !spinning) {
-          sleeping_ = true;
-          if (!needs_thread_.load(std::memory_order_acquire)) {
-            cv_.wait(lock, ready);
-            if (!stopping_) wakeups_.fetch_add(1, std::memory_order_relaxed);
-          } else if (cv_.wait_for(lock, kPollSleep, ready) && !stopping_) {
-            wakeups_.fetch_add(1, std::memory_order_relaxed);
-          }
-          sleeping_ = false;
-        }
-        if (stopping_) break;
-        batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
-        queue_.clear();
-        posted_.store(false, std::memory_order_relaxed);  // under mu_: a later post sets it again
-      }
-      bool worked = !batch.empty();
-      std::optional<Status> broke;  // the path failed: report it after done[0, failed_before_)
-      size_t broke_at = 0;
-      if (worked || needs_thread_.load(std::memory_order_acquire)) {
-        std::lock_guard engines(engine_mu_);
-        if (worked) DMX_TRACE_POINT("ipc.take");
-        for (RxItem& item : batch) issue(item, &done);
-        if (worked) DMX_TRACE_POINT("ipc.issued");
-        batch.clear();
-        poll(&done);
-        if (!done.empty()) DMX_TRACE_POINT("ipc.copied");
-        if (failure_unreported_) {
-          failure_unreported_ = false;
-          broke = failure_;
-          broke_at = std::min(failed_before_, done.size());
-        }
-        needs_thread_.store(!inflight_.empty(), std::memory_order_release);
-      }
-      worked = worked || !done.empty() || broke.has_value();
-      deliver(&done, broke, broke_at);
-      if (worked) {
-        idle = false;
-      } else if (!idle) {
-        idle = true;
-        idle_since = Clock::now();
-      } else {
-        cpu_relax();
-      }
+  // Issues the posted copies and polls those in flight. While spinning with nothing posted and no
+  // copy in flight the post lock is not taken (a poster — the endpoint's stream worker — would
+  // otherwise often find it held).
+  bool progress(std::vector<Done>* done) override {
+    take_posts([&] {
+      batch_.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+      queue_.clear();
+    });
+    bool worked = !batch_.empty();
+    size_t before = done->size();
+    if (worked || needs_thread_.load(std::memory_order_acquire)) {
+      std::lock_guard engines(engine_mu_);
+      if (worked) DMX_TRACE_POINT("ipc.take");
+      for (RxItem& item : batch_) issue(item, done);
+      if (worked) DMX_TRACE_POINT("ipc.issued");
+      batch_.clear();
+      poll(done);
+      if (done->size() > before) DMX_TRACE_POINT("ipc.copied");
+      needs_thread_.store(!inflight_.empty(), std::memory_order_release);
     }
-    shutdown(&done);
+    return worked || done->size() > before;
   }
 
-  // Reports `done` in order; when the path broke, on_path_failed goes before done[broke_at].
-  void deliver(std::vector<Done>* done, const std::optional<Status>& broke = std::nullopt, size_t broke_at = 0) {
-    if (events_ != nullptr) {
-      for (size_t i = 0; i <= done->size(); ++i) {
-        if (broke.has_value() && i == broke_at) events_->on_path_failed(*broke);
-        if (i < done->size()) events_->on_path_rx_done((*done)[i].seq, (*done)[i].status);
-      }
-    }
-    done->clear();
+  // After kSpin: sleep until a post, or for kPollSleep while copies are in flight.
+  bool idle() override {
+    return sleep_on({}, needs_thread_.load(std::memory_order_acquire)
+                            ? std::optional<std::chrono::microseconds>(kPollSleep)
+                            : std::nullopt);
   }
 
-  void shutdown(std::vector<Done>* done) {
+  void release(const Status& why, std::vector<Done>* done) override {
     std::deque<RxItem> rest;
-    {
-      std::lock_guard lock(mu_);
-      rest.swap(queue_);
-    }
-    for (RxItem& item : rest)
-      done->push_back({item.seq, item.dst.ptr == nullptr
-                                     ? Status()
-                                     : Status(Code::kCancelled, "the cuda_ipc path stopped before the chunk was copied")
-                                           .with_peer(peer_)});
-    deliver(done);
+    take_posts([&] { rest.swap(queue_); });
+    Status cancelled = failed() ? why
+                                : Status(Code::kCancelled, "the cuda_ipc path stopped before the chunk was copied")
+                                      .with_peer(peer_);
+    for (RxItem& item : rest) done->push_back({false, item.seq, item.dst.ptr == nullptr ? Status() : cancelled});
     // Copies in flight write into the user's memory: wait for them before saying we are done. The
-    // lane's caller (a stream worker) is gone by now, or finds the engines gone and the path stopped.
+    // lane's caller (a stream worker) is gone by now, or finds the engines gone and the path closed.
     std::unique_lock engines(engine_mu_);
     Deadline deadline = Deadline::after(kStopDrain);
     while (!inflight_.empty() && !deadline.expired()) {
       poll(done);
-      bool more = !inflight_.empty();
+      if (inflight_.empty()) break;
       engines.unlock();
-      deliver(done);
-      if (more) std::this_thread::sleep_for(kPollSleep);
+      std::this_thread::sleep_for(kPollSleep);
       engines.lock();
     }
     if (!inflight_.empty()) {
@@ -570,7 +460,7 @@ class CudaIpcPath final : public PayloadPath {
                                                     inflight_.size(), kStopDrain.count()))
                      .with_peer(peer_);
       DMX_LOG_ERROR("{}", s.to_string());
-      for (auto& [seq, f] : inflight_) done->push_back({seq, s});
+      for (auto& [seq, f] : inflight_) done->push_back({false, seq, s});
       inflight_.clear();
       for (auto& [dev, engine] : engines_) (void)engine.release();
     }
@@ -578,13 +468,6 @@ class CudaIpcPath final : public PayloadPath {
     for (auto& [dev, engine] : engines_)
       if (engine) engine->drop_peer(peer_);
     engines_.clear();
-    engines.unlock();
-    deliver(done);
-    Events* events = events_;
-    std::shared_ptr<void> keep = std::move(keep_alive_);
-    if (events != nullptr) events->on_path_stopped();
-    // `keep` goes last: it may own this path, whose destructor then runs here and hands us to the
-    // reaper (core/reaper.h).
   }
 
   // The cuMem fd side channel (null: cuMem memory goes by other paths). Its sending half is used
@@ -598,43 +481,29 @@ class CudaIpcPath final : public PayloadPath {
   const uint64_t inline_max_;                    // the small-chunk lane: largest chunk (0: off)
   const std::chrono::microseconds inline_wait_;  // and how long its caller polls a copy
 
-  // Set by start() before the thread runs, read by the thread.
-  Events* events_ = nullptr;
-  std::shared_ptr<void> keep_alive_;
-
-  std::mutex join_mu_;  // guards thread_, started_
-  std::thread thread_;
-  bool started_ = false;
-
   std::mutex tx_mu_;  // guards exporter_, next_sweep_
   cuda_ipc::Exporter exporter_;
   Clock::time_point next_sweep_{};
 
-  mutable std::mutex mu_;  // guards queue_, stopping_, sleeping_, failed_, report_, shared_note_
-  std::condition_variable cv_;
-  std::deque<RxItem> queue_;
-  bool stopping_ = false;
-  std::atomic<bool> posted_{false};  // queue_ non-empty, stopping_, or a poke: the spinning thread looks
-  bool sleeping_ = false;
-  Status failed_;
+  std::deque<RxItem> queue_;   // under the post lock (PathBase::post)
+  std::vector<RxItem> batch_;  // the thread's: posts taken for this round
+
+  mutable std::mutex note_mu_;  // guards report_, shared_note_
   std::string report_;
   std::string shared_note_;  // "; cuda:N is shared with the peer's process ..." once seen
 
   // The copy side: the progress thread, and the small-chunk lane's caller, under engine_mu_ (taken
-  // before mu_, never after it).
+  // before the post lock and note_mu_, never after them).
   std::mutex engine_mu_;
   std::map<int, std::unique_ptr<CopyEngine>> engines_;  // by local device
   std::unordered_map<uint64_t, Inflight> inflight_;     // by seq (the copy's op)
   std::vector<CopyCompletion> completions_;
-  Status failure_;
-  bool failure_unreported_ = false;  // on_path_failed is still to come (from the progress thread)
-  size_t failed_before_ = 0;         // it comes before that many of the thread's pending completions
+  Status failure_;  // the device is broken (also PathBase::fail)
   bool shared_gpu_noted_ = false;
   std::atomic<bool> needs_thread_{false};  // copies in flight or a failure to report (written under engine_mu_)
   std::atomic<uint32_t> lane_skip_{0};     // chunks the lane still leaves to the thread (lane_backoff)
 
-  std::atomic<uint64_t> chunks_sent_{0}, bytes_sent_{0}, chunks_received_{0}, bytes_received_{0}, device_copies_{0},
-      wakeups_{0}, inline_copies_{0}, handed_over_{0}, cumem_fds_sent_{0};
+  std::atomic<uint64_t> handed_over_{0}, cumem_fds_sent_{0};
 };
 
 }  // namespace

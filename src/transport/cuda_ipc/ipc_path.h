@@ -10,12 +10,13 @@
 //
 // Threading: post_tx exports under the path's tx mutex (quick: a few driver calls; the first chunk
 // of an allocation also makes its IPC handle). post_rx validates the descriptor and queues the chunk
-// under the queue mutex; the path's progress thread issues the copies on the copy engines (one per
-// local GPU used, created lazily), polls them (spin ~200 us, then 20 us sleeps that a post ends)
-// and reports completions with no lock held. post_rx_now (the small-chunk lane) may instead issue
-// and poll a small chunk's copy on the caller's thread. The copy side (engines, copies in flight,
-// the failure state) is shared under engine_mu_; lock order: engine_mu_ -> the queue mutex; the tx
-// mutex is never nested.
+// under the post lock; the path's progress thread (PathBase, transport/path_base.h) issues the
+// copies on the copy engines (one per local GPU used, created lazily), polls them (spin ~200 us,
+// then 20 us sleeps that a post ends) and reports completions with no lock held. post_rx_now (the
+// small-chunk lane) may instead issue and poll a small chunk's copy on the caller's thread. The copy
+// side (engines, copies in flight, the failure state) is shared under engine_mu_; lock order:
+// engine_mu_ -> the post lock; the tx mutex is never nested. A broken device fails the path: its
+// thread drains the copies in flight (bounded) and ends.
 //
 // Same process: CUDA IPC cannot open a handle in the process that made it, and between two
 // endpoints of one process none is needed: the path then runs `in_process` (the receiver copies

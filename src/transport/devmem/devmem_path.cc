@@ -3,7 +3,6 @@
 
 #include <fmt/format.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,15 +12,13 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <atomic>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include "core/log.h"
-#include "core/reaper.h"
 #include "memory/backend.h"
 #include "transport/devmem/devmem_path_rx.h"
+#include "transport/path_base.h"
 #include "transport/devmem/region.h"
 #include "transport/devmem/tx.h"
 #include "transport/devmem/tx_regions.h"
@@ -98,7 +95,7 @@ class Stager {
   std::map<std::pair<int, int>, std::unique_ptr<CopyQueue>> queues_;
 };
 
-class DevmemPath final : public PayloadPath {
+class DevmemPath final : public PathBase {
  public:
   struct Parts {
     std::shared_ptr<void> steering;  // the NIC flow rule of the data socket; released after the socket
@@ -113,26 +110,14 @@ class DevmemPath final : public PayloadPath {
     std::unique_ptr<devmem::PathRx> rx;  // zcrx or devmem RX (devmem_path_rx.h)
     std::string rx_note;                 // which receiver, and why not the other
     std::unique_ptr<DevmemTx> tx;
-    UniqueFd wake;
   };
-  explicit DevmemPath(Parts p) : p_(std::move(p)) {}
-  ~DevmemPath() override {
-    stop();
-    // The last keep_alive may be dropped on the path's own thread (the endpoint then destroys its
-    // paths there): run() touches nothing of the path after releasing it, and the reaper joins it.
-    join_or_reap(thread_);
-  }
+  explicit DevmemPath(Parts p)
+      : PathBase({.thread_name = "dmx-devmem",
+                  .stopped = Status(Code::kClosed, "devmem path stopped").with_peer(p.peer)}),
+        p_(std::move(p)) {}
+  ~DevmemPath() override { end_thread(); }
 
   std::string_view name() const override { return "devmem"; }
-
-  void start(Events* events, std::shared_ptr<void> keep_alive) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (started_) return;
-    started_ = true;
-    events_ = events;
-    keep_alive_ = std::move(keep_alive);
-    thread_ = std::thread([this] { run(); });
-  }
 
   bool carries(const MemSpec& src) const override {
     if (src.kind == MemKind::kCuda) return host_memory(p_.seams.memory) || src.device == p_.seams.memory.device;
@@ -148,12 +133,7 @@ class DevmemPath final : public PayloadPath {
     if (src.size > kDevmemMaxChunk)
       return Status(Code::kInvalidArgument,
                     fmt::format("devmem path: chunk of {} bytes above the {}-byte maximum", src.size, kDevmemMaxChunk));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return closed_status();
-      tx_posts_.push_back(TxSeg{seq, src});
-    }
-    wake();
+    DMX_RETURN_IF_ERROR(post([&] { tx_posts_.push_back(TxSeg{seq, src}); }));
     std::vector<unsigned char> d(kDevmemDescriptorSize);
     for (size_t i = 0; i < 8; ++i) d[i] = static_cast<unsigned char>(src.size >> (8 * i));
     return d;
@@ -175,38 +155,14 @@ class DevmemPath final : public PayloadPath {
                            fmt::format("devmem path: cannot gather into {} memory (the RX pool is {}); chunk dropped",
                                        to_string(dst.where), to_string(p_.seams.memory)))
                         .with_peer(p_.peer);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return closed_status();
-      rx_posts_.push_back(std::move(item));
-    }
-    wake();
-    return Status();
+    return post([&] { rx_posts_.push_back(std::move(item)); });
   }
 
   bool receiver_releases() const override { return false; }
 
-  void stop() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_requested_ = true;
-      if (!closed_) {
-        closed_ = true;
-        closed_reason_ = Status(Code::kClosed, "devmem path stopped").with_peer(p_.peer);
-      }
-    }
-    wake();
-    std::lock_guard<std::mutex> io(io_mu_);  // waits for the thread's current round, never for an event
-    quiesce();
-  }
-
-  PathStats stats() const override {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    return stats_;
-  }
   DevmemPathCounters counters() const {
     std::lock_guard<std::mutex> lock(stats_mu_);
-    DevmemPathCounters c = counters_;
+    DevmemPathCounters c = devmem_counters_;
     c.rx_note = p_.rx_note;  // fixed at creation
     return c;
   }
@@ -251,98 +207,70 @@ class DevmemPath final : public PayloadPath {
     Status status;  // a chunk-only error (dropped): reported at its completion
     size_t got = 0;
   };
-  struct Event {
-    enum Kind { kTx, kRx, kFailed } kind;
-    uint64_t seq;
-    Status status;
-  };
-
-  Status closed_status() const {
-    return failed_.ok() ? closed_reason_ : failed_;
-  }
   bool gatherable(const MemSpec& dst) const {
     if (host_memory(p_.seams.memory)) return dst.kind != MemKind::kCuda;  // the host gatherer: host, pinned, sim
     return dst == p_.seams.memory;
   }
-  void wake() {
-    uint64_t one = 1;
-    ssize_t r = ::write(p_.wake.get(), &one, sizeof one);
-    (void)r;
+  // --- PathBase's hooks (the progress thread) ---
+
+  // One round of I/O under io_mu_; an error fails the path. No spin: idle() polls with the plan's
+  // timeout (0 while there is more to do now).
+  bool progress(std::vector<Done>* done) override {
+    std::lock_guard<std::mutex> io(io_mu_);
+    if (quiesced_) return false;  // stop() came
+    take_posts([&] {
+      for (auto& t : tx_posts_) tx_.push_back(std::move(t));
+      for (auto& r : rx_posts_) rx_.push_back(std::move(r));
+      tx_posts_.clear();
+      rx_posts_.clear();
+    });
+    Status s = round(*done);
+    if (!s.ok()) fail_locked(std::move(s));
+    publish_stats();
+    return false;
   }
 
-  // --- progress thread ---
-
-  void run() {
-    for (;;) {
-      std::vector<Event> events;
-      bool exit = false;
-      pollfd fds[3] = {{p_.wake.get(), POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
-      int timeout = -1;
-      {
-        std::lock_guard<std::mutex> io(io_mu_);
-        bool stopping;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          stopping = stop_requested_;
-          for (auto& t : tx_posts_) tx_.push_back(std::move(t));
-          for (auto& r : rx_posts_) rx_.push_back(std::move(r));
-          tx_posts_.clear();
-          rx_posts_.clear();
-        }
-        if (stopping) {
-          quiesce();
-          Status s = closed_status();
-          for (auto& t : tx_)
-            if (!t.reported) events.push_back({Event::kTx, t.seq, s});
-          for (auto& r : rx_) events.push_back({Event::kRx, r.seq, s});
-          tx_.clear();
-          rx_.clear();
-          exit = true;
-        } else if (failed_.ok()) {
-          Status s = round(events);
-          if (!s.ok()) fail(std::move(s), events);
-          if (failed_.ok()) timeout = poll_plan(&fds[1], &fds[2]);
-        }
-        if (!failed_.ok() && !exit) {  // failed: every chunk posted meanwhile completes with the failure
-          for (auto& t : tx_)
-            if (!t.reported) events.push_back({Event::kTx, t.seq, failed_});
-          for (auto& r : rx_) events.push_back({Event::kRx, r.seq, failed_});
-          tx_.clear();
-          rx_.clear();
-        }
-        publish_stats();
-      }
-      deliver(events);
-      if (exit) {
-        events_->on_path_stopped();
-        std::shared_ptr<void> keep = std::move(keep_alive_);  // released after on_path_stopped returned
-        return;
-      }
-      nfds_t nfds = fds[2].fd >= 0 ? 3 : fds[1].fd >= 0 ? 2 : 1;
-      if (fds[1].fd < 0) fds[1] = {-1, 0, 0};  // poll ignores a negative fd
-      int n = ::poll(fds, nfds, timeout);
-      if (n > 0 && (fds[0].revents & POLLIN)) {
-        uint64_t v;
-        ssize_t r = ::read(p_.wake.get(), &v, sizeof v);
-        (void)r;
-        wakeups_.fetch_add(1, std::memory_order_relaxed);
-      }
-      if (n > 0 && fds[1].fd >= 0) last_revents_ = fds[1].revents;
+  bool idle() override {
+    pollfd fds[2] = {{-1, 0, 0}, {-1, 0, 0}};
+    int timeout;
+    {
+      std::lock_guard<std::mutex> io(io_mu_);
+      if (quiesced_) return false;
+      timeout = poll_plan(&fds[0], &fds[1]);
     }
+    bool woke = sleep_on(std::span<pollfd>(fds, fds[1].fd >= 0 ? 2 : fds[0].fd >= 0 ? 1 : 0),
+                         timeout < 0 ? std::nullopt
+                                     : std::optional<std::chrono::microseconds>(std::chrono::milliseconds(timeout)));
+    if (woke && fds[0].fd >= 0) last_revents_ = fds[0].revents;
+    return woke;
   }
 
-  void deliver(std::vector<Event>& events) {
-    for (auto& e : events) {
-      switch (e.kind) {
-        case Event::kTx: events_->on_path_tx_done(e.seq, e.status); break;
-        case Event::kRx: events_->on_path_rx_done(e.seq, e.status); break;
-        case Event::kFailed: events_->on_path_failed(e.status); break;
-      }
-    }
+  // stop(): waits for the thread's current round (never for an event), then for the copies into
+  // and out of user memory (bounded).
+  void quiesce() override {
+    std::lock_guard<std::mutex> io(io_mu_);
+    quiesce_locked();
+  }
+
+  void release(const Status& why, std::vector<Done>* done) override {
+    std::lock_guard<std::mutex> io(io_mu_);
+    quiesce_locked();
+    take_posts([&] {
+      for (auto& t : tx_posts_) tx_.push_back(std::move(t));
+      for (auto& r : rx_posts_) rx_.push_back(std::move(r));
+      tx_posts_.clear();
+      rx_posts_.clear();
+    });
+    for (auto& t : tx_)
+      if (!t.reported) done->push_back({true, t.seq, why});
+    for (auto& r : rx_) done->push_back({false, r.seq, why});
+    tx_.clear();
+    rx_.clear();
+    publish_stats();
   }
 
   // One round of I/O (io_mu_ held). An error is a failure of the path.
-  Status round(std::vector<Event>& events) {
+  Status round(std::vector<Done>& events) {
     DMX_RETURN_IF_ERROR(check_socket());
     DMX_RETURN_IF_ERROR(tx_round(events));
     DMX_RETURN_IF_ERROR(rx_round(events));
@@ -414,7 +342,7 @@ class DevmemPath final : public PayloadPath {
     return s;
   }
 
-  Status tx_round(std::vector<Event>& events) {
+  Status tx_round(std::vector<Done>& events) {
     if (tx_.empty()) return Status();
     DMX_RETURN_IF_ERROR(p_.tx->poll_completions());
     retire(events);
@@ -423,7 +351,7 @@ class DevmemPath final : public PayloadPath {
         if (t.src.size == 0) {
           t.state = TxState::kStaged;
           t.reported = true;
-          events.push_back({Event::kTx, t.seq, Status()});
+          events.push_back({true, t.seq, Status()});
           continue;
         }
         if (try_direct(t)) continue;
@@ -439,7 +367,7 @@ class DevmemPath final : public PayloadPath {
         if (!done) continue;
         t.state = TxState::kStaged;
         t.reported = true;
-        events.push_back({Event::kTx, t.seq, Status()});  // the source is free again
+        events.push_back({true, t.seq, Status()});  // the source is free again
       }
     }
     // Send in order: the byte order on the data socket is the order of the headers on stream 0.
@@ -468,9 +396,9 @@ class DevmemPath final : public PayloadPath {
 
   // Ring space comes back in FIFO order once the kernel is done with it; a direct send's source
   // is free (on_path_tx_done) only then.
-  void retire(std::vector<Event>& events) {
+  void retire(std::vector<Done>& events) {
     while (!tx_.empty() && tx_.front().state == TxState::kInFlight && p_.tx->completed(tx_.front().ticket)) {
-      if (!tx_.front().reported) events.push_back({Event::kTx, tx_.front().seq, Status()});
+      if (!tx_.front().reported) events.push_back({true, tx_.front().seq, Status()});
       tx_.pop_front();
     }
   }
@@ -534,7 +462,7 @@ class DevmemPath final : public PayloadPath {
     return at;
   }
 
-  Status rx_round(std::vector<Event>& events) {
+  Status rx_round(std::vector<Done>& events) {
     for (int calls = 0; !rx_.empty() && calls < kRxCallsPerRound;) {
       RxItem& r = rx_.front();
       if (r.got < r.len) {
@@ -551,28 +479,23 @@ class DevmemPath final : public PayloadPath {
       }
       ++received_;
       received_bytes_ += r.len;
-      events.push_back({Event::kRx, r.seq, r.status});
+      events.push_back({false, r.seq, r.status});
       rx_.pop_front();
     }
     return Status();
   }
 
-  void fail(Status s, std::vector<Event>& events) {
+  void fail_locked(Status s) {
     if (s.peer().empty()) s = s.with_peer(p_.peer);
     s = s.with_origin("devmem/path");
     DMX_LOG_ERROR("devmem path: {}", s.to_string());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      failed_ = s;
-      closed_ = true;
-    }
-    quiesce();  // user memory is free before the chunks complete
-    events.push_back({Event::kFailed, 0, s});
+    fail(std::move(s));
+    quiesce_locked();  // user memory is free before the chunks complete
   }
 
   // Waits (bounded) for every copy out of user sources and into user destinations, returns every
   // token and closes the data socket. io_mu_ held. Idempotent.
-  void quiesce() {
+  void quiesce_locked() {
     if (quiesced_) return;
     quiesced_ = true;
     Deadline d = Deadline::after(kQuiesceWait);
@@ -592,37 +515,32 @@ class DevmemPath final : public PayloadPath {
 
   void publish_stats() {
     std::lock_guard<std::mutex> lock(stats_mu_);
-    if (p_.rx) p_.rx->counters(&counters_);
+    if (p_.rx) p_.rx->counters(&devmem_counters_);
     if (p_.tx) {
       const auto& t = p_.tx->stats();
-      counters_.sendmsg_calls = t.sendmsg_calls;
-      counters_.notifications = t.notifications;
-      counters_.zerocopy_copied = t.copied;
-      stats_.chunks_sent = t.sends;
-      stats_.bytes_sent = t.bytes;
+      devmem_counters_.sendmsg_calls = t.sendmsg_calls;
+      devmem_counters_.notifications = t.notifications;
+      devmem_counters_.zerocopy_copied = t.copied;
+      counters_.chunks_sent.store(t.sends, std::memory_order_relaxed);
+      counters_.bytes_sent.store(t.bytes, std::memory_order_relaxed);
     }
-    counters_.stagings = stagings_;
-    counters_.direct_sends = direct_sends_;
-    counters_.ring_sends = ring_sends_;
-    counters_.tx_note = last_tx_note_;
-    stats_.chunks_received = received_;
-    stats_.bytes_received = received_bytes_;
-    stats_.device_copies = counters_.gathers + stagings_;
-    stats_.host_copies = counters_.linear_chunks;
-    stats_.wakeups = wakeups_.load(std::memory_order_relaxed);
+    devmem_counters_.stagings = stagings_;
+    devmem_counters_.direct_sends = direct_sends_;
+    devmem_counters_.ring_sends = ring_sends_;
+    devmem_counters_.tx_note = last_tx_note_;
+    counters_.chunks_received.store(received_, std::memory_order_relaxed);
+    counters_.bytes_received.store(received_bytes_, std::memory_order_relaxed);
+    counters_.device_copies.store(devmem_counters_.gathers + stagings_, std::memory_order_relaxed);
+    counters_.host_copies.store(devmem_counters_.linear_chunks, std::memory_order_relaxed);
   }
 
   Parts p_;
   uint32_t tx_binding_ = 0;
 
-  // mu_ guards the posts, the flags and the failure (lock order: io_mu_, then mu_, then stats_mu_).
-  mutable std::mutex mu_;
+  // The posts, under the post lock (PathBase::post). Lock order: io_mu_, then the post lock, then
+  // stats_mu_.
   std::deque<TxSeg> tx_posts_;
   std::deque<RxItem> rx_posts_;
-  bool started_ = false, stop_requested_ = false, closed_ = false;
-  Status closed_reason_, failed_;
-  Events* events_ = nullptr;
-  std::shared_ptr<void> keep_alive_;
 
   // io_mu_ guards the I/O state below: held by the thread for one round, and by stop().
   std::mutex io_mu_;
@@ -633,14 +551,10 @@ class DevmemPath final : public PayloadPath {
   short last_revents_ = 0;
   std::optional<std::chrono::steady_clock::time_point> unclaimed_since_;
   uint64_t stagings_ = 0, received_ = 0, received_bytes_ = 0, direct_sends_ = 0, ring_sends_ = 0;
-  std::atomic<uint64_t> wakeups_{0};  // counted after poll, outside io_mu_
 
   mutable std::mutex stats_mu_;
   std::string last_tx_note_;  // guarded by stats_mu_: where the last device chunk was sent from, and why
-  PathStats stats_;
-  DevmemPathCounters counters_;
-
-  std::thread thread_;
+  DevmemPathCounters devmem_counters_;
 };
 
 }  // namespace
@@ -689,8 +603,6 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
   auto tx = DevmemTx::create(p.sock.get(), p.tx_bound->tx_info(), to);
   if (!tx.ok()) return why(tx.status(), "send side");
   p.tx = std::move(*tx);
-  p.wake.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!p.wake.valid()) return errno_status("eventfd(devmem path)", errno);
   uint32_t tx_id = p.tx_bound->id();
   p.seams = std::move(seams);
   auto path = std::make_unique<DevmemPath>(std::move(p));

@@ -45,12 +45,13 @@
 //                failed sendmsg, or bytes the peer sent beyond what it announced (detected when the
 //                peer has shut its sending side down and unclaimed bytes stay unread for
 //                kDevmemExtraGrace with no receive posted) fail the path: on_path_failed once, with
-//                an error naming the peer, then every pending chunk completes with it. Tokens are
+//                an error naming the peer, then every pending chunk completes with it, then
+//                on_path_stopped. Tokens are
 //                never leaked (DevmemRx returns every one it saw, valid or not).
 //
-// Threading and lifecycle (the same contract as shm_path.h): one progress thread per path owns the
-// socket, DevmemRx/DevmemTx, the gatherers and the ring. post_tx/post_rx queue under a small mutex
-// and wake the thread (eventfd). Posts are accepted from creation until the path stops or fails
+// Threading and lifecycle (the same contract as shm_path.h; the machinery is PathBase,
+// transport/path_base.h): one progress thread per path owns the socket, DevmemRx/DevmemTx, the
+// gatherers and the ring. post_tx/post_rx queue under the post lock and wake the thread (eventfd). Posts are accepted from creation until the path stops or fails
 // (later ones return kClosed / the failure and produce no event); posts made before start() are
 // applied once it runs. Every accepted post completes exactly once. on_path_stopped is called
 // exactly once per start(), on the path's thread, after every completion — also when stop() came

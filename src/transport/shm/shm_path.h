@@ -8,8 +8,8 @@
 //   discard      post_rx with dst.ptr == nullptr consumes the chunk from the ring without copying
 //                (ShmLink::post_discard; the message must still be exactly the announced length)
 //
-// Threading: one progress thread per path owns the link. post_tx/post_rx queue under a small
-// mutex and wake the thread (eventfd) only when it sleeps. The thread spins for `shm_spin` after
+// Threading: one progress thread per path (PathBase, transport/path_base.h) owns the link.
+// post_tx/post_rx queue under the post lock and wake the thread (eventfd) only when it sleeps. The thread spins for `shm_spin` after
 // the last activity, then sleeps in ppoll on its eventfd, the link's doorbell and the side channel
 // (POLLRDHUP: peer death). Events are delivered on that thread with no path lock held.
 //
