@@ -91,8 +91,8 @@ constexpr ConfigEntry kTable[] = {
     // same-host paths (shm, cuda_ipc)
     {"control_pipe", ConfigType::kBool, "true",
      "same host: run the control stream (stream 0) over a shared-memory pipe instead of TCP (latency)"},
-    {"shm_slot_size", ConfigType::kSize, "512K", "shm link: bytes per ring slot (4K-64M, multiple of 64)"},
-    {"shm_slots", ConfigType::kInt, "16", "shm link: slots per direction (2-1024); the ring of a direction is shm_slots x shm_slot_size"},
+    {"shm_slot_size", ConfigType::kSize, "4M", "shm link: bytes per ring slot (4K-64M, multiple of 64)"},
+    {"shm_slots", ConfigType::kInt, "8", "shm link: slots per direction (2-1024); the ring of a direction is shm_slots x shm_slot_size"},
     {"shm_spin", ConfigType::kDuration, "50us", "shm link: how long a waiter spins before sleeping on its eventfd"},
     {"cuda_ipc_streams", ConfigType::kInt, "2", "cuda_ipc: copy streams per local GPU (1-16), used round-robin"},
     {"cuda_ipc_chunk", ConfigType::kSize, "256M",

@@ -108,10 +108,7 @@ class UnixListener {
 // ---- the shm link ----------------------------------------------------------------------------
 
 struct LinkOptions {
-  // The engine's defaults (shm_slot_size, shm_slots): a slot well inside a core's L2, so that the
-  // consumer copies it out of the producer's cache, and several slots per engine chunk, so that
-  // the two copies of one chunk overlap (docs/performance.md, "shm ring shape").
-  size_t slot_size = 512 * 1024;  // bytes per ring slot (4 KiB - 64 MiB)
+  size_t slot_size = 256 * 1024;  // bytes per ring slot (4 KiB - 64 MiB)
   uint32_t slots = 16;            // slots per direction (2 - 1024)
   // How long wait() spins before sleeping on the eventfd (latency vs CPU).
   std::chrono::microseconds spin{50};
