@@ -316,8 +316,11 @@ TEST_P(Concurrency, ManyOperationsBothWaysAtOnce) {
     for (uint64_t b : st.stream_bytes_sent) used += b > 0;
     EXPECT_GT(used, 1u) << "large messages were not striped over several streams";
   } else {
+    // Host memory goes by shm; with CUDA, cuda_ipc is agreed too (first) and carries none of it.
+    uint64_t by_paths = 0;
+    for (const auto& u : st.paths) by_paths += u.bytes_sent;
     ASSERT_FALSE(st.paths.empty());
-    EXPECT_GT(st.paths[0].bytes_sent, 0u) << st.paths[0].name << " carried nothing";
+    EXPECT_GT(by_paths, 0u) << "no payload path carried anything (" << st.transport << ")";
   }
 }
 
