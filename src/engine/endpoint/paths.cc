@@ -317,6 +317,18 @@ void EndpointImpl::on_path_stopped(uint8_t path) {
 // call our events; ~EndpointImpl joins it) and named in stop_error_, which close() returns.
 void EndpointImpl::stop_paths() {
   std::vector<std::unique_ptr<PayloadPath>> dead(paths_.size());
+  // The peer closed in order: chunks whose headers came before its CLOSE are in a path on their
+  // way here, and their senders saw those sends complete. They land first (within stop_timeout,
+  // while the path runs); stopping now would fail those receives.
+  for (auto until = Clock::now() + params_.stop_timeout; Clock::now() < until;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bool pending = false;
+      for (const auto& ps : paths_) pending = pending || ((paths_running_ & path_bit(ps.id)) && !ps.rx.empty());
+      if (!peer_closed_ || !pending) break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
   for (auto& ps : paths_)  // without mu_: a stop may wait for copies whose completions take it
     if (ps.path) ps.path->stop();
   {
