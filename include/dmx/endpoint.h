@@ -65,7 +65,10 @@ struct EndpointStats {
 // Recovery contract: after any connection error the endpoint is failed for good: every pending
 // and later operation completes with that error (it names the peer). Make a new endpoint. One
 // exception: after the peer's orderly close, a recv still gets the messages that had fully arrived
-// before the close (their senders saw those sends complete), in order; then kClosed.
+// before the close (their senders saw those sends complete), in order; then kClosed. A recv
+// already matched to a send that completed before the close completes too, even when its bytes
+// were still in a payload path (shm's ring) at the close: the endpoint stops its paths only once
+// they have landed, within stop_timeout.
 class Endpoint {
  public:
   Endpoint() = default;
