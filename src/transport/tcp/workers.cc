@@ -81,7 +81,7 @@ class Worker {
     if (sleeping_.load(std::memory_order_seq_cst)) ring();
   }
 
-  // Ends the thread once it has no streams; `self` true when called on that very thread.
+  // Ends the thread once it has no streams: joined here, or by the reaper when this is that thread.
   void quit() {
     {
       std::lock_guard<std::mutex> lock(mu_);
