@@ -50,7 +50,7 @@ Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs) {
 Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
                           const std::string& peer, const std::string& why_not) {
   Session s;
-  s.streams = server.streams;
+  s.streams = wire::stream_sockets(server.streams);  // streams_ counts the control stream too
   s.chunk_size = server.chunk_size;
   s.peer = peer;
   s.checksum = std::max(client.checksum, server.checksum) == static_cast<uint8_t>(wire::Checksum::kCrc32c);

@@ -198,7 +198,7 @@ Result<Join> decode_join(const unsigned char* data, size_t len) {
   DMX_RETURN_IF_ERROR(r.finish("JOIN"));
   // index >= streams is a transport's data socket; whether the session agreed one is the
   // listener's check (it knows the session).
-  if (j.streams < 1 || j.streams > kMaxStreams || j.index < 1 || j.index >= j.streams + kMaxOffers)
+  if (j.streams < 1 || j.streams > stream_sockets(kMaxStreams) || j.index < 1 || j.index >= j.streams + kMaxOffers)
     return Status(Code::kProtocol, fmt::format("JOIN: stream {} of {} is not a valid extra stream or data socket",
                                                j.index, j.streams));
   return j;

@@ -27,7 +27,10 @@ inline constexpr size_t kMaxOffers = 16;
 inline constexpr size_t kMaxOfferName = 32;
 inline constexpr size_t kMaxOfferDescriptor = 128;
 
-inline constexpr uint16_t kMaxStreams = 64;
+inline constexpr uint16_t kMaxStreams = 64;  // data streams a HELLO may ask for
+// The stream sockets of a session of `streams` data streams: beside more than one, a control
+// stream (index 0) that carries no inline data.
+constexpr uint16_t stream_sockets(uint16_t streams) { return streams > 1 ? streams + 1 : 1; }
 inline constexpr uint32_t kMinChunk = 64 << 10;
 inline constexpr uint32_t kMaxChunk = 64 << 20;
 inline constexpr uint64_t kMaxUnexpectedBudget = uint64_t{1} << 40;  // 1 TiB: sums of it cannot wrap

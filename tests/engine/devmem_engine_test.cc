@@ -518,7 +518,7 @@ TEST(DevmemEngine, NegotiateRule) {
   s = negotiate(impl, client, server, "peer:1", "devmem: off (setting devmem_ifname is empty)");
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->transport, "tcp");
-  EXPECT_EQ(s->streams, server.streams);
+  EXPECT_EQ(s->streams, wire::stream_sockets(server.streams)) << "the data streams and the control stream";
   EXPECT_NE(s->reason.find("different hosts, no transport beside the TCP streams agreed (devmem: off (setting "
                            "devmem_ifname is empty))"),
             std::string::npos)

@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   auto j = decode_join(data, size);
   if (j.ok()) {
-    if (j->streams < 1 || j->streams > kMaxStreams || j->index < 1 || j->index >= j->streams + kMaxOffers) std::abort();
+    if (j->streams < 1 || j->streams > stream_sockets(kMaxStreams) || j->index < 1 || j->index >= j->streams + kMaxOffers) std::abort();
     check_round_trip(encode_join(*j), data, size);
   } else if (j.status().code() != dmx::Code::kProtocol) {
     std::abort();

@@ -91,7 +91,7 @@ TEST(Replay, RecordedJoinIsRefusedForAnotherSession) {
   wire::Join j;
   j.session = a->server.session;
   j.index = 1;
-  j.streams = 2;
+  j.streams = wire::stream_sockets(2);  // two data streams and the control stream
   j.proof = make_proof(key, kJoinLabel, a->client.nonce, a->server.nonce, a->server.session, 1);
   // A second session waits for its stream 1; the recorded JOIN, pointed at it, must not fit.
   auto b = hello(s.listener.address(), 2);
@@ -121,7 +121,7 @@ TEST(Replay, JoinForASessionThatNeverAuthenticatedIsRefused) {
   wire::Join j;
   j.session = a->server.session;
   j.index = 1;
-  j.streams = 2;
+  j.streams = wire::stream_sockets(2);  // two data streams and the control stream
   j.proof = make_proof(key, kJoinLabel, a->client.nonce, a->server.nonce, a->server.session, 1);
   ASSERT_TRUE(send_frame(extra->get(), FrameType::kJoin, wire::encode_join(j), Deadline::after(5s), "s").ok());
   std::string got = answer(extra->get());

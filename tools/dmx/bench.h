@@ -108,6 +108,7 @@ struct ClientOptions {
   uint64_t cumem_block = 0;  // this side's CUDA buffers: 0 cudaMalloc, else cuMem blocks of this size
   std::vector<uint64_t> sizes;
   uint32_t iters = 0;  // 0: chosen per size (both phases)
+  uint32_t window = 0;  // operations in flight in the throughput phase; 0: by size (auto_window)
   bool verify = false;
   bool checksum = false;  // the endpoint checksums every chunk (--checksum crc32c): check each op's CRC
   // Where run_size is, for a progress line another thread prints: "throughput" or "latency".

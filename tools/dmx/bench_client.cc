@@ -150,7 +150,7 @@ Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size) {
   p.op = o.op;
   p.size = size;
   p.iters = o.iters ? o.iters : throughput_iters(size);
-  p.window = std::min(auto_window(size), p.iters);
+  p.window = std::min(o.window ? o.window : auto_window(size), p.iters);
   p.lat_iters = 0;
   p.peer_mem = to_string(o.peer_mem);
   p.verify = o.verify;

@@ -29,7 +29,7 @@ struct Args {
   std::string sizes, min_bytes, max_bytes, step_factor;  // empty: not given
   std::string chunk, cuda_alloc = "cudamalloc";
   std::string streams;  // empty: not given; else passed on as given, for the library to judge
-  uint32_t iters = 0;
+  uint32_t iters = 0, window = 0;
   std::vector<std::string> options;
   std::string checksum = "none";
   int metrics_port = -1;  // --listen: serve GET /metrics (metrics_http.h); -1: not
@@ -206,6 +206,7 @@ int run(const Args& a) {
   bench::ClientOptions co;
   co.op = a.op;
   co.iters = a.iters;
+  co.window = a.window;
   co.verify = a.verify;
   co.checksum = a.checksum == "crc32c";
   if (Status s = pick_memory(a, co); !s.ok()) return fmt::print(stderr, "dmx bench: --mem: {}\n", s.to_string()), 2;
@@ -255,12 +256,15 @@ void add_bench_command(CLI::App& app, int* exit_code) {
                 "a size range as nccl-tests: MIN, MIN*F, MIN*F^2 ... while <= MAX; MIN (default 8)");
   b->add_option("-e,--max-bytes", a->max_bytes, "the range's MAX (default 256M)");
   b->add_option("-f,--step-factor", a->step_factor, "the range's F, an integer >= 2 (default 2); not with --sizes");
-  b->add_option("--streams", a->streams, "TCP streams per endpoint, 1-64 (default: the streams setting)");
+  b->add_option("--streams", a->streams, "TCP data streams per endpoint, 1-64, plus a control stream beside more than one (default: the streams setting)");
   b->add_option("--chunk-size", a->chunk, "striping/staging chunk (default: the chunk_size setting)");
   b->add_option("--iters", a->iters,
                 "operations per size in the throughput phase, and latency samples (default: throughput ~4 GiB "
                 "per size, 8 to 2000 operations; latency 1000 samples, or as many as fit in 2 s when 1000 would "
                 "take longer, at least 10; one untimed warm-up operation before each phase)");
+  b->add_option("--window", a->window,
+                "operations in flight in the throughput phase, 1-64 (default: 1 GiB / size, 2 to 16)")
+      ->check(CLI::Range(1, 64));
   b->add_flag("--verify", a->verify, "check an end-to-end checksum of fresh random data in every buffer");
   b->add_option("--checksum", a->checksum,
                 "crc32c: every chunk carries its CRC32C, checked where it lands (computed by the GPU for GPU memory); "

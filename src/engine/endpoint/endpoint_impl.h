@@ -32,7 +32,7 @@ Status as_lost_peer(const Status& s);
 
 // What both sides agreed in the handshake.
 struct Session {
-  uint16_t streams = 1;
+  uint16_t streams = 1;  // stream sockets: the data streams and, beside more than one, the control stream
   uint32_t chunk_size = 1 << 20;
   uint32_t peer_eager_limit = 0;        // largest EAGER we may send
   uint64_t peer_unexpected_budget = 0;  // EAGER bytes the peer buffers for us
@@ -198,6 +198,7 @@ class EndpointImpl final : public tcp::StreamHost,
   Status check_accepts(uint64_t bits, std::string_view what) const;
   // Hands the next chunk of `t` to `ps`; fills the header frame to write. Caller holds mu_.
   Status post_path_chunk(PathState& ps, Transfer& t, uint64_t len, tcp::TxItem* out);
+  bool leave_to_least_loaded(int stream);  // the balancing of inline chunks across data streams
   void note_fallback(const PathState& ps, const Status& why);  // once per path: why it was passed over
   Status chunk_failure(const Status& s) const;  // a path's failed chunk, as the op reports it
   bool post_eager_by_path(const std::shared_ptr<OpState>& op, const MemRegion& src, wire::FrameHeader h);
@@ -320,7 +321,8 @@ class EndpointImpl final : public tcp::StreamHost,
   std::atomic<bool> has_tx_{false};  // == !tx_.empty(); read without mu_ by polling streams
   // Inline chunks each stream took and has not written yet: a stream ahead of the least loaded by
   // more than kStreamSlack leaves the next chunk to it, so a busy stream does not take them all.
-  std::vector<uint32_t> stream_load_;
+  // Changed under mu_, read without it (leave_to_least_loaded).
+  std::vector<std::atomic<uint32_t>> stream_load_;
   std::deque<std::shared_ptr<OpState>> posted_;                     // unmatched recvs
   std::deque<std::shared_ptr<Unexpected>> unexpected_;
   // The peer closed in order: what it sent before (its sends completed) stays receivable. Once

@@ -42,7 +42,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     sc.checksum = ep->session_.checksum;
     ep->streams_.push_back(std::make_unique<tcp::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
   }
-  ep->stream_load_.assign(ep->streams_.size(), 0);
+  ep->stream_load_ = std::vector<std::atomic<uint32_t>>(ep->streams_.size());
   DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
                ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));
   for (auto& ps : ep->paths_)

@@ -1,8 +1,9 @@
-// Endpoint: what the streams send. Stream 0 (or any stream when no payload path is agreed) pulls
-// the next chunk of the oldest transfer, by a payload path when one carries its source (a path
-// that cannot carry this particular source is passed over for that transfer; the chunk's header
-// then goes in stream 0's control queue), else inline; the streams report each frame written
-// (on_sent), which completes eager sends and counts chunks.
+// Endpoint: what the streams send. With a payload path agreed there is one stream, which pulls
+// the next chunk of the oldest transfer, by the path when it carries the source (a path that
+// cannot carry this particular source is passed over for that transfer; the chunk's header then
+// goes in stream 0's control queue), else inline. Without one, the data streams (1..N; stream 0
+// alone when N is 1) pull the chunks inline, balanced by their load. The streams report each frame
+// written (on_sent), which completes eager sends and counts chunks.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,19 +21,16 @@ using namespace endpoint;
 // Transmit side: streams pull chunks of the oldest transfer first.
 bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
   if (!has_tx_.load(std::memory_order_acquire)) return false;  // idle streams poll without the lock
+  // Beside other streams, stream 0 is the control stream: an RTS or CTS must not wait behind
+  // megabytes of data in its socket while the data streams run dry.
+  if (stream == 0 && streams_.size() > 1) return false;
+  if (!has_paths_ && streams_.size() > 1 && leave_to_least_loaded(stream)) return false;
   std::lock_guard<std::mutex> lock(mu_);
   struct Sync {  // keeps has_tx_ equal to !tx_.empty() on every return
     EndpointImpl* ep;
     ~Sync() { ep->has_tx_.store(!ep->tx_.empty(), std::memory_order_release); }
   } sync{this};
   if (has_paths_ && stream != 0) return false;  // path chunk headers keep their order on stream 0
-  if (!has_paths_ && streams_.size() > 1) {
-    auto least = std::min_element(stream_load_.begin(), stream_load_.end());
-    if (stream_load_[stream] > *least + kStreamSlack) {
-      streams_[least - stream_load_.begin()]->wake();  // it may be parked
-      return false;
-    }
-  }
   while (!tx_.empty()) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
@@ -94,11 +92,24 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
     t.emitted = true;
     op.handed += len;
     ++op.inflight;
-    ++stream_load_[stream];
+    stream_load_[stream].fetch_add(1, std::memory_order_relaxed);
     if (t.next == op.total) tx_.pop_front();
     return true;
   }
   return false;
+}
+
+// A data stream more than kStreamSlack chunks ahead of the least loaded one leaves the next chunk
+// to it (and wakes it: it may be parked). Read without the lock, which a busy-polling stream
+// would otherwise take on every pass: the loads are a hint, each changed by one stream's chunks.
+bool EndpointImpl::leave_to_least_loaded(int stream) {
+  size_t least = 1;
+  for (size_t i = 2; i < streams_.size(); ++i)
+    if (stream_load_[i].load(std::memory_order_relaxed) < stream_load_[least].load(std::memory_order_relaxed)) least = i;
+  if (stream_load_[stream].load(std::memory_order_relaxed) <= stream_load_[least].load(std::memory_order_relaxed) + kStreamSlack)
+    return false;
+  streams_[least]->wake();
+  return true;
 }
 
 void EndpointImpl::note_fallback(const PathState& ps, const Status& why) {
@@ -112,7 +123,8 @@ void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {
   auto op = std::static_pointer_cast<OpState>(item.ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (item.pulled && stream_load_[stream] > 0) --stream_load_[stream];
+    if (item.pulled && stream_load_[stream].load(std::memory_order_relaxed) > 0)
+      stream_load_[stream].fetch_sub(1, std::memory_order_relaxed);
     if (session_.checksum && wire::carries_data(item.header.type))
       fold_chunk(*op, chunk_offset(*op, item.header), item.len, item.header.crc);
     if (op->eager) {

@@ -1,0 +1,128 @@
+// Kernel TCP over loopback moving the bytes of a dmx bench run: N connections, each a sender and
+// a receiver thread with blocking sockets, cycling through their share of WINDOW x SIZE bytes of
+// source and destination memory (what `dmx bench` keeps in flight). iperf3 reads and writes one
+// 128 KiB buffer that stays in cache; `hot` does the same here, so the two references differ only
+// in the memory the copies touch.
+//
+//   tcp_ref STREAMS SIZE WINDOW SECONDS [hot]
+//
+// Prints one line: streams, bytes per stream buffer, GB/s (decimal) received.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void die(const char* what) {
+  std::perror(what);
+  std::exit(2);
+}
+
+std::vector<char> random_bytes(size_t n, unsigned seed) {
+  std::vector<char> v(n);
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(&v[i], &x, 8);
+  }
+  return v;
+}
+
+// Sends the buffer, piece by piece, until `stop`.
+void sender(int fd, std::vector<char>& buf, size_t piece, const std::atomic<bool>& stop) {
+  for (size_t off = 0; !stop.load(std::memory_order_relaxed); off = (off + piece) % buf.size()) {
+    for (size_t done = 0; done < piece;) {
+      ssize_t k = ::send(fd, buf.data() + off + done, piece - done, MSG_NOSIGNAL);
+      if (k <= 0) return;  // the receiver closed at the end
+      done += static_cast<size_t>(k);
+    }
+  }
+}
+
+void receiver(int fd, std::vector<char>& buf, size_t piece, std::atomic<uint64_t>& got, const std::atomic<bool>& stop) {
+  for (size_t off = 0; !stop.load(std::memory_order_relaxed); off = (off + piece) % buf.size()) {
+    for (size_t done = 0; done < piece;) {
+      ssize_t k = ::recv(fd, buf.data() + off + done, piece - done, 0);
+      if (k <= 0) return;
+      done += static_cast<size_t>(k);
+      got.fetch_add(static_cast<uint64_t>(k), std::memory_order_relaxed);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: tcp_ref STREAMS SIZE WINDOW SECONDS [hot]\n");
+    return 2;
+  }
+  int streams = std::atoi(argv[1]);
+  size_t size = std::strtoull(argv[2], nullptr, 0), window = std::strtoull(argv[3], nullptr, 0);
+  double seconds = std::atof(argv[4]);
+  bool hot = argc > 5 && std::string(argv[5]) == "hot";
+  if (streams < 1 || size == 0 || window == 0 || seconds <= 0) return 2;
+  // Each stream cycles through its share of the window; sends of at most 1 MiB (dmx's chunk).
+  size_t share = hot ? size_t{128} << 10 : std::max<size_t>(window * size / static_cast<size_t>(streams), 4096);
+  size_t piece = hot ? share : std::min<size_t>(share, size_t{1} << 20);
+  share -= share % piece;
+
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t alen = sizeof a;
+  if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(lfd, streams) != 0 ||
+      ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &alen) != 0)
+    die("listen");
+  std::vector<int> tx(streams), rx(streams);
+  for (int i = 0; i < streams; ++i) {
+    tx[i] = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (tx[i] < 0 || ::connect(tx[i], reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) die("connect");
+    rx[i] = ::accept(lfd, nullptr, nullptr);
+    if (rx[i] < 0) die("accept");
+    int one = 1;
+    ::setsockopt(tx[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  std::vector<std::vector<char>> src, dst;
+  for (int i = 0; i < streams; ++i) {
+    src.push_back(random_bytes(share, 1 + i));
+    dst.push_back(random_bytes(share, 100 + i));  // touched, as dmx bench's buffers are
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> got{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < streams; ++i) {
+    threads.emplace_back(sender, tx[i], std::ref(src[i]), piece, std::cref(stop));
+    threads.emplace_back(receiver, rx[i], std::ref(dst[i]), piece, std::ref(got), std::cref(stop));
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds * 0.2));  // warm-up, not counted
+  uint64_t g0 = got.load();
+  auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  uint64_t g1 = got.load();
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  stop.store(true);
+  for (int i = 0; i < streams; ++i) {
+    ::shutdown(tx[i], SHUT_RDWR);
+    ::shutdown(rx[i], SHUT_RDWR);
+  }
+  for (auto& t : threads) t.join();
+  std::printf("tcp_ref streams %d buffer %zu %s GB/s %.2f\n", streams, share, hot ? "hot" : "cold",
+              static_cast<double>(g1 - g0) / secs / 1e9);
+  return 0;
+}
