@@ -244,7 +244,7 @@ Status EndpointImpl::on_cts(const FrameHeader& h) {
   tx_.push_back(Transfer{op, FrameType::kSendData, static_cast<const char*>(op->region.ptr), op->region.where});
   tx_.back().accepts = h.a1;
   has_tx_.store(true, std::memory_order_release);
-  wake_streams();
+  wake_for(tx_.back());
   return Status();
 }
 

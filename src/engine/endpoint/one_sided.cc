@@ -124,7 +124,7 @@ Status EndpointImpl::on_read_req(const FrameHeader& h) {
   tx_.push_back(Transfer{op, FrameType::kReadData, static_cast<const char*>(op->region.ptr), op->region.where});
   tx_.back().accepts = h.a3;
   has_tx_.store(true, std::memory_order_release);
-  wake_streams();
+  wake_for(tx_.back());
   return Status();
 }
 

@@ -220,7 +220,7 @@ Request EndpointImpl::post_one_sided(OpType type, const MemRegion& local, const 
     writes_[op->id] = op;
     tx_.push_back(Transfer{op, FrameType::kWriteData, static_cast<const char*>(local.ptr), local.where});
     has_tx_.store(true, std::memory_order_release);
-    wake_streams();
+    wake_for(tx_.back());
   } else {
     op->id = next_op_++;
     ++counters_.reads;

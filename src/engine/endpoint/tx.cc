@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 
 #include "core/log.h"
 #include "engine/endpoint/endpoint_impl.h"
@@ -110,6 +111,23 @@ bool EndpointImpl::leave_to_least_loaded(int stream) {
     return false;
   streams_[least]->wake();
   return true;
+}
+
+// Wakes as many data streams as the new transfer has chunks, least loaded first: waking them all
+// for a one-chunk message had every parked stream race for it. Caller holds mu_.
+void EndpointImpl::wake_for(const Transfer& t) {
+  if (has_paths_ || streams_.size() == 1) {
+    streams_[0]->wake();
+    return;
+  }
+  std::array<std::pair<uint32_t, uint8_t>, wire::stream_sockets(wire::kMaxStreams)> by_load;
+  size_t n = 0;
+  for (size_t i = 1; i < streams_.size(); ++i)
+    by_load[n++] = {stream_load_[i].load(std::memory_order_relaxed), static_cast<uint8_t>(i)};
+  uint64_t chunks = std::max<uint64_t>(1, (t.op->total - t.next + session_.chunk_size - 1) / session_.chunk_size);
+  size_t wake = static_cast<size_t>(std::min<uint64_t>(chunks, n));
+  std::partial_sort(by_load.begin(), by_load.begin() + wake, by_load.begin() + n);
+  for (size_t i = 0; i < wake; ++i) streams_[by_load[i].second]->wake();
 }
 
 void EndpointImpl::note_fallback(const PathState& ps, const Status& why) {
