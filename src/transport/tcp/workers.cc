@@ -83,10 +83,7 @@ class Worker {
 
   // Ends the thread once it has no streams: joined here, or by the reaper when this is that thread.
   void quit() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      quit_ = true;
-    }
+    quit_.store(true, std::memory_order_release);
     ring();
     join_or_reap(thread_);
   }
@@ -113,9 +110,13 @@ class Worker {
   UniqueFd epoll_, bell_;
   std::thread thread_;  // guarded by mu_ until started
 
-  std::mutex mu_;  // guards ready_, quit_, thread_ and the slots' attached/queued
+  std::mutex mu_;  // guards ready_, thread_ and the slots' attached/queued
   std::vector<Stream*> ready_;
-  bool quit_ = false;
+  // Read by the loop each round without mu_. quit() sets it, then rings: a ring the loop has not
+  // read keeps the eventfd readable, so however the set falls against the loop's look, the next
+  // epoll_pwait2 returns at once and the round after it sees the flag; no quit is lost. It
+  // publishes nothing else, so release/acquire (the eventfd orders the rest) is enough.
+  std::atomic<bool> quit_{false};
   std::atomic<bool> has_ready_{false};
   std::atomic<bool> sleeping_{false};
 
@@ -193,10 +194,7 @@ void Worker::run(const std::shared_ptr<void>& core) {
   Clock::time_point last_look = Clock::now();
   for (;;) {
     take_ready();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (quit_ && attached_ == 0) return;
-    }
+    if (attached_ == 0 && quit_.load(std::memory_order_acquire)) return;
     for (size_t i = 0; i < active_.size();) {
       Stream* s = active_[i];
       Stream::Turn t = s->turn();
