@@ -396,14 +396,13 @@ TEST(DevmemEngineDouble, CancelMidway) {
   Request s = p.client.send(src.region(), 1);
   std::this_thread::sleep_for(20ms);
   s.cancel();
-  Status ss = s.wait(20s), rs = r.wait(20s);
+  Status ss = s.wait(20s);
   ASSERT_NE(ss.code(), Code::kTimeout);
-  ASSERT_NE(rs.code(), Code::kTimeout);
   if (ss.ok()) {
-    EXPECT_TRUE(rs.ok()) << rs.to_string();
-  } else {
+    EXPECT_TRUE(r.wait(20s).ok()) << r.status().to_string();
+  } else {  // a cancel before any byte went (a slow machine) puts the receive back
     EXPECT_EQ(ss.code(), Code::kCancelled) << ss.to_string();
-    EXPECT_EQ(rs.code(), Code::kCancelled) << rs.to_string();
+    ASSERT_NO_FATAL_FAILURE(expect_cancelled_or_put_back(p.client, p.server, r, dst.region(), 1, kSim));
   }
   // The endpoint and its data socket carry on, in order.
   Filled m = filled(kSim, 5 << 20);

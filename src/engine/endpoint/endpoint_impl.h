@@ -288,7 +288,7 @@ class EndpointImpl final : public tcp::StreamHost,
   uint32_t paths_running_ = 0;    // path bits: started, not yet on_path_stopped (mu_)
   Status stop_error_;          // what did not stop by stop_timeout (mu_); close() returns it
   std::vector<EndpointStats::PathUse> stopped_paths_;  // their last statistics (mu_)
-  std::condition_variable paths_cv_;
+  std::condition_variable paths_cv_;  // paths_running_, and the peer's path chunks landing after its close
   bool has_paths_ = false;
   // Where operations that no payload path carried count: stream 0's conduit (tcp or the shm pipe).
   MetricTransport stream_transport_ = 0;

@@ -231,6 +231,7 @@ Status EndpointImpl::close() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     peer_closed_ = false;  // closed here too: what the peer sent before its close goes with it
+    paths_cv_.notify_all();  // stop_paths no longer waits for the peer's chunks to land
     leftover_.clear();
     if (status_.ok()) {
       status_ = Status(Code::kClosed, "the endpoint was closed by this side");

@@ -180,6 +180,7 @@ EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(uint8_t path, uint64_t 
   if (it == ps.rx.end()) return out;  // the endpoint failed meanwhile
   auto rx = std::move(it->second);
   ps.rx.erase(it);
+  if (peer_closed_ && ps.rx.empty()) paths_cv_.notify_all();  // stop_paths may wait for this
   const FrameHeader& h = rx.header;
   if (h.type == FrameType::kEager) {
     // A failed copy of an eager message has no one to tell but this side: fail the endpoint.
@@ -319,15 +320,16 @@ void EndpointImpl::stop_paths() {
   std::vector<std::unique_ptr<PayloadPath>> dead(paths_.size());
   // The peer closed in order: chunks whose headers came before its CLOSE are in a path on their
   // way here, and their senders saw those sends complete. They land first (within stop_timeout,
-  // while the path runs); stopping now would fail those receives.
-  for (auto until = Clock::now() + params_.stop_timeout; Clock::now() < until;) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      bool pending = false;
-      for (const auto& ps : paths_) pending = pending || ((paths_running_ & path_bit(ps.id)) && !ps.rx.empty());
-      if (!peer_closed_ || !pending) break;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  // while the path runs); stopping now would fail those receives. Whatever ends the wait
+  // notifies paths_cv_: a path's last chunk settling, a path stopping, our own close().
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    paths_cv_.wait_for(lock, params_.stop_timeout, [&] {
+      if (!peer_closed_) return true;
+      for (const auto& ps : paths_)
+        if ((paths_running_ & path_bit(ps.id)) && !ps.rx.empty()) return false;
+      return true;
+    });
   }
   for (auto& ps : paths_)  // without mu_: a stop may wait for copies whose completions take it
     if (ps.path) ps.path->stop();

@@ -13,6 +13,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -39,6 +40,36 @@ uint32_t epoll_events(short poll_events) {
   return e;
 }
 
+// The thread of a worker or of the closer: started by its first stream, ended by quit() once no
+// stream is left. The loop reads quitting() without a lock: quit() sets the flag, then wakes the
+// loop by the owner's `wake`, which must not be lost if it comes between the loop's look at the
+// flag and its sleep; the loop then sees the flag. The flag publishes nothing else, so
+// release/acquire is enough.
+class LoopThread {
+ public:
+  // Starts `body` unless started; true when it did. One caller at a time (the owner's mutex).
+  template <typename Body>
+  bool start(Body&& body) {
+    if (started_.load(std::memory_order_relaxed)) return false;
+    thread_ = std::thread(std::forward<Body>(body));
+    started_.store(true, std::memory_order_release);
+    return true;
+  }
+  bool started() const { return started_.load(std::memory_order_acquire); }  // any thread
+  bool quitting() const { return quit_.load(std::memory_order_acquire); }    // any thread
+  // After the last start: joins the thread here, or by the reaper when this is that thread.
+  template <typename Wake>
+  void quit(Wake&& wake) {
+    quit_.store(true, std::memory_order_release);
+    wake();
+    join_or_reap(thread_);
+  }
+
+ private:
+  std::thread thread_;
+  std::atomic<bool> started_{false}, quit_{false};
+};
+
 }  // namespace
 
 class Closer;
@@ -63,11 +94,7 @@ class Worker {
     s->slot_.queued = true;
     ready_.push_back(s);
     has_ready_.store(true, std::memory_order_seq_cst);
-    if (!thread_.joinable()) {
-      thread_ = std::thread([this, core = std::move(core)] { run(core); });
-    } else {
-      ring();
-    }
+    if (!thread_.start([this, core = std::move(core)] { run(core); })) ring();
   }
 
   void ready(Stream* s) {
@@ -81,20 +108,12 @@ class Worker {
     if (sleeping_.load(std::memory_order_seq_cst)) ring();
   }
 
-  // Ends the thread once it has no streams: joined here, or by the reaper when this is that thread.
+  // Ends the thread once it has no streams. A ring the loop has not read keeps the eventfd
+  // readable, so its next epoll_pwait2 returns at once: the quit is not lost.
   void quit() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      quit_ = true;
-    }
-    ring();
-    join_or_reap(thread_);
+    thread_.quit([this] { ring(); });
   }
-
-  bool started() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return thread_.joinable();
-  }
+  bool started() const { return thread_.started(); }
 
  private:
   void ring() {
@@ -111,11 +130,10 @@ class Worker {
   const std::string name_;
   Closer* const closer_;
   UniqueFd epoll_, bell_;
-  std::thread thread_;  // guarded by mu_ until started
+  LoopThread thread_;  // started under mu_
 
-  std::mutex mu_;  // guards ready_, quit_, thread_ and the slots' attached/queued
+  std::mutex mu_;  // guards ready_ and the slots' attached/queued
   std::vector<Stream*> ready_;
-  bool quit_ = false;
   std::atomic<bool> has_ready_{false};
   std::atomic<bool> sleeping_{false};
 
@@ -133,21 +151,18 @@ class Closer {
   void post(Stream* s, std::shared_ptr<void> core) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(s);
-    if (!thread_.joinable()) thread_ = std::thread([this, core = std::move(core)] { run(); });
+    thread_.start([this, core = std::move(core)] { run(); });
     cv_.notify_one();
   }
+  // The notify goes under mu_: the closer looks at the flag under it, so the notify cannot fall
+  // between its look and its wait.
   void quit() {
-    {
+    thread_.quit([this] {
       std::lock_guard<std::mutex> lock(mu_);
-      quit_ = true;
-    }
-    cv_.notify_one();
-    join_or_reap(thread_);
+      cv_.notify_one();
+    });
   }
-  bool started() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return thread_.joinable();
-  }
+  bool started() const { return thread_.started(); }
 
  private:
   void run() {
@@ -155,7 +170,7 @@ class Closer {
     pthread_setname_np(pthread_self(), (name_ + "-end").substr(0, 15).c_str());
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return quit_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return thread_.quitting() || !queue_.empty(); });
       if (queue_.empty()) return;
       Stream* s = queue_.front();
       queue_.pop_front();
@@ -169,11 +184,10 @@ class Closer {
   }
 
   const std::string name_;
-  std::mutex mu_;
+  std::mutex mu_;  // guards queue_
   std::condition_variable cv_;
   std::deque<Stream*> queue_;
-  bool quit_ = false;
-  std::thread thread_;
+  LoopThread thread_;  // started under mu_
 };
 
 struct Workers::Core {
@@ -193,10 +207,7 @@ void Worker::run(const std::shared_ptr<void>& core) {
   Clock::time_point last_look = Clock::now();
   for (;;) {
     take_ready();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (quit_ && attached_ == 0) return;
-    }
+    if (attached_ == 0 && thread_.quitting()) return;
     for (size_t i = 0; i < active_.size();) {
       Stream* s = active_[i];
       Stream::Turn t = s->turn();
