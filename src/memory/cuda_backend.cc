@@ -5,8 +5,9 @@
 // from a per-device pool (cuda/event_pool.h), recorded after the copies they cover, and a queue
 // keeps a few completed ones for its next fences, so a fence per copy (cuda_ipc) takes no lock;
 // done() queries the event, wait() polls it against the deadline and never blocks inside CUDA, so
-// a stuck device cannot hang the caller past its deadline. Allocation and free are set-up operations (cudaFree synchronises the device);
-// the engine keeps buffers for the life of a connection.
+// a stuck device cannot hang the caller past its deadline. Allocation and free are set-up
+// operations (cudaFree synchronises the device); the engine keeps buffers for the life of a
+// connection.
 //
 // Without a driver or device every entry point answers Code::kUnavailable with the reason from
 // cuda::device_count(); nothing here is called before that check, so a CUDA build runs anywhere.

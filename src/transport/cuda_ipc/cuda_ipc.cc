@@ -297,8 +297,8 @@ class CopyEngineImpl final : public CopyEngine {
         Copy& c = q.front();
         Result<bool> done = lanes_[i]->done(c.fence);
         if (done.ok() && !*done) break;
-        Status s = done.ok() ? Status()
-                             : Status(done.status().code(), "cuda_ipc copy: " + done.status().message()).with_peer(c.peer);
+        Status s;
+        if (!done.ok()) s = Status(done.status().code(), "cuda_ipc copy: " + done.status().message()).with_peer(c.peer);
         out->push_back(CopyCompletion{c.op, std::move(s)});
         cache_.release(c.peer, c.alloc_id);
         q.pop_front();
