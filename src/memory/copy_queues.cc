@@ -9,8 +9,8 @@ namespace dmx {
 Result<CopyQueue*> CopyQueues::get(MemSpec where, int lane, bool* made) {
   if (made != nullptr) *made = false;
   if (lane < 0 || lane >= kMaxLanes)
-    return Status(Code::kInvalidArgument, fmt::format("copy queue lane {} of {}: lanes are 0..{}", lane,
-                                                      to_string(where), kMaxLanes - 1));
+    return Status(Code::kInvalidArgument,
+                  fmt::format("copy queue lane {} of {}: lanes are 0..{}", lane, to_string(where), kMaxLanes - 1));
   auto key = std::make_tuple(static_cast<int>(where.kind), where.device, lane);
   if (auto it = queues_.find(key); it != queues_.end()) return it->second.get();
   DMX_ASSIGN_OR_RETURN(MemoryBackend * backend, backend_for(where));

@@ -2,8 +2,8 @@
 //
 // Copies run on the copy engines only: cudaMemcpyAsync on a non-blocking stream per CopyQueue
 // (no kernels, no SMs; no thread: the caller's thread issues and polls). Fences are CUDA events
-// from a per-device pool (cuda/event_pool.h), recorded after the copies they cover, and a queue
-// keeps a few completed ones for its next fences, so a fence per copy (cuda_ipc) takes no lock;
+// from a per-device pool (cuda/event_pool.h), recorded after the copies they cover; a queue keeps
+// a few idle ones of its own, so a fence per copy (cuda_ipc) takes no lock and creates no event;
 // done() queries the event, wait() polls it against the deadline and never blocks inside CUDA, so
 // a stuck device cannot hang the caller past its deadline. Allocation and free are set-up
 // operations (cudaFree synchronises the device); the engine keeps buffers for the life of a
@@ -38,7 +38,7 @@ using cuda::error_status;
 
 // Events made up front per device, so that the first fences of the first queues do not create any.
 constexpr size_t kEventsReserved = 64;
-// Completed fences' events a queue keeps for its next fences before it returns them to the pool.
+// Events a queue keeps for its next fences (taken at creation; completed ones return there first).
 constexpr size_t kSpareEvents = 8;
 // How long a queue being destroyed waits for copies still in flight (their buffers are usually
 // freed right after).
@@ -47,7 +47,14 @@ constexpr auto kDrainOnDestroy = std::chrono::seconds(10);
 // Thread-safety: one thread at a time (CopyQueue's contract); the pool it borrows from is shared.
 class CudaQueue final : public CopyQueue {
  public:
-  CudaQueue(int device, cudaStream_t stream, cuda::EventPool* pool) : device_(device), stream_(stream), pool_(pool) {}
+  CudaQueue(int device, cudaStream_t stream, cuda::EventPool* pool) : device_(device), stream_(stream), pool_(pool) {
+    // Its first fences then take no pool lock and create no event (best effort: else on demand).
+    while (spare_.size() < kSpareEvents) {
+      auto ev = pool_->acquire();
+      if (!ev.ok()) break;
+      spare_.push_back(*ev);
+    }
+  }
 
   ~CudaQueue() override {
     if (recorded_ > completed_ && error_.ok()) {
@@ -211,7 +218,7 @@ class CudaQueue final : public CopyQueue {
   const cudaStream_t stream_;
   cuda::EventPool* const pool_;
   std::deque<std::pair<uint64_t, cudaEvent_t>> pending_;  // recorded, not yet seen complete
-  std::vector<cudaEvent_t> spare_;                        // completed, for the next fences
+  std::vector<cudaEvent_t> spare_;                        // idle, for the next fences
   uint64_t recorded_ = 0;
   uint64_t completed_ = 0;
   uint32_t* scratch_ = nullptr;  // device: the XOR of every raw CRC so far; made at the first checksum
