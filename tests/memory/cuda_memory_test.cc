@@ -362,8 +362,9 @@ TEST_F(CudaTest, LanesCopyAnyDirectionWithAFencePerCopy) {
   auto src = random_data(total, 77);
   auto dev_a = Buffer::allocate(kCuda0, total);
   auto dev_b = Buffer::allocate(kCuda0, total + 1);
+  auto dev_c = Buffer::allocate(kCuda0, total + 4);
   auto pinned = Buffer::allocate(kPinned, total + 2);
-  ASSERT_TRUE(dev_a.ok() && dev_b.ok() && pinned.ok());
+  ASSERT_TRUE(dev_a.ok() && dev_b.ok() && dev_c.ok() && pinned.ok());
   std::vector<unsigned char> pageable(total + 5, 0);
   ASSERT_TRUE(copy_memory(dev_a->region(), host_region(src)).ok());
   CopyQueues qs;
@@ -373,8 +374,9 @@ TEST_F(CudaTest, LanesCopyAnyDirectionWithAFencePerCopy) {
     ASSERT_TRUE(q.ok()) << q.status().to_string();
     lanes.push_back(*q);
   }
-  // dev_a -> dev_b (one device) -> pinned -> pageable host, each piece on its own lane, a fence
-  // after every copy; stream order within a lane makes the chain correct.
+  // dev_a -> dev_b (one device) -> pinned -> dev_c -> pageable host, each piece on its own lane, a
+  // fence after every copy; stream order within a lane makes the chain correct. (No host->host
+  // step: CUDA documents those as synchronous with the host, not as ordered on the stream.)
   std::vector<uint64_t> last(kLanes, 0);
   size_t at = 0, k = 0;
   for (size_t n : sizes) {
@@ -382,8 +384,9 @@ TEST_F(CudaTest, LanesCopyAnyDirectionWithAFencePerCopy) {
     auto* a = static_cast<char*>(dev_a->data()) + at;
     auto* b = static_cast<char*>(dev_b->data()) + at + 1;
     auto* p = static_cast<char*>(pinned->data()) + at + 2;
+    auto* c = static_cast<char*>(dev_c->data()) + at + 4;
     auto* h = pageable.data() + at + 5;
-    for (auto [dst, from] : std::initializer_list<std::pair<void*, const void*>>{{b, a}, {p, b}, {h, p}}) {
+    for (auto [dst, from] : std::initializer_list<std::pair<void*, const void*>>{{b, a}, {p, b}, {c, p}, {h, c}}) {
       ASSERT_TRUE(q->copy(dst, from, n).ok()) << n;
       auto f = q->record();
       ASSERT_TRUE(f.ok()) << f.status().to_string();
@@ -399,6 +402,7 @@ TEST_F(CudaTest, LanesCopyAnyDirectionWithAFencePerCopy) {
   }
   at = 0;
   for (size_t n : sizes) {
+    EXPECT_EQ(0, std::memcmp(static_cast<char*>(pinned->data()) + at + 2, src.data() + at, n)) << n;
     EXPECT_EQ(0, std::memcmp(pageable.data() + at + 5, src.data() + at, n)) << n;
     at += n + 3;
   }
