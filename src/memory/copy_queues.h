@@ -1,6 +1,6 @@
 // Copy queues made on first use, one per (memory kind, device, lane): what every user of device
 // copies keeps (a stream's staging, an shm link's slots, the synchronous copy helper, cuda_ipc's
-// copy engines). Lane 0 is the device's queue; a user that wants several independent in-order
+// copy engines, devmem's stager). Lane 0 is the device's queue; a user that wants several independent in-order
 // queues of one device (cuda_ipc spreads its copies over `cuda_ipc_streams`) asks for lanes
 // 0..n-1. A CUDA queue is a stream and owns no thread; a sim queue has a worker thread. Not
 // thread-safe: one owner uses it at a time.
