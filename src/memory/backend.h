@@ -1,8 +1,9 @@
 // Memory backends and asynchronous copy queues (internal).
 //
 // One MemoryBackend per memory kind and device. Device backends (cuda, sim) hand out CopyQueues:
-// ordered queues of asynchronous device<->host copies (a CUDA stream on the copy engines; the sim
-// backend's worker thread) with numbered fences to learn when copies have finished.
+// ordered queues of asynchronous copies (a CUDA stream on the copy engines, owning no thread; the
+// sim backend's worker thread) with numbered fences to learn when copies have finished. A CUDA
+// queue also copies between any two addresses its device reaches (peer GPUs, mapped peer memory).
 #pragma once
 
 #include <cstddef>
@@ -21,11 +22,22 @@ class CopyQueue {
   // Enqueue a copy; `host` must be host memory (staging slots are pinned, for real async copies).
   virtual Status to_host(void* host_dst, const void* dev_src, size_t n) = 0;
   virtual Status to_device(void* dev_dst, const void* host_src, size_t n) = 0;
+  // Enqueue a copy between any two addresses this queue's device can reach: its own memory, a
+  // peer GPU's (peer access enabled), a peer process's mapped allocation, pinned or host memory
+  // (CUDA: cudaMemcpyDefault, which tells the direction from the addresses). For cuda_ipc.
+  // kInvalidArgument (the queue stays usable) for addresses the device rejects.
+  virtual Status copy(void* dst, const void* src, size_t n) {
+    return Status(Code::kUnavailable, "this copy queue copies only between its device and the host");
+  }
   // A fence after every copy enqueued so far. Fence ids increase by one from 1.
   virtual Result<uint64_t> record() = 0;
   // Whether the copies before `fence` have finished. An error means the device failed.
   virtual Result<bool> done(uint64_t fence) = 0;
   virtual Status wait(uint64_t fence, Deadline deadline) = 0;
+  // Ok, or why this queue can copy no more: the device's sticky error (CUDA: one that breaks every
+  // queue of the device in this process). Ask after a call failed, to tell a failure of that copy
+  // from a broken device; a failed call's non-sticky error is cleared. Not for the hot path.
+  virtual Status device_error() { return Status(); }
   // Enqueue the CRC32C (core/crc32c.h) of `n` bytes of device memory at `dev`, computed on the
   // device, in order with the copies. Returns a ticket; checksum_result(ticket) is the CRC once a
   // fence recorded after it has completed, for the last kChecksumsKept - 1 tickets.

@@ -1,12 +1,17 @@
 #include "memory/copy_queues.h"
 
+#include <fmt/format.h>
+
 #include "core/crc32c.h"
 
 namespace dmx {
 
-Result<CopyQueue*> CopyQueues::get(MemSpec where, bool* made) {
+Result<CopyQueue*> CopyQueues::get(MemSpec where, int lane, bool* made) {
   if (made != nullptr) *made = false;
-  auto key = std::make_pair(static_cast<int>(where.kind), where.device);
+  if (lane < 0 || lane >= kMaxLanes)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("copy queue lane {} of {}: lanes are 0..{}", lane, to_string(where), kMaxLanes - 1));
+  auto key = std::make_tuple(static_cast<int>(where.kind), where.device, lane);
   if (auto it = queues_.find(key); it != queues_.end()) return it->second.get();
   DMX_ASSIGN_OR_RETURN(MemoryBackend * backend, backend_for(where));
   DMX_ASSIGN_OR_RETURN(std::unique_ptr<CopyQueue> q, backend->create_queue());
@@ -28,7 +33,11 @@ Status CopyQueues::drain(Deadline deadline) {
 
 std::vector<MemSpec> CopyQueues::devices() const {
   std::vector<MemSpec> out;
-  for (const auto& [key, q] : queues_) out.push_back(MemSpec{static_cast<MemKind>(key.first), key.second});
+  for (const auto& [key, q] : queues_) {
+    MemSpec d{static_cast<MemKind>(std::get<0>(key)), std::get<1>(key)};
+    // A device's lanes are adjacent in the map.
+    if (out.empty() || out.back().kind != d.kind || out.back().device != d.device) out.push_back(d);
+  }
   return out;
 }
 

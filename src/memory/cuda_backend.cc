@@ -1,11 +1,13 @@
 // CUDA device memory (MemKind::kCuda) and pinned host memory (MemKind::kPinned).
 //
 // Copies run on the copy engines only: cudaMemcpyAsync on a non-blocking stream per CopyQueue
-// (no kernels, no SMs). Fences are CUDA events from a per-device pool (cuda/event_pool.h),
-// recorded after the copies they cover; done() queries the event, wait() polls it against the
-// deadline and never blocks inside CUDA, so a stuck device cannot hang the caller past its
-// deadline. Allocation and free are set-up operations (cudaFree synchronises the device);
-// the engine keeps buffers for the life of a connection.
+// (no kernels, no SMs; no thread: the caller's thread issues and polls). Fences are CUDA events
+// from a per-device pool (cuda/event_pool.h), recorded after the copies they cover; a queue keeps
+// a few idle ones of its own, so a fence per copy (cuda_ipc) takes no lock and creates no event;
+// done() queries the event, wait() polls it against the deadline and never blocks inside CUDA, so
+// a stuck device cannot hang the caller past its deadline. Allocation and free are set-up
+// operations (cudaFree synchronises the device); the engine keeps buffers for the life of a
+// connection.
 //
 // Without a driver or device every entry point answers Code::kUnavailable with the reason from
 // cuda::device_count(); nothing here is called before that check, so a CUDA build runs anywhere.
@@ -18,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/log.h"
 #include "core/crc32c.h"
@@ -35,6 +38,8 @@ using cuda::error_status;
 
 // Events made up front per device, so that the first fences of the first queues do not create any.
 constexpr size_t kEventsReserved = 64;
+// Events a queue keeps for its next fences (taken at creation; completed ones return there first).
+constexpr size_t kSpareEvents = 8;
 // How long a queue being destroyed waits for copies still in flight (their buffers are usually
 // freed right after).
 constexpr auto kDrainOnDestroy = std::chrono::seconds(10);
@@ -42,7 +47,14 @@ constexpr auto kDrainOnDestroy = std::chrono::seconds(10);
 // Thread-safety: one thread at a time (CopyQueue's contract); the pool it borrows from is shared.
 class CudaQueue final : public CopyQueue {
  public:
-  CudaQueue(int device, cudaStream_t stream, cuda::EventPool* pool) : device_(device), stream_(stream), pool_(pool) {}
+  CudaQueue(int device, cudaStream_t stream, cuda::EventPool* pool) : device_(device), stream_(stream), pool_(pool) {
+    // Its first fences then take no pool lock and create no event (best effort: else on demand).
+    while (spare_.size() < kSpareEvents) {
+      auto ev = pool_->acquire();
+      if (!ev.ok()) break;
+      spare_.push_back(*ev);
+    }
+  }
 
   ~CudaQueue() override {
     if (recorded_ > completed_ && error_.ok()) {
@@ -50,6 +62,7 @@ class CudaQueue final : public CopyQueue {
       if (!s.ok()) DMX_LOG_WARN("cuda:{} copy queue destroyed with copies in flight: {}", device_, s.to_string());
     }
     for (auto& [fence, ev] : pending_) pool_->release(ev);
+    for (cudaEvent_t ev : spare_) pool_->release(ev);
     if (scratch_ != nullptr) {
       DeviceGuard guard(device_);
       (void)cudaFree(scratch_);
@@ -66,6 +79,7 @@ class CudaQueue final : public CopyQueue {
   Status to_device(void* dev_dst, const void* host_src, size_t n) override {
     return copy(dev_dst, host_src, n, cudaMemcpyHostToDevice, "to_device");
   }
+  Status copy(void* dst, const void* src, size_t n) override { return copy(dst, src, n, cudaMemcpyDefault, "copy"); }
 
   // Two calls per checksum, since the stream thread that makes them is the staged path's
   // bottleneck: the kernel XORs the raw CRC into one device word that is never reset, and a
@@ -101,8 +115,14 @@ class CudaQueue final : public CopyQueue {
   }
 
   Result<uint64_t> record() override {
-    DMX_RETURN_IF_ERROR(error_);
-    DMX_ASSIGN_OR_RETURN(cudaEvent_t ev, pool_->acquire());
+    if (!error_.ok()) return error_;
+    cudaEvent_t ev = nullptr;
+    if (!spare_.empty()) {
+      ev = spare_.back();
+      spare_.pop_back();
+    } else {
+      DMX_ASSIGN_OR_RETURN(ev, pool_->acquire());
+    }
     cudaError_t err = cudaEventRecord(ev, stream_);
     if (err != cudaSuccess) {
       pool_->release(ev);
@@ -114,7 +134,7 @@ class CudaQueue final : public CopyQueue {
 
   Result<bool> done(uint64_t fence) override {
     if (fence <= completed_) return true;
-    DMX_RETURN_IF_ERROR(error_);
+    if (!error_.ok()) return error_;
     if (fence > recorded_)
       return Status(Code::kInvalidArgument,
                     fmt::format("cuda:{} copy fence {} was never recorded (last is {})", device_, fence, recorded_));
@@ -125,7 +145,9 @@ class CudaQueue final : public CopyQueue {
     if (err == cudaErrorNotReady) return false;
     if (err != cudaSuccess) return fail(error_status(fmt::format("cudaEventQuery(copy fence {})", fence), device_, err));
     for (size_t i = 0; i <= index; ++i) {
-      pool_->release(pending_.front().second);
+      cudaEvent_t ev = pending_.front().second;
+      if (spare_.size() < kSpareEvents) spare_.push_back(ev);
+      else pool_->release(ev);
       pending_.pop_front();
     }
     completed_ = fence;
@@ -155,17 +177,35 @@ class CudaQueue final : public CopyQueue {
     }
   }
 
+  Status device_error() override {
+    if (!error_.ok()) return error_;
+    Status s = check_device();
+    return s.ok() ? s : fail(std::move(s));
+  }
+
  private:
   Status copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, const char* what) {
-    DMX_RETURN_IF_ERROR(error_);
+    if (!error_.ok()) return error_;
     if (n == 0) return Status();
     // No device guard: cudaMemcpyAsync runs on the stream's device whatever is current.
     cudaError_t err = cudaMemcpyAsync(dst, src, n, kind, stream_);
     if (err == cudaSuccess) return Status();
     Status s = error_status(fmt::format("cudaMemcpyAsync({}, {} -> {}, {} B)", what, src, dst, n), device_, err);
-    // Bad arguments leave the stream usable; anything else (a device fault) is sticky.
-    if (s.code() == Code::kInvalidArgument) return s;
+    // Bad arguments leave the stream usable; otherwise the queue fails only when the device is
+    // broken for good (a sticky error), not for an error that was this copy's alone.
+    if (s.code() == Code::kInvalidArgument || check_device().ok()) return s;
     return fail(std::move(s));
+  }
+
+  // Ok unless the device has a sticky error (one that fails every later call of this process on
+  // it); clears the non-sticky error a failed call left behind.
+  Status check_device() {
+    DeviceGuard guard(device_);
+    DMX_RETURN_IF_ERROR(guard.status());
+    (void)cudaGetLastError();
+    cudaError_t err = cudaStreamQuery(stream_);
+    if (err == cudaSuccess || err == cudaErrorNotReady) return Status();
+    return error_status("cudaStreamQuery(copy queue device check)", device_, err);
   }
 
   Status fail(Status s) {
@@ -178,6 +218,7 @@ class CudaQueue final : public CopyQueue {
   const cudaStream_t stream_;
   cuda::EventPool* const pool_;
   std::deque<std::pair<uint64_t, cudaEvent_t>> pending_;  // recorded, not yet seen complete
+  std::vector<cudaEvent_t> spare_;                        // idle, for the next fences
   uint64_t recorded_ = 0;
   uint64_t completed_ = 0;
   uint32_t* scratch_ = nullptr;  // device: the XOR of every raw CRC so far; made at the first checksum

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "memory/backend.h"
+#include "memory/copy_queues.h"
 
 namespace dmx {
 namespace {
@@ -80,6 +81,57 @@ TEST(SimMemory, FencesCompleteInOrder) {
   EXPECT_EQ(*f2, *f1 + 1);
   ASSERT_TRUE((*q)->wait(*f2, Deadline::after(std::chrono::seconds(10))).ok());
   EXPECT_TRUE(*(*q)->done(*f1));
+}
+
+// The cache hands out one queue per (kind, device, lane); lanes are independent in-order queues.
+TEST(CopyQueues, LanesAreDistinctQueuesOfOneDevice) {
+  constexpr MemSpec kSim0{MemKind::kSim, 0}, kSim1{MemKind::kSim, 1};
+  CopyQueues qs;
+  bool made = false;
+  auto q0 = qs.get(kSim0, &made);
+  ASSERT_TRUE(q0.ok()) << q0.status().to_string();
+  EXPECT_TRUE(made);
+  auto again = qs.get(kSim0, 0, &made);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(made);
+  EXPECT_EQ(*again, *q0);  // lane 0 is the device's queue
+  auto q1 = qs.get(kSim0, 1, &made);
+  auto q2 = qs.get(kSim0, CopyQueues::kMaxLanes - 1, &made);
+  ASSERT_TRUE(q1.ok() && q2.ok());
+  EXPECT_TRUE(made);
+  EXPECT_NE(*q1, *q0);
+  EXPECT_NE(*q2, *q1);
+  EXPECT_EQ(*qs.get(kSim0, 1), *q1);
+  for (int bad : {-1, CopyQueues::kMaxLanes}) {
+    auto q = qs.get(kSim0, bad, &made);
+    ASSERT_FALSE(q.ok()) << bad;
+    EXPECT_EQ(q.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(q.status().message().find("lane " + std::to_string(bad)), std::string::npos) << q.status().message();
+    EXPECT_FALSE(made);
+  }
+  ASSERT_TRUE(qs.get(kSim1, 2).ok());
+  auto devices = qs.devices();  // each device once, however many lanes it has
+  ASSERT_EQ(devices.size(), 2u);
+  EXPECT_EQ(devices[0], kSim0);
+  EXPECT_EQ(devices[1], kSim1);
+
+  // Each lane keeps its own fence numbers; drain covers every lane.
+  const size_t n = 65537;
+  auto dev = Buffer::allocate(kSim0, 3 * n);
+  ASSERT_TRUE(dev.ok());
+  auto src = random_data(3 * n);
+  std::vector<unsigned char> back(3 * n, 0);
+  CopyQueue* lanes[] = {*q0, *q1, *q2};
+  for (size_t i = 0; i < 3; ++i) {
+    char* d = static_cast<char*>(dev->data()) + i * n;
+    ASSERT_TRUE(lanes[i]->to_device(d, src.data() + i * n, n).ok());
+    auto f = lanes[i]->record();
+    ASSERT_TRUE(f.ok());
+    EXPECT_EQ(*f, 1u);
+    ASSERT_TRUE(lanes[i]->to_host(back.data() + i * n, d, n).ok());
+  }
+  ASSERT_TRUE(qs.drain(Deadline::after(std::chrono::seconds(10))).ok());
+  EXPECT_EQ(0, std::memcmp(src.data(), back.data(), back.size()));
 }
 
 TEST(HostMemory, PinnedOrCudaUnavailableSaysWhy) {

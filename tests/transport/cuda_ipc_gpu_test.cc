@@ -31,16 +31,19 @@ Status host_to(const MemRegion& dst, const std::vector<uint8_t>& src) {
   return copy_memory(dst, {const_cast<uint8_t*>(src.data()), src.size(), {}});
 }
 
-// Progress until every op in [first, last] completed; counts failures.
+// Progress until every op in [first, last] completed, each exactly once (else 2); counts failures.
 int finish_all(CopyEngine& e, uint64_t first, uint64_t last, Deadline deadline, int* failures) {
   std::vector<CopyCompletion> out;
   size_t want = last - first + 1;
+  std::vector<bool> seen(want, false);
   size_t got = 0;
   while (got < want) {
     out.clear();
     e.progress(&out);
     for (auto& c : out) {
       ++got;
+      if (c.op < first || c.op > last || seen[c.op - first]) return 2;
+      seen[c.op - first] = true;
       if (!c.status.ok()) {
         ++*failures;
         fprintf(stderr, "copy %llu: %s\n", (unsigned long long)c.op, c.status.to_string().c_str());

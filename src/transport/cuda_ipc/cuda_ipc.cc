@@ -1,7 +1,8 @@
 // cuda_ipc with CUDA: legacy IPC handles (cudaIpcGetMemHandle / cudaIpcOpenMemHandle with lazy
 // peer access) for cudaMalloc memory, POSIX fds for cuMem allocations (exported, imported and
 // mapped through the driver wrapper in src/memory/cuda/driver.h), copies with cudaMemcpyAsync on
-// non-blocking streams (copy engines), completion by pooled events.
+// the lanes of the local GPU from the copy-queue cache (memory/copy_queues.h: non-blocking streams
+// on the copy engines), completion by a fence (a pooled event) per copy.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -17,8 +18,8 @@
 #include "core/sys.h"
 #include "core/trace.h"
 #include "memory/backend.h"
+#include "memory/copy_queues.h"
 #include "memory/cuda/driver.h"
-#include "memory/cuda/event_pool.h"
 #include "memory/cuda/runtime.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
 
@@ -29,6 +30,9 @@ using cuda::DeviceGuard;
 using cuda::error_status;
 
 static_assert(sizeof(cudaIpcMemHandle_t) == IpcDescriptor::kHandleSize);
+
+// How long an engine being destroyed waits for its copies in flight.
+constexpr auto kDrainOnDestroy = std::chrono::seconds(10);
 
 // One mapping per IPC handle per process. CUDA refuses to open a handle that this process has
 // open already (UCX saw "Element already exists", openucx/ucx#3192, #4599), which two copy
@@ -217,17 +221,19 @@ class CopyEngineImpl final : public CopyEngine {
   explicit CopyEngineImpl(const Options& o)
       : options_(o),
         opener_(o.device, o.fds),
-        cache_(o.in_process ? static_cast<ImportCache::Opener*>(&in_process_opener_) : &opener_),
-        events_(o.device) {}
+        cache_(o.in_process ? static_cast<ImportCache::Opener*>(&in_process_opener_) : &opener_) {}
   ~CopyEngineImpl() override {
-    DeviceGuard guard(options_.device);
-    for (cudaStream_t s : streams_) (void)cudaStreamSynchronize(s);
-    for (auto& q : inflight_)
-      for (auto& c : q) {
-        events_.release(c.event);
-        cache_.release(c.peer, c.alloc_id);
+    // Copies in flight read or write mapped peer memory: wait for them before the mappings close
+    // (bounded; the cuda_ipc path waits for its own and leaks a hung device's engines first).
+    if (pending() > 0) {
+      if (Status s = queues_.drain(Deadline::after(kDrainOnDestroy)); !s.ok()) {
+        DMX_LOG_ERROR("cuda_ipc copy engine of cuda:{} destroyed with {} copies in flight: {}", options_.device,
+                      pending(), s.to_string());
+        if (s.code() == Code::kTimeout) queues_.abandon();  // leaks the streams: never wait on a hung device
       }
-    for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
+    }
+    for (auto& q : inflight_)
+      for (auto& c : q) cache_.release(c.peer, c.alloc_id);
   }
 
   Status init() {
@@ -262,15 +268,13 @@ class CopyEngineImpl final : public CopyEngine {
                                                   options_.device, d, cuda::error_text(err));
     }
     DMX_LOG_INFO("cuda_ipc: {}", report_);
-    int streams = std::clamp(options_.streams, 1, 16);
-    for (int i = 0; i < streams; ++i) {
-      cudaStream_t s;
-      DMX_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags(cuda_ipc)", options_.device,
-                               cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      streams_.push_back(s);
+    int lanes = std::clamp(options_.streams, 1, CopyQueues::kMaxLanes);
+    for (int i = 0; i < lanes; ++i) {
+      DMX_ASSIGN_OR_RETURN(CopyQueue * q, queues_.get(MemSpec{MemKind::kCuda, options_.device}, i));
+      lanes_.push_back(q);
     }
-    inflight_.resize(streams_.size());
-    return events_.reserve(32);
+    inflight_.resize(lanes_.size());
+    return Status();
   }
 
   Status write(uint64_t op, const MemRegion& local, const std::string& peer, const IpcDescriptor& remote,
@@ -286,15 +290,16 @@ class CopyEngineImpl final : public CopyEngine {
 
   size_t progress(std::vector<CopyCompletion>* out) override {
     size_t before = out->size();
-    // No device guard: querying an event needs no current device, and this is the hot path.
-    for (auto& q : inflight_) {
+    // A lane's done() sets no device (querying an event needs none): this is the hot path.
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      std::deque<Copy>& q = inflight_[i];
       while (!q.empty()) {
         Copy& c = q.front();
-        cudaError_t err = cudaEventQuery(c.event);
-        if (err == cudaErrorNotReady) break;
-        Status s = err == cudaSuccess ? Status() : error_status("cuda_ipc copy (cudaEventQuery)", options_.device, err);
-        out->push_back(CopyCompletion{c.op, s.ok() ? s : s.with_peer(c.peer)});
-        events_.release(c.event);
+        Result<bool> done = lanes_[i]->done(c.fence);
+        if (done.ok() && !*done) break;
+        Status s;
+        if (!done.ok()) s = Status(done.status().code(), "cuda_ipc copy: " + done.status().message()).with_peer(c.peer);
+        out->push_back(CopyCompletion{c.op, std::move(s)});
         cache_.release(c.peer, c.alloc_id);
         q.pop_front();
       }
@@ -305,8 +310,11 @@ class CopyEngineImpl final : public CopyEngine {
   Status wait(Deadline deadline) override {
     if (pending() == 0) return Status();
     for (;;) {
-      for (auto& q : inflight_)
-        if (!q.empty() && cudaEventQuery(q.front().event) != cudaErrorNotReady) return Status();
+      for (size_t i = 0; i < lanes_.size(); ++i) {
+        if (inflight_[i].empty()) continue;
+        Result<bool> done = lanes_[i]->done(inflight_[i].front().fence);
+        if (!done.ok() || *done) return Status();  // progress() reports it
+      }
       if (deadline.expired()) return Status(Code::kTimeout, "cuda_ipc wait: no copy completed by the deadline");
       cpu_relax();
     }
@@ -318,12 +326,8 @@ class CopyEngineImpl final : public CopyEngine {
     return n;
   }
   Status device_error() override {
-    DeviceGuard guard(options_.device);
-    DMX_RETURN_IF_ERROR(guard.status());
-    (void)cudaGetLastError();  // clears an error a failed call left behind; a sticky one stays
-    cudaError_t err = cudaStreamQuery(streams_.empty() ? nullptr : streams_[0]);
-    if (err == cudaSuccess || err == cudaErrorNotReady) return Status();
-    return error_status("cuda_ipc device check (cudaStreamQuery)", options_.device, err);
+    for (CopyQueue* lane : lanes_) DMX_RETURN_IF_ERROR(lane->device_error());
+    return Status();
   }
   void invalidate(const std::string& peer, uint64_t alloc_id) override { cache_.invalidate(peer, alloc_id); }
   void drop_peer(const std::string& peer) override { cache_.drop_peer(peer); }
@@ -335,7 +339,7 @@ class CopyEngineImpl final : public CopyEngine {
  private:
   struct Copy {
     uint64_t op;
-    cudaEvent_t event;
+    uint64_t fence;  // of its lane, recorded right after the copy
     std::string peer;
     uint64_t alloc_id;
   };
@@ -354,29 +358,28 @@ class CopyEngineImpl final : public CopyEngine {
     DMX_TRACE_POINT("ce.guard");
     DMX_ASSIGN_OR_RETURN(void* base, cache_.acquire(peer, remote));
     char* remote_ptr = static_cast<char*>(base) + remote.offset + remote_offset;
-    auto events = events_.acquire();
-    if (!events.ok()) {
-      cache_.release(peer, remote.alloc_id);
-      return events.status();
-    }
-    size_t i = next_stream_++ % streams_.size();
+    size_t i = next_lane_++ % lanes_.size();
+    CopyQueue* lane = lanes_[i];
     void* dst = to_remote ? static_cast<void*>(remote_ptr) : local.ptr;
     const void* src = to_remote ? static_cast<const void*>(local.ptr) : remote_ptr;
     DMX_TRACE_POINT("ce.acquired");
-    cudaError_t err = local.size == 0 ? cudaSuccess : cudaMemcpyAsync(dst, src, local.size, cudaMemcpyDefault, streams_[i]);
+    Status s = lane->copy(dst, src, local.size);  // 0 bytes: no copy, the fence completes the op
     DMX_TRACE_POINT("ce.memcpy");
-    if (err == cudaSuccess) err = cudaEventRecord(*events, streams_[i]);
+    uint64_t fence = 0;
+    if (s.ok()) {
+      Result<uint64_t> f = lane->record();
+      if (f.ok()) fence = *f;
+      else s = f.status();
+    }
     DMX_TRACE_POINT("ce.recorded");
-    if (err != cudaSuccess) {
-      events_.release(*events);
+    if (!s.ok()) {
       cache_.release(peer, remote.alloc_id);
-      return error_status(fmt::format("cudaMemcpyAsync(cuda_ipc {}, {} B, peer {})", to_remote ? "write" : "read",
-                                      local.size, peer),
-                          options_.device, err);
+      return Status(s.code(), fmt::format("cuda_ipc {} of {} B, peer {}: {}", to_remote ? "write" : "read", local.size,
+                                          peer, s.message()));
     }
     stats_.bytes += local.size;
     if (local.where.kind == MemKind::kCuda && local.where.device != remote.device) ++stats_.peer_copies;
-    inflight_[i].push_back(Copy{op, *events, peer, remote.alloc_id});
+    inflight_[i].push_back(Copy{op, fence, peer, remote.alloc_id});
     return Status();
   }
 
@@ -384,11 +387,12 @@ class CopyEngineImpl final : public CopyEngine {
   CudaOpener opener_;
   InProcessOpener in_process_opener_;
   ImportCache cache_;
-  cuda::EventPool events_;
-  std::vector<cudaStream_t> streams_;
-  std::vector<std::deque<Copy>> inflight_;  // per stream, in submission order
+  // After cache_: the lanes are destroyed (their streams) before the mappings close.
+  CopyQueues queues_;                       // lanes 0..streams-1 of (cuda, options_.device)
+  std::vector<CopyQueue*> lanes_;           // from queues_, in lane order
+  std::vector<std::deque<Copy>> inflight_;  // per lane, in submission order
   std::vector<bool> can_peer_;
-  size_t next_stream_ = 0;
+  size_t next_lane_ = 0;
   std::string report_;
   CopyStats stats_;
 };

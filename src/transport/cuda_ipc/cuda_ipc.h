@@ -21,8 +21,9 @@
 //    in use by copies in flight are closed only after those copies complete. CUDA-free logic
 //    (the opener is an interface), so it is tested on machines without GPUs.
 //  - CopyEngine: one-sided write (local -> peer region) and read (peer region -> local) at any
-//    offset and length inside the described region, cudaMemcpyAsync on non-blocking streams,
-//    pooled events, several copies in flight; completion by progress() polling.
+//    offset and length inside the described region, several copies in flight, on lanes of the
+//    local GPU taken from the copy-queue cache (memory/copy_queues.h: a non-blocking stream each,
+//    no thread) with a fence per copy; completion by progress() polling.
 //  - In one process (Options::in_process): CUDA cannot open an IPC handle in the process that made
 //    it, and needs none: the engine resolves a descriptor to the exporter's own pointer through a
 //    process-wide table of this process's exports (allocation ids are unique per process), checking
@@ -208,7 +209,7 @@ class CopyEngine {
  public:
   struct Options {
     int device = 0;   // the local GPU that issues the copies (its streams)
-    int streams = 2;  // round-robin; copies on one stream complete in order
+    int streams = 2;  // lanes (1..16), round-robin; copies on one lane complete in order
     // The peer is this process: descriptors resolve to the exporter's pointers (see the top of
     // this file), and a descriptor from another process is refused.
     bool in_process = false;
@@ -217,7 +218,7 @@ class CopyEngine {
   };
   virtual ~CopyEngine() = default;
   // Enables peer access from `device` to every GPU that supports it (logged once with the reason
-  // when not), creates streams and reserves events.
+  // when not) and takes its lanes from its copy-queue cache.
   static Result<std::unique_ptr<CopyEngine>> create(const Options& options);
 
   // One-sided: copy `local` (cuda, pinned or host memory) to [remote_offset, +local.size) of the

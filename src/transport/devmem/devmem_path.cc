@@ -11,12 +11,12 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <optional>
 
 #include "core/log.h"
 #include "memory/backend.h"
+#include "memory/copy_queues.h"
 #include "transport/devmem/devmem_path_rx.h"
 #include "transport/path_base.h"
 #include "transport/devmem/region.h"
@@ -76,15 +76,10 @@ class Stager {
       DMX_ASSIGN_OR_RETURN(uint64_t f, gatherer_->enqueue(src, pieces_, nullptr, {}, slot));
       return Fence{nullptr, f};
     }
-    auto key = std::make_pair(static_cast<int>(src.where.kind), src.where.device);
-    auto& q = queues_[key];
-    if (!q) {
-      DMX_ASSIGN_OR_RETURN(MemoryBackend * b, backend_for(src.where));
-      DMX_ASSIGN_OR_RETURN(q, b->create_queue());
-    }
+    DMX_ASSIGN_OR_RETURN(CopyQueue * q, queues_.get(src.where));
     DMX_RETURN_IF_ERROR(q->to_host(slot.ptr, src.ptr, src.size));
     DMX_ASSIGN_OR_RETURN(uint64_t f, q->record());
-    return Fence{q.get(), f};
+    return Fence{q, f};
   }
   Result<bool> done(Fence f) { return f.queue ? f.queue->done(f.id) : gatherer_->done(f.id); }
   Status wait(Fence f, Deadline d) { return f.queue ? f.queue->wait(f.id, d) : gatherer_->wait(f.id, d); }
@@ -92,7 +87,7 @@ class Stager {
  private:
   std::unique_ptr<Gatherer> gatherer_;
   std::vector<devmem::Fragment> pieces_;
-  std::map<std::pair<int, int>, std::unique_ptr<CopyQueue>> queues_;
+  CopyQueues queues_;  // by the sources' devices
 };
 
 class DevmemPath final : public PathBase {
