@@ -1,7 +1,8 @@
 // Striping over TCP streams: with no payload path, every stream pulls chunks while its pipeline
 // has room, and none may hold more than one chunk beyond the least loaded
 // (EndpointImpl::stream_load_), so the chunks of large messages spread over the streams rather
-// than filling the pipeline of the one that happens to be turned first.
+// than filling the pipeline of the one that happens to be turned first. Beside more than one
+// data stream, stream 0 is the control stream and pulls none.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,6 +54,33 @@ TEST(Balance, ChunksSpreadOverTheStreams) {
   std::printf("bytes per stream: %s\n", shares.c_str());
   EXPECT_LE(most, total / 2) << "one stream carried most of the bytes: " << shares;
   EXPECT_GE(carrying, 4) << "fewer than 4 streams carried a real share: " << shares;
+}
+
+// Beside more than one data stream, stream 0 carries control frames only: a rendezvous message's
+// chunks all go on the data streams, and an eager one (no CTS to wait for) on stream 0. With one
+// data stream, that stream is stream 0 and carries everything.
+TEST(Balance, TheControlStreamCarriesNoChunks) {
+  for (int streams : {1, 3}) {
+    SCOPED_TRACE(streams);
+    Pair p = connect_pair(test_options(streams).set("transport", "tcp"));
+    EndpointStats st = p.client.stats();
+    ASSERT_EQ(st.streams, streams == 1 ? 1u : static_cast<uint32_t>(streams) + 1) << "and a control stream";
+    std::vector<unsigned char> big = random_bytes((4u << 20) + 3), small = random_bytes(100);
+    std::vector<unsigned char> got_big(big.size(), 0xA5), got_small(small.size(), 0xA5);
+    Request rb = p.server.recv(MemRegion{got_big.data(), got_big.size(), {}}, 1);
+    Request rs = p.server.recv(MemRegion{got_small.data(), got_small.size(), {}}, 2);
+    Request sb = p.client.send(MemRegion{big.data(), big.size(), {}}, 1);
+    Request ss = p.client.send(MemRegion{small.data(), small.size(), {}}, 2);
+    for (Request* r : {&sb, &ss, &rb, &rs}) ASSERT_TRUE(r->wait(30s).ok()) << r->status().to_string();
+    ASSERT_EQ(big, got_big);
+    ASSERT_EQ(small, got_small);
+    std::vector<uint64_t> per = p.client.stats().stream_bytes_sent;
+    ASSERT_EQ(per.size(), st.streams);
+    uint64_t total = std::accumulate(per.begin(), per.end(), uint64_t{0});
+    EXPECT_EQ(total, big.size() + small.size());
+    if (streams == 1) EXPECT_EQ(per[0], total);
+    else EXPECT_EQ(per[0], small.size()) << "stream 0 carried chunks of the rendezvous message";
+  }
 }
 
 }  // namespace
