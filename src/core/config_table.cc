@@ -53,7 +53,7 @@ constexpr ConfigEntry kTable[] = {
     {"insecure", ConfigType::kBool, "false", "turn peer authentication off (both peers must agree)"},
     // staged TCP
     {"max_streams", ConfigType::kInt, "16",
-     "the most TCP streams a peer may ask for per endpoint (1-64)"},
+     "the most TCP data streams a peer may ask for per endpoint (1-64)"},
     {"max_endpoints", ConfigType::kInt, "256",
      "endpoints one context holds at once (accepted and connected); beyond, connect fails and the "
      "listener refuses new peers"},

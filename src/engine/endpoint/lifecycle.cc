@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <bit>
+#include <cassert>
 
 #include "core/crc32c.h"
 #include "core/log.h"
@@ -43,6 +44,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     ep->streams_.push_back(std::make_unique<tcp::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
   }
   ep->stream_load_ = std::vector<std::atomic<uint32_t>>(ep->streams_.size());
+  assert((!ep->has_paths_ || ep->streams_.size() == 1) && "negotiate() opens one stream with a payload path");
   DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
                ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));
   for (auto& ps : ep->paths_)

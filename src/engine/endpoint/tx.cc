@@ -22,16 +22,15 @@ using namespace endpoint;
 // Transmit side: streams pull chunks of the oldest transfer first.
 bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
   if (!has_tx_.load(std::memory_order_acquire)) return false;  // idle streams poll without the lock
-  // Beside other streams, stream 0 is the control stream: an RTS or CTS must not wait behind
-  // megabytes of data in its socket while the data streams run dry.
-  if (stream == 0 && streams_.size() > 1) return false;
-  if (!has_paths_ && streams_.size() > 1 && leave_to_least_loaded(stream)) return false;
+  // Stream 0 pulls only when it is the only stream, as it always is with a payload path (whose
+  // chunk headers keep their order on it). Beside data streams it is the control stream: an RTS
+  // or CTS must not wait behind megabytes of data in its socket while the data streams run dry.
+  if (streams_.size() > 1 && (stream == 0 || leave_to_least_loaded(stream))) return false;
   std::lock_guard<std::mutex> lock(mu_);
   struct Sync {  // keeps has_tx_ equal to !tx_.empty() on every return
     EndpointImpl* ep;
     ~Sync() { ep->has_tx_.store(!ep->tx_.empty(), std::memory_order_release); }
   } sync{this};
-  if (has_paths_ && stream != 0) return false;  // path chunk headers keep their order on stream 0
   while (!tx_.empty()) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
@@ -104,11 +103,11 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
 // to it (and wakes it: it may be parked). Read without the lock, which a busy-polling stream
 // would otherwise take on every pass: the loads are a hint, each changed by one stream's chunks.
 bool EndpointImpl::leave_to_least_loaded(int stream) {
+  auto load = [&](size_t i) { return stream_load_[i].load(std::memory_order_relaxed); };
   size_t least = 1;
   for (size_t i = 2; i < streams_.size(); ++i)
-    if (stream_load_[i].load(std::memory_order_relaxed) < stream_load_[least].load(std::memory_order_relaxed)) least = i;
-  if (stream_load_[stream].load(std::memory_order_relaxed) <= stream_load_[least].load(std::memory_order_relaxed) + kStreamSlack)
-    return false;
+    if (load(i) < load(least)) least = i;
+  if (load(stream) <= load(least) + kStreamSlack) return false;
   streams_[least]->wake();
   return true;
 }
@@ -116,7 +115,7 @@ bool EndpointImpl::leave_to_least_loaded(int stream) {
 // Wakes as many data streams as the new transfer has chunks, least loaded first: waking them all
 // for a one-chunk message had every parked stream race for it. Caller holds mu_.
 void EndpointImpl::wake_for(const Transfer& t) {
-  if (has_paths_ || streams_.size() == 1) {
+  if (streams_.size() == 1) {
     streams_[0]->wake();
     return;
   }
