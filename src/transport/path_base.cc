@@ -60,6 +60,7 @@ void PathBase::start(Events* events, std::shared_ptr<void> keep_alive) {
   started_ = true;
   events_ = events;
   thread_ = std::thread([this, keep = std::move(keep_alive)]() mutable { run(std::move(keep)); });
+  thread_id_.store(thread_.get_id(), std::memory_order_release);
 }
 
 void PathBase::stop() {
@@ -73,6 +74,7 @@ void PathBase::stop() {
 }
 
 void PathBase::quiesce() {
+  if (thread_id_.load(std::memory_order_acquire) == std::this_thread::get_id()) return;
   std::lock_guard lk(thread_mu_);
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
@@ -101,17 +103,24 @@ void PathBase::ring_wake() {
 }
 
 void PathBase::fail(Status why) {
-  std::lock_guard lk(post_mu_);
-  if (!failure_.ok() || stop_requested_.load(std::memory_order_relaxed)) return;
-  failure_ = std::move(why);
-  closed_why_ = failure_;
-  failed_.store(true, std::memory_order_release);
+  bool ring = false;
+  {
+    std::lock_guard lk(post_mu_);
+    if (!failure_.ok() || stop_requested_.load(std::memory_order_relaxed)) return;
+    failure_ = std::move(why);
+    closed_why_ = failure_;
+    failed_.store(true, std::memory_order_release);
+    ring = std::exchange(sleeping_, false);
+  }
+  if (ring) ring_wake();
 }
 
 bool PathBase::sleep_on(std::span<pollfd> fds, std::optional<std::chrono::microseconds> timeout) {
   {
     std::lock_guard lk(post_mu_);
-    if (posted_.load(std::memory_order_relaxed) || stop_requested_.load(std::memory_order_relaxed)) return false;
+    if (posted_.load(std::memory_order_relaxed) || stop_requested_.load(std::memory_order_relaxed) ||
+        failed_.load(std::memory_order_relaxed))
+      return false;
     sleeping_ = true;
   }
   pollfd all[4] = {{wake_.get(), POLLIN, 0}};
@@ -128,9 +137,8 @@ bool PathBase::sleep_on(std::span<pollfd> fds, std::optional<std::chrono::micros
     std::lock_guard lk(post_mu_);
     sleeping_ = false;
   }
-  uint64_t drained;
-  while (::read(wake_.get(), &drained, sizeof drained) == sizeof drained) {
-  }
+  uint64_t drained;  // only when rung: a timeout or a socket's wake-up costs no read
+  if (n > 0 && (all[0].revents & POLLIN)) (void)!::read(wake_.get(), &drained, sizeof drained);
   for (size_t i = 0; i < fds.size(); ++i) fds[i].revents = n > 0 ? all[i + 1].revents : 0;
   if (n < 0 && err != EINTR) {
     Status s = errno_status(fmt::format("ppoll({} path)", options_.thread_name), err);

@@ -117,11 +117,13 @@ class PathBase : public PayloadPath {
   // Makes the thread run a round now (a sleeping thread wakes).
   void poke();
   // Sleeps on the wake-up eventfd and `fds` (revents filled in) for at most `timeout` (nullopt:
-  // no bound); returns at once when something was posted or the path stops. True: an fd woke it.
+  // no bound); returns at once when something was posted or the path stops or failed. True: an fd
+  // woke it.
   // A failing ppoll fails the path.
   bool sleep_on(std::span<pollfd> fds, std::optional<std::chrono::microseconds> timeout);
-  // The path is broken for good: posts are refused with `why`, the thread ends after this round.
-  // The first reason wins; after stop() it is ignored. Logging is the caller's (it knows why).
+  // The path is broken for good: posts are refused with `why`, the thread ends after this round
+  // (woken if it sleeps). The first reason wins; after stop() it is ignored. Logging is the
+  // caller's (it knows why).
   void fail(Status why);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   bool stopping() const { return stop_requested_.load(std::memory_order_acquire); }
@@ -141,6 +143,9 @@ class PathBase : public PayloadPath {
   std::mutex thread_mu_;  // guards thread_, started_
   std::thread thread_;
   bool started_ = false;
+  // thread_'s id, read without thread_mu_: the path's own thread must not wait for that lock
+  // while another thread holds it to join this very thread (quiesce).
+  std::atomic<std::thread::id> thread_id_{};
 
   // Read without the post lock by the thread's loop (the spin takes no lock while nothing is posted).
   std::atomic<bool> stop_requested_{false};

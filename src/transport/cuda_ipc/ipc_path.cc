@@ -367,7 +367,6 @@ class CudaIpcPath final : public PathBase {
         Status(sticky.code(), fmt::format("cuda_ipc path failed: {} (after: {})", sticky.message(), why.message()))
             .with_peer(peer_);
     DMX_LOG_ERROR("{}", failure_.to_string());
-    needs_thread_.store(true, std::memory_order_release);
     fail(failure_);
   }
 
@@ -500,7 +499,7 @@ class CudaIpcPath final : public PathBase {
   std::vector<CopyCompletion> completions_;
   Status failure_;  // the device is broken (also PathBase::fail)
   bool shared_gpu_noted_ = false;
-  std::atomic<bool> needs_thread_{false};  // copies in flight or a failure to report (written under engine_mu_)
+  std::atomic<bool> needs_thread_{false};  // copies in flight (written under engine_mu_)
   std::atomic<uint32_t> lane_skip_{0};     // chunks the lane still leaves to the thread (lane_backoff)
 
   std::atomic<uint64_t> handed_over_{0}, cumem_fds_sent_{0};
