@@ -50,13 +50,11 @@ class LoopThread {
   // Starts `body` unless started; true when it did. One caller at a time (the owner's mutex).
   template <typename Body>
   bool start(Body&& body) {
-    if (started_.load(std::memory_order_relaxed)) return false;
+    if (thread_.joinable()) return false;
     thread_ = std::thread(std::forward<Body>(body));
-    started_.store(true, std::memory_order_release);
     return true;
   }
-  bool started() const { return started_.load(std::memory_order_acquire); }  // any thread
-  bool quitting() const { return quit_.load(std::memory_order_acquire); }    // any thread
+  bool quitting() const { return quit_.load(std::memory_order_acquire); }  // any thread
   // After the last start: joins the thread here, or by the reaper when this is that thread.
   template <typename Wake>
   void quit(Wake&& wake) {
@@ -67,7 +65,7 @@ class LoopThread {
 
  private:
   std::thread thread_;
-  std::atomic<bool> started_{false}, quit_{false};
+  std::atomic<bool> quit_{false};
 };
 
 }  // namespace
@@ -113,7 +111,6 @@ class Worker {
   void quit() {
     thread_.quit([this] { ring(); });
   }
-  bool started() const { return thread_.started(); }
 
  private:
   void ring() {
@@ -139,6 +136,7 @@ class Worker {
 
   // The worker thread's own.
   std::vector<Stream*> active_;
+  std::vector<Stream*> taken_;  // take_ready's, swapped with ready_
   std::multimap<Clock::time_point, Stream*> timers_;
   size_t attached_ = 0;
 };
@@ -162,7 +160,6 @@ class Closer {
       cv_.notify_one();
     });
   }
-  bool started() const { return thread_.started(); }
 
  private:
   void run() {
@@ -272,7 +269,8 @@ void Worker::wait_events(std::chrono::nanoseconds timeout) {
 
 void Worker::take_ready() {
   if (!has_ready_.load(std::memory_order_acquire)) return;
-  std::vector<Stream*> got;
+  std::vector<Stream*>& got = taken_;  // both vectors keep their capacity: no allocation per wake-up
+  got.clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
     got.swap(ready_);
@@ -293,8 +291,8 @@ void Worker::take_ready() {
 void Worker::activate(Stream* s) {
   WorkerSlot& slot = s->slot_;
   if (!slot.parked) return;  // active already
-  if (slot.timed) timers_.erase(slot.timer);
-  slot.timed = slot.parked = false;
+  timers_.erase(slot.timer);
+  slot.parked = false;
   s->woke();
   active_.push_back(s);
 }
@@ -313,9 +311,9 @@ void Worker::park(Stream* s, const pollfd* fds, int n, Clock::time_point due) {
       slot.fds[k] = fds[i].fd;
     }
   }
+  if (!epoll_.valid()) due = std::min(due, Clock::now() + kPollEvery);  // nothing else wakes it
   slot.parked = true;
   slot.timer = timers_.emplace(due, s);
-  slot.timed = true;
 }
 
 void Worker::detach(Stream* s) {
@@ -331,8 +329,8 @@ void Worker::detach(Stream* s) {
     if (fd >= 0) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
     fd = -1;
   }
-  if (slot.timed) timers_.erase(slot.timer);
-  slot.timed = slot.parked = false;
+  if (slot.parked) timers_.erase(slot.timer);
+  slot.parked = false;
 }
 
 void ready(Worker* w, Stream* s) { w->ready(s); }
@@ -350,12 +348,6 @@ void Workers::add(Stream* s, std::shared_ptr<void> keep_alive, std::function<voi
   s->slot_.after_exit = std::move(after_exit);
   uint64_t i = core_->next.fetch_add(1, std::memory_order_relaxed) % core_->workers.size();
   core_->workers[i]->attach(s, core_);
-}
-
-int Workers::threads() const {
-  int n = core_->closer.started() ? 1 : 0;
-  for (auto& w : core_->workers) n += w->started() ? 1 : 0;
-  return n;
 }
 
 bool Workers::on_worker_thread() { return t_worker; }

@@ -42,8 +42,7 @@ struct WorkerSlot {
   std::shared_ptr<void> keep_alive;
   std::function<void()> after_exit;
   bool known = false;   // the worker has taken it
-  bool parked = false;
-  bool timed = false;  // `timer` is valid
+  bool parked = false;  // and `timer` is valid
   std::multimap<Clock::time_point, Stream*>::iterator timer;
   int fds[3] = {-1, -1, -1};  // registered in the worker's epoll set
   // Guarded by the worker's mutex: the stream is on its worker (not yet ended), and is in its
@@ -66,8 +65,6 @@ class Workers {
   // Runs `s` on one of the workers until it ends. `keep_alive` (its host) is held until then;
   // `after_exit` runs last, after `keep_alive` was dropped (it must not touch the host or `s`).
   void add(Stream* s, std::shared_ptr<void> keep_alive, std::function<void()> after_exit);
-  // Threads started so far (workers and the closer).
-  int threads() const;
   // The calling thread is a worker or closer of any set: it must not wait for streams.
   static bool on_worker_thread();
 
