@@ -206,6 +206,16 @@ class DevmemPath final : public PathBase {
     if (host_memory(p_.seams.memory)) return dst.kind != MemKind::kCuda;  // the host gatherer: host, pinned, sim
     return dst == p_.seams.memory;
   }
+  // Moves what was posted into the I/O queues. Caller holds io_mu_.
+  void take_all_posts() {
+    take_posts([&] {
+      for (auto& t : tx_posts_) tx_.push_back(std::move(t));
+      for (auto& r : rx_posts_) rx_.push_back(std::move(r));
+      tx_posts_.clear();
+      rx_posts_.clear();
+    });
+  }
+
   // --- PathBase's hooks (the progress thread) ---
 
   // One round of I/O under io_mu_; an error fails the path. No spin: idle() polls with the plan's
@@ -213,12 +223,7 @@ class DevmemPath final : public PathBase {
   bool progress(std::vector<Done>* done) override {
     std::lock_guard<std::mutex> io(io_mu_);
     if (quiesced_) return false;  // stop() came
-    take_posts([&] {
-      for (auto& t : tx_posts_) tx_.push_back(std::move(t));
-      for (auto& r : rx_posts_) rx_.push_back(std::move(r));
-      tx_posts_.clear();
-      rx_posts_.clear();
-    });
+    take_all_posts();
     Status s = round(*done);
     if (!s.ok()) fail_locked(std::move(s));
     publish_stats();
@@ -250,12 +255,7 @@ class DevmemPath final : public PathBase {
   void release(const Status& why, std::vector<Done>* done) override {
     std::lock_guard<std::mutex> io(io_mu_);
     quiesce_locked();
-    take_posts([&] {
-      for (auto& t : tx_posts_) tx_.push_back(std::move(t));
-      for (auto& r : rx_posts_) rx_.push_back(std::move(r));
-      tx_posts_.clear();
-      rx_posts_.clear();
-    });
+    take_all_posts();
     for (auto& t : tx_)
       if (!t.reported) done->push_back({true, t.seq, why});
     for (auto& r : rx_) done->push_back({false, r.seq, why});
