@@ -108,6 +108,11 @@ class PathBase : public PayloadPath {
     take();
     return true;
   }
+  // Ok while the gate is open; else why it closed: the failure, or Options::stopped.
+  Status gate() const {
+    std::lock_guard lk(post_mu_);
+    return closed_why_;
+  }
   // `f()` under the post lock, and the gate still open.
   template <class F>
   bool open_and(F&& f) const {

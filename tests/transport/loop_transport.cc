@@ -34,7 +34,7 @@ class LoopPath final : public PathBase {
   bool carries(const MemSpec& src) const override { return host_memory(src); }
   uint64_t max_chunk() const override { return kMaxChunk; }
   Result<std::vector<unsigned char>> post_tx(uint64_t, const MemRegion& src, bool) override {
-    if (!open_and([] { return true; })) return Status(Code::kClosed, "loop path: stopped");
+    if (stopping() || failed()) return gate();  // the lock only once closed
     std::vector<unsigned char> d(16);
     auto addr = reinterpret_cast<uintptr_t>(src.ptr);
     std::memcpy(d.data(), &addr, 8);

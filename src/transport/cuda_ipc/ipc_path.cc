@@ -80,7 +80,7 @@ class CudaIpcPath final : public PathBase {
     if (src.size > max_chunk_)
       return Status(Code::kInvalidArgument,
                     fmt::format("cuda_ipc chunk of {} B is larger than the path's {} B", src.size, max_chunk_));
-    if (stopping()) return closed();
+    if (stopping() || failed()) return gate();  // the lock only once closed
     IpcChunkDescriptor d;
     {
       std::lock_guard lock(tx_mu_);
@@ -204,8 +204,6 @@ class CudaIpcPath final : public PathBase {
   }
 
  private:
-  Status closed() const { return Status(Code::kClosed, "the cuda_ipc path is stopped").with_peer(peer_); }
-
   // The peer gets a cuMem allocation's fd before the first descriptor naming it (tx_mu_ held).
   // kUnavailable (the chunk goes by another path) when it cannot.
   Status send_fd_once(uint64_t alloc_id) {
