@@ -8,7 +8,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_dmx_layers dmx_core dmx_memory dmx_wire dmx_topo dmx_cuda dmx_transport dmx_tcp dmx_devmem dmx_shm dmx_cuda_ipc
+set(_dmx_layers dmx_core dmx_memory dmx_wire dmx_topo dmx_cuda dmx_stream dmx_transport dmx_tcp dmx_devmem dmx_shm dmx_cuda_ipc
     dmx_engine dmx_probe)
 set(_dmx_objects "")
 foreach(layer IN LISTS _dmx_layers)

@@ -372,7 +372,7 @@ bool Request::test() const { return op_ && op_->completed.load(std::memory_order
 
 Status Request::wait(Duration timeout) const {
   if (!op_) return Status(Code::kInvalidArgument, "wait on an empty Request");
-  if (!op_->completed.load(std::memory_order_acquire) && timeout.count() > 0 && tcp::Workers::on_worker_thread())
+  if (!op_->completed.load(std::memory_order_acquire) && timeout.count() > 0 && stream::Workers::on_worker_thread())
     return Status(Code::kInvalidArgument,
                   "wait() on a dmx worker thread (in a completion callback or notification handler) would hold "
                   "up the streams that complete operations; use test() or a callback there");

@@ -17,8 +17,8 @@
 #include "transport/path.h"
 #include "topo/orchestrator.h"
 #include "engine/transports.h"
-#include "transport/tcp/staging.h"
-#include "transport/tcp/workers.h"
+#include "stream/staging.h"
+#include "stream/workers.h"
 
 namespace dmx {
 
@@ -79,7 +79,7 @@ struct EngineParams {
 // Places TCP staging memory with the p2p-memory orchestrator: pinned host pools, one per NUMA node,
 // published from the discovered topology; each device's staging goes to the node nearest to it.
 // Built on first use; when the topology cannot be read, says why once and places nothing.
-class StagingPlacement final : public tcp::StagingPlacer {
+class StagingPlacement final : public stream::StagingPlacer {
  public:
   explicit StagingPlacement(std::string sysfs_root) : sysfs_root_(std::move(sysfs_root)) {}
   int place(MemSpec device, size_t bytes) override;
@@ -102,11 +102,11 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   const AuthKey& auth() const { return auth_; }
   const std::string& boot_id() const { return boot_id_; }
   const std::string& hostname() const { return hostname_; }
-  tcp::StagingPool& staging() { return staging_; }
+  stream::StagingPool& staging() { return staging_; }
   const StagingPlacement& placement() const { return placement_; }
   MetricsRegistry& metrics() { return metrics_; }
   // The threads that run every endpoint's streams (stream_worker_scope=context).
-  tcp::Workers& workers() { return workers_; }
+  stream::Workers& workers() { return workers_; }
   const MetricsRegistry& metrics() const { return metrics_; }
 
   // The transports new endpoints may use, in order of preference (engine/transports.h).
@@ -141,13 +141,13 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   const AuthKey auth_;
   std::string boot_id_, hostname_;
   StagingPlacement placement_;
-  tcp::StagingPool staging_;  // after placement_, which it uses
+  stream::StagingPool staging_;  // after placement_, which it uses
   mutable std::mutex mu_;  // guards regs_, transports_
   std::unordered_map<uint64_t, std::shared_ptr<Registered>> regs_;
   TransportList transports_;
   std::atomic<int> endpoints_{0};
   MetricsRegistry metrics_;
-  tcp::Workers workers_;
+  stream::Workers workers_;
 };
 
 }  // namespace dmx

@@ -9,7 +9,7 @@
 #include "core/log.h"
 #include "core/sys.h"
 #include "engine/transport_setup.h"
-#include "transport/tcp/socket.h"
+#include "stream/socket.h"
 
 namespace dmx {
 
@@ -58,30 +58,36 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
   DMX_ASSIGN_OR_RETURN(s.agreed, agree(ctx, client, server));
   const std::string& forced = ctx.params().transport;
   std::string detail = why_not.empty() ? "" : fmt::format(" ({})", why_not);
-  std::string names, roles;
+  std::string paths, roles;
+  const Transport* on_streams = nullptr;
   bool forced_agreed = false;
   for (const auto& t : s.agreed) {
-    if (t->payload()) names += fmt::format("{}{}", names.empty() ? "" : "+", t->name());
-    roles += fmt::format("; {}", t->role(pair));
     forced_agreed = forced_agreed || t->name() == forced;
-    // With a payload path every chunk header travels on stream 0 (their order is the paths'
-    // sequence), so further streams would only carry keepalives: one stream.
-    if (t->payload()) s.streams = 1;
+    if (t->gives() == Gives::kStreams) {
+      on_streams = t.get();
+      continue;  // said last: it carries every chunk, or the rest
+    }
+    if (t->gives() == Gives::kPath) paths += fmt::format("{}{}", paths.empty() ? "" : "+", t->name());
+    roles += fmt::format("; {}", t->role(pair));
   }
-  if (forced != "auto" && forced != "tcp" && !forced_agreed)
+  if (forced != "auto" && !forced_agreed)
     return Status(Code::kUnavailable, fmt::format("transport={} was forced, but the peers cannot use it{}", forced,
                                                   detail.empty() ? (pair.same_host ? "" : " (different hosts)")
                                                                  : detail));
-  s.transport = names.empty() ? "tcp" : names;
+  if (paths.empty() && on_streams == nullptr)
+    return Status(Code::kUnavailable, fmt::format("no transport that carries payload was agreed{}", detail));
+  // With a payload path every chunk header travels on stream 0 (their order is the paths'
+  // sequence), so further streams would only carry keepalives: one stream.
+  if (!paths.empty()) s.streams = 1;
+  s.transport = paths.empty() ? std::string(on_streams->name()) : paths;
   std::string how = forced == "auto" ? "auto" : fmt::format("forced by configuration (transport={})", forced);
   std::string where = pair.same_host ? "same host" : "different hosts";
-  if (names.empty())
-    s.reason = forced == "tcp" ? fmt::format("{}{}", how, roles)
-                               : fmt::format("{}: {}, no transport beside the TCP streams agreed{}{}", how, where,
-                                             roles, detail);
-  else
-    s.reason = fmt::format("{}: {}{}; the rest inline on {} stream{}{}", how, where, roles, s.streams,
-                           s.streams == 1 ? "" : "s", detail);
+  uint32_t data = paths.empty() ? server.streams : 1;
+  std::string rest = on_streams == nullptr ? "inline on stream 0"
+                                           : fmt::format("{} ({} data stream{})", on_streams->role(pair), data,
+                                                         data == 1 ? "" : "s");
+  s.reason = fmt::format("{}: {}{}; {} {}{}", how, where, roles, paths.empty() ? "every chunk" : "the rest", rest,
+                         detail);
   return s;
 }
 
@@ -92,20 +98,20 @@ Status send_frame(int fd, wire::FrameType type, const std::vector<unsigned char>
   h.a0 = a0;
   h.payload_len = static_cast<uint32_t>(payload.size());
   wire::HeaderBytes b = wire::encode_header(h);
-  DMX_RETURN_IF_ERROR(tcp::send_exact(fd, b.data(), b.size(), deadline, peer));
-  if (!payload.empty()) DMX_RETURN_IF_ERROR(tcp::send_exact(fd, payload.data(), payload.size(), deadline, peer));
+  DMX_RETURN_IF_ERROR(stream::send_exact(fd, b.data(), b.size(), deadline, peer));
+  if (!payload.empty()) DMX_RETURN_IF_ERROR(stream::send_exact(fd, payload.data(), payload.size(), deadline, peer));
   return Status();
 }
 
 Result<Frame> recv_frame(int fd, Deadline deadline, const std::string& peer) {
   unsigned char b[wire::kHeaderSize];
-  DMX_RETURN_IF_ERROR(tcp::recv_exact(fd, b, sizeof b, deadline, peer));
+  DMX_RETURN_IF_ERROR(stream::recv_exact(fd, b, sizeof b, deadline, peer));
   Frame f;
   auto h = wire::decode_header(b, wire::Limits{0, 0});
   if (!h.ok()) return h.status().with_peer(peer);
   f.header = *h;
   f.payload.resize(f.header.payload_len);  // bounded by kMaxControlPayload for handshake frames
-  if (!f.payload.empty()) DMX_RETURN_IF_ERROR(tcp::recv_exact(fd, f.payload.data(), f.payload.size(), deadline, peer));
+  if (!f.payload.empty()) DMX_RETURN_IF_ERROR(stream::recv_exact(fd, f.payload.data(), f.payload.size(), deadline, peer));
   return f;
 }
 
@@ -125,20 +131,20 @@ Status unexpected_reply(const Frame& f, std::string_view waiting_for, const std:
       .with_peer(peer);
 }
 
-Result<UniqueFd> open_stream(const tcp::Address& addr, const EngineParams& p, Deadline deadline,
+Result<UniqueFd> open_stream(const stream::Address& addr, const EngineParams& p, Deadline deadline,
                              const std::string& bind_device = {}) {
-  DMX_ASSIGN_OR_RETURN(UniqueFd fd, tcp::connect_to(addr, deadline, bind_device));
-  tcp::StreamOptions so;
+  DMX_ASSIGN_OR_RETURN(UniqueFd fd, stream::connect_to(addr, deadline, bind_device));
+  stream::StreamOptions so;
   so.socket_buffer = p.socket_buffer;
   so.user_timeout_ms = static_cast<unsigned>(p.peer_timeout.count() / 1000);
-  DMX_RETURN_IF_ERROR(tcp::configure_stream(fd.get(), so));
+  DMX_RETURN_IF_ERROR(stream::configure_stream(fd.get(), so));
   return fd;
 }
 
 // One connect attempt: the handshake of every stream within `attempt`; the same-host paths within
 // `overall`. *final says the failure is the peer's answer (REJECT, keys differ, a protocol
 // mismatch), which another attempt would only repeat.
-Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<ContextImpl>& ctx, const tcp::Address& addr,
+Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<ContextImpl>& ctx, const stream::Address& addr,
                                                    const std::string& peer, Deadline attempt, Deadline overall,
                                                    bool* final) {
   const EngineParams& p = ctx->params();
@@ -227,7 +233,7 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
 // the peer's answer (REJECT, keys differ) is returned at once.
 Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<ContextImpl>& ctx,
                                                        const std::string& address) {
-  DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(address));
+  DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));
   const EngineParams& p = ctx->params();
   DMX_RETURN_IF_ERROR(ctx->admit_endpoint(0));
   const auto start = Clock::now();

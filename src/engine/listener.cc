@@ -21,7 +21,7 @@
 #include "dmx/context.h"
 #include "engine/handshake.h"
 #include "engine/transport_setup.h"
-#include "transport/tcp/socket.h"
+#include "stream/socket.h"
 
 namespace dmx {
 
@@ -114,12 +114,12 @@ std::string host_of(const std::string& peer) {  // "1.2.3.4:5" or "[::1]:5" -> w
 }  // namespace
 
 Result<std::shared_ptr<ListenerImpl>> ListenerImpl::create(std::shared_ptr<ContextImpl> ctx, const std::string& url) {
-  DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(url));
+  DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(url));
   auto l = std::shared_ptr<ListenerImpl>(new ListenerImpl(std::move(ctx)));
-  DMX_ASSIGN_OR_RETURN(l->fd_, tcp::listen_on(addr));
+  DMX_ASSIGN_OR_RETURN(l->fd_, stream::listen_on(addr));
   l->wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!l->wake_.valid()) return errno_status("eventfd", errno);
-  std::string local = tcp::local_name(l->fd_.get());
+  std::string local = stream::local_name(l->fd_.get());
   l->address_ = "tcp://" + local;
   l->max_pending_ = static_cast<size_t>(std::max<int64_t>(1, l->ctx_->config().get_int("max_pending_handshakes")));
   l->max_per_host_ = static_cast<size_t>(std::max<int64_t>(1, l->ctx_->config().get_int("max_pending_per_address")));
@@ -253,7 +253,7 @@ void ListenerImpl::accept_new() {
       return;
     }
     UniqueFd fd(raw);
-    std::string peer = tcp::peer_name(raw);
+    std::string peer = stream::peer_name(raw);
     std::string host = host_of(peer);
     auto known = per_host_.find(host);
     if (known != per_host_.end() && known->second >= max_per_host_) {
@@ -269,10 +269,10 @@ void ListenerImpl::accept_new() {
       drop_conn(conns_.begin());
     }
     const EngineParams& p = ctx_->params();
-    tcp::StreamOptions so;
+    stream::StreamOptions so;
     so.socket_buffer = p.socket_buffer;
     so.user_timeout_ms = static_cast<unsigned>(p.peer_timeout.count() / 1000);
-    if (Status s = tcp::configure_stream(raw, so); !s.ok()) {
+    if (Status s = stream::configure_stream(raw, so); !s.ok()) {
       DMX_LOG_LIMITED(log_, warn, "configure", "listener {}: peer {}: {}", address_, peer, s.message());
       continue;
     }

@@ -258,10 +258,10 @@ Result<TransportLinks> connect_transports(const ContextImpl& ctx, const Transpor
   return links;
 }
 
-std::vector<std::unique_ptr<tcp::Conduit>> stream_conduits(std::vector<UniqueFd> fds,
-                                                           std::unique_ptr<tcp::Conduit> control) {
-  std::vector<std::unique_ptr<tcp::Conduit>> out;
-  for (auto& fd : fds) out.push_back(std::make_unique<tcp::SocketConduit>(std::move(fd)));
+std::vector<std::unique_ptr<stream::Conduit>> stream_conduits(std::vector<UniqueFd> fds,
+                                                           std::unique_ptr<stream::Conduit> control) {
+  std::vector<std::unique_ptr<stream::Conduit>> out;
+  for (auto& fd : fds) out.push_back(std::make_unique<stream::SocketConduit>(std::move(fd)));
   if (control && !out.empty()) out[0] = std::move(control);
   return out;
 }

@@ -24,7 +24,7 @@
 #include "engine/context_impl.h"
 #include "transport/path.h"
 #include "transport/shm/shm.h"
-#include "transport/tcp/conduit.h"
+#include "stream/conduit.h"
 #include "transport/transport.h"
 #include "wire/handshake.h"
 
@@ -60,7 +60,7 @@ size_t data_sockets_needed(const TransportList& agreed);
 // path id = index + 1), and the conduit for stream 0 (or null).
 struct TransportLinks {
   std::vector<std::unique_ptr<PayloadPath>> paths;
-  std::unique_ptr<tcp::Conduit> control;
+  std::unique_ptr<stream::Conduit> control;
 };
 
 // Both sides, after the streams and data sockets have joined. The client accepts the side
@@ -73,7 +73,7 @@ Result<TransportLinks> connect_transports(const ContextImpl& ctx, const Transpor
 
 // The streams' conduits: a socket each, except that stream 0 runs on `control` when there is one
 // (its socket is closed: it served the handshake only).
-std::vector<std::unique_ptr<tcp::Conduit>> stream_conduits(std::vector<UniqueFd> fds,
-                                                           std::unique_ptr<tcp::Conduit> control);
+std::vector<std::unique_ptr<stream::Conduit>> stream_conduits(std::vector<UniqueFd> fds,
+                                                           std::unique_ptr<stream::Conduit> control);
 
 }  // namespace dmx

@@ -8,6 +8,7 @@
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/devmem/devmem_transport.h"
 #include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace dmx {
 
@@ -22,10 +23,11 @@ std::vector<std::function<std::shared_ptr<Transport>()>>& added() {
 }  // namespace
 
 // cuda_ipc first: it moves device memory at the link's speed and never stages; devmem next (the
-// NIC reads and writes device memory); shm carries every kind, staging device memory.
+// NIC reads and writes device memory); shm carries every kind, staging device memory; tcp last:
+// what no path carries goes inline on the streams.
 TransportList default_transports() {
   TransportList list{make_cuda_ipc_transport(), make_devmem_transport(), make_shm_transport(),
-                     make_shm_pipe_transport()};
+                     make_shm_pipe_transport(), make_tcp_transport()};
   std::lock_guard<std::mutex> lock(added_mu);
   for (const auto& make : added()) register_transport(list, make());
   return list;
@@ -37,18 +39,20 @@ void add_transport(std::function<std::shared_ptr<Transport>()> make) {
 }
 
 Status check_transport_setting(const TransportList& list, const std::string& name) {
-  std::string choices = "auto|tcp";
+  if (name == "auto") return Status();
+  std::string choices = "auto";
   for (const auto& t : list) {
-    if (!t->payload()) continue;
+    if (t->gives() == Gives::kControl) continue;
     if (t->name() == name) return Status();
     choices += fmt::format("|{}", t->name());
   }
-  if (name == "auto" || name == "tcp") return Status();
   return Status(Code::kInvalidArgument, fmt::format("setting transport: '{}' must be one of {}", name, choices));
 }
 
 std::vector<std::string> metric_names(const TransportList& list) {
-  std::vector<std::string> out{"tcp"};
+  std::vector<std::string> out;
+  for (const auto& t : list)
+    if (t->gives() == Gives::kStreams) out.emplace_back(t->metric_name());
   for (const auto& t : list)
     if (std::find(out.begin(), out.end(), t->metric_name()) == out.end()) out.emplace_back(t->metric_name());
   return out;

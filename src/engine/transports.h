@@ -1,6 +1,6 @@
 // The transports this engine can use, in order of preference: the only engine file that names
 // one. Per chunk the endpoint takes the first agreed path, in this order, that carries the source
-// and reaches the destination; the rest goes inline on the TCP streams.
+// and reaches the destination; the rest goes inline on the streams (the tcp transport).
 #pragma once
 
 #include <functional>
@@ -14,19 +14,20 @@ namespace dmx {
 
 using TransportList = std::vector<std::shared_ptr<Transport>>;
 
-// A fresh registry for a new context: cuda_ipc, devmem, shm, shm_pipe, then those added with
-// add_transport.
+// A fresh registry for a new context: cuda_ipc, devmem, shm, shm_pipe, tcp, then those added
+// with add_transport.
 TransportList default_transports();
 
 // Process-wide: every context created afterwards also has the transport `make` returns (tests:
 // transports that live in the tests). Any thread.
 void add_transport(std::function<std::shared_ptr<Transport>()> make);
 
-// Whether `name` may be the transport setting: auto, tcp, or a payload transport of `list`;
-// kInvalidArgument listing the choices when not.
+// Whether `name` may be the transport setting: auto, or a transport of `list` that carries
+// payload (a path, or the streams); kInvalidArgument listing the choices when not.
 Status check_transport_setting(const TransportList& list, const std::string& name);
 
-// The metrics rows: "tcp" (the streams), then each transport's metric_name() once.
+// The metrics rows: the streams' transport first (row 0: stream bytes and inline operations),
+// then each transport's metric_name() once.
 std::vector<std::string> metric_names(const TransportList& list);
 
 // Puts `t` in place of the transport of its name, or last (tests: doubles and extra transports).

@@ -1,6 +1,9 @@
-// A transport: one way of moving an endpoint's bytes beside (or instead of) its TCP streams. The
-// engine knows transports only through this interface and the ordered registry of
-// engine/transports.cc; each lives in its own folder (src/transport/<name>/).
+// A transport: one way of moving an endpoint's bytes. Every endpoint has streams (src/stream/):
+// stream 0 carries the control frames whatever moves the payload. A transport either moves
+// payload on a path beside them (shm, cuda_ipc, devmem), or has its chunks ride the streams
+// themselves (tcp: its data streams), or gives stream 0 another conduit (shm_pipe). The engine
+// knows transports only through this interface and the ordered registry of engine/transports.cc;
+// each lives in its own folder (src/transport/<name>/).
 //
 // Connection set-up, the same for every transport (docs/wire.md):
 //   1. offer(): each side, before its HELLO: usable here under this configuration (a descriptor
@@ -29,7 +32,7 @@
 #include "dmx/status.h"
 #include "transport/path.h"
 #include "transport/shm/shm.h"
-#include "transport/tcp/conduit.h"
+#include "stream/conduit.h"
 
 namespace dmx {
 
@@ -65,11 +68,18 @@ class Bootstrap {
   virtual Result<UniqueFd> data_socket() = 0;
 };
 
+// What an agreed transport gives the endpoint (Transport::gives).
+enum class Gives : uint8_t {
+  kPath,     // a payload path beside the streams: TransportLink::path
+  kStreams,  // chunks inline on the endpoint's data streams (tcp); connect() makes nothing
+  kControl,  // the conduit stream 0 runs on instead of its socket: TransportLink::control
+};
+
 // What connect() makes: a payload path beside the streams, and/or the conduit stream 0 runs on
 // instead of its TCP socket (the shm control pipe).
 struct TransportLink {
   std::unique_ptr<PayloadPath> path;
-  std::unique_ptr<tcp::Conduit> control;
+  std::unique_ptr<stream::Conduit> control;
 };
 
 class Transport {
@@ -96,8 +106,9 @@ class Transport {
   // Server, after compatible() and the side channel: checks that need the kernel's word on the
   // peer (cuda_ipc within one process). kUnavailable drops the transport with the reason.
   virtual Status admit(const PeerPair& pair, bool same_process) const { return Status(); }
-  // Whether connect() makes a payload path (false: only the control conduit).
-  virtual bool payload() const { return true; }
+  // What it gives (above). The registry holds one kStreams transport: the one whose chunks go
+  // inline when no path is agreed, and whose name the transport setting uses for "streams only".
+  virtual Gives gives() const { return Gives::kPath; }
   // For the session's reason: what goes this way ("device sources go by cuda_ipc").
   virtual std::string role(const PeerPair& pair) const = 0;
   // Where `dmx probe` says when the engine chooses it.

@@ -57,7 +57,8 @@ struct Hello {
   // empty when it offers no transport that needs one.
   std::string local_channel;
   // The transports this side offers (the server: those it accepts for this client), in the
-  // registry's order. The TCP streams are always there and not listed.
+  // registry's order. The streams are always there; "tcp", listed like the others, is what
+  // lets chunks ride them when no path carries them.
   std::vector<Offer> offers;
   const Offer* offer(std::string_view name) const;
   // What this side asks of every data chunk (Checksum); the endpoint uses the stronger of the two.

@@ -15,7 +15,7 @@
 #include "transport/devmem/devmem.h"
 #include "transport/devmem/kernel.h"
 #include "transport/devmem/nic.h"
-#include "transport/tcp/socket.h"
+#include "stream/socket.h"
 
 namespace dmx::devmem {
 namespace {
@@ -130,11 +130,11 @@ TEST(RealKernel, UsableSaysWhyNot) {
 // Defect 5: the data socket is bound to the NIC before connect (a bind after connect resets the
 // route, and the devmem TX check is on the route). Here with lo, the one interface every machine has.
 TEST(DevmemRealKernel, DataSocketIsBoundToTheDeviceBeforeConnect) {
-  auto l = tcp::listen_on(tcp::Address{"127.0.0.1", 0});
+  auto l = stream::listen_on(stream::Address{"127.0.0.1", 0});
   ASSERT_TRUE(l.ok()) << l.status().to_string();
-  auto where = tcp::parse_address(tcp::local_name(l->get()));
+  auto where = stream::parse_address(stream::local_name(l->get()));
   ASSERT_TRUE(where.ok());
-  auto fd = tcp::connect_to(*where, Deadline::after(std::chrono::seconds(5)), "lo");
+  auto fd = stream::connect_to(*where, Deadline::after(std::chrono::seconds(5)), "lo");
   if (!fd.ok() && fd.status().message().find("errno 1)") != std::string::npos)
     GTEST_SKIP() << "SO_BINDTODEVICE needs CAP_NET_RAW here: " << fd.status().message();
   ASSERT_TRUE(fd.ok()) << fd.status().to_string();
@@ -142,7 +142,7 @@ TEST(DevmemRealKernel, DataSocketIsBoundToTheDeviceBeforeConnect) {
   socklen_t len = sizeof dev;
   ASSERT_EQ(::getsockopt(fd->get(), SOL_SOCKET, SO_BINDTODEVICE, dev, &len), 0);
   EXPECT_STREQ(dev, "lo");
-  auto bad = tcp::connect_to(*where, Deadline::after(std::chrono::seconds(5)), "nosuchdev0");
+  auto bad = stream::connect_to(*where, Deadline::after(std::chrono::seconds(5)), "nosuchdev0");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("before connect"), std::string::npos) << bad.status().to_string();
 }

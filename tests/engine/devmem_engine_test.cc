@@ -513,15 +513,22 @@ TEST(DevmemEngine, NegotiateRule) {
   EXPECT_EQ(s->streams, 1) << "a payload path needs only the control stream";
   EXPECT_NE(s->reason.find("different hosts"), std::string::npos) << s->reason;
 
-  server.offers.clear();
+  client.offers.push_back(wire::Offer{"tcp", {1}});
+  server.offers = {wire::Offer{"tcp", {1}}};
   s = negotiate(impl, client, server, "peer:1", "devmem: off (setting devmem_ifname is empty)");
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->transport, "tcp");
   EXPECT_EQ(s->streams, wire::stream_sockets(server.streams)) << "the data streams and the control stream";
-  EXPECT_NE(s->reason.find("different hosts, no transport beside the TCP streams agreed (devmem: off (setting "
-                           "devmem_ifname is empty))"),
+  EXPECT_NE(s->reason.find(fmt::format("different hosts; every chunk inline on the TCP streams ({} data streams) "
+                                       "(devmem: off (setting devmem_ifname is empty))",
+                                       server.streams)),
             std::string::npos)
       << s->reason;
+
+  server.offers.clear();
+  s = negotiate(impl, client, server, "peer:1", "");
+  ASSERT_FALSE(s.ok()) << "nothing that carries payload was agreed";
+  EXPECT_NE(s.status().message().find("no transport that carries payload"), std::string::npos) << s.status().to_string();
 
   // A server listing what the client never offered is refused, as is a descriptor this side
   // finds incompatible (a server on one host that dropped nothing).

@@ -8,7 +8,7 @@
 #include "core/config.h"
 #include "engine/auth.h"
 #include "engine/handshake.h"
-#include "transport/tcp/socket.h"
+#include "stream/socket.h"
 #include "wire/frame.h"
 
 namespace dmx::test {
@@ -18,9 +18,9 @@ class RawPeer {
   // Connects and authenticates as one stream with key `key` (empty: insecure).
   static Result<RawPeer> connect(const std::string& address, const std::string& key) {
     RawPeer p;
-    DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(address));
+    DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));
     Deadline d = Deadline::after(std::chrono::seconds(10));
-    DMX_ASSIGN_OR_RETURN(p.fd_, tcp::connect_to(addr, d));
+    DMX_ASSIGN_OR_RETURN(p.fd_, stream::connect_to(addr, d));
     Options o;
     if (key.empty()) o.set("insecure", "true");
     else o.set("auth_key", key);
@@ -38,6 +38,7 @@ class RawPeer {
     h.boot_id = "raw-peer";
     h.hostname = "raw-peer";
     h.peer_timeout_ms = 10000;
+    h.offers = {wire::Offer{"tcp", {1}}};  // chunks inline on the streams
     std::string peer = "test-server";
     DMX_RETURN_IF_ERROR(send_frame(p.fd_.get(), wire::FrameType::kHello, wire::encode_hello(h), d, peer));
     DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(p.fd_.get(), d, peer));
@@ -56,12 +57,12 @@ class RawPeer {
   Status send(const wire::FrameHeader& h, const std::vector<unsigned char>& payload = {}) {
     wire::HeaderBytes b = wire::encode_header(h);
     Deadline d = Deadline::after(std::chrono::seconds(10));
-    DMX_RETURN_IF_ERROR(tcp::send_exact(fd_.get(), b.data(), b.size(), d, "server"));
-    if (!payload.empty()) DMX_RETURN_IF_ERROR(tcp::send_exact(fd_.get(), payload.data(), payload.size(), d, "server"));
+    DMX_RETURN_IF_ERROR(stream::send_exact(fd_.get(), b.data(), b.size(), d, "server"));
+    if (!payload.empty()) DMX_RETURN_IF_ERROR(stream::send_exact(fd_.get(), payload.data(), payload.size(), d, "server"));
     return Status();
   }
   Status send_bytes(const void* p, size_t n) {
-    return tcp::send_exact(fd_.get(), p, n, Deadline::after(std::chrono::seconds(10)), "server");
+    return stream::send_exact(fd_.get(), p, n, Deadline::after(std::chrono::seconds(10)), "server");
   }
   int fd() const { return fd_.get(); }
 

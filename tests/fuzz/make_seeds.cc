@@ -90,7 +90,7 @@ void hello_join_seeds() {
   c.chunk_size = 1 << 20;
   c.eager_limit = 64 << 10;
   c.unexpected_budget = 64 << 20;
-  c.offers = {Offer{"cuda_ipc", {1}}, Offer{"shm", {1}}, Offer{"shm_pipe", {1}}};
+  c.offers = {Offer{"cuda_ipc", {1}}, Offer{"shm", {1}}, Offer{"shm_pipe", {1}}, Offer{"tcp", {1}}};
   c.nonce.fill(0x11);
   c.boot_id = "0b6c6a5e-8f1e-4c39-9d0a-6e2f6d4b8a11";
   c.hostname = "gpu-node-01";
@@ -103,7 +103,7 @@ void hello_join_seeds() {
   s.session = 0x1234567890abcdefull;
   s.proof.fill(0x22);
   s.local_channel.clear();
-  s.offers = {Offer{"devmem", {1, 1}}};
+  s.offers = {Offer{"devmem", {1, 1}}, Offer{"tcp", {1}}};
   put("hello_join", "hello-server", encode_hello(s));
   Hello i = c;
   i.auth = AuthMode::kInsecure;

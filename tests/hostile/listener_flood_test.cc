@@ -19,7 +19,7 @@
 #include "engine/handshake.h"
 #include "engine/transport_setup.h"
 #include "hostile/hostile_util.h"
-#include "transport/tcp/socket.h"
+#include "stream/socket.h"
 
 namespace dmx::test {
 namespace {
@@ -202,9 +202,9 @@ TEST(ListenerFlood, PeerThatNeverSetsUpShmDelaysNobody) {
   std::string why_not;
   offer_transports(me, &mine, &side, &why_not);
   ASSERT_TRUE(mine.offer("shm") || mine.offer("shm_pipe")) << why_not;
-  auto addr = tcp::parse_address(s.listener.address());
+  auto addr = stream::parse_address(s.listener.address());
   Deadline d = Deadline::after(5s);
-  auto fd = tcp::connect_to(*addr, d);
+  auto fd = stream::connect_to(*addr, d);
   ASSERT_TRUE(fd.ok()) << fd.status().to_string();
   ASSERT_TRUE(send_frame(fd->get(), wire::FrameType::kHello, wire::encode_hello(mine), d, "s").ok());
   auto hello = recv_frame(fd->get(), d, "s");

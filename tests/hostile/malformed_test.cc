@@ -125,7 +125,7 @@ struct Rendezvous {
     r = ep->recv(dst.region(), 5);
     ASSERT_TRUE(peer->send(frame(FrameType::kRts, 1, 5, 100)).ok());
     unsigned char hb[wire::kHeaderSize];
-    ASSERT_TRUE(tcp::recv_exact(peer->fd(), hb, sizeof hb, Deadline::after(5s), "server").ok());
+    ASSERT_TRUE(stream::recv_exact(peer->fd(), hb, sizeof hb, Deadline::after(5s), "server").ok());
     auto cts = wire::decode_header(hb, wire::Limits{1 << 20, 1 << 20});
     ASSERT_TRUE(cts.ok());
     ASSERT_EQ(cts->type, FrameType::kCts);
@@ -306,12 +306,12 @@ TEST(Handshake, SilentAndGarbagePeersBlockNobody) {
   Options o = test_options();
   o.set("handshake_timeout", "1s");
   Server s = make_server(o);
-  auto addr = *tcp::parse_address(s.listener.address());
+  auto addr = *stream::parse_address(s.listener.address());
   std::vector<UniqueFd> silent;
-  for (int i = 0; i < 20; ++i) silent.push_back(std::move(*tcp::connect_to(addr, Deadline::after(5s))));
-  UniqueFd junk = std::move(*tcp::connect_to(addr, Deadline::after(5s)));
+  for (int i = 0; i < 20; ++i) silent.push_back(std::move(*stream::connect_to(addr, Deadline::after(5s))));
+  UniqueFd junk = std::move(*stream::connect_to(addr, Deadline::after(5s)));
   auto bytes = random_bytes(100);
-  ASSERT_TRUE(tcp::send_exact(junk.get(), bytes.data(), bytes.size(), Deadline::after(5s), "x").ok());
+  ASSERT_TRUE(stream::send_exact(junk.get(), bytes.data(), bytes.size(), Deadline::after(5s), "x").ok());
   auto t0 = std::chrono::steady_clock::now();
   expect_listener_alive(s);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 900ms) << "a good client waited behind silent ones";

@@ -12,7 +12,7 @@
 #include "transport/devmem/devmem_transport.h"
 #include "transport/path.h"
 #include "hostile/hostile_util.h"
-#include "transport/tcp/socket.h"
+#include "stream/socket.h"
 
 namespace dmx::test {
 namespace {
@@ -51,8 +51,8 @@ class StuckPath final : public PayloadPath {
 Status send_header(int fd, const wire::FrameHeader& h, const std::vector<unsigned char>& payload) {
   auto b = wire::encode_header(h);
   Deadline d = Deadline::after(5s);
-  DMX_RETURN_IF_ERROR(tcp::send_exact(fd, b.data(), b.size(), d, "server"));
-  return payload.empty() ? Status() : tcp::send_exact(fd, payload.data(), payload.size(), d, "server");
+  DMX_RETURN_IF_ERROR(stream::send_exact(fd, b.data(), b.size(), d, "server"));
+  return payload.empty() ? Status() : stream::send_exact(fd, payload.data(), payload.size(), d, "server");
 }
 
 TEST(PathFlood, ChunksThatNeverFinishAreBoundedPerPath) {
@@ -69,9 +69,9 @@ TEST(PathFlood, ChunksThatNeverFinishAreBoundedPerPath) {
   AuthKey key = *load_auth_key(*Config::resolve(Options().set("auth_key", kHostileKey)));
 
   // A one-stream client that offers devmem, and its data socket (JOIN index 1 = streams).
-  auto addr = tcp::parse_address(s.listener.address());
+  auto addr = stream::parse_address(s.listener.address());
   Deadline d = Deadline::after(5s);
-  auto fd = tcp::connect_to(*addr, d);
+  auto fd = stream::connect_to(*addr, d);
   ASSERT_TRUE(fd.ok());
   wire::Hello mine;
   mine.version = wire::kProtocolVersion;
@@ -96,7 +96,7 @@ TEST(PathFlood, ChunksThatNeverFinishAreBoundedPerPath) {
   ASSERT_TRUE(send_frame(fd->get(), FrameType::kAuth, {proof.begin(), proof.end()}, d, "s").ok());
   auto welcome = recv_frame(fd->get(), d, "s");
   ASSERT_TRUE(welcome.ok() && welcome->header.type == FrameType::kWelcome) << welcome.status().to_string();
-  auto data = tcp::connect_to(*addr, d);
+  auto data = stream::connect_to(*addr, d);
   ASSERT_TRUE(data.ok());
   wire::Join j;
   j.session = theirs->session;

@@ -8,7 +8,7 @@
 #include "engine/auth.h"
 #include "engine/handshake.h"
 #include "hostile/hostile_util.h"
-#include "transport/tcp/socket.h"
+#include "stream/socket.h"
 
 namespace dmx::test {
 namespace {
@@ -30,9 +30,9 @@ AuthKey test_key() {
 // Opens a connection and says HELLO (as the recorded client did: the same nonce each time).
 Result<Recorded> hello(const std::string& address, uint16_t streams) {
   Recorded r;
-  DMX_ASSIGN_OR_RETURN(tcp::Address addr, tcp::parse_address(address));
+  DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));
   Deadline d = Deadline::after(5s);
-  DMX_ASSIGN_OR_RETURN(r.fd, tcp::connect_to(addr, d));
+  DMX_ASSIGN_OR_RETURN(r.fd, stream::connect_to(addr, d));
   r.client.version = wire::kProtocolVersion;
   r.client.role = wire::Role::kClient;
   r.client.auth = wire::AuthMode::kHmacSha256;
@@ -44,6 +44,7 @@ Result<Recorded> hello(const std::string& address, uint16_t streams) {
   r.client.boot_id = "recorded";
   r.client.hostname = "recorded";
   r.client.peer_timeout_ms = 10000;
+  r.client.offers = {wire::Offer{"tcp", {1}}};
   DMX_RETURN_IF_ERROR(send_frame(r.fd.get(), FrameType::kHello, wire::encode_hello(r.client), d, "server"));
   DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(r.fd.get(), d, "server"));
   if (f.header.type != FrameType::kHello) return Status(Code::kProtocol, "no HELLO back");
@@ -99,8 +100,8 @@ TEST(Replay, RecordedJoinIsRefusedForAnotherSession) {
   wire::Proof pb = make_proof(key, kClientLabel, b->client.nonce, b->server.nonce, b->server.session);
   ASSERT_TRUE(send_frame(b->fd.get(), FrameType::kAuth, {pb.begin(), pb.end()}, Deadline::after(5s), "s").ok());
   ASSERT_EQ(answer(b->fd.get()), "welcome");  // b's AUTH was taken: only the JOIN's proof can fail
-  auto addr = tcp::parse_address(s.listener.address());
-  auto stolen = tcp::connect_to(*addr, Deadline::after(5s));
+  auto addr = stream::parse_address(s.listener.address());
+  auto stolen = stream::connect_to(*addr, Deadline::after(5s));
   ASSERT_TRUE(stolen.ok());
   wire::Join forged = j;
   forged.session = b->server.session;
@@ -115,8 +116,8 @@ TEST(Replay, JoinForASessionThatNeverAuthenticatedIsRefused) {
   AuthKey key = test_key();
   auto a = hello(s.listener.address(), 2);  // HELLO, but no AUTH
   ASSERT_TRUE(a.ok());
-  auto addr = tcp::parse_address(s.listener.address());
-  auto extra = tcp::connect_to(*addr, Deadline::after(5s));
+  auto addr = stream::parse_address(s.listener.address());
+  auto extra = stream::connect_to(*addr, Deadline::after(5s));
   ASSERT_TRUE(extra.ok());
   wire::Join j;
   j.session = a->server.session;

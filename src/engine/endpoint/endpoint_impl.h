@@ -22,7 +22,7 @@
 #include "engine/op.h"
 #include "engine/transports.h"
 #include "transport/path.h"
-#include "transport/tcp/stream.h"
+#include "stream/stream.h"
 
 namespace dmx {
 
@@ -44,14 +44,14 @@ struct Session {
   bool checksum = false;  // every data chunk carries its CRC32C (either side asked)
 };
 
-class EndpointImpl final : public tcp::StreamHost,
+class EndpointImpl final : public stream::StreamHost,
                            public RegistrationUser,
                            public std::enable_shared_from_this<EndpointImpl> {
  public:
   // One stream per conduit (stream 0 first: the control stream). `paths[k - 1]`: path id k, or
   // null for an agreed transport that made none.
   static std::shared_ptr<EndpointImpl> create(std::shared_ptr<ContextImpl> ctx, Session session,
-                                              std::vector<std::unique_ptr<tcp::Conduit>> conduits,
+                                              std::vector<std::unique_ptr<stream::Conduit>> conduits,
                                               std::vector<std::unique_ptr<PayloadPath>> paths = {});
   ~EndpointImpl() override;
 
@@ -67,11 +67,11 @@ class EndpointImpl final : public tcp::StreamHost,
   const std::string& peer() const { return session_.peer; }
   Status close();
 
-  // tcp::StreamHost
-  Result<tcp::RxPlan> on_header(int stream, const wire::FrameHeader& h) override;
-  Status on_landed(int stream, const wire::FrameHeader& h, tcp::RxPlan& plan) override;
-  bool next_chunk(int stream, tcp::TxItem* out) override;
-  void on_sent(int stream, tcp::TxItem& item) override;
+  // stream::StreamHost
+  Result<stream::RxPlan> on_header(int stream, const wire::FrameHeader& h) override;
+  Status on_landed(int stream, const wire::FrameHeader& h, stream::RxPlan& plan) override;
+  bool next_chunk(int stream, stream::TxItem* out) override;
+  void on_sent(int stream, stream::TxItem& item) override;
   void on_stream_failed(int stream, const Status& s) override;
   void on_stream_stopped(int stream) override;
   Clock::time_point on_tick() override;
@@ -197,7 +197,7 @@ class EndpointImpl final : public tcp::StreamHost,
   // Checks a peer's accepting path bits (`what`: the frame). Caller holds mu_.
   Status check_accepts(uint64_t bits, std::string_view what) const;
   // Hands the next chunk of `t` to `ps`; fills the header frame to write. Caller holds mu_.
-  Status post_path_chunk(PathState& ps, Transfer& t, uint64_t len, tcp::TxItem* out);
+  Status post_path_chunk(PathState& ps, Transfer& t, uint64_t len, stream::TxItem* out);
   void wake_for(const Transfer& t);  // the data streams a new transfer needs
   bool leave_to_least_loaded(int stream);  // the balancing of inline chunks across data streams
   void note_fallback(const PathState& ps, const Status& why);  // once per path: why it was passed over
@@ -249,7 +249,7 @@ class EndpointImpl final : public tcp::StreamHost,
 
   // Receive side (endpoint/rx.cc, matching.cc, one_sided.cc).
   // `len`: the message length (the frame's payload, or what a path's descriptor announced).
-  Result<tcp::RxPlan> plan_eager(const wire::FrameHeader& h, uint64_t len);
+  Result<stream::RxPlan> plan_eager(const wire::FrameHeader& h, uint64_t len);
   // An eager message's bytes are in place (plan_eager's host_tag and ctx); `via`: the path bits
   // that carried it (OpState::via); `h`: its header (checksum). `integrity`: not ok when the bytes
   // failed their checksum. Caller holds mu_.
@@ -258,14 +258,14 @@ class EndpointImpl final : public tcp::StreamHost,
   Status on_rts(const wire::FrameHeader& h);
   void accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_t msg, uint64_t size, uint64_t tag);
   // `len`: the chunk's length (the frame's payload, or what a path's descriptor announced).
-  Result<tcp::RxPlan> plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const wire::FrameHeader& h,
+  Result<stream::RxPlan> plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const wire::FrameHeader& h,
                                    uint64_t offset, uint64_t total, uint64_t len, std::string_view what);
   // `moved`: whether the bytes reached the buffer (a path may fail a chunk).
   // `h`: the chunk's header (id: the map's key; a0: its offset; crc).
   Status land_inbound(std::unordered_map<uint64_t, Inbound>& map, const wire::FrameHeader& h, uint64_t len,
                       bool counted, const Status& moved = Status());
   Status on_cts(const wire::FrameHeader& h);
-  Result<tcp::RxPlan> plan_write(const wire::FrameHeader& h, uint64_t len);
+  Result<stream::RxPlan> plan_write(const wire::FrameHeader& h, uint64_t len);
   void land_write(const wire::FrameHeader& h, uint64_t len, const Status& moved = Status());
   Status on_read_req(const wire::FrameHeader& h);
   Status on_ack(const wire::FrameHeader& h, const std::vector<unsigned char>& text);
@@ -277,13 +277,13 @@ class EndpointImpl final : public tcp::StreamHost,
   bool take_after_close(const std::shared_ptr<OpState>& op);
   void return_credit(uint64_t bytes);
   Status check_new_msg(uint64_t msg);
-  tcp::RxPlan plan_into(const MemRegion& dst, std::shared_ptr<void> ctx) const;
+  stream::RxPlan plan_into(const MemRegion& dst, std::shared_ptr<void> ctx) const;
 
   const std::shared_ptr<ContextImpl> ctx_;
   const Session session_;
   const EngineParams params_;
-  std::vector<std::unique_ptr<tcp::Stream>> streams_;  // fixed after create()
-  std::unique_ptr<tcp::Workers> own_workers_;          // stream_worker_scope=endpoint
+  std::vector<std::unique_ptr<stream::Stream>> streams_;  // fixed after create()
+  std::unique_ptr<stream::Workers> own_workers_;          // stream_worker_scope=endpoint
   std::vector<PathState> paths_;  // paths_[k - 1]: path id k; fixed after create() but for stop_paths
   uint32_t paths_running_ = 0;    // path bits: started, not yet on_path_stopped (mu_)
   Status stop_error_;          // what did not stop by stop_timeout (mu_); close() returns it

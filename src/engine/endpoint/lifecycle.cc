@@ -18,7 +18,7 @@ using wire::FrameType;
 using namespace endpoint;
 
 std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> ctx, Session session,
-                                                   std::vector<std::unique_ptr<tcp::Conduit>> conduits,
+                                                   std::vector<std::unique_ptr<stream::Conduit>> conduits,
                                                    std::vector<std::unique_ptr<PayloadPath>> paths) {
   auto ep = std::shared_ptr<EndpointImpl>(new EndpointImpl(std::move(ctx), std::move(session)));
   ep->paths_.resize(paths.size());
@@ -31,7 +31,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   }
   const EngineParams& p = ep->params_;
   for (size_t i = 0; i < conduits.size(); ++i) {
-    tcp::StreamConfig sc;
+    stream::StreamConfig sc;
     sc.index = static_cast<int>(i);
     sc.chunk_size = ep->session_.chunk_size;
     sc.slots = p.staging_slots;
@@ -41,7 +41,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     sc.peer = ep->session_.peer;
     sc.busy_poll = p.busy_poll;
     sc.checksum = ep->session_.checksum;
-    ep->streams_.push_back(std::make_unique<tcp::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
+    ep->streams_.push_back(std::make_unique<stream::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
   }
   ep->stream_load_ = std::vector<std::atomic<uint32_t>>(ep->streams_.size());
   assert((!ep->has_paths_ || ep->streams_.size() == 1) && "negotiate() opens one stream with a payload path");
@@ -59,14 +59,14 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     }
   // Stream 0's bytes and inline operations count under the transport that made its conduit.
   for (const auto& t : ep->session_.agreed)
-    if (!t->payload()) ep->stream_transport_ = ep->ctx_->metrics().index_of(t->name());
+    if (t->gives() == Gives::kControl) ep->stream_transport_ = ep->ctx_->metrics().index_of(t->name());
   ep->ctx_->metrics().add_endpoint(ep.get(), ep->stream_transport_);  // before a stream can stop
   ep->ctx_->endpoint_started();
   ep->running_ = static_cast<int>(ep->streams_.size());
   ep->holders_->count = ep->running_;
-  tcp::Workers* workers = &ep->ctx_->workers();
+  stream::Workers* workers = &ep->ctx_->workers();
   if (p.workers_per_endpoint) {
-    ep->own_workers_ = std::make_unique<tcp::Workers>(1, "dmx-ep");
+    ep->own_workers_ = std::make_unique<stream::Workers>(1, "dmx-ep");
     workers = ep->own_workers_.get();
   }
   for (auto& s : ep->streams_)
@@ -91,7 +91,7 @@ EndpointImpl::~EndpointImpl() {
 }
 
 // A worker may run this endpoint's streams: waiting there for them could wait forever.
-bool EndpointImpl::on_worker_thread() const { return tcp::Workers::on_worker_thread(); }
+bool EndpointImpl::on_worker_thread() const { return stream::Workers::on_worker_thread(); }
 
 // The first payload path that carried the op's bytes (in the agreed order), else stream 0's
 // conduit.
@@ -312,7 +312,7 @@ EndpointStats EndpointImpl::stats() const {
   s.peer = session_.peer;
   s.streams = static_cast<uint32_t>(streams_.size());
   for (const auto& st : streams_) {
-    tcp::StreamStats x = st->stats();
+    stream::StreamStats x = st->stats();
     s.bytes_sent += x.bytes_sent;
     s.bytes_received += x.bytes_received;
     s.d2h_copies += x.d2h_copies;

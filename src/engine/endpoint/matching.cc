@@ -74,7 +74,7 @@ void EndpointImpl::eager_landed(int host_tag, const std::shared_ptr<void>& ctx, 
   }
 }
 
-Result<tcp::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h, uint64_t len) {
+Result<stream::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h, uint64_t len) {
   DMX_RETURN_IF_ERROR(check_new_msg(h.id));
   uint64_t cost = len + kEagerOverhead;
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
@@ -90,14 +90,14 @@ Result<tcp::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h, uint64_t len)
                                              matched->region.size));
       send_ack(h.id, wire::OpKind::kSend, s);
       finish(*matched, s);
-      tcp::RxPlan p;
-      p.kind = tcp::RxPlan::Kind::kDiscard;
+      stream::RxPlan p;
+      p.kind = stream::RxPlan::Kind::kDiscard;
       return p;
     }
     matched->phase = OpPhase::kActive;
     matched->total = len;
     ++matched->inflight;
-    tcp::RxPlan p = plan_into(matched->region.sub(0, len), matched);
+    stream::RxPlan p = plan_into(matched->region.sub(0, len), matched);
     p.host_tag = kTagEagerMatched;
     return p;
   }
@@ -114,8 +114,8 @@ Result<tcp::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h, uint64_t len)
   u->data.resize(len);  // bounded by the eager limit (checked with the header) and the budget
   unexpected_bytes_ += cost;
   unexpected_.push_back(u);
-  tcp::RxPlan p;
-  p.kind = tcp::RxPlan::Kind::kHost;
+  stream::RxPlan p;
+  p.kind = stream::RxPlan::Kind::kHost;
   p.dst = u->data.data();
   p.ctx = u;
   p.host_tag = kTagEagerUnexpected;

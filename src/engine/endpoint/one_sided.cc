@@ -14,7 +14,7 @@ using wire::FrameHeader;
 using wire::FrameType;
 using namespace endpoint;
 
-Result<tcp::RxPlan> EndpointImpl::plan_write(const FrameHeader& h, uint64_t len) {
+Result<stream::RxPlan> EndpointImpl::plan_write(const FrameHeader& h, uint64_t len) {
   auto it = in_writes_.find(h.id);
   if (it == in_writes_.end()) {
     if (in_writes_.size() >= static_cast<size_t>(params_.max_inflight_ops))
@@ -59,8 +59,8 @@ Result<tcp::RxPlan> EndpointImpl::plan_write(const FrameHeader& h, uint64_t len)
     return protocol(fmt::format("write op {}: the peer sent more than the {} bytes it announced", h.id, w.expected));
   w.reserved += len;
   if (!w.reg || w.cancelled || w.withdrawn) {
-    tcp::RxPlan p;
-    p.kind = tcp::RxPlan::Kind::kDiscard;
+    stream::RxPlan p;
+    p.kind = stream::RxPlan::Kind::kDiscard;
     return p;
   }
   const MemRegion& r = w.reg->region;

@@ -42,7 +42,7 @@ Request EndpointImpl::start(const std::shared_ptr<OpState>& op, std::deque<std::
 }
 
 void EndpointImpl::push_control(FrameHeader h, std::vector<unsigned char> payload, std::shared_ptr<OpState> op) {
-  tcp::TxItem item;
+  stream::TxItem item;
   item.header = h;
   item.owned = std::move(payload);
   item.src = item.owned.data();
@@ -52,7 +52,7 @@ void EndpointImpl::push_control(FrameHeader h, std::vector<unsigned char> payloa
 }
 
 void EndpointImpl::push_reply(FrameHeader h, std::vector<unsigned char> payload) {
-  tcp::TxItem item;
+  stream::TxItem item;
   item.header = h;
   item.owned = std::move(payload);
   item.src = item.owned.data();
@@ -124,7 +124,7 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
       if (src.size > 0 && post_eager_by_path(op, src, h)) {
         DMX_TRACE_POINT("send.queued");
       } else {
-        tcp::TxItem item;
+        stream::TxItem item;
         item.header = h;
         item.src = src.ptr;
         item.where = src.where;
@@ -153,7 +153,7 @@ bool EndpointImpl::post_eager_by_path(const std::shared_ptr<OpState>& op, const 
   PathState* path = eager_path(src.where);
   if (path == nullptr) return false;
   Transfer t{op, FrameType::kEager, static_cast<const char*>(src.ptr), src.where};
-  tcp::TxItem item;
+  stream::TxItem item;
   item.header = h;
   Status st = post_path_chunk(*path, t, src.size, &item);
   if (st.code() == Code::kUnavailable) {  // memory CUDA IPC cannot export

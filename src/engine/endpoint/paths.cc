@@ -67,7 +67,7 @@ Status EndpointImpl::check_accepts(uint64_t bits, std::string_view what) const {
   return Status();
 }
 
-Status EndpointImpl::post_path_chunk(PathState& ps, Transfer& t, uint64_t len, tcp::TxItem* out) {
+Status EndpointImpl::post_path_chunk(PathState& ps, Transfer& t, uint64_t len, stream::TxItem* out) {
   PayloadPath* path = ps.path.get();
   OpState& op = *t.op;
   uint64_t seq = ps.tx_seq;
@@ -126,7 +126,7 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
   if (eager && (*len == 0 || *len > params_.eager_limit))
     return Status(Code::kProtocol, fmt::format("{} announces {} bytes; an eager message has 1 to {}", wire::describe(h),
                                                *len, params_.eager_limit));
-  Result<tcp::RxPlan> plan = eager                               ? plan_eager(h, *len)
+  Result<stream::RxPlan> plan = eager                               ? plan_eager(h, *len)
                              : h.type == FrameType::kSendData ? plan_inbound(tokens_, h, h.a0, h.a1, *len, "SEND_DATA")
                              : h.type == FrameType::kReadData ? plan_inbound(reads_, h, h.a0, h.a1, *len, "READ_DATA")
                                                               : plan_write(h, *len);
@@ -134,7 +134,7 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
   DMX_TRACE_POINT("path_hdr.planned");
   uint64_t seq = ps.rx_seq++;
   MemRegion dst{nullptr, *len, {}};
-  if (plan->kind != tcp::RxPlan::Kind::kDiscard) dst = MemRegion{plan->dst, *len, plan->where};
+  if (plan->kind != stream::RxPlan::Kind::kDiscard) dst = MemRegion{plan->dst, *len, plan->where};
   ps.rx[seq] = PathState::Rx{h, *len, plan->host_tag, plan->ctx, dst};
   DMX_TRACE_POINT("path_hdr.post_rx");
   // The small-chunk lane only for a chunk with nothing behind it on its stream (this runs on that

@@ -15,16 +15,16 @@ using wire::FrameHeader;
 using wire::FrameType;
 using namespace endpoint;
 
-tcp::RxPlan EndpointImpl::plan_into(const MemRegion& dst, std::shared_ptr<void> ctx) const {
-  tcp::RxPlan p;
-  p.kind = dst.where.is_device() ? tcp::RxPlan::Kind::kDevice : tcp::RxPlan::Kind::kHost;
+stream::RxPlan EndpointImpl::plan_into(const MemRegion& dst, std::shared_ptr<void> ctx) const {
+  stream::RxPlan p;
+  p.kind = dst.where.is_device() ? stream::RxPlan::Kind::kDevice : stream::RxPlan::Kind::kHost;
   p.dst = dst.ptr;
   p.where = dst.where;
   p.ctx = std::move(ctx);
   return p;
 }
 
-Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
+Result<stream::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
   std::lock_guard<std::mutex> lock(mu_);
   DMX_TRACE_POINT("on_header.locked");
   if (wire::carries_data(h.type)) DMX_RETURN_IF_ERROR(check_flag(h));
@@ -32,8 +32,8 @@ Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
     case FrameType::kEager:
       if (h.path != 0) {  // the payload is the path's descriptor of the message
         if (stream != 0) return protocol(fmt::format("{} arrived on stream {}, not 0", wire::describe(h), stream));
-        tcp::RxPlan p;
-        p.kind = tcp::RxPlan::Kind::kControl;
+        stream::RxPlan p;
+        p.kind = stream::RxPlan::Kind::kControl;
         return p;
       }
       return plan_eager(h, h.payload_len);
@@ -42,8 +42,8 @@ Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
     case FrameType::kWriteData:
       if (h.path != 0) {  // the payload is the path's descriptor of the chunk
         if (stream != 0) return protocol(fmt::format("{} arrived on stream {}, not 0", wire::describe(h), stream));
-        tcp::RxPlan p;
-        p.kind = tcp::RxPlan::Kind::kControl;
+        stream::RxPlan p;
+        p.kind = stream::RxPlan::Kind::kControl;
         return p;
       }
       if (h.type == FrameType::kSendData) return plan_inbound(tokens_, h, h.a0, h.a1, h.payload_len, "SEND_DATA");
@@ -51,8 +51,8 @@ Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
       return plan_write(h, h.payload_len);
     case FrameType::kAck:
     case FrameType::kClose: {
-      tcp::RxPlan p;
-      p.kind = tcp::RxPlan::Kind::kControl;
+      stream::RxPlan p;
+      p.kind = stream::RxPlan::Kind::kControl;
       return p;
     }
     case FrameType::kHello:
@@ -62,11 +62,11 @@ Result<tcp::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h) {
     case FrameType::kReject:
       return protocol(fmt::format("handshake frame {} after the handshake", wire::frame_type_name(h.type)));
     default:
-      return tcp::RxPlan();  // no payload; handled in on_landed
+      return stream::RxPlan();  // no payload; handled in on_landed
   }
 }
 
-Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& plan) {
+Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan& plan) {
   Status st;
   std::string close_reason;
   bool closed = false, noted = false;
@@ -130,7 +130,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, tcp::RxPlan& pl
   return st;
 }
 
-Result<tcp::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const FrameHeader& h,
+Result<stream::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const FrameHeader& h,
                                                uint64_t offset, uint64_t total, uint64_t len, std::string_view what) {
   auto it = map.find(h.id);
   if (it == map.end()) return protocol(fmt::format("{} for unknown id {}", what, h.id));
@@ -146,12 +146,12 @@ Result<tcp::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, Inbo
   if (op != nullptr && (op->phase == OpPhase::kActive || op->phase == OpPhase::kPosted)) {
     op->phase = OpPhase::kActive;
     ++op->inflight;
-    tcp::RxPlan p = plan_into(op->region.sub(offset, len), nullptr);
+    stream::RxPlan p = plan_into(op->region.sub(offset, len), nullptr);
     p.host_tag = kTagCounted;
     return p;
   }
-  tcp::RxPlan p;
-  p.kind = tcp::RxPlan::Kind::kDiscard;
+  stream::RxPlan p;
+  p.kind = stream::RxPlan::Kind::kDiscard;
   return p;
 }
 

@@ -20,7 +20,7 @@ using wire::FrameType;
 using namespace endpoint;
 
 // Transmit side: streams pull chunks of the oldest transfer first.
-bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
+bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
   if (!has_tx_.load(std::memory_order_acquire)) return false;  // idle streams poll without the lock
   // Stream 0 pulls only when it is the only stream, as it always is with a payload path (whose
   // chunk headers keep their order on it). Beside data streams it is the control stream: an RTS
@@ -80,7 +80,7 @@ bool EndpointImpl::next_chunk(int stream, tcp::TxItem* out) {
       // taken, with the message frames (RTS, EAGER) posted meanwhile: neither may overtake the other.
       bool last = t.next == op.total;
       streams_[0]->push_control(std::move(*out));
-      *out = tcp::TxItem{};
+      *out = stream::TxItem{};
       if (last) tx_.pop_front();
       continue;
     }
@@ -136,7 +136,7 @@ void EndpointImpl::note_fallback(const PathState& ps, const Status& why) {
                session_.peer, ps.path->name(), why.to_string());
 }
 
-void EndpointImpl::on_sent(int stream, tcp::TxItem& item) {
+void EndpointImpl::on_sent(int stream, stream::TxItem& item) {
   auto op = std::static_pointer_cast<OpState>(item.ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -6,7 +6,7 @@ namespace dmx {
 namespace {
 
 // shm::ShmPipe seen as a stream's conduit.
-class PipeConduit final : public tcp::Conduit {
+class PipeConduit final : public stream::Conduit {
  public:
   explicit PipeConduit(std::unique_ptr<shm::ShmPipe> pipe) : pipe_(std::move(pipe)) {}
   Result<size_t> write(std::span<const iovec> buffers) override { return local(pipe_->write(buffers)); }
@@ -31,7 +31,7 @@ class PipeConduit final : public tcp::Conduit {
 
 }  // namespace
 
-Result<std::unique_ptr<tcp::Conduit>> make_control_pipe(shm::UnixChannel channel, bool creator, Deadline deadline) {
+Result<std::unique_ptr<stream::Conduit>> make_control_pipe(shm::UnixChannel channel, bool creator, Deadline deadline) {
   Result<std::unique_ptr<shm::ShmPipe>> pipe = Status(Code::kInternal, "unset");
   if (creator) {
     shm::PipeOptions o;
@@ -41,7 +41,7 @@ Result<std::unique_ptr<tcp::Conduit>> make_control_pipe(shm::UnixChannel channel
     pipe = shm::ShmPipe::accept(std::move(channel), deadline);
   }
   if (!pipe.ok()) return Status(pipe.status().code(), fmt::format("control pipe: {}", pipe.status().message()));
-  return std::unique_ptr<tcp::Conduit>(std::make_unique<PipeConduit>(std::move(*pipe)));
+  return std::unique_ptr<stream::Conduit>(std::make_unique<PipeConduit>(std::move(*pipe)));
 }
 
 }  // namespace dmx

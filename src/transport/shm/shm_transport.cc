@@ -67,7 +67,7 @@ class ShmPipeTransport final : public Transport {
                     const PeerPair& pair) const override {
     return same_host_only("shm_pipe", a, b, pair);
   }
-  bool payload() const override { return false; }
+  Gives gives() const override { return Gives::kControl; }
   std::string role(const PeerPair&) const override { return "control stream on an shm pipe"; }
   std::string when() const override {
     return "between two processes of one host unless transport is tcp or devmem or control_pipe is off: stream 0 "

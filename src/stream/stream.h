@@ -35,12 +35,12 @@
 #include "dmx/memory.h"
 #include "memory/backend.h"
 #include "memory/copy_queues.h"
-#include "transport/tcp/conduit.h"
-#include "transport/tcp/staging.h"
-#include "transport/tcp/workers.h"
+#include "stream/conduit.h"
+#include "stream/staging.h"
+#include "stream/workers.h"
 #include "wire/frame.h"
 
-namespace dmx::tcp {
+namespace dmx::stream {
 
 // A frame to transmit.
 struct TxItem {
@@ -268,4 +268,4 @@ class Stream {
   } stats_;
 };
 
-}  // namespace dmx::tcp
+}  // namespace dmx::stream

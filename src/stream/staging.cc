@@ -1,4 +1,4 @@
-#include "transport/tcp/staging.h"
+#include "stream/staging.h"
 
 #include <linux/mempolicy.h>
 #include <sys/syscall.h>
@@ -6,7 +6,7 @@
 
 #include "core/log.h"
 
-namespace dmx::tcp {
+namespace dmx::stream {
 
 StagingSlots::~StagingSlots() { release(); }
 
@@ -91,4 +91,4 @@ size_t StagingPool::allocated() const {
   return allocated_;
 }
 
-}  // namespace dmx::tcp
+}  // namespace dmx::stream

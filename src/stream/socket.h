@@ -10,7 +10,7 @@
 #include "core/sys.h"
 #include "dmx/status.h"
 
-namespace dmx::tcp {
+namespace dmx::stream {
 
 struct Address {
   std::string host;  // as written (no brackets)
@@ -42,4 +42,4 @@ Status configure_stream(int fd, const StreamOptions& o);
 Status send_exact(int fd, const void* data, size_t n, Deadline deadline, const std::string& peer);
 Status recv_exact(int fd, void* data, size_t n, Deadline deadline, const std::string& peer);
 
-}  // namespace dmx::tcp
+}  // namespace dmx::stream

@@ -1,4 +1,4 @@
-#include "transport/tcp/socket.h"
+#include "stream/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 
 #include "core/units.h"
 
-namespace dmx::tcp {
+namespace dmx::stream {
 
 std::string Address::to_string() const {
   if (host.find(':') != std::string::npos) return fmt::format("tcp://[{}]:{}", host, port);
@@ -238,4 +238,4 @@ Status recv_exact(int fd, void* data, size_t n, Deadline deadline, const std::st
   return Status();
 }
 
-}  // namespace dmx::tcp
+}  // namespace dmx::stream

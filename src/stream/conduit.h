@@ -14,7 +14,7 @@
 #include "core/sys.h"
 #include "dmx/status.h"
 
-namespace dmx::tcp {
+namespace dmx::stream {
 
 class Conduit {
  public:
@@ -48,4 +48,4 @@ class SocketConduit final : public Conduit {
   UniqueFd fd_;
 };
 
-}  // namespace dmx::tcp
+}  // namespace dmx::stream

@@ -7,7 +7,7 @@
 
 #include "memory/backend.h"
 
-namespace dmx::tcp {
+namespace dmx::stream {
 
 class StagingPool;
 
@@ -67,4 +67,4 @@ class StagingPool {
   std::vector<Free> all_;
 };
 
-}  // namespace dmx::tcp
+}  // namespace dmx::stream

@@ -1,4 +1,4 @@
-#include "transport/tcp/stream.h"
+#include "stream/stream.h"
 
 #include <fmt/format.h>
 #include <poll.h>
@@ -12,7 +12,7 @@
 #include "core/log.h"
 #include "core/trace.h"
 
-namespace dmx::tcp {
+namespace dmx::stream {
 namespace {
 
 uint64_t ns_since(Clock::time_point t) {
@@ -548,4 +548,4 @@ void Stream::drain() {
   reply_bytes_.store(0, std::memory_order_relaxed);
 }
 
-}  // namespace dmx::tcp
+}  // namespace dmx::stream

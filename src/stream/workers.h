@@ -30,7 +30,7 @@
 
 #include "core/clock.h"
 
-namespace dmx::tcp {
+namespace dmx::stream {
 
 class Stream;
 class Worker;
@@ -74,4 +74,4 @@ class Workers {
   std::shared_ptr<Core> core_;
 };
 
-}  // namespace dmx::tcp
+}  // namespace dmx::stream

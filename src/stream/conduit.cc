@@ -1,10 +1,10 @@
-#include "transport/tcp/conduit.h"
+#include "stream/conduit.h"
 
 #include <sys/socket.h>
 
 #include <cerrno>
 
-namespace dmx::tcp {
+namespace dmx::stream {
 
 Result<size_t> SocketConduit::write(std::span<const iovec> buffers) {
   msghdr msg{};
@@ -37,4 +37,4 @@ int SocketConduit::prepare_sleep(bool want_room, pollfd* fds) {
 
 void SocketConduit::shutdown() { ::shutdown(fd_.get(), SHUT_RDWR); }
 
-}  // namespace dmx::tcp
+}  // namespace dmx::stream

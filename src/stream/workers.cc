@@ -1,5 +1,5 @@
 // The worker set (see workers.h).
-#include "transport/tcp/workers.h"
+#include "stream/workers.h"
 
 #include <poll.h>
 #include <pthread.h>
@@ -21,9 +21,9 @@
 #include "core/log.h"
 #include "core/reaper.h"
 #include "core/sys.h"
-#include "transport/tcp/stream.h"
+#include "stream/stream.h"
 
-namespace dmx::tcp {
+namespace dmx::stream {
 namespace {
 
 thread_local bool t_worker = false;
@@ -352,4 +352,4 @@ void Workers::add(Stream* s, std::shared_ptr<void> keep_alive, std::function<voi
 
 bool Workers::on_worker_thread() { return t_worker; }
 
-}  // namespace dmx::tcp
+}  // namespace dmx::stream

@@ -1,0 +1,38 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <fmt/format.h>
+
+namespace dmx {
+namespace {
+
+// The descriptor is one version byte: the streams' own parameters travel in HELLO.
+constexpr unsigned char kVersion = 1;
+
+class TcpTransport final : public Transport {
+ public:
+  std::string_view name() const override { return "tcp"; }
+  Result<std::vector<unsigned char>> offer(const Config& config) override {
+    if (!transport_allowed(config, "tcp"))
+      return Status(Code::kUnavailable, fmt::format("tcp: not asked (transport={})", config.get_string("transport")));
+    return std::vector<unsigned char>{kVersion};
+  }
+  Status compatible(std::span<const unsigned char> a, std::span<const unsigned char> b,
+                    const PeerPair&) const override {
+    if (a.size() != 1 || b.size() != 1 || a[0] != kVersion || b[0] != kVersion)
+      return Status(Code::kUnavailable, "tcp: the peers speak different versions of it");
+    return Status();
+  }
+  Gives gives() const override { return Gives::kStreams; }
+  std::string role(const PeerPair&) const override { return "inline on the TCP streams"; }
+  std::string when() const override {
+    return "always, unless transport names another: every chunk no other agreed transport carries goes inline on "
+           "the streams, striped over `streams` data streams when no path is agreed (one stream beside a path)";
+  }
+  Result<TransportLink> connect(Bootstrap&) override { return TransportLink{}; }
+};
+
+}  // namespace
+
+std::shared_ptr<Transport> make_tcp_transport() { return std::make_shared<TcpTransport>(); }
+
+}  // namespace dmx
