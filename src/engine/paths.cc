@@ -13,8 +13,8 @@ namespace dmx {
 std::vector<Capability> probe_engine_paths(const Config& c) {
   std::vector<Capability> out;
   auto gpus = cuda_device_count();
-  Capability tcp{"engine.path.tcp", true,
-                 fmt::format("staged TCP: {} streams, {} chunks; device memory {}", c.get_int("streams"),
+  Capability streams{"engine.streams", true,
+                 fmt::format("{} data streams, {} chunks; device memory {}", c.get_int("streams"),
                              format_size(c.get_size("chunk_size")),
                              gpus.ok() ? fmt::format("({} CUDA device(s)) staged through pinned slots on copy engines", *gpus)
                                        : "unavailable (" + gpus.status().message() + "); host and sim memory only")};
@@ -25,11 +25,11 @@ std::vector<Capability> probe_engine_paths(const Config& c) {
   std::string poll = default_poll && cpus < 8
                          ? fmt::format("0 (default adapted: {} CPUs; spinning would starve other threads)", cpus)
                          : fmt::format("{} us", c.get_duration("busy_poll").count());
-  tcp.facts = {{"auth", c.get_bool("insecure") ? "off (insecure)" : "HMAC-SHA256 shared key"},
+  streams.facts = {{"auth", c.get_bool("insecure") ? "off (insecure)" : "HMAC-SHA256 shared key"},
                {"busy_poll", poll},
                {"transport_setting", c.get_string("transport")}};
-  out.push_back(std::move(tcp));
-  // The transports beside the streams, in the registry's order: whether this host offers each
+  out.push_back(std::move(streams));
+  // The transports, in the registry's order: whether this host offers each
   // now (the reason when not) and when the engine uses it.
   for (const auto& t : default_transports()) {
     auto offer = t->offer(c);

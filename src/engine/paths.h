@@ -1,5 +1,6 @@
 // The data paths this engine can choose between endpoints, each "available" or "unavailable: why"
-// (for `dmx probe`): the TCP streams, then every registered transport (engine/transports.h).
+// (for `dmx probe`): the streams every endpoint has, then every registered transport
+// (engine/transports.h).
 #pragma once
 
 #include <vector>
