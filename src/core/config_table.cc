@@ -58,7 +58,7 @@ constexpr ConfigEntry kTable[] = {
      "endpoints one context holds at once (accepted and connected); beyond, connect fails and the "
      "listener refuses new peers"},
     {"streams", ConfigType::kInt, "8", "TCP data streams per endpoint (1-64), plus a control stream beside more than one; 8 measured best on 2xH200 loopback (docs/performance.md)"},
-    {"chunk_size", ConfigType::kSize, "512K", "unit of striping and staging for large messages (64K-64M)"},
+    {"chunk_size", ConfigType::kSize, "1M", "unit of striping and staging for large messages (64K-64M)"},
     {"staging_slots", ConfigType::kInt, "4", "pinned staging slots per stream for device memory (2-64)"},
     {"busy_poll", ConfigType::kDuration, "50us",
      "after activity, stream workers poll this long before sleeping (latency vs. idle CPU); the default "

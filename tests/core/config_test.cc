@@ -14,7 +14,7 @@ TEST(Config, DefaultsEnvAndOptions) {
   auto c = Config::resolve();
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->get_int("streams"), 8);
-  EXPECT_EQ(c->get_size("chunk_size"), 512u << 10);
+  EXPECT_EQ(c->get_size("chunk_size"), 1u << 20);
 
   setenv("DMX_STREAMS", "7", 1);
   c = Config::resolve();
