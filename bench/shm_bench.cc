@@ -8,7 +8,7 @@
 // (shm_slot_size x shm_slots). Per size, --rounds (3) rounds of: memcpy into a warm destination,
 // memcpy into a fresh (never touched) destination, and the shm transfer; the best of each, with
 // where each side's time went during the best shm round (copying in progress(), waiting, page
-// faults, doorbells sent).
+// faults, doorbells sent). Source and destination are the engine's host memory, as in dmx bench.
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "dmx/memory.h"
 #include "transport/shm/shm.h"
 
 using namespace dmx;
@@ -112,6 +113,20 @@ struct Ack {
   uint64_t faults, wakeups, copies;
 };
 
+// Source and destination as dmx bench has them: the engine's host memory (Buffer::allocate: large
+// buffers on transparent huge pages), written once. Kept for the life of the process.
+char* host_buffer(size_t n, int fill) {
+  static std::vector<Buffer> keep;
+  auto b = Buffer::allocate(MemSpec{}, n);
+  if (!b.ok()) {
+    fmt::print(stderr, "shm_bench: {}\n", b.status().to_string());
+    ::_exit(1);
+  }
+  std::memset(b->data(), fill, n);
+  keep.push_back(std::move(*b));
+  return static_cast<char*>(keep.back().data());
+}
+
 size_t arg_size(int argc, char** argv, const char* name, size_t def) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == name) return std::stoull(argv[i + 1]);
@@ -149,7 +164,7 @@ int main(int argc, char** argv) {
     auto link = shm::ShmLink::accept(std::move(pair->second), Deadline::after(std::chrono::seconds(10)));
     if (!link.ok()) ::_exit(2);
     shm::ShmLink& l = **link;
-    std::vector<char> buf(max_size, 3);
+    char* buf = host_buffer(max_size, 3);
     uint64_t ctl = 0, id = 0, sid = 0;  // id: parent->child messages; sid: child->parent
     for (;;) {
       (void)l.post_recv(++id, {&ctl, 8, {}});
@@ -169,7 +184,7 @@ int main(int argc, char** argv) {
       g_times = {};
       long f0 = minor_faults();
       shm::LinkStats s0 = l.stats();
-      for (uint64_t i = 0; i < iters; ++i) (void)l.post_recv(++id, {buf.data(), size, {}});
+      for (uint64_t i = 0; i < iters; ++i) (void)l.post_recv(++id, {buf, size, {}});
       for (uint64_t k = id - iters + 1; k <= id; ++k) finish(l, Completion::kRecv, k);
       static Ack ack;
       ack = Ack{ctl,
@@ -189,7 +204,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   shm::ShmLink& l = **link;
-  std::vector<char> src(max_size, 7);
+  char* src = host_buffer(max_size, 7);
   uint64_t ctl = 0, id = 0, rid = 0;
   Ack ack{};
 
@@ -201,7 +216,7 @@ int main(int argc, char** argv) {
     double t0 = now_s();
     (void)l.post_send(++id, {&ctl, 8, {}});
     (void)l.post_recv(++rid, {&ack, sizeof ack, {}});
-    (void)l.post_send(++id, {src.data(), max_size, {}});
+    (void)l.post_send(++id, {src, max_size, {}});
     finish(l, Completion::kRecv, rid);
     double dt = now_s() - t0;
     std::vector<Completion> rest;
@@ -219,8 +234,8 @@ int main(int argc, char** argv) {
     uint64_t tx_wakeups = 0;
     Ack best_ack{};
     for (int round = 0; round < rounds; ++round) {
-      ref = std::max(ref, memcpy_gbps(src.data(), size, seconds / 2));
-      cold = std::max(cold, memcpy_cold_gbps(src.data(), size));
+      ref = std::max(ref, memcpy_gbps(src, size, seconds / 2));
+      cold = std::max(cold, memcpy_cold_gbps(src, size));
       ctl = (uint64_t(size) << 32) | iters;
       g_times = {};
       long f0 = minor_faults();
@@ -228,7 +243,7 @@ int main(int argc, char** argv) {
       double t0 = now_s();
       (void)l.post_send(++id, {&ctl, 8, {}});
       (void)l.post_recv(++rid, {&ack, sizeof ack, {}});
-      for (uint64_t i = 0; i < iters; ++i) (void)l.post_send(++id, {src.data(), size, {}});
+      for (uint64_t i = 0; i < iters; ++i) (void)l.post_send(++id, {src, size, {}});
       finish(l, Completion::kRecv, rid);
       double dt = now_s() - t0;
       std::vector<Completion> rest;

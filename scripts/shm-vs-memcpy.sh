@@ -6,9 +6,12 @@
 # Each round runs, one after the other on an otherwise idle machine:
 #   - bench/ref/memcpy_host.py: single-thread memcpy, warm destination (compare.py's reference);
 #   - BUILD/bench/shm_bench: the shm link alone, two processes, with its own memcpy reference
-#     measured in the same process, and where each side's time went (busy = copying);
+#     measured in the same process, and where each side's time went (busy = copying); one
+#     measurement of ~4 GiB per size (--rounds 1), as dmx bench makes one: the medians below then
+#     compare like with like (a best of three against one run flattered the link);
 #   - BUILD/tools/dmx/dmx bench --listen/--connect, host -> host, --transport shm (the engine);
-#   - the same two from OLD_BUILD when given (a build of the base commit), at its own defaults;
+#   - the same two from OLD_BUILD when given (a build of the base commit), at its own defaults,
+#     right after the new ones in every round (A/B in the same minutes);
 #   - with -r, the new binaries again at each ring shape (DMX_SHM_SLOT_SIZE / DMX_SHM_SLOTS).
 # Prints one table at the end; -j also keeps every row as JSON lines.
 # Defaults: BUILD=build, ROUNDS=3, SIZES=1M,16M,256M.
@@ -70,16 +73,15 @@ dmx_pair() {  # BIN [env...]: dmx bench over shm, host -> host
 for r in $(seq "$N"); do
   echo "round $r/$N" >&2
   python3 "$ROOT/bench/ref/memcpy_host.py" --sizes "$SIZES" | emit "$r" memcpy_host.py - -
-  "$B/bench/shm_bench" --min-size "$MIN" --max-size "$MAX" --rounds 3 | emit "$r" "shm_bench" new default
+  "$B/bench/shm_bench" --min-size "$MIN" --max-size "$MAX" --rounds 1 | emit "$r" "shm_bench" new default
   dmx_pair "$B/tools/dmx/dmx" | emit "$r" "dmx bench" new default
   if [[ -n $OLD ]]; then
-    # The old shm_bench's own default ring was 16 x 256K: give it the old engine ring (8 x 4M).
-    "$OLD/bench/shm_bench" --min-size "$MIN" --max-size "$MAX" --slot-size 4194304 --slots 8 | emit "$r" "shm_bench" old default
+    "$OLD/bench/shm_bench" --min-size "$MIN" --max-size "$MAX" --rounds 1 | emit "$r" "shm_bench" old default
     dmx_pair "$OLD/tools/dmx/dmx" | emit "$r" "dmx bench" old default
   fi
   for shape in $SHAPES; do
     env DMX_SHM_SLOT_SIZE="${shape%%:*}" DMX_SHM_SLOTS="${shape##*:}" "$B/bench/shm_bench" --min-size "$MIN" \
-      --max-size "$MAX" --rounds 3 | emit "$r" "shm_bench" new "$shape"
+      --max-size "$MAX" --rounds 1 | emit "$r" "shm_bench" new "$shape"
     dmx_pair "$B/tools/dmx/dmx" DMX_SHM_SLOT_SIZE="${shape%%:*}" DMX_SHM_SLOTS="${shape##*:}" |
       emit "$r" "dmx bench" new "$shape"
   done
