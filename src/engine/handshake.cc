@@ -82,10 +82,10 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
   s.transport = paths.empty() ? std::string(on_streams->name()) : paths;
   std::string how = forced == "auto" ? "auto" : fmt::format("forced by configuration (transport={})", forced);
   std::string where = pair.same_host ? "same host" : "different hosts";
-  uint32_t data = paths.empty() ? server.streams : 1;
-  std::string rest = on_streams == nullptr ? "inline on stream 0"
-                                           : fmt::format("{} ({} data stream{})", on_streams->role(pair), data,
-                                                         data == 1 ? "" : "s");
+  // One stream (beside a path, or streams=1) may be the shm pipe: say stream 0, not whose.
+  std::string rest = on_streams == nullptr || s.streams == 1
+                         ? "inline on stream 0"
+                         : fmt::format("{} ({} data streams)", on_streams->role(pair), server.streams);
   s.reason = fmt::format("{}: {}{}; {} {}{}", how, where, roles, paths.empty() ? "every chunk" : "the rest", rest,
                          detail);
   return s;

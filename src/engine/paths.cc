@@ -13,11 +13,12 @@ namespace dmx {
 std::vector<Capability> probe_engine_paths(const Config& c) {
   std::vector<Capability> out;
   auto gpus = cuda_device_count();
-  Capability streams{"engine.streams", true,
-                 fmt::format("{} data streams, {} chunks; device memory {}", c.get_int("streams"),
-                             format_size(c.get_size("chunk_size")),
-                             gpus.ok() ? fmt::format("({} CUDA device(s)) staged through pinned slots on copy engines", *gpus)
-                                       : "unavailable (" + gpus.status().message() + "); host and sim memory only")};
+  Capability streams{
+      "engine.streams", true,
+      fmt::format("{} data streams, {} chunks; device memory {}", c.get_int("streams"),
+                  format_size(c.get_size("chunk_size")),
+                  gpus.ok() ? fmt::format("({} CUDA device(s)) staged through pinned slots on copy engines", *gpus)
+                            : "unavailable (" + gpus.status().message() + "); host and sim memory only")};
   bool default_poll = false;
   for (const auto& item : c.items())
     if (item.entry->name == "busy_poll") default_poll = item.source == "default";
@@ -26,8 +27,8 @@ std::vector<Capability> probe_engine_paths(const Config& c) {
                          ? fmt::format("0 (default adapted: {} CPUs; spinning would starve other threads)", cpus)
                          : fmt::format("{} us", c.get_duration("busy_poll").count());
   streams.facts = {{"auth", c.get_bool("insecure") ? "off (insecure)" : "HMAC-SHA256 shared key"},
-               {"busy_poll", poll},
-               {"transport_setting", c.get_string("transport")}};
+                   {"busy_poll", poll},
+                   {"transport_setting", c.get_string("transport")}};
   out.push_back(std::move(streams));
   // The transports, in the registry's order: whether this host offers each
   // now (the reason when not) and when the engine uses it.

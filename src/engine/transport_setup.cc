@@ -250,6 +250,10 @@ Result<TransportLinks> connect_transports(const ContextImpl& ctx, const Transpor
     EngineBootstrap b(ctx, peer, is_client, deadline, one_process, pair, std::move(ch), std::move(data));
     auto link = t->connect(b);
     if (!link.ok()) return link.status().with_peer(peer);
+    // negotiate() counted the streams from gives(): a path from another kind would break that.
+    if ((link->path != nullptr) != (t->gives() == Gives::kPath) ||
+        (link->control != nullptr) != (t->gives() == Gives::kControl))
+      return Status(Code::kInternal, fmt::format("{}: connect() did not make what gives() says", t->name()));
     if (link->control && links.control)
       return Status(Code::kInternal, fmt::format("{}: a second conduit for stream 0", t->name()));
     if (link->control) links.control = std::move(link->control);

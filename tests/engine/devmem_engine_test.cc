@@ -528,7 +528,8 @@ TEST(DevmemEngine, NegotiateRule) {
   server.offers.clear();
   s = negotiate(impl, client, server, "peer:1", "");
   ASSERT_FALSE(s.ok()) << "nothing that carries payload was agreed";
-  EXPECT_NE(s.status().message().find("no transport that carries payload"), std::string::npos) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("no transport that carries payload"), std::string::npos)
+      << s.status().to_string();
 
   // A server listing what the client never offered is refused, as is a descriptor this side
   // finds incompatible (a server on one host that dropped nothing).

@@ -17,23 +17,22 @@ namespace {
 
 bool offers(const wire::Hello& h, std::string_view name) { return h.offer(name) != nullptr; }
 
-// Two HELLOs as the handshake makes them: each side's offers, then the server keeps what it accepts.
+// Two HELLOs as the handshake makes them between two hosts: each side's offers, then the server
+// keeps what it accepts (no side channel is tried: the same-host transports are incompatible).
 struct Hellos {
   wire::Hello client, server;
   std::string why_not;
 };
 
-Hellos exchange(const ContextImpl& c, const ContextImpl& s, bool same_host) {
+Hellos between_hosts(const ContextImpl& c, const ContextImpl& s) {
   Hellos h;
   h.client = make_hello(c, wire::Role::kClient);
   h.server = make_hello(s, wire::Role::kServer);
-  if (!same_host) h.server.boot_id = "another-host";
+  h.server.boot_id = "another-host";
   offer_transports(c, &h.client, nullptr, &h.why_not);
   offer_transports(s, &h.server, nullptr, &h.why_not);
-  if (!same_host) {  // accept_transports would connect side channels on one host: not needed here
-    SideChannels channels;
-    accept_transports(s, h.client, &h.server, &channels, &h.why_not);
-  }
+  SideChannels channels;
+  accept_transports(s, h.client, &h.server, &channels, &h.why_not);
   return h;
 }
 
@@ -41,7 +40,7 @@ TEST(Negotiate, BetweenHostsTcpIsAgreedAndStripesOverTheDataStreams) {
   auto ctx = Context::create(test_options(6));
   ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
   const ContextImpl& impl = *ctx->impl();
-  Hellos h = exchange(impl, impl, false);
+  Hellos h = between_hosts(impl, impl);
   ASSERT_TRUE(offers(h.client, "tcp"));
   EXPECT_FALSE(offers(h.server, "shm")) << "shm needs one host";
   ASSERT_TRUE(offers(h.server, "tcp")) << h.why_not;
@@ -70,7 +69,7 @@ TEST(Negotiate, BesideAPathTcpCarriesTheRestOnOneStream) {
   ASSERT_EQ(s->agreed.size(), 2u);
   EXPECT_EQ(s->agreed[1]->name(), "tcp") << "path id 2: never on a chunk header (no path), refused if seen";
   EXPECT_EQ(s->streams, 1) << "path chunk headers keep their order on stream 0";
-  EXPECT_NE(s->reason.find("payloads go through shm; the rest inline on the TCP streams (1 data stream)"),
+  EXPECT_NE(s->reason.find("payloads go through shm; the rest inline on stream 0"),
             std::string::npos)
       << s->reason;
 }
@@ -93,19 +92,36 @@ TEST(Negotiate, TheTransportSettingNamesTcpLikeAnyOther) {
   offer_transports(*shm_only->impl(), &h, nullptr, &why);
   EXPECT_FALSE(offers(h, "tcp"));
   EXPECT_NE(why.find("tcp: not asked (transport=shm)"), std::string::npos) << why;
+}
 
-  // Forced to tcp against a server that also offers shm: tcp, on the data streams.
-  auto auto_ctx = Context::create(test_options(3));
-  ASSERT_TRUE(auto_ctx.ok());
-  Hellos x;
-  x.client = make_hello(*only_tcp->impl(), wire::Role::kClient);
-  x.server = make_hello(*auto_ctx->impl(), wire::Role::kServer);
-  offer_transports(*only_tcp->impl(), &x.client, nullptr, &x.why_not);
-  x.server.offers = {wire::Offer{"tcp", {1}}};  // what the server keeps of a tcp-only client
-  auto s = negotiate(*only_tcp->impl(), x.client, x.server, "peer:1", "");
+// One host, the client forced to tcp and the server on auto: both agree on tcp alone, on the
+// client's data streams and a control stream, with no shm pipe.
+TEST(Negotiate, ForcedTcpAgainstAnAutoServerOnOneHost) {
+  auto server_ctx = Context::create(test_options(3));
+  auto client_ctx = Context::create(test_options(3).set("transport", "tcp"));
+  ASSERT_TRUE(server_ctx.ok() && client_ctx.ok());
+  auto l = server_ctx->listen("tcp://127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  auto c = client_ctx->connect(l->address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto s = l->accept(std::chrono::seconds(10));
   ASSERT_TRUE(s.ok()) << s.status().to_string();
-  EXPECT_EQ(s->transport, "tcp");
-  EXPECT_NE(s->reason.find("forced by configuration (transport=tcp)"), std::string::npos) << s->reason;
+  for (const Endpoint* ep : {&*c, &*s}) {
+    EndpointStats st = ep->stats();
+    EXPECT_EQ(st.transport, "tcp") << st.reason;
+    EXPECT_EQ(st.streams, 4u) << "3 data streams and the control stream";
+    EXPECT_EQ(st.reason.find("shm pipe"), std::string::npos) << st.reason;
+  }
+  EXPECT_NE(c->stats().reason.find("forced by configuration (transport=tcp)"), std::string::npos);
+  EXPECT_NE(s->stats().reason.find("auto: same host; every chunk inline on the TCP streams (3 data streams)"),
+            std::string::npos)
+      << s->stats().reason;
+  std::vector<unsigned char> src = random_bytes((3u << 20) + 5), dst(src.size(), 0xA5);
+  Request r = s->recv(MemRegion{dst.data(), dst.size(), {}}, 1);
+  Request w = c->send(MemRegion{src.data(), src.size(), {}}, 1);
+  ASSERT_TRUE(w.wait(std::chrono::seconds(30)).ok()) << w.status().to_string();
+  ASSERT_TRUE(r.wait(std::chrono::seconds(30)).ok()) << r.status().to_string();
+  EXPECT_EQ(src, dst);
 }
 
 TEST(Negotiate, AgreementWithNothingThatCarriesPayloadIsRefused) {
@@ -137,7 +153,8 @@ TEST(Negotiate, ProbeListsTheStreamsAndTcpWithItsVerdict) {
   ASSERT_NE(tcp, caps.end());
   EXPECT_FALSE(tcp->available);
   EXPECT_NE(tcp->detail.find("tcp: not asked (transport=shm)"), std::string::npos) << tcp->detail;
-  EXPECT_EQ(std::count_if(caps.begin(), caps.end(), [](const Capability& k) { return k.name == "engine.path.tcp"; }), 1);
+  auto named_tcp = [](const Capability& k) { return k.name == "engine.path.tcp"; };
+  EXPECT_EQ(std::count_if(caps.begin(), caps.end(), named_tcp), 1) << "listed once";
 }
 
 }  // namespace

@@ -37,8 +37,8 @@ struct Session {
   uint32_t peer_eager_limit = 0;        // largest EAGER we may send
   uint64_t peer_unexpected_budget = 0;  // EAGER bytes the peer buffers for us
   std::string peer;                     // "10.0.0.2:7000"
-  std::string transport = "tcp";  // the agreed payload transports, "+"-joined, or "tcp"
-  TransportList agreed;           // path id k is agreed[k - 1]
+  std::string transport;                // the agreed payload transports, "+"-joined, or tcp
+  TransportList agreed;                 // path id k is agreed[k - 1]
   std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
   std::string reason;
   bool checksum = false;  // every data chunk carries its CRC32C (either side asked)

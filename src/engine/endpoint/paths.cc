@@ -110,9 +110,15 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
                                     PathRxSettled* now_done) {
   PathState* found = path_state(h.path);
   bool eager = h.type == FrameType::kEager;  // the whole message, copied out of the sender's memory
-  if (!found || (eager && !found->path->receiver_releases()))
-    return Status(Code::kProtocol, fmt::format("{} uses path {}, which was not agreed{}", wire::describe(h), h.path,
-                                               eager ? " or cannot carry eager messages" : ""));
+  if (!found || (eager && !found->path->receiver_releases())) {
+    bool pathless = h.path >= 1 && h.path <= session_.agreed.size();  // agreed, but it makes no path
+    return Status(Code::kProtocol,
+                  fmt::format("{} uses path {}, {}{}", wire::describe(h), h.path,
+                              pathless && !found ? fmt::format("whose transport ({}) makes no path",
+                                                               session_.agreed[h.path - 1]->name())
+                                                 : "which was not agreed",
+                              eager ? " or cannot carry eager messages" : ""));
+  }
   PathState& ps = *found;
   std::string_view name = ps.path->name();
   DMX_TRACE_POINT("path_hdr");

@@ -21,12 +21,11 @@ class CudaIpcTransport final : public Transport {
     if (!s.ok())
       return Status(Code::kUnavailable,
                     s.message().starts_with("cuda_ipc") ? s.message() : fmt::format("cuda_ipc: {}", s.message()));
-    return std::vector<unsigned char>{kVersion};
+    return version_descriptor(kVersion);
   }
   Status compatible(std::span<const unsigned char> a, std::span<const unsigned char> b,
                     const PeerPair& pair) const override {
-    if (a.size() != 1 || b.size() != 1 || a[0] != kVersion || b[0] != kVersion)
-      return Status(Code::kUnavailable, "cuda_ipc: the peers speak different versions of it");
+    DMX_RETURN_IF_ERROR(same_version("cuda_ipc", a, b, kVersion));
     if (!pair.same_host) return Status(Code::kUnavailable, "cuda_ipc needs both ends on one host");
     return Status();
   }

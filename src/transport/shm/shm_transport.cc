@@ -13,8 +13,7 @@ constexpr unsigned char kVersion = 1;
 
 Status same_host_only(std::string_view name, std::span<const unsigned char> a, std::span<const unsigned char> b,
                       const PeerPair& pair) {
-  if (a.size() != 1 || b.size() != 1 || a[0] != kVersion || b[0] != kVersion)
-    return Status(Code::kUnavailable, fmt::format("{}: the peers speak different versions of it", name));
+  DMX_RETURN_IF_ERROR(same_version(name, a, b, kVersion));
   if (!pair.same_host) return Status(Code::kUnavailable, fmt::format("{} needs both ends on one host", name));
   return Status();
 }
@@ -23,7 +22,7 @@ Result<std::vector<unsigned char>> shm_offer(std::string_view name) {
   Status s = shm::available();
   if (!s.ok()) return Status(Code::kUnavailable, s.message().starts_with("shm") ? s.message()
                                                                                 : fmt::format("{}: {}", name, s.message()));
-  return std::vector<unsigned char>{kVersion};
+  return version_descriptor(kVersion);
 }
 
 class ShmTransport final : public Transport {

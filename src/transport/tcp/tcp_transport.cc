@@ -14,13 +14,11 @@ class TcpTransport final : public Transport {
   Result<std::vector<unsigned char>> offer(const Config& config) override {
     if (!transport_allowed(config, "tcp"))
       return Status(Code::kUnavailable, fmt::format("tcp: not asked (transport={})", config.get_string("transport")));
-    return std::vector<unsigned char>{kVersion};
+    return version_descriptor(kVersion);
   }
   Status compatible(std::span<const unsigned char> a, std::span<const unsigned char> b,
                     const PeerPair&) const override {
-    if (a.size() != 1 || b.size() != 1 || a[0] != kVersion || b[0] != kVersion)
-      return Status(Code::kUnavailable, "tcp: the peers speak different versions of it");
-    return Status();
+    return same_version("tcp", a, b, kVersion);
   }
   Gives gives() const override { return Gives::kStreams; }
   std::string role(const PeerPair&) const override { return "inline on the TCP streams"; }
