@@ -14,11 +14,11 @@
 #include "dmx/context.h"
 #include "engine/auth.h"
 #include "engine/metrics.h"
-#include "transport/path.h"
-#include "topo/orchestrator.h"
 #include "engine/transports.h"
 #include "stream/staging.h"
 #include "stream/workers.h"
+#include "topo/orchestrator.h"
+#include "transport/path.h"
 
 namespace dmx {
 

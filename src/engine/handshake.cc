@@ -86,8 +86,8 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
   std::string rest = on_streams == nullptr || s.streams == 1
                          ? "inline on stream 0"
                          : fmt::format("{} ({} data streams)", on_streams->role(pair), server.streams);
-  s.reason = fmt::format("{}: {}{}; {} {}{}", how, where, roles, paths.empty() ? "every chunk" : "the rest", rest,
-                         detail);
+  s.reason =
+      fmt::format("{}: {}{}; {} {}{}", how, where, roles, paths.empty() ? "every chunk" : "the rest", rest, detail);
   return s;
 }
 
@@ -111,7 +111,8 @@ Result<Frame> recv_frame(int fd, Deadline deadline, const std::string& peer) {
   if (!h.ok()) return h.status().with_peer(peer);
   f.header = *h;
   f.payload.resize(f.header.payload_len);  // bounded by kMaxControlPayload for handshake frames
-  if (!f.payload.empty()) DMX_RETURN_IF_ERROR(stream::recv_exact(fd, f.payload.data(), f.payload.size(), deadline, peer));
+  if (!f.payload.empty())
+    DMX_RETURN_IF_ERROR(stream::recv_exact(fd, f.payload.data(), f.payload.size(), deadline, peer));
   return f;
 }
 
@@ -224,7 +225,6 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
   return EndpointImpl::create(ctx, std::move(agreed), stream_conduits(std::move(fds), std::move(links.control)),
                               std::move(links.paths));
 }
-
 
 }  // namespace
 

@@ -263,7 +263,7 @@ Result<TransportLinks> connect_transports(const ContextImpl& ctx, const Transpor
 }
 
 std::vector<std::unique_ptr<stream::Conduit>> stream_conduits(std::vector<UniqueFd> fds,
-                                                           std::unique_ptr<stream::Conduit> control) {
+                                                              std::unique_ptr<stream::Conduit> control) {
   std::vector<std::unique_ptr<stream::Conduit>> out;
   for (auto& fd : fds) out.push_back(std::make_unique<stream::SocketConduit>(std::move(fd)));
   if (control && !out.empty()) out[0] = std::move(control);

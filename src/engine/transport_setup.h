@@ -22,9 +22,9 @@
 
 #include "core/clock.h"
 #include "engine/context_impl.h"
+#include "stream/conduit.h"
 #include "transport/path.h"
 #include "transport/shm/shm.h"
-#include "stream/conduit.h"
 #include "transport/transport.h"
 #include "wire/handshake.h"
 
@@ -74,6 +74,6 @@ Result<TransportLinks> connect_transports(const ContextImpl& ctx, const Transpor
 // The streams' conduits: a socket each, except that stream 0 runs on `control` when there is one
 // (its socket is closed: it served the handshake only).
 std::vector<std::unique_ptr<stream::Conduit>> stream_conduits(std::vector<UniqueFd> fds,
-                                                           std::unique_ptr<stream::Conduit> control);
+                                                              std::unique_ptr<stream::Conduit> control);
 
 }  // namespace dmx

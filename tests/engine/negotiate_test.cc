@@ -15,7 +15,9 @@
 namespace dmx::test {
 namespace {
 
-bool offers(const wire::Hello& h, std::string_view name) { return h.offer(name) != nullptr; }
+bool offers(const wire::Hello& h, std::string_view name) {
+  return h.offer(name) != nullptr;
+}
 
 // Two HELLOs as the handshake makes them between two hosts: each side's offers, then the server
 // keeps what it accepts (no side channel is tried: the same-host transports are incompatible).
@@ -69,9 +71,7 @@ TEST(Negotiate, BesideAPathTcpCarriesTheRestOnOneStream) {
   ASSERT_EQ(s->agreed.size(), 2u);
   EXPECT_EQ(s->agreed[1]->name(), "tcp") << "path id 2: never on a chunk header (no path), refused if seen";
   EXPECT_EQ(s->streams, 1) << "path chunk headers keep their order on stream 0";
-  EXPECT_NE(s->reason.find("payloads go through shm; the rest inline on stream 0"),
-            std::string::npos)
-      << s->reason;
+  EXPECT_NE(s->reason.find("payloads go through shm; the rest inline on stream 0"), std::string::npos) << s->reason;
 }
 
 TEST(Negotiate, TheTransportSettingNamesTcpLikeAnyOther) {

@@ -58,7 +58,8 @@ class RawPeer {
     wire::HeaderBytes b = wire::encode_header(h);
     Deadline d = Deadline::after(std::chrono::seconds(10));
     DMX_RETURN_IF_ERROR(stream::send_exact(fd_.get(), b.data(), b.size(), d, "server"));
-    if (!payload.empty()) DMX_RETURN_IF_ERROR(stream::send_exact(fd_.get(), payload.data(), payload.size(), d, "server"));
+    if (!payload.empty())
+      DMX_RETURN_IF_ERROR(stream::send_exact(fd_.get(), payload.data(), payload.size(), d, "server"));
     return Status();
   }
   Status send_bytes(const void* p, size_t n) {

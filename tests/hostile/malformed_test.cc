@@ -180,7 +180,9 @@ void expect_unagreed_path_refused(uint8_t path, std::string_view text) {
   EXPECT_NE(st.message().find(text), std::string::npos) << st.to_string();
 }
 
-TEST(BadPeer, PayloadPathThatWasNotAgreed) { expect_unagreed_path_refused(2, "path 2, which was not agreed"); }
+TEST(BadPeer, PayloadPathThatWasNotAgreed) {
+  expect_unagreed_path_refused(2, "path 2, which was not agreed");
+}
 
 // Path 1 is tcp, the one transport this peer agreed: its chunks ride the streams, it has no path.
 TEST(BadPeer, PathIdOfTheTcpTransport) {

@@ -9,10 +9,10 @@
 #include "engine/auth.h"
 #include "engine/context_impl.h"
 #include "engine/handshake.h"
-#include "transport/devmem/devmem_transport.h"
-#include "transport/path.h"
 #include "hostile/hostile_util.h"
 #include "stream/socket.h"
+#include "transport/devmem/devmem_transport.h"
+#include "transport/path.h"
 
 namespace dmx::test {
 namespace {

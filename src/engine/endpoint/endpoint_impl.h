@@ -21,8 +21,8 @@
 #include "engine/metrics.h"
 #include "engine/op.h"
 #include "engine/transports.h"
-#include "transport/path.h"
 #include "stream/stream.h"
+#include "transport/path.h"
 
 namespace dmx {
 
@@ -259,7 +259,7 @@ class EndpointImpl final : public stream::StreamHost,
   void accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_t msg, uint64_t size, uint64_t tag);
   // `len`: the chunk's length (the frame's payload, or what a path's descriptor announced).
   Result<stream::RxPlan> plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const wire::FrameHeader& h,
-                                   uint64_t offset, uint64_t total, uint64_t len, std::string_view what);
+                                      uint64_t offset, uint64_t total, uint64_t len, std::string_view what);
   // `moved`: whether the bytes reached the buffer (a path may fail a chunk).
   // `h`: the chunk's header (id: the map's key; a0: its offset; crc).
   Status land_inbound(std::unordered_map<uint64_t, Inbound>& map, const wire::FrameHeader& h, uint64_t len,

@@ -41,7 +41,8 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     sc.peer = ep->session_.peer;
     sc.busy_poll = p.busy_poll;
     sc.checksum = ep->session_.checksum;
-    ep->streams_.push_back(std::make_unique<stream::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
+    ep->streams_.push_back(
+        std::make_unique<stream::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
   }
   ep->stream_load_ = std::vector<std::atomic<uint32_t>>(ep->streams_.size());
   assert((!ep->has_paths_ || ep->streams_.size() == 1) && "negotiate() opens one stream with a payload path");
@@ -91,7 +92,9 @@ EndpointImpl::~EndpointImpl() {
 }
 
 // A worker may run this endpoint's streams: waiting there for them could wait forever.
-bool EndpointImpl::on_worker_thread() const { return stream::Workers::on_worker_thread(); }
+bool EndpointImpl::on_worker_thread() const {
+  return stream::Workers::on_worker_thread();
+}
 
 // The first payload path that carried the op's bytes (in the agreed order), else stream 0's
 // conduit.

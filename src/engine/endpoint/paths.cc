@@ -112,12 +112,11 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
   bool eager = h.type == FrameType::kEager;  // the whole message, copied out of the sender's memory
   if (!found || (eager && !found->path->receiver_releases())) {
     bool pathless = h.path >= 1 && h.path <= session_.agreed.size();  // agreed, but it makes no path
-    return Status(Code::kProtocol,
-                  fmt::format("{} uses path {}, {}{}", wire::describe(h), h.path,
-                              pathless && !found ? fmt::format("whose transport ({}) makes no path",
-                                                               session_.agreed[h.path - 1]->name())
-                                                 : "which was not agreed",
-                              eager ? " or cannot carry eager messages" : ""));
+    return Status(Code::kProtocol, fmt::format("{} uses path {}, {}{}", wire::describe(h), h.path,
+                                               pathless && !found ? fmt::format("whose transport ({}) makes no path",
+                                                                                session_.agreed[h.path - 1]->name())
+                                                                  : "which was not agreed",
+                                               eager ? " or cannot carry eager messages" : ""));
   }
   PathState& ps = *found;
   std::string_view name = ps.path->name();
@@ -132,10 +131,11 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
   if (eager && (*len == 0 || *len > params_.eager_limit))
     return Status(Code::kProtocol, fmt::format("{} announces {} bytes; an eager message has 1 to {}", wire::describe(h),
                                                *len, params_.eager_limit));
-  Result<stream::RxPlan> plan = eager                               ? plan_eager(h, *len)
-                             : h.type == FrameType::kSendData ? plan_inbound(tokens_, h, h.a0, h.a1, *len, "SEND_DATA")
-                             : h.type == FrameType::kReadData ? plan_inbound(reads_, h, h.a0, h.a1, *len, "READ_DATA")
-                                                              : plan_write(h, *len);
+  Result<stream::RxPlan> plan =
+      eager                            ? plan_eager(h, *len)
+      : h.type == FrameType::kSendData ? plan_inbound(tokens_, h, h.a0, h.a1, *len, "SEND_DATA")
+      : h.type == FrameType::kReadData ? plan_inbound(reads_, h, h.a0, h.a1, *len, "READ_DATA")
+                                       : plan_write(h, *len);
   if (!plan.ok()) return plan.status();
   DMX_TRACE_POINT("path_hdr.planned");
   uint64_t seq = ps.rx_seq++;

@@ -131,7 +131,8 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan&
 }
 
 Result<stream::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const FrameHeader& h,
-                                               uint64_t offset, uint64_t total, uint64_t len, std::string_view what) {
+                                                  uint64_t offset, uint64_t total, uint64_t len,
+                                                  std::string_view what) {
   auto it = map.find(h.id);
   if (it == map.end()) return protocol(fmt::format("{} for unknown id {}", what, h.id));
   Inbound& in = it->second;

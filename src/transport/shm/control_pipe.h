@@ -4,8 +4,8 @@
 #include <memory>
 
 #include "core/clock.h"
-#include "transport/shm/shm.h"
 #include "stream/conduit.h"
+#include "transport/shm/shm.h"
 
 namespace dmx {
 

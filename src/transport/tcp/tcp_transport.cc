@@ -31,6 +31,8 @@ class TcpTransport final : public Transport {
 
 }  // namespace
 
-std::shared_ptr<Transport> make_tcp_transport() { return std::make_shared<TcpTransport>(); }
+std::shared_ptr<Transport> make_tcp_transport() {
+  return std::make_shared<TcpTransport>();
+}
 
 }  // namespace dmx
