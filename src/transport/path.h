@@ -59,7 +59,6 @@
 namespace dmx {
 
 inline constexpr size_t kMaxPathDescriptor = 256;
-inline constexpr size_t kMaxPathWindow = 16;  // PayloadPath::window()
 
 // The chunk descriptor of the shm and devmem paths: the chunk length, 8 bytes little-endian.
 // Untrusted input: kProtocol naming `path` and `peer` when the size is not 8 or the length is
@@ -110,10 +109,6 @@ class PayloadPath {
   virtual bool accepts_any() const { return true; }
   // The largest chunk this path takes in one post_tx (the endpoint cuts transfers to it).
   virtual uint64_t max_chunk() const = 0;
-  // How many chunks the endpoint keeps posted on this path (post_tx made, its completion not yet
-  // come): enough to keep the path busy, few enough to keep cancel prompt and the receiver's table
-  // small (it refuses more than max_inflight_ops chunks in flight per path). 1 to kMaxPathWindow.
-  virtual size_t window() const { return 8; }
 
   // Sender: moves `src` (which stays valid until on_path_tx_done / PATH_DONE for `seq`), or when
   // `whole` is false possibly a prefix of it (at least one byte of a non-empty src; the

@@ -3,7 +3,6 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -14,9 +13,6 @@ namespace {
 
 constexpr uint64_t kMaxChunk = 4 << 20;
 std::atomic<int> corrupt_next{0};
-std::atomic<size_t> knob_window{0};  // 0: PayloadPath's default
-std::atomic<uint64_t> knob_max_chunk{kMaxChunk};
-std::atomic<bool> knob_hold{false};
 
 bool host_memory(const MemSpec& m) { return m.kind == MemKind::kHost || m.kind == MemKind::kPinned; }
 
@@ -36,8 +32,7 @@ class LoopPath final : public PathBase {
   ~LoopPath() override { end_thread(); }
   std::string_view name() const override { return "loop"; }
   bool carries(const MemSpec& src) const override { return host_memory(src); }
-  uint64_t max_chunk() const override { return max_chunk_; }
-  size_t window() const override { return window_ ? window_ : PathBase::window(); }
+  uint64_t max_chunk() const override { return kMaxChunk; }
   Result<std::vector<unsigned char>> post_tx(uint64_t, const MemRegion& src, bool) override {
     if (stopping() || failed()) return gate();  // the lock only once closed
     std::vector<unsigned char> d(16);
@@ -52,7 +47,7 @@ class LoopPath final : public PathBase {
     uint64_t n = 0;
     if (d.size() != 16) return Status(Code::kProtocol, fmt::format("loop path: a {}-byte descriptor", d.size()));
     std::memcpy(&n, d.data() + 8, 8);
-    if (n > max_chunk_) return Status(Code::kProtocol, fmt::format("loop path: a chunk of {} B", n));
+    if (n > kMaxChunk) return Status(Code::kProtocol, fmt::format("loop path: a chunk of {} B", n));
     return n;
   }
   Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
@@ -74,10 +69,6 @@ class LoopPath final : public PathBase {
 
   // PathBase: each round copies what was posted; stop() waits for the thread (the default).
   bool progress(std::vector<Done>* done) override {
-    if (knob_hold.load()) {  // the posts wait (a sleep would end at once: something is posted)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      return false;
-    }
     std::deque<Job> jobs;
     take_posts([&] { jobs.swap(jobs_); });
     for (const Job& j : jobs) {
@@ -101,8 +92,6 @@ class LoopPath final : public PathBase {
     for (const Job& j : left) done->push_back({false, j.seq, why});
   }
 
-  const size_t window_ = knob_window.load();
-  const uint64_t max_chunk_ = knob_max_chunk.load();
   std::deque<Job> jobs_;  // under the post lock (PathBase::post)
 };
 
@@ -138,17 +127,6 @@ class LoopTransport final : public Transport {
 }  // namespace
 
 void corrupt_loop_chunks(int n) { corrupt_next.store(n); }
-
-LoopKnobs::LoopKnobs(size_t window, uint64_t max_chunk) {
-  knob_window.store(window);
-  knob_max_chunk.store(max_chunk);
-}
-LoopKnobs::~LoopKnobs() {
-  knob_window.store(0);
-  knob_max_chunk.store(kMaxChunk);
-  knob_hold.store(false);
-}
-void LoopKnobs::hold(bool on) { knob_hold.store(on); }
 
 std::shared_ptr<Transport> make_loop_transport() { return std::make_shared<LoopTransport>(); }
 

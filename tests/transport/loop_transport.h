@@ -16,12 +16,4 @@ std::shared_ptr<Transport> make_loop_transport();
 // The next `n` chunks the loop path moves land with one bit flipped (checksum tests).
 void corrupt_loop_chunks(int n);
 
-// For the paths made while it lives: their window (PayloadPath::window) and largest chunk; while
-// `hold()`, they leave posted chunks unmoved (the sender's window fills). Restores the defaults.
-struct LoopKnobs {
-  LoopKnobs(size_t window, uint64_t max_chunk);
-  ~LoopKnobs();
-  void hold(bool on);
-};
-
 }  // namespace dmx::test

@@ -17,6 +17,8 @@ inline constexpr uint64_t kEagerOverhead = 64;
 inline constexpr uint32_t kStreamSlack = 1;
 // An Inbound whose total is not known yet.
 inline constexpr uint64_t kUnknownTotal = UINT64_MAX;
+// Chunks one payload path may have in flight from this side.
+inline constexpr size_t kPathWindow = 8;
 // RxPlan::host_tag: what a landed frame's bytes were for.
 enum HostTag : int { kTagNone = 0, kTagEagerMatched, kTagEagerUnexpected, kTagCounted };
 

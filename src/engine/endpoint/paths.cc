@@ -121,7 +121,7 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
   PathState& ps = *found;
   std::string_view name = ps.path->name();
   DMX_TRACE_POINT("path_hdr");
-  // A sender keeps a few chunks per path in flight (PayloadPath::window); a peer that announces thousands
+  // A sender keeps a few chunks per path in flight (kPathWindow); a peer that announces thousands
   // would grow this table without bound.
   if (ps.rx.size() >= static_cast<size_t>(params_.max_inflight_ops))
     return Status(Code::kProtocol, fmt::format("the peer has more than {} {} chunks in flight", params_.max_inflight_ops,

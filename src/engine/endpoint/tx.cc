@@ -37,7 +37,7 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
     // An empty transfer (one empty chunk) always goes inline: no path has anything to move.
     PathState* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.skip_paths) : nullptr;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
-    if (path != nullptr && path->tx.size() >= std::clamp<size_t>(path->path->window(), 1, kMaxPathWindow)) return false;
+    if (path != nullptr && path->tx.size() >= kPathWindow) return false;
     uint64_t len = std::min<uint64_t>(path ? path->path->max_chunk() : session_.chunk_size, op.total - t.next);
     if (len == 0 && t.emitted) {
       tx_.pop_front();

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <poll.h>
 
-#include <algorithm>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -22,12 +21,6 @@ std::vector<unsigned char> encode_length(uint64_t n) {
   return d;
 }
 
-// PayloadPath::window over `ring`: twice the whole chunks it holds, 8 to kMaxPathWindow.
-size_t shm_window(const shm::LinkOptions& ring) {
-  uint64_t chunks = uint64_t{ring.slots} * ring.slot_size / kShmMaxChunk;
-  return static_cast<size_t>(std::clamp<uint64_t>(2 * chunks, 8, kMaxPathWindow));
-}
-
 class ShmPath final : public PathBase {
  public:
   ShmPath(std::unique_ptr<shm::ShmLink> link, std::chrono::microseconds spin)
@@ -38,7 +31,6 @@ class ShmPath final : public PathBase {
                                  .with_origin("shm")}),
         peer_(link->peer_name()),
         describe_(fmt::format("shm {} x {} slots", link->options().slots, format_size(link->options().slot_size))),
-        window_(shm_window(link->options())),
         link_(std::move(link)) {}
 
   ~ShmPath() override { end_thread(); }
@@ -46,10 +38,6 @@ class ShmPath final : public PathBase {
   std::string_view name() const override { return "shm"; }
   bool carries(const MemSpec& src) const override;
   uint64_t max_chunk() const override { return kShmMaxChunk; }
-  // A progress round fills every free slot before it reports a chunk sent: with no more chunks
-  // posted than the ring holds, the thread then idles until a stream worker has posted the next
-  // ones. Posting what two rings hold keeps the next round's chunks waiting (docs/performance.md).
-  size_t window() const override { return window_; }
   Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override;
   Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) override;
   Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override;
@@ -88,7 +76,6 @@ class ShmPath final : public PathBase {
 
   const std::string peer_;
   const std::string describe_;
-  const size_t window_;
 
   // Lock order: link_mu_, then the post lock (PathBase). link_mu_ guards the link and the chunks
   // handed to it; the thread holds it for one round or one sleep, stop() to destroy the link.
