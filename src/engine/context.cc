@@ -51,9 +51,7 @@ Result<EngineParams> params_from(const Config& c) {
   if (slots < 2 || slots > 64) return Status(Code::kInvalidArgument, "staging_slots must be 2-64");
   p.staging_slots = static_cast<int>(slots);
   int64_t ops = c.get_int("max_inflight_ops");
-  // At least what a legitimate peer may have in flight on a path: its window (kMaxPathWindow)
-  // and the chunks a default shm ring holds.
-  if (ops < 64 || ops > (1 << 20)) return Status(Code::kInvalidArgument, "max_inflight_ops must be 64-1048576");
+  if (ops < 16 || ops > (1 << 20)) return Status(Code::kInvalidArgument, "max_inflight_ops must be 16-1048576");
   p.max_inflight_ops = static_cast<int>(ops);
   p.max_reply_backlog = c.get_size("max_reply_backlog");
   if (p.max_reply_backlog < 64 * 1024) return Status(Code::kInvalidArgument, "max_reply_backlog must be at least 64K");
