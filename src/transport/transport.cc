@@ -9,10 +9,6 @@ bool transport_allowed(const Config& config, std::string_view name) {
   return forced == "auto" || forced == name;
 }
 
-std::vector<unsigned char> version_descriptor(unsigned char version) {
-  return {version};
-}
-
 Status same_version(std::string_view name, std::span<const unsigned char> a, std::span<const unsigned char> b,
                     unsigned char version) {
   if (a.size() != 1 || b.size() != 1 || a[0] != version || b[0] != version)

@@ -121,9 +121,8 @@ class Transport {
 // Whether the `transport` setting lets this side offer `name`: "auto" or that name.
 bool transport_allowed(const Config& config, std::string_view name);
 
-// The descriptor of a transport with nothing to agree but its version: that one byte. The check
-// for compatible(): both are exactly `version`, else kUnavailable naming the transport.
-std::vector<unsigned char> version_descriptor(unsigned char version);
+// compatible() of a transport whose descriptor is one version byte: both are exactly `version`,
+// else kUnavailable naming the transport.
 Status same_version(std::string_view name, std::span<const unsigned char> a, std::span<const unsigned char> b,
                     unsigned char version);
 

@@ -21,7 +21,7 @@ class CudaIpcTransport final : public Transport {
     if (!s.ok())
       return Status(Code::kUnavailable,
                     s.message().starts_with("cuda_ipc") ? s.message() : fmt::format("cuda_ipc: {}", s.message()));
-    return version_descriptor(kVersion);
+    return std::vector<unsigned char>{kVersion};
   }
   Status compatible(std::span<const unsigned char> a, std::span<const unsigned char> b,
                     const PeerPair& pair) const override {

@@ -22,7 +22,7 @@ Result<std::vector<unsigned char>> shm_offer(std::string_view name) {
   Status s = shm::available();
   if (!s.ok()) return Status(Code::kUnavailable, s.message().starts_with("shm") ? s.message()
                                                                                 : fmt::format("{}: {}", name, s.message()));
-  return version_descriptor(kVersion);
+  return std::vector<unsigned char>{kVersion};
 }
 
 class ShmTransport final : public Transport {

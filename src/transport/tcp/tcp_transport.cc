@@ -14,7 +14,7 @@ class TcpTransport final : public Transport {
   Result<std::vector<unsigned char>> offer(const Config& config) override {
     if (!transport_allowed(config, "tcp"))
       return Status(Code::kUnavailable, fmt::format("tcp: not asked (transport={})", config.get_string("transport")));
-    return version_descriptor(kVersion);
+    return std::vector<unsigned char>{kVersion};
   }
   Status compatible(std::span<const unsigned char> a, std::span<const unsigned char> b,
                     const PeerPair&) const override {
