@@ -41,6 +41,10 @@ Result<EngineParams> params_from(const Config& c) {
   if (chunk < wire::kMinChunk || chunk > wire::kMaxChunk)
     return Status(Code::kInvalidArgument, fmt::format("chunk_size must be 64K-64M (got {})", chunk));
   p.chunk_size = static_cast<uint32_t>(chunk);
+  uint64_t host_chunk = c.get_size("host_chunk_size");
+  if (host_chunk < wire::kMinChunk || host_chunk > wire::kMaxChunk)
+    return Status(Code::kInvalidArgument, fmt::format("host_chunk_size must be 64K-64M (got {})", host_chunk));
+  p.host_chunk_size = static_cast<uint32_t>(host_chunk);
   uint64_t eager = c.get_size("eager_limit");
   if (eager > chunk) return Status(Code::kInvalidArgument, "eager_limit must not exceed chunk_size");
   p.eager_limit = static_cast<uint32_t>(eager);

@@ -55,6 +55,7 @@ struct EngineParams {
   uint16_t max_streams = 16;
   int max_endpoints = 256;
   uint32_t chunk_size = 1 << 20;
+  uint32_t host_chunk_size = 256 << 10;  // small host messages on the streams (inline_chunk)
   uint32_t eager_limit = 16 << 10;
   uint64_t unexpected_budget = 64 << 20;
   int staging_slots = 4;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <numeric>
 
+#include "engine/raw_peer.h"
 #include "engine/test_util.h"
 
 namespace dmx::test {
@@ -81,6 +82,80 @@ TEST(Balance, TheControlStreamCarriesNoChunks) {
     if (streams == 1) EXPECT_EQ(per[0], total);
     else EXPECT_EQ(per[0], small.size()) << "stream 0 carried chunks of the rendezvous message";
   }
+}
+
+// The chunk sizes a sender cuts a rendezvous message of `n` bytes of `where` into, as a raw
+// receiver (one stream) sees them on the wire.
+std::vector<uint32_t> chunks_seen(Options o, MemSpec where, size_t n) {
+  std::vector<uint32_t> lens;
+  auto ctx = Context::create(o.set("transport", "tcp"));
+  EXPECT_TRUE(ctx.ok()) << ctx.status().to_string();
+  if (!ctx.ok()) return lens;
+  auto listener = ctx->listen("tcp://127.0.0.1:0");
+  EXPECT_TRUE(listener.ok());
+  if (!listener.ok()) return lens;
+  auto peer = RawPeer::connect(listener->address(), "dmx-test-key-0123456789");
+  EXPECT_TRUE(peer.ok()) << peer.status().to_string();
+  if (!peer.ok()) return lens;
+  auto ep = listener->accept(10s);
+  EXPECT_TRUE(ep.ok());
+  if (!ep.ok()) return lens;
+  Filled src = filled(where, n);
+  Request send = ep->send(src.buf.region(), 9);
+  auto next = [&](wire::FrameHeader* h, std::vector<unsigned char>* payload) {
+    unsigned char hb[wire::kHeaderSize];
+    if (!stream::recv_exact(peer->fd(), hb, sizeof hb, Deadline::after(10s), "server").ok()) return false;
+    auto got = wire::decode_header(hb, wire::Limits{1 << 20, 1 << 20});
+    if (!got.ok()) return false;
+    *h = *got;
+    payload->resize(h->payload_len);
+    return h->payload_len == 0 ||
+           stream::recv_exact(peer->fd(), payload->data(), payload->size(), Deadline::after(10s), "server").ok();
+  };
+  wire::FrameHeader h;
+  std::vector<unsigned char> payload;
+  do {
+    EXPECT_TRUE(next(&h, &payload)) << "no RTS";
+  } while (h.type != wire::FrameType::kRts && !::testing::Test::HasFailure());
+  EXPECT_EQ(h.a1, n) << "the RTS announces the size";
+  wire::FrameHeader cts;
+  cts.type = wire::FrameType::kCts;
+  cts.id = h.id;  // the message's sequence number
+  cts.a0 = 77;    // our token
+  EXPECT_TRUE(peer->send(cts).ok());
+  std::vector<unsigned char> got(n, 0xA5);
+  for (uint64_t seen = 0; seen < n && !::testing::Test::HasFailure();) {
+    EXPECT_TRUE(next(&h, &payload)) << "the data stopped after " << seen << " bytes";
+    if (h.type != wire::FrameType::kSendData) continue;  // keepalives
+    EXPECT_EQ(h.id, 77u);
+    EXPECT_LE(h.a0 + payload.size(), n);
+    if (h.a0 + payload.size() <= n) std::copy(payload.begin(), payload.end(), got.begin() + h.a0);
+    lens.push_back(h.payload_len);
+    seen += h.payload_len;
+  }
+  EXPECT_EQ(got, src.data);
+  wire::FrameHeader ack;  // all landed: the send completes
+  ack.type = wire::FrameType::kAck;
+  ack.id = cts.id;
+  ack.a1 = static_cast<uint64_t>(wire::OpKind::kSend);
+  EXPECT_TRUE(peer->send(ack).ok());
+  EXPECT_TRUE(send.wait(10s).ok()) << send.status().to_string();
+  return lens;
+}
+
+// A host-memory message too small to give each data stream a chunk of chunk_size goes in
+// host_chunk_size pieces, so that it still spreads; a larger one, and device memory (whose chunk is
+// its staging unit), in chunk_size pieces. The raw peer opens one data stream: the line is 1 MiB.
+TEST(Balance, SmallHostMessagesInHostChunks) {
+  constexpr uint32_t kMiB = 1 << 20, kK = 1 << 10;
+  constexpr size_t kSmall = kMiB - 3, kLarge = 3 * kMiB + 5;
+  EXPECT_EQ(chunks_seen(test_options(1), MemSpec{}, kSmall), (std::vector<uint32_t>{256 * kK, 256 * kK, 256 * kK, 256 * kK - 3}));
+  EXPECT_EQ(chunks_seen(test_options(1).set("host_chunk_size", "512K"), MemSpec{}, kSmall),
+            (std::vector<uint32_t>{512 * kK, 512 * kK - 3}));
+  // Never larger than the session's chunk: the receiver's limit.
+  EXPECT_EQ(chunks_seen(test_options(1).set("host_chunk_size", "4M"), MemSpec{}, kSmall), (std::vector<uint32_t>{kMiB - 3}));
+  EXPECT_EQ(chunks_seen(test_options(1), MemSpec{MemKind::kSim, 0}, kSmall), (std::vector<uint32_t>{kMiB - 3}));
+  EXPECT_EQ(chunks_seen(test_options(1), MemSpec{}, kLarge), (std::vector<uint32_t>{kMiB, kMiB, kMiB, 5}));
 }
 
 }  // namespace

@@ -199,6 +199,7 @@ class EndpointImpl final : public stream::StreamHost,
   // Hands the next chunk of `t` to `ps`; fills the header frame to write. Caller holds mu_.
   Status post_path_chunk(PathState& ps, Transfer& t, uint64_t len, stream::TxItem* out);
   void wake_for(const Transfer& t);  // the data streams a new transfer needs
+  uint64_t inline_chunk(const Transfer& t) const;  // the chunk of a transfer sent inline
   bool leave_to_least_loaded(int stream);  // the balancing of inline chunks across data streams
   void note_fallback(const PathState& ps, const Status& why);  // once per path: why it was passed over
   Status chunk_failure(const Status& s) const;  // a path's failed chunk, as the op reports it

@@ -38,7 +38,7 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
     PathState* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.skip_paths) : nullptr;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
     if (path != nullptr && path->tx.size() >= kPathWindow) return false;
-    uint64_t len = std::min<uint64_t>(path ? path->path->max_chunk() : session_.chunk_size, op.total - t.next);
+    uint64_t len = std::min<uint64_t>(path ? path->path->max_chunk() : inline_chunk(t), op.total - t.next);
     if (len == 0 && t.emitted) {
       tx_.pop_front();
       continue;
@@ -99,6 +99,16 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
   return false;
 }
 
+// A message too small to give every data stream a chunk of chunk_size is cut into
+// host_chunk_size pieces when it is host memory, so that it still spreads over the streams: a
+// 1 MiB message on 8 streams otherwise rides one of them. Device memory keeps chunk_size, the unit
+// its staging copies are fastest at (docs/performance.md).
+uint64_t EndpointImpl::inline_chunk(const Transfer& t) const {
+  uint64_t data_streams = streams_.size() > 1 ? streams_.size() - 1 : 1;
+  if (t.where.is_device() || t.op->total >= data_streams * session_.chunk_size) return session_.chunk_size;
+  return std::min(params_.host_chunk_size, session_.chunk_size);
+}
+
 // A data stream more than kStreamSlack chunks ahead of the least loaded one leaves the next chunk
 // to it (and wakes it: it may be parked). Read without the lock, which a busy-polling stream
 // would otherwise take on every pass: the loads are a hint, each changed by one stream's chunks.
@@ -123,7 +133,8 @@ void EndpointImpl::wake_for(const Transfer& t) {
   size_t n = 0;
   for (size_t i = 1; i < streams_.size(); ++i)
     by_load[n++] = {stream_load_[i].load(std::memory_order_relaxed), static_cast<uint8_t>(i)};
-  uint64_t chunks = std::max<uint64_t>(1, (t.op->total - t.next + session_.chunk_size - 1) / session_.chunk_size);
+  uint64_t chunk = inline_chunk(t);
+  uint64_t chunks = std::max<uint64_t>(1, (t.op->total - t.next + chunk - 1) / chunk);
   size_t wake = static_cast<size_t>(std::min<uint64_t>(chunks, n));
   std::partial_sort(by_load.begin(), by_load.begin() + wake, by_load.begin() + n);
   for (size_t i = 0; i < wake; ++i) streams_[by_load[i].second]->wake();
