@@ -12,6 +12,12 @@
 
 namespace dmx::shm {
 
+// A message at least this large is received with non-temporal stores: larger than a core's L2,
+// it would mostly leave the cache before anyone reads it, and skipping the read for ownership of
+// each line saves a third of the copy's memory traffic (docs/performance.md). The engine's chunks
+// on the shm path are up to this size.
+inline constexpr uint64_t kBulkMessage = 4ull << 20;
+
 class LinkImpl final : public ShmLink {
  public:
   LinkImpl(UnixChannel channel, const LinkOptions& options, const Layout& layout, char* base, int side);
@@ -83,12 +89,13 @@ class LinkImpl final : public ShmLink {
   Result<CopyQueue*> queue_for(MemSpec where);
   // Copies `len` bytes between a slot and user memory of kind `user`: a memcpy for host memory
   // (returns a null queue), else an asynchronous copy on the device's queue (returns it and the
-  // fence to wait for). to_slot: user -> slot; else slot -> user.
+  // fence to wait for). to_slot: user -> slot; else slot -> user. bulk: host memory is written
+  // with non-temporal stores (stream_copy).
   struct SlotCopy {
     CopyQueue* queue = nullptr;
     uint64_t fence = 0;
   };
-  Result<SlotCopy> copy_slot(void* dst, const void* src, size_t len, MemSpec user, bool to_slot);
+  Result<SlotCopy> copy_slot(void* dst, const void* src, size_t len, MemSpec user, bool to_slot, bool bulk);
   bool host_side(const MemRegion& r) const { return !r.where.is_device(); }
   char* slot_data(int ring, uint64_t count) const;
   SlotHeader* slot_header(int ring, uint64_t count) const;

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/stream_copy.h"
 #include "core/sys.h"
 #include "transport/shm/link_impl.h"
 
@@ -61,11 +62,13 @@ SlotHeader* LinkImpl::slot_header(int ring, uint64_t count) const {
   return reinterpret_cast<SlotHeader*>(base_ + layout_.header_offset(ring, static_cast<uint32_t>(count % layout_.slots)));
 }
 
-Result<LinkImpl::SlotCopy> LinkImpl::copy_slot(void* dst, const void* src, size_t len, MemSpec user, bool to_slot) {
+Result<LinkImpl::SlotCopy> LinkImpl::copy_slot(void* dst, const void* src, size_t len, MemSpec user, bool to_slot,
+                                                 bool bulk) {
   SlotCopy c;
   if (len == 0) return c;
   if (!user.is_device()) {
-    std::memcpy(dst, src, len);
+    if (bulk && !to_slot) stream_copy(dst, src, len);
+    else std::memcpy(dst, src, len);
     ++stats_.host_copies;
     return c;
   }
@@ -181,7 +184,7 @@ bool LinkImpl::tx_step(std::vector<Completion>* out) {
     char* data = slot_data(side_, tx_reserved_);
     const char* src = static_cast<const char*>(op.src.ptr) + op.assigned;
     TxChunk chunk{nullptr, 0, op.id, len, op.assigned + len == op.src.size, op.src.size};
-    auto copied = copy_slot(data, src, len, op.src.where, /*to_slot=*/true);
+    auto copied = copy_slot(data, src, len, op.src.where, /*to_slot=*/true, /*bulk=*/false);
     if (!copied.ok()) {
       fail(copied.status(), out);
       return true;
@@ -340,7 +343,10 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
         maybe_complete_recv(id, out);
       } else if (!chunk.discard) {
         char* dst = static_cast<char*>(op.dst.ptr) + offset;
-        auto copied = copy_slot(dst, data, len, op.dst.where, /*to_slot=*/false);
+        // Out of the ring into a large host destination with stores that skip the cache, as
+        // glibc's memcpy does for large copies: each line is written without being read first.
+        // The ring's slots, which the peer fills again at once, keep ordinary stores.
+        auto copied = copy_slot(dst, data, len, op.dst.where, /*to_slot=*/false, total >= kBulkMessage);
         if (!copied.ok()) {
           fail(copied.status(), out);
           return true;
