@@ -382,9 +382,12 @@ Status Request::wait(Duration timeout) const {
                   "up the streams that complete operations; use test() or a callback there");
   // Small operations complete within tens of microseconds: spinning that long saves a futex sleep
   // and wake-up per operation. Not on small machines, where the spinner would take the core that
-  // the completing worker needs (measured on 2 cores).
+  // the completing worker needs (measured on 2 cores), nor for larger operations, which outlast the
+  // spin: a waiter spinning through a stream of 1 MiB messages cost a core (docs/performance.md).
+  // By the size posted (a receive's buffer), which never changes.
   static const auto kSpin = std::chrono::microseconds(std::thread::hardware_concurrency() >= 8 ? 100 : 0);
-  auto spin_until = std::chrono::steady_clock::now() + kSpin;
+  constexpr uint64_t kSpinMaxBytes = 64 << 10;
+  auto spin_until = std::chrono::steady_clock::now() + (op_->region.size <= kSpinMaxBytes ? kSpin : Duration::zero());
   while (!op_->completed.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_until) {
   }
   DMX_TRACE_POINT("wait.spun");
