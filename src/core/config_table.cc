@@ -60,8 +60,8 @@ constexpr ConfigEntry kTable[] = {
     {"streams", ConfigType::kInt, "8", "TCP data streams per endpoint (1-64), plus a control stream beside more than one; 8 measured best on 2xH200 loopback (docs/performance.md)"},
     {"chunk_size", ConfigType::kSize, "1M", "unit of striping and staging for large messages (64K-64M)"},
     {"host_chunk_size", ConfigType::kSize, "256K",
-     "chunk of a host-memory message too small to give each TCP data stream a chunk_size chunk, so "
-     "that it still spreads over them (64K-64M, at most chunk_size; docs/performance.md)"},
+     "chunk of a host-memory message too small to give each of several TCP data streams a chunk_size "
+     "chunk, so that it still spreads over them (64K-64M; larger is cut to chunk_size; docs/performance.md)"},
     {"staging_slots", ConfigType::kInt, "4", "pinned staging slots per stream for device memory (2-64)"},
     {"busy_poll", ConfigType::kDuration, "50us",
      "after activity, stream workers poll this long before sleeping (latency vs. idle CPU); the default "

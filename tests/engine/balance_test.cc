@@ -4,9 +4,11 @@
 // than filling the pipeline of the one that happens to be turned first. Beside more than one
 // data stream, stream 0 is the control stream and pulls none.
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <numeric>
 
 #include "engine/raw_peer.h"
@@ -84,9 +86,9 @@ TEST(Balance, TheControlStreamCarriesNoChunks) {
   }
 }
 
-// The chunk sizes a sender cuts a rendezvous message of `n` bytes of `where` into, as a raw
-// receiver (one stream) sees them on the wire.
-std::vector<uint32_t> chunks_seen(Options o, MemSpec where, size_t n) {
+// The chunk sizes a sender cuts a rendezvous message of `n` bytes of `where` into, in offset
+// order, as a raw receiver with `streams` data streams sees them on the wire.
+std::vector<uint32_t> chunks_seen(Options o, uint16_t streams, MemSpec where, size_t n) {
   std::vector<uint32_t> lens;
   auto ctx = Context::create(o.set("transport", "tcp"));
   EXPECT_TRUE(ctx.ok()) << ctx.status().to_string();
@@ -94,7 +96,7 @@ std::vector<uint32_t> chunks_seen(Options o, MemSpec where, size_t n) {
   auto listener = ctx->listen("tcp://127.0.0.1:0");
   EXPECT_TRUE(listener.ok());
   if (!listener.ok()) return lens;
-  auto peer = RawPeer::connect(listener->address(), "dmx-test-key-0123456789");
+  auto peer = RawPeer::connect(listener->address(), "dmx-test-key-0123456789", streams);
   EXPECT_TRUE(peer.ok()) << peer.status().to_string();
   if (!peer.ok()) return lens;
   auto ep = listener->accept(10s);
@@ -102,20 +104,20 @@ std::vector<uint32_t> chunks_seen(Options o, MemSpec where, size_t n) {
   if (!ep.ok()) return lens;
   Filled src = filled(where, n);
   Request send = ep->send(src.buf.region(), 9);
-  auto next = [&](wire::FrameHeader* h, std::vector<unsigned char>* payload) {
+  auto read_frame = [&](int fd, wire::FrameHeader* h, std::vector<unsigned char>* payload) {
     unsigned char hb[wire::kHeaderSize];
-    if (!stream::recv_exact(peer->fd(), hb, sizeof hb, Deadline::after(10s), "server").ok()) return false;
+    if (!stream::recv_exact(fd, hb, sizeof hb, Deadline::after(10s), "server").ok()) return false;
     auto got = wire::decode_header(hb, wire::Limits{1 << 20, 1 << 20});
     if (!got.ok()) return false;
     *h = *got;
     payload->resize(h->payload_len);
     return h->payload_len == 0 ||
-           stream::recv_exact(peer->fd(), payload->data(), payload->size(), Deadline::after(10s), "server").ok();
+           stream::recv_exact(fd, payload->data(), payload->size(), Deadline::after(10s), "server").ok();
   };
   wire::FrameHeader h;
   std::vector<unsigned char> payload;
   do {
-    EXPECT_TRUE(next(&h, &payload)) << "no RTS";
+    EXPECT_TRUE(read_frame(peer->fd(0), &h, &payload)) << "no RTS";
   } while (h.type != wire::FrameType::kRts && !::testing::Test::HasFailure());
   EXPECT_EQ(h.a1, n) << "the RTS announces the size";
   wire::FrameHeader cts;
@@ -123,15 +125,26 @@ std::vector<uint32_t> chunks_seen(Options o, MemSpec where, size_t n) {
   cts.id = h.id;  // the message's sequence number
   cts.a0 = 77;    // our token
   EXPECT_TRUE(peer->send(cts).ok());
+  // Chunks come on every data stream: read whichever socket has a frame.
+  const size_t sockets = wire::stream_sockets(streams);
+  std::vector<pollfd> fds;
+  for (size_t i = 0; i < sockets; ++i) fds.push_back(pollfd{peer->fd(i), POLLIN, 0});
   std::vector<unsigned char> got(n, 0xA5);
+  std::map<uint64_t, uint32_t> by_offset;
   for (uint64_t seen = 0; seen < n && !::testing::Test::HasFailure();) {
-    EXPECT_TRUE(next(&h, &payload)) << "the data stopped after " << seen << " bytes";
-    if (h.type != wire::FrameType::kSendData) continue;  // keepalives
-    EXPECT_EQ(h.id, 77u);
-    EXPECT_LE(h.a0 + payload.size(), n);
-    if (h.a0 + payload.size() <= n) std::copy(payload.begin(), payload.end(), got.begin() + h.a0);
-    lens.push_back(h.payload_len);
-    seen += h.payload_len;
+    int ready = ::poll(fds.data(), fds.size(), 10000);
+    EXPECT_GT(ready, 0) << "the data stopped after " << seen << " bytes";
+    if (ready <= 0) break;
+    for (const pollfd& f : fds) {
+      if ((f.revents & POLLIN) == 0) continue;
+      EXPECT_TRUE(read_frame(f.fd, &h, &payload));
+      if (h.type != wire::FrameType::kSendData) continue;  // keepalives
+      EXPECT_EQ(h.id, 77u);
+      EXPECT_LE(h.a0 + payload.size(), n);
+      if (h.a0 + payload.size() <= n) std::copy(payload.begin(), payload.end(), got.begin() + h.a0);
+      by_offset[h.a0] = h.payload_len;
+      seen += h.payload_len;
+    }
   }
   EXPECT_EQ(got, src.data);
   wire::FrameHeader ack;  // all landed: the send completes
@@ -140,22 +153,28 @@ std::vector<uint32_t> chunks_seen(Options o, MemSpec where, size_t n) {
   ack.a1 = static_cast<uint64_t>(wire::OpKind::kSend);
   EXPECT_TRUE(peer->send(ack).ok());
   EXPECT_TRUE(send.wait(10s).ok()) << send.status().to_string();
+  for (const auto& [offset, len] : by_offset) lens.push_back(len);
   return lens;
 }
 
 // A host-memory message too small to give each data stream a chunk of chunk_size goes in
-// host_chunk_size pieces, so that it still spreads; a larger one, and device memory (whose chunk is
-// its staging unit), in chunk_size pieces. The raw peer opens one data stream: the line is 1 MiB.
+// host_chunk_size pieces, so that it still spreads; a larger one, device memory (whose chunk is its
+// staging unit), and anything on one data stream (nothing to spread over) in chunk_size pieces.
 TEST(Balance, SmallHostMessagesInHostChunks) {
-  constexpr uint32_t kMiB = 1 << 20, kK = 1 << 10;
-  constexpr size_t kSmall = kMiB - 3, kLarge = 3 * kMiB + 5;
-  EXPECT_EQ(chunks_seen(test_options(1), MemSpec{}, kSmall), (std::vector<uint32_t>{256 * kK, 256 * kK, 256 * kK, 256 * kK - 3}));
-  EXPECT_EQ(chunks_seen(test_options(1).set("host_chunk_size", "512K"), MemSpec{}, kSmall),
-            (std::vector<uint32_t>{512 * kK, 512 * kK - 3}));
+  constexpr uint32_t kMiB = 1 << 20, kQuarter = 256 << 10;
+  constexpr size_t kSmall = 2 * kMiB - 3, kLarge = 2 * kMiB + 5;  // around 2 data streams x 1 MiB
+  using Lens = std::vector<uint32_t>;
+  const Options o = test_options();
+  Lens quarters(8, kQuarter);
+  quarters.back() = kQuarter - 3;
+  EXPECT_EQ(chunks_seen(o, 2, MemSpec{}, kSmall), quarters);
+  EXPECT_EQ(chunks_seen(Options(o).set("host_chunk_size", "512K"), 2, MemSpec{}, kSmall),
+            (Lens{512 << 10, 512 << 10, 512 << 10, (512 << 10) - 3}));
   // Never larger than the session's chunk: the receiver's limit.
-  EXPECT_EQ(chunks_seen(test_options(1).set("host_chunk_size", "4M"), MemSpec{}, kSmall), (std::vector<uint32_t>{kMiB - 3}));
-  EXPECT_EQ(chunks_seen(test_options(1), MemSpec{MemKind::kSim, 0}, kSmall), (std::vector<uint32_t>{kMiB - 3}));
-  EXPECT_EQ(chunks_seen(test_options(1), MemSpec{}, kLarge), (std::vector<uint32_t>{kMiB, kMiB, kMiB, 5}));
+  EXPECT_EQ(chunks_seen(Options(o).set("host_chunk_size", "4M"), 2, MemSpec{}, kSmall), (Lens{kMiB, kMiB - 3}));
+  EXPECT_EQ(chunks_seen(o, 2, MemSpec{}, kLarge), (Lens{kMiB, kMiB, 5}));
+  EXPECT_EQ(chunks_seen(o, 2, MemSpec{MemKind::kSim, 0}, kSmall), (Lens{kMiB, kMiB - 3}));
+  EXPECT_EQ(chunks_seen(o, 1, MemSpec{}, kMiB - 3), (Lens{kMiB - 3}));
 }
 
 }  // namespace

@@ -15,8 +15,9 @@ namespace dmx::test {
 
 class RawPeer {
  public:
-  // Connects and authenticates as one stream with key `key` (empty: insecure).
-  static Result<RawPeer> connect(const std::string& address, const std::string& key) {
+  // Connects and authenticates with key `key` (empty: insecure), asking for `streams` data streams:
+  // beside more than one, socket 0 is the control stream and sockets 1..streams the data streams.
+  static Result<RawPeer> connect(const std::string& address, const std::string& key, uint16_t streams = 1) {
     RawPeer p;
     DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));
     Deadline d = Deadline::after(std::chrono::seconds(10));
@@ -30,7 +31,7 @@ class RawPeer {
     h.version = wire::kProtocolVersion;
     h.role = wire::Role::kClient;
     h.auth = key.empty() ? wire::AuthMode::kInsecure : wire::AuthMode::kHmacSha256;
-    h.streams = 1;
+    h.streams = streams;
     h.chunk_size = 1 << 20;
     h.eager_limit = 16 << 10;
     h.unexpected_budget = 1 << 20;
@@ -51,6 +52,19 @@ class RawPeer {
     }
     DMX_ASSIGN_OR_RETURN(Frame w, recv_frame(p.fd_.get(), d, peer));
     if (w.header.type != wire::FrameType::kWelcome) return Status(Code::kAuth, "raw peer: not welcomed");
+    const uint16_t sockets = wire::stream_sockets(streams);
+    for (uint16_t i = 1; i < sockets; ++i) {
+      DMX_ASSIGN_OR_RETURN(UniqueFd fd, stream::connect_to(addr, d));
+      wire::Join j;
+      j.session = s.session;
+      j.index = i;
+      j.streams = sockets;
+      if (!key.empty()) j.proof = make_proof(auth, kJoinLabel, h.nonce, s.nonce, s.session, i);
+      DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kJoin, wire::encode_join(j), d, peer));
+      DMX_ASSIGN_OR_RETURN(Frame ok, recv_frame(fd.get(), d, peer));
+      if (ok.header.type != wire::FrameType::kWelcome) return Status(Code::kAuth, "raw peer: JOIN not welcomed");
+      p.more_.push_back(std::move(fd));
+    }
     return p;
   }
 
@@ -66,9 +80,11 @@ class RawPeer {
     return stream::send_exact(fd_.get(), p, n, Deadline::after(std::chrono::seconds(10)), "server");
   }
   int fd() const { return fd_.get(); }
+  int fd(size_t stream) const { return stream == 0 ? fd_.get() : more_.at(stream - 1).get(); }
 
  private:
-  UniqueFd fd_;
+  UniqueFd fd_;                 // stream 0
+  std::vector<UniqueFd> more_;  // the other stream sockets
 };
 
 }  // namespace dmx::test

@@ -102,10 +102,12 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
 // A message too small to give every data stream a chunk of chunk_size is cut into
 // host_chunk_size pieces when it is host memory, so that it still spreads over the streams: a
 // 1 MiB message on 8 streams otherwise rides one of them. Device memory keeps chunk_size, the unit
-// its staging copies are fastest at (docs/performance.md).
+// its staging copies are fastest at (docs/performance.md); so does a single stream, which has
+// nothing to spread over.
 uint64_t EndpointImpl::inline_chunk(const Transfer& t) const {
-  uint64_t data_streams = streams_.size() > 1 ? streams_.size() - 1 : 1;
-  if (t.where.is_device() || t.op->total >= data_streams * session_.chunk_size) return session_.chunk_size;
+  if (streams_.size() == 1 || t.where.is_device()) return session_.chunk_size;
+  uint64_t data_streams = streams_.size() - 1;  // beside the control stream
+  if (t.op->total >= data_streams * session_.chunk_size) return session_.chunk_size;
   return std::min(params_.host_chunk_size, session_.chunk_size);
 }
 
