@@ -12,12 +12,6 @@
 
 namespace dmx::shm {
 
-// A message at least this large is received with non-temporal stores: larger than a core's L2,
-// it would mostly leave the cache before anyone reads it, and skipping the read for ownership of
-// each line saves a third of the copy's memory traffic (docs/performance.md). The engine's chunks
-// on the shm path are up to this size.
-inline constexpr uint64_t kBulkMessage = 4ull << 20;
-
 class LinkImpl final : public ShmLink {
  public:
   LinkImpl(UnixChannel channel, const LinkOptions& options, const Layout& layout, char* base, int side);

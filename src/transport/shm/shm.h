@@ -107,6 +107,11 @@ class UnixListener {
 
 // ---- the shm link ----------------------------------------------------------------------------
 
+// A message at least this large is received into host memory with non-temporal stores: larger
+// than a core's L2, it would mostly leave the cache before anyone reads it, and skipping the read
+// for ownership of each line saves a third of the copy's memory traffic (docs/performance.md).
+inline constexpr uint64_t kBulkMessage = 4ull << 20;
+
 struct LinkOptions {
   size_t slot_size = 256 * 1024;  // bytes per ring slot (4 KiB - 64 MiB)
   uint32_t slots = 16;            // slots per direction (2 - 1024)

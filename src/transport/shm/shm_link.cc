@@ -63,12 +63,14 @@ SlotHeader* LinkImpl::slot_header(int ring, uint64_t count) const {
 }
 
 Result<LinkImpl::SlotCopy> LinkImpl::copy_slot(void* dst, const void* src, size_t len, MemSpec user, bool to_slot,
-                                                 bool bulk) {
+                                               bool bulk) {
   SlotCopy c;
   if (len == 0) return c;
   if (!user.is_device()) {
-    if (bulk && !to_slot) stream_copy(dst, src, len);
-    else std::memcpy(dst, src, len);
+    if (bulk && !to_slot)
+      stream_copy(dst, src, len);
+    else
+      std::memcpy(dst, src, len);
     ++stats_.host_copies;
     return c;
   }

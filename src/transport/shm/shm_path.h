@@ -38,6 +38,8 @@ namespace dmx {
 // The largest chunk post_tx takes, and the largest length chunk_length() accepts from a peer. A
 // constant, not a setting, so that both sides agree on it.
 inline constexpr uint64_t kShmMaxChunk = 4ull << 20;
+// Each chunk is a link message: the largest must reach the link's bulk copy (shm::kBulkMessage).
+static_assert(kShmMaxChunk >= shm::kBulkMessage);
 inline constexpr size_t kShmDescriptorSize = kLengthDescriptorSize;
 
 // `creator`: this side makes the shared region (ShmLink::create) — the side that accepted the
