@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -12,8 +14,9 @@ namespace dmx {
 namespace {
 
 std::vector<unsigned char> fresh(size_t n) {
-  std::random_device rd;
-  std::mt19937_64 g(rd());
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 g(seed);
   std::vector<unsigned char> v(n);
   for (auto& c : v) c = static_cast<unsigned char>(g());
   return v;
@@ -27,7 +30,10 @@ TEST(StreamCopy, ByteExactAtEveryAlignmentAndLength) {
       for (size_t n = 0; n <= kMax; ++n) {
         std::vector<unsigned char> dst(kMax + 64, 0xA5);
         stream_copy(dst.data() + d0, src.data() + so, n);
-        for (size_t i = 0; i < dst.size(); ++i) {
+        std::vector<unsigned char> want(dst.size(), 0xA5);
+        std::memcpy(want.data() + d0, src.data() + so, n);
+        if (dst == want) continue;
+        for (size_t i = 0; i < dst.size(); ++i) {  // the first wrong byte, named
           bool inside = i >= d0 && i < d0 + n;
           unsigned char want = inside ? src[so + i - d0] : 0xA5;
           ASSERT_EQ(dst[i], want) << "src offset " << so << ", dst offset " << d0 << ", length " << n << ", byte " << i;
