@@ -382,13 +382,15 @@ Status Request::wait(Duration timeout) const {
                   "up the streams that complete operations; use test() or a callback there");
   // Small operations complete within tens of microseconds: spinning that long saves a futex sleep
   // and wake-up per operation. Not on small machines, where the spinner would take the core that
-  // the completing worker needs (measured on 2 cores), nor for larger operations, which outlast the
-  // spin: a waiter spinning through a stream of 1 MiB messages cost a core (docs/performance.md).
-  // By the size posted (a receive's buffer), which never changes.
+  // the completing worker needs (measured on 2 cores), nor once the operation is known to be
+  // large, as it outlasts the spin: a waiter spinning through a stream of 1 MiB messages cost a
+  // core (docs/performance.md). A receive counts as small until its message is matched.
   static const auto kSpin = std::chrono::microseconds(std::thread::hardware_concurrency() >= 8 ? 100 : 0);
   constexpr uint64_t kSpinMaxBytes = 64 << 10;
-  auto spin_until = std::chrono::steady_clock::now() + (op_->region.size <= kSpinMaxBytes ? kSpin : Duration::zero());
-  while (!op_->completed.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_until) {
+  auto spin_until = std::chrono::steady_clock::now() + kSpin;
+  while (!op_->completed.load(std::memory_order_acquire) &&
+         op_->known_size.load(std::memory_order_relaxed) <= kSpinMaxBytes &&
+         std::chrono::steady_clock::now() < spin_until) {
   }
   DMX_TRACE_POINT("wait.spun");
   std::unique_lock<std::mutex> lock(op_->mu);

@@ -96,6 +96,7 @@ Result<stream::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h, uint64_t l
     }
     matched->phase = OpPhase::kActive;
     matched->total = len;
+    matched->known_size.store(len, std::memory_order_relaxed);
     ++matched->inflight;
     stream::RxPlan p = plan_into(matched->region.sub(0, len), matched);
     p.host_tag = kTagEagerMatched;
@@ -222,6 +223,7 @@ void EndpointImpl::accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_
   token_of_msg_[msg] = token;
   op->phase = OpPhase::kActive;
   op->total = size;
+  op->known_size.store(size, std::memory_order_relaxed);
   FrameHeader h;
   h.type = FrameType::kCts;
   h.id = msg;

@@ -17,6 +17,7 @@ std::shared_ptr<OpState> EndpointImpl::new_op(OpType type, const MemRegion& regi
   op->type = type;
   op->region = region;
   op->total = region.size;
+  if (type != OpType::kRecv) op->known_size.store(region.size, std::memory_order_relaxed);
   op->callback = o.on_complete;
   if (o.on_complete_tag) {  // the op owns its callback, so the raw pointer outlives every call
     op->callback = [self = op.get(), f = o.on_complete_tag](const Status& s, size_t n) { f(s, n, self->matched_tag); };
