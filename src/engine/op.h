@@ -64,8 +64,8 @@ struct OpState {
 
   // Completion, readable without the endpoint's mutex.
   std::atomic<bool> completed{false};
-  // The bytes it moves as far as known: a receive's message size once matched, 0 before. Request::
-  // wait spins only while this is small.
+  // The bytes it moves as far as known: a receive's message size once matched, 0 before.
+  // Request::wait spins only while this is small.
   std::atomic<uint64_t> known_size{0};
   std::mutex mu;  // guards the fields below until `completed`
   std::condition_variable cv;
