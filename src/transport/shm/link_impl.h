@@ -84,7 +84,7 @@ class LinkImpl final : public ShmLink {
   // Copies `len` bytes between a slot and user memory of kind `user`: a memcpy for host memory
   // (returns a null queue), else an asynchronous copy on the device's queue (returns it and the
   // fence to wait for). to_slot: user -> slot; else slot -> user. bulk: host memory is written
-  // with non-temporal stores (stream_copy).
+  // with non-temporal stores (stream_copy; out of a slot only: the peer reads a slot next).
   struct SlotCopy {
     CopyQueue* queue = nullptr;
     uint64_t fence = 0;

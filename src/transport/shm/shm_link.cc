@@ -67,7 +67,7 @@ Result<LinkImpl::SlotCopy> LinkImpl::copy_slot(void* dst, const void* src, size_
   SlotCopy c;
   if (len == 0) return c;
   if (!user.is_device()) {
-    if (bulk && !to_slot)
+    if (bulk)
       stream_copy(dst, src, len);
     else
       std::memcpy(dst, src, len);
