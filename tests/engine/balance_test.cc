@@ -104,26 +104,18 @@ std::vector<uint32_t> chunks_seen(Options o, uint16_t streams, MemSpec where, si
   if (!ep.ok()) return lens;
   Filled src = filled(where, n);
   Request send = ep->send(src.buf.region(), 9);
-  auto read_frame = [&](int fd, wire::FrameHeader* h, std::vector<unsigned char>* payload) {
-    unsigned char hb[wire::kHeaderSize];
-    if (!stream::recv_exact(fd, hb, sizeof hb, Deadline::after(10s), "server").ok()) return false;
-    auto got = wire::decode_header(hb, wire::Limits{1 << 20, 1 << 20});
-    if (!got.ok()) return false;
-    *h = *got;
-    payload->resize(h->payload_len);
-    return h->payload_len == 0 ||
-           stream::recv_exact(fd, payload->data(), payload->size(), Deadline::after(10s), "server").ok();
-  };
-  wire::FrameHeader h;
-  std::vector<unsigned char> payload;
+  Result<Frame> f = Status(Code::kInternal, "unread");
   do {
-    EXPECT_TRUE(read_frame(peer->fd(0), &h, &payload)) << "no RTS";
-  } while (h.type != wire::FrameType::kRts && !::testing::Test::HasFailure());
-  EXPECT_EQ(h.a1, n) << "the RTS announces the size";
+    f = peer->read(0);
+    EXPECT_TRUE(f.ok()) << "no RTS: " << f.status().to_string();
+  } while (f.ok() && f->header.type != wire::FrameType::kRts);
+  if (!f.ok()) return lens;
+  const wire::FrameHeader rts = f->header;
+  EXPECT_EQ(rts.a1, n) << "the RTS announces the size";
   wire::FrameHeader cts;
   cts.type = wire::FrameType::kCts;
-  cts.id = h.id;  // the message's sequence number
-  cts.a0 = 77;    // our token
+  cts.id = rts.id;  // the message's sequence number
+  cts.a0 = 77;      // our token
   EXPECT_TRUE(peer->send(cts).ok());
   // Chunks come on every data stream: read whichever socket has a frame.
   const size_t sockets = wire::stream_sockets(streams);
@@ -135,15 +127,18 @@ std::vector<uint32_t> chunks_seen(Options o, uint16_t streams, MemSpec where, si
     int ready = ::poll(fds.data(), fds.size(), 10000);
     EXPECT_GT(ready, 0) << "the data stopped after " << seen << " bytes";
     if (ready <= 0) break;
-    for (const pollfd& f : fds) {
-      if ((f.revents & POLLIN) == 0) continue;
-      EXPECT_TRUE(read_frame(f.fd, &h, &payload));
-      if (h.type != wire::FrameType::kSendData) continue;  // keepalives
-      EXPECT_EQ(h.id, 77u);
-      EXPECT_LE(h.a0 + payload.size(), n);
-      if (h.a0 + payload.size() <= n) std::copy(payload.begin(), payload.end(), got.begin() + h.a0);
-      by_offset[h.a0] = h.payload_len;
-      seen += h.payload_len;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if ((fds[i].revents & POLLIN) == 0) continue;
+      f = peer->read(i);
+      EXPECT_TRUE(f.ok()) << f.status().to_string();
+      if (!f.ok()) break;
+      const wire::FrameHeader& d = f->header;
+      if (d.type != wire::FrameType::kSendData) continue;  // keepalives
+      EXPECT_EQ(d.id, 77u);
+      EXPECT_LE(d.a0 + f->payload.size(), n);
+      if (d.a0 + f->payload.size() <= n) std::copy(f->payload.begin(), f->payload.end(), got.begin() + d.a0);
+      by_offset[d.a0] = d.payload_len;
+      seen += d.payload_len;
     }
   }
   EXPECT_EQ(got, src.data);

@@ -76,6 +76,19 @@ class RawPeer {
       DMX_RETURN_IF_ERROR(stream::send_exact(fd_.get(), payload.data(), payload.size(), d, "server"));
     return Status();
   }
+  // The next frame on stream socket `stream`, its payload up to `limit` bytes (data frames too,
+  // which recv_frame, made for the handshake, refuses).
+  Result<Frame> read(size_t stream, uint32_t limit = 1 << 20) {
+    Deadline d = Deadline::after(std::chrono::seconds(10));
+    unsigned char hb[wire::kHeaderSize];
+    DMX_RETURN_IF_ERROR(stream::recv_exact(fd(stream), hb, sizeof hb, d, "server"));
+    Frame f;
+    DMX_ASSIGN_OR_RETURN(f.header, wire::decode_header(hb, wire::Limits{limit, limit}));
+    f.payload.resize(f.header.payload_len);
+    if (!f.payload.empty())
+      DMX_RETURN_IF_ERROR(stream::recv_exact(fd(stream), f.payload.data(), f.payload.size(), d, "server"));
+    return f;
+  }
   Status send_bytes(const void* p, size_t n) {
     return stream::send_exact(fd_.get(), p, n, Deadline::after(std::chrono::seconds(10)), "server");
   }
