@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "engine/context_impl.h"
@@ -38,6 +39,15 @@ Hellos between_hosts(const ContextImpl& c, const ContextImpl& s) {
   return h;
 }
 
+// Two HELLOs of one host that both offer exactly `offers`.
+Hellos offering(const ContextImpl& impl, std::vector<wire::Offer> offers) {
+  Hellos h;
+  h.client = make_hello(impl, wire::Role::kClient);
+  h.server = make_hello(impl, wire::Role::kServer);
+  h.client.offers = h.server.offers = std::move(offers);
+  return h;
+}
+
 TEST(Negotiate, BetweenHostsTcpIsAgreedAndStripesOverTheDataStreams) {
   auto ctx = Context::create(test_options(6));
   ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
@@ -61,11 +71,8 @@ TEST(Negotiate, BesideAPathTcpCarriesTheRestOnOneStream) {
   auto ctx = Context::create(test_options(6));
   ASSERT_TRUE(ctx.ok());
   const ContextImpl& impl = *ctx->impl();
-  wire::Hello client = make_hello(impl, wire::Role::kClient);
-  wire::Hello server = make_hello(impl, wire::Role::kServer);
-  client.offers = {wire::Offer{"shm", {1}}, wire::Offer{"tcp", {1}}};
-  server.offers = client.offers;
-  auto s = negotiate(impl, client, server, "peer:1", "");
+  Hellos h = offering(impl, {wire::Offer{"shm", {1}}, wire::Offer{"tcp", {1}}});
+  auto s = negotiate(impl, h.client, h.server, "peer:1", "");
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   EXPECT_EQ(s->transport, "shm");
   ASSERT_EQ(s->agreed.size(), 2u);
@@ -128,11 +135,8 @@ TEST(Negotiate, AgreementWithNothingThatCarriesPayloadIsRefused) {
   auto ctx = Context::create(test_options());
   ASSERT_TRUE(ctx.ok());
   const ContextImpl& impl = *ctx->impl();
-  wire::Hello client = make_hello(impl, wire::Role::kClient);
-  wire::Hello server = make_hello(impl, wire::Role::kServer);
-  client.offers = {wire::Offer{"shm_pipe", {1}}};
-  server.offers = client.offers;
-  auto s = negotiate(impl, client, server, "peer:1", "tcp: gone");
+  Hellos h = offering(impl, {wire::Offer{"shm_pipe", {1}}});
+  auto s = negotiate(impl, h.client, h.server, "peer:1", "tcp: gone");
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kUnavailable);
   EXPECT_NE(s.status().message().find("no transport that carries payload was agreed (tcp: gone)"), std::string::npos)
