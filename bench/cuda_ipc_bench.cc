@@ -74,7 +74,7 @@ int gpus() {
 constexpr int kPings = 2000;
 
 // GPU1 side: owns the destination, exports it, echoes pings.
-int receiver(shm::UnixChannel ch, size_t max_size) {
+int receiver(UnixChannel ch, size_t max_size) {
   if (gpus() < 2) return 0;
   auto dst = Buffer::allocate({MemKind::kCuda, 1}, max_size);
   if (!dst.ok()) die("allocate cuda:1", dst.status());
@@ -111,16 +111,16 @@ int receiver(shm::UnixChannel ch, size_t max_size) {
 int main(int argc, char** argv) {
   size_t max_size = arg_size(argc, argv, "--max-size", 256u << 20);
   size_t iters_large = arg_size(argc, argv, "--iters-large", 20);
-  auto pair = shm::UnixChannel::pair();
+  auto pair = UnixChannel::pair();
   if (!pair.ok()) return 1;
   // CUDA must not be initialised before fork(): the child would inherit an unusable state.
   pid_t child = ::fork();
   if (child == 0) {
-    { shm::UnixChannel drop = std::move(pair->first); }
+    { UnixChannel drop = std::move(pair->first); }
     ::_exit(receiver(std::move(pair->second), max_size));
   }
-  { shm::UnixChannel drop = std::move(pair->second); }
-  shm::UnixChannel ch = std::move(pair->first);
+  { UnixChannel drop = std::move(pair->second); }
+  UnixChannel ch = std::move(pair->first);
   int n = gpus();
   if (n < 2) {
     Status why = cuda_ipc::available();

@@ -155,12 +155,12 @@ int main(int argc, char** argv) {
     fmt::print("{{\"bench\":\"shm\",\"skipped\":\"{}\"}}\n", avail.message());
     return 0;
   }
-  auto pair = shm::UnixChannel::pair();
+  auto pair = UnixChannel::pair();
   if (!pair.ok()) return 1;
   // Iteration counts are decided by the parent per size and sent as the first 8-byte message.
   pid_t child = ::fork();
   if (child == 0) {
-    { shm::UnixChannel drop = std::move(pair->first); }
+    { UnixChannel drop = std::move(pair->first); }
     auto link = shm::ShmLink::accept(std::move(pair->second), Deadline::after(std::chrono::seconds(10)));
     if (!link.ok()) ::_exit(2);
     shm::ShmLink& l = **link;
@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
       finish(l, Completion::kSend, sid);
     }
   }
-  { shm::UnixChannel drop = std::move(pair->second); }
+  { UnixChannel drop = std::move(pair->second); }
   auto link = shm::ShmLink::create(std::move(pair->first), options, Deadline::after(std::chrono::seconds(10)));
   if (!link.ok()) {
     fmt::print(stderr, "shm_bench: {}\n", link.status().to_string());

@@ -158,7 +158,7 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
   std::vector<UniqueFd> fds;
   DMX_ASSIGN_OR_RETURN(UniqueFd fd0, open_stream(addr, p, deadline));
   wire::Hello mine = make_hello(*ctx, wire::Role::kClient);
-  std::optional<shm::UnixListener> local_listener;
+  std::optional<UnixListener> local_listener;
   std::string why_not;
   offer_transports(*ctx, &mine, &local_listener, &why_not);
   DMX_RETURN_IF_ERROR(send_frame(fd0.get(), wire::FrameType::kHello, wire::encode_hello(mine), deadline, peer));

@@ -44,12 +44,12 @@ std::vector<std::byte> channel_proof(const ContextImpl& ctx, const wire::Hello& 
 // Client: accepts the server's side channels on `listener`, one for each agreed transport that
 // needs one. Each must prove the session and name a transport that is owed one.
 Status accept_channels(const ContextImpl& ctx, const TransportList& agreed, const wire::Hello& client,
-                       const wire::Hello& server, shm::UnixListener& listener, SideChannels* out,
+                       const wire::Hello& server, UnixListener& listener, SideChannels* out,
                        const std::string& peer, Deadline deadline) {
   size_t count = 0;
   for (const auto& t : agreed) count += t->needs().side_channel ? 1 : 0;
   for (size_t i = 0; i < count; ++i) {
-    DMX_ASSIGN_OR_RETURN(shm::UnixChannel ch, listener.accept(deadline));
+    DMX_ASSIGN_OR_RETURN(UnixChannel ch, listener.accept(deadline));
     std::vector<std::byte> msg;
     std::vector<UniqueFd> fds;
     DMX_RETURN_IF_ERROR(ch.recv(&msg, 0, &fds, deadline));
@@ -72,7 +72,7 @@ Status accept_channels(const ContextImpl& ctx, const TransportList& agreed, cons
 class EngineBootstrap final : public Bootstrap {
  public:
   EngineBootstrap(const ContextImpl& ctx, const std::string& peer, bool client, Deadline deadline, bool same_process,
-                  PeerPair pair, std::optional<shm::UnixChannel> channel, UniqueFd data)
+                  PeerPair pair, std::optional<UnixChannel> channel, UniqueFd data)
       : ctx_(ctx), peer_(peer), client_(client), deadline_(deadline), same_process_(same_process), pair_(pair),
         channel_(std::move(channel)), data_(std::move(data)) {}
   const Config& config() const override { return ctx_.config(); }
@@ -81,9 +81,9 @@ class EngineBootstrap final : public Bootstrap {
   Deadline deadline() const override { return deadline_; }
   bool same_process() const override { return same_process_; }
   const PeerPair& pair() const override { return pair_; }
-  Result<shm::UnixChannel> side_channel() override {
+  Result<UnixChannel> side_channel() override {
     if (!channel_) return Status(Code::kInternal, "no side channel for this transport (or taken already)");
-    shm::UnixChannel ch = std::move(*channel_);
+    UnixChannel ch = std::move(*channel_);
     channel_.reset();
     return ch;
   }
@@ -99,7 +99,7 @@ class EngineBootstrap final : public Bootstrap {
   Deadline deadline_;
   bool same_process_;
   PeerPair pair_;
-  std::optional<shm::UnixChannel> channel_;
+  std::optional<UnixChannel> channel_;
   UniqueFd data_;
 };
 
@@ -113,7 +113,7 @@ PeerPair peer_pair(const wire::Hello& client, const wire::Hello& server) {
   return p;
 }
 
-void offer_transports(const ContextImpl& ctx, wire::Hello* hello, std::optional<shm::UnixListener>* listener,
+void offer_transports(const ContextImpl& ctx, wire::Hello* hello, std::optional<UnixListener>* listener,
                       std::string* why_not) {
   bool channels = false;
   for (const auto& t : ctx.transports()) {
@@ -134,16 +134,13 @@ void offer_transports(const ContextImpl& ctx, wire::Hello* hello, std::optional<
     hello->offers.push_back(wire::Offer{std::string(t->name()), std::move(*d)});
   }
   if (!channels || listener == nullptr) return;
-  Status s = shm::available();
-  if (s.ok()) {
-    auto l = shm::UnixListener::listen();
-    if (l.ok()) {
-      hello->local_channel = l->path();
-      listener->emplace(std::move(*l));
-      return;
-    }
-    s = l.status();
+  auto l = UnixListener::listen();
+  if (l.ok()) {
+    hello->local_channel = l->path();
+    listener->emplace(std::move(*l));
+    return;
   }
+  Status s = l.status();
   // No side channels: no transport that needs one.
   std::erase_if(hello->offers, [&](const wire::Offer& o) {
     auto t = find(ctx.transports(), o.name);
@@ -175,7 +172,7 @@ void accept_transports(const ContextImpl& ctx, const wire::Hello& client, wire::
       if (client.local_channel.empty()) {
         s = Status(Code::kProtocol, "the client offered it without a side channel");
       } else {
-        auto ch = shm::UnixChannel::connect(client.local_channel, deadline);
+        auto ch = UnixChannel::connect(client.local_channel, deadline);
         if (ch.ok()) s = ch->send(channel_proof(ctx, client, *server, mine.name), {}, deadline);
         if (ch.ok() && s.ok()) channels->emplace_back(mine.name, std::move(*ch));
         if (!ch.ok()) s = ch.status();
@@ -227,7 +224,7 @@ size_t data_sockets_needed(const TransportList& agreed) {
 
 Result<TransportLinks> connect_transports(const ContextImpl& ctx, const TransportList& agreed,
                                           const wire::Hello& client, const wire::Hello& server, bool is_client,
-                                          std::optional<shm::UnixListener> listener, SideChannels channels,
+                                          std::optional<UnixListener> listener, SideChannels channels,
                                           std::vector<UniqueFd> data_sockets, const std::string& peer,
                                           Deadline deadline) {
   if (listener)
@@ -240,7 +237,7 @@ Result<TransportLinks> connect_transports(const ContextImpl& ctx, const Transpor
   TransportLinks links;
   size_t next_data = 0;
   for (const auto& t : agreed) {
-    std::optional<shm::UnixChannel> ch;
+    std::optional<UnixChannel> ch;
     for (auto& [name, c] : channels)
       if (name == t->name()) ch.emplace(std::move(c));
     if (t->needs().side_channel && !ch)

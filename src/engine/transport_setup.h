@@ -24,7 +24,7 @@
 #include "engine/context_impl.h"
 #include "stream/conduit.h"
 #include "transport/path.h"
-#include "transport/shm/shm.h"
+#include "transport/side_channel.h"
 #include "transport/transport.h"
 #include "wire/handshake.h"
 
@@ -38,11 +38,11 @@ PeerPair peer_pair(const wire::Hello& client, const wire::Hello& server);
 // Before HELLO: the transports this side offers go into `hello->offers`. The client (`listener`
 // not null) also listens for side channels when an offer needs them. `why_not` collects the
 // reasons for transports not offered.
-void offer_transports(const ContextImpl& ctx, wire::Hello* hello, std::optional<shm::UnixListener>* listener,
+void offer_transports(const ContextImpl& ctx, wire::Hello* hello, std::optional<UnixListener>* listener,
                       std::string* why_not);
 
 // The server's side channels, connected at HELLO, by transport name.
-using SideChannels = std::vector<std::pair<std::string, shm::UnixChannel>>;
+using SideChannels = std::vector<std::pair<std::string, UnixChannel>>;
 
 // Server, at HELLO (after offer_transports on `server`): keeps in server->offers only what it
 // accepts for this client, and connects the side channels. `why_not` gets the reasons.
@@ -67,7 +67,7 @@ struct TransportLinks {
 // channels on `listener` (when one is needed) and checks the server's proofs; the server passes its `channels`.
 Result<TransportLinks> connect_transports(const ContextImpl& ctx, const TransportList& agreed,
                                           const wire::Hello& client, const wire::Hello& server, bool is_client,
-                                          std::optional<shm::UnixListener> listener, SideChannels channels,
+                                          std::optional<UnixListener> listener, SideChannels channels,
                                           std::vector<UniqueFd> data_sockets, const std::string& peer,
                                           Deadline deadline);
 

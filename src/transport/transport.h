@@ -32,7 +32,7 @@
 #include "dmx/status.h"
 #include "stream/conduit.h"
 #include "transport/path.h"
-#include "transport/shm/shm.h"
+#include "transport/side_channel.h"
 
 namespace dmx {
 
@@ -64,7 +64,7 @@ class Bootstrap {
   virtual bool same_process() const = 0;
   virtual const PeerPair& pair() const = 0;
   // The transport's side channel and data socket (TransportNeeds); each can be taken once.
-  virtual Result<shm::UnixChannel> side_channel() = 0;
+  virtual Result<UnixChannel> side_channel() = 0;
   virtual Result<UniqueFd> data_socket() = 0;
 };
 

@@ -26,12 +26,12 @@ ino_t inode(int fd) {
 
 struct Pair {
   std::unique_ptr<IpcFdChannel> a, b;  // a sends, b receives (either could do both)
-  shm::UnixChannel raw;                // the other end of b's socket, for hand-made messages
+  UnixChannel raw;                // the other end of b's socket, for hand-made messages
 };
 
 Pair make_pair() {
   Pair p;
-  auto ab = shm::UnixChannel::pair();
+  auto ab = UnixChannel::pair();
   EXPECT_TRUE(ab.ok()) << ab.status().to_string();
   p.a = std::make_unique<IpcFdChannel>(std::move(ab->first), "peer a");
   p.b = std::make_unique<IpcFdChannel>(std::move(ab->second), "peer b");
@@ -41,7 +41,7 @@ Pair make_pair() {
 // b receives hand-made messages from `raw`.
 Pair raw_pair() {
   Pair p;
-  auto ab = shm::UnixChannel::pair();
+  auto ab = UnixChannel::pair();
   EXPECT_TRUE(ab.ok()) << ab.status().to_string();
   p.raw = std::move(ab->first);
   p.b = std::make_unique<IpcFdChannel>(std::move(ab->second), "peer b");

@@ -23,7 +23,6 @@ namespace dmx {
 namespace {
 
 using cuda_ipc::IpcDescriptor;
-using shm::UnixChannel;
 using testing::Recorder;
 using testing::config;
 using testing::secs;

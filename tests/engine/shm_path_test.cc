@@ -137,7 +137,7 @@ struct Pair {
 
 std::unique_ptr<Pair> make_paths(const Config& c = config()) {
   auto p = std::make_unique<Pair>();
-  auto ch = shm::UnixChannel::pair();
+  auto ch = UnixChannel::pair();
   EXPECT_TRUE(ch.ok());
   if (!ch.ok()) return p;
   auto fut = std::async(std::launch::async, [&] { return make_shm_path(std::move(ch->second), false, c, secs(10)); });
@@ -469,7 +469,7 @@ TEST(ShmPath, StopWithChunksPendingCompletesThemPromptly) {
 
 // stop() before start(): start() still ends with exactly one on_path_stopped; posts were refused.
 TEST(ShmPath, StopBeforeStart) {
-  auto ch = shm::UnixChannel::pair();
+  auto ch = UnixChannel::pair();
   ASSERT_TRUE(ch.ok());
   Config c = config();
   auto fut = std::async(std::launch::async, [&] { return make_shm_path(std::move(ch->second), false, c, secs(10)); });
@@ -495,7 +495,7 @@ TEST(ShmPath, KeepAliveReleasedAfterStopped) {
     std::unique_ptr<PayloadPath> path;
   };
   auto holder = std::make_shared<Holder>();
-  auto ch = shm::UnixChannel::pair();
+  auto ch = UnixChannel::pair();
   ASSERT_TRUE(ch.ok());
   Config c = config();
   auto fut = std::async(std::launch::async, [&] { return make_shm_path(std::move(ch->second), false, c, secs(10)); });
@@ -532,12 +532,12 @@ TEST(ShmPath, PeerKilledMidTransferFailsEveryPendingChunk) {
   fill_random(child_src.data(), child_src.size());
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
-  auto ch = shm::UnixChannel::pair();
+  auto ch = UnixChannel::pair();
   ASSERT_TRUE(ch.ok());
   Config c = config("4", "64K");
   pid_t child = ::fork();
   if (child == 0) {
-    { shm::UnixChannel drop = std::move(ch->first); }
+    { UnixChannel drop = std::move(ch->first); }
     auto path = make_shm_path(std::move(ch->second), false, c, secs(10));
     if (!path.ok()) ::_exit(50);
     Quiet q;
@@ -557,7 +557,7 @@ TEST(ShmPath, PeerKilledMidTransferFailsEveryPendingChunk) {
     }
   } reaper{child};
   ::close(ready[1]);  // a child that dies early reads as EOF below, not a hang
-  { shm::UnixChannel drop = std::move(ch->second); }
+  { UnixChannel drop = std::move(ch->second); }
   auto made = make_shm_path(std::move(ch->first), true, c, secs(10));
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   std::unique_ptr<PayloadPath> path = std::move(*made);

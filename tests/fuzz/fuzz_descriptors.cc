@@ -71,9 +71,9 @@ void fuzz_fd_channel(std::span<const unsigned char> in) {
   if (in.empty()) return;
   bool hang_up = in[0] & 1;
   in = in.subspan(1);
-  auto pair = shm::UnixChannel::pair();
+  auto pair = UnixChannel::pair();
   if (!pair.ok()) std::abort();
-  shm::UnixChannel peer = std::move(pair->first);
+  UnixChannel peer = std::move(pair->first);
   IpcFdChannel channel(std::move(pair->second), "fuzz peer");
   uint64_t forget_id = 0;
   for (int n = 0; n < 16 && in.size() >= 2; ++n) {
@@ -84,7 +84,7 @@ void fuzz_fd_channel(std::span<const unsigned char> in) {
     (void)peer.send(msg, std::span<const int>(fds, in[1] % 3), Deadline::after(std::chrono::seconds(1)));
     in = in.subspan(2 + len);
   }
-  if (hang_up) peer = shm::UnixChannel();
+  if (hang_up) peer = UnixChannel();
   channel.forget(forget_id);
   if (channel.held() > IpcFdChannel::kMaxHeld) std::abort();
 }

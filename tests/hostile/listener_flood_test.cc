@@ -198,7 +198,7 @@ TEST(ListenerFlood, PeerThatNeverSetsUpShmDelaysNobody) {
   Context mine_ctx = *Context::create(test_options(1));
   const ContextImpl& me = *mine_ctx.impl();
   wire::Hello mine = make_hello(me, wire::Role::kClient);
-  std::optional<shm::UnixListener> side;  // listens; nobody ever accepts on it
+  std::optional<UnixListener> side;  // listens; nobody ever accepts on it
   std::string why_not;
   offer_transports(me, &mine, &side, &why_not);
   ASSERT_TRUE(mine.offer("shm") || mine.offer("shm_pipe")) << why_not;

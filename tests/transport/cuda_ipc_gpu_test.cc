@@ -17,7 +17,6 @@
 namespace dmx::cuda_ipc {
 namespace {
 
-using shm::UnixChannel;
 using testing::check_pattern;
 using testing::fill_pattern;
 using testing::probe_gpus;

@@ -117,7 +117,7 @@ class LoopTransport final : public Transport {
   std::string when() const override { return "tests only"; }
   Result<TransportLink> connect(Bootstrap& b) override {
     if (!b.same_process()) return Status(Code::kProtocol, "loop: the peer is not this process");
-    DMX_ASSIGN_OR_RETURN(shm::UnixChannel ch, b.side_channel());  // served its purpose (admit)
+    DMX_ASSIGN_OR_RETURN(UnixChannel ch, b.side_channel());  // served its purpose (admit)
     TransportLink link;
     link.path = std::make_unique<LoopPath>();
     return link;

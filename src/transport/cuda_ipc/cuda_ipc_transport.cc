@@ -47,7 +47,7 @@ class CudaIpcTransport final : public Transport {
       return Status(Code::kProtocol, fmt::format("cuda_ipc was agreed within one process (pid {}), but no side "
                                                  "channel comes from this process",
                                                  b.pair().pid));
-    DMX_ASSIGN_OR_RETURN(shm::UnixChannel fds, b.side_channel());
+    DMX_ASSIGN_OR_RETURN(UnixChannel fds, b.side_channel());
     TransportLink link;
     DMX_ASSIGN_OR_RETURN(link.path, make_cuda_ipc_path(b.config(), b.peer(), in_process, std::move(fds)));
     return link;

@@ -30,7 +30,7 @@
 #include "core/clock.h"
 #include "core/sys.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
-#include "transport/shm/shm.h"
+#include "transport/side_channel.h"
 
 namespace dmx {
 
@@ -40,7 +40,7 @@ class IpcFdChannel final : public cuda_ipc::FdSource {
   // How long fd_for waits for an fd that is not queued yet (it should be; see above).
   static constexpr auto kArrivalWait = std::chrono::milliseconds(200);
 
-  IpcFdChannel(shm::UnixChannel channel, std::string peer) : channel_(std::move(channel)), peer_(std::move(peer)) {}
+  IpcFdChannel(UnixChannel channel, std::string peer) : channel_(std::move(channel)), peer_(std::move(peer)) {}
 
   // ---- sending half ----
   bool sent(uint64_t alloc_id) const { return sent_.contains(alloc_id); }
@@ -61,7 +61,7 @@ class IpcFdChannel final : public cuda_ipc::FdSource {
   // Reads one queued message into held_; kTimeout when none comes by `deadline`.
   Status receive_one(Deadline deadline);
 
-  shm::UnixChannel channel_;
+  UnixChannel channel_;
   const std::string peer_;
   std::unordered_set<uint64_t> sent_;
   std::unordered_map<uint64_t, UniqueFd> held_;

@@ -542,7 +542,7 @@ Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid, bool proven_s
 }
 
 std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process,
-                                               std::optional<shm::UnixChannel> fd_channel) {
+                                               std::optional<UnixChannel> fd_channel) {
   int streams = static_cast<int>(std::clamp<int64_t>(config.get_int("cuda_ipc_streams"), 1, 16));
   uint64_t chunk = std::clamp<uint64_t>(config.get_size("cuda_ipc_chunk"), 1ull << 20, 1ull << 30);
   // The lane holds the endpoint's lock while it polls: bounded to small chunks and short waits.
@@ -556,7 +556,7 @@ std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string
 }
 
 Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer, bool in_process,
-                                                        std::optional<shm::UnixChannel> fd_channel) {
+                                                        std::optional<UnixChannel> fd_channel) {
   DMX_RETURN_IF_ERROR(cuda_ipc_path_available());
   return new_cuda_ipc_path(config, std::move(peer), in_process, std::move(fd_channel));
 }

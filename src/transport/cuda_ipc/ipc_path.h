@@ -36,7 +36,7 @@
 #include "core/config.h"
 #include "transport/path.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
-#include "transport/shm/shm.h"
+#include "transport/side_channel.h"
 
 namespace dmx {
 
@@ -74,11 +74,11 @@ Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid, bool proven_s
 // without it such memory goes by other paths (post_tx: kUnavailable). Fails with the reason when
 // cuda_ipc_path_available() does.
 Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer, bool in_process = false,
-                                                        std::optional<shm::UnixChannel> fd_channel = std::nullopt);
+                                                        std::optional<UnixChannel> fd_channel = std::nullopt);
 
 // The same path without the availability check: makes no CUDA call until a chunk is exported or
 // copied (tests of the CUDA-free logic use it in processes that must not initialise CUDA).
 std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process = false,
-                                               std::optional<shm::UnixChannel> fd_channel = std::nullopt);
+                                               std::optional<UnixChannel> fd_channel = std::nullopt);
 
 }  // namespace dmx

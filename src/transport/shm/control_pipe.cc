@@ -31,7 +31,7 @@ class PipeConduit final : public stream::Conduit {
 
 }  // namespace
 
-Result<std::unique_ptr<stream::Conduit>> make_control_pipe(shm::UnixChannel channel, bool creator, Deadline deadline) {
+Result<std::unique_ptr<stream::Conduit>> make_control_pipe(UnixChannel channel, bool creator, Deadline deadline) {
   Result<std::unique_ptr<shm::ShmPipe>> pipe = Status(Code::kInternal, "unset");
   if (creator) {
     shm::PipeOptions o;

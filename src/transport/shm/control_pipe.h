@@ -14,6 +14,6 @@ inline constexpr size_t kControlPipeBytes = 1 << 20;
 
 // Makes the pipe over an authenticated side channel: the creator (the client) makes the shared
 // region, the other side maps it.
-Result<std::unique_ptr<stream::Conduit>> make_control_pipe(shm::UnixChannel channel, bool creator, Deadline deadline);
+Result<std::unique_ptr<stream::Conduit>> make_control_pipe(UnixChannel channel, bool creator, Deadline deadline);
 
 }  // namespace dmx

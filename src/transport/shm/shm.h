@@ -1,17 +1,14 @@
 // dmx shm transport: the same-host data path for host memory (and device memory staged through
-// host memory when GPU peer access is impossible), plus the Unix-socket side channel that same-host
-// paths (shm, cuda_ipc with fds) use to pass file descriptors.
+// host memory when GPU peer access is impossible).
 //
 // This is the only header of src/transport/shm visible outside the folder.
 //
-// Bootstrap (who talks to whom): the engine's control channel carries an "shm offer" (the listener
-// path from UnixListener::path() and a 16-byte nonce). The connecting side calls
-// UnixChannel::connect(), sends the nonce as its first message; the listening side accepts,
-// checks the peer's uid (SO_PEERCRED) and the nonce. Then the listening side calls
-// ShmLink::create() and the connecting side ShmLink::accept() on their channel ends.
+// Bootstrap (who talks to whom): the engine hands connect() an authenticated side channel
+// (transport/side_channel.h). On it one side calls ShmLink::create() (or ShmPipe::create()), which
+// makes the shared ring and passes its fds, and the other ShmLink::accept(), which maps them.
 //
-// Threading: a UnixChannel, UnixListener and ShmLink are each owned by one thread at a time (the
-// engine's progress loop); none has internal locks. The shared ring is lock free across processes.
+// Threading: a ShmLink is owned by one thread at a time; it has no internal locks. The shared ring
+// is lock free across processes.
 //
 // Recovery contract: after any error on a ShmLink (peer died, corrupt ring, deadline), the link is
 // failed for good: every pending and later operation completes with that error. Make a new link.
@@ -33,6 +30,7 @@
 #include "core/sys.h"
 #include "dmx/memory.h"
 #include "dmx/status.h"
+#include "transport/side_channel.h"
 
 namespace dmx {
 class Config;
@@ -42,68 +40,6 @@ namespace dmx::shm {
 
 // Whether this process can use the shm path (memfd_create, eventfd, Unix sockets), or why not.
 Status available();
-
-// ---- side channel --------------------------------------------------------------------------
-
-// A connected Unix stream socket that carries small messages (length-prefixed) and file
-// descriptors (SCM_RIGHTS). Every receive is strict: the message must fit, the number of fds must
-// be exactly the expected one, truncated control data (MSG_CTRUNC) is an error, and any fd that
-// arrives unexpectedly is closed. Every wait takes a deadline. EOF/POLLHUP reads as kPeerFailed
-// naming the peer's pid.
-class UnixChannel {
- public:
-  static constexpr size_t kMaxMessage = 64 * 1024;
-  static constexpr size_t kMaxFds = 8;
-
-  UnixChannel() = default;
-  // Both ends of a socketpair (threads, or a fork()ed child).
-  static Result<std::pair<UnixChannel, UnixChannel>> pair();
-  // Connect to a listener path ("@name" is the abstract namespace). Checks the listener's uid.
-  static Result<UnixChannel> connect(const std::string& path, Deadline deadline);
-
-  Status send(std::span<const std::byte> message, std::span<const int> fds, Deadline deadline);
-  // Receives one message into `out` (resized) and exactly `expect_fds` fds into `fds`.
-  Status recv(std::vector<std::byte>* out, size_t expect_fds, std::vector<UniqueFd>* fds, Deadline deadline);
-  // Non-blocking: kPeerFailed when the peer closed its end or died, else ok.
-  Status check_peer() const;
-
-  int fd() const { return fd_.get(); }
-  bool valid() const { return fd_.valid(); }
-  pid_t peer_pid() const { return peer_pid_; }
-  uid_t peer_uid() const { return peer_uid_; }
-  // "pid 1234" (for messages and Status::with_peer).
-  std::string peer_name() const;
-
- private:
-  friend class UnixListener;
-  explicit UnixChannel(UniqueFd fd);
-  Status read_credentials();
-  Status peer_gone(std::string_view what) const;
-
-  UniqueFd fd_;
-  pid_t peer_pid_ = -1;
-  uid_t peer_uid_ = static_cast<uid_t>(-1);
-};
-
-// A listening Unix socket. accept() rejects peers with another uid.
-class UnixListener {
- public:
-  // "@name" binds in the abstract namespace (no file); anything else is a filesystem path that is
-  // created 0600 and unlinked when the listener is destroyed. Empty: a random abstract name.
-  static Result<UnixListener> listen(const std::string& path = {});
-  Result<UnixChannel> accept(Deadline deadline);
-  const std::string& path() const { return path_; }
-  int fd() const { return fd_.get(); }
-
-  UnixListener() = default;
-  ~UnixListener();
-  UnixListener(UnixListener&&) noexcept;
-  UnixListener& operator=(UnixListener&&) noexcept;
-
- private:
-  UniqueFd fd_;
-  std::string path_;
-};
 
 // ---- the shm link ----------------------------------------------------------------------------
 

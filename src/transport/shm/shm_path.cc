@@ -268,7 +268,7 @@ void ShmPath::release(const Status& why, std::vector<Done>* done) {
 
 }  // namespace
 
-Result<std::unique_ptr<PayloadPath>> make_shm_path(shm::UnixChannel channel, bool creator, const Config& config,
+Result<std::unique_ptr<PayloadPath>> make_shm_path(UnixChannel channel, bool creator, const Config& config,
                                                    Deadline deadline) {
   DMX_ASSIGN_OR_RETURN(shm::LinkOptions options, shm::link_options(config));
   std::unique_ptr<shm::ShmLink> link;

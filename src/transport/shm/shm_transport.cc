@@ -44,7 +44,7 @@ class ShmTransport final : public Transport {
            "channel connects";
   }
   Result<TransportLink> connect(Bootstrap& b) override {
-    DMX_ASSIGN_OR_RETURN(shm::UnixChannel ch, b.side_channel());
+    DMX_ASSIGN_OR_RETURN(UnixChannel ch, b.side_channel());
     TransportLink link;
     DMX_ASSIGN_OR_RETURN(link.path, make_shm_path(std::move(ch), b.client(), b.config(), b.deadline()));
     return link;
@@ -74,7 +74,7 @@ class ShmPipeTransport final : public Transport {
   }
   std::string_view metric_name() const override { return "shm"; }
   Result<TransportLink> connect(Bootstrap& b) override {
-    DMX_ASSIGN_OR_RETURN(shm::UnixChannel ch, b.side_channel());
+    DMX_ASSIGN_OR_RETURN(UnixChannel ch, b.side_channel());
     TransportLink link;
     DMX_ASSIGN_OR_RETURN(link.control, make_control_pipe(std::move(ch), b.client(), b.deadline()));
     return link;

@@ -12,9 +12,9 @@
 #include <cstring>
 
 #include "core/log.h"
-#include "transport/shm/shm.h"
+#include "transport/side_channel.h"
 
-namespace dmx::shm {
+namespace dmx {
 namespace {
 
 Status set_nonblocking(int fd) {
@@ -272,4 +272,4 @@ UnixListener& UnixListener::operator=(UnixListener&& o) noexcept {
   return *this;
 }
 
-}  // namespace dmx::shm
+}  // namespace dmx
