@@ -432,7 +432,7 @@ ListenerImpl::Next ListenerImpl::on_join(Conn& c) {
     return reject(c, Status(Code::kAuth, "JOIN for an unknown or unauthenticated session"));
   Pending& p = it->second;
   bool data = j->streams == p.fds.size() && j->index >= j->streams;  // a transport's data socket
-  if (data && j->index - j->streams >= p.data.size())
+  if (data && static_cast<size_t>(j->index - j->streams) >= p.data.size())  // index >= streams: no wrap
     return reject(c, Status(Code::kProtocol, fmt::format("JOIN for data socket {} (index {}), but the session agreed "
                                                          "{}",
                                                          j->index - j->streams, j->index, p.data.size())));

@@ -232,7 +232,9 @@ TEST(ShmFault, SetupRejectsForgedFds) {
     uint64_t hdr[4] = {0x646d782d73686d31ull, uint64_t(1) | (uint64_t(slots) << 32), slot, total};
     std::memcpy(m, hdr, sizeof hdr);
     ::munmap(m, total);
-    if (seal) ASSERT_EQ(::fcntl(mem.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    if (seal) {
+      ASSERT_EQ(::fcntl(mem.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    }
     int pipefd[2];
     ASSERT_EQ(::pipe(pipefd), 0);
     UniqueFd r(pipefd[0]), w(pipefd[1]);
