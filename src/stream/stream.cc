@@ -225,6 +225,7 @@ Status Stream::step_tx(Io* io) {
       return Status();
     }
     *io = Io::kProgress;
+    burst_bytes_ += *k;
     last_tx_ = Clock::now();
     for (size_t left = *k; left > 0;) {
       size_t rest = wire::kHeaderSize + out_.front().item.len - out_written_;
@@ -401,6 +402,7 @@ Status Stream::step_rx(Io* io) {
       got = *k;
     }
     *io = Io::kProgress;
+    burst_bytes_ += got;
     last_rx_ = Clock::now();
     if (!in_payload_) {
       if (rx_header_got_ == 0) rx_frame_start_ = last_rx_;  // a frame begins: its clock starts
@@ -471,7 +473,15 @@ Stream::Turn Stream::turn() {
     armed_ = false;
     return Turn::kAgain;
   }
-  if (now - last_progress_ < config_.busy_poll) return Turn::kAgain;
+  // Bulk data does not spin: the next chunk's wake-up costs little beside the chunk's own copy,
+  // and a spinning worker takes a core from the ones copying (docs/performance.md). Device copies
+  // in flight do: they complete without an event to wake us.
+  if (burst_bytes_ > 0) {
+    spin_ = burst_bytes_ < kBulkBurst;
+    burst_bytes_ = 0;
+  }
+  bool copies = !pending_rx_.empty() || (!chunks_.empty() && chunks_.front().fence != 0);
+  if ((spin_ || copies) && now - last_progress_ < config_.busy_poll) return Turn::kAgain;
   // Before parking, say so and make one more pass: whatever was queued before the flag was set is
   // found by that pass, and whoever queues after it sees the flag and wakes us (wake()).
   if (!armed_) {
@@ -482,7 +492,6 @@ Stream::Turn Stream::turn() {
   // Nothing moved for a while: park until the conduit or a wake-up, or briefly while copies are in
   // flight; at the latest until the next keepalive or deadline, rounded up to `tick` so that
   // deadlines close together share one wake-up.
-  bool copies = !pending_rx_.empty() || (!chunks_.empty() && chunks_.front().fence != 0);
   auto until_due = due == Clock::time_point::max()
                        ? config_.keepalive
                        : std::max(config_.tick, std::chrono::ceil<std::chrono::microseconds>(due - Clock::now()));

@@ -103,6 +103,11 @@ class StreamHost {
   virtual bool rx_paused() { return false; }
 };
 
+// A burst of this many bytes (read and written by the passes since the last that moved nothing) is
+// bulk: the stream does not busy-poll after it. Twice the default eager limit, so that small
+// messages keep their spin.
+inline constexpr uint64_t kBulkBurst = 32 << 10;
+
 struct StreamConfig {
   int index = 0;
   size_t chunk_size = 1 << 20;
@@ -112,7 +117,8 @@ struct StreamConfig {
   std::chrono::microseconds peer_timeout{10'000'000};
   std::chrono::microseconds tick{10'000};  // the granularity of deadlines (they fire late by at most this)
   // After any progress the worker polls without sleeping for this long: a message that follows
-  // within the window costs no wake-up (latency), at the price of a busy core meanwhile.
+  // within the window costs no wake-up (latency), at the price of a busy core meanwhile. Not after
+  // a burst of kBulkBurst bytes or more (Stream::turn).
   std::chrono::microseconds busy_poll{50};
   std::string peer;  // for messages
   // Stamp every inline data frame and EAGER with the CRC32C of its bytes (computed by the device
@@ -219,7 +225,9 @@ class Stream {
   // The pass's state between turns.
   Status failure_;
   Clock::time_point last_progress_, prev_, wake_by_;
-  bool armed_ = false;      // sleeping_ is set
+  uint64_t burst_bytes_ = 0;  // read and written since the last pass that moved nothing
+  bool spin_ = true;          // the last burst was small: busy-poll after it
+  bool armed_ = false;       // sleeping_ is set
   bool want_room_ = false;  // the last write found no room
   bool paused_ = false;     // the host paused reading
 
