@@ -44,8 +44,8 @@ std::vector<std::byte> channel_proof(const ContextImpl& ctx, const wire::Hello& 
 // Client: accepts the server's side channels on `listener`, one for each agreed transport that
 // needs one. Each must prove the session and name a transport that is owed one.
 Status accept_channels(const ContextImpl& ctx, const TransportList& agreed, const wire::Hello& client,
-                       const wire::Hello& server, UnixListener& listener, SideChannels* out,
-                       const std::string& peer, Deadline deadline) {
+                       const wire::Hello& server, UnixListener& listener, SideChannels* out, const std::string& peer,
+                       Deadline deadline) {
   size_t count = 0;
   for (const auto& t : agreed) count += t->needs().side_channel ? 1 : 0;
   for (size_t i = 0; i < count; ++i) {

@@ -26,7 +26,7 @@ ino_t inode(int fd) {
 
 struct Pair {
   std::unique_ptr<IpcFdChannel> a, b;  // a sends, b receives (either could do both)
-  UnixChannel raw;                // the other end of b's socket, for hand-made messages
+  UnixChannel raw;                     // the other end of b's socket, for hand-made messages
 };
 
 Pair make_pair() {

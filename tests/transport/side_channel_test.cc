@@ -6,9 +6,10 @@
 
 #include <cstring>
 
+#include "transport/side_channel.h"
 #include "transport/transport_test_util.h"
 
-namespace dmx::shm {
+namespace dmx {
 namespace {
 
 using testing::secs;
@@ -148,4 +149,4 @@ TEST(UnixListener, AbstractAndFilesystemPathsAcrossProcesses) {
 }
 
 }  // namespace
-}  // namespace dmx::shm
+}  // namespace dmx

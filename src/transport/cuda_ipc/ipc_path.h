@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "core/config.h"
-#include "transport/path.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
+#include "transport/path.h"
 #include "transport/side_channel.h"
 
 namespace dmx {

@@ -15,7 +15,6 @@
 #pragma once
 
 #include <poll.h>
-#include <sys/types.h>
 #include <sys/uio.h>
 
 #include <chrono>
@@ -27,7 +26,6 @@
 #include <vector>
 
 #include "core/clock.h"
-#include "core/sys.h"
 #include "dmx/memory.h"
 #include "dmx/status.h"
 #include "transport/side_channel.h"
