@@ -64,8 +64,9 @@ constexpr ConfigEntry kTable[] = {
      "chunk, so that it still spreads over them (64K-64M; larger is cut to chunk_size; docs/performance.md)"},
     {"staging_slots", ConfigType::kInt, "4", "pinned staging slots per stream for device memory (2-64)"},
     {"busy_poll", ConfigType::kDuration, "50us",
-     "after activity, stream workers poll this long before sleeping (latency vs. idle CPU); the default "
-     "applies on machines with 8 or more CPUs, below that it is 0 (spinning starves the other threads)"},
+     "after activity, stream workers poll this long before sleeping (latency vs. idle CPU), except after "
+     "32 KiB or more of bulk data; the default applies on machines with 8 or more CPUs, below that it is 0 "
+     "(spinning starves the other threads)"},
     {"stream_workers", ConfigType::kInt, "0",
      "threads that run the streams of this context's endpoints, each an event loop over many streams "
      "(docs/threading.md); 0: one per CPU, at most 16"},

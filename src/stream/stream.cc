@@ -19,6 +19,8 @@ uint64_t ns_since(Clock::time_point t) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
 }
 
+// A rendezvous chunk: what bulk data travels in (kBulkBurst). EAGER is a whole small message.
+bool data_chunk(wire::FrameType t) { return wire::carries_data(t) && t != wire::FrameType::kEager; }
 
 }  // namespace
 
@@ -248,6 +250,7 @@ Status Stream::step_tx(Io* io) {
 void Stream::frame_sent(TxItem& item) {
   stats_.frames_sent.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_sent.fetch_add(item.len, std::memory_order_relaxed);
+  if (data_chunk(item.header.type)) burst_data_ += item.len;
   if (item.slot >= 0 && item.slot < 2 * config_.slots) free_tx_slots_.push_back(item.slot);
   if (config_.index == 0)
     DMX_TRACE_POINT(item.header.type == wire::FrameType::kEager      ? "s0.out.eager"
@@ -297,6 +300,7 @@ Status Stream::finish_payload() {
   in_payload_ = false;
   stats_.frames_received.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_received.fetch_add(rx_.payload_len, std::memory_order_relaxed);
+  if (data_chunk(rx_.type)) burst_data_ += rx_.payload_len;
   if (rx_plan_.kind == RxPlan::Kind::kDevice && rx_.payload_len > 0) {
     DMX_TRACE_POINT("st.h2d");
     DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));
@@ -428,6 +432,7 @@ Stream::Turn Stream::turn() {
   if (stop_.load(std::memory_order_acquire)) return Turn::kDone;
   bool progress = false;
   Io tx = Io::kIdle, rx = Io::kIdle;
+  const uint64_t burst_before = burst_bytes_;
   failure_ = reap_rx(false, &progress);
   if (failure_.ok()) failure_ = fill_pipeline(&progress);
   if (failure_.ok()) failure_ = step_tx(&tx);
@@ -476,9 +481,10 @@ Stream::Turn Stream::turn() {
   // Bulk data does not spin: the next chunk's wake-up costs little beside the chunk's own copy,
   // and a spinning worker takes a core from the ones copying (docs/performance.md). Device copies
   // in flight do: they complete without an event to wake us.
-  if (burst_bytes_ > 0) {
-    spin_ = burst_bytes_ < kBulkBurst;
-    burst_bytes_ = 0;
+  // A pass that wrote some bytes and then found the socket full is not the end of a burst.
+  if (burst_bytes_ == burst_before && burst_bytes_ > 0) {
+    spin_ = burst_data_ < kBulkBurst;
+    burst_bytes_ = burst_data_ = 0;
   }
   bool copies = !pending_rx_.empty() || (!chunks_.empty() && chunks_.front().fence != 0);
   if ((spin_ || copies) && now - last_progress_ < config_.busy_poll) return Turn::kAgain;

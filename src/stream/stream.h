@@ -103,9 +103,9 @@ class StreamHost {
   virtual bool rx_paused() { return false; }
 };
 
-// A burst of this many bytes (read and written by the passes since the last that moved nothing) is
-// bulk: the stream does not busy-poll after it. Twice the default eager limit, so that small
-// messages keep their spin.
+// A burst (the passes since the last one that moved no byte) that sent or received this many bytes
+// of data chunks, whole, is bulk: the stream does not busy-poll after it. Control frames and eager
+// messages never count, so small messages keep their spin however many are in flight.
 inline constexpr uint64_t kBulkBurst = 32 << 10;
 
 struct StreamConfig {
@@ -225,11 +225,12 @@ class Stream {
   // The pass's state between turns.
   Status failure_;
   Clock::time_point last_progress_, prev_, wake_by_;
-  uint64_t burst_bytes_ = 0;  // read and written since the last pass that moved nothing
-  bool spin_ = true;          // the last burst was small: busy-poll after it
-  bool armed_ = false;       // sleeping_ is set
-  bool want_room_ = false;  // the last write found no room
-  bool paused_ = false;     // the host paused reading
+  uint64_t burst_bytes_ = 0;  // bytes read and written since the last pass that moved none
+  uint64_t burst_data_ = 0;   // of which data chunks' payloads, counted once a chunk is whole
+  bool spin_ = true;          // the last burst was not bulk: busy-poll after it
+  bool armed_ = false;        // sleeping_ is set
+  bool want_room_ = false;    // the last write found no room
+  bool paused_ = false;       // the host paused reading
 
   // Transmit.
   struct OutFrame {

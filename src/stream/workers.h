@@ -2,7 +2,7 @@
 // threads do not grow with endpoints or streams (docs/threading.md):
 //  - a stream that moves bytes stays *active*: its worker turns it (Stream::turn, one pass of
 //    transmit, receive, copies and timers) round after round, and keeps it active through the
-//    busy-poll window;
+//    busy-poll window (not after bulk data: kBulkBurst in stream.h);
 //  - an idle stream *parks*: its conduit's file descriptors go into the worker's epoll set
 //    (one-shot) and its next deadline (keepalive, peer timeout, an operation's deadline, copies in
 //    flight) into the worker's timer map. An event, the deadline or a poster's wake-up

@@ -1,9 +1,13 @@
 // When a stream busy-polls after progress and when it parks at once (StreamConfig::busy_poll,
-// kBulkBurst). The test thread turns the stream itself and reads the other end of its socket.
+// kBulkBurst). The test thread turns the stream itself, as a worker would, and drains the other
+// end of its socket after every pass. The busy-poll window (30 s) outlasts the test, so a stream
+// that parks does so by the rule, never by the clock.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <deque>
+#include <stdexcept>
 #include <memory>
 #include <vector>
 
@@ -13,19 +17,24 @@
 namespace dmx::stream {
 namespace {
 
-// Hands the stream one host-memory chunk of `len` bytes, then nothing.
-class OneChunkHost : public StreamHost {
+// Hands the stream the data chunks given to it, one at a time, from host memory.
+class ChunkHost : public StreamHost {
  public:
-  explicit OneChunkHost(size_t len) : data_(len, 0x5a) {}
-  Result<RxPlan> on_header(int, const wire::FrameHeader&) override { return RxPlan{.kind = RxPlan::Kind::kDiscard}; }
+  void give(size_t len) { lens_.push_back(len); }
+  Result<RxPlan> on_header(int, const wire::FrameHeader&) override {
+    RxPlan plan;
+    plan.kind = RxPlan::Kind::kDiscard;
+    return plan;
+  }
   Status on_landed(int, const wire::FrameHeader&, RxPlan&) override { return Status(); }
   bool next_chunk(int, TxItem* out) override {
-    if (given_) return false;
-    given_ = true;
+    if (lens_.empty()) return false;
+    out->len = lens_.front();
+    lens_.pop_front();
+    data_.resize(std::max(data_.size(), out->len), 0x5a);
     out->header.type = wire::FrameType::kSendData;
-    out->header.a1 = data_.size();
+    out->header.a1 = out->len;
     out->src = data_.data();
-    out->len = data_.size();
     out->ctx = std::make_shared<int>(0);  // on_sent is called for frames with a handle
     return true;
   }
@@ -37,50 +46,134 @@ class OneChunkHost : public StreamHost {
   int sent = 0;
 
  private:
+  std::deque<size_t> lens_;
   std::vector<char> data_;
-  bool given_ = false;
 };
 
-// Sends one chunk of `len` bytes on a data stream whose busy-poll window outlasts the test, and
-// returns the passes after it until the stream parks (kMaxPasses: it kept polling).
 constexpr int kMaxPasses = 50;
-int passes_until_park(size_t len) {
-  int fds[2];
-  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds), 0);
-  UniqueFd peer(fds[1]);
-  StreamConfig config;
-  config.index = 1;
-  config.busy_poll = std::chrono::seconds(30);
-  config.keepalive = std::chrono::seconds(60);
-  config.peer_timeout = std::chrono::seconds(60);
-  OneChunkHost host(len);
-  Stream s(config, std::make_unique<SocketConduit>(UniqueFd(fds[0])), &host, nullptr);
-  std::vector<char> sink(1 << 20);
-  auto drain = [&] {
-    while (::read(peer.get(), sink.data(), sink.size()) > 0) {
-    }
-  };
-  for (int i = 0; i < 10000 && host.sent == 0; ++i) {
-    EXPECT_NE(s.turn(), Stream::Turn::kDone);
-    drain();
+
+// A data stream (index 1) over a socketpair; `sndbuf` > 0 makes every pass write only a piece.
+class Rig {
+ public:
+  explicit Rig(int sndbuf = 0) {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) != 0) throw std::runtime_error("socketpair");
+    peer_ = UniqueFd(fds[1]);
+    if (sndbuf > 0) ::setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    StreamConfig config;
+    config.index = 1;
+    config.busy_poll = std::chrono::seconds(30);
+    config.keepalive = std::chrono::seconds(60);
+    config.peer_timeout = std::chrono::seconds(60);
+    stream_ = std::make_unique<Stream>(config, std::make_unique<SocketConduit>(UniqueFd(fds[0])), &host, nullptr);
   }
-  EXPECT_EQ(host.sent, 1);
-  int passes = 0;
-  while (passes < kMaxPasses && s.turn() == Stream::Turn::kAgain) ++passes;
-  s.stop();
-  return passes;
+  ~Rig() {
+    stream_->stop();
+    EXPECT_EQ(stream_->turn(), Stream::Turn::kDone);
+    stream_->finish();
+  }
+
+  // Turns until every chunk given so far is out, draining the peer after each pass; returns the
+  // passes that wrote them.
+  int send(int chunks) {
+    int passes = 0;
+    for (; passes < 100000 && host.sent < chunks; ++passes) {
+      EXPECT_NE(stream_->turn(), Stream::Turn::kDone);
+      while (::read(peer_.get(), sink_.data(), sink_.size()) > 0) {
+      }
+    }
+    EXPECT_EQ(host.sent, chunks);
+    return passes;
+  }
+  // Passes until the stream parks (kMaxPasses: it kept polling), as its worker then sleeps.
+  int passes_until_park() {
+    int passes = 0;
+    Stream::Turn t = Stream::Turn::kAgain;
+    while (passes < kMaxPasses && (t = stream_->turn()) == Stream::Turn::kAgain) ++passes;
+    if (t == Stream::Turn::kSleep) stream_->woke();
+    EXPECT_NE(t, Stream::Turn::kDone);
+    return passes;
+  }
+  Stream& stream() { return *stream_; }
+
+  ChunkHost host;
+
+ private:
+  UniqueFd peer_;
+  std::vector<char> sink_ = std::vector<char>(1 << 20);
+  std::unique_ptr<Stream> stream_;
+};
+
+// Its first pass with nothing to do sets the sleeping flag (Stream::turn); the next parks.
+constexpr int kParkAtOnce = 1;
+
+TEST(StreamBusyPoll, SmallChunksKeepPolling) {
+  for (size_t len : {size_t{8}, size_t{kBulkBurst / 2}}) {
+    Rig rig;
+    rig.host.give(len);
+    rig.send(1);
+    EXPECT_EQ(rig.passes_until_park(), kMaxPasses) << len;
+  }
 }
 
-TEST(StreamBusyPoll, SmallFramesKeepPolling) {
-  EXPECT_EQ(passes_until_park(8), kMaxPasses);
-  EXPECT_EQ(passes_until_park(kBulkBurst / 2), kMaxPasses);
+TEST(StreamBusyPoll, BulkChunksParkAtOnce) {
+  for (size_t len : {size_t{kBulkBurst}, size_t{256} << 10}) {
+    Rig rig;
+    rig.host.give(len);
+    rig.send(1);
+    EXPECT_EQ(rig.passes_until_park(), kParkAtOnce) << len;
+  }
 }
 
-// One pass to say it may sleep (sleeping_), one more to find nothing queued meanwhile: then it
-// parks, inside the busy-poll window.
-TEST(StreamBusyPoll, BulkDataParksAtOnce) {
-  EXPECT_LE(passes_until_park(kBulkBurst), 2);
-  EXPECT_LE(passes_until_park(256 << 10), 2);
+// Two small chunks in one burst add up to bulk, also when each pass ends with the socket full.
+TEST(StreamBusyPoll, ABurstIsJudgedWhole) {
+  for (int sndbuf : {0, 4096}) {
+    Rig rig(sndbuf);
+    rig.host.give(kBulkBurst / 2);
+    rig.host.give(kBulkBurst / 2);
+    rig.send(2);
+    EXPECT_EQ(rig.passes_until_park(), kParkAtOnce) << sndbuf;
+  }
+}
+
+// A chunk written a few KiB per pass, the socket full at the end of each: the burst is the chunk,
+// not the last piece.
+TEST(StreamBusyPoll, AChunkWrittenInPiecesIsOneBurst) {
+  Rig rig(4096);
+  rig.host.give(256 << 10);
+  EXPECT_GT(rig.send(1), 2);  // really in pieces
+  EXPECT_EQ(rig.passes_until_park(), kParkAtOnce);
+}
+
+// After bulk data, the next small message gets the spin back.
+TEST(StreamBusyPoll, SmallAfterBulkPollsAgain) {
+  Rig rig;
+  rig.host.give(256 << 10);
+  rig.send(1);
+  EXPECT_EQ(rig.passes_until_park(), kParkAtOnce);
+  rig.host.give(8);
+  rig.send(2);
+  EXPECT_EQ(rig.passes_until_park(), kMaxPasses);
+}
+
+// Eager messages and control frames are small messages however many go at once: 64 KiB of EAGER
+// frames in one burst keep the spin.
+TEST(StreamBusyPoll, EagerFramesNeverCountAsBulk) {
+  Rig rig;
+  for (int i = 0; i < 4; ++i) {
+    TxItem item;
+    item.header.type = wire::FrameType::kEager;
+    item.owned.assign(16 << 10, 0x33);
+    item.src = item.owned.data();
+    item.len = item.owned.size();
+    rig.stream().push_control(std::move(item));
+  }
+  rig.send(0);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(rig.stream().turn(), Stream::Turn::kAgain);  // writes them, then polls
+  }
+  EXPECT_EQ(rig.stream().stats().frames_sent, 4u);
+  EXPECT_EQ(rig.passes_until_park(), kMaxPasses);
 }
 
 }  // namespace
