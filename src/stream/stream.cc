@@ -480,8 +480,8 @@ Stream::Turn Stream::turn() {
   }
   // Bulk data does not spin: the next chunk's wake-up costs little beside the chunk's own copy,
   // and a spinning worker takes a core from the ones copying (docs/performance.md). Device copies
-  // in flight do: they complete without an event to wake us.
-  // A pass that wrote some bytes and then found the socket full is not the end of a burst.
+  // in flight do: they complete without an event to wake us. A burst ends at a pass that moved no
+  // byte; one that wrote and then found the socket full has not ended it.
   if (burst_bytes_ == burst_before && burst_bytes_ > 0) {
     spin_ = burst_data_ < kBulkBurst;
     burst_bytes_ = burst_data_ = 0;

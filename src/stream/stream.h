@@ -118,7 +118,7 @@ struct StreamConfig {
   std::chrono::microseconds tick{10'000};  // the granularity of deadlines (they fire late by at most this)
   // After any progress the worker polls without sleeping for this long: a message that follows
   // within the window costs no wake-up (latency), at the price of a busy core meanwhile. Not after
-  // a burst of kBulkBurst bytes or more (Stream::turn).
+  // bulk data (kBulkBurst).
   std::chrono::microseconds busy_poll{50};
   std::string peer;  // for messages
   // Stamp every inline data frame and EAGER with the CRC32C of its bytes (computed by the device
