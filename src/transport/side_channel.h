@@ -21,11 +21,11 @@
 
 namespace dmx {
 
-// A connected Unix socket (SOCK_SEQPACKET) that carries small messages and file
-// descriptors (SCM_RIGHTS). Every receive is strict: the message must fit, the number of fds must
-// be exactly the expected one, truncated control data (MSG_CTRUNC) is an error, and any fd that
-// arrives unexpectedly is closed. Every wait takes a deadline. EOF/POLLHUP reads as kPeerFailed
-// naming the peer's pid.
+// A connected Unix socket (SOCK_SEQPACKET) that carries small messages and file descriptors
+// (SCM_RIGHTS). Every receive is strict: the message must fit, the number of fds must be exactly
+// the expected one, truncated control data (MSG_CTRUNC) is an error, and any fd that arrives
+// unexpectedly is closed. Every wait takes a deadline. EOF/POLLHUP reads as kPeerFailed naming
+// the peer's pid.
 class UnixChannel {
  public:
   static constexpr size_t kMaxMessage = 64 * 1024;
