@@ -19,9 +19,6 @@ uint64_t ns_since(Clock::time_point t) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
 }
 
-// A rendezvous chunk: what bulk data travels in (kBulkBurst). EAGER is a whole small message.
-bool data_chunk(wire::FrameType t) { return wire::carries_data(t) && t != wire::FrameType::kEager; }
-
 }  // namespace
 
 Stream::Stream(StreamConfig config, std::unique_ptr<Conduit> conduit, StreamHost* host, StagingPool* pool)
@@ -250,7 +247,7 @@ Status Stream::step_tx(Io* io) {
 void Stream::frame_sent(TxItem& item) {
   stats_.frames_sent.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_sent.fetch_add(item.len, std::memory_order_relaxed);
-  if (data_chunk(item.header.type)) burst_data_ += item.len;
+  if (wire::is_chunk(item.header.type)) burst_data_ += item.len;
   if (item.slot >= 0 && item.slot < 2 * config_.slots) free_tx_slots_.push_back(item.slot);
   if (config_.index == 0)
     DMX_TRACE_POINT(item.header.type == wire::FrameType::kEager      ? "s0.out.eager"
@@ -300,7 +297,7 @@ Status Stream::finish_payload() {
   in_payload_ = false;
   stats_.frames_received.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_received.fetch_add(rx_.payload_len, std::memory_order_relaxed);
-  if (data_chunk(rx_.type)) burst_data_ += rx_.payload_len;
+  if (wire::is_chunk(rx_.type)) burst_data_ += rx_.payload_len;
   if (rx_plan_.kind == RxPlan::Kind::kDevice && rx_.payload_len > 0) {
     DMX_TRACE_POINT("st.h2d");
     DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));

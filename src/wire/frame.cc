@@ -96,7 +96,7 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   h.a2 = get_u64(b + 40);
   h.a3 = get_u64(b + 48);
   DMX_ASSIGN_OR_RETURN(uint32_t max, max_payload(h.type, limits));
-  bool data = h.type == FrameType::kSendData || h.type == FrameType::kWriteData || h.type == FrameType::kReadData;
+  bool data = is_chunk(h.type);
   uint8_t allowed_flags = h.type == FrameType::kWriteData ? kFlagNotify : 0;
   if (carries_data(h.type)) allowed_flags |= kFlagChecksum;
   if ((h.flags & ~allowed_flags) != 0)

@@ -79,10 +79,13 @@ struct FrameHeader {
   uint32_t crc = 0;  // with kFlagChecksum
 };
 
-// Frames whose bytes a checksum covers: the data frames and EAGER.
-inline bool carries_data(FrameType t) {
-  return t == FrameType::kSendData || t == FrameType::kWriteData || t == FrameType::kReadData || t == FrameType::kEager;
+// The data frames: a chunk of a rendezvous message, a write or a read's reply.
+inline bool is_chunk(FrameType t) {
+  return t == FrameType::kSendData || t == FrameType::kWriteData || t == FrameType::kReadData;
 }
+
+// Frames whose bytes a checksum covers: the data frames and EAGER.
+inline bool carries_data(FrameType t) { return is_chunk(t) || t == FrameType::kEager; }
 
 using HeaderBytes = std::array<unsigned char, kHeaderSize>;
 
