@@ -476,7 +476,7 @@ Stream::Turn Stream::turn() {
     return Turn::kAgain;
   }
   // Bulk data does not spin: the next chunk's wake-up costs little beside the chunk's own copy,
-  // and a spinning worker takes a core from the ones copying (docs/performance.md). Device copies
+  // and spinning after it cost CPU for no speed (docs/performance.md). Device copies
   // in flight do: they complete without an event to wake us. A burst ends at a pass that moved no
   // byte; one that wrote and then found the socket full has not ended it.
   if (burst_bytes_ == burst_before && burst_bytes_ > 0) {
