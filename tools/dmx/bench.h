@@ -99,6 +99,7 @@ struct Result1 {  // one size
   // (the endpoint's per-chunk checksums, folded), equal to the source's.
   bool checksum_ok = false;
   uint64_t peer_path_chunks_received = 0, peer_path_chunks_inline = 0;  // the server's (Reply)
+  std::vector<uint64_t> stream_bytes_sent;  // this side's, per stream, in the throughput phase
   std::string error;
 };
 

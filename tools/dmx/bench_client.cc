@@ -173,7 +173,11 @@ Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size) {
   }
 
   if (o.phase) o.phase->store("throughput");
+  std::vector<uint64_t> before = ep.stats().stream_bytes_sent;
   DMX_ASSIGN_OR_RETURN(Phase bw, run_plan(ep, o, p, local, pong));
+  out.stream_bytes_sent = ep.stats().stream_bytes_sent;
+  for (size_t i = 0; i < out.stream_bytes_sent.size() && i < before.size(); ++i)
+    out.stream_bytes_sent[i] -= before[i];
   out.seconds = bw.secs;
   out.gb_per_s = bw.secs > 0 ? static_cast<double>(size) * p.iters / bw.secs / 1e9 : 0;
   out.msg_per_s = bw.secs > 0 ? p.iters / bw.secs : 0;

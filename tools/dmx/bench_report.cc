@@ -60,7 +60,8 @@ void print_row(const Result1& r, bool json, const ClientOptions& co, const Endpo
                      {"d2h_copies", st.d2h_copies},
                      {"h2d_copies", st.h2d_copies},
                      {"peer_path_chunks_received", r.peer_path_chunks_received},
-                     {"peer_path_chunks_inline", r.peer_path_chunks_inline}};
+                     {"peer_path_chunks_inline", r.peer_path_chunks_inline},
+                     {"stream_bytes_sent", r.stream_bytes_sent}};
     for (const auto& p : st.paths)
       j["paths"].push_back({{"name", p.name},
                             {"detail", p.detail},
