@@ -86,6 +86,8 @@ class Worker {
 
   // Starts the thread on first use. `core` keeps the set's state alive while the thread runs.
   void attach(Stream* s, std::shared_ptr<void> core) {
+    streams_.fetch_add(1, std::memory_order_relaxed);
+    if (s->slot_.bulk) bulk_.fetch_add(1, std::memory_order_relaxed);
     s->slot_.worker.store(this, std::memory_order_release);
     std::lock_guard<std::mutex> lock(mu_);
     s->slot_.attached = true;
@@ -111,6 +113,11 @@ class Worker {
   void quit() {
     thread_.quit([this] { ring(); });
   }
+
+  // Streams on this worker that have not ended, and those of them that carry data: placement
+  // (Workers::add) reads them as a hint.
+  uint32_t streams() const { return streams_.load(std::memory_order_relaxed); }
+  uint32_t bulk() const { return bulk_.load(std::memory_order_relaxed); }
 
  private:
   void ring() {
@@ -139,6 +146,7 @@ class Worker {
   std::vector<Stream*> taken_;  // take_ready's, swapped with ready_
   std::multimap<Clock::time_point, Stream*> timers_;
   size_t attached_ = 0;
+  std::atomic<uint32_t> streams_{0}, bulk_{0};  // attach() adds, detach() takes away
 };
 
 // Ends streams off the workers: Stream::finish may wait (copies, the endpoint's paths), and the
@@ -325,6 +333,8 @@ void Worker::detach(Stream* s) {
     slot.queued = false;
   }
   --attached_;
+  streams_.fetch_sub(1, std::memory_order_relaxed);
+  if (slot.bulk) bulk_.fetch_sub(1, std::memory_order_relaxed);
   for (int& fd : slot.fds) {
     if (fd >= 0) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
     fd = -1;
@@ -343,13 +353,29 @@ Workers::~Workers() {
   core_->closer.quit();
 }
 
-void Workers::add(Stream* s, std::shared_ptr<void> keep_alive, std::function<void()> after_exit) {
+void Workers::add(Stream* s, bool bulk, std::shared_ptr<void> keep_alive, std::function<void()> after_exit) {
   s->slot_.keep_alive = std::move(keep_alive);
   s->slot_.after_exit = std::move(after_exit);
-  uint64_t i = core_->next.fetch_add(1, std::memory_order_relaxed) % core_->workers.size();
-  core_->workers[i]->attach(s, core_);
+  s->slot_.bulk = bulk;
+  // The counts are a hint: endpoints that start at once may both pick the same worker.
+  const auto& ws = core_->workers;
+  auto rank = [&](const Worker& w) {
+    return bulk ? std::pair(w.bulk(), w.streams()) : std::pair(w.streams(), w.bulk());
+  };
+  size_t from = core_->next.fetch_add(1, std::memory_order_relaxed) % ws.size(), best = from;
+  for (size_t k = 1; k < ws.size(); ++k) {
+    size_t i = (from + k) % ws.size();
+    if (rank(*ws[i]) < rank(*ws[best])) best = i;
+  }
+  ws[best]->attach(s, core_);
 }
 
 bool Workers::on_worker_thread() { return t_worker; }
+
+std::vector<Workers::Load> Workers::loads() const {
+  std::vector<Load> out;
+  for (const auto& w : core_->workers) out.push_back(Load{w->streams(), w->bulk()});
+  return out;
+}
 
 }  // namespace dmx::stream

@@ -70,12 +70,16 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     ep->own_workers_ = std::make_unique<stream::Workers>(1, "dmx-ep");
     workers = ep->own_workers_.get();
   }
-  for (auto& s : ep->streams_)
-    workers->add(s.get(), ep, [h = ep->holders_] {
+  // Inline chunks ride the data streams: stream 0 alone, or 1..N beside it; with a payload path
+  // the one stream carries control frames and the paths' chunk headers only.
+  for (size_t i = 0; i < ep->streams_.size(); ++i) {
+    bool bulk = !ep->has_paths_ && (i > 0 || ep->streams_.size() == 1);
+    workers->add(ep->streams_[i].get(), bulk, ep, [h = ep->holders_] {
       std::lock_guard<std::mutex> g(h->mu);
       --h->count;
       h->cv.notify_all();  // under the lock: the waiter may release `h` right after
     });
+  }
   return ep;
 }
 
