@@ -33,6 +33,7 @@
 #include "stream/conduit.h"
 #include "transport/path.h"
 #include "transport/side_channel.h"
+#include "transport/striping.h"
 
 namespace dmx {
 
@@ -109,6 +110,9 @@ class Transport {
   // What it gives (above). The registry holds one kStreams transport: the one whose chunks go
   // inline when no path is agreed, and whose name the transport setting uses for "streams only".
   virtual Gives gives() const { return Gives::kPath; }
+  // Gives::kStreams: how the inline chunks of an endpoint of more than one stream spread over
+  // them (transport/striping.h). Null: stream 0 alone carries them.
+  virtual std::unique_ptr<Striping> striping(StripingSetup setup) const { return nullptr; }
   // For the session's reason: what goes this way ("device sources go by cuda_ipc").
   virtual std::string role(const PeerPair& pair) const = 0;
   // Where `dmx probe` says when the engine chooses it.

@@ -1,6 +1,6 @@
 // Striping over TCP streams: with no payload path, every stream pulls chunks while its pipeline
-// has room, and none may hold more than one chunk beyond the least loaded
-// (EndpointImpl::stream_load_), so the chunks of large messages spread over the streams rather
+// has room, and none may hold more than one chunk beyond the least loaded (the tcp transport's
+// striping, transport/tcp/striping.cc), so the chunks of large messages spread over the streams rather
 // than filling the pipeline of the one that happens to be turned first. Beside more than one
 // data stream, stream 0 is the control stream and pulls none.
 #include <gtest/gtest.h>

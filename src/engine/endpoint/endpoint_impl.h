@@ -198,9 +198,8 @@ class EndpointImpl final : public stream::StreamHost,
   Status check_accepts(uint64_t bits, std::string_view what) const;
   // Hands the next chunk of `t` to `ps`; fills the header frame to write. Caller holds mu_.
   Status post_path_chunk(PathState& ps, Transfer& t, uint64_t len, stream::TxItem* out);
-  void wake_for(const Transfer& t);  // the data streams a new transfer needs
+  void wake_for(const Transfer& t);  // the streams a new transfer needs
   uint64_t inline_chunk(const Transfer& t) const;  // the chunk of a transfer sent inline
-  bool leave_to_least_loaded(int stream);  // the balancing of inline chunks across data streams
   void note_fallback(const PathState& ps, const Status& why);  // once per path: why it was passed over
   Status chunk_failure(const Status& s) const;  // a path's failed chunk, as the op reports it
   bool post_eager_by_path(const std::shared_ptr<OpState>& op, const MemRegion& src, wire::FrameHeader h);
@@ -321,10 +320,9 @@ class EndpointImpl final : public stream::StreamHost,
   std::unordered_map<uint64_t, std::shared_ptr<OpState>> sends_;   // rendezvous, by msg
   std::deque<Transfer> tx_;
   std::atomic<bool> has_tx_{false};  // == !tx_.empty(); read without mu_ by polling streams
-  // Inline chunks each stream took and has not written yet: a stream ahead of the least loaded by
-  // more than kStreamSlack leaves the next chunk to it, so a busy stream does not take them all.
-  // Changed under mu_, read without it (leave_to_least_loaded).
-  std::vector<std::atomic<uint32_t>> stream_load_;
+  // How inline chunks spread over more than one stream: the streams' transport's (tcp). Set
+  // before the streams start, never changed.
+  std::unique_ptr<Striping> striping_;
   std::deque<std::shared_ptr<OpState>> posted_;                     // unmatched recvs
   std::deque<std::shared_ptr<Unexpected>> unexpected_;
   // The peer closed in order: what it sent before (its sends completed) stays receivable. Once

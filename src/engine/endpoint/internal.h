@@ -12,9 +12,6 @@ namespace dmx::endpoint {
 
 // Per-message cost charged against the peer's unexpected budget (so empty messages count too).
 inline constexpr uint64_t kEagerOverhead = 64;
-// How many more inline chunks a stream may have in its pipeline than the least loaded stream
-// (EndpointImpl::stream_load_).
-inline constexpr uint32_t kStreamSlack = 1;
 // An Inbound whose total is not known yet.
 inline constexpr uint64_t kUnknownTotal = UINT64_MAX;
 // Chunks one payload path may have in flight from this side.
