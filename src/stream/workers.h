@@ -17,9 +17,10 @@
 // other stream to the one with the fewest streams (ties rotate): so the data streams of one
 // endpoint, and of the endpoints beside it, run on different workers when there are enough, and
 // control streams fill the gaps. Dealt round-robin instead, the two endpoints of a loopback bench
-// (18 streams on 16 workers) put two data streams on one worker, which then carried a third less. Blocking inside a turn holds up every stream of that
-// worker: streams wait only on copies they issued (bounded), and a completion callback, which may
-// run on a worker, must not wait for dmx (include/dmx/request.h).
+// (18 streams on 16 workers) put two data streams on one worker, whose sending stream then carried
+// half the bytes of the others. Blocking inside a turn holds up every stream of that worker:
+// streams wait only on copies they issued (bounded), and a completion callback, which may run on a
+// worker, must not wait for dmx (include/dmx/request.h).
 #pragma once
 
 #include <sys/epoll.h>

@@ -15,7 +15,9 @@ constexpr uint64_t kChunk = 1 << 20, kHostChunk = 256 << 10;
 
 struct Rig {
   explicit Rig(size_t streams)
-      : striping(tcp::make_striping(StripingSetup{streams, kChunk, kHostChunk, [this](int i) { woken.push_back(i); }})) {}
+      : striping(tcp::make_striping(StripingSetup{streams, kChunk, kHostChunk, [this](int i) {
+          woken.push_back(i);
+        }})) {}
   std::vector<int> woken;
   std::unique_ptr<Striping> striping;
 };

@@ -45,11 +45,13 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
         std::make_unique<stream::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
   }
   // More than one stream: the streams' transport stripes the inline chunks over them.
-  if (ep->streams_.size() > 1)
+  if (ep->streams_.size() > 1) {
+    auto wake = [e = ep.get()](int i) { e->streams_[static_cast<size_t>(i)]->wake(); };
     for (const auto& t : ep->session_.agreed)
       if (t->gives() == Gives::kStreams)
-        ep->striping_ = t->striping(StripingSetup{ep->streams_.size(), ep->session_.chunk_size, p.host_chunk_size,
-                                                  [e = ep.get()](int i) { e->streams_[static_cast<size_t>(i)]->wake(); }});
+        ep->striping_ =
+            t->striping(StripingSetup{ep->streams_.size(), ep->session_.chunk_size, p.host_chunk_size, wake});
+  }
   assert((!ep->has_paths_ || ep->streams_.size() == 1) && "negotiate() opens one stream with a payload path");
   DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
                ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));

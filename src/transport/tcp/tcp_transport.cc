@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 #include "transport/tcp/striping.h"
 
 namespace dmx {
@@ -23,7 +25,9 @@ class TcpTransport final : public Transport {
     return same_version("tcp", a, b, kVersion);
   }
   Gives gives() const override { return Gives::kStreams; }
-  std::unique_ptr<Striping> striping(StripingSetup setup) const override { return tcp::make_striping(std::move(setup)); }
+  std::unique_ptr<Striping> striping(StripingSetup setup) const override {
+    return tcp::make_striping(std::move(setup));
+  }
   std::string role(const PeerPair&) const override { return "inline on the TCP streams"; }
   std::string when() const override {
     return "always, unless transport names another: every chunk no other agreed transport carries goes inline on "
