@@ -16,9 +16,9 @@
 // stream ends. A stream that carries data goes to the worker with the fewest such streams, any
 // other stream to the one with the fewest streams (ties rotate): so the data streams of one
 // endpoint, and of the endpoints beside it, run on different workers when there are enough, and
-// control streams fill the gaps. Dealt round-robin instead, the two endpoints of a loopback bench
-// (18 streams on 16 workers) put two data streams on one worker, whose sending stream then carried
-// half the bytes of the others. Blocking inside a turn holds up every stream of that worker:
+// control streams fill the gaps (docs/threading.md). The counts are a hint: endpoints created at
+// once on two threads may still pick one worker. Blocking inside a turn holds up every stream of
+// that worker:
 // streams wait only on copies they issued (bounded), and a completion callback, which may run on a
 // worker, must not wait for dmx (include/dmx/request.h).
 #pragma once
@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>

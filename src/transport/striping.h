@@ -5,6 +5,7 @@
 // wrote (wrote) each.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 
@@ -15,7 +16,9 @@ namespace dmx {
 struct StripingSetup {
   size_t streams = 0;  // the endpoint's, the control stream 0 included
   uint64_t chunk_size = 0, host_chunk_size = 0;
-  std::function<void(int)> wake;  // makes stream i pull (it may be parked); any thread
+  // Makes stream i pull (it may be parked). Called from pulls() on stream threads and from
+  // wake_for() under the endpoint's lock: it must not take that lock. Outlives the striping.
+  std::function<void(int)> wake;
 };
 
 class Striping {

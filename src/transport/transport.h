@@ -111,7 +111,7 @@ class Transport {
   // inline when no path is agreed, and whose name the transport setting uses for "streams only".
   virtual Gives gives() const { return Gives::kPath; }
   // Gives::kStreams: how the inline chunks of an endpoint of more than one stream spread over
-  // them (transport/striping.h). Null: stream 0 alone carries them.
+  // them (transport/striping.h). A kStreams transport must give one; others give none.
   virtual std::unique_ptr<Striping> striping(StripingSetup setup) const { return nullptr; }
   // For the session's reason: what goes this way ("device sources go by cuda_ipc").
   virtual std::string role(const PeerPair& pair) const = 0;

@@ -23,6 +23,7 @@
 #include "engine/transports.h"
 #include "stream/stream.h"
 #include "transport/path.h"
+#include "transport/striping.h"
 
 namespace dmx {
 

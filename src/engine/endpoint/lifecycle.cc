@@ -51,6 +51,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
       if (t->gives() == Gives::kStreams)
         ep->striping_ =
             t->striping(StripingSetup{ep->streams_.size(), ep->session_.chunk_size, p.host_chunk_size, wake});
+    assert(ep->striping_ && "more than one stream: the agreed kStreams transport stripes them");
   }
   assert((!ep->has_paths_ || ep->streams_.size() == 1) && "negotiate() opens one stream with a payload path");
   DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
