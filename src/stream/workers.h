@@ -18,9 +18,8 @@
 // endpoint, and of the endpoints beside it, run on different workers when there are enough, and
 // control streams fill the gaps (docs/threading.md). The counts are a hint: endpoints created at
 // once on two threads may still pick one worker. Blocking inside a turn holds up every stream of
-// that worker:
-// streams wait only on copies they issued (bounded), and a completion callback, which may run on a
-// worker, must not wait for dmx (include/dmx/request.h).
+// that worker: streams wait only on copies they issued (bounded), and a completion callback, which
+// may run on a worker, must not wait for dmx (include/dmx/request.h).
 #pragma once
 
 #include <sys/epoll.h>
