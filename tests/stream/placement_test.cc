@@ -100,7 +100,21 @@ TEST(StreamPlacement, EachDataStreamGetsAWorkerOfItsOwn) {
   }
 }
 
-// More data streams than workers: they spread evenly, and control streams still go where there
+// Streams alternating between data and control on two workers: each worker gets one of each.
+// Dealt round-robin, one worker ran both data streams and the other both control streams.
+TEST(StreamPlacement, ControlStreamsGoWhereFewestStreamsRun) {
+  Rig rig(2);
+  rig.add(1, true);
+  rig.add(0, false);
+  rig.add(2, true);
+  rig.add(0, false);
+  for (const auto& l : rig.workers().loads()) {
+    EXPECT_EQ(l.bulk, 1u);
+    EXPECT_EQ(l.streams, 2u);
+  }
+}
+
+// More data streams than workers (round-robin spreads these too: this checks the counts add up): they spread evenly, and control streams still go where there
 // are fewest streams of any kind.
 TEST(StreamPlacement, DataStreamsSpreadEvenlyPastOnePerWorker) {
   Rig rig(3);
