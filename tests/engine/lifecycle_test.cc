@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "dmx_test_paths.h"
 #include "engine/test_util.h"
 
 namespace dmx::test {

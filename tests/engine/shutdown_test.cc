@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/reaper.h"
+#include "engine/exit_helper_path.h"
 #include "engine/test_util.h"
 
 extern char** environ;

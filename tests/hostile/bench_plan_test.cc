@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "dmx_test_paths.h"
 #include "hostile/hostile_util.h"
 
 namespace dmx::test {

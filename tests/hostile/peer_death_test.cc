@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "dmx_test_paths.h"
 #include "engine/test_util.h"
 
 namespace dmx::test {

@@ -7,6 +7,8 @@
 #include <set>
 #include <string>
 
+#include "dmx_test_paths.h"
+
 namespace {
 
 TEST(LynxCli, BenchLoopbackPrintsRows) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "dmx/dmx.h"
+#include "nccl/nccl_test_paths.h"
 #include "tests/nccl/harness.h"
 
 extern char** environ;
