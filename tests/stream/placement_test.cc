@@ -114,8 +114,8 @@ TEST(StreamPlacement, ControlStreamsGoWhereFewestStreamsRun) {
   }
 }
 
-// More data streams than workers (round-robin spreads these too: this checks the counts add up): they spread evenly, and control streams still go where there
-// are fewest streams of any kind.
+// More data streams than workers: they spread evenly, and control streams still go where there
+// are fewest streams of any kind (round-robin spreads these too: this checks the counts add up).
 TEST(StreamPlacement, DataStreamsSpreadEvenlyPastOnePerWorker) {
   Rig rig(3);
   for (int i = 0; i < 7; ++i) rig.add(1 + i, true);
