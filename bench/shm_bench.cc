@@ -161,7 +161,10 @@ int main(int argc, char** argv) {
   pid_t child = ::fork();
   if (child == 0) {
     { UnixChannel drop = std::move(pair->first); }
-    auto link = shm::ShmLink::accept(std::move(pair->second), Deadline::after(std::chrono::seconds(10)));
+    // Each process its own crew, made after the fork (threads do not survive it), as the engine's.
+    auto link = shm::ShmLink::accept(std::move(pair->second), Deadline::after(std::chrono::seconds(10)),
+                                     options.copy_threads > 1 ? std::make_shared<CopyCrew>(options.copy_threads)
+                                                              : nullptr);
     if (!link.ok()) ::_exit(2);
     shm::ShmLink& l = **link;
     char* buf = host_buffer(max_size, 3);
@@ -198,6 +201,7 @@ int main(int argc, char** argv) {
     }
   }
   { UnixChannel drop = std::move(pair->second); }
+  if (options.copy_threads > 1) options.crew = std::make_shared<CopyCrew>(options.copy_threads);
   auto link = shm::ShmLink::create(std::move(pair->first), options, Deadline::after(std::chrono::seconds(10)));
   if (!link.ok()) {
     fmt::print(stderr, "shm_bench: {}\n", link.status().to_string());
@@ -262,11 +266,11 @@ int main(int argc, char** argv) {
     // *_busy: fraction of the round inside progress() (copying); *_copy_GBps: bytes / that time.
     fmt::print(
         "{{\"bench\":\"shm.host_to_host\",\"size\":{},\"iters\":{},\"rounds\":{},\"slot_size\":{},"
-        "\"slots\":{},\"shm_GBps\":{:.2f},\"memcpy_1thread_GBps\":{:.2f},\"ratio\":{:.3f},"
+        "\"slots\":{},\"copy_threads\":{},\"shm_GBps\":{:.2f},\"memcpy_1thread_GBps\":{:.2f},\"ratio\":{:.3f},"
         "\"memcpy_cold_dst_GBps\":{:.2f},\"tx_busy\":{:.2f},\"tx_wait\":{:.2f},\"tx_copy_GBps\":{:.2f},"
         "\"tx_faults\":{},\"tx_wakeups\":{},\"rx_busy\":{:.2f},\"rx_wait\":{:.2f},\"rx_copy_GBps\":{:.2f},"
         "\"rx_faults\":{},\"rx_wakeups\":{}}}\n",
-        size, iters, rounds, options.slot_size, options.slots, best, ref, best / ref, cold, tx_busy, tx_wait,
+        size, iters, rounds, options.slot_size, options.slots, options.copy_threads, best, ref, best / ref, cold, tx_busy, tx_wait,
         tx_busy > 0 ? best / tx_busy : 0.0, tx_faults, tx_wakeups, best_ack.progress_s / round_s,
         best_ack.wait_s / round_s, best_ack.progress_s > 0 ? bytes / best_ack.progress_s / 1e9 : 0.0, best_ack.faults,
         best_ack.wakeups);

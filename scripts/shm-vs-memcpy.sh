@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # shm host -> host against single-thread memcpy, side by side, N rounds (issue 17).
 #
-#   scripts/shm-vs-memcpy.sh [-b BUILD] [-o OLD_BUILD] [-n ROUNDS] [-s SIZES] [-r "SLOT:SLOTS ..."] [-j OUT.jsonl]
+#   scripts/shm-vs-memcpy.sh [-b BUILD] [-o OLD_BUILD] [-n ROUNDS] [-s SIZES] [-r "SLOT:SLOTS ..."]
+#                            [-e "VAR=VALUE[,VAR=VALUE] ..."] [-j OUT.jsonl]
 #
 # Each round runs, one after the other on an otherwise idle machine:
 #   - bench/ref/memcpy_host.py: single-thread memcpy, warm destination (compare.py's reference);
@@ -12,16 +13,17 @@
 #   - BUILD/tools/dmx/dmx bench --listen/--connect, host -> host, --transport shm (the engine);
 #   - the same two from OLD_BUILD when given (a build of the base commit), at its own defaults,
 #     right after the new ones in every round (A/B in the same minutes);
-#   - with -r, the new binaries again at each ring shape (DMX_SHM_SLOT_SIZE / DMX_SHM_SLOTS).
+#   - with -r, the new binaries again at each ring shape (DMX_SHM_SLOT_SIZE / DMX_SHM_SLOTS);
+#   - with -e, the new binaries again with each set of settings (e.g. DMX_SHM_COPY_THREADS=1).
 # Prints one table at the end; -j also keeps every row as JSON lines.
 # Defaults: BUILD=build, ROUNDS=3, SIZES=1M,16M,256M.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-B=build OLD="" N=3 SIZES=1M,16M,256M SHAPES="" JSON=""
-while getopts "b:o:n:s:r:j:h" o; do
+B=build OLD="" N=3 SIZES=1M,16M,256M SHAPES="" SETS="" JSON=""
+while getopts "b:o:n:s:r:e:j:h" o; do
   case $o in
-    b) B=$OPTARG ;; o) OLD=$OPTARG ;; n) N=$OPTARG ;; s) SIZES=$OPTARG ;; r) SHAPES=$OPTARG ;; j) JSON=$OPTARG ;;
-    *) sed -n '2,15p' "$0"; exit 2 ;;
+    b) B=$OPTARG ;; o) OLD=$OPTARG ;; n) N=$OPTARG ;; s) SIZES=$OPTARG ;; r) SHAPES=$OPTARG ;; e) SETS=$OPTARG ;;
+    j) JSON=$OPTARG ;; *) sed -n '2,17p' "$0"; exit 2 ;;
   esac
 done
 for f in "$B/bench/shm_bench" "$B/tools/dmx/dmx"; do [[ -x $f ]] || { echo "missing $f (ninja -C $B shm_bench dmx)" >&2; exit 2; }; done
@@ -84,6 +86,12 @@ for r in $(seq "$N"); do
       --max-size "$MAX" --rounds 1 | emit "$r" "shm_bench" new "$shape"
     dmx_pair "$B/tools/dmx/dmx" DMX_SHM_SLOT_SIZE="${shape%%:*}" DMX_SHM_SLOTS="${shape##*:}" |
       emit "$r" "dmx bench" new "$shape"
+  done
+  for set in $SETS; do
+    IFS=, read -ra vars <<<"$set"
+    env "${vars[@]}" "$B/bench/shm_bench" --min-size "$MIN" --max-size "$MAX" --rounds 1 |
+      emit "$r" "shm_bench $set" new default
+    dmx_pair "$B/tools/dmx/dmx" "${vars[@]}" | emit "$r" "dmx bench $set" new default
   done
 done
 

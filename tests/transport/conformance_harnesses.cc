@@ -66,6 +66,9 @@ const std::vector<Harness>& harnesses() {
   static const std::vector<Harness> all = {
       {"tcp", MemSpec{}, [] { return std::string(); }, [](int, Options o) { return forced(o, "tcp"); }, "", ""},
       {"shm", MemSpec{}, [] { return std::string(); }, [](int, Options o) { return forced(o, "shm"); }, "shm", ""},
+      // shm with large copies shared by a crew of threads on each side (the default on 4 CPUs or more).
+      {"shmCrew", MemSpec{}, [] { return std::string(); },
+       [](int, Options o) { return forced(o.set("shm_copy_threads", "3"), "shm"); }, "shm", ""},
       {"devmem", MemSpec{MemKind::kSim, 0}, [] { return std::string(); }, devmem_context, "devmem", ""},
       // devmem receiving by io_uring zcrx (SimNic's zcrx double): the same suite through ZcrxRx.
       {"devmemZcrx", MemSpec{MemKind::kSim, 0}, [] { return std::string(); }, devmem_zcrx_context, "devmem", ""},

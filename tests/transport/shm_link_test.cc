@@ -24,10 +24,10 @@ struct LinkPair {
   std::unique_ptr<ShmLink> a, b;
 };
 
-LinkPair make_threaded_pair(LinkOptions options = {}) {
+LinkPair make_threaded_pair(LinkOptions options = {}, std::shared_ptr<CopyCrew> accept_crew = nullptr) {
   auto p = UnixChannel::pair();
   EXPECT_TRUE(p.ok());
-  auto fut = std::async(std::launch::async, [&] { return ShmLink::accept(std::move(p->second), secs(10)); });
+  auto fut = std::async(std::launch::async, [&] { return ShmLink::accept(std::move(p->second), secs(10), accept_crew); });
   auto a = ShmLink::create(std::move(p->first), options, secs(10));
   auto b = fut.get();
   EXPECT_TRUE(a.ok()) << a.status().to_string();
@@ -70,6 +70,19 @@ TEST(ShmLink, OddSizesAndOffsetsThreads) {
     for (auto [so, dso] : {std::pair<size_t, size_t>{0, 0}, {1, 7}, {4093, 3}}) send_one(lp, id++, n, so, dso);
   EXPECT_GT(lp.a->stats().host_copies, 0u);
   EXPECT_EQ(lp.a->stats().device_copies, 0u);
+}
+
+// Large copies into and out of the slots shared by a crew on each side (ordinary stores into the
+// ring, non-temporal out of it from kBulkMessage up), one way and then the other.
+TEST(ShmLink, OddSizesAndOffsetsWithCopyCrews) {
+  LinkPair lp = make_threaded_pair({.slot_size = 4 << 20, .slots = 4, .crew = std::make_shared<CopyCrew>(3)},
+                                   std::make_shared<CopyCrew>(2));
+  ASSERT_TRUE(lp.a && lp.b);
+  MsgId id = 1;
+  for (size_t n : {size_t(512 * 1024), size_t(1 << 20) + 1, kBulkMessage - 1, kBulkMessage, size_t(64 << 20) + 3})
+    for (auto [so, dso] : {std::pair<size_t, size_t>{0, 0}, {1, 7}, {4093, 3}}) send_one(lp, id++, n, so, dso);
+  std::swap(lp.a, lp.b);
+  for (size_t n : {size_t(3 << 20) + 5, size_t(17 << 20) + 1}) send_one(lp, id++, n, 5, 1);
 }
 
 TEST(ShmLink, TruncatedMessageFailsAloneAndTheNextArrives) {

@@ -24,6 +24,7 @@ inline constexpr uint64_t kRegionMagic = 0x646d782d73686d31ull;  // "dmx-shm1"
 inline constexpr uint32_t kRegionVersion = 1;
 inline constexpr size_t kMinSlotSize = 4096, kMaxSlotSize = 64ull << 20;
 inline constexpr uint32_t kMinSlots = 2, kMaxSlots = 1024;
+inline constexpr int kMaxCopyThreads = 8;  // shm_copy_threads
 inline constexpr size_t kMaxRegion = 4ull << 30;
 
 struct alignas(64) SharedWord {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/copy_crew.h"
 #include "dmx/memory.h"
 #include "dmx/status.h"
 #include "transport/side_channel.h"
@@ -51,9 +52,14 @@ struct LinkOptions {
   uint32_t slots = 16;            // slots per direction (2 - 1024)
   // How long wait() spins before sleeping on the eventfd (latency vs CPU).
   std::chrono::microseconds spin{50};
+  // Shares large host copies into and out of slots with other threads (null: this thread alone).
+  // Local to each side, like spin.
+  std::shared_ptr<CopyCrew> crew;
+  int copy_threads = 1;  // shm_copy_threads: the size of the crew the caller makes
 };
 
-// The options from the configuration table (shm_slot_size, shm_slots, shm_spin), checked.
+// The options from the configuration table (shm_slot_size, shm_slots, shm_spin), checked; the crew
+// is the caller's to add.
 Result<LinkOptions> link_options(const Config& config);
 
 // The message ids both sides agree on (the engine assigns them on its control channel); ids of
@@ -92,8 +98,10 @@ class ShmLink {
   // The listening side: makes the shared region and eventfd and sends them over `channel`.
   static Result<std::unique_ptr<ShmLink>> create(UnixChannel channel, const LinkOptions& options,
                                                  Deadline deadline);
-  // The connecting side: receives, validates and maps what create() sent.
-  static Result<std::unique_ptr<ShmLink>> accept(UnixChannel channel, Deadline deadline);
+  // The connecting side: receives, validates and maps what create() sent. The ring's shape is the
+  // creator's; `crew` is this side's (null: copies on the link's thread alone).
+  static Result<std::unique_ptr<ShmLink>> accept(UnixChannel channel, Deadline deadline,
+                                                 std::shared_ptr<CopyCrew> crew = nullptr);
 
   // Queue a message. `src`/`dst` stay owned by the caller until the completion; the region may be
   // of any kind dmx knows (host, pinned, cuda, sim). A recv completes with kTruncated when the

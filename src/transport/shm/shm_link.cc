@@ -67,7 +67,9 @@ Result<LinkImpl::SlotCopy> LinkImpl::copy_slot(void* dst, const void* src, size_
   SlotCopy c;
   if (len == 0) return c;
   if (!user.is_device()) {
-    if (bulk)
+    if (options_.crew != nullptr)
+      options_.crew->copy(dst, src, len, bulk);
+    else if (bulk)
       stream_copy(dst, src, len);
     else
       std::memcpy(dst, src, len);

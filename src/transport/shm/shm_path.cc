@@ -269,13 +269,14 @@ void ShmPath::release(const Status& why, std::vector<Done>* done) {
 }  // namespace
 
 Result<std::unique_ptr<PayloadPath>> make_shm_path(UnixChannel channel, bool creator, const Config& config,
-                                                   Deadline deadline) {
+                                                   Deadline deadline, std::shared_ptr<CopyCrew> crew) {
   DMX_ASSIGN_OR_RETURN(shm::LinkOptions options, shm::link_options(config));
+  options.crew = std::move(crew);
   std::unique_ptr<shm::ShmLink> link;
   if (creator) {
     DMX_ASSIGN_OR_RETURN(link, shm::ShmLink::create(std::move(channel), options, deadline));
   } else {
-    DMX_ASSIGN_OR_RETURN(link, shm::ShmLink::accept(std::move(channel), deadline));
+    DMX_ASSIGN_OR_RETURN(link, shm::ShmLink::accept(std::move(channel), deadline, options.crew));
   }
   auto path = std::make_unique<ShmPath>(std::move(link), options.spin);
   DMX_LOG_DEBUG("{} ready", path->describe());

@@ -44,8 +44,9 @@ inline constexpr size_t kShmDescriptorSize = kLengthDescriptorSize;
 
 // `creator`: this side makes the shared region (ShmLink::create) — the side that accepted the
 // Unix connection; the other side maps it (ShmLink::accept). The layout comes from the creator's
-// configuration (shm_slot_size, shm_slots); the spin time from each side's own (shm_spin).
+// configuration (shm_slot_size, shm_slots); the spin time from each side's own (shm_spin). `crew`
+// shares this side's large copies (null: the path's thread alone).
 Result<std::unique_ptr<PayloadPath>> make_shm_path(UnixChannel channel, bool creator, const Config& config,
-                                                   Deadline deadline);
+                                                   Deadline deadline, std::shared_ptr<CopyCrew> crew = nullptr);
 
 }  // namespace dmx

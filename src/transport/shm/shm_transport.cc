@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <mutex>
+
 #include "transport/shm/control_pipe.h"
 #include "transport/shm/shm_path.h"
 
@@ -44,11 +46,26 @@ class ShmTransport final : public Transport {
            "channel connects";
   }
   Result<TransportLink> connect(Bootstrap& b) override {
+    DMX_ASSIGN_OR_RETURN(shm::LinkOptions options, shm::link_options(b.config()));
     DMX_ASSIGN_OR_RETURN(UnixChannel ch, b.side_channel());
     TransportLink link;
-    DMX_ASSIGN_OR_RETURN(link.path, make_shm_path(std::move(ch), b.client(), b.config(), b.deadline()));
+    DMX_ASSIGN_OR_RETURN(link.path, make_shm_path(std::move(ch), b.client(), b.config(), b.deadline(),
+                                                  crew(options.copy_threads)));
     return link;
   }
+
+ private:
+  // One crew for every link of this context, made by the first link that needs one (its
+  // configuration sets the size; the configuration is the context's).
+  std::shared_ptr<CopyCrew> crew(int threads) {
+    if (threads <= 1) return nullptr;
+    std::lock_guard lock(mu_);
+    if (crew_ == nullptr) crew_ = std::make_shared<CopyCrew>(threads);
+    return crew_;
+  }
+
+  std::mutex mu_;
+  std::shared_ptr<CopyCrew> crew_;
 };
 
 class ShmPipeTransport final : public Transport {

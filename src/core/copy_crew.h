@@ -1,0 +1,73 @@
+// A few threads that share one large host copy with its caller. One core copies from DRAM at what
+// the misses it can keep in flight allow (about 8-11 GB/s on the GPU machine's VMs), well below
+// what the memory moves: a second core on the same copy nearly doubles it.
+//
+// The caller cuts the copy into pieces and takes pieces itself; helpers that are awake take the
+// others. A helper asleep when the copy starts costs nothing but a late start: the caller never
+// waits for a helper to wake, only for pieces a helper has already begun. Helpers start at the
+// first copy (a crew that never copies has no threads), spin briefly after each copy for the
+// next one (a large message is many copies back to back) and then sleep.
+//
+// Thread-safe: one copy at a time uses the helpers; a copy that finds them taken by another
+// caller runs on its caller alone.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace dmx {
+
+class CopyCrew {
+ public:
+  // `threads`: how many threads share a copy, the caller included (1: the caller alone). `piece`:
+  // the unit a thread takes (a multiple of 64); copies shorter than two pieces are the caller's.
+  explicit CopyCrew(int threads, size_t piece = kDefaultPiece);
+  ~CopyCrew();  // stops and joins the helpers (no copy may be running)
+  CopyCrew(const CopyCrew&) = delete;
+  CopyCrew& operator=(const CopyCrew&) = delete;
+
+  // Copies n bytes from src to dst (not overlapping), as memcpy, or as stream_copy (non-temporal
+  // stores) when `nt`. Returns when every byte is copied and visible to the caller.
+  void copy(void* dst, const void* src, size_t n, bool nt);
+
+  int threads() const { return helpers_wanted_ + 1; }
+  // Copies shared with at least one helper piece, and pieces helpers copied (for tests, stats).
+  uint64_t shared_copies() const { return shared_copies_.load(std::memory_order_relaxed); }
+  uint64_t helper_pieces() const { return helper_pieces_.load(std::memory_order_relaxed); }
+
+  static constexpr size_t kDefaultPiece = 256 * 1024;  // ~25 µs of one core: the caller's longest wait
+
+ private:
+  void start_helpers();
+  // One job of at most 0xffff pieces; true when a helper took part.
+  bool run_job(char* dst, const char* src, size_t n, bool nt);
+  void helper();
+  // Takes the next piece of job `gen`; false when the job has none left (or is another job).
+  bool claim(uint32_t gen, uint32_t* piece);
+  void copy_piece(uint32_t piece);
+
+  const int helpers_wanted_;
+  const size_t piece_;
+  std::mutex use_mu_;  // held by the caller whose copy the helpers share
+  std::once_flag started_;
+  std::vector<std::thread> helpers_;
+
+  // The job: its generation, piece count and next piece in one word, which is also what sleeping
+  // helpers wait on. The fields below are written by the caller before it publishes a new
+  // generation, and read by helpers only after claiming a piece of it (the caller rewrites them
+  // only once every piece is done).
+  std::atomic<uint64_t> word_{0};
+  std::atomic<uint32_t> done_{0};  // pieces of the current job finished
+  std::atomic<bool> stop_{false};
+  char* dst_ = nullptr;
+  const char* src_ = nullptr;
+  size_t n_ = 0;
+  bool nt_ = false;
+
+  std::atomic<uint64_t> shared_copies_{0}, helper_pieces_{0};
+};
+
+}  // namespace dmx
