@@ -71,7 +71,9 @@ TEST_P(Shutdown, ThreadCountReturnsToTheStartAfterEndpointsClose) {
   o.set("transport", GetParam());
   o.set("stream_workers", "1");  // started by the first pair
   Pair p = connect_pair(o);
-  one_message(p.client, p.server, 100000);  // lazily made threads (copy workers) exist from here
+  // Lazily made threads of the context (copy workers; shm's copy crew, which a 3 MiB message
+  // starts) exist from here.
+  one_message(p.client, p.server, 3 << 20);
   EXPECT_TRUE(p.client.close().ok());
   EXPECT_TRUE(p.server.close().ok());
   p.client = Endpoint();
