@@ -38,7 +38,11 @@ CopyCrew::~CopyCrew() {
 
 void CopyCrew::start_helpers() {
   helpers_.reserve(helpers_wanted_);
-  for (int i = 0; i < helpers_wanted_; ++i) helpers_.emplace_back([this] { helper(); });
+  for (int i = 0; i < helpers_wanted_; ++i) {
+    helpers_.emplace_back([this] { helper(); });
+    // Named here, not by the thread itself: named once the first shared copy returns.
+    pthread_setname_np(helpers_.back().native_handle(), "dmx-copy");
+  }
 }
 
 bool CopyCrew::claim(uint32_t gen, uint32_t* piece) {
@@ -64,6 +68,7 @@ void CopyCrew::copy_piece(uint32_t piece) {
 }
 
 void CopyCrew::copy(void* dst, const void* src, size_t n, bool nt) {
+  if (n == 0) return;  // src and dst may then be null, which memcpy does not allow
   std::unique_lock<std::mutex> use(use_mu_, std::defer_lock);
   if (helpers_wanted_ == 0 || n < 2 * piece_ || !use.try_lock()) {
     if (nt)
@@ -109,7 +114,6 @@ bool CopyCrew::run_job(char* dst, const char* src, size_t n, bool nt) {
 }
 
 void CopyCrew::helper() {
-  pthread_setname_np(pthread_self(), "dmx-copy");
   uint64_t seen = word_.load(std::memory_order_acquire);
   while (!stop_.load(std::memory_order_acquire)) {
     uint32_t gen = gen_of(seen), piece;
