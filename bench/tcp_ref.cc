@@ -2,9 +2,11 @@
 // a receiver thread with blocking sockets, cycling through their share of WINDOW x SIZE bytes of
 // source and destination memory (what `dmx bench` keeps in flight). iperf3 reads and writes one
 // 128 KiB buffer that stays in cache; `hot` does the same here, so the two references differ only
-// in the memory the copies touch.
+// in the memory the copies touch. `hot-src` and `hot-dst` keep only one side in cache (which
+// side's memory costs what); `bounce` receives into a 256 KiB buffer per connection and copies
+// from there into the destination with non-temporal stores (no read for ownership of its lines).
 //
-//   tcp_ref STREAMS SIZE WINDOW SECONDS [hot]
+//   tcp_ref STREAMS SIZE WINDOW SECONDS [cold|hot|hot-src|hot-dst|bounce]
 //
 // Prints one line: streams, bytes per stream buffer, GB/s (decimal) received.
 #include <arpa/inet.h>
@@ -23,6 +25,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "core/stream_copy.h"
 
 namespace {
 
@@ -54,11 +58,16 @@ void sender(int fd, std::vector<char>& buf, size_t piece, const std::atomic<bool
   }
 }
 
-void receiver(int fd, std::vector<char>& buf, size_t piece, std::atomic<uint64_t>& got, const std::atomic<bool>& stop) {
+void receiver(int fd, std::vector<char>& buf, size_t piece, bool bounce, std::atomic<uint64_t>& got,
+              const std::atomic<bool>& stop) {
+  std::vector<char> near(bounce ? size_t{256} << 10 : 0);
   for (size_t off = 0; !stop.load(std::memory_order_relaxed); off = (off + piece) % buf.size()) {
     for (size_t done = 0; done < piece;) {
-      ssize_t k = ::recv(fd, buf.data() + off + done, piece - done, 0);
+      size_t want = piece - done;
+      if (bounce) want = std::min(want, near.size());
+      ssize_t k = ::recv(fd, bounce ? near.data() : buf.data() + off + done, want, 0);
       if (k <= 0) return;
+      if (bounce) dmx::stream_copy(buf.data() + off + done, near.data(), static_cast<size_t>(k));
       done += static_cast<size_t>(k);
       got.fetch_add(static_cast<uint64_t>(k), std::memory_order_relaxed);
     }
@@ -69,18 +78,25 @@ void receiver(int fd, std::vector<char>& buf, size_t piece, std::atomic<uint64_t
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: tcp_ref STREAMS SIZE WINDOW SECONDS [hot]\n");
+    std::fprintf(stderr, "usage: tcp_ref STREAMS SIZE WINDOW SECONDS [cold|hot|hot-src|hot-dst|bounce]\n");
     return 2;
   }
   int streams = std::atoi(argv[1]);
   size_t size = std::strtoull(argv[2], nullptr, 0), window = std::strtoull(argv[3], nullptr, 0);
   double seconds = std::atof(argv[4]);
-  bool hot = argc > 5 && std::string(argv[5]) == "hot";
+  const std::string mode = argc > 5 ? argv[5] : "cold";
+  const bool hot_src = mode == "hot" || mode == "hot-src", hot_dst = mode == "hot" || mode == "hot-dst";
+  const bool bounce = mode == "bounce";
+  if (!hot_src && !hot_dst && !bounce && mode != "cold") return 2;
   if (streams < 1 || size == 0 || window == 0 || seconds <= 0) return 2;
   // Each stream cycles through its share of the window; sends of at most 1 MiB (dmx's chunk).
-  size_t share = hot ? size_t{128} << 10 : std::max<size_t>(window * size / static_cast<size_t>(streams), 4096);
-  size_t piece = hot ? share : std::min<size_t>(share, size_t{1} << 20);
+  // `hot`: one 128 KiB buffer a side, in 128 KiB pieces (iperf3); `hot-src`/`hot-dst`: one side
+  // cycles through one piece, which stays in its core's cache.
+  size_t share = std::max<size_t>(window * size / static_cast<size_t>(streams), 4096);
+  size_t piece = mode == "hot" ? size_t{128} << 10 : std::min<size_t>(share, size_t{1} << 20);
+  if (mode == "hot") share = piece;
   share -= share % piece;
+  const size_t hot_share = piece;
 
   int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -101,15 +117,15 @@ int main(int argc, char** argv) {
   }
   std::vector<std::vector<char>> src, dst;
   for (int i = 0; i < streams; ++i) {
-    src.push_back(random_bytes(share, 1 + i));
-    dst.push_back(random_bytes(share, 100 + i));  // touched, as dmx bench's buffers are
+    src.push_back(random_bytes(hot_src ? hot_share : share, 1 + i));
+    dst.push_back(random_bytes(hot_dst ? hot_share : share, 100 + i));  // touched, as dmx bench's buffers are
   }
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> got{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < streams; ++i) {
     threads.emplace_back(sender, tx[i], std::ref(src[i]), piece, std::cref(stop));
-    threads.emplace_back(receiver, rx[i], std::ref(dst[i]), piece, std::ref(got), std::cref(stop));
+    threads.emplace_back(receiver, rx[i], std::ref(dst[i]), piece, bounce, std::ref(got), std::cref(stop));
   }
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds * 0.2));  // warm-up, not counted
   uint64_t g0 = got.load();
@@ -123,7 +139,7 @@ int main(int argc, char** argv) {
     ::shutdown(rx[i], SHUT_RDWR);
   }
   for (auto& t : threads) t.join();
-  std::printf("tcp_ref streams %d buffer %zu %s GB/s %.2f\n", streams, share, hot ? "hot" : "cold",
+  std::printf("tcp_ref streams %d buffer %zu %s GB/s %.2f\n", streams, share, mode.c_str(),
               static_cast<double>(g1 - g0) / secs / 1e9);
   return 0;
 }

@@ -60,6 +60,9 @@ struct TxItem {
 };
 
 // Where an arriving payload goes.
+// Transfers from this size are bulk for RxPlan (as shm's copies out of its ring).
+inline constexpr uint64_t kBulkTransfer = uint64_t{4} << 20;
+
 struct RxPlan {
   enum class Kind : uint8_t {
     kNone,     // no payload
@@ -74,6 +77,9 @@ struct RxPlan {
   std::vector<unsigned char> control;
   std::shared_ptr<void> ctx;  // the host's handle, given back in on_landed
   int host_tag = 0;           // the host's own marker, given back in on_landed
+  // kHost, a chunk of a transfer larger than a core's cache (kBulkTransfer): read through a buffer
+  // that stays in the worker's cache and stored into dst with non-temporal stores.
+  bool bulk = false;
   // With StreamConfig::checksum, for a frame with wire::kFlagChecksum and its bytes inline (kHost,
   // kDevice, kControl): the CRC32C of the bytes as they landed, for the host to compare.
   bool crc_checked = false;

@@ -13,6 +13,7 @@
 #include "core/crc32c.h"
 #include "core/sys.h"
 #include "engine/test_util.h"
+#include "stream/stream.h"
 #include "transport/conformance.h"
 #include "transport/transport_test_util.h"
 
@@ -165,7 +166,9 @@ TEST_P(Conformance, WriteAndReadWithTheLandedNotification) {
   Pair p = connect();
   ASSERT_TRUE(p.client.valid() && p.server.valid());
   const MemSpec mem = GetParam().mem;
-  const size_t n = 2 * kChunk + 5, at = 3;
+  // Past stream::kBulkTransfer (4 MiB): tcp lands the write and the read's reply as bulk.
+  const size_t n = 4 * kChunk + 5, at = 3;
+  static_assert(4 * kChunk + 5 > stream::kBulkTransfer);
   Buffer target = poisoned(mem, n + 11);
   auto reg = p.server_ctx.register_memory(target.region());
   ASSERT_TRUE(reg.ok()) << reg.status().to_string();

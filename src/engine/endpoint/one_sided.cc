@@ -73,7 +73,7 @@ Result<stream::RxPlan> EndpointImpl::plan_write(const FrameHeader& h, uint64_t l
   if (w.hi - w.lo > w.total)
     return protocol(fmt::format("write op {} touched [{}, {}) of key 0x{:x}, more than its {} bytes", h.id, w.lo, w.hi,
                                 h.a0, w.total));
-  return plan_into(r.sub(h.a1, len), nullptr);
+  return plan_into(r.sub(h.a1, len), nullptr, w.total);
 }
 
 void EndpointImpl::land_write(const FrameHeader& h, uint64_t len, const Status& moved) {

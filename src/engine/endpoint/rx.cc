@@ -15,9 +15,10 @@ using wire::FrameHeader;
 using wire::FrameType;
 using namespace endpoint;
 
-stream::RxPlan EndpointImpl::plan_into(const MemRegion& dst, std::shared_ptr<void> ctx) const {
+stream::RxPlan EndpointImpl::plan_into(const MemRegion& dst, std::shared_ptr<void> ctx, uint64_t transfer) const {
   stream::RxPlan p;
   p.kind = dst.where.is_device() ? stream::RxPlan::Kind::kDevice : stream::RxPlan::Kind::kHost;
+  p.bulk = transfer >= stream::kBulkTransfer;
   p.dst = dst.ptr;
   p.where = dst.where;
   p.ctx = std::move(ctx);
@@ -147,7 +148,7 @@ Result<stream::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, I
   if (op != nullptr && (op->phase == OpPhase::kActive || op->phase == OpPhase::kPosted)) {
     op->phase = OpPhase::kActive;
     ++op->inflight;
-    stream::RxPlan p = plan_into(op->region.sub(offset, len), nullptr);
+    stream::RxPlan p = plan_into(op->region.sub(offset, len), nullptr, in.total);
     p.host_tag = kTagCounted;
     return p;
   }
