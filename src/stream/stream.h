@@ -59,10 +59,10 @@ struct TxItem {
   uint64_t crc_ticket = 0;  // the device computes the source's CRC32C (StreamConfig::checksum)
 };
 
-// Where an arriving payload goes.
 // Transfers from this size are bulk for RxPlan (as shm's copies out of its ring).
 inline constexpr uint64_t kBulkTransfer = uint64_t{4} << 20;
 
+// Where an arriving payload goes.
 struct RxPlan {
   enum class Kind : uint8_t {
     kNone,     // no payload

@@ -105,7 +105,7 @@ Result<LinkOptions> link_options(const Config& config) {
     return Status(Code::kInvalidArgument,
                   fmt::format("shm_copy_threads = {}: allowed 0 (automatic) or 1-{}", threads, kMaxCopyThreads));
   // A helper takes a core while a large message moves: only where there are cores to spare (on
-  // two CPUs it slowed 1 MiB messages by half).
+  // two CPUs it took 1 MiB messages through the link alone from 38 to 16 GB/s).
   o.copy_threads = threads != 0 ? static_cast<int>(threads) : std::thread::hardware_concurrency() >= 4 ? 2 : 1;
   DMX_RETURN_IF_ERROR(compute_layout(o.slots, o.slot_size).status());
   return o;
