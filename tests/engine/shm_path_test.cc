@@ -135,13 +135,15 @@ struct Pair {
   }
 };
 
-std::unique_ptr<Pair> make_paths(const Config& c = config()) {
+std::unique_ptr<Pair> make_paths(const Config& c = config(), std::shared_ptr<CopyCrew> crew_a = nullptr,
+                                 std::shared_ptr<CopyCrew> crew_b = nullptr) {
   auto p = std::make_unique<Pair>();
   auto ch = UnixChannel::pair();
   EXPECT_TRUE(ch.ok());
   if (!ch.ok()) return p;
-  auto fut = std::async(std::launch::async, [&] { return make_shm_path(std::move(ch->second), false, c, secs(10)); });
-  auto a = make_shm_path(std::move(ch->first), true, c, secs(10));
+  auto fut = std::async(std::launch::async,
+                        [&] { return make_shm_path(std::move(ch->second), false, c, secs(10), crew_b); });
+  auto a = make_shm_path(std::move(ch->first), true, c, secs(10), crew_a);
   auto b = fut.get();
   EXPECT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_TRUE(b.ok()) << b.status().to_string();
@@ -251,6 +253,21 @@ TEST(ShmPath, SizesAndOddOffsets) {
   EXPECT_GT(sa.bytes_sent, uint64_t(64 << 20));
   EXPECT_GT(sa.host_copies, 0u);
   EXPECT_EQ(sa.device_copies, 0u);
+  EXPECT_TRUE(p->ra.failed().empty());
+  EXPECT_TRUE(p->rb.failed().empty());
+}
+
+// With a copy crew on each side (its own size each): the description says it, and the bytes of
+// chunks larger than two of its pieces arrive exact both ways.
+TEST(ShmPath, CopyCrewsShowInTheDescriptionAndMoveExactBytes) {
+  auto p = make_paths(config("4", "4M"), std::make_shared<CopyCrew>(3), std::make_shared<CopyCrew>(2));
+  ASSERT_TRUE(p->ok());
+  EXPECT_EQ(p->a->describe(), "shm 4 x 4 MiB slots, 3 copy threads");
+  EXPECT_EQ(p->b->describe(), "shm 4 x 4 MiB slots, 2 copy threads");
+  uint64_t seq = 0, back = 0;
+  for (size_t n : {size_t(1 << 20) + 3, size_t(kShmMaxChunk), size_t(32 << 20) + 5})
+    ASSERT_NO_FATAL_FAILURE(transfer(*p->a, p->ra, *p->b, p->rb, &seq, n, 5, 3));
+  ASSERT_NO_FATAL_FAILURE(transfer(*p->b, p->rb, *p->a, p->ra, &back, (9 << 20) + 1, 1, 7));
   EXPECT_TRUE(p->ra.failed().empty());
   EXPECT_TRUE(p->rb.failed().empty());
 }

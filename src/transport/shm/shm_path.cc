@@ -30,7 +30,10 @@ class ShmPath final : public PathBase {
                                  .with_peer(link->peer_name())
                                  .with_origin("shm")}),
         peer_(link->peer_name()),
-        describe_(fmt::format("shm {} x {} slots", link->options().slots, format_size(link->options().slot_size))),
+        describe_(fmt::format("shm {} x {} slots{}", link->options().slots, format_size(link->options().slot_size),
+                              link->options().crew != nullptr
+                                  ? fmt::format(", {} copy threads", link->options().crew->threads())
+                                  : "")),
         link_(std::move(link)) {}
 
   ~ShmPath() override { end_thread(); }
