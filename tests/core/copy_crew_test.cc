@@ -3,17 +3,16 @@
 // take part, and are gone with the crew.
 #include "core/copy_crew.h"
 
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <string>
 #include <thread>
 #include <vector>
+
+#include "proc_threads.h"
 
 namespace dmx {
 namespace {
@@ -38,22 +37,6 @@ uint64_t run_seed() {
     return s;
   }();
   return seed;
-}
-
-// Threads of this process named `name`.
-int threads_named(const std::string& name) {
-  int n = 0;
-  DIR* d = ::opendir("/proc/self/task");
-  if (d == nullptr) return -1;
-  while (dirent* e = ::readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/comm");
-    std::string comm;
-    std::getline(f, comm);
-    n += comm == name;
-  }
-  ::closedir(d);
-  return n;
 }
 
 // Copies n bytes from src+so to dst+dso through `crew`; checks them and 64 guard bytes each side.
@@ -109,13 +92,13 @@ TEST(CopyCrew, CallersAtOnceEachGetTheirBytes) {
 }
 
 TEST(CopyCrew, HelpersStartAtTheFirstSharedCopyTakePartAndEndWithTheCrew) {
-  const int before = threads_named("dmx-copy");
+  const int before = process_threads("dmx-copy");
   ASSERT_GE(before, 0);
   {
     auto crew = std::make_unique<CopyCrew>(3);
     std::vector<unsigned char> src = fresh(8u << 20, run_seed() + 7), dst(8u << 20);
     crew->copy(dst.data(), src.data(), 2 * kPiece - 1, false);  // the caller's alone
-    EXPECT_EQ(threads_named("dmx-copy"), before);
+    EXPECT_EQ(process_threads("dmx-copy"), before);
     EXPECT_EQ(crew->shared_copies(), 0u);
     // A helper asleep when a copy starts may miss it: copy until one took part (a deadline, not a
     // race: each copy is correct either way).
@@ -126,18 +109,18 @@ TEST(CopyCrew, HelpersStartAtTheFirstSharedCopyTakePartAndEndWithTheCrew) {
     }
     EXPECT_GT(crew->helper_pieces(), 0u);
     EXPECT_GT(crew->shared_copies(), 0u);
-    EXPECT_EQ(threads_named("dmx-copy"), before + 2);
+    EXPECT_EQ(process_threads("dmx-copy"), before + 2);
   }
-  EXPECT_EQ(threads_named("dmx-copy"), before);
+  EXPECT_EQ(process_threads("dmx-copy"), before);
 }
 
 TEST(CopyCrew, OneThreadHasNoHelpers) {
-  const int before = threads_named("dmx-copy");
+  const int before = process_threads("dmx-copy");
   CopyCrew crew(1);
   std::vector<unsigned char> src = fresh(4u << 20, run_seed() + 9), dst(4u << 20);
   crew.copy(dst.data(), src.data(), src.size(), true);
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), src.size()), 0);
-  EXPECT_EQ(threads_named("dmx-copy"), before);
+  EXPECT_EQ(process_threads("dmx-copy"), before);
   EXPECT_EQ(crew.helper_pieces(), 0u);
 }
 

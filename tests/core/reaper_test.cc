@@ -1,6 +1,5 @@
 // The reaper (core/reaper.h): a thread that drops the last reference to its own owner is joined
 // by the reaper, not detached; a thread joined by another is joined at once.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -10,27 +9,18 @@
 #include <thread>
 
 #include "core/reaper.h"
+#include "proc_threads.h"
 
 namespace dmx {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Threads of this process. The first thread a process makes can start runtime helpers (the
+// Threads of this process now. The first thread a process makes can start runtime helpers (the
 // ThreadSanitizer background thread): make and join one before taking a baseline.
-int thread_count() {
-  int n = 0;
-  DIR* d = ::opendir("/proc/self/task");
-  if (d == nullptr) return -1;
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') ++n;
-  ::closedir(d);
-  return n;
-}
-
 int baseline() {
   std::thread([] {}).join();
-  return thread_count();
+  return process_threads();
 }
 
 // Owns a thread; the thread destroys its owner as its last step, as a stream worker that drops
@@ -58,11 +48,11 @@ TEST(Reaper, ThreadThatDestroysItsOwnerIsJoinedByTheReaper) {
   auto until = std::chrono::steady_clock::now() + 10s;
   int calm = 0;
   while (calm < 50 && std::chrono::steady_clock::now() < until) {
-    calm = reaper_pending() == 0 && thread_count() <= start + 1 ? calm + 1 : 0;
+    calm = reaper_pending() == 0 && process_threads() <= start + 1 ? calm + 1 : 0;
     std::this_thread::sleep_for(1ms);
   }
   EXPECT_EQ(reaper_pending(), 0u);
-  EXPECT_EQ(thread_count(), start + 1);
+  EXPECT_EQ(process_threads(), start + 1);
 }
 
 TEST(Reaper, AnotherThreadJoinsAtOnce) {
@@ -72,7 +62,7 @@ TEST(Reaper, AnotherThreadJoinsAtOnce) {
   join_or_reap(t);
   EXPECT_FALSE(t.joinable());
   EXPECT_TRUE(ran);
-  EXPECT_EQ(thread_count(), start);  // joined here, not handed on
+  EXPECT_EQ(process_threads(), start);  // joined here, not handed on
   EXPECT_EQ(reaper_pending(), 0u);
 }
 

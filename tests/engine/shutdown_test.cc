@@ -1,19 +1,18 @@
 // Shutdown: every dmx thread is joined. After endpoints close the process has the threads it had
 // before; a handle dropped on its own worker is joined by the reaper; a process that exits right
 // after closing its endpoints leaves no thread running into its exit.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "core/reaper.h"
+#include "proc_threads.h"
 #include "engine/exit_helper_path.h"
 #include "engine/test_util.h"
 
@@ -24,33 +23,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-
-int thread_count() {
-  int n = 0;
-  DIR* d = ::opendir("/proc/self/task");
-  if (d == nullptr) return -1;
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') ++n;
-  ::closedir(d);
-  return n;
-}
-
-// Threads named "dmx-…": stream workers and their closer, path threads, the reaper. Not the
-// listener's set-up threads, which the listener joins when it next wakes (after accept returned).
-int named_thread_count() {
-  int n = 0;
-  DIR* d = ::opendir("/proc/self/task");
-  if (d == nullptr) return -1;
-  while (dirent* e = ::readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
-    std::string name;
-    std::getline(comm, name);
-    n += name.rfind("dmx-", 0) == 0 ? 1 : 0;
-  }
-  ::closedir(d);
-  return n;
-}
 
 void one_message(Endpoint& from, Endpoint& to, size_t n) {
   Filled src = filled(MemSpec{}, n);
@@ -78,7 +50,10 @@ TEST_P(Shutdown, ThreadCountReturnsToTheStartAfterEndpointsClose) {
   EXPECT_TRUE(p.server.close().ok());
   p.client = Endpoint();
   p.server = Endpoint();
-  const int start = named_thread_count();
+  // Threads named "dmx-…": stream workers and their closer, path threads, the copy crew, the
+  // reaper. Not the listener's set-up threads, which the listener joins when it next wakes (after
+  // accept returned).
+  const int start = process_threads("dmx-");
   for (int i = 0; i < 12; ++i) {
     auto c = p.ctx.connect(p.listener.address());
     ASSERT_TRUE(c.ok()) << c.status().to_string();
@@ -89,9 +64,9 @@ TEST_P(Shutdown, ThreadCountReturnsToTheStartAfterEndpointsClose) {
     // which names itself once it runs: a 100-byte message goes inline, without waiting for it.
     if (std::string(GetParam()) != "tcp") {
       auto until = std::chrono::steady_clock::now() + 5s;
-      while (named_thread_count() <= start && std::chrono::steady_clock::now() < until)
+      while (process_threads("dmx-") <= start && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(1ms);
-      EXPECT_GT(named_thread_count(), start);
+      EXPECT_GT(process_threads("dmx-"), start);
     }
     // Either side closes first, or the handles just go.
     if (i % 3 == 0) {
@@ -100,7 +75,7 @@ TEST_P(Shutdown, ThreadCountReturnsToTheStartAfterEndpointsClose) {
       EXPECT_TRUE(s->close().ok());
     }
   }
-  EXPECT_EQ(named_thread_count(), start);
+  EXPECT_EQ(process_threads("dmx-"), start);
   EXPECT_EQ(reaper_pending(), 0u);
 }
 
@@ -111,7 +86,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, Shutdown, ::testing::Values("tcp", "auto"))
 TEST(ShutdownReaper, HandleDroppedInItsOwnCallbackIsJoined) {
   Pair p = connect_pair(test_options(2));
   one_message(p.client, p.server, 100);
-  const int start = thread_count();
+  const int start = process_threads();
   auto server = std::make_shared<Endpoint>(std::move(p.server));
   Filled src = filled(MemSpec{}, 1000);
   Buffer dst = poisoned(MemSpec{}, 1000);
@@ -134,11 +109,11 @@ TEST(ShutdownReaper, HandleDroppedInItsOwnCallbackIsJoined) {
   auto until = Clock::now() + 20s;
   int calm = 0;
   while (calm < 50 && Clock::now() < until) {
-    calm = reaper_pending() == 0 && thread_count() <= start + 1 ? calm + 1 : 0;
+    calm = reaper_pending() == 0 && process_threads() <= start + 1 ? calm + 1 : 0;
     std::this_thread::sleep_for(1ms);
   }
   EXPECT_EQ(reaper_pending(), 0u);
-  EXPECT_LE(thread_count(), start + 1);
+  EXPECT_LE(process_threads(), start + 1);
 }
 
 // Under ThreadSanitizer a race with the exit makes the helper exit with 66.

@@ -1,27 +1,17 @@
 // Threads do not grow with streams or endpoints: a context runs every stream on its set of workers.
 // A peer cannot ask for more streams than max_streams, a context holds at most max_endpoints, both
 // refused with a reason that names the setting, and every thread is gone once its context is.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "hostile/hostile_util.h"
+#include "proc_threads.h"
 
 namespace dmx::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-int threads_now() {
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (dirent* e = ::readdir(d))
-      if (e->d_name[0] != '.') ++n;
-    ::closedir(d);
-  }
-  return n;
-}
 
 TEST(Limits, PeerAskingForTooManyStreamsIsRefusedClearly) {
   Options so = test_options(4);
@@ -76,7 +66,7 @@ TEST(Limits, EndpointsPerContextAreCappedAndComeBack) {
 // workers (and its closer), not a thread each. In the endpoint scope, one thread per endpoint.
 void busy_endpoints_add_few_threads(const char* scope, int allowed) {
   std::thread([] {}).join();  // ThreadSanitizer starts a thread of its own with a process's first
-  int before = threads_now();
+  int before = process_threads();
   {
     auto opts = test_options(4).set("transport", "tcp").set("stream_workers", "3").set("stream_worker_scope", scope);
     Server s = make_server(opts);
@@ -98,7 +88,7 @@ void busy_endpoints_add_few_threads(const char* scope, int allowed) {
       reqs.push_back(theirs[i].recv(MemRegion{dst.back().data(), dst.back().size(), {}}, 1));
       reqs.push_back(mine[i].send(MemRegion{src.back().data(), src.back().size(), {}}, 1));
     }
-    int busy = threads_now() - before;
+    int busy = process_threads() - before;
     for (auto& r : reqs) ASSERT_TRUE(r.wait(60s).ok());
     for (int i = 0; i < 10; ++i) EXPECT_EQ(src[i], dst[i]) << "endpoint " << i;
     std::printf("scope %s: 10 busy endpoint pairs of 4 streams: %d threads\n", scope, busy);
@@ -106,8 +96,8 @@ void busy_endpoints_add_few_threads(const char* scope, int allowed) {
     for (auto& e : mine) EXPECT_TRUE(e.close().ok());
     for (auto& e : theirs) EXPECT_TRUE(e.close().ok());
   }
-  int after = threads_now();
-  for (auto until = Clock::now() + 5s; Clock::now() < until && after > before; after = threads_now())
+  int after = process_threads();
+  for (auto until = Clock::now() + 5s; Clock::now() < until && after > before; after = process_threads())
     std::this_thread::sleep_for(10ms);
   // One more is the reaper (src/core/reaper.h), started if a thread happened to drop its own owner.
   EXPECT_LE(after, before + 1) << "threads left behind by closed contexts";
@@ -123,7 +113,7 @@ TEST(Limits, EndpointScopeRunsAnEndpointOnOneThread) { busy_endpoints_add_few_th
 // path's thread, whatever the streams setting; its stream runs on the context's workers.
 TEST(Limits, SameHostEndpointsOpenOneStream) {
   std::thread([] {}).join();
-  int before = threads_now();
+  int before = process_threads();
   Server s = make_server(test_options(8).set("stream_workers", "2"));
   auto client = Context::create(test_options(8).set("stream_workers", "2"));
   std::vector<Endpoint> eps;
@@ -138,7 +128,7 @@ TEST(Limits, SameHostEndpointsOpenOneStream) {
     ASSERT_TRUE(e.ok());
     eps.push_back(std::move(*e));
   }
-  int grew = threads_now() - before;
+  int grew = process_threads() - before;
   std::printf("%d same-host endpoint pairs with streams=8: %d threads (%.1f per endpoint)\n", kPairs, grew,
               grew / (2.0 * kPairs));
   // 1 per endpoint, 2 workers and the closer per context, the listener, set-up threads finishing.
