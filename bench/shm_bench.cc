@@ -163,8 +163,7 @@ int main(int argc, char** argv) {
     { UnixChannel drop = std::move(pair->first); }
     // Each process its own crew, made after the fork (threads do not survive it), as the engine's.
     auto link = shm::ShmLink::accept(std::move(pair->second), Deadline::after(std::chrono::seconds(10)),
-                                     options.copy_threads > 1 ? std::make_shared<CopyCrew>(options.copy_threads)
-                                                              : nullptr);
+                                     CopyCrew::make(options.copy_threads));
     if (!link.ok()) ::_exit(2);
     shm::ShmLink& l = **link;
     char* buf = host_buffer(max_size, 3);
@@ -201,7 +200,7 @@ int main(int argc, char** argv) {
     }
   }
   { UnixChannel drop = std::move(pair->second); }
-  if (options.copy_threads > 1) options.crew = std::make_shared<CopyCrew>(options.copy_threads);
+  options.crew = CopyCrew::make(options.copy_threads);
   auto link = shm::ShmLink::create(std::move(pair->first), options, Deadline::after(std::chrono::seconds(10)));
   if (!link.ok()) {
     fmt::print(stderr, "shm_bench: {}\n", link.status().to_string());

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -25,6 +26,10 @@ class CopyCrew {
   // `threads`: how many threads share a copy, the caller included (1: the caller alone). `piece`:
   // the unit a thread takes (a multiple of 64); copies shorter than two pieces are the caller's.
   explicit CopyCrew(int threads, size_t piece = kDefaultPiece);
+  // A crew of `threads`, or null for one thread (its copies are then plain memcpy/stream_copy).
+  static std::shared_ptr<CopyCrew> make(int threads) {
+    return threads > 1 ? std::make_shared<CopyCrew>(threads) : nullptr;
+  }
   ~CopyCrew();  // stops and joins the helpers (no copy may be running)
   CopyCrew(const CopyCrew&) = delete;
   CopyCrew& operator=(const CopyCrew&) = delete;

@@ -110,10 +110,13 @@ class Recorder : public PayloadPath::Events {
   std::function<void(uint64_t)> rx_hook_;
 };
 
-Config config(const std::string& slots = "16", const std::string& slot_size = "256K") {
+// The link options the engine would take from this configuration (no crew: tests add one).
+shm::LinkOptions config(const std::string& slots = "16", const std::string& slot_size = "256K") {
   auto c = Config::resolve(Options().set("shm_slots", slots).set("shm_slot_size", slot_size));
   EXPECT_TRUE(c.ok()) << c.status().to_string();
-  return *c;
+  auto o = shm::link_options(*c);
+  EXPECT_TRUE(o.ok()) << o.status().to_string();
+  return *o;
 }
 
 Deadline secs(int s) { return Deadline::after(std::chrono::seconds(s)); }
@@ -135,15 +138,17 @@ struct Pair {
   }
 };
 
-std::unique_ptr<Pair> make_paths(const Config& c = config(), std::shared_ptr<CopyCrew> crew_a = nullptr,
+std::unique_ptr<Pair> make_paths(const shm::LinkOptions& c = config(), std::shared_ptr<CopyCrew> crew_a = nullptr,
                                  std::shared_ptr<CopyCrew> crew_b = nullptr) {
   auto p = std::make_unique<Pair>();
   auto ch = UnixChannel::pair();
   EXPECT_TRUE(ch.ok());
   if (!ch.ok()) return p;
-  auto fut = std::async(std::launch::async,
-                        [&] { return make_shm_path(std::move(ch->second), false, c, secs(10), crew_b); });
-  auto a = make_shm_path(std::move(ch->first), true, c, secs(10), crew_a);
+  shm::LinkOptions ca = c, cb = c;
+  ca.crew = std::move(crew_a);
+  cb.crew = std::move(crew_b);
+  auto fut = std::async(std::launch::async, [&] { return make_shm_path(std::move(ch->second), false, cb, secs(10)); });
+  auto a = make_shm_path(std::move(ch->first), true, ca, secs(10));
   auto b = fut.get();
   EXPECT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_TRUE(b.ok()) << b.status().to_string();
@@ -488,7 +493,7 @@ TEST(ShmPath, StopWithChunksPendingCompletesThemPromptly) {
 TEST(ShmPath, StopBeforeStart) {
   auto ch = UnixChannel::pair();
   ASSERT_TRUE(ch.ok());
-  Config c = config();
+  shm::LinkOptions c = config();
   auto fut = std::async(std::launch::async, [&] { return make_shm_path(std::move(ch->second), false, c, secs(10)); });
   auto a = make_shm_path(std::move(ch->first), true, c, secs(10));
   auto b = fut.get();
@@ -514,7 +519,7 @@ TEST(ShmPath, KeepAliveReleasedAfterStopped) {
   auto holder = std::make_shared<Holder>();
   auto ch = UnixChannel::pair();
   ASSERT_TRUE(ch.ok());
-  Config c = config();
+  shm::LinkOptions c = config();
   auto fut = std::async(std::launch::async, [&] { return make_shm_path(std::move(ch->second), false, c, secs(10)); });
   auto a = make_shm_path(std::move(ch->first), true, c, secs(10));
   auto b = fut.get();
@@ -551,7 +556,7 @@ TEST(ShmPath, PeerKilledMidTransferFailsEveryPendingChunk) {
   ASSERT_EQ(::pipe(ready), 0);
   auto ch = UnixChannel::pair();
   ASSERT_TRUE(ch.ok());
-  Config c = config("4", "64K");
+  shm::LinkOptions c = config("4", "64K");
   pid_t child = ::fork();
   if (child == 0) {
     { UnixChannel drop = std::move(ch->first); }

@@ -54,7 +54,7 @@ struct LinkOptions {
   std::chrono::microseconds spin{50};
   // Shares large host copies into and out of slots with other threads (null: this thread alone).
   // Local to each side, like spin.
-  std::shared_ptr<CopyCrew> crew;
+  std::shared_ptr<CopyCrew> crew{};
   int copy_threads = 1;  // shm_copy_threads: the size of the crew the caller makes
 };
 

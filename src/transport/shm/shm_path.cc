@@ -271,10 +271,8 @@ void ShmPath::release(const Status& why, std::vector<Done>* done) {
 
 }  // namespace
 
-Result<std::unique_ptr<PayloadPath>> make_shm_path(UnixChannel channel, bool creator, const Config& config,
-                                                   Deadline deadline, std::shared_ptr<CopyCrew> crew) {
-  DMX_ASSIGN_OR_RETURN(shm::LinkOptions options, shm::link_options(config));
-  options.crew = std::move(crew);
+Result<std::unique_ptr<PayloadPath>> make_shm_path(UnixChannel channel, bool creator, const shm::LinkOptions& options,
+                                                   Deadline deadline) {
   std::unique_ptr<shm::ShmLink> link;
   if (creator) {
     DMX_ASSIGN_OR_RETURN(link, shm::ShmLink::create(std::move(channel), options, deadline));

@@ -43,10 +43,10 @@ static_assert(kShmMaxChunk >= shm::kBulkMessage);
 inline constexpr size_t kShmDescriptorSize = kLengthDescriptorSize;
 
 // `creator`: this side makes the shared region (ShmLink::create) — the side that accepted the
-// Unix connection; the other side maps it (ShmLink::accept). The layout comes from the creator's
-// configuration (shm_slot_size, shm_slots); the spin time from each side's own (shm_spin). `crew`
-// shares this side's large copies (null: the path's thread alone).
-Result<std::unique_ptr<PayloadPath>> make_shm_path(UnixChannel channel, bool creator, const Config& config,
-                                                   Deadline deadline, std::shared_ptr<CopyCrew> crew = nullptr);
+// Unix connection; the other side maps it (ShmLink::accept). `options` come from shm::link_options:
+// the layout is the creator's (shm_slot_size, shm_slots); the spin time (shm_spin) and the crew
+// that shares large copies (null: the path's thread alone) are each side's own.
+Result<std::unique_ptr<PayloadPath>> make_shm_path(UnixChannel channel, bool creator, const shm::LinkOptions& options,
+                                                   Deadline deadline);
 
 }  // namespace dmx

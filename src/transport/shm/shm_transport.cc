@@ -47,10 +47,10 @@ class ShmTransport final : public Transport {
   }
   Result<TransportLink> connect(Bootstrap& b) override {
     DMX_ASSIGN_OR_RETURN(shm::LinkOptions options, shm::link_options(b.config()));
+    options.crew = crew(options.copy_threads);
     DMX_ASSIGN_OR_RETURN(UnixChannel ch, b.side_channel());
     TransportLink link;
-    DMX_ASSIGN_OR_RETURN(link.path, make_shm_path(std::move(ch), b.client(), b.config(), b.deadline(),
-                                                  crew(options.copy_threads)));
+    DMX_ASSIGN_OR_RETURN(link.path, make_shm_path(std::move(ch), b.client(), options, b.deadline()));
     return link;
   }
 
@@ -58,9 +58,8 @@ class ShmTransport final : public Transport {
   // One crew for every link of this context, made by the first link that needs one (its
   // configuration sets the size; the configuration is the context's).
   std::shared_ptr<CopyCrew> crew(int threads) {
-    if (threads <= 1) return nullptr;
     std::lock_guard lock(mu_);
-    if (crew_ == nullptr) crew_ = std::make_shared<CopyCrew>(threads);
+    if (crew_ == nullptr) crew_ = CopyCrew::make(threads);
     return crew_;
   }
 
