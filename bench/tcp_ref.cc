@@ -4,9 +4,11 @@
 // 128 KiB buffer that stays in cache; `hot` does the same here, so the two references differ only
 // in the memory the copies touch. `hot-src` and `hot-dst` keep only one side in cache (which
 // side's memory costs what); `bounce` receives into a 256 KiB buffer per connection and copies
-// from there into the destination with non-temporal stores (no read for ownership of its lines).
+// from there into the destination with non-temporal stores (no read for ownership of its lines);
+// `bounce-src` copies the source, 256 KiB at a time, into a buffer that stays in cache and sends
+// from there; `bounce-both` does both.
 //
-//   tcp_ref STREAMS SIZE WINDOW SECONDS [cold|hot|hot-src|hot-dst|bounce]
+//   tcp_ref STREAMS SIZE WINDOW SECONDS [cold|hot|hot-src|hot-dst|bounce|bounce-src|bounce-both]
 //
 // Prints one line: streams, bytes per stream buffer, GB/s (decimal) received.
 #include <arpa/inet.h>
@@ -48,12 +50,23 @@ std::vector<char> random_bytes(size_t n, unsigned seed) {
 }
 
 // Sends the buffer, piece by piece, until `stop`.
-void sender(int fd, std::vector<char>& buf, size_t piece, const std::atomic<bool>& stop) {
+void sender(int fd, std::vector<char>& buf, size_t piece, bool bounce, const std::atomic<bool>& stop) {
+  std::vector<char> near(bounce ? size_t{256} << 10 : 0);
   for (size_t off = 0; !stop.load(std::memory_order_relaxed); off = (off + piece) % buf.size()) {
     for (size_t done = 0; done < piece;) {
-      ssize_t k = ::send(fd, buf.data() + off + done, piece - done, MSG_NOSIGNAL);
-      if (k <= 0) return;  // the receiver closed at the end
-      done += static_cast<size_t>(k);
+      const char* from = buf.data() + off + done;
+      size_t n = piece - done;
+      if (bounce) {
+        n = std::min(n, near.size());
+        std::memcpy(near.data(), from, n);
+        from = near.data();
+      }
+      for (size_t sent = 0; sent < n;) {
+        ssize_t k = ::send(fd, from + sent, n - sent, MSG_NOSIGNAL);
+        if (k <= 0) return;  // the receiver closed at the end
+        sent += static_cast<size_t>(k);
+      }
+      done += n;
     }
   }
 }
@@ -78,7 +91,8 @@ void receiver(int fd, std::vector<char>& buf, size_t piece, bool bounce, std::at
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: tcp_ref STREAMS SIZE WINDOW SECONDS [cold|hot|hot-src|hot-dst|bounce]\n");
+    std::fprintf(stderr,
+                 "usage: tcp_ref STREAMS SIZE WINDOW SECONDS [cold|hot|hot-src|hot-dst|bounce|bounce-src|bounce-both]\n");
     return 2;
   }
   int streams = std::atoi(argv[1]);
@@ -86,8 +100,9 @@ int main(int argc, char** argv) {
   double seconds = std::atof(argv[4]);
   const std::string mode = argc > 5 ? argv[5] : "cold";
   const bool hot_src = mode == "hot" || mode == "hot-src", hot_dst = mode == "hot" || mode == "hot-dst";
-  const bool bounce = mode == "bounce";
-  if (!hot_src && !hot_dst && !bounce && mode != "cold") return 2;
+  const bool bounce = mode == "bounce" || mode == "bounce-both";
+  const bool bounce_src = mode == "bounce-src" || mode == "bounce-both";
+  if (!hot_src && !hot_dst && !bounce && !bounce_src && mode != "cold") return 2;
   if (streams < 1 || size == 0 || window == 0 || seconds <= 0) return 2;
   // Each stream cycles through its share of the window; sends of at most 1 MiB (dmx's chunk).
   // `hot`: one 128 KiB buffer a side, in 128 KiB pieces (iperf3); `hot-src`/`hot-dst`: one side
@@ -124,7 +139,7 @@ int main(int argc, char** argv) {
   std::atomic<uint64_t> got{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < streams; ++i) {
-    threads.emplace_back(sender, tx[i], std::ref(src[i]), piece, std::cref(stop));
+    threads.emplace_back(sender, tx[i], std::ref(src[i]), piece, bounce_src, std::cref(stop));
     threads.emplace_back(receiver, rx[i], std::ref(dst[i]), piece, bounce, std::ref(got), std::cref(stop));
   }
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds * 0.2));  // warm-up, not counted
