@@ -26,12 +26,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Waits until `token` holds `want`, the way `how` says.
+// One direction of the hand-off: the token, and the eventfd and epoll set of the `epoll` way.
 struct Side {
   std::atomic<uint64_t> token{0};
   int efd = -1, ep = -1;
 };
 
+// Waits until `token` holds `want`, the way `how` says.
 void wait_for(Side& s, uint64_t want, const std::string& how) {
   if (how == "spin") {
     while (s.token.load(std::memory_order_acquire) != want) {
@@ -66,7 +67,10 @@ void run(const std::string& how, int rounds) {
     s->ep = ::epoll_create1(0);
     epoll_event e{};
     e.events = EPOLLIN;
-    ::epoll_ctl(s->ep, EPOLL_CTL_ADD, s->efd, &e);
+    if (s->efd < 0 || s->ep < 0 || ::epoll_ctl(s->ep, EPOLL_CTL_ADD, s->efd, &e) != 0) {
+      std::perror("wake_probe: eventfd/epoll");
+      std::exit(2);
+    }
   }
   std::thread partner([&] {
     for (int i = 1; i <= rounds; ++i) {
