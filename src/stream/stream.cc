@@ -513,7 +513,7 @@ Stream::Turn Stream::turn() {
     return Turn::kAgain;
   }
   // Nothing moved for a while: park until the conduit or a wake-up, or briefly while copies are in
-  // flight; at the latest until the next keepalive or deadline, rounded up to `tick` so that
+  // flight; at the latest until the next keepalive or deadline, but no less than `tick`, so that
   // deadlines close together share one wake-up.
   auto until_due = due == Clock::time_point::max()
                        ? config_.keepalive
