@@ -122,4 +122,8 @@ wire::Proof make_proof(const AuthKey& key, std::string_view label, const wire::N
 
 bool proofs_equal(const wire::Proof& a, const wire::Proof& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
+bool same_bytes(const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
 }  // namespace dmx

@@ -8,6 +8,7 @@
 // authentication off; both peers must agree.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,5 +30,7 @@ Result<AuthKey> load_auth_key(const Config& config);
 wire::Proof make_proof(const AuthKey& key, std::string_view label, const wire::Nonce& client,
                        const wire::Nonce& server, uint64_t session, uint16_t index = 0);
 bool proofs_equal(const wire::Proof& a, const wire::Proof& b);  // constant time
+// Constant time in the contents (not in the sizes, which are public).
+bool same_bytes(const std::vector<std::byte>& a, const std::vector<std::byte>& b);
 
 }  // namespace dmx

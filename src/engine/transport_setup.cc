@@ -60,7 +60,7 @@ Status accept_channels(const ContextImpl& ctx, const TransportList& agreed, cons
     bool owed = t && t->needs().side_channel;
     for (const auto& [have, c] : *out) owed = owed && have != name;
     std::vector<std::byte> expect = channel_proof(ctx, client, server, name);
-    if (!owed || msg.size() != expect.size() || std::memcmp(msg.data(), expect.data(), expect.size()) != 0)
+    if (!owed || !same_bytes(msg, expect))
       return Status(Code::kAuth, fmt::format("a side channel from {} did not prove the session", ch.peer_name()))
           .with_peer(peer);
     out->emplace_back(std::move(name), std::move(ch));
