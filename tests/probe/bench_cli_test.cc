@@ -66,14 +66,15 @@ TEST(BenchCli, HeaderNamesTransportWhyAndWarmup) {
   int rc = 0;
   std::string out = bench("--sizes 8 --iters 10 --transport tcp 2>/dev/null", &rc);
   ASSERT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("# transport: tcp (asked with --transport tcp: "), std::string::npos) << out;
+  EXPECT_NE(out.find("# transport: tcp (forced by configuration (transport=tcp): "), std::string::npos) << out;
   EXPECT_NE(out.find("# warm-up: 1 untimed"), std::string::npos) << out;
   EXPECT_NE(out.find("p999 us"), std::string::npos) << out;
   // auto in one process: the line says auto chose, and why (shm where it can be set up).
   out = bench("--sizes 8 --iters 10 2>/dev/null", &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("# transport: "), std::string::npos) << out;
-  EXPECT_NE(out.find("(chosen by auto: "), std::string::npos) << out;
+  EXPECT_NE(out.find(" (auto: "), std::string::npos) << out;
+  EXPECT_EQ(out.find("auto: auto:"), std::string::npos) << out;
 }
 
 TEST(BenchCli, RefusesBadOptions) {

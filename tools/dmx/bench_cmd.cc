@@ -119,7 +119,7 @@ Result<std::vector<uint64_t>> pick_sizes(const Args& a) {
 
 int run_client(Endpoint& ep, const Args& a, bench::ClientOptions co) {
   EndpointStats st = ep.stats();
-  if (!a.json) bench::print_header(co, st, a.transport);
+  if (!a.json) bench::print_header(co, st);
   bench::Progress progress(::isatty(1) && ::isatty(2));
   co.phase = &progress.phase;
   int rc = 0;

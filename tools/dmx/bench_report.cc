@@ -10,13 +10,13 @@
 
 namespace dmx::bench {
 
-void print_header(const ClientOptions& co, const EndpointStats& st, const std::string& asked) {
+void print_header(const ClientOptions& co, const EndpointStats& st) {
   fmt::print("# dmx bench: op {}, {}{} -> {}, {} streams, peer {}\n", co.op, to_string(co.mem),
              co.cumem_block ? fmt::format(" (cuMem blocks of {} B)", co.cumem_block) : "", to_string(co.peer_mem),
              st.streams, st.peer);
-  // On one host auto picks shm or cuda_ipc: say so, and why, rather than leave it implied.
-  fmt::print("# transport: {} ({}: {})\n", st.transport,
-             asked == "auto" ? "chosen by auto" : "asked with --transport " + asked, st.reason);
+  // On one host auto picks shm or cuda_ipc: the reason says so ("auto: same host; …"), or that
+  // --transport forced the choice, rather than leave it implied.
+  fmt::print("# transport: {} ({})\n", st.transport, st.reason);
   fmt::print("# control stream: {}\n", st.control_stream);
   for (const auto& p : st.paths) fmt::print("# payload path: {}\n", p.detail);
   fmt::print("# warm-up: {} untimed operation(s) per size before each phase (first use of fresh buffers)\n",

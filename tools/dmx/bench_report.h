@@ -13,8 +13,7 @@
 
 namespace dmx::bench {
 
-// `asked`: the --transport given ("auto" when the library chose).
-void print_header(const ClientOptions& co, const EndpointStats& st, const std::string& asked);
+void print_header(const ClientOptions& co, const EndpointStats& st);
 void print_row(const Result1& r, bool json, const ClientOptions& co, const EndpointStats& st);
 
 // "[3/9] 256 MiB: latency, 4 s" on stderr, rewritten with \r once a size has run for a second,
