@@ -2,8 +2,9 @@
 // same host, over NVLink or PCIe P2P (or within one GPU shared by two processes), on the copy
 // engines, with no host memory on the payload path.
 //
-// This is the only header of src/transport/cuda_ipc visible outside the folder. It compiles
-// without CUDA; then available() and CopyEngine::create() say "built without CUDA".
+// The IPC layer's header (the engine sees the transport through cuda_ipc_transport.h; tests also
+// reach into ipc_path.h and ipc_fds.h). It compiles without CUDA; then available() and
+// CopyEngine::create() say "built without CUDA".
 //
 // Pieces:
 //  - IpcDescriptor: what an owner sends to a peer (over the engine's control channel) so the peer

@@ -1,7 +1,8 @@
 // dmx shm transport: the same-host data path for host memory (and device memory staged through
 // host memory when GPU peer access is impossible).
 //
-// This is the only header of src/transport/shm visible outside the folder.
+// The link layer's header: the engine sees the transport through shm_transport.h, tests also
+// reach into shm_path.h and ring.h.
 //
 // Bootstrap (who talks to whom): the engine hands connect() an authenticated side channel
 // (transport/side_channel.h). On it one side calls ShmLink::create() (or ShmPipe::create()), which
