@@ -120,10 +120,12 @@ wire::Proof make_proof(const AuthKey& key, std::string_view label, const wire::N
   return out;
 }
 
-bool proofs_equal(const wire::Proof& a, const wire::Proof& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
-
-bool same_bytes(const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+bool proofs_equal(const wire::Proof& a, const wire::Proof& b) {
+  return same_bytes(std::as_bytes(std::span(a)), std::as_bytes(std::span(b)));
 }
 
 }  // namespace dmx

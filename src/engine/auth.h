@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,8 +30,8 @@ Result<AuthKey> load_auth_key(const Config& config);
 // HMAC-SHA256(secret, label || client nonce || server nonce || session || index).
 wire::Proof make_proof(const AuthKey& key, std::string_view label, const wire::Nonce& client,
                        const wire::Nonce& server, uint64_t session, uint16_t index = 0);
-bool proofs_equal(const wire::Proof& a, const wire::Proof& b);  // constant time
-// Constant time in the contents (not in the sizes, which are public).
-bool same_bytes(const std::vector<std::byte>& a, const std::vector<std::byte>& b);
+// Constant time in the contents (not in the sizes, which are public): every proof is compared so.
+bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b);
+bool proofs_equal(const wire::Proof& a, const wire::Proof& b);
 
 }  // namespace dmx
