@@ -263,7 +263,7 @@ void add_bench_command(CLI::App& app, int* exit_code) {
                 "per size, 8 to 2000 operations; latency 1000 samples, or as many as fit in 2 s when 1000 would "
                 "take longer, at least 10; one untimed warm-up operation before each phase)");
   b->add_option("--window", a->window,
-                "operations in flight in the throughput phase, 1-64 (default: 1 GiB / size, 2 to 16)")
+                "operations in flight in the throughput phase, 1-64 (default: 1 GiB / size, 2 to 64)")
       ->check(CLI::Range(1, 64));
   b->add_flag("--verify", a->verify, "check an end-to-end checksum of fresh random data in every buffer");
   b->add_option("--checksum", a->checksum,
