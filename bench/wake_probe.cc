@@ -18,13 +18,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <thread>
 #include <vector>
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+enum class How { kFutex, kEpoll, kSpin };
+const char* name(How h) { return h == How::kFutex ? "futex" : h == How::kEpoll ? "epoll" : "spin"; }
 
 // One direction of the hand-off: the token, and the eventfd and epoll set of the `epoll` way.
 struct Side {
@@ -33,11 +35,11 @@ struct Side {
 };
 
 // Waits until `token` holds `want`, the way `how` says.
-void wait_for(Side& s, uint64_t want, const std::string& how) {
-  if (how == "spin") {
+void wait_for(Side& s, uint64_t want, How how) {
+  if (how == How::kSpin) {
     while (s.token.load(std::memory_order_acquire) != want) {
     }
-  } else if (how == "futex") {
+  } else if (how == How::kFutex) {
     for (uint64_t v; (v = s.token.load(std::memory_order_acquire)) != want;) s.token.wait(v);
   } else {
     while (s.token.load(std::memory_order_acquire) != want) {
@@ -50,17 +52,17 @@ void wait_for(Side& s, uint64_t want, const std::string& how) {
   }
 }
 
-void give(Side& s, uint64_t value, const std::string& how) {
+void give(Side& s, uint64_t value, How how) {
   s.token.store(value, std::memory_order_release);
-  if (how == "futex") {
+  if (how == How::kFutex) {
     s.token.notify_one();
-  } else if (how == "epoll") {
+  } else if (how == How::kEpoll) {
     uint64_t one = 1;
     (void)!::write(s.efd, &one, sizeof one);
   }
 }
 
-void run(const std::string& how, int rounds) {
+void run(How how, int rounds) {
   Side a, b;  // a: the main thread waits on it; b: the partner does
   for (Side* s : {&a, &b}) {
     s->efd = ::eventfd(0, EFD_NONBLOCK);
@@ -93,7 +95,7 @@ void run(const std::string& how, int rounds) {
   double mean = 0;
   for (double h : half) mean += h / rounds;
   std::sort(half.begin(), half.end());
-  std::printf("wake_probe %-5s rounds %d us per hand-off p50 %.1f p99 %.1f mean %.1f\n", how.c_str(), rounds,
+  std::printf("wake_probe %-5s rounds %d us per hand-off p50 %.1f p99 %.1f mean %.1f\n", name(how), rounds,
               half[half.size() / 2], half[half.size() * 99 / 100], mean);
   for (Side* s : {&a, &b}) {
     ::close(s->ep);
@@ -106,6 +108,6 @@ void run(const std::string& how, int rounds) {
 int main(int argc, char** argv) {
   int rounds = argc > 1 ? std::atoi(argv[1]) : 20000;
   if (rounds < 1) return 2;
-  for (const char* how : {"futex", "epoll", "spin"}) run(how, rounds);
+  for (How how : {How::kFutex, How::kEpoll, How::kSpin}) run(how, rounds);
   return 0;
 }
