@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dmx/endpoint.h"
+#include "mqueue/request_header.h"
 #include "transport/cuda_ipc/ipc_path.h"
 #include "tools/dmx/bench.h"
 #include "wire/frame.h"
@@ -226,6 +227,37 @@ void bench_plan_seeds() {
   put("bench_plan", "reply-error", Bytes(s.begin(), s.end()));
 }
 
+// fuzz_mqueue_header: [max_request u32][flags u8: 1 datagram, 2 truncated, 4 longer][extra u32] + header
+// (+ payload for datagrams).
+void mqueue_header_seeds() {
+  using namespace mqueue;
+  auto seed = [](uint32_t max, uint8_t flags, uint32_t extra, uint32_t magic, uint32_t len, uint32_t payload) {
+    Bytes b(9);
+    std::memcpy(b.data(), &max, 4);
+    b[4] = flags;
+    std::memcpy(b.data() + 5, &extra, 4);
+    WireHeader h{magic, len, 0x0123456789abcdefull};
+    Bytes hb(sizeof h);
+    std::memcpy(hb.data(), &h, sizeof h);
+    Bytes p(payload);
+    for (uint32_t i = 0; i < payload; ++i) p[i] = static_cast<unsigned char>(i * 131 + 7);
+    return cat(cat(b, hb), p);
+  };
+  put("mqueue_header", "tcp-ok", seed(4096, 0, 0, kRequestMagic, 100, 0));
+  put("mqueue_header", "tcp-at-limit", seed(4096, 0, 0, kRequestMagic, 4096, 0));
+  put("mqueue_header", "tcp-over-limit", seed(4096, 0, 0, kRequestMagic, 4097, 0));
+  put("mqueue_header", "tcp-len-max", seed(0xffffffffu, 0, 0, kRequestMagic, 0xffffffffu, 0));
+  put("mqueue_header", "tcp-bad-magic", seed(4096, 0, 0, kResponseMagic, 1, 0));
+  put("mqueue_header", "udp-ok", seed(1024, 1, 0, kRequestMagic, 33, 33));
+  put("mqueue_header", "udp-empty", seed(1024, 1, 0, kRequestMagic, 0, 0));
+  put("mqueue_header", "udp-short-by-one", seed(1024, 1, 0, kRequestMagic, 33, 32));
+  put("mqueue_header", "udp-truncated", seed(1024, 3, 0, kRequestMagic, 1500, 1024));
+  put("mqueue_header", "udp-longer", seed(0xffffffffu, 5, 0xffffffffu, kRequestMagic, 0xffffffffu, 0));
+  Bytes shrt = seed(1024, 1, 0, kRequestMagic, 0, 0);
+  shrt.resize(9 + 15);
+  put("mqueue_header", "udp-15-bytes", shrt);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,6 +272,7 @@ int main(int argc, char** argv) {
   descriptor_seeds();
   shm_ring_seeds();
   bench_plan_seeds();
+  mqueue_header_seeds();
   std::printf("make_seeds: %d files under %s\n", g_count, g_root.c_str());
   return 0;
 }
