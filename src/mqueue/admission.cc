@@ -8,7 +8,9 @@
 
 namespace dmx::mqueue {
 
-bool accept_should_pause(int err) { return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM; }
+bool accept_should_pause(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
 
 void EventLimiter::emit(const char* kind, const std::string& text) {
   std::string line;

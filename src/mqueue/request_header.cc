@@ -34,8 +34,8 @@ CheckedHeader check_request_header(const uint8_t* data, size_t size, uint32_t ma
   // have >= 16 here; both sides are 64-bit, so neither the difference nor len can wrap.
   if (framing.datagram && uint64_t{c.header.len} != have - sizeof(WireHeader)) {
     c.verdict = HeaderVerdict::kLengthMismatch;
-    c.why = "header says " + std::to_string(c.header.len) + " B, datagram has " +
-            std::to_string(have - sizeof(WireHeader));
+    c.why =
+        "header says " + std::to_string(c.header.len) + " B, datagram has " + std::to_string(have - sizeof(WireHeader));
     return c;
   }
   c.verdict = HeaderVerdict::kOk;

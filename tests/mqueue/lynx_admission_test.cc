@@ -41,7 +41,9 @@ int maps_lines() {
   return n;
 }
 
-int port_of(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
+int port_of(const std::string& address) {
+  return std::stoi(address.substr(address.rfind(':') + 1));
+}
 
 // A blocking TCP connection from `from` (an address of 127/8) to 127.0.0.1:port, with 10 s I/O timeouts.
 Fd connect_from(const char* from, int port) {
@@ -188,7 +190,7 @@ TEST(LynxAdmission, DispatcherKeepsAClientWaitingForItsAnswer) {
   (*server)->cpu_workers()->set_paused(false);
   WireHeader h{};
   ASSERT_TRUE(read_all(busy.get(), &h, sizeof h, "busy").ok()) << "closed while its request was in flight\n"
-                                                                 << ev.all();
+                                                               << ev.all();
   EXPECT_EQ(h.magic, kResponseMagic);
   EXPECT_EQ(h.tag, 7u);
   EXPECT_EQ(d.stats().idle_closed, 0u);
@@ -338,8 +340,8 @@ FloodResult flood_out_of_fds(StartServer start) {
     auto keep = start(lines.sink(), &address, &pauses);  // the server, kept alive to the end
     if (address.empty()) ::_exit(2);
     int port = port_of(address);
-    rlim_t open_now = static_cast<rlim_t>(std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
-                                                        std::filesystem::directory_iterator{}));
+    rlim_t open_now = static_cast<rlim_t>(
+        std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{}));
     rlimit lim{open_now + 8, open_now + 8};
     if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(3);
     double cpu0 = cpu_seconds();
@@ -385,20 +387,20 @@ FloodResult flood_out_of_fds(StartServer start) {
 }
 
 TEST(LynxAdmission, DispatcherOutOfFdsNeitherSpinsNorFloodsTheLog) {
-  FloodResult r = flood_out_of_fds([](std::function<void(const std::string&)> sink, std::string* address,
-                                      std::function<uint64_t()>* pauses) {
-    Events unused;
-    ServerConfig cfg = testing::host_config(unused, 1, 8, 1024);
-    cfg.dispatch.udp = "";
-    cfg.dispatch.on_event = std::move(sink);
-    auto s = Server::start(cfg);
-    std::shared_ptr<Server> server = s.ok() ? std::shared_ptr<Server>(std::move(*s)) : nullptr;
-    if (server) {
-      *address = server->dispatcher().tcp_address();
-      *pauses = [server] { return server->dispatcher().stats().accept_pauses; };
-    }
-    return server;
-  });
+  FloodResult r = flood_out_of_fds(
+      [](std::function<void(const std::string&)> sink, std::string* address, std::function<uint64_t()>* pauses) {
+        Events unused;
+        ServerConfig cfg = testing::host_config(unused, 1, 8, 1024);
+        cfg.dispatch.udp = "";
+        cfg.dispatch.on_event = std::move(sink);
+        auto s = Server::start(cfg);
+        std::shared_ptr<Server> server = s.ok() ? std::shared_ptr<Server>(std::move(*s)) : nullptr;
+        if (server) {
+          *address = server->dispatcher().tcp_address();
+          *pauses = [server] { return server->dispatcher().stats().accept_pauses; };
+        }
+        return server;
+      });
   std::printf("dispatcher out of fds for 2 s: %llu log lines, %.3f CPU s, %llu accept pauses\n",
               static_cast<unsigned long long>(r.lines), r.cpu, static_cast<unsigned long long>(r.pauses));
   ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << "child status " << r.status;
@@ -449,7 +451,8 @@ TEST(LynxAdmission, RequestHeaderCheck) {
             HeaderVerdict::kShort);
   EXPECT_EQ(check_request_header(wrap.data(), wrap.size(), 0xffffffffu, Framing{true, 16, false}).verdict,
             HeaderVerdict::kLengthMismatch);
-  EXPECT_TRUE(check_request_header(wrap.data(), wrap.size(), 0xffffffffu, Framing{true, 16ull + 0xffffffffu, false}).ok());
+  EXPECT_TRUE(
+      check_request_header(wrap.data(), wrap.size(), 0xffffffffu, Framing{true, 16ull + 0xffffffffu, false}).ok());
   EXPECT_EQ(check_request_header(ok.data(), ok.size(), 4096, Framing{true, 116, true}).verdict,
             HeaderVerdict::kOverLimit);
   EXPECT_TRUE(check_request_header(ok.data(), ok.size(), 4096, Framing{true, 116, false}).ok());
