@@ -14,7 +14,8 @@ ANY_TAG: int
 """recv(tag=ANY_TAG) matches a message of any tag."""
 
 Buffer = Any
-"""An object with __dlpack__ (CPU, pinned or CUDA memory) or the buffer protocol; contiguous."""
+"""An object with __dlpack__ (CPU, pinned or CUDA memory) or the buffer protocol; contiguous; plain
+data (items that are Python objects or pointers raise InvalidArgumentError)."""
 Descriptor = Union[bytes, bytearray, memoryview, "RemoteRegion"]
 
 def build_info() -> dict[str, str]:
