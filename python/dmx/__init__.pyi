@@ -103,7 +103,8 @@ class Listener:
 class Context:
     def __init__(self, **settings: Any) -> None:
         """Settings by name as `dmx probe --config` lists them: Context(streams=4, transport="tcp").
-        They win over DMX_* environment variables, which win over the defaults."""
+        They win over DMX_* environment variables, which win over the defaults. log_level defaults
+        to the effective level of logging.getLogger("dmx"), where dmx's log lines go."""
     def listen(self, address: str) -> Listener:
         """"tcp://host:port"; port 0 picks one (see Listener.address)."""
     def connect(self, address: str) -> Endpoint:
