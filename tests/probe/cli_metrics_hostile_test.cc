@@ -3,6 +3,7 @@
 // block a scrape nor grow the process nor take the descriptors the dmx listener needs.
 // Each test runs its own `dmx bench --listen` and prints what it measured.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -15,7 +16,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
 #include <random>
 #include <regex>
@@ -40,7 +40,9 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // A `dmx bench --listen` with a metrics port, killed by the destructor.
 class BenchServer {
@@ -61,8 +63,8 @@ class BenchServer {
         rlimit rl{nofile, nofile};
         ::setrlimit(RLIMIT_NOFILE, &rl);
       }
-      ::execl(bin.c_str(), bin.c_str(), "bench", "--listen", "tcp://127.0.0.1:0", "--metrics-port", "0",
-              "--insecure", "--transport", "tcp", static_cast<char*>(nullptr));
+      ::execl(bin.c_str(), bin.c_str(), "bench", "--listen", "tcp://127.0.0.1:0", "--metrics-port", "0", "--insecure",
+              "--transport", "tcp", static_cast<char*>(nullptr));
       ::_exit(127);
     }
     std::string p = wait_for(std::regex(R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)"));
@@ -210,9 +212,9 @@ struct Held {
   }
 };
 
-#define START_SERVER(name, ...)                    \
-  REQUIRE_DMX_BIN();                               \
-  BenchServer name{__VA_ARGS__};                   \
+#define START_SERVER(name, ...)  \
+  REQUIRE_DMX_BIN();             \
+  BenchServer name{__VA_ARGS__}; \
   ASSERT_TRUE(name.ok()) << "no server: " << name.log()
 
 TEST(CliMetricsHostile, IdleConnectionsDoNotBlockAScrape) {
@@ -287,10 +289,11 @@ TEST(CliMetricsHostile, LargeBodyIsRefusedWithoutGrowth) {
   BodyResult get = send_body(server.port(), "GET /metrics HTTP/1.1\r\n" + length, kBody);
   long rss1 = status_kb(server.pid(), "VmRSS:");
   long hwm1 = status_kb(server.pid(), "VmHWM:");
-  std::printf("100 MiB bodies: POST %zu bytes taken, reply %s; GET %zu bytes taken, reply %s; server RSS %ld -> %ld "
-              "KiB, peak %ld -> %ld KiB\n",
-              post.sent, post.reply.substr(0, post.reply.find('\r')).c_str(), get.sent,
-              get.reply.substr(0, get.reply.find('\r')).c_str(), rss0, rss1, hwm0, hwm1);
+  std::printf(
+      "100 MiB bodies: POST %zu bytes taken, reply %s; GET %zu bytes taken, reply %s; server RSS %ld -> %ld "
+      "KiB, peak %ld -> %ld KiB\n",
+      post.sent, post.reply.substr(0, post.reply.find('\r')).c_str(), get.sent,
+      get.reply.substr(0, get.reply.find('\r')).c_str(), rss0, rss1, hwm0, hwm1);
   EXPECT_LT(hwm1 - hwm0, 16 * 1024) << "a body was buffered";
   EXPECT_LT(post.sent, kBody) << "the server read the whole body";
   EXPECT_LT(get.sent, kBody) << "the server read the whole body";
@@ -330,9 +333,10 @@ TEST(CliMetricsHostile, ConnectionCapLeavesDescriptorsForTheListener) {
   std::string out = run_command("timeout 60 " + dmx_bin() + " bench --connect " + server.address() +
                                     " --insecure --transport tcp --mem host --sizes 4K --iters 10 --json 2>&1",
                                 &rc);
-  std::printf("server descriptors: %d before, %d with 1,025 metrics connections held; a dmx client exited %d after "
-              "%.1f s\n",
-              before, during, rc, since(t0));
+  std::printf(
+      "server descriptors: %d before, %d with 1,025 metrics connections held; a dmx client exited %d after "
+      "%.1f s\n",
+      before, during, rc, since(t0));
   EXPECT_LE(during, before + 16 + 4);
   EXPECT_EQ(rc, 0) << out << "\nserver:\n" << server.log().substr(0, 4000);
 }

@@ -50,7 +50,9 @@ TEST(MetricsRequest, RefusesWithTheRightStatus) {
       {"\r\n", 400},
       {"GET /metrics HTTP/1.1\r\n folded\r\n", 400},
       {"GET /metrics HTTP/1.1\r\nName : value\r\n", 400},
-      {"GET /metrics HTTP/1.1\r\nX: a\x01" "b\r\n", 400},
+      {"GET /metrics HTTP/1.1\r\nX: a\x01"
+       "b\r\n",
+       400},
       {"GET /metrics HTTP/1.1\rX: 1\r\n", 400},
   };
   for (const auto& c : cases) {

@@ -35,12 +35,12 @@ enum class State { kHead, kReply, kLinger };
 
 struct Conn {
   UniqueFd fd;
-  std::string peer;  // "127.0.0.1:40000", for logs
+  std::string peer;   // "127.0.0.1:40000", for logs
   uint32_t addr = 0;  // the peer's IPv4 address, for the per-peer cap
   Clock::time_point accepted;
   Clock::time_point deadline;
   State state = State::kHead;
-  std::string in;  // kHead: the bytes so far, at most kMaxRequestHead
+  std::string in;   // kHead: the bytes so far, at most kMaxRequestHead
   std::string out;  // kReply: the reply; `sent` of it written
   size_t sent = 0;
   size_t dropped = 0;  // kLinger: bytes read and dropped

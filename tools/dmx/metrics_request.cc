@@ -10,11 +10,13 @@ namespace {
 
 using Verdict = RequestHead::Verdict;
 
-RequestHead refuse(int status, std::string_view reason) { return {Verdict::kRefuse, status, reason, false, 0}; }
+RequestHead refuse(int status, std::string_view reason) {
+  return {Verdict::kRefuse, status, reason, false, 0};
+}
 
 bool is_tchar(unsigned char c) {
   return c != '\0' && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-         std::strchr("!#$%&'*+-.^_`|~", c) != nullptr);
+                       std::strchr("!#$%&'*+-.^_`|~", c) != nullptr);
 }
 
 bool is_token(std::string_view s) {
@@ -108,16 +110,26 @@ RequestHead parse_request_head(std::string_view bytes) {
 
 std::string_view status_text(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Content Too Large";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Error";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Content Too Large";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 505:
+      return "HTTP Version Not Supported";
+    default:
+      return "Error";
   }
 }
 

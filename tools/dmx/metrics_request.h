@@ -23,10 +23,10 @@ struct RequestHead {
     kRefuse,    // answer `status` with `reason`, then close
   };
   Verdict verdict = Verdict::kNeedMore;
-  int status = 0;            // kServe: 200; kRefuse: 400, 404, 405, 413, 431 or 505
-  std::string_view reason;   // kRefuse: a static text for the reply and the log
-  bool head_only = false;    // kServe: the method was HEAD
-  size_t length = 0;         // kServe: bytes of the head, blank line included
+  int status = 0;           // kServe: 200; kRefuse: 400, 404, 405, 413, 431 or 505
+  std::string_view reason;  // kRefuse: a static text for the reply and the log
+  bool head_only = false;   // kServe: the method was HEAD
+  size_t length = 0;        // kServe: bytes of the head, blank line included
 };
 
 RequestHead parse_request_head(std::string_view bytes);
