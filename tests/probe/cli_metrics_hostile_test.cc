@@ -367,7 +367,8 @@ TEST(CliMetricsHostile, AcceptBacksOffWhenOutOfDescriptors) {
   size_t lines = 0;
   for (size_t at = log.find("accept failed"); at != std::string::npos; at = log.find("accept failed", at + 1)) ++lines;
   std::printf("out of descriptors: %zu log lines, %.2f s of CPU in 2 s\n", lines, spent);
-  EXPECT_EQ(lines, 1u) << log;
+  EXPECT_GE(lines, 1u) << log;
+  EXPECT_LE(lines, 2u) << log;  // one per 10 s; two only if this machine stalled for that long
   EXPECT_LT(spent, 1.0);
   // With descriptors back, the connections waiting in the kernel are served.
   ASSERT_EQ(::prlimit(server.pid(), RLIMIT_NOFILE, &old, nullptr), 0);
