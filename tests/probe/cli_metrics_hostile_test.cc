@@ -105,11 +105,21 @@ class BenchServer {
   int port_ = 0;
 };
 
-// A TCP connection to 127.0.0.1:port; non-blocking, its connect possibly still in progress.
-int open_connection(int port) {
+// A TCP connection to 127.0.0.1:port (from the loopback address `from`, else the kernel's
+// choice); non-blocking, its connect possibly still in progress.
+int open_connection(int port, const char* from = nullptr) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   sockaddr_in sa{};
+  if (from != nullptr) {
+    sa.sin_family = AF_INET;
+    ::inet_pton(AF_INET, from, &sa.sin_addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    sa = {};
+  }
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   sa.sin_port = htons(static_cast<uint16_t>(port));
@@ -314,6 +324,26 @@ TEST(CliMetricsHostile, ManyRangesDoNotAmplify) {
               static_cast<double>(r.total) / static_cast<double>(plain.total));
   EXPECT_LT(r.total, 2 * plain.total + 4096);
   EXPECT_TRUE(is_page(r)) << r.data.substr(0, 200);  // Range is ignored: the whole page, once
+}
+
+TEST(CliMetricsHostile, OneAddressCannotEvictAnother) {
+  START_SERVER(server);
+  // Four scrapes from 127.0.0.3 whose heads are under way, then 50 idle connections from 127.0.0.2.
+  Held slow, idle;
+  for (int i = 0; i < 4; ++i) {
+    int fd = open_connection(server.port(), "127.0.0.3");
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    ASSERT_TRUE(send_all(fd, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n", seconds(5)));
+    slow.fds.push_back(fd);
+  }
+  std::this_thread::sleep_for(milliseconds(200));
+  for (int i = 0; i < 50; ++i) idle.fds.push_back(open_connection(server.port(), "127.0.0.2"));
+  std::this_thread::sleep_for(milliseconds(500));
+  int served = 0;
+  for (int fd : slow.fds)
+    if (send_all(fd, "\r\n", seconds(5)) && is_page(read_until_close(fd, seconds(10)))) ++served;
+  std::printf("scrapes from one address served while another held 50 connections: %d of 4\n", served);
+  EXPECT_EQ(served, 4);
 }
 
 TEST(CliMetricsHostile, ConnectionCapLeavesDescriptorsForTheListener) {
