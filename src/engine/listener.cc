@@ -49,6 +49,7 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
     wire::FrameHeader h;
     std::vector<unsigned char> payload;
     uint64_t awaiting_auth = 0;  // session id whose AUTH this connection owes
+    Clock::time_point since;     // accepted
     bool spoke() const { return got > 0 || in_payload || awaiting_auth != 0; }
   };
   struct Pending {  // an endpoint whose streams are still joining
@@ -82,7 +83,9 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
   // Makes room for a new connection from `host`: at max_pending_per_address its oldest connection
   // (one that has sent nothing, else any), at max_pending_handshakes the oldest of all, is told why
   // and dropped.
-  void make_room(const std::string& host, const std::string& newcomer);
+  // False when the newcomer itself is refused: every connection of its address is younger than
+  // kEvictGrace (evicting them would evict a client that has not had time to speak).
+  bool make_room(const std::string& host, const std::string& newcomer);
   // kResourceExhausted naming max_endpoints_per_peer when `key` holds that many endpoints (open,
   // authenticated and joining, or being set up).
   Status check_peer_cap(const std::string& key) const;
@@ -134,6 +137,10 @@ namespace {
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 // Endpoints being built at once (each a thread for at most handshake_timeout); beyond, refused.
 constexpr size_t kMaxSetups = 64;
+// At max_pending_per_address, connections younger than this are not evicted: a client sends its
+// HELLO within a round trip, and a flood that reopens each evicted connection at once would
+// otherwise evict it before it could.
+constexpr auto kEvictGrace = std::chrono::milliseconds(250);
 // Set-up threads in all, evicted ones not yet gone included; beyond, a new session is refused at
 // AUTH (before its WELCOME), so a client never sees a handshake succeed that the server dropped.
 constexpr size_t kMaxSetupThreads = 2 * kMaxSetups;
@@ -295,21 +302,29 @@ void ListenerImpl::tell(Conn& c, const Status& why) {
                    Deadline::after(std::chrono::milliseconds(100)), c.peer, static_cast<uint64_t>(why.code()));
 }
 
-void ListenerImpl::make_room(const std::string& host, const std::string& newcomer) {
+bool ListenerImpl::make_room(const std::string& host, const std::string& newcomer) {
   auto known = per_host_.find(host);
   if (known != per_host_.end() && known->second >= max_per_host_) {
     // Fair within the address: a client is never locked out by idle connections from its own
-    // address (NAT, a shared host), only delayed by one eviction. Idle ones go first.
+    // address (NAT, a shared host), only delayed by one eviction. Idle ones go first; none younger
+    // than kEvictGrace.
     auto victim = conns_.end();
+    auto old = Clock::now() - kEvictGrace;
     for (auto it = conns_.begin(); it != conns_.end(); ++it) {
-      if (it->host != host) continue;
+      if (it->host != host || it->since > old) continue;
       if (victim == conns_.end()) victim = it;
       if (!it->spoke()) {
         victim = it;
         break;
       }
     }
-    if (victim != conns_.end()) {
+    if (victim == conns_.end()) {
+      DMX_LOG_LIMITED(log_, warn, "per-address", "listener {}: {} holds {} unauthenticated connections "
+                      "(max_pending_per_address), all younger than {} ms; refusing its new one", address_, host,
+                      known->second, kEvictGrace.count());
+      return false;
+    }
+    {
       DMX_LOG_LIMITED(log_, warn, "per-address", "listener {}: {} holds {} unauthenticated connections "
                       "(max_pending_per_address); evicting its oldest{}, {}, for {}", address_, host, known->second,
                       victim->spoke() ? "" : " idle one", victim->peer, newcomer);
@@ -331,6 +346,7 @@ void ListenerImpl::make_room(const std::string& host, const std::string& newcome
                                             conns_.size())));
     drop_conn(conns_.begin());
   }
+  return true;
 }
 
 Status ListenerImpl::check_peer_cap(const std::string& key) const {
@@ -376,7 +392,16 @@ void ListenerImpl::accept_new() {
     UniqueFd fd(raw);
     std::string peer = stream::peer_name(raw);
     std::string host = host_of(peer);
-    make_room(host, peer);
+    if (!make_room(host, peer)) {
+      Conn refused;
+      refused.fd = std::move(fd);
+      refused.peer = peer;
+      tell(refused, Status(Code::kResourceExhausted,
+                           fmt::format("the server refused address {}: it holds {} connections in their handshake "
+                                       "(max_pending_per_address), all opened in the last {} ms",
+                                       host, per_host_[host], kEvictGrace.count())));
+      continue;
+    }
     const EngineParams& p = ctx_->params();
     stream::StreamOptions so;
     so.socket_buffer = p.socket_buffer;
@@ -391,6 +416,7 @@ void ListenerImpl::accept_new() {
     c.host = host;
     ++per_host_[host];
     c.deadline = Deadline::after(p.handshake_timeout);
+    c.since = Clock::now();
     conns_.push_back(std::move(c));
   }
 }
