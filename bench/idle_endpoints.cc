@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   dmx::Options o;
   o.set("insecure", "true").set("transport", transport).set("streams", streams).set("log_level", "warn");
   if (argc > 5) o.set("stream_worker_scope", argv[5]);
-  o.set("max_endpoints", std::to_string(n + 10)).set("keepalive_interval", "1s");
+  o.set("max_endpoints", std::to_string(n + 10)).set("max_endpoints_per_peer", "0").set("keepalive_interval", "1s");
   auto server = dmx::Context::create(o);
   auto client = dmx::Context::create(o);
   if (!server.ok() || !client.ok()) {

@@ -39,6 +39,19 @@ class Registration {
   std::shared_ptr<Registered> reg_;
 };
 
+// Memory the application holds on a peer's behalf (a buffer a peer's request made it allocate),
+// counted in the context's peer_memory_budget together with every endpoint's unexpected eager
+// data. Move-only; gives its bytes back when destroyed or released.
+class MemoryCharge {
+ public:
+  MemoryCharge() = default;
+  explicit MemoryCharge(std::shared_ptr<void> held) : held_(std::move(held)) {}
+  void release() { held_.reset(); }
+
+ private:
+  std::shared_ptr<void> held_;
+};
+
 // Thread-safe. Move-only; destroying it stops accepting.
 class Listener {
  public:
@@ -67,6 +80,10 @@ class Context {
   // Connects and authenticates within the connect_timeout setting.
   Result<Endpoint> connect(const std::string& address);
   Result<Registration> register_memory(const MemRegion& region);
+  // Charges `bytes` that `peer` makes the application hold (`what`: what they are for) to the
+  // peer_memory_budget setting; kResourceExhausted naming the peer, the budget and what all peers
+  // hold when it would be exceeded. Thread-safe.
+  Result<MemoryCharge> charge_memory(uint64_t bytes, const std::string& peer, const std::string& what);
   // Counters and latency histograms of every endpoint this context made, closed ones included
   // (dmx/metrics.h, docs/metrics.md).
   Metrics metrics() const;

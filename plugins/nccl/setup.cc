@@ -36,6 +36,8 @@ Options plugin_options(Plugin& p) {
   def("chunk_size", "DMX_CHUNK_SIZE", "128K");
   def("log_level", "DMX_LOG_LEVEL", "warn");  // dmx's own log goes to stderr, beside NCCL's
   def("max_endpoints", "DMX_MAX_ENDPOINTS", "4096");
+  // One NCCL rank opens many comms to another (channels x communicators): 0 = max_endpoints.
+  def("max_endpoints_per_peer", "DMX_MAX_ENDPOINTS_PER_PEER", "0");
   const char* streams = env("DMX_NCCL_STREAMS") ? env("DMX_NCCL_STREAMS") : env("DMX_STREAMS");
   p.streams = streams ? std::atoi(streams) : 2;
   const char* max_ep = env("DMX_MAX_ENDPOINTS");

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "core/sys.h"
 #include "core/trace.h"
+#include "core/units.h"
 #include "engine/context_impl.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/handshake.h"
@@ -37,6 +38,11 @@ Result<EngineParams> params_from(const Config& c) {
   if (max_endpoints < 1 || max_endpoints > (1 << 20))
     return Status(Code::kInvalidArgument, "max_endpoints must be 1-1048576");
   p.max_endpoints = static_cast<int>(max_endpoints);
+  int64_t per_peer = c.get_int("max_endpoints_per_peer");
+  if (per_peer < 0 || per_peer > (1 << 20))
+    return Status(Code::kInvalidArgument, "max_endpoints_per_peer must be 0-1048576");
+  p.max_endpoints_per_peer = per_peer == 0 ? p.max_endpoints : static_cast<int>(per_peer);
+  p.peer_memory_budget = c.get_size("peer_memory_budget");
   uint64_t chunk = c.get_size("chunk_size");
   if (chunk < wire::kMinChunk || chunk > wire::kMaxChunk)
     return Status(Code::kInvalidArgument, fmt::format("chunk_size must be 64K-64M (got {})", chunk));
@@ -115,7 +121,8 @@ ContextImpl::ContextImpl(Config config, EngineParams params, AuthKey auth)
       staging_(params_.chunk_size, &placement_),
       transports_(default_transports()),
       metrics_(transports_),
-      workers_(params_.stream_workers, "dmx-w") {
+      workers_(params_.stream_workers, "dmx-w"),
+      budget_(std::make_shared<MemoryBudget>(params_.peer_memory_budget)) {
   boot_id_ = read_boot_id();
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
@@ -163,6 +170,40 @@ TransportList ContextImpl::transports() const {
 void ContextImpl::register_transport(std::shared_ptr<Transport> t) {
   std::lock_guard<std::mutex> lock(mu_);
   dmx::register_transport(transports_, std::move(t));
+}
+
+Result<MemoryBudget::Charge> MemoryBudget::take(const std::shared_ptr<MemoryBudget>& b, uint64_t bytes,
+                                                std::string_view peer, std::string_view what) {
+  uint64_t used = b->used_.load(std::memory_order_relaxed);
+  for (;;) {
+    if (bytes > b->limit_ || used > b->limit_ - bytes)
+      return Status(Code::kResourceExhausted,
+                    fmt::format("peer {}: {} ({}) would exceed this context's peer_memory_budget of {} ({} held for "
+                                "all peers)",
+                                peer, what, format_size(bytes), format_size(b->limit_), format_size(used)));
+    if (b->used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed)) return Charge(b, bytes);
+  }
+}
+
+void ContextImpl::endpoint_started(const std::string& peer_key) {
+  endpoints_.fetch_add(1, std::memory_order_relaxed);
+  if (peer_key.empty()) return;
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  ++per_peer_[peer_key];
+}
+
+void ContextImpl::endpoint_stopped(const std::string& peer_key) {
+  endpoints_.fetch_sub(1, std::memory_order_relaxed);
+  if (peer_key.empty()) return;
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  auto it = per_peer_.find(peer_key);
+  if (it != per_peer_.end() && --it->second <= 0) per_peer_.erase(it);
+}
+
+int ContextImpl::peer_endpoints(const std::string& peer_key) const {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  auto it = per_peer_.find(peer_key);
+  return it == per_peer_.end() ? 0 : it->second;
 }
 
 Status ContextImpl::admit_endpoint(uint16_t peer_streams) const {
@@ -272,6 +313,11 @@ Result<Registration> Context::register_memory(const MemRegion& region) {
   if (region.size > 0 && region.ptr == nullptr) return Status(Code::kInvalidArgument, "register_memory: null buffer");
   DMX_RETURN_IF_ERROR(mem_available(region.where));
   return Registration(impl_, impl_->add_registration(region));
+}
+
+Result<MemoryCharge> Context::charge_memory(uint64_t bytes, const std::string& peer, const std::string& what) {
+  DMX_ASSIGN_OR_RETURN(MemoryBudget::Charge c, MemoryBudget::take(impl_->memory_budget(), bytes, peer, what));
+  return MemoryCharge(std::make_shared<MemoryBudget::Charge>(std::move(c)));
 }
 
 Metrics Context::metrics() const { return impl_->metrics().snapshot(); }

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "core/config.h"
 #include "core/sys.h"
@@ -54,6 +55,8 @@ struct EngineParams {
   uint16_t streams = 4;
   uint16_t max_streams = 16;
   int max_endpoints = 256;
+  int max_endpoints_per_peer = 64;
+  uint64_t peer_memory_budget = uint64_t{1} << 30;
   uint32_t chunk_size = 1 << 20;
   uint32_t host_chunk_size = 256 << 10;  // small host messages on the streams (inline_chunk)
   uint32_t eager_limit = 16 << 10;
@@ -94,6 +97,50 @@ class StagingPlacement final : public stream::StagingPlacer {
   bool tried_ = false;
 };
 
+// The context's one budget for the memory peers can make it hold (unexpected eager data of every
+// endpoint, a bench plan's buffers): take() charges it or says why not, naming the peer and the
+// budget; a Charge gives its bytes back when destroyed. Thread-safe (atomics).
+class MemoryBudget {
+ public:
+  class Charge {
+   public:
+    Charge() = default;
+    Charge(std::shared_ptr<MemoryBudget> b, uint64_t bytes) : budget_(std::move(b)), bytes_(bytes) {}
+    Charge(Charge&& o) noexcept : budget_(std::move(o.budget_)), bytes_(std::exchange(o.bytes_, 0)) {}
+    Charge& operator=(Charge&& o) noexcept {
+      if (this != &o) {
+        reset();
+        budget_ = std::move(o.budget_);
+        bytes_ = std::exchange(o.bytes_, 0);
+      }
+      return *this;
+    }
+    ~Charge() { reset(); }
+    void reset() {
+      if (budget_ && bytes_ > 0) budget_->used_.fetch_sub(bytes_, std::memory_order_relaxed);
+      budget_.reset();
+      bytes_ = 0;
+    }
+    uint64_t bytes() const { return bytes_; }
+
+   private:
+    std::shared_ptr<MemoryBudget> budget_;
+    uint64_t bytes_ = 0;
+  };
+
+  explicit MemoryBudget(uint64_t limit) : limit_(limit) {}
+  // Charges `bytes` held for `peer` (`what`: what they are for, in the refusal); kResourceExhausted
+  // naming the peer, the budget and what is held when it would go over.
+  static Result<Charge> take(const std::shared_ptr<MemoryBudget>& b, uint64_t bytes, std::string_view peer,
+                             std::string_view what);
+  uint64_t used() const { return used_.load(std::memory_order_relaxed); }
+  uint64_t limit() const { return limit_; }
+
+ private:
+  const uint64_t limit_;
+  std::atomic<uint64_t> used_{0};
+};
+
 class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
  public:
   static Result<std::shared_ptr<ContextImpl>> create(const Options& options);
@@ -120,10 +167,15 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   // max_streams (0: our own connect, whose streams setting is ours to choose); kResourceExhausted
   // naming the setting when not. Any thread.
   Status admit_endpoint(uint16_t peer_streams) const;
-  // Endpoints count from creation until their workers have stopped (their threads are gone).
-  void endpoint_started() { endpoints_.fetch_add(1, std::memory_order_relaxed); }
-  void endpoint_stopped() { endpoints_.fetch_sub(1, std::memory_order_relaxed); }
+  // Endpoints count from creation until they fail, close or learn that their peer is gone
+  // (EndpointImpl::release_slot), not until their threads have stopped. `peer_key`: the peer the
+  // listener counts it under for max_endpoints_per_peer (empty: not counted per peer).
+  void endpoint_started(const std::string& peer_key);
+  void endpoint_stopped(const std::string& peer_key);
   int live_endpoints() const { return endpoints_.load(std::memory_order_relaxed); }
+  int peer_endpoints(const std::string& peer_key) const;
+  // The budget for memory peers make this context hold (peer_memory_budget).
+  const std::shared_ptr<MemoryBudget>& memory_budget() const { return budget_; }
 
   std::shared_ptr<Registered> add_registration(const MemRegion& region);
   // The registration for `key`, with its inflight count raised and `user` noted; nullptr when
@@ -147,8 +199,11 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   std::unordered_map<uint64_t, std::shared_ptr<Registered>> regs_;
   TransportList transports_;
   std::atomic<int> endpoints_{0};
+  mutable std::mutex peers_mu_;  // guards per_peer_ (a leaf: taken under EndpointImpl::mu_)
+  std::unordered_map<std::string, int> per_peer_;
   MetricsRegistry metrics_;
   stream::Workers workers_;
+  std::shared_ptr<MemoryBudget> budget_;
 };
 
 }  // namespace dmx

@@ -1,11 +1,15 @@
 // Listener: accepts connections and runs the server side of the handshake as a non-blocking
 // state machine on one thread, each connection with its own deadline — so a peer that connects
 // and says nothing, or says garbage, delays nobody else. Pre-auth connections are bounded in all
-// (max_pending_handshakes: the oldest is evicted for a new one) and per address
-// (max_pending_per_address); when the process is out of fds, accepting pauses for kAcceptPause
-// instead of spinning. Every line a peer can cause goes through log_ (one per kind per second).
+// (max_pending_handshakes) and per address (max_pending_per_address); at either cap the oldest
+// (of that address, one that has sent nothing first) is evicted for the new one and told why in a
+// REJECT. Authenticated peers (address + process) are bounded by max_endpoints_per_peer below
+// max_endpoints; endpoint set-ups by kMaxSetups, the oldest evicted for a new one. When the
+// process is out of fds, accepting pauses for kAcceptPause instead of spinning. Every line a peer
+// can cause goes through log_ (one per kind per second).
 #include <fmt/format.h>
 #include <poll.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 
@@ -45,6 +49,8 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
     wire::FrameHeader h;
     std::vector<unsigned char> payload;
     uint64_t awaiting_auth = 0;  // session id whose AUTH this connection owes
+    Clock::time_point since;     // accepted
+    bool spoke() const { return got > 0 || in_payload || awaiting_auth != 0; }
   };
   struct Pending {  // an endpoint whose streams are still joining
     wire::Hello client, server;
@@ -53,6 +59,7 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
     size_t joined = 0;
     Deadline deadline;
     std::string peer;
+    std::string key;                // the peer for max_endpoints_per_peer: "address pid N"
     SideChannels channels;          // of the agreed transports that need one
     std::string why_not;            // reasons for transports not used
     std::vector<UniqueFd> data;     // data sockets: JOIN index fds.size() + k
@@ -71,8 +78,20 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
   Next on_auth(Conn& c);
   Next on_join(Conn& c);
   Next reject(Conn& c, const Status& why);
+  // Best effort, no log line: tells the peer why it is dropped (a REJECT frame).
+  static void tell(Conn& c, const Status& why);
+  // Makes room for a new connection from `host`: at max_pending_per_address its oldest connection
+  // (one that has sent nothing, else any), at max_pending_handshakes the oldest of all, is told why
+  // and dropped.
+  // False when the newcomer itself is refused: every connection of its address is younger than
+  // kEvictGrace (evicting them would evict a client that has not had time to speak).
+  bool make_room(const std::string& host, const std::string& newcomer);
+  // kResourceExhausted naming max_endpoints_per_peer when `key` holds that many endpoints (open,
+  // authenticated and joining, or being set up).
+  Status check_peer_cap(const std::string& key) const;
   void complete(uint64_t session);
-  void build(Pending p, Session agreed);  // a set-up thread
+  struct SetupState;
+  void build(Pending p, Session agreed, std::shared_ptr<SetupState> state);  // a set-up thread
   void reap_setups(bool all);
 
   std::shared_ptr<ContextImpl> ctx_;
@@ -86,10 +105,22 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
   size_t max_pending_ = 1024, max_per_host_ = 64;     // from the configuration
   LogLimiter log_{std::chrono::seconds(1)};  // thread-safe
   // Threads building same-host paths, each bounded by its handshake deadline; joined by run().
+  struct SetupState {
+    std::mutex mu;           // guards the two flags
+    bool committed = false;  // its endpoint is being created: no longer evicted
+    bool evicted = false;    // cut: its sockets were shut down, it drops the endpoint
+  };
   struct Setup {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
+    std::shared_ptr<SetupState> state;
+    std::vector<UniqueFd> cut;  // dups of its sockets and side channels: shutdown() ends its waits
+    std::string peer, key;
+    Clock::time_point started;
+    bool active() const;  // neither done, committed nor evicted
   };
+  // Evicts the oldest active set-up (for a newcomer, `why`); false when none can be.
+  bool evict_oldest_setup(const std::string& newcomer);
   std::list<Setup> setups_;
   std::atomic<int> building_{0};  // set-up threads that have not yet created (or given up) their endpoint
   std::unordered_map<uint64_t, Pending> pending_;
@@ -106,6 +137,13 @@ namespace {
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 // Endpoints being built at once (each a thread for at most handshake_timeout); beyond, refused.
 constexpr size_t kMaxSetups = 64;
+// At max_pending_per_address, connections younger than this are not evicted: a client sends its
+// HELLO within a round trip, and a flood that reopens each evicted connection at once would
+// otherwise evict it before it could.
+constexpr auto kEvictGrace = std::chrono::milliseconds(250);
+// Set-up threads in all, evicted ones not yet gone included; beyond, a new session is refused at
+// AUTH (before its WELCOME), so a client never sees a handshake succeed that the server dropped.
+constexpr size_t kMaxSetupThreads = 2 * kMaxSetups;
 
 std::string host_of(const std::string& peer) {  // "1.2.3.4:5" or "[::1]:5" -> without the port
   auto colon = peer.rfind(':');
@@ -189,6 +227,12 @@ void ListenerImpl::run() {
       if (n == Next::kKeep && it->deadline.expired()) {
         DMX_LOG_LIMITED(log_, warn, "slow", "listener {}: peer {} did not complete the handshake in time; dropped",
                         address_, it->peer);
+        tell(*it, Status(Code::kTimeout,
+                         fmt::format("the server dropped this connection: its handshake did not complete within {} ms "
+                                     "(handshake_timeout)",
+                                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         ctx_->params().handshake_timeout)
+                                         .count())));
         n = Next::kDrop;
       }
       it = n == Next::kKeep ? std::next(it) : drop_conn(it);
@@ -218,9 +262,102 @@ void ListenerImpl::reap_setups(bool all) {
       ++it;
       continue;
     }
+    if (all) {  // closing: nothing waits for the rest of a set-up
+      std::lock_guard<std::mutex> lock(it->state->mu);
+      if (!it->state->committed) {
+        it->state->evicted = true;
+        for (auto& fd : it->cut) ::shutdown(fd.get(), SHUT_RDWR);
+      }
+    }
     it->thread.join();
     it = setups_.erase(it);
   }
+}
+
+bool ListenerImpl::Setup::active() const {
+  if (done->load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(state->mu);
+  return !state->committed && !state->evicted;
+}
+
+bool ListenerImpl::evict_oldest_setup(const std::string& newcomer) {
+  for (auto& st : setups_) {  // oldest first
+    if (st.done->load(std::memory_order_acquire)) continue;
+    std::lock_guard<std::mutex> lock(st.state->mu);
+    if (st.state->committed || st.state->evicted) continue;
+    st.state->evicted = true;
+    for (auto& fd : st.cut) ::shutdown(fd.get(), SHUT_RDWR);  // its waits end at once, its client sees EOF
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - st.started).count();
+    DMX_LOG_LIMITED(log_, warn, "setup-evict", "listener {}: {} endpoints are being set up (the most); evicting the "
+                    "oldest, peer {}'s ({} ms in set-up), for peer {}", address_, kMaxSetups, st.peer, ms, newcomer);
+    return true;
+  }
+  return false;
+}
+
+void ListenerImpl::tell(Conn& c, const Status& why) {
+  std::string text = why.message().substr(0, wire::kMaxControlPayload);
+  // Best effort: the frame is small and the socket's buffer nearly empty, so this does not block.
+  (void)send_frame(c.fd.get(), wire::FrameType::kReject, std::vector<unsigned char>(text.begin(), text.end()),
+                   Deadline::after(std::chrono::milliseconds(100)), c.peer, static_cast<uint64_t>(why.code()));
+}
+
+bool ListenerImpl::make_room(const std::string& host, const std::string& newcomer) {
+  auto known = per_host_.find(host);
+  if (known != per_host_.end() && known->second >= max_per_host_) {
+    // Fair within the address: a client is never locked out by idle connections from its own
+    // address (NAT, a shared host), only delayed by one eviction. Idle ones go first; none younger
+    // than kEvictGrace.
+    auto victim = conns_.end();
+    auto old = Clock::now() - kEvictGrace;
+    for (auto it = conns_.begin(); it != conns_.end(); ++it) {
+      if (it->host != host || it->since > old) continue;
+      if (victim == conns_.end()) victim = it;
+      if (!it->spoke()) {
+        victim = it;
+        break;
+      }
+    }
+    if (victim == conns_.end()) {
+      DMX_LOG_LIMITED(log_, warn, "per-address", "listener {}: {} holds {} unauthenticated connections "
+                      "(max_pending_per_address), all younger than {} ms; refusing its new one", address_, host,
+                      known->second, kEvictGrace.count());
+      return false;
+    }
+    {
+      DMX_LOG_LIMITED(log_, warn, "per-address", "listener {}: {} holds {} unauthenticated connections "
+                      "(max_pending_per_address); evicting its oldest{}, {}, for {}", address_, host, known->second,
+                      victim->spoke() ? "" : " idle one", victim->peer, newcomer);
+      tell(*victim, Status(Code::kResourceExhausted,
+                           fmt::format("the server refused address {}: it holds {} connections in their handshake "
+                                       "(max_pending_per_address); this one, the oldest{}, was evicted for a new one",
+                                       host, known->second, victim->spoke() ? "" : " idle one")));
+      drop_conn(victim);
+    }
+  }
+  if (conns_.size() >= max_pending_) {
+    // Full: the oldest gives way. A flood of idle connections then only delays a good client by
+    // how fast the flood connects, never locks it out.
+    DMX_LOG_LIMITED(log_, warn, "evict", "listener {}: {} handshakes pending (max_pending_handshakes); "
+                    "evicting the oldest, {}, for {}", address_, conns_.size(), conns_.front().peer, newcomer);
+    tell(conns_.front(), Status(Code::kResourceExhausted,
+                                fmt::format("the server holds {} connections in their handshake "
+                                            "(max_pending_handshakes); this one, the oldest, was evicted for a new one",
+                                            conns_.size())));
+    drop_conn(conns_.begin());
+  }
+  return true;
+}
+
+Status ListenerImpl::check_peer_cap(const std::string& key) const {
+  int held = ctx_->peer_endpoints(key);
+  for (const auto& [id, p] : pending_) held += p.authed && p.key == key ? 1 : 0;
+  for (const auto& st : setups_) held += st.key == key && st.active() ? 1 : 0;
+  if (held < ctx_->params().max_endpoints_per_peer) return Status();
+  return Status(Code::kResourceExhausted,
+                fmt::format("the server refused peer {}: it holds {} endpoints here (open or being set up), the most "
+                            "one peer may (max_endpoints_per_peer)",
+                            key, held));
 }
 
 std::list<ListenerImpl::Conn>::iterator ListenerImpl::drop_conn(std::list<Conn>::iterator it) {
@@ -255,18 +392,15 @@ void ListenerImpl::accept_new() {
     UniqueFd fd(raw);
     std::string peer = stream::peer_name(raw);
     std::string host = host_of(peer);
-    auto known = per_host_.find(host);
-    if (known != per_host_.end() && known->second >= max_per_host_) {
-      DMX_LOG_LIMITED(log_, warn, "per-address", "listener {}: {} holds {} unauthenticated connections "
-                      "(max_pending_per_address); closing its new one", address_, host, known->second);
+    if (!make_room(host, peer)) {
+      Conn refused;
+      refused.fd = std::move(fd);
+      refused.peer = peer;
+      tell(refused, Status(Code::kResourceExhausted,
+                           fmt::format("the server refused address {}: it holds {} connections in their handshake "
+                                       "(max_pending_per_address), all opened in the last {} ms",
+                                       host, per_host_[host], kEvictGrace.count())));
       continue;
-    }
-    if (conns_.size() >= max_pending_) {
-      // Full: the oldest gives way. A flood of idle connections then only delays a good client by
-      // how fast the flood connects, never locks it out.
-      DMX_LOG_LIMITED(log_, warn, "evict", "listener {}: {} handshakes pending (max_pending_handshakes); "
-                      "evicting the oldest, {}, for {}", address_, conns_.size(), conns_.front().peer, peer);
-      drop_conn(conns_.begin());
     }
     const EngineParams& p = ctx_->params();
     stream::StreamOptions so;
@@ -282,6 +416,7 @@ void ListenerImpl::accept_new() {
     c.host = host;
     ++per_host_[host];
     c.deadline = Deadline::after(p.handshake_timeout);
+    c.since = Clock::now();
     conns_.push_back(std::move(c));
   }
 }
@@ -357,6 +492,10 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   if (client->role != wire::Role::kClient) return reject(c, Status(Code::kProtocol, "HELLO from a non-client"));
   if (Status s = check_auth_modes(ctx_->auth(), client->auth); !s.ok()) return reject(c, s);
   if (Status s = ctx_->admit_endpoint(client->streams); !s.ok()) return reject(c, s);
+  // One peer is one client process at one address (its pid is the HELLO's, vouched for by the key
+  // only after AUTH, so only authenticated endpoints count against it).
+  std::string key = fmt::format("{} pid {}", c.host, client->pid);
+  if (Status s = check_peer_cap(key); !s.ok()) return reject(c, s);
   // Endpoints still being built on set-up threads count too: max_endpoints holds as it did when
   // they were built on this thread.
   int building = building_.load(std::memory_order_acquire);
@@ -391,6 +530,7 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   p.fds.resize(agreed->streams);
   p.deadline = c.deadline;
   p.peer = c.peer;
+  p.key = key;
   p.channels = std::move(channels);
   p.why_not = std::move(why_not);
   p.data.resize(data_sockets_needed(agreed->agreed));
@@ -412,6 +552,18 @@ ListenerImpl::Next ListenerImpl::on_auth(Conn& c) {
       pending_.erase(it);
       return reject(c, Status(Code::kAuth, "authentication failed: the client does not hold this host's dmx key"));
     }
+  }
+  // Refusals for the caps come before WELCOME: after it the client holds an endpoint.
+  Status full = check_peer_cap(p.key);
+  reap_setups(/*all=*/false);
+  if (full.ok() && setups_.size() >= kMaxSetupThreads)
+    full = Status(Code::kResourceExhausted,
+                  fmt::format("the server refused peer {}: {} endpoint set-ups are still ending (the most at once); "
+                              "try again",
+                              p.key, setups_.size()));
+  if (!full.ok()) {
+    pending_.erase(it);
+    return reject(c, full);
   }
   if (!send_frame(c.fd.get(), wire::FrameType::kWelcome, {}, Deadline::after(std::chrono::seconds(1)), c.peer).ok()) {
     pending_.erase(it);
@@ -465,30 +617,55 @@ void ListenerImpl::complete(uint64_t session) {
   agreed->peer_unexpected_budget = p.client.unexpected_budget;
   // Same-host paths wait for the client to set up its side (up to the handshake deadline): that
   // must not stall this thread, which serves every other handshake.
+  // Set-ups are bounded: at kMaxSetups the oldest one still in progress is evicted for this one (a
+  // same-host peer that never sets up its side waits out its deadline otherwise, and enough of
+  // them would lock everyone out). Set-ups of good peers take milliseconds, so the oldest is the
+  // likeliest stalled. Threads in all are bounded at AUTH (kMaxSetupThreads).
   reap_setups(/*all=*/false);
-  if (setups_.size() >= kMaxSetups) {
-    DMX_LOG_LIMITED(log_, warn, "setups", "listener {}: peer {}: {} endpoints are being set up already; dropped",
-                    address_, p.peer, setups_.size());
-    return;
-  }
-  auto done = std::make_shared<std::atomic<bool>>(false);
+  size_t active = 0;
+  for (const auto& st : setups_) active += st.active() ? 1 : 0;
+  if (active >= kMaxSetups) (void)evict_oldest_setup(p.peer);
+  Setup st;
+  st.done = std::make_shared<std::atomic<bool>>(false);
+  st.state = std::make_shared<SetupState>();
+  st.peer = p.peer;
+  st.key = p.key;
+  st.started = Clock::now();
+  auto cut = [&st](int fd) {
+    if (fd >= 0) st.cut.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  };
+  for (const auto& fd : p.fds) cut(fd.get());
+  for (const auto& fd : p.data) cut(fd.get());
+  for (const auto& [name, ch] : p.channels) cut(ch.fd());
+  std::erase_if(st.cut, [](const UniqueFd& fd) { return !fd.valid(); });
   building_.fetch_add(1, std::memory_order_acq_rel);
-  std::thread t([this, p = std::move(p), a = std::move(*agreed), done]() mutable {
-    build(std::move(p), std::move(a));
+  st.thread = std::thread([this, p = std::move(p), a = std::move(*agreed), done = st.done, state = st.state]() mutable {
+    build(std::move(p), std::move(a), std::move(state));
     done->store(true, std::memory_order_release);
   });
-  setups_.push_back(Setup{std::move(t), std::move(done)});
+  setups_.push_back(std::move(st));
 }
 
-void ListenerImpl::build(Pending p, Session agreed) {
+void ListenerImpl::build(Pending p, Session agreed, std::shared_ptr<SetupState> state) {
   auto links = connect_transports(*ctx_, agreed.agreed, p.client, p.server, /*is_client=*/false, std::nullopt,
                                   std::move(p.channels), std::move(p.data), p.peer, p.deadline);
-  if (!links.ok()) {
-    DMX_LOG_LIMITED(log_, warn, "paths", "listener {}: peer {}: transport set-up ({}) failed: {}", address_,
-                    p.peer, agreed.transport, printable(links.status().message()));
+  bool evicted = false;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    evicted = state->evicted;
+    state->committed = links.ok() && !evicted;
+  }
+  if (!links.ok() || evicted) {
+    if (evicted)
+      DMX_LOG_LIMITED(log_, warn, "paths", "listener {}: peer {}: transport set-up ({}) evicted for a newer one "
+                      "({} endpoints were being set up)", address_, p.peer, agreed.transport, kMaxSetups);
+    else
+      DMX_LOG_LIMITED(log_, warn, "paths", "listener {}: peer {}: transport set-up ({}) failed: {}", address_,
+                      p.peer, agreed.transport, printable(links.status().message()));
     building_.fetch_sub(1, std::memory_order_acq_rel);
     return;  // dropping the streams tells the client
   }
+  agreed.peer_key = p.key;
   // create() counts it in the context once its streams are built: a window of microseconds in which
   // max_endpoints may admit one more.
   building_.fetch_sub(1, std::memory_order_acq_rel);

@@ -19,6 +19,7 @@ Conn::Conn(ServerShared& server, Endpoint ep, uint32_t partition)
 Conn::~Conn() { dead_ = true; }
 
 void Conn::start() {
+  last_active_ = std::chrono::steady_clock::now().time_since_epoch().count();
   // Notifications come on the dmx thread that landed the payload: no hand-off to a thread of ours.
   ep_.on_notification([w = weak_from_this()](const Notification& n) {
     if (auto c = w.lock()) c->on_note(n);
@@ -99,6 +100,7 @@ void Conn::on_ctrl(uint32_t i, const Status& s, size_t bytes) {
     return peer_gone(s);
   }
   Result<Header> h = parse_header(ctrl_bufs_[i].data(), bytes);
+  last_active_ = std::chrono::steady_clock::now().time_since_epoch().count();
   if (!h.ok()) return refuse(h.status().message());
   if (h->kind != Kind::kRequest) return refuse("a control header of kind " + std::to_string(int(h->kind)));
   const uint32_t slot_size = server_.config.pool.slot_size;
@@ -189,6 +191,7 @@ void Conn::finish(Job& job, const Status& status) {
 }
 
 void Conn::on_sent(const Status& s) {
+  last_active_ = std::chrono::steady_clock::now().time_since_epoch().count();
   --busy_;
   if (!s.ok()) return peer_gone(s);
   if (dead_) server_.note_dead();
@@ -205,6 +208,27 @@ void Conn::check_deadlines(std::chrono::steady_clock::time_point now) {
       if (now > e.deadline) bad = "a payload whose header did not arrive in time";
   }
   if (!bad.empty()) refuse(bad);
+}
+
+std::chrono::steady_clock::duration Conn::idle(std::chrono::steady_clock::time_point now) {
+  if (dead_ || busy_.load() != 0) return {};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Slot& sl : slots_)
+      if (sl.state != SlotState::kFree) return {};
+    if (!early_.empty()) return {};
+  }
+  return now - std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(last_active_.load()));
+}
+
+void Conn::evict(const std::string& why) {
+  if (dead_.exchange(true)) return;
+  server_.note_refusal("evicted peer " + peer_ + ": " + why);
+  Header h;
+  h.kind = Kind::kRefused;
+  h.status = static_cast<uint32_t>(Code::kResourceExhausted);
+  send_header(h);
+  close();
 }
 
 void Conn::close() {

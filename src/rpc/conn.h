@@ -38,6 +38,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void check_deadlines(std::chrono::steady_clock::time_point now);
   bool dead() const { return dead_.load(); }
   bool reapable() const { return dead_.load() && busy_.load() == 0; }
+  // How long it has had no request in progress (0 while it has one, or is dead).
+  std::chrono::steady_clock::duration idle(std::chrono::steady_clock::time_point now);
+  // Refuses the peer with `why` and closes it, giving its partition back (the server's loop only).
+  void evict(const std::string& why);
   // Closes the endpoint (dmx touches the slots no more after it) and gives the partition back.
   void close();
   const std::string& peer() const { return peer_; }
@@ -78,6 +82,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::vector<EarlyNote> early_;  // at most one per slot
   std::vector<Wire> ctrl_bufs_;  // one per posted control receive; written only by dmx
   std::atomic<bool> dead_{false}, closed_{false};
+  std::atomic<int64_t> last_active_{0};  // steady_clock ticks of the last header or response
   std::atomic<int> busy_{0};  // jobs at the orchestrator plus response sends in flight
 };
 

@@ -69,6 +69,7 @@ class ServerImpl {
 
   void admit(Endpoint ep) {
     std::optional<uint32_t> part = shared_.pool->acquire_partition();
+    if (!part && evict_idle(ep.peer())) part = shared_.pool->acquire_partition();
     if (!part) {
       shared_.note_refusal("refused peer " + ep.peer() + ": all " + std::to_string(shared_.config.pool.clients) +
                            " client partitions of the pool are in use");
@@ -84,6 +85,26 @@ class ServerImpl {
     auto c = std::make_shared<Conn>(shared_, std::move(ep), *part);
     c->start();
     conns_.push_back(std::move(c));
+  }
+
+  // Every partition is taken: the client idle the longest, if for idle_evict_after or more, gives
+  // its partition up to `newcomer`. True when one did.
+  bool evict_idle(const std::string& newcomer) {
+    auto now = std::chrono::steady_clock::now();
+    std::shared_ptr<Conn> victim;
+    std::chrono::steady_clock::duration longest{};
+    for (auto& c : conns_) {
+      auto idle = c->idle(now);
+      if (idle >= shared_.config.idle_evict_after && idle > longest) {
+        longest = idle;
+        victim = c;
+      }
+    }
+    if (!victim) return false;
+    victim->evict("idle for " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(longest).count()) +
+                  " ms while every client partition was in use; given to " + newcomer);
+    return true;
   }
 
   Context ctx_;

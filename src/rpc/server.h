@@ -26,6 +26,9 @@ struct ServerConfig {
   PoolShape pool;
   OrchestratorConfig orchestration;
   Duration request_timeout = std::chrono::seconds(10);  // header to payload; also the work deadline
+  // A client with no request in progress for this long gives its partition up (told why, closed)
+  // when a new client finds every partition in use: idle clients cannot lock others out.
+  Duration idle_evict_after = std::chrono::seconds(1);
   bool quiet = false;  // no warnings on stderr (tests that provoke them on purpose)
 };
 

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "dmx_test_paths.h"
 #include "hostile/hostile_util.h"
@@ -32,8 +34,9 @@ struct BenchServer {
   }
 };
 
-// Starts `dmx bench --listen` on a fixed-by-the-kernel port and reads the address it prints.
-void start(BenchServer& s) {
+// Starts `dmx bench --listen` on a fixed-by-the-kernel port, with `extra` arguments, and reads the
+// address it prints.
+void start(BenchServer& s, std::vector<std::string> extra = {}) {
   int out[2];
   ASSERT_EQ(::pipe(out), 0);
   s.pid = ::fork();
@@ -42,7 +45,12 @@ void start(BenchServer& s) {
     ::close(out[0]);
     ::setenv("DMX_AUTH_KEY", kHostileKey, 1);
     ::setenv("DMX_LOG_LEVEL", "off", 1);
-    ::execl(DMX_BIN_PATH, "dmx", "bench", "--listen", "tcp://127.0.0.1:0", nullptr);
+    std::vector<std::string> args{"dmx", "bench", "--listen", "tcp://127.0.0.1:0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(DMX_BIN_PATH, argv.data());
     ::_exit(127);
   }
   ::close(out[1]);
@@ -92,6 +100,49 @@ TEST(BenchPlan, WindowTimesSizeThatWrapsIsRefusedAndTheServerGoesOn) {
   EXPECT_EQ(::waitpid(server.pid, nullptr, WNOHANG), 0) << "the bench server died";
   std::string good = ask(*ep, plan("read", 4096, 1));
   EXPECT_NE(good.find("\"ok\":true"), std::string::npos) << good;
+}
+
+// The server's plan buffers come out of its peer_memory_budget: a plan over it is refused naming
+// the budget (it used to allocate whatever a plan asked, up to 64 GiB). A plan whose client then
+// moves no data, and a client that sends no plan, lose their session after --idle-timeout (they
+// held the buffer for 300 s), and the budget is given back.
+TEST(BenchPlan, PlansAreChargedToTheMemoryBudgetAndIdleOnesDropped) {
+  BenchServer server;
+  start(server, {"--option", "peer_memory_budget=64M", "--idle-timeout", "1s"});
+  ASSERT_FALSE(server.address.empty());
+  auto ctx = Context::create(test_options(2));
+  ASSERT_TRUE(ctx.ok());
+  auto ep = ctx->connect(server.address);
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  std::string over = ask(*ep, plan("write", 40 << 20, 2));  // 80 MiB
+  EXPECT_NE(over.find("\"ok\":false"), std::string::npos) << over;
+  EXPECT_NE(over.find("peer_memory_budget"), std::string::npos) << over;
+  EXPECT_NE(over.find("127.0.0.1"), std::string::npos) << over;
+  // 48 MiB fits; the client then sends nothing: dropped after about 1 s, not 300.
+  std::string held = ask(*ep, plan("write", 48 << 20, 1));
+  EXPECT_NE(held.find("\"ok\":true"), std::string::npos) << held;
+  auto t0 = Clock::now();
+  Status gone = wait_for_failure(*ep, 10s);
+  EXPECT_FALSE(gone.ok()) << "the server still holds the idle plan after 10 s";
+  std::printf("idle plan dropped after %lld ms: %s\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()),
+              gone.to_string().c_str());
+  // Its 48 MiB were given back: another client's 48 MiB plan fits (once the server's close of the
+  // idle session, which frees them, has returned).
+  auto again = ctx->connect(server.address);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  std::string next;
+  for (auto until = Clock::now() + 10s; Clock::now() < until;) {
+    next = ask(*again, plan("read", 48 << 20, 1));
+    if (next.find("\"ok\":true") != std::string::npos) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_NE(next.find("\"ok\":true"), std::string::npos) << next;
+  // A client that sends no plan at all loses its session too.
+  auto silent = ctx->connect(server.address);
+  ASSERT_TRUE(silent.ok()) << silent.status().to_string();
+  EXPECT_FALSE(wait_for_failure(*silent, 10s).ok()) << "a client that sent no plan kept its session";
+  EXPECT_EQ(::waitpid(server.pid, nullptr, WNOHANG), 0) << "the bench server died";
 }
 
 }  // namespace

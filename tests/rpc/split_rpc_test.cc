@@ -134,6 +134,34 @@ TEST(SplitRpc, FullPoolRefusesTheNextClientWithAReason) {
   ASSERT_TRUE(eventually([&] { return Client::connect(r.client_ctx, r.server->address(), kDeadline).ok(); }));
 }
 
+// Clients that connect and then send nothing held every partition until they left: a new client
+// was refused for as long as they stayed. Now one idle for idle_evict_after (1 s) gives its
+// partition up, told why; a busy one is not evicted.
+TEST(SplitRpc, IdleClientsGiveTheirPartitionToANewOne) {
+  Rig r = start(Mode::kCpu, /*clients=*/2);
+  ASSERT_TRUE(r.server);
+  auto idle1 = Client::connect(r.client_ctx, r.server->address(), kDeadline);
+  auto idle2 = Client::connect(r.client_ctx, r.server->address(), kDeadline);
+  ASSERT_TRUE(idle1.ok() && idle2.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  auto fresh = Client::connect(r.client_ctx, r.server->address(), kDeadline);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
+  std::vector<unsigned char> in = random_bytes(4096), out(4096);
+  auto got = (*fresh)->call(Method::kVecop, {in.data(), in.size(), kHost}, {out.data(), out.size(), kHost}, kDeadline);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(out, expected(Method::kVecop, in));
+  ServerStats st = r.server->stats();
+  EXPECT_NE(st.last_refusal.find("evicted peer"), std::string::npos) << st.last_refusal;
+  EXPECT_NE(st.last_refusal.find("idle for"), std::string::npos) << st.last_refusal;
+  // One of the idle ones was told: its next call fails rather than hangs.
+  int failed = 0;
+  for (auto* c : {&*idle1, &*idle2}) {
+    auto again = (*c)->call(Method::kVecop, {in.data(), in.size(), kHost}, {out.data(), out.size(), kHost}, kDeadline);
+    failed += again.ok() ? 0 : 1;
+  }
+  EXPECT_EQ(failed, 1);
+}
+
 TEST(SplitRpc, RequestLargerThanASlotIsRefusedLocally) {
   Rig r = start(Mode::kCpu, 2, 2, 1024);
   ASSERT_TRUE(r.server);

@@ -86,8 +86,11 @@ Result<std::string> recv_text(Endpoint& ep, uint64_t tag, Duration timeout);
 
 // Serves bench sessions on one endpoint until the client quits or the endpoint ends (another
 // thread may close it to end the session). `ctx` is the endpoint's context: memory registered
-// there is what the endpoint's peer can reach.
-Status serve(Context ctx, Endpoint& ep);
+// there is what the endpoint's peer can reach, and a plan's buffer is charged to its
+// peer_memory_budget (a plan over it is refused with the reason). A client that sends no plan, or
+// moves no data during one, for `idle` loses the session (closed; the buffer freed).
+inline constexpr std::chrono::seconds kDefaultIdle{60};
+Status serve(Context ctx, Endpoint& ep, Duration idle = kDefaultIdle);
 
 struct Result1 {  // one size
   Plan plan;             // the throughput phase's

@@ -33,6 +33,7 @@ struct Args {
   std::vector<std::string> options;
   std::string checksum = "none";
   int metrics_port = -1;  // --listen: serve GET /metrics (metrics_http.h); -1: not
+  std::string idle_timeout = "60s";  // --listen: a session idle this long ends (bench::serve)
 };
 
 double cpu_seconds() {
@@ -160,6 +161,9 @@ int run(const Args& a) {
   if (a.metrics_port >= 0 && a.listen.empty()) return fmt::print(stderr, "dmx bench: --metrics-port needs --listen\n"), 2;
 
   if (!a.listen.empty()) {
+    auto idle = parse_duration(a.idle_timeout);
+    if (!idle.ok() || idle->count() <= 0)
+      return fmt::print(stderr, "dmx bench: --idle-timeout '{}': expected a positive duration\n", a.idle_timeout), 2;
     auto l = ctx->listen(a.listen);
     if (!l.ok()) return fmt::print(stderr, "dmx bench: {}\n", l.status().to_string()), 1;
     std::unique_ptr<MetricsServer> metrics;  // destroyed (its thread joined) after the sessions
@@ -190,9 +194,9 @@ int run(const Args& a) {
       if (!ep.ok()) continue;
       Session s;
       s.ep = std::make_shared<Endpoint>(std::move(*ep));
-      s.thread = std::thread([c = *ctx, e = s.ep, done = s.done] {
+      s.thread = std::thread([c = *ctx, e = s.ep, done = s.done, idle = *idle] {
         std::string peer = e->peer();
-        Status st = bench::serve(c, *e);
+        Status st = bench::serve(c, *e, idle);
         if (!st.ok()) fmt::print(stderr, "dmx bench: session with {} ended: {}\n", peer, st.to_string());
         done->store(true);
       });
@@ -275,6 +279,9 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   b->add_option("--option", a->options, "any setting as NAME=VALUE (see dmx probe --config)");
   b->add_option("--metrics-port", a->metrics_port,
                 "with --listen: serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port)");
+  b->add_option("--idle-timeout", a->idle_timeout,
+                "with --listen: a client that sends no plan, or moves no data during one, for this long loses its "
+                "session and the plan's buffer is freed (default 60s)");
   b->callback([a, exit_code] { *exit_code = run(*a); });
 }
 

@@ -38,6 +38,7 @@ struct Session {
   uint32_t peer_eager_limit = 0;        // largest EAGER we may send
   uint64_t peer_unexpected_budget = 0;  // EAGER bytes the peer buffers for us
   std::string peer;                     // "10.0.0.2:7000"
+  std::string peer_key;                 // the listener's max_endpoints_per_peer key; empty: not counted
   std::string transport;                // the agreed payload transports, "+"-joined, or tcp
   TransportList agreed;                 // path id k is agreed[k - 1]
   std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
@@ -141,6 +142,7 @@ class EndpointImpl final : public stream::StreamHost,
     uint32_t via = 0;                  // OpState::via of the path that brought it
     uint32_t crc = 0;                  // with checksums: the message's CRC32C
     Status corrupt;                    // its bytes failed their checksum: the recv fails with it
+    MemoryBudget::Charge charge;       // its bytes in the context's peer_memory_budget, while it lives
   };
   // The target side of a peer's write.
   struct InWrite {
@@ -177,6 +179,9 @@ class EndpointImpl final : public stream::StreamHost,
   // "lost the peer" whatever noticed it; end() as given (an orderly close, a violation).
   void fail(Status s);
   void end(Status s);
+  // The endpoint stops counting against max_endpoints (and its peer's max_endpoints_per_peer) once:
+  // when it fails, is closed, or its peer closed it — not when its threads are done. Caller holds mu_.
+  void release_slot();
   void fail_all();
   void deliver();
   void dispatch_notes();  // to the handler, when one is set (after notes_cv_ is notified)
@@ -310,6 +315,7 @@ class EndpointImpl final : public stream::StreamHost,
   };
   std::shared_ptr<Holders> holders_ = std::make_shared<Holders>();
   bool stopped_ = false;  // every worker and path has stopped and fail_all() ran
+  bool slot_held_ = false;  // counted in the context (release_slot)
   std::condition_variable stopped_cv_;
   bool delivering_ = false, redeliver_ = false;
   // Operations finished but not yet delivered: lets deliver() skip the lock when there are none

@@ -70,7 +70,8 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   for (const auto& t : ep->session_.agreed)
     if (t->gives() == Gives::kControl) ep->stream_transport_ = ep->ctx_->metrics().index_of(t->name());
   ep->ctx_->metrics().add_endpoint(ep.get(), ep->stream_transport_);  // before a stream can stop
-  ep->ctx_->endpoint_started();
+  ep->ctx_->endpoint_started(ep->session_.peer_key);
+  ep->slot_held_ = true;
   ep->running_ = static_cast<int>(ep->streams_.size());
   ep->holders_->count = ep->running_;
   stream::Workers* workers = &ep->ctx_->workers();
@@ -97,6 +98,7 @@ EndpointImpl::EndpointImpl(std::shared_ptr<ContextImpl> ctx, Session session)
 }
 
 EndpointImpl::~EndpointImpl() {
+  release_slot();  // a stream that never ran (nothing else can hold mu_ now)
   ctx_->metrics().remove_endpoint(this, stats());  // when no stream stopped it (see on_stream_stopped)
   // A path that missed stop_timeout may still call our events: destroying it (joining its thread)
   // must come before the members those events use.
@@ -191,9 +193,16 @@ void EndpointImpl::end(Status s) {
       status_ = s;
       if (s.code() != Code::kClosed) DMX_LOG_ERROR("endpoint to {} failed: {}", session_.peer, s.to_string());
     }
+    release_slot();  // the peer is gone or we are: the slot is free now, not once the threads are
     for (auto& st : streams_) st->stop();  // one stream down ends them all
   }
   notes_cv_.notify_all();
+}
+
+void EndpointImpl::release_slot() {
+  if (!slot_held_) return;
+  slot_held_ = false;
+  ctx_->endpoint_stopped(session_.peer_key);
 }
 
 void EndpointImpl::on_stream_stopped(int stream) {
@@ -208,7 +217,7 @@ void EndpointImpl::on_stream_stopped(int stream) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     fail_all();
-    ctx_->endpoint_stopped();  // before close() can return: its slot is free when it does
+    release_slot();  // at the latest here: before close() can return
     stopped_ = true;  // close() returns from here on: no stream or path touches user memory
   }
   stopped_cv_.notify_all();
@@ -252,6 +261,7 @@ Status EndpointImpl::close() {
     leftover_.clear();
     if (status_.ok()) {
       status_ = Status(Code::kClosed, "the endpoint was closed by this side");
+      release_slot();
       FrameHeader h;
       h.type = FrameType::kClose;
       std::string reason = "closed by the application";

@@ -107,11 +107,16 @@ Result<stream::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h, uint64_t l
                                 params_.unexpected_budget));
   if (unexpected_.size() >= static_cast<size_t>(params_.max_inflight_ops))
     return protocol(fmt::format("the peer has more than {} unmatched messages in flight", params_.max_inflight_ops));
+  // Every endpoint's unexpected data shares the context's budget too: many endpoints of one peer,
+  // each within its own budget, must not together exhaust the process.
+  auto charge = MemoryBudget::take(ctx_->memory_budget(), cost, session_.peer, "unexpected eager data");
+  if (!charge.ok()) return charge.status();
   auto u = std::make_shared<Unexpected>();
   u->msg = h.id;
   u->tag = h.a0;
   u->size = len;
   u->eager = true;
+  u->charge = std::move(*charge);
   u->data.resize(len);  // bounded by the eager limit (checked with the header) and the budget
   unexpected_bytes_ += cost;
   unexpected_.push_back(u);

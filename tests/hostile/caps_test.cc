@@ -1,0 +1,315 @@
+// Caps that must not lock a good client out: idle pre-auth connections from its own address,
+// endpoints of one peer filling max_endpoints, endpoints whose peer has gone still counted, same-host
+// peers that never set up their paths filling the set-up slots, and the memory peers make a
+// context hold (peer_memory_budget). Each refusal says why, on both sides.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "engine/auth.h"
+#include "engine/context_impl.h"
+#include "engine/handshake.h"
+#include "engine/transport_setup.h"
+#include "hostile/hostile_util.h"
+#include "stream/socket.h"
+
+namespace dmx::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+UniqueFd dial(const std::string& address) {
+  auto addr = stream::parse_address(address);
+  if (!addr.ok()) return UniqueFd();
+  auto fd = stream::connect_to(*addr, Deadline::after(5s));
+  return fd.ok() ? std::move(*fd) : UniqueFd();
+}
+
+// 4 idle connections from the client's own address (max_pending_per_address=4), reopened as soon
+// as the server drops them: a good client still connects every time, and a connection the server
+// drops for the cap is told so (a REJECT naming the address and the setting).
+TEST(Caps, IdleConnectionsFromTheClientsOwnAddressDoNotLockItOut) {
+  Options so = test_options(1);
+  so.set("max_pending_per_address", "4").set("handshake_timeout", "1s");
+  Server s = make_server(so);
+  std::atomic<bool> stop{false};
+  std::atomic<int> rejects{0}, reopened{0};
+  std::string reject_text;
+  std::mutex text_mu;
+  std::thread flood([&] {
+    std::vector<UniqueFd> fds;
+    for (int i = 0; i < 4; ++i) fds.push_back(dial(s.listener.address()));
+    while (!stop.load()) {
+      std::vector<pollfd> p;
+      for (auto& fd : fds) p.push_back({fd.get(), POLLIN, 0});
+      if (::poll(p.data(), p.size(), 20) <= 0) continue;
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (p[i].revents == 0) continue;
+        auto f = recv_frame(fds[i].get(), Deadline::after(200ms), "server");
+        std::string text = f.ok() ? std::string(f->payload.begin(), f->payload.end()) : std::string();
+        if (f.ok() && f->header.type == wire::FrameType::kReject && text.find("max_pending") != std::string::npos) {
+          ++rejects;
+          std::lock_guard<std::mutex> lock(text_mu);
+          reject_text = text;
+        }
+        fds[i] = dial(s.listener.address());  // reopened at once
+        ++reopened;
+      }
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  Options co = test_options(1);
+  co.set("connect_timeout", "5s");
+  auto client = Context::create(co);
+  ASSERT_TRUE(client.ok());
+  int served = 0;
+  int refused = 0;
+  for (int i = 0; i < 4; ++i) {
+    // Arriving while every flood connection is younger than the eviction grace, the client is
+    // refused, told why; it gets in once they are older.
+    auto c = client->connect(s.listener.address());
+    for (auto until = Clock::now() + 5s; !c.ok() && Clock::now() < until; c = client->connect(s.listener.address())) {
+      EXPECT_NE(c.status().message().find("max_pending_per_address"), std::string::npos) << c.status().to_string();
+      ++refused;
+      std::this_thread::sleep_for(100ms);
+    }
+    EXPECT_TRUE(c.ok()) << "connect " << i << ": " << c.status().to_string();
+    if (!c.ok()) continue;
+    auto e = s.listener.accept(5s);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    served += e.ok() ? 1 : 0;
+  }
+  stop = true;
+  flood.join();
+  std::printf("good client served %d of 4 times beside 4 idle connections from its address (%d reopened, %d "
+              "attempts refused)\n",
+              served, reopened.load(), refused);
+  EXPECT_EQ(served, 4);
+  ASSERT_GT(rejects.load(), 0) << "no dropped connection was told why";
+  std::lock_guard<std::mutex> lock(text_mu);
+  EXPECT_NE(reject_text.find("127.0.0.1"), std::string::npos) << reject_text;
+  EXPECT_NE(reject_text.find("max_pending_per_address"), std::string::npos) << reject_text;
+}
+
+// Clients close their endpoints and connect again at once, never holding more than max_endpoints:
+// the server's slots are free as soon as the peers have closed, not once the endpoints' threads
+// have ended (8 at a time, with shm paths: the closer stops them one after another).
+TEST(Caps, ClosedEndpointsStopCountingAtOnce) {
+  constexpr int kAtOnce = 8;
+  Options so = test_options(2);
+  so.set("max_endpoints", std::to_string(kAtOnce));
+  Server s = make_server(so);
+  auto client = Context::create(test_options(2));  // same host: shm paths, whose stop takes a while
+  ASSERT_TRUE(client.ok());
+  int refused = 0, tried = 0;
+  Status last;
+  std::vector<Endpoint> theirs;  // the server's application has not noticed yet
+  for (int round = 0; round < 6; ++round) {
+    std::vector<Endpoint> mine;
+    for (int i = 0; i < kAtOnce; ++i) {
+      ++tried;
+      auto c = client->connect(s.listener.address());
+      if (!c.ok()) {
+        ++refused;
+        last = c.status();
+        continue;
+      }
+      mine.push_back(std::move(*c));
+      auto e = s.listener.accept(5s);
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      theirs.push_back(std::move(*e));
+    }
+    std::vector<std::thread> closing;
+    for (auto& c : mine) closing.emplace_back([&c] { (void)c.close(); });
+    for (auto& t : closing) t.join();
+    if (theirs.size() > 4 * kAtOnce) theirs.erase(theirs.begin(), theirs.begin() + kAtOnce);
+  }
+  std::printf("reconnects refused: %d of %d (last: %s)\n", refused, tried, last.to_string().c_str());
+  EXPECT_EQ(refused, 0) << last.to_string();
+}
+
+// One authenticated handshake done by hand with a HELLO naming process `pid` (transport tcp, one
+// stream): ok once the server welcomed it, else the server's REJECT as an error.
+Status handshake_as(const Server& s, uint32_t pid, UniqueFd* out) {
+  Context mine_ctx = *Context::create(test_options(1).set("transport", "tcp"));
+  const ContextImpl& me = *mine_ctx.impl();
+  wire::Hello mine = make_hello(me, wire::Role::kClient);
+  mine.pid = pid;
+  std::string why_not;
+  offer_transports(me, &mine, nullptr, &why_not);
+  Deadline d = Deadline::after(5s);
+  UniqueFd fd = dial(s.listener.address());
+  if (!fd.valid()) return Status(Code::kIo, "dial");
+  DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kHello, wire::encode_hello(mine), d, "s"));
+  DMX_ASSIGN_OR_RETURN(Frame hello, recv_frame(fd.get(), d, "s"));
+  if (hello.header.type == wire::FrameType::kReject)
+    return Status(Code::kResourceExhausted, std::string(hello.payload.begin(), hello.payload.end()));
+  auto theirs = wire::decode_hello(hello.payload.data(), hello.payload.size());
+  if (!theirs.ok()) return theirs.status();
+  wire::Proof proof = make_proof(me.auth(), kClientLabel, mine.nonce, theirs->nonce, theirs->session);
+  DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kAuth, {proof.begin(), proof.end()}, d, "s"));
+  DMX_ASSIGN_OR_RETURN(Frame welcome, recv_frame(fd.get(), d, "s"));
+  if (welcome.header.type != wire::FrameType::kWelcome)
+    return Status(Code::kResourceExhausted, std::string(welcome.payload.begin(), welcome.payload.end()));
+  *out = std::move(fd);
+  return Status();
+}
+
+// One peer (this process) opens endpoints until refused: it gets max_endpoints_per_peer of them,
+// and the refusal names the setting; another peer still gets in although the total would have
+// filled max_endpoints.
+TEST(Caps, OnePeerCannotTakeEveryEndpoint) {
+  Options so = test_options(1);
+  so.set("max_endpoints", "4").set("max_endpoints_per_peer", "2").set("transport", "tcp");
+  Server s = make_server(so);
+  auto client = Context::create(test_options(1).set("transport", "tcp"));
+  ASSERT_TRUE(client.ok());
+  std::vector<Endpoint> mine, theirs;
+  Status refusal;
+  for (int i = 0; i < 4; ++i) {
+    auto c = client->connect(s.listener.address());
+    if (!c.ok()) {
+      refusal = c.status();
+      continue;
+    }
+    mine.push_back(std::move(*c));
+    auto e = s.listener.accept(5s);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    theirs.push_back(std::move(*e));
+  }
+  EXPECT_EQ(mine.size(), 2u) << "one peer took " << mine.size() << " of 4 endpoints";
+  EXPECT_EQ(refusal.code(), Code::kResourceExhausted) << refusal.to_string();
+  EXPECT_NE(refusal.message().find("max_endpoints_per_peer"), std::string::npos) << refusal.to_string();
+  EXPECT_NE(refusal.message().find("refused"), std::string::npos) << refusal.to_string();
+  // Another process (another pid in its HELLO) is welcome.
+  UniqueFd other;
+  Status st = handshake_as(s, static_cast<uint32_t>(::getpid()) + 1, &other);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  auto e = s.listener.accept(5s);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+}
+
+// An authenticated same-host peer that offers shm and never sets up its side (listener_flood_test
+// does one): it holds a set-up thread until its handshake deadline.
+struct StalledSetup {
+  UniqueFd fd;
+  std::optional<UnixListener> side;  // listens; nobody accepts on it
+};
+
+Status stall_setup(const Server& s, const ContextImpl& me, StalledSetup* out) {
+  wire::Hello mine = make_hello(me, wire::Role::kClient);
+  std::string why_not;
+  offer_transports(me, &mine, &out->side, &why_not);
+  if (!mine.offer("shm") && !mine.offer("shm_pipe")) return Status(Code::kUnavailable, why_not);
+  Deadline d = Deadline::after(5s);
+  out->fd = dial(s.listener.address());
+  if (!out->fd.valid()) return Status(Code::kIo, "dial");
+  DMX_RETURN_IF_ERROR(send_frame(out->fd.get(), wire::FrameType::kHello, wire::encode_hello(mine), d, "s"));
+  DMX_ASSIGN_OR_RETURN(Frame hello, recv_frame(out->fd.get(), d, "s"));
+  if (hello.header.type != wire::FrameType::kHello) return Status(Code::kProtocol, "no HELLO");
+  auto theirs = wire::decode_hello(hello.payload.data(), hello.payload.size());
+  if (!theirs.ok()) return theirs.status();
+  wire::Proof proof = make_proof(me.auth(), kClientLabel, mine.nonce, theirs->nonce, theirs->session);
+  DMX_RETURN_IF_ERROR(send_frame(out->fd.get(), wire::FrameType::kAuth, {proof.begin(), proof.end()}, d, "s"));
+  DMX_ASSIGN_OR_RETURN(Frame welcome, recv_frame(out->fd.get(), d, "s"));
+  if (welcome.header.type != wire::FrameType::kWelcome) return Status(Code::kProtocol, "no WELCOME");
+  return Status();
+}
+
+// 66 stalled set-ups, more than the listener runs at once (64): a good client, over TCP or over
+// shm, is served at once rather than seeing its handshake succeed and its first operation fail.
+TEST(Caps, StalledSetUpsDoNotLockOutOthers) {
+  Options so = test_options(1);
+  so.set("handshake_timeout", "20s").set("max_endpoints_per_peer", "0");
+  Server s = make_server(so);
+  Context mine_ctx = *Context::create(test_options(1));
+  std::vector<StalledSetup> stalled(66);
+  for (auto& st : stalled) {
+    Status r = stall_setup(s, *mine_ctx.impl(), &st);
+    if (r.code() == Code::kUnavailable) GTEST_SKIP() << "no same-host path here: " << r.to_string();
+    ASSERT_TRUE(r.ok()) << r.to_string();
+  }
+  std::this_thread::sleep_for(200ms);
+  for (const char* transport : {"tcp", "auto"}) {
+    Options co = test_options(1);
+    co.set("transport", transport).set("connect_timeout", "5s");
+    auto client = Context::create(co);
+    ASSERT_TRUE(client.ok());
+    auto t0 = Clock::now();
+    auto c = client->connect(s.listener.address());
+    ASSERT_TRUE(c.ok()) << transport << ": " << c.status().to_string();
+    auto e = s.listener.accept(5s);
+    ASSERT_TRUE(e.ok()) << transport << ": " << e.status().to_string();
+    Filled src = filled(MemSpec{}, 100000);
+    Buffer dst = poisoned(MemSpec{}, 100000);
+    Request r = e->recv(dst.region(), 1);
+    Status sent = c->send(src.buf.region(), 1).wait(5s);
+    EXPECT_TRUE(sent.ok()) << transport << ": " << sent.to_string();
+    EXPECT_TRUE(r.wait(5s).ok()) << transport;
+    EXPECT_EQ(read_back(dst.region()), src.data) << transport;
+    std::printf("%s client served in %lld ms beside 66 stalled set-ups\n", transport,
+                static_cast<long long>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()));
+  }
+}
+
+// Endpoints of one peer, each within its own unexpected_budget, together past the context's
+// peer_memory_budget: the one that would go over is closed with a reason naming the peer and the
+// budget; the memory held stays under the budget; the others and a good client go on.
+TEST(Caps, UnexpectedDataOfManyEndpointsSharesOneBudget) {
+  Options so = test_options(1);
+  so.set("unexpected_budget", "2M").set("peer_memory_budget", "5M").set("transport", "tcp");
+  Server s = make_server(so);
+  auto client = Context::create(test_options(1).set("transport", "tcp"));
+  ASSERT_TRUE(client.ok());
+  std::vector<Endpoint> mine, theirs;
+  for (int i = 0; i < 4; ++i) {
+    auto c = client->connect(s.listener.address());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    mine.push_back(std::move(*c));
+    auto e = s.listener.accept(5s);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    theirs.push_back(std::move(*e));
+  }
+  // 1.9 MB of eager messages per endpoint to a tag nobody receives: each within its own 2 MiB.
+  Filled src = filled(MemSpec{}, 15000);
+  for (auto& c : mine) {
+    std::vector<Request> sent;
+    for (int k = 0; k < 126; ++k) sent.push_back(c.send(src.buf.region(), 7));
+    for (auto& r : sent) (void)r.wait(5s);
+  }
+  std::printf("server holds %llu of %llu budget bytes\n",
+              static_cast<unsigned long long>(s.ctx.impl()->memory_budget()->used()),
+              static_cast<unsigned long long>(s.ctx.impl()->memory_budget()->limit()));
+  int failed = 0;
+  Status why;
+  for (auto& e : theirs) {
+    Status h = wait_for_failure(e, failed == 0 ? 3000ms : 200ms);
+    if (!h.ok()) {
+      ++failed;
+      why = h;
+    }
+  }
+  EXPECT_GE(failed, 1) << "7.6 MB of unexpected data held under a 5 MiB budget";
+  EXPECT_LE(failed, 2);
+  EXPECT_EQ(why.code(), Code::kResourceExhausted) << why.to_string();
+  EXPECT_NE(why.message().find("peer_memory_budget"), std::string::npos) << why.to_string();
+  EXPECT_NE(why.message().find("127.0.0.1"), std::string::npos) << why.to_string();
+  EXPECT_LE(s.ctx.impl()->memory_budget()->used(), uint64_t{5} << 20);
+  // A receive on a surviving endpoint still gets its message.
+  for (auto& e : theirs) {
+    if (!e.health().ok()) continue;
+    Buffer dst = poisoned(MemSpec{}, 15000);
+    ASSERT_TRUE(e.recv(dst.region(), 7).wait(5s).ok());
+    EXPECT_EQ(read_back(dst.region()), src.data);
+    break;
+  }
+  theirs.clear();
+  mine.clear();
+  expect_serves_a_good_client(s);
+}
+
+}  // namespace
+}  // namespace dmx::test
