@@ -44,7 +44,8 @@ constexpr ConfigEntry kTable[] = {
     {"max_notifications", ConfigType::kInt, "65536",
      "write notifications held for the application per endpoint; a notifying write beyond is refused"},
     // authentication
-    {"auth_key", ConfigType::kString, "", "shared secret for peer authentication (overrides auth_key_file)"},
+    {"auth_key", ConfigType::kString, "", "shared secret for peer authentication (overrides auth_key_file)", {},
+     /*secret=*/true},
     {"auth_key_file", ConfigType::kString, "",
      "file holding the shared secret (mode 0600, owned by this user); default $XDG_CONFIG_HOME/dmx/auth.key, created on "
      "first use; a named file must exist (see auth_key_create)"},
