@@ -47,8 +47,9 @@ constexpr ConfigEntry kTable[] = {
     {"auth_key", ConfigType::kString, "", "shared secret for peer authentication (overrides auth_key_file)", {},
      /*secret=*/true},
     {"auth_key_file", ConfigType::kString, "",
-     "file holding the shared secret (mode 0600, owned by this user); default $XDG_CONFIG_HOME/dmx/auth.key, created on "
-     "first use; a named file must exist (see auth_key_create)"},
+     "file holding the shared secret (a regular file, mode 0600, owned by this user); default "
+     "$XDG_CONFIG_HOME/dmx/auth.key, else ~/.config/dmx/auth.key (the passwd home without HOME; never /tmp), created "
+     "on first use; a named file must exist (see auth_key_create)"},
     {"auth_key_create", ConfigType::kBool, "false",
      "create a missing auth_key_file with a new key (the default file is always created on first use)"},
     {"insecure", ConfigType::kBool, "false", "turn peer authentication off (both peers must agree)"},
