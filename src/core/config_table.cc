@@ -16,8 +16,11 @@ constexpr ConfigEntry kTable[] = {
      "device memory; a mismatch fails the operation with data_loss; on when either peer asks)"},
     {"connect_timeout", ConfigType::kDuration, "10s",
      "deadline for connect() as a whole: every attempt, the backoff between them (50 ms doubling to 1 s) "
-     "and the same-host paths; refused, reset or timed-out attempts are retried, a REJECT or a key "
-     "mismatch is not"},
+     "and the same-host paths; reset or timed-out attempts are retried, a REJECT or a key mismatch is "
+     "not, nor a refused connection unless connect_retry_refused"},
+    {"connect_retry_refused", ConfigType::kBool, "false",
+     "retry a refused connection (nobody listens yet: a listener that is starting) until "
+     "connect_timeout, with one warning; off: connect() fails at once, naming the address"},
     {"handshake_timeout", ConfigType::kDuration, "5s",
      "one handshake, on both sides: a listener drops an accepted connection that has not completed it by "
      "then, and connect() gives up that attempt (and retries within connect_timeout)"},

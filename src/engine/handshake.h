@@ -42,7 +42,8 @@ Result<Frame> recv_frame(int fd, Deadline deadline, const std::string& peer);
 
 // The client side: connects and authenticates every stream. Each attempt has handshake_timeout
 // (the same bound the listener gives an accepted connection); transient failures are retried with
-// backoff until connect_timeout; a REJECT or an authentication failure returns at once.
+// backoff until connect_timeout; a REJECT or an authentication failure returns at once, and so does
+// a refused connection (nobody listens) unless connect_retry_refused asks to wait for a listener.
 Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<ContextImpl>& ctx,
                                                        const std::string& address);
 
