@@ -38,13 +38,15 @@ std::chrono::microseconds keepalive_for(const EngineParams& mine, const wire::He
   return std::min(mine.keepalive, std::chrono::microseconds(uint64_t{theirs.peer_timeout_ms} * 1000 / 4));
 }
 
-Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs) {
+Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs, wire::Role my_role) {
   bool they_insecure = theirs == wire::AuthMode::kInsecure;
   if (mine.insecure == they_insecure) return Status();
-  if (mine.insecure)
-    return Status(Code::kAuth, "the peer requires authentication but this side runs insecure (both must agree)");
-  return Status(Code::kAuth, "the peer runs without authentication (insecure) but this side requires it; "
-                             "set insecure on both sides or give both the same key");
+  // Named by role, not "this side" / "the peer": the server's text reaches the client in a REJECT.
+  bool client_insecure = my_role == wire::Role::kClient ? mine.insecure : they_insecure;
+  return Status(Code::kAuth,
+                fmt::format("the client {} but the server {}; set insecure on both sides or give both the same key",
+                            client_insecure ? "runs insecure (no authentication)" : "authenticates with a key",
+                            client_insecure ? "requires authentication" : "runs insecure (no authentication)"));
 }
 
 Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
@@ -168,7 +170,7 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
   if (!theirs.ok()) return theirs.status().with_peer(peer);
   *final = true;  // from here on, a failure is what the peer said, not what the network did
   if (theirs->role != wire::Role::kServer) return Status(Code::kProtocol, "the peer is not a dmx server").with_peer(peer);
-  DMX_RETURN_IF_ERROR(check_auth_modes(ctx->auth(), theirs->auth).with_peer(peer));
+  DMX_RETURN_IF_ERROR(check_auth_modes(ctx->auth(), theirs->auth, wire::Role::kClient).with_peer(peer));
   if (theirs->streams != mine.streams || theirs->chunk_size > mine.chunk_size)
     return Status(Code::kProtocol, "the server changed the stream count or raised the chunk size").with_peer(peer);
   uint64_t session = theirs->session;

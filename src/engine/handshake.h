@@ -29,9 +29,9 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
                           const std::string& peer, const std::string& why_not);
 // How often to send keepalives: our own interval, or more often when the peer gives up sooner.
 std::chrono::microseconds keepalive_for(const EngineParams& mine, const wire::Hello& theirs);
-// Whether the peer's authentication mode works with ours; the reason when not.
-Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs);
-
+// Whether the peer's authentication mode works with ours; the reason when not, naming what the
+// client and the server each run, so that it reads right on both sides (the server sends it).
+Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs, wire::Role my_role);
 struct Frame {
   wire::FrameHeader header;
   std::vector<unsigned char> payload;

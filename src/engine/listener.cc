@@ -355,7 +355,7 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   auto client = wire::decode_hello(c.payload.data(), c.payload.size());
   if (!client.ok()) return reject(c, client.status());
   if (client->role != wire::Role::kClient) return reject(c, Status(Code::kProtocol, "HELLO from a non-client"));
-  if (Status s = check_auth_modes(ctx_->auth(), client->auth); !s.ok()) return reject(c, s);
+  if (Status s = check_auth_modes(ctx_->auth(), client->auth, wire::Role::kServer); !s.ok()) return reject(c, s);
   if (Status s = ctx_->admit_endpoint(client->streams); !s.ok()) return reject(c, s);
   // Endpoints still being built on set-up threads count too: max_endpoints holds as it did when
   // they were built on this thread.
