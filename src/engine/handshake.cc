@@ -49,6 +49,22 @@ Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs, wire::Role m
                             client_insecure ? "requires authentication" : "runs insecure (no authentication)"));
 }
 
+Status told_to_peer(const Status& why) {
+  switch (why.code()) {
+    case Code::kProtocol:  // what was wrong with the peer's own frames
+    case Code::kAuth:      // keys or auth modes differ: said without the key
+      return why;
+    case Code::kResourceExhausted:
+      return Status(why.code(),
+                    "the server is at one of its limits (max_streams per endpoint or max_endpoints); "
+                    "its log says which");
+    case Code::kUnavailable:
+      return Status(why.code(), "the server and this client have no data path in common; the server's log says why");
+    default:
+      return Status(why.code(), "the server could not take the connection; its log says why");
+  }
+}
+
 Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
                           const std::string& peer, const std::string& why_not) {
   Session s;

@@ -32,6 +32,12 @@ std::chrono::microseconds keepalive_for(const EngineParams& mine, const wire::He
 // Whether the peer's authentication mode works with ours; the reason when not, naming what the
 // client and the server each run, so that it reads right on both sides (the server sends it).
 Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs, wire::Role my_role);
+// What a REJECT tells the peer: every REJECT answers a connection that has not authenticated, so it
+// says what the client needs (its own frames were malformed, the keys or auth modes differ, a
+// limit was hit) and never this side's environment (drivers, devices, settings' values), which
+// only this side's log gives. Same code as `why`.
+Status told_to_peer(const Status& why);
+
 struct Frame {
   wire::FrameHeader header;
   std::vector<unsigned char> payload;

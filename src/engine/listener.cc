@@ -344,7 +344,8 @@ ListenerImpl::Next ListenerImpl::handle(Conn& c) {
 ListenerImpl::Next ListenerImpl::reject(Conn& c, const Status& why) {
   DMX_LOG_LIMITED(log_, warn, "refused", "listener {}: refused peer {}: {}", address_, c.peer,
                   printable(why.to_string()));
-  std::string text = why.message().substr(0, wire::kMaxControlPayload);
+  // The peer has not authenticated: it hears what it needs, never this side's environment.
+  std::string text = told_to_peer(why).message().substr(0, wire::kMaxControlPayload);
   // Best effort: the socket is fresh and the frame small, so this does not block.
   (void)send_frame(c.fd.get(), wire::FrameType::kReject, std::vector<unsigned char>(text.begin(), text.end()),
                    Deadline::after(std::chrono::milliseconds(100)), c.peer, static_cast<uint64_t>(why.code()));
