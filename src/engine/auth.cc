@@ -137,6 +137,10 @@ Result<UniqueFd> open_key(int dir, const std::string& name, const std::string& p
     return Status(Code::kAuth, fmt::format("key file {} is a symbolic link; refused (the default key file is one "
                                            "dmx made; name another file with DMX_AUTH_KEY_FILE)",
                                            path));
+  // What cannot be opened at all (a socket: ENXIO) is named too.
+  if (err != ENOENT && ::fstatat(dir, name.c_str(), &st, follow ? 0 : AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode))
+    return Status(Code::kAuth,
+                  fmt::format("key file {} is {}, not a regular file; refused", path, kind_of(st.st_mode)));
   return errno_status(fmt::format("open({})", path), err, err == ENOENT ? Code::kNotFound : Code::kIo);
 }
 
