@@ -457,7 +457,9 @@ TEST_P(Nccl, AHandleTakesOnlyItsOwnConnectJob) {
   ASSERT_EQ(connect_until(api_, 0, a, &sc), kSuccess) << "a's job is still a's";
   ASSERT_NE(sc, nullptr);
   ASSERT_EQ(accept_until(api_, la, &rc), kSuccess);
-  if (stolen != nullptr) EXPECT_EQ(api_.close_send(stolen), kSuccess);
+  if (stolen != nullptr) {
+    EXPECT_EQ(api_.close_send(stolen), kSuccess);
+  }
   EXPECT_EQ(api_.close_send(sc), kSuccess);
   EXPECT_EQ(api_.close_recv(rc), kSuccess);
   EXPECT_EQ(api_.close_listen(la), kSuccess);
