@@ -181,7 +181,14 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
   offer_transports(*ctx, &mine, &local_listener, &why_not);
   DMX_RETURN_IF_ERROR(send_frame(fd0.get(), wire::FrameType::kHello, wire::encode_hello(mine), deadline, peer));
   DMX_ASSIGN_OR_RETURN(Frame reply, recv_frame(fd0.get(), deadline, peer));
-  if (reply.header.type != wire::FrameType::kHello) return unexpected_reply(reply, "HELLO", peer);
+  if (reply.header.type != wire::FrameType::kHello) {
+    Status refused_by_peer = unexpected_reply(reply, "HELLO", peer);
+    // The server keeps its reasons to itself (told_to_peer): add ours, which may be the cause.
+    if (refused_by_peer.code() == Code::kUnavailable && !why_not.empty())
+      return Status(Code::kUnavailable, fmt::format("{}; this side: {}", refused_by_peer.message(), why_not))
+          .with_peer(peer);
+    return refused_by_peer;
+  }
   auto theirs = wire::decode_hello(reply.payload.data(), reply.payload.size());
   if (!theirs.ok()) return theirs.status().with_peer(peer);
   *final = true;  // from here on, a failure is what the peer said, not what the network did
