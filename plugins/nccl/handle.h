@@ -2,7 +2,8 @@
 //
 // Every field is checked on arrival (the bytes crossed NCCL's bootstrap). `stage` belongs to the
 // connecting side: NCCL calls connect() again with the same handle memory until it returns a
-// comm, so connect() keeps the id of its connection job there (0: not started).
+// comm, so connect() keeps its connection job's token there (0: not started) — random, so that
+// it cannot be guessed, and valid only with the nonce and address the job was started for.
 #pragma once
 
 #include <cstddef>
@@ -23,7 +24,7 @@ struct Handle {
   uint16_t reserved;
   uint64_t nonce;     // the listener's secret; the connector sends it back first, so that a stray
                       // connection is not taken for this one
-  uint64_t stage;     // connector only: its job id
+  uint64_t stage;     // connector only: its job's token
   char address[104];  // "tcp://host:port", NUL-terminated
 };
 static_assert(sizeof(Handle) == kHandleMaxSize);

@@ -1,5 +1,6 @@
 // The process-wide part: init, devices, properties, contexts, listen / connect / accept.
 #include <fmt/format.h>
+#include <sys/random.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -68,7 +69,10 @@ std::string ptr_names(int s) {
   return out;
 }
 
+// Nonces and job tokens are capabilities: from the kernel's generator, not a predictable one.
 uint64_t random_u64() {
+  uint64_t v = 0;
+  if (::getrandom(&v, sizeof v, 0) == static_cast<ssize_t>(sizeof v)) return v;
   static std::mutex mu;
   static std::mt19937_64 gen{std::random_device{}()};
   std::lock_guard<std::mutex> lock(mu);
@@ -257,8 +261,11 @@ NcclResult connect(int dev, void* handle, void** send_comm) {
   if (!p.ready || dev < 0 || dev >= static_cast<int>(p.nics.size())) return kInternalError;
   reap_jobs(p);
   if (h.stage == 0) {  // first call: start the connection
-    uint64_t id = p.next_job++;
+    uint64_t id = 0;
+    while (id == 0 || p.jobs.count(id)) id = random_u64();
     auto job = std::make_unique<ConnectJob>();
+    job->nonce = h.nonce;
+    job->address = addr;
     ConnectJob* j = job.get();
     Context ctx = p.ctx;
     uint64_t nonce = h.nonce;
@@ -280,7 +287,16 @@ NcclResult connect(int dev, void* handle, void** send_comm) {
   }
   auto it = p.jobs.find(h.stage);
   if (it == p.jobs.end()) {
-    warn("connect: no connection in progress for this handle (stage {})", h.stage);
+    warn(
+        "connect: no connection in progress for this handle (to {}): its stage field names no connect job of "
+        "this process",
+        addr);
+    return kInternalError;
+  }
+  if (it->second->nonce != h.nonce || it->second->address != addr) {
+    // A copied or forged stage: the job is another handle's connection, which stays with it.
+    warn("connect: this handle (to {}) names the connect job of another handle (to {}); refused", addr,
+         it->second->address);
     return kInternalError;
   }
   if (!it->second->done.load(std::memory_order_acquire)) return kSuccess;  // not yet: NCCL asks again

@@ -30,8 +30,11 @@ inline constexpr uint32_t kCtxMagic = 0x58544358;      // "XCTX"
 inline constexpr uint64_t kHelloTag = 0x80000000ull;
 inline constexpr uint64_t kHelloMagic = 0x316c63636e786d64ull;  // "dmxnccl1"
 
-// A connect() in progress: dmx's connect blocks, NCCL's must not, so it runs here.
+// A connect() in progress: dmx's connect blocks, NCCL's must not, so it runs here. It belongs to
+// the handle it was started for: the handle's nonce and address are checked with its token.
 struct ConnectJob {
+  uint64_t nonce = 0;
+  std::string address;
   std::thread thread;
   std::atomic<bool> done{false};
   Result<Endpoint> result{Status(Code::kInternal, "connect job not finished")};  // written before `done`
@@ -49,8 +52,7 @@ struct Plugin {
   int max_comms = 4096;
   float latency_us = 20;
   std::chrono::milliseconds op_timeout{0};  // 0: none
-  std::map<uint64_t, std::unique_ptr<ConnectJob>> jobs;
-  uint64_t next_job = 1;
+  std::map<uint64_t, std::unique_ptr<ConnectJob>> jobs;  // by token: random, never 0
   std::atomic<bool> dmabuf_noted{false}, traffic_class_noted{false};
 };
 Plugin& plugin();

@@ -55,6 +55,11 @@ std::string env_name(std::string_view name) {
   return out;
 }
 
+std::string shown_value(const ConfigEntry& entry, const std::string& value) {
+  if (!entry.secret || value.empty()) return value;
+  return "<set, redacted>";
+}
+
 std::string UnknownEnv::to_string() const {
   return suggestion.empty() ? fmt::format("{} is not a dmx setting", name)
                             : fmt::format("{} is not a dmx setting (did you mean {}?)", name, suggestion);

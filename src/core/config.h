@@ -25,7 +25,11 @@ struct ConfigEntry {
   std::string_view default_value;  // in the same syntax as the environment
   std::string_view help;
   std::string_view choices = {};   // for strings: "a|b|c" when only those are allowed
+  bool secret = false;             // never printed: `dmx probe --config` shows whether it is set
 };
+
+// The value to show for an item: a secret's is "<set, redacted>" (or "" when unset).
+std::string shown_value(const ConfigEntry& entry, const std::string& value);
 
 std::span<const ConfigEntry> config_table();
 std::string env_name(std::string_view name);  // "streams" -> "DMX_STREAMS"

@@ -16,8 +16,11 @@ constexpr ConfigEntry kTable[] = {
      "device memory; a mismatch fails the operation with data_loss; on when either peer asks)"},
     {"connect_timeout", ConfigType::kDuration, "10s",
      "deadline for connect() as a whole: every attempt, the backoff between them (50 ms doubling to 1 s) "
-     "and the same-host paths; refused, reset or timed-out attempts are retried, a REJECT or a key "
-     "mismatch is not"},
+     "and the same-host paths; reset or timed-out attempts are retried, a REJECT or a key mismatch is "
+     "not, nor a refused connection unless connect_retry_refused"},
+    {"connect_retry_refused", ConfigType::kBool, "false",
+     "retry a refused connection (nobody listens yet: a listener that is starting) until "
+     "connect_timeout, with one warning; off: connect() fails at once, naming the address"},
     {"handshake_timeout", ConfigType::kDuration, "5s",
      "one handshake, on both sides: a listener drops an accepted connection that has not completed it by "
      "then, and connect() gives up that attempt (and retries within connect_timeout)"},
@@ -44,10 +47,12 @@ constexpr ConfigEntry kTable[] = {
     {"max_notifications", ConfigType::kInt, "65536",
      "write notifications held for the application per endpoint; a notifying write beyond is refused"},
     // authentication
-    {"auth_key", ConfigType::kString, "", "shared secret for peer authentication (overrides auth_key_file)"},
+    {"auth_key", ConfigType::kString, "", "shared secret for peer authentication (overrides auth_key_file)", {},
+     /*secret=*/true},
     {"auth_key_file", ConfigType::kString, "",
-     "file holding the shared secret (mode 0600, owned by this user); default $XDG_CONFIG_HOME/dmx/auth.key, created on "
-     "first use; a named file must exist (see auth_key_create)"},
+     "file holding the shared secret (a regular file, mode 0600, owned by this user); default "
+     "$XDG_CONFIG_HOME/dmx/auth.key, else ~/.config/dmx/auth.key (the passwd home without HOME; never /tmp), created "
+     "on first use; a named file must exist (see auth_key_create)"},
     {"auth_key_create", ConfigType::kBool, "false",
      "create a missing auth_key_file with a new key (the default file is always created on first use)"},
     {"insecure", ConfigType::kBool, "false", "turn peer authentication off (both peers must agree)"},

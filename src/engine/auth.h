@@ -1,11 +1,14 @@
 // Peer authentication: challenge-response over a shared secret (HMAC-SHA256, OpenSSL).
 //
 // The secret comes from the auth_key setting (DMX_AUTH_KEY), else from a key file
-// (auth_key_file; default $XDG_CONFIG_HOME/dmx/auth.key or ~/.config/dmx/auth.key), which is
-// created with 32 random bytes and mode 0600 on first use — so two processes of one user on one
-// host work with no set-up; a key file named by auth_key_file must exist (unless auth_key_create).
-// A key file that is not ours or that others can access is refused. insecure=true turns
-// authentication off; both peers must agree.
+// (auth_key_file; default $XDG_CONFIG_HOME/dmx/auth.key, else <home>/.config/dmx/auth.key with
+// <home> from $HOME or the passwd entry — never a shared place such as /tmp: with no home, it is
+// refused), which is created with 32 random bytes and mode 0600 on first use — so two processes of
+// one user on one host work with no set-up; a key file named by auth_key_file must exist (unless
+// auth_key_create). Refused, with the path and why: a key file that is not a regular file (a FIFO
+// would block), not ours or that others can access; for the default file, a symbolic link, a dmx
+// directory that is a link, not ours or writable by others, a config directory others may write.
+// insecure=true turns authentication off; both peers must agree.
 #pragma once
 
 #include <cstddef>

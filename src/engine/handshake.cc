@@ -38,13 +38,28 @@ std::chrono::microseconds keepalive_for(const EngineParams& mine, const wire::He
   return std::min(mine.keepalive, std::chrono::microseconds(uint64_t{theirs.peer_timeout_ms} * 1000 / 4));
 }
 
-Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs) {
+Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs, wire::Role my_role) {
   bool they_insecure = theirs == wire::AuthMode::kInsecure;
   if (mine.insecure == they_insecure) return Status();
-  if (mine.insecure)
-    return Status(Code::kAuth, "the peer requires authentication but this side runs insecure (both must agree)");
-  return Status(Code::kAuth, "the peer runs without authentication (insecure) but this side requires it; "
-                             "set insecure on both sides or give both the same key");
+  // Named by role, not "this side" / "the peer": the server's text reaches the client in a REJECT.
+  bool client_insecure = my_role == wire::Role::kClient ? mine.insecure : they_insecure;
+  return Status(Code::kAuth,
+                fmt::format("the client {} but the server {}; set insecure on both sides or give both the same key",
+                            client_insecure ? "runs insecure (no authentication)" : "authenticates with a key",
+                            client_insecure ? "requires authentication" : "runs insecure (no authentication)"));
+}
+
+Status told_to_peer(const Status& why) {
+  switch (why.code()) {
+    case Code::kProtocol:  // what was wrong with the peer's own frames
+    case Code::kAuth:      // keys or auth modes differ: said without the key
+    case Code::kResourceExhausted:  // which cap refused it, so the peer knows why and when to retry
+      return why;
+    case Code::kUnavailable:
+      return Status(why.code(), "the server and this client have no data path in common; the server's log says why");
+    default:
+      return Status(why.code(), "the server could not take the connection; its log says why");
+  }
 }
 
 Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, const wire::Hello& server,
@@ -133,8 +148,8 @@ Status unexpected_reply(const Frame& f, std::string_view waiting_for, const std:
 }
 
 Result<UniqueFd> open_stream(const stream::Address& addr, const EngineParams& p, Deadline deadline,
-                             const std::string& bind_device = {}) {
-  DMX_ASSIGN_OR_RETURN(UniqueFd fd, stream::connect_to(addr, deadline, bind_device));
+                             const std::string& bind_device = {}, bool* refused = nullptr) {
+  DMX_ASSIGN_OR_RETURN(UniqueFd fd, stream::connect_to(addr, deadline, bind_device, refused));
   stream::StreamOptions so;
   so.socket_buffer = p.socket_buffer;
   so.user_timeout_ms = static_cast<unsigned>(p.peer_timeout.count() / 1000);
@@ -144,10 +159,10 @@ Result<UniqueFd> open_stream(const stream::Address& addr, const EngineParams& p,
 
 // One connect attempt: the handshake of every stream within `attempt`; the same-host paths within
 // `overall`. *final says the failure is the peer's answer (REJECT, keys differ, a protocol
-// mismatch), which another attempt would only repeat.
+// mismatch), which another attempt would only repeat; *refused, that nobody listens at `addr`.
 Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<ContextImpl>& ctx, const stream::Address& addr,
                                                    const std::string& peer, Deadline attempt, Deadline overall,
-                                                   bool* final) {
+                                                   bool* final, bool* refused) {
   const EngineParams& p = ctx->params();
   Deadline deadline = attempt;
   // Shadows the function: the peer's REJECT or a wrong frame is final.
@@ -156,19 +171,26 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
     return dmx::unexpected_reply(f, waiting_for, who);
   };
   std::vector<UniqueFd> fds;
-  DMX_ASSIGN_OR_RETURN(UniqueFd fd0, open_stream(addr, p, deadline));
+  DMX_ASSIGN_OR_RETURN(UniqueFd fd0, open_stream(addr, p, deadline, {}, refused));
   wire::Hello mine = make_hello(*ctx, wire::Role::kClient);
   std::optional<UnixListener> local_listener;
   std::string why_not;
   offer_transports(*ctx, &mine, &local_listener, &why_not);
   DMX_RETURN_IF_ERROR(send_frame(fd0.get(), wire::FrameType::kHello, wire::encode_hello(mine), deadline, peer));
   DMX_ASSIGN_OR_RETURN(Frame reply, recv_frame(fd0.get(), deadline, peer));
-  if (reply.header.type != wire::FrameType::kHello) return unexpected_reply(reply, "HELLO", peer);
+  if (reply.header.type != wire::FrameType::kHello) {
+    Status refused_by_peer = unexpected_reply(reply, "HELLO", peer);
+    // The server keeps its reasons to itself (told_to_peer): add ours, which may be the cause.
+    if (refused_by_peer.code() == Code::kUnavailable && !why_not.empty())
+      return Status(Code::kUnavailable, fmt::format("{}; this side: {}", refused_by_peer.message(), why_not))
+          .with_peer(peer);
+    return refused_by_peer;
+  }
   auto theirs = wire::decode_hello(reply.payload.data(), reply.payload.size());
   if (!theirs.ok()) return theirs.status().with_peer(peer);
   *final = true;  // from here on, a failure is what the peer said, not what the network did
   if (theirs->role != wire::Role::kServer) return Status(Code::kProtocol, "the peer is not a dmx server").with_peer(peer);
-  DMX_RETURN_IF_ERROR(check_auth_modes(ctx->auth(), theirs->auth).with_peer(peer));
+  DMX_RETURN_IF_ERROR(check_auth_modes(ctx->auth(), theirs->auth, wire::Role::kClient).with_peer(peer));
   if (theirs->streams != mine.streams || theirs->chunk_size > mine.chunk_size)
     return Status(Code::kProtocol, "the server changed the stream count or raised the chunk size").with_peer(peer);
   uint64_t session = theirs->session;
@@ -228,9 +250,10 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
 
 }  // namespace
 
-// Attempts until connect_timeout: a refused or reset connection, a handshake step past
-// handshake_timeout or an EOF in the handshake is retried after a backoff (50 ms doubling to 1 s);
-// the peer's answer (REJECT, keys differ) is returned at once.
+// Attempts until connect_timeout: a reset connection, a handshake step past handshake_timeout or an
+// EOF in the handshake is retried after a backoff (50 ms doubling to 1 s); the peer's answer
+// (REJECT, keys differ) is returned at once, and so is a refusal — nobody listens, which another
+// attempt only repeats — unless connect_retry_refused asks to wait for a listener that is starting.
 Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<ContextImpl>& ctx,
                                                        const std::string& address) {
   DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));
@@ -240,14 +263,21 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
   Deadline overall = Deadline::after(p.connect_timeout);
   std::string peer = addr.to_string().substr(6);
   auto backoff = std::chrono::milliseconds(50);
+  const bool retry_refused = ctx->config().get_bool("connect_retry_refused");
+  bool warned_refused = false;
   for (int attempts = 1;; ++attempts) {
-    bool final = false;
+    bool final = false, refused = false;
     Deadline attempt = overall.earlier(Deadline::after(p.handshake_timeout));
-    auto ep = connect_once(ctx, addr, peer, attempt, overall, &final);
+    auto ep = connect_once(ctx, addr, peer, attempt, overall, &final, &refused);
     if (ep.ok()) return ep;
     Status s = ep.status();
     bool transient = s.code() == Code::kIo || s.code() == Code::kTimeout || s.code() == Code::kPeerFailed;
     auto left = overall.time() - Clock::now();
+    if (refused && !retry_refused) {
+      s = Status(s.code(), s.message() + " (connect_retry_refused=true waits for a listener that is starting)")
+              .with_origin(s.origin());
+      final = true;
+    }
     if (final || !transient || left <= backoff) {
       if (attempts == 1) return s.with_peer(peer);
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
@@ -256,6 +286,13 @@ Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<Con
                                           std::chrono::duration_cast<std::chrono::milliseconds>(p.connect_timeout).count()))
           .with_peer(peer)
           .with_origin(s.origin());
+    }
+    if (refused && !warned_refused) {  // once per connect(): the wait is not silent
+      warned_refused = true;
+      DMX_LOG_WARN(
+          "retrying connect to {} (refused: nobody listens there yet) for up to {} ms, until "
+          "connect_timeout (connect_retry_refused=true)",
+          peer, std::chrono::duration_cast<std::chrono::milliseconds>(left).count());
     }
     DMX_LOG_DEBUG("connect to {}: attempt {} failed ({}); retrying in {} ms", peer, attempts, s.to_string(),
                   backoff.count());

@@ -29,8 +29,14 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
                           const std::string& peer, const std::string& why_not);
 // How often to send keepalives: our own interval, or more often when the peer gives up sooner.
 std::chrono::microseconds keepalive_for(const EngineParams& mine, const wire::Hello& theirs);
-// Whether the peer's authentication mode works with ours; the reason when not.
-Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs);
+// Whether the peer's authentication mode works with ours; the reason when not, naming what the
+// client and the server each run, so that it reads right on both sides (the server sends it).
+Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs, wire::Role my_role);
+// What a REJECT tells the peer: every REJECT answers a connection that has not authenticated, so it
+// says what the client needs (its own frames were malformed, the keys or auth modes differ, a
+// limit was hit) and never this side's environment (drivers, devices, settings' values), which
+// only this side's log gives. Same code as `why`.
+Status told_to_peer(const Status& why);
 
 struct Frame {
   wire::FrameHeader header;
@@ -42,7 +48,8 @@ Result<Frame> recv_frame(int fd, Deadline deadline, const std::string& peer);
 
 // The client side: connects and authenticates every stream. Each attempt has handshake_timeout
 // (the same bound the listener gives an accepted connection); transient failures are retried with
-// backoff until connect_timeout; a REJECT or an authentication failure returns at once.
+// backoff until connect_timeout; a REJECT or an authentication failure returns at once, and so does
+// a refused connection (nobody listens) unless connect_retry_refused asks to wait for a listener.
 Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<ContextImpl>& ctx,
                                                        const std::string& address);
 

@@ -479,7 +479,8 @@ ListenerImpl::Next ListenerImpl::handle(Conn& c) {
 ListenerImpl::Next ListenerImpl::reject(Conn& c, const Status& why) {
   DMX_LOG_LIMITED(log_, warn, "refused", "listener {}: refused peer {}: {}", address_, c.peer,
                   printable(why.to_string()));
-  std::string text = why.message().substr(0, wire::kMaxControlPayload);
+  // The peer has not authenticated: it hears what it needs, never this side's environment.
+  std::string text = told_to_peer(why).message().substr(0, wire::kMaxControlPayload);
   // Best effort: the socket is fresh and the frame small, so this does not block.
   (void)send_frame(c.fd.get(), wire::FrameType::kReject, std::vector<unsigned char>(text.begin(), text.end()),
                    Deadline::after(std::chrono::milliseconds(100)), c.peer, static_cast<uint64_t>(why.code()));
@@ -490,7 +491,7 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   auto client = wire::decode_hello(c.payload.data(), c.payload.size());
   if (!client.ok()) return reject(c, client.status());
   if (client->role != wire::Role::kClient) return reject(c, Status(Code::kProtocol, "HELLO from a non-client"));
-  if (Status s = check_auth_modes(ctx_->auth(), client->auth); !s.ok()) return reject(c, s);
+  if (Status s = check_auth_modes(ctx_->auth(), client->auth, wire::Role::kServer); !s.ok()) return reject(c, s);
   if (Status s = ctx_->admit_endpoint(client->streams); !s.ok()) return reject(c, s);
   // One peer is one client process at one address (its pid is the HELLO's, vouched for by the key
   // only after AUTH, so only authenticated endpoints count against it).

@@ -146,10 +146,17 @@ std::string peer_name(int fd) {
   return sockaddr_name(ss);
 }
 
-Result<UniqueFd> connect_to(const Address& addr, Deadline deadline, const std::string& bind_device) {
+Result<UniqueFd> connect_to(const Address& addr, Deadline deadline, const std::string& bind_device, bool* refused) {
   DMX_ASSIGN_OR_RETURN(addrinfo * res, resolve(addr, false));
   std::string name = addr.to_string();
   Status last(Code::kIo, "no address to connect to");
+  bool last_refused = false;
+  // The kernel knows at once that nobody listens: say so plainly (the caller decides on retrying).
+  auto failed = [&](int err) {
+    last_refused = err == ECONNREFUSED;
+    if (!last_refused) return errno_status(fmt::format("connect({})", name), err);
+    return Status(Code::kIo, fmt::format("connection refused by {}: nobody listens there", name));
+  };
   for (addrinfo* ai = res; ai; ai = ai->ai_next) {
     UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd.valid()) {
@@ -164,19 +171,20 @@ Result<UniqueFd> connect_to(const Address& addr, Deadline deadline, const std::s
     }
     if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
       if (errno != EINPROGRESS) {
-        last = errno_status(fmt::format("connect({})", name), errno);
+        last = failed(errno);
         continue;
       }
       Status w = wait_fd(fd.get(), POLLOUT, deadline, fmt::format("connect({})", name), name);
       if (!w.ok()) {
         last = w;
+        last_refused = false;
         continue;
       }
       int err = 0;
       socklen_t len = sizeof err;
       ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
       if (err != 0) {
-        last = errno_status(fmt::format("connect({})", name), err);
+        last = failed(err);
         continue;
       }
     }
@@ -184,6 +192,7 @@ Result<UniqueFd> connect_to(const Address& addr, Deadline deadline, const std::s
     return fd;
   }
   ::freeaddrinfo(res);
+  if (refused != nullptr) *refused = last_refused;
   return last;
 }
 

@@ -29,8 +29,10 @@ std::string peer_name(int fd);
 
 // Connects with a deadline (non-blocking connect + poll). The socket is returned non-blocking.
 // A non-empty `bind_device` is applied with SO_BINDTODEVICE before connect (the route then leaves
-// through it; binding a connected socket would reset its route).
-Result<UniqueFd> connect_to(const Address& addr, Deadline deadline, const std::string& bind_device = {});
+// through it; binding a connected socket would reset its route). A refusal (nobody listens at
+// `addr`) fails at once with "connection refused by ADDR: nobody listens there" and sets *refused.
+Result<UniqueFd> connect_to(const Address& addr, Deadline deadline, const std::string& bind_device = {},
+                            bool* refused = nullptr);
 
 struct StreamOptions {
   int socket_buffer = 0;                 // 0 keeps the kernel's autotuning

@@ -1,5 +1,6 @@
 // Connect under a lossy or late network: one handshake bound (handshake_timeout) on both sides, and
-// transient failures retried with backoff within connect_timeout; the peer's refusal is not retried.
+// transient failures retried with backoff within connect_timeout; the peer's refusal is not retried,
+// nor a refused connection (nobody listens) unless connect_retry_refused asks, and then not silently.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -8,6 +9,7 @@
 #include <thread>
 
 #include "hostile/hostile_util.h"
+#include "hostile/log_lines.h"
 
 namespace dmx::test {
 namespace {
@@ -30,7 +32,26 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+// Nobody listens: the kernel says so at once, and so does connect(), naming the address.
+TEST(ConnectRetry, RefusedConnectionFailsAtOnceNamingTheAddress) {
+  int port = free_port();
+  std::string address = fmt::format("tcp://127.0.0.1:{}", port);
+  Context client = *Context::create(test_options());  // connect_timeout: the default, 10 s
+  auto t0 = Clock::now();
+  auto c = client.connect(address);
+  long long took = ms_since(t0);
+  ASSERT_FALSE(c.ok());
+  EXPECT_LT(took, 2000) << "a refused connection was waited on: " << c.status().to_string();
+  EXPECT_NE(c.status().message().find("connection refused by " + address + ": nobody listens there"), std::string::npos)
+      << c.status().to_string();
+  EXPECT_NE(c.status().message().find("connect_retry_refused"), std::string::npos)
+      << "the message says how to wait for a listener instead: " << c.status().to_string();
+  std::printf("refused in %lld ms: %s\n", took, c.status().to_string().c_str());
+}
+
+// Asked to wait for a listener that is starting, connect() retries a refusal, and says so once.
 TEST(ConnectRetry, ListenerThatAppearsLateIsReached) {
+  LogLines log;
   int port = free_port();
   std::string address = fmt::format("tcp://127.0.0.1:{}", port);
   Context server = *Context::create(test_options());
@@ -42,7 +63,7 @@ TEST(ConnectRetry, ListenerThatAppearsLateIsReached) {
     listener = std::move(*l);
   });
   Options o = test_options();
-  o.set("connect_timeout", "5s");
+  o.set("connect_timeout", "5s").set("connect_retry_refused", "true");
   Context client = *Context::create(o);
   auto t0 = Clock::now();
   auto c = client.connect(address);  // refused until the listener is up
@@ -53,6 +74,8 @@ TEST(ConnectRetry, ListenerThatAppearsLateIsReached) {
   EXPECT_LT(took, 3000) << "the backoff is at most 1 s";
   auto e = listener.accept(5s);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
+  auto said = log.with(fmt::format("retrying connect to 127.0.0.1:{} (refused", port));
+  EXPECT_EQ(said.size(), 1u) << "one warning says that connect() waits, not one per attempt";
   std::printf("connected %lld ms after a listener that appeared after 1 s\n", took);
 }
 

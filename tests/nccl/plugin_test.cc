@@ -421,6 +421,51 @@ TEST_P(Nccl, TakesOnlyTheConnectionThatBringsItsHandle) {
   EXPECT_EQ(api_.close_listen(lc), kSuccess);
 }
 
+// A handle's stage names its own connect job only: another handle that carries a copy of that stage
+// (or guesses one) is refused, and the job stays with its handle.
+TEST_P(Nccl, AHandleTakesOnlyItsOwnConnectJob) {
+  unsigned char a[kHandleMaxSize] = {}, b[kHandleMaxSize] = {};
+  void *la = nullptr, *lb = nullptr;
+  ASSERT_EQ(api_.listen(0, a, &la), kSuccess);
+  ASSERT_EQ(api_.listen(0, b, &lb), kSuccess);
+  void* sc = nullptr;
+  ASSERT_EQ(api_.connect(0, a, &sc), kSuccess);  // starts a's job; its token is in a's stage
+  ASSERT_EQ(sc, nullptr);
+  uint64_t stage = 0;
+  std::memcpy(&stage, a + 16, sizeof stage);
+  ASSERT_NE(stage, 0u);
+  // b's handle with stages near a's, and small ones (sequential ids were guessable).
+  for (uint64_t guess : {stage - 1, stage + 1, uint64_t{1}, uint64_t{2}, uint64_t{3}}) {
+    unsigned char g[kHandleMaxSize];
+    std::memcpy(g, b, sizeof g);
+    std::memcpy(g + 16, &guess, sizeof guess);
+    void* got = nullptr;
+    EXPECT_EQ(api_.connect(0, g, &got), kInternalError) << "stage " << guess;
+    EXPECT_EQ(got, nullptr);
+  }
+  unsigned char copied[kHandleMaxSize];
+  std::memcpy(copied, b, sizeof copied);
+  std::memcpy(copied + 16, &stage, sizeof stage);  // a's own token, on b's handle
+  void* stolen = nullptr;
+  NcclResult r = kSuccess;
+  for (auto t0 = Clock::now(); r == kSuccess && stolen == nullptr && since(t0) < 20; std::this_thread::sleep_for(1ms))
+    r = api_.connect(0, copied, &stolen);
+  EXPECT_EQ(r, kInternalError) << "a copied stage took another handle's connection";
+  EXPECT_EQ(stolen, nullptr);
+  EXPECT_TRUE(logged("names the connect job of another handle"));
+  void* rc = nullptr;
+  ASSERT_EQ(connect_until(api_, 0, a, &sc), kSuccess) << "a's job is still a's";
+  ASSERT_NE(sc, nullptr);
+  ASSERT_EQ(accept_until(api_, la, &rc), kSuccess);
+  if (stolen != nullptr) {
+    EXPECT_EQ(api_.close_send(stolen), kSuccess);
+  }
+  EXPECT_EQ(api_.close_send(sc), kSuccess);
+  EXPECT_EQ(api_.close_recv(rc), kSuccess);
+  EXPECT_EQ(api_.close_listen(la), kSuccess);
+  EXPECT_EQ(api_.close_listen(lb), kSuccess);
+}
+
 // ---- two processes ----
 
 // This process receives the plan and the peer sends it; then the other way round.

@@ -1,6 +1,7 @@
 // The CLI's version, verbosity and settings checks, through the built binary.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 
 #include "tests/probe/cli_util.h"
@@ -45,6 +46,26 @@ TEST(CliSettings, UnknownDmxVariableIsReportedWithTheNearestName) {
   ASSERT_EQ(rc, 0) << out;
   EXPECT_TRUE(has(out, "DMX_STREEMS is not a dmx setting (did you mean DMX_STREAMS?)")) << out;
   EXPECT_FALSE(has(out, "DMX_TEST_ANYTHING")) << "test variables are not settings: " << out;
+}
+
+// The auth key is a secret: the settings table says that it is set and where from, never its value.
+TEST(CliSettings, ConfigTableRedactsTheAuthKey) {
+  REQUIRE_DMX_BIN();
+  std::string key;
+  std::random_device rd;
+  for (int i = 0; i < 32; ++i) key += "0123456789abcdefghijklmnopqrstuvwxyz"[rd() % 36];
+  for (const char* form : {"", " --json"}) {
+    int rc = 0;
+    std::string out = run_command("DMX_AUTH_KEY=" + key + " " + dmx_bin() + " probe --config" + form + " 2>&1", &rc);
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_FALSE(has(out, key.substr(0, 16))) << "the key (or its start) was printed" << form << ": " << out;
+    EXPECT_TRUE(has(out, "<set, redacted>")) << out;
+    EXPECT_TRUE(has(out, "env DMX_AUTH_KEY")) << "the source is still shown: " << out;
+  }
+  int rc = 0;
+  std::string unset = run_command("env -u DMX_AUTH_KEY " + dmx_bin() + " probe --config --json", &rc);
+  ASSERT_EQ(rc, 0) << unset;
+  EXPECT_FALSE(has(unset, "<set, redacted>")) << "an unset secret is shown as unset: " << unset;
 }
 
 }  // namespace

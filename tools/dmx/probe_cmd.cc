@@ -26,7 +26,7 @@ int print_config(const Config& config, bool json) {
     nlohmann::json j = nlohmann::json::array();
     for (const Config::Item& it : config.items())
       j.push_back({{"name", it.entry->name},
-                   {"value", it.value},
+                   {"value", shown_value(*it.entry, it.value)},  // a secret: only whether it is set
                    {"source", it.source},
                    {"help", it.entry->help},
                    {"default", it.entry->default_value}});
@@ -35,10 +35,12 @@ int print_config(const Config& config, bool json) {
   }
   size_t w = 4;
   for (const Config::Item& it : config.items()) w = std::max(w, it.entry->name.size());
-  for (const Config::Item& it : config.items())
+  for (const Config::Item& it : config.items()) {
+    std::string value = shown_value(*it.entry, it.value);
     std::printf("%-*.*s  %-10s  %-22s  %.*s\n", static_cast<int>(w), static_cast<int>(it.entry->name.size()),
-                it.entry->name.data(), it.value.empty() ? "\"\"" : it.value.c_str(), it.source.c_str(),
+                it.entry->name.data(), value.empty() ? "\"\"" : value.c_str(), it.source.c_str(),
                 static_cast<int>(it.entry->help.size()), it.entry->help.data());
+  }
   // Unknown DMX_* variables end the table (the JSON form: a warning on stderr when resolving).
   for (const UnknownEnv& u : unknown_env_settings())
     std::printf("%-*s  %-10s  %-22s  %s: ignored\n", static_cast<int>(w), u.name.c_str(), "-", "env (unknown)",
@@ -86,7 +88,8 @@ void add_probe_command(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<ProbeArgs>();
   CLI::App* cmd = app.add_subcommand("probe", "What this host can do: each capability available, or why not");
   cmd->add_flag("--json", args->json, "print JSON");
-  cmd->add_flag("--config", args->config, "print the settings table (name, value, source, help) instead");
+  cmd->add_flag("--config", args->config,
+                "print the settings table (name, value, source, help; secrets redacted) instead");
   cmd->add_flag("--no-cuda", args->no_cuda, "skip the CUDA checks");
   cmd->add_flag("--no-devmem", args->no_devmem, "skip the devmem TCP checks (netlink, bind attempts)");
   cmd->add_option("--sysfs-root", args->sysfs_root, "read topology from this sysfs tree instead of /sys");
