@@ -12,7 +12,7 @@ bench_pair() {
   "$dmx" bench --listen "tcp://127.0.0.1:$port" > /dev/null 2>&1 &
   srv=$!
   sleep 1
-  "$dmx" bench --connect "tcp://127.0.0.1:$port" "$@" --json 2> /dev/null | sed "s/^{/{$tags/" | tee -a "$out"
+  DMX_CONNECT_RETRY_REFUSED=true "$dmx" bench --connect "tcp://127.0.0.1:$port" "$@" --json 2> /dev/null | sed "s/^{/{$tags/" | tee -a "$out"
   rc=${PIPESTATUS[0]}
   kill "$srv" 2> /dev/null
   wait "$srv" 2> /dev/null

@@ -27,6 +27,8 @@
 #
 # Never stops at the first failure: every stage is timed and reported, failures included.
 set -u
+# The listener starts in the background: the client waits for it rather than failing at once.
+export DMX_CONNECT_RETRY_REFUSED=true
 set -o pipefail
 
 ROOT=$(pwd)

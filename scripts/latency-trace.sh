@@ -15,6 +15,8 @@
 # under: LATENCY_TRACE_PREFIX (e.g. "taskset -c 0-7"); LATENCY_TRACE_RECORD=0 measures without
 # recording (the points cost a clock read each).
 set -u
+# The listener starts in the background: the client waits for it rather than failing at once.
+export DMX_CONNECT_RETRY_REFUSED=true
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/latency-trace-out}
 B=$ROOT/build-trace

@@ -4,6 +4,8 @@
 # two-sided and one-sided), then B's server is killed mid-run and A must fail promptly, naming B.
 # Prints "SKIPPED: reason" and exits 0 where namespaces cannot be made (not root).
 set -uo pipefail
+# The listener starts in the background: the client waits for it rather than failing at once.
+export DMX_CONNECT_RETRY_REFUSED=true
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DMX=${DMX_BIN:-$ROOT/build/tools/dmx/dmx}
 NETNS="$ROOT/scripts/netns.sh"
