@@ -96,7 +96,7 @@ TEST(Metrics, ShmCountsWhatTheShmPathCarried) {
   o.set("transport", "shm").set("control_pipe", "false");  // stream 0 on TCP: shm carries payload only
   Pair p = connect_pair(o);
   EndpointStats st = p.client.stats();
-  if (st.transport != "shm") GTEST_SKIP() << "shm not chosen here: " << st.reason;
+  if (st.transport != "shm") DMX_SKIP(kNotAgreed) << "shm: " << st.reason;
   // Above the eager limit: every byte goes by the shm path.
   std::vector<size_t> sizes = {20000, 100000, 1 << 20, 3 << 20};
   uint64_t bytes = send_all(p, sizes);
@@ -112,10 +112,10 @@ TEST(Metrics, ShmCountsWhatTheShmPathCarried) {
 }
 
 TEST(Metrics, CudaIpcCountsDeviceSendsAndReceives) {
-  if (!gpu_available()) GTEST_SKIP() << "no CUDA device";
+  DMX_SKIP_WITHOUT_GPU();
   Pair p = connect_pair(test_options(2));
   EndpointStats st = p.client.stats();
-  if (st.transport.find("cuda_ipc") == std::string::npos) GTEST_SKIP() << "cuda_ipc not chosen: " << st.reason;
+  if (st.transport.find("cuda_ipc") == std::string::npos) DMX_SKIP(kNotAgreed) << "cuda_ipc: " << st.reason;
   MemSpec gpu{MemKind::kCuda, 0};
   std::vector<size_t> sizes = {8, 100000, 3 << 20};  // eager (the receiver copies it), rendezvous
   std::vector<Filled> out;

@@ -27,7 +27,7 @@ class Transfer : public ::testing::TestWithParam<KindPair> {
     src_ = *parse_mem_spec(GetParam().src);
     dst_ = *parse_mem_spec(GetParam().dst);
     for (MemSpec m : {src_, dst_})
-      if (Status s = mem_available(m); !s.ok()) GTEST_SKIP() << to_string(m) << ": " << s.to_string();
+      if (Status s = mem_available(m); !s.ok()) DMX_SKIP(kNoGpu) << s.message();
   }
   Pair connect_pair() {
     Options o = test_options();

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "hostile/hostile_util.h"
+#include "test_env.h"
 
 namespace dmx::test {
 namespace {
@@ -76,7 +77,7 @@ TEST(KeyFile, FileOthersCanReadIsRefused) {
 }
 
 TEST(KeyFile, FileOfAnotherUserIsRefused) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another user";
+  if (::geteuid() != 0) DMX_SKIP(::dmx::test::kNoCapability) << "not root, so cannot give a file to another user";
   TempDir t;
   fs::path file = t.path / "theirs";
   write_key(file, 0600);

@@ -17,6 +17,7 @@
 #include "dmx/dmx.h"
 #include "nccl/nccl_test_paths.h"
 #include "tests/nccl/harness.h"
+#include "test_env.h"
 
 extern char** environ;
 
@@ -587,7 +588,7 @@ TEST_P(Nccl, TwoProcessesStreamingRate) {
 
 TEST_P(Nccl, CudaPointersMoveBetweenTwoProcesses) {
   Status gpu = mem_available(MemSpec{MemKind::kCuda, 0});
-  if (!gpu.ok()) GTEST_SKIP() << "no CUDA device: " << gpu.message();
+  if (!gpu.ok()) DMX_SKIP(::dmx::test::kNoGpu) << gpu.message();
   PropertiesV11 p;
   ASSERT_EQ(api_.properties(0, &p), kSuccess);
   ASSERT_TRUE(p.ptr_support & kPtrCuda) << "a GPU is here but the plugin does not offer NCCL_PTR_CUDA";

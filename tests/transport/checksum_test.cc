@@ -204,7 +204,7 @@ class ChecksumStaged : public ::testing::TestWithParam<MemKind> {};
 
 TEST_P(ChecksumStaged, DeviceMemoryChunksCarryTheDevicesCrc) {
   const MemSpec mem{GetParam(), 0};
-  if (Status s = mem_available(mem); !s.ok()) GTEST_SKIP() << s.to_string();
+  if (Status s = mem_available(mem); !s.ok()) DMX_SKIP(kNoGpu) << s.message();
   auto ctx = harness("tcp").make_context(0, checked().set("streams", "2"));
   ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
   auto l = ctx->listen("tcp://127.0.0.1:0");
