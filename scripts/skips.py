@@ -4,8 +4,8 @@
 usage: skips.py CTEST_JUNIT_XML   (written by `ctest --output-junit FILE`)
 
 A skip's reason is "<cause>: <details>" (tests/test_env.h gives the causes); the cause is the text
-before the first ':'. Reasons come from each skipped test's output: gtest's "Skipped" message, or
-the last line that says "skip" for a test skipped by exit code. Tests that pytest skipped inside
+before the first ':' (or '('). Reasons come from each skipped test's output: gtest's "Skipped"
+message, or the last line that says "skip" for a test skipped by exit code. Tests that pytest skipped inside
 a ctest entry that passed ("SKIPPED [n] file:line: reason" with -rs) count too. Prints, e.g.,
 "skipped 95: no CUDA device (90), kernel lacks it (5)".
 """
@@ -19,7 +19,7 @@ PYTEST_SKIP = re.compile(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$")
 
 def cause_of(reason):
     reason = re.sub(r"^(skipped|SKIPPED)\s*:\s*", "", reason.strip())
-    cause = reason.split(":", 1)[0].strip()
+    cause = re.split(r"[:(]", reason, maxsplit=1)[0].strip()
     return cause or "no reason given"
 
 
