@@ -1,12 +1,17 @@
-// What the machine running the tests lacks.
+// What the machine running the tests lacks, and how long a busy one may take.
 //
 // Skips: one wording per cause, "<cause>: <the precise reason>", so that a reader (and the summary
 // at the end of scripts/test.sh, which counts skips by the text before the first ':') sees why.
 // Use the macros below rather than writing a cause by hand.
+//
+// Time: tests judge behaviour, not the machine's speed. A busy 2-core machine (load 8-13) stalls
+// a process for seconds, so waits for "it happens" use kEventually, and a bound on "it happens
+// promptly" is kept well below the timer a bug would wait for and well above what load adds.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 
 #include "dmx/dmx.h"
@@ -33,6 +38,18 @@ inline std::string gpu_missing(int device = 0) {
   Status s = mem_available(MemSpec{MemKind::kCuda, device});
   return s.ok() ? std::string() : s.message();
 }
+
+// A wait for something that must happen: it bounds the wait (a hang fails the test) and never
+// judges speed. Minutes, not seconds: a multi-GiB transfer on a loaded 2-core machine takes them.
+inline constexpr std::chrono::seconds kEventually{180};
+
+// peer_timeout for tests that are not about it: longer than any stall load causes, so that a live
+// peer is never taken for a dead one. Tests of the timeout itself set their own, and bound the
+// detection by that timeout plus kLoadSlack.
+inline constexpr const char* kPatientPeerTimeout = "60s";
+
+// What load may add to a bound on "it happens promptly" (scheduling, a stalled peer process).
+inline constexpr std::chrono::seconds kLoadSlack{10};
 
 }  // namespace dmx::test
 

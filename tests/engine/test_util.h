@@ -84,7 +84,7 @@ inline Pair connect_pair(const Options& o = test_options()) {
   auto c = p.ctx.connect(p.listener.address());
   EXPECT_TRUE(c.ok()) << c.status().to_string();
   p.client = std::move(*c);
-  auto s = p.listener.accept(std::chrono::seconds(10));
+  auto s = p.listener.accept(kEventually);
   EXPECT_TRUE(s.ok()) << s.status().to_string();
   p.server = std::move(*s);
   return p;
