@@ -258,8 +258,10 @@ namespace dmx::test {
 namespace {
 
 // Staging slots come from the p2p-memory orchestrator: pinned pools per NUMA node, booked there.
+// Forced to tcp: a pair in one process would agree on shm, which stages nothing.
 TEST(Staging, SlotsArePlacedAndAccountedByTheOrchestrator) {
-  Pair p = connect_pair(test_options(2));
+  Pair p = connect_pair(test_options(2).set("transport", "tcp"));
+  ASSERT_EQ(p.client.stats().transport, "tcp") << p.client.stats().reason;
   size_t n = 3 << 20;
   Filled src = filled(MemSpec{MemKind::kSim, 0}, n);
   Buffer dst = poisoned(MemSpec{MemKind::kSim, 1}, n);
@@ -268,7 +270,7 @@ TEST(Staging, SlotsArePlacedAndAccountedByTheOrchestrator) {
   ASSERT_TRUE(r.wait(kEventually).ok());
   EXPECT_EQ(read_back(dst.region()), src.data);
   auto usage = p.ctx.impl()->placement().usage();
-  if (usage.empty()) GTEST_SKIP() << "no readable topology here: staging is not placed (logged at info)";
+  if (usage.empty()) DMX_SKIP("no readable topology") << "staging is not placed (logged at info)";
   uint64_t used = 0;
   for (const auto& u : usage) used += u.used;
   // 2 streams x 2 endpoints x (2 x 4 slots + 1 reserved) slots of 1 MiB, at most.
