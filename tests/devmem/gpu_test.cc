@@ -19,16 +19,10 @@
 #include "transport/devmem/rx.h"
 #include "transport/devmem/tx_regions.h"
 #include "transport/devmem/zcrx.h"
+#include "test_env.h"
 
 namespace dmx::devmem {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                   \
-  do {                                                                       \
-    auto n = cuda_device_count();                                            \
-    if (!n.ok()) GTEST_SKIP() << "no GPU: " << n.status().message();         \
-    if (*n == 0) GTEST_SKIP() << "no GPU: no CUDA device";                   \
-  } while (0)
 
 struct DevMem {
   void* p = nullptr;
@@ -43,7 +37,7 @@ struct DevMem {
 };
 
 TEST(Gpu, ExportDmabufOfGpuMemory) {
-  SKIP_WITHOUT_GPU();
+  DMX_SKIP_WITHOUT_GPU();
   DevMem mem(64 << 20);
   auto e = export_dmabuf(mem.region());
   ASSERT_TRUE(e.ok()) << e.status().to_string();
@@ -59,9 +53,9 @@ TEST(Gpu, ExportDmabufOfGpuMemory) {
 // With a real GPU dmabuf, what each NIC of this machine answers. On virtio_net (the GPU machine
 // here) bind-rx must be EOPNOTSUPP and bind-tx EOPNOTSUPP with "Driver does not support netmem TX".
 TEST(Gpu, BindRealGpuDmabufOnEveryNic) {
-  SKIP_WITHOUT_GPU();
+  DMX_SKIP_WITHOUT_GPU();
   auto ops = make_kernel_netlink_ops();
-  if (!ops->detect().family) GTEST_SKIP() << "no netdev family";
+  if (!ops->detect().family) DMX_SKIP(::dmx::test::kOldKernel) << "no netdev genl family: " << ops->detect().detail;
   DevMem mem(16 << 20);
   for (const auto& e : std::filesystem::directory_iterator("/sys/class/net")) {
     std::string name = e.path().filename();
@@ -90,7 +84,7 @@ struct Layout {
 };
 
 TEST(Gpu, GatherKernelMatchesHostOnRandomLayouts) {
-  SKIP_WITHOUT_GPU();
+  DMX_SKIP_WITHOUT_GPU();
   const size_t pool_size = 64 << 20;
   DevMem pool(pool_size);
   std::vector<uint8_t> host_pool(pool_size);
@@ -127,7 +121,7 @@ TEST(Gpu, GatherKernelMatchesHostOnRandomLayouts) {
 }
 
 TEST(Gpu, GatherKernelRejectsOutOfBoundsDescriptors) {
-  SKIP_WITHOUT_GPU();
+  DMX_SKIP_WITHOUT_GPU();
   DevMem pool(1 << 20), out(1 << 20);
   ASSERT_TRUE(cuda::device_memset(out.p, 0, out.n).ok());
   auto q = cuda::GatherQueue::create(0);
@@ -146,7 +140,7 @@ TEST(Gpu, GatherKernelRejectsOutOfBoundsDescriptors) {
 // The whole receive path with the GPU gather: fragments and linear chunks from the double,
 // pool in GPU memory, destination in GPU memory.
 TEST(Gpu, DevmemRxWithGpuGatherThroughTheDouble) {
-  SKIP_WITHOUT_GPU();
+  DMX_SKIP_WITHOUT_GPU();
   testing::KernelDouble k(48 << 20, 5, 77);
   std::vector<uint8_t> data(12 << 20);
   std::mt19937_64 rng(9);
@@ -174,7 +168,7 @@ TEST(Gpu, DevmemRxWithGpuGatherThroughTheDouble) {
 // on a real NIC; where the NIC cannot (virtio_net: no netmem TX), the kernel's words are cached
 // with the region and are the reason its sends go through the ring.
 TEST(Gpu, DevmemTxRegionOfGpuMemoryBindsOrGivesTheKernelsReason) {
-  SKIP_WITHOUT_GPU();
+  DMX_SKIP_WITHOUT_GPU();
   DevMem mem(8 << 20);
   auto region = register_tx_region(mem.region());
   ASSERT_TRUE(find_tx_region(mem.region().sub(4096, 1 << 20)) == region);
@@ -183,7 +177,7 @@ TEST(Gpu, DevmemTxRegionOfGpuMemoryBindsOrGivesTheKernelsReason) {
     if (ifname == "lo") continue;
     HostSeams seams;
     seams.netlink = make_kernel_netlink_ops();
-    if (!seams.netlink->detect().bind_tx) GTEST_SKIP() << "kernel has no bind-tx";
+    if (!seams.netlink->detect().bind_tx) DMX_SKIP(::dmx::test::kOldKernel) << "no bind-tx op (Linux < 6.16)";
     seams.exporter = export_dmabuf;
     seams.ifname = ifname;
     seams.ifindex = static_cast<int>(::if_nametoindex(ifname.c_str()));
@@ -201,8 +195,8 @@ TEST(Gpu, DevmemTxRegionOfGpuMemoryBindsOrGivesTheKernelsReason) {
 // zcrx with a real GPU dma-buf area on this machine's NICs: registered (a capable NIC) or the
 // kernel's refusal with what it means.
 TEST(Gpu, ZcrxRegistrationWithAGpuDmabufAreaOnEveryNic) {
-  SKIP_WITHOUT_GPU();
-  if (running_kernel_before(6, 16)) GTEST_SKIP() << "zcrx dma-buf areas need Linux 6.16";
+  DMX_SKIP_WITHOUT_GPU();
+  if (running_kernel_before(6, 16)) DMX_SKIP(::dmx::test::kOldKernel) << "zcrx dma-buf areas need Linux 6.16";
   DevMem mem(4 << 20);
   auto e = export_dmabuf(mem.region());
   ASSERT_TRUE(e.ok()) << e.status().to_string();

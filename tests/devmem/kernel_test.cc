@@ -16,6 +16,7 @@
 #include "transport/devmem/kernel.h"
 #include "transport/devmem/nic.h"
 #include "stream/socket.h"
+#include "test_env.h"
 
 namespace dmx::devmem {
 namespace {
@@ -34,7 +35,7 @@ UniqueFd not_a_dmabuf() { return UniqueFd(::memfd_create("not-a-dmabuf", MFD_CLO
 TEST(RealKernel, NetdevFamilyAndBindOps) {
   auto ops = make_kernel_netlink_ops();
   NetdevSupport s = ops->detect();
-  if (!s.family) GTEST_SKIP() << "no netdev genl family: " << s.detail;
+  if (!s.family) DMX_SKIP(::dmx::test::kOldKernel) << "no netdev genl family: " << s.detail;
   auto [major, minor] = kernel_version();
   std::printf("kernel %d.%d: netdev family; bind-rx op %s, bind-tx op %s\n", major, minor, s.bind_rx ? "yes" : "no",
               s.bind_tx ? "yes" : "no");
@@ -48,7 +49,7 @@ TEST(RealKernel, NetdevFamilyAndBindOps) {
 
 TEST(RealKernel, BindTxOnLoopbackIsEopnotsuppWithExtack) {
   auto ops = make_kernel_netlink_ops();
-  if (!ops->detect().bind_tx) GTEST_SKIP() << "kernel has no bind-tx op (Linux < 6.16)";
+  if (!ops->detect().bind_tx) DMX_SKIP(::dmx::test::kOldKernel) << "no bind-tx op (Linux < 6.16)";
   auto fd = not_a_dmabuf();
   auto b = ops->bind_tx(static_cast<int>(::if_nametoindex("lo")), fd.get());
   ASSERT_FALSE(b.ok());
@@ -60,24 +61,24 @@ TEST(RealKernel, BindTxOnLoopbackIsEopnotsuppWithExtack) {
 
 TEST(RealKernel, BindRxOnLoopbackIsEopnotsupp) {
   auto ops = make_kernel_netlink_ops();
-  if (!ops->detect().bind_rx) GTEST_SKIP() << "kernel has no bind-rx op (Linux < 6.12)";
+  if (!ops->detect().bind_rx) DMX_SKIP(::dmx::test::kOldKernel) << "no bind-rx op (Linux < 6.12)";
   auto fd = not_a_dmabuf();
   uint32_t q[] = {0};
   auto b = ops->bind_rx(static_cast<int>(::if_nametoindex("lo")), fd.get(), q);
   ASSERT_FALSE(b.ok());
   std::printf("bind-rx(lo): %s\n", b.status().message().c_str());
-  if (b.status().message().find("errno 1)") != std::string::npos) GTEST_SKIP() << "no CAP_NET_ADMIN: " << b.status().message();
+  if (b.status().message().find("errno 1)") != std::string::npos) DMX_SKIP(::dmx::test::kNoCapability) << "no CAP_NET_ADMIN: " << b.status().message();
   EXPECT_NE(b.status().message().find("errno 95"), std::string::npos) << b.status().message();
 }
 
 TEST(RealKernel, BindRxOnUnknownIfindexIsEnodev) {
   auto ops = make_kernel_netlink_ops();
-  if (!ops->detect().bind_rx) GTEST_SKIP() << "kernel has no bind-rx op";
+  if (!ops->detect().bind_rx) DMX_SKIP(::dmx::test::kOldKernel) << "no bind-rx op (Linux < 6.12)";
   auto fd = not_a_dmabuf();
   uint32_t q[] = {0};
   auto b = ops->bind_rx(987654, fd.get(), q);
   ASSERT_FALSE(b.ok());
-  if (b.status().message().find("errno 1)") != std::string::npos) GTEST_SKIP() << "no CAP_NET_ADMIN";
+  if (b.status().message().find("errno 1)") != std::string::npos) DMX_SKIP(::dmx::test::kNoCapability) << "no CAP_NET_ADMIN: " << b.status().message();
   EXPECT_NE(b.status().message().find("errno 19"), std::string::npos) << b.status().message();
 }
 
@@ -85,7 +86,7 @@ TEST(RealKernel, BindRxOnUnknownIfindexIsEnodev) {
 // Informational (drivers differ); asserts only that each answer carries the kernel's errno text.
 TEST(RealKernel, ReportEveryInterface) {
   auto ops = make_kernel_netlink_ops();
-  if (!ops->detect().family) GTEST_SKIP() << "no netdev family";
+  if (!ops->detect().family) DMX_SKIP(::dmx::test::kOldKernel) << "no netdev genl family: " << ops->detect().detail;
   auto fd = not_a_dmabuf();
   for (const auto& e : std::filesystem::directory_iterator("/sys/class/net")) {
     std::string name = e.path().filename();
@@ -136,7 +137,7 @@ TEST(DevmemRealKernel, DataSocketIsBoundToTheDeviceBeforeConnect) {
   ASSERT_TRUE(where.ok());
   auto fd = stream::connect_to(*where, Deadline::after(std::chrono::seconds(5)), "lo");
   if (!fd.ok() && fd.status().message().find("errno 1)") != std::string::npos)
-    GTEST_SKIP() << "SO_BINDTODEVICE needs CAP_NET_RAW here: " << fd.status().message();
+    DMX_SKIP(::dmx::test::kNoCapability) << "no CAP_NET_RAW for SO_BINDTODEVICE: " << fd.status().message();
   ASSERT_TRUE(fd.ok()) << fd.status().to_string();
   char dev[IFNAMSIZ] = {};
   socklen_t len = sizeof dev;

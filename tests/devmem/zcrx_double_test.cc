@@ -12,6 +12,7 @@
 #include "transport/devmem/probe_bind.h"
 #include "transport/devmem/kernel.h"
 #include "transport/devmem/zcrx.h"
+#include "test_env.h"
 
 namespace dmx::devmem {
 namespace {
@@ -273,7 +274,7 @@ TEST(ZcrxRealKernel, ProbeGivesThePreciseRefusal) {
     EXPECT_NE(z.detail.find("needs Linux 6.1"), std::string::npos) << z.detail;
     return;
   }
-  if (z.detail.find("errno 1)") != std::string::npos) GTEST_SKIP() << "no CAP_NET_ADMIN: " << z.detail;
+  if (z.detail.find("errno 1)") != std::string::npos) DMX_SKIP(::dmx::test::kNoCapability) << "no CAP_NET_ADMIN: " << z.detail;
   // Either the registration reached the import and the queue API is what is missing, or the
   // kernel refused earlier; either way the errno and what it means are in the reason.
   bool import = z.detail.find("reached the dma-buf import") != std::string::npos;

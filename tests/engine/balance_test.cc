@@ -38,8 +38,8 @@ TEST(Balance, ChunksSpreadOverTheStreams) {
   for (int i = 0; i < kMessages; ++i)
     sends.push_back(p.client.send(MemRegion{src[i].data(), src[i].size(), {}}, static_cast<uint64_t>(i)));
   for (int i = 0; i < kMessages; ++i) {
-    ASSERT_TRUE(sends[i].wait(30s).ok()) << sends[i].status().to_string();
-    ASSERT_TRUE(recvs[i].wait(30s).ok()) << recvs[i].status().to_string();
+    ASSERT_TRUE(sends[i].wait(kEventually).ok()) << sends[i].status().to_string();
+    ASSERT_TRUE(recvs[i].wait(kEventually).ok()) << recvs[i].status().to_string();
     ASSERT_EQ(src[i], dst[i]) << "message " << i;
   }
 
@@ -74,7 +74,7 @@ TEST(Balance, TheControlStreamCarriesNoChunks) {
     Request rs = p.server.recv(MemRegion{got_small.data(), got_small.size(), {}}, 2);
     Request sb = p.client.send(MemRegion{big.data(), big.size(), {}}, 1);
     Request ss = p.client.send(MemRegion{small.data(), small.size(), {}}, 2);
-    for (Request* r : {&sb, &ss, &rb, &rs}) ASSERT_TRUE(r->wait(30s).ok()) << r->status().to_string();
+    for (Request* r : {&sb, &ss, &rb, &rs}) ASSERT_TRUE(r->wait(kEventually).ok()) << r->status().to_string();
     ASSERT_EQ(big, got_big);
     ASSERT_EQ(small, got_small);
     std::vector<uint64_t> per = p.client.stats().stream_bytes_sent;
@@ -147,7 +147,7 @@ std::vector<uint32_t> chunks_seen(Options o, uint16_t streams, MemSpec where, si
   ack.id = cts.id;
   ack.a1 = static_cast<uint64_t>(wire::OpKind::kSend);
   EXPECT_TRUE(peer->send(ack).ok());
-  EXPECT_TRUE(send.wait(10s).ok()) << send.status().to_string();
+  EXPECT_TRUE(send.wait(kEventually).ok()) << send.status().to_string();
   for (const auto& [offset, len] : by_offset) lens.push_back(len);
   return lens;
 }

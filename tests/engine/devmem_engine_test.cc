@@ -215,8 +215,8 @@ TEST(DevmemEngineDouble, SendRecvSizesIntoSimAndHost) {
       Buffer dst = poisoned(dst_kind, n + 11 + 16);
       Request r = p.server.recv(dst.region().sub(11, n), 42);
       Request s = p.client.send(src.buf.region().sub(5, n), 42);
-      ASSERT_TRUE(s.wait(120s).ok()) << n << ": " << s.status().to_string();
-      ASSERT_TRUE(r.wait(120s).ok()) << n << ": " << r.status().to_string();
+      ASSERT_TRUE(s.wait(kEventually).ok()) << n << ": " << s.status().to_string();
+      ASSERT_TRUE(r.wait(kEventually).ok()) << n << ": " << r.status().to_string();
       EXPECT_EQ(r.bytes(), n);
       auto got = read_back(dst.region());
       for (size_t i = 0; i < 11; ++i) ASSERT_EQ(got[i], 0xA5) << "wrote before the buffer at size " << n;
@@ -243,8 +243,8 @@ TEST(DevmemEngineDouble, PathTakingAPrefixGetsTheRestInFurtherChunks) {
     Buffer dst = poisoned(kSim, n + 11 + 16);
     Request r = p.server.recv(dst.region().sub(11, n), 9);
     Request s = p.client.send(src.buf.region().sub(5, n), 9);
-    ASSERT_TRUE(s.wait(60s).ok()) << n << ": " << s.status().to_string();
-    ASSERT_TRUE(r.wait(60s).ok()) << n << ": " << r.status().to_string();
+    ASSERT_TRUE(s.wait(kEventually).ok()) << n << ": " << s.status().to_string();
+    ASSERT_TRUE(r.wait(kEventually).ok()) << n << ": " << r.status().to_string();
     EXPECT_EQ(r.bytes(), n);
     auto got = read_back(dst.region());
     for (size_t i = 0; i < 11; ++i) ASSERT_EQ(got[i], 0xA5) << n;
@@ -265,7 +265,7 @@ TEST(DevmemEngineDouble, PathTakingAPrefixGetsTheRestInFurtherChunks) {
   auto reg = p.a.ctx.register_memory(target.region());
   ASSERT_TRUE(reg.ok());
   Buffer back = poisoned(kSim, n);
-  ASSERT_TRUE(p.client.read(back.region(), reg->remote(), 0).wait(60s).ok());
+  ASSERT_TRUE(p.client.read(back.region(), reg->remote(), 0).wait(kEventually).ok());
   EXPECT_EQ(read_back(back.region()), data.data);
   for (const auto& u : p.server.stats().paths) EXPECT_NE(u.detail.find("chunks cut"), std::string::npos) << u.detail;
 }
@@ -292,14 +292,14 @@ TEST(DevmemEngineDouble, PingPongChunksAreOfferedToTheLane) {
   Buffer dst = poisoned(kSim, n);
   for (int i = 0; i < kRounds; ++i) {  // strict ping-pong: the reply waits for the message
     Request r = p.server.recv(dst.region(), 1);
-    ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(60s).ok());
-    ASSERT_TRUE(r.wait(60s).ok());
+    ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(kEventually).ok());
+    ASSERT_TRUE(r.wait(kEventually).ok());
     // Two bytes: a send's buffer is dmx's until it completes (eager sends go from it), so the
     // reply must not land in the byte being sent.
     unsigned char ack = 1, got = 0;
     Request back = p.client.recv(MemRegion{&got, 1, {}}, 2);
-    ASSERT_TRUE(p.server.send(MemRegion{&ack, 1, {}}, 2).wait(60s).ok());
-    ASSERT_TRUE(back.wait(60s).ok());
+    ASSERT_TRUE(p.server.send(MemRegion{&ack, 1, {}}, 2).wait(kEventually).ok());
+    ASSERT_TRUE(back.wait(kEventually).ok());
   }
   auto [now_pp, queued_pp] = counts(p.server);
   EXPECT_EQ(now_pp + queued_pp, static_cast<uint64_t>(kRounds));
@@ -316,8 +316,8 @@ TEST(DevmemEngineDouble, PathThatDoesNotStopEndsCloseAtItsDeadline) {
   Buffer dst = poisoned(kSim, 1 << 20);
   Request r = p.server.recv(dst.region(), 3);
   Request s = p.client.send(src.buf.region(), 3);
-  ASSERT_TRUE(s.wait(60s).ok()) << s.status().to_string();
-  ASSERT_TRUE(r.wait(60s).ok()) << r.status().to_string();
+  ASSERT_TRUE(s.wait(kEventually).ok()) << s.status().to_string();
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
   ASSERT_GT(devmem_bytes_sent(p.client), 0u);  // the path was in use
   auto t0 = std::chrono::steady_clock::now();
   Status c = p.client.close();
@@ -325,7 +325,7 @@ TEST(DevmemEngineDouble, PathThatDoesNotStopEndsCloseAtItsDeadline) {
   EXPECT_EQ(c.code(), Code::kTimeout) << c.to_string();
   EXPECT_NE(c.message().find("payload path devmem did not stop within 300 ms"), std::string::npos) << c.to_string();
   EXPECT_GE(took, 300ms);
-  EXPECT_LT(took, 5s);
+  EXPECT_LT(took, 300ms + kLoadSlack);
   // The endpoint is unusable, and says so.
   EXPECT_FALSE(p.client.health().ok());
   // The server's path is stuck as well: its close ends the same way.
@@ -343,7 +343,7 @@ TEST(DevmemEngineDouble, WriteInlineAndReadByDevmem) {
   Filled src = filled(kSim, n);
   uint64_t before = devmem_bytes_received(p.server);
   Request w = p.client.write(src.buf.region(), reg->remote(), 33);
-  ASSERT_TRUE(w.wait(60s).ok()) << w.status().to_string();
+  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
   auto got = read_back(target.region());
   ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), got.begin() + 33));
   // Writes stay inline: the initiator does not know the target's memory (docs/devmem.md).
@@ -352,7 +352,7 @@ TEST(DevmemEngineDouble, WriteInlineAndReadByDevmem) {
   Buffer back = poisoned(kSim, n + 7);
   uint64_t read_before = devmem_bytes_received(p.client);
   Request r = p.client.read(back.region().sub(7, n), reg->remote(), 33);
-  ASSERT_TRUE(r.wait(60s).ok()) << r.status().to_string();
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
   auto again = read_back(back.region());
   ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), again.begin() + 7));
   EXPECT_GE(devmem_bytes_received(p.client) - read_before, n) << "the read did not come by devmem";
@@ -365,15 +365,15 @@ TEST(DevmemEngineDouble, DestinationTheGathererCannotWriteGoesInline) {
   Buffer host_dst = poisoned(kHost, n);
   uint64_t before = devmem_bytes_sent(p.client);
   Request r = p.server.recv(host_dst.region(), 1);
-  ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(60s).ok());
-  ASSERT_TRUE(r.wait(60s).ok()) << r.status().to_string();
+  ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(kEventually).ok());
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
   EXPECT_EQ(read_back(host_dst.region()), src.data);
   EXPECT_EQ(devmem_bytes_sent(p.client), before) << "a buffer that does not accept devmem got devmem chunks";
 
   Buffer sim_dst = poisoned(kSim, n);
   Request r2 = p.server.recv(sim_dst.region(), 2);
-  ASSERT_TRUE(p.client.send(src.buf.region(), 2).wait(60s).ok());
-  ASSERT_TRUE(r2.wait(60s).ok()) << r2.status().to_string();
+  ASSERT_TRUE(p.client.send(src.buf.region(), 2).wait(kEventually).ok());
+  ASSERT_TRUE(r2.wait(kEventually).ok()) << r2.status().to_string();
   EXPECT_EQ(read_back(sim_dst.region()), src.data);
   EXPECT_GE(devmem_bytes_sent(p.client) - before, n);
 
@@ -382,7 +382,7 @@ TEST(DevmemEngineDouble, DestinationTheGathererCannotWriteGoesInline) {
   ASSERT_TRUE(reg.ok());
   Buffer back = poisoned(kHost, n);
   uint64_t rb = devmem_bytes_received(p.client);
-  ASSERT_TRUE(p.client.read(back.region(), reg->remote(), 0).wait(60s).ok());
+  ASSERT_TRUE(p.client.read(back.region(), reg->remote(), 0).wait(kEventually).ok());
   EXPECT_EQ(read_back(back.region()), src.data);
   EXPECT_EQ(devmem_bytes_received(p.client), rb);
 }
@@ -396,10 +396,10 @@ TEST(DevmemEngineDouble, CancelMidway) {
   Request s = p.client.send(src.region(), 1);
   std::this_thread::sleep_for(20ms);
   s.cancel();
-  Status ss = s.wait(20s);
+  Status ss = s.wait(kEventually);
   ASSERT_NE(ss.code(), Code::kTimeout);
   if (ss.ok()) {
-    EXPECT_TRUE(r.wait(20s).ok()) << r.status().to_string();
+    EXPECT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
   } else {  // a cancel before any byte went (a slow machine) puts the receive back
     EXPECT_EQ(ss.code(), Code::kCancelled) << ss.to_string();
     ASSERT_NO_FATAL_FAILURE(expect_cancelled_or_put_back(p.client, p.server, r, dst.region(), 1, kSim));
@@ -407,8 +407,8 @@ TEST(DevmemEngineDouble, CancelMidway) {
   // The endpoint and its data socket carry on, in order.
   Filled m = filled(kSim, 5 << 20);
   Request r2 = p.server.recv(dst.region(), 2);
-  ASSERT_TRUE(p.client.send(m.buf.region(), 2).wait(30s).ok());
-  ASSERT_TRUE(r2.wait(30s).ok()) << r2.status().to_string();
+  ASSERT_TRUE(p.client.send(m.buf.region(), 2).wait(kEventually).ok());
+  ASSERT_TRUE(r2.wait(kEventually).ok()) << r2.status().to_string();
   EXPECT_EQ(read_back(dst.region().sub(0, 5 << 20)), m.data);
 }
 
@@ -445,13 +445,13 @@ TEST(DevmemEngineDouble, PeerContextDestroyedMidTransfer) {
   p.listener = Listener();
   p.a.ctx = Context();
   for (Request* q : {&s, &pending}) {
-    Status st = q->wait(30s);
+    Status st = q->wait(kEventually);
     ASSERT_NE(st.code(), Code::kTimeout) << "a pending operation hung after the peer went away";
     if (q == &s && st.ok()) continue;  // finished before the peer went
     EXPECT_FALSE(st.ok());
     EXPECT_NE(st.to_string().find(peer), std::string::npos) << "the error must name the peer: " << st.to_string();
   }
-  EXPECT_LT(Clock::now() - t0, 30s);
+  EXPECT_LT(Clock::now() - t0, kEventually);
   (void)r.wait(1s);
 }
 

@@ -28,7 +28,7 @@ using testing::probe_gpus;
 #define REQUIRE_GPUS(n_var)     \
   std::string why;              \
   int n_var = probe_gpus(&why); \
-  if (n_var < 1) GTEST_SKIP() << "no usable GPU: " << why
+  if (n_var < 1) DMX_SKIP(::dmx::test::kNoGpu) << why
 
 // The bytes of message `i` of a run: both processes derive them from the run's seed.
 std::vector<unsigned char> message(uint64_t seed, uint64_t i, size_t n) {
@@ -112,7 +112,7 @@ void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::fun
   });
   EXPECT_EQ(testing::wait_child(c, 120s), 0) << "client";
   int sc = testing::wait_child(s, 120s);
-  if (sc == kChildSkip) GTEST_SKIP() << "the server could not set the test up; its reason is above";
+  if (sc == kChildSkip) DMX_SKIP(::dmx::test::kNotExercised) << "the server could not set the test up; its reason is above";
   EXPECT_EQ(sc, 0) << "server";
 }
 

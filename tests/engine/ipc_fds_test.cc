@@ -9,6 +9,8 @@
 
 #include <cstring>
 
+#include "test_env.h"
+
 namespace dmx {
 namespace {
 
@@ -102,7 +104,7 @@ TEST(IpcFdChannel, AnFdThatNeverComesFailsAtItsDeadline) {
   EXPECT_EQ(r.status().code(), Code::kProtocol);
   EXPECT_NE(r.status().message().find("allocation 42 did not come"), std::string::npos) << r.status().to_string();
   EXPECT_NE(r.status().to_string().find("peer b"), std::string::npos) << r.status().to_string();
-  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_LT(Clock::now() - t0, test::kLoadSlack);  // IpcFdChannel::kArrivalWait, not for ever
 }
 
 // Malformed messages, id 0, an id twice, a message without its fd: kProtocol naming the peer, and

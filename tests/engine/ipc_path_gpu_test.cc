@@ -30,7 +30,7 @@ using namespace std::chrono_literals;
 #define REQUIRE_GPUS(n_var)                                       \
   std::string why;                                                \
   int n_var = probe_gpus(&why);                                   \
-  if (n_var < 1) GTEST_SKIP() << "no usable GPU: " << why
+  if (n_var < 1) DMX_SKIP(::dmx::test::kNoGpu) << why
 
 // Runs `a` and `b` in two forked children joined by a Unix socket pair; their exit codes.
 void run_pair(const std::function<int(UnixChannel)>& a, const std::function<int(UnixChannel)>& b, int* ra, int* rb) {
@@ -316,7 +316,7 @@ TEST(CudaIpcPathGpu, FreeAndReallocAtTheSameAddressSendsAFreshHandle) {
   run_pair([&](UnixChannel c) { return stale_sender(std::move(c), src_dev); },
            [&](UnixChannel c) { return stale_receiver(std::move(c), 0); }, &ra, &rb);
   EXPECT_EQ(rb, 0);
-  if (ra == 3) GTEST_SKIP() << "cudaMalloc did not return the freed address again; the stale case was not exercised";
+  if (ra == 3) DMX_SKIP(::dmx::test::kNotExercised) << "cudaMalloc did not return the freed address again";
   EXPECT_EQ(ra, 0);
 }
 

@@ -36,7 +36,7 @@ uint64_t send_all(Pair& p, const std::vector<size_t>& sizes) {
     reqs.push_back(p.server.recv(in.back().region(), i));
   }
   for (size_t i = 0; i < sizes.size(); ++i) reqs.push_back(p.client.send(out[i].buf.region(), i));
-  for (auto& r : reqs) EXPECT_TRUE(r.wait(std::chrono::seconds(30)).ok()) << r.status().to_string();
+  for (auto& r : reqs) EXPECT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
   return std::accumulate(sizes.begin(), sizes.end(), uint64_t{0});
 }
 
@@ -53,8 +53,8 @@ TEST(Metrics, TcpCountsBytesOperationsAndLatencyExactly) {
   ASSERT_TRUE(reg.ok()) << reg.status().to_string();
   Filled src = filled(MemSpec{}, 70000);
   Buffer dst = poisoned(MemSpec{}, 30000);
-  ASSERT_TRUE(p.client.write(src.buf.region(), reg->remote(), 0).wait(std::chrono::seconds(30)).ok());
-  ASSERT_TRUE(p.client.read(dst.region(), reg->remote(), 100).wait(std::chrono::seconds(30)).ok());
+  ASSERT_TRUE(p.client.write(src.buf.region(), reg->remote(), 0).wait(kEventually).ok());
+  ASSERT_TRUE(p.client.read(dst.region(), reg->remote(), 100).wait(kEventually).ok());
   bytes += 70000 + 30000;
 
   // Both endpoints belong to this context: every byte is sent once and received once. The side
@@ -96,7 +96,7 @@ TEST(Metrics, ShmCountsWhatTheShmPathCarried) {
   o.set("transport", "shm").set("control_pipe", "false");  // stream 0 on TCP: shm carries payload only
   Pair p = connect_pair(o);
   EndpointStats st = p.client.stats();
-  if (st.transport != "shm") GTEST_SKIP() << "shm not chosen here: " << st.reason;
+  if (st.transport != "shm") DMX_SKIP(kNotAgreed) << "shm: " << st.reason;
   // Above the eager limit: every byte goes by the shm path.
   std::vector<size_t> sizes = {20000, 100000, 1 << 20, 3 << 20};
   uint64_t bytes = send_all(p, sizes);
@@ -112,10 +112,10 @@ TEST(Metrics, ShmCountsWhatTheShmPathCarried) {
 }
 
 TEST(Metrics, CudaIpcCountsDeviceSendsAndReceives) {
-  if (!gpu_available()) GTEST_SKIP() << "no CUDA device";
+  DMX_SKIP_WITHOUT_GPU();
   Pair p = connect_pair(test_options(2));
   EndpointStats st = p.client.stats();
-  if (st.transport.find("cuda_ipc") == std::string::npos) GTEST_SKIP() << "cuda_ipc not chosen: " << st.reason;
+  if (st.transport.find("cuda_ipc") == std::string::npos) DMX_SKIP(kNotAgreed) << "cuda_ipc: " << st.reason;
   MemSpec gpu{MemKind::kCuda, 0};
   std::vector<size_t> sizes = {8, 100000, 3 << 20};  // eager (the receiver copies it), rendezvous
   std::vector<Filled> out;
@@ -128,8 +128,8 @@ TEST(Metrics, CudaIpcCountsDeviceSendsAndReceives) {
   }
   for (size_t i = 0; i < sizes.size(); ++i) sends.push_back(p.client.send(out[i].buf.region(), i));
   for (size_t i = 0; i < sizes.size(); ++i) {
-    ASSERT_TRUE(sends[i].wait(std::chrono::seconds(30)).ok()) << sends[i].status().to_string();
-    ASSERT_TRUE(recvs[i].wait(std::chrono::seconds(30)).ok()) << recvs[i].status().to_string();
+    ASSERT_TRUE(sends[i].wait(kEventually).ok()) << sends[i].status().to_string();
+    ASSERT_TRUE(recvs[i].wait(kEventually).ok()) << recvs[i].status().to_string();
   }
   uint64_t bytes = std::accumulate(sizes.begin(), sizes.end(), uint64_t{0});
   Metrics m = p.ctx.metrics();
@@ -147,10 +147,10 @@ TEST(Metrics, FailedOperationsCountByCode) {
   Buffer b = poisoned(MemSpec{}, 64);
   Request cancelled = p.server.recv(b.region(), 7);
   cancelled.cancel();
-  EXPECT_EQ(cancelled.wait(std::chrono::seconds(10)).code(), Code::kCancelled);
+  EXPECT_EQ(cancelled.wait(kEventually).code(), Code::kCancelled);
   OpOptions soon;
   soon.timeout = std::chrono::milliseconds(1);
-  EXPECT_EQ(p.server.recv(b.region(), 8, soon).wait(std::chrono::seconds(10)).code(), Code::kTimeout);
+  EXPECT_EQ(p.server.recv(b.region(), 8, soon).wait(kEventually).code(), Code::kTimeout);
   Metrics m = p.ctx.metrics();
   const TransportMetrics& tcp = of(m, "tcp");
   EXPECT_EQ(tcp.failed[kRecv][static_cast<size_t>(Code::kCancelled)], 1u);

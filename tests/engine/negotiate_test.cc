@@ -126,8 +126,8 @@ TEST(Negotiate, ForcedTcpAgainstAnAutoServerOnOneHost) {
   std::vector<unsigned char> src = random_bytes((3u << 20) + 5), dst(src.size(), 0xA5);
   Request r = s->recv(MemRegion{dst.data(), dst.size(), {}}, 1);
   Request w = c->send(MemRegion{src.data(), src.size(), {}}, 1);
-  ASSERT_TRUE(w.wait(std::chrono::seconds(30)).ok()) << w.status().to_string();
-  ASSERT_TRUE(r.wait(std::chrono::seconds(30)).ok()) << r.status().to_string();
+  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
   EXPECT_EQ(src, dst);
 }
 

@@ -17,6 +17,7 @@
 
 #include "core/config.h"
 #include "transport/shm/shm_path.h"
+#include "test_env.h"
 
 namespace dmx {
 namespace {
@@ -24,7 +25,7 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr auto kWait = 30s;     // generous bound on any single wait in these tests
-constexpr auto kPrompt = 2s;    // how fast a failure or a stop must complete every pending chunk
+constexpr auto kPrompt = test::kLoadSlack;  // how fast a failure or a stop must complete every pending chunk
 
 // Records every event; checks each chunk completes exactly once.
 class Recorder : public PayloadPath::Events {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dmx/dmx.h"
+#include "test_env.h"
 
 namespace dmx::test {
 
@@ -83,7 +84,7 @@ inline Pair connect_pair(const Options& o = test_options()) {
   auto c = p.ctx.connect(p.listener.address());
   EXPECT_TRUE(c.ok()) << c.status().to_string();
   p.client = std::move(*c);
-  auto s = p.listener.accept(std::chrono::seconds(10));
+  auto s = p.listener.accept(kEventually);
   EXPECT_TRUE(s.ok()) << s.status().to_string();
   p.server = std::move(*s);
   return p;
@@ -132,7 +133,5 @@ inline void expect_cancelled_or_put_back(Endpoint& from, Endpoint& to, Request& 
   EXPECT_EQ(got.bytes(), next.data.size());
   EXPECT_EQ(read_back(dst.sub(0, next.data.size())), next.data);
 }
-
-inline bool gpu_available() { return mem_available(MemSpec{MemKind::kCuda, 0}).ok(); }
 
 }  // namespace dmx::test

@@ -20,6 +20,7 @@
 
 #include "hostile/hostile_util.h"
 #include "hostile/key_helper_path.h"
+#include "test_env.h"
 
 namespace dmx::test {
 namespace {
@@ -86,7 +87,7 @@ TEST(KeyFile, FileOthersCanReadIsRefused) {
 }
 
 TEST(KeyFile, FileOfAnotherUserIsRefused) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another user";
+  if (::geteuid() != 0) DMX_SKIP(::dmx::test::kNoCapability) << "not root, so cannot give a file to another user";
   TempDir t;
   fs::path file = t.path / "theirs";
   write_key(file, 0600);
@@ -199,13 +200,13 @@ std::string joined(const HelperRun& r) {
 // With HOME and XDG_CONFIG_HOME unset (a service, `env -i`), the key goes to the passwd entry's
 // home, never to /tmp, where another user could have planted the folder first.
 TEST(KeyFile, WithoutHomeTheKeyGoesToThePasswdHomeNotTmp) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the helper a private /tmp and home";
+  if (::geteuid() != 0) DMX_SKIP(::dmx::test::kNoCapability) << "needs root to give the helper a private /tmp and home";
   const passwd* pw = ::getpwuid(::geteuid());
   ASSERT_NE(pw, nullptr);
   std::string home_key = std::string(pw->pw_dir) + "/.config/dmx/auth.key";
   HelperRun r = run_helper({"--private-tmp-and-home", "--", home_key, "/tmp/.config/dmx/auth.key", "/tmp/.config"},
                            {"PATH=/usr/bin:/bin"});
-  if (r.rc == 77) GTEST_SKIP() << joined(r);
+  if (r.rc == 77) DMX_SKIP(::dmx::test::kNoCapability) << joined(r);
   ASSERT_EQ(r.rc, 0) << joined(r);
   ASSERT_EQ(r.lines.size(), 4u) << joined(r);
   EXPECT_EQ(r.lines[0], "ok") << joined(r);
@@ -216,13 +217,13 @@ TEST(KeyFile, WithoutHomeTheKeyGoesToThePasswdHomeNotTmp) {
 
 // A user with no passwd entry and no HOME: refused, saying how to give a key.
 TEST(KeyFile, WithoutAnyHomeTheKeyIsRefusedWithWhatToSet) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run the helper as a user without a passwd entry";
+  if (::geteuid() != 0) DMX_SKIP(::dmx::test::kNoCapability) << "needs root to run the helper as a user without a passwd entry";
   uid_t stranger = 54321;
   while (::getpwuid(stranger) != nullptr) ++stranger;
   HelperRun r =
       run_helper({"--private-tmp-and-home", "--uid", std::to_string(stranger), "--", "/tmp/.config/dmx/auth.key"},
                  {"PATH=/usr/bin:/bin"});
-  if (r.rc == 77) GTEST_SKIP() << joined(r);
+  if (r.rc == 77) DMX_SKIP(::dmx::test::kNoCapability) << joined(r);
   ASSERT_EQ(r.rc, 0) << joined(r);
   ASSERT_EQ(r.lines.size(), 2u) << joined(r);
   EXPECT_EQ(r.lines[0].rfind("error authentication failed: ", 0), 0u) << joined(r);
@@ -234,7 +235,7 @@ TEST(KeyFile, WithoutAnyHomeTheKeyIsRefusedWithWhatToSet) {
 // The default key's folder, <config>/dmx, planted by another user — as a link to their folder, or
 // as their folder — or a config folder everybody may write: each refused, naming the path.
 TEST(KeyFile, PlantedOrSharedFoldersForTheDefaultKeyAreRefused) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give files to another user";
+  if (::geteuid() != 0) DMX_SKIP(::dmx::test::kNoCapability) << "needs root to give files to another user";
   TempDir t;
   const uid_t nobody = 65534;
   struct Case {

@@ -7,6 +7,7 @@
 
 #include "hostile/hostile_util.h"
 #include "proc_threads.h"
+#include "test_env.h"
 
 namespace dmx::test {
 namespace {
@@ -121,7 +122,7 @@ TEST(Limits, SameHostEndpointsOpenOneStream) {
   for (int i = 0; i < kPairs; ++i) {
     auto c = client->connect(s.listener.address());
     ASSERT_TRUE(c.ok()) << c.status().to_string();
-    if (c->stats().transport != "shm") GTEST_SKIP() << "shm not agreed here: " << c->stats().reason;
+    if (c->stats().transport != "shm") DMX_SKIP(kNotAgreed) << "shm: " << c->stats().reason;
     EXPECT_EQ(c->stats().streams, 1) << c->stats().reason;
     eps.push_back(std::move(*c));
     auto e = s.listener.accept(10s);

@@ -8,6 +8,7 @@
 
 #include "core/crc32c.h"
 #include "memory/backend.h"
+#include "test_env.h"
 
 namespace dmx {
 namespace {
@@ -19,7 +20,7 @@ class DeviceChecksum : public ::testing::TestWithParam<MemKind> {
   void SetUp() override {
     if (GetParam() == MemKind::kCuda) {
       auto n = cuda_device_count();
-      if (!n.ok()) GTEST_SKIP() << "needs a CUDA device: " << n.status().message();
+      if (!n.ok()) DMX_SKIP(::dmx::test::kNoGpu) << n.status().message();
     }
     spec_ = MemSpec{GetParam(), 0};
     auto b = backend_for(spec_);

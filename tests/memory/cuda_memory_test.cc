@@ -21,6 +21,7 @@
 #include "memory/backend.h"
 #include "memory/copy_queues.h"
 #include "memory/dmabuf.h"
+#include "test_env.h"
 
 namespace dmx {
 namespace {
@@ -109,7 +110,7 @@ class CudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto n = cuda_device_count();
-    if (!n.ok()) GTEST_SKIP() << "needs a CUDA device: " << n.status().message();
+    if (!n.ok()) DMX_SKIP(::dmx::test::kNoGpu) << n.status().message();
     auto b = backend_for(kCuda0);
     ASSERT_TRUE(b.ok()) << b.status().to_string();
     backend_ = *b;
@@ -433,7 +434,7 @@ TEST_F(CudaDmabufTest, ExportsAnUnalignedRegionOfRealGpuMemory) {
   MemRegion region = dev->region().sub(12345, 1000003);
   auto e = export_dmabuf(region);
   if (!e.ok() && e.status().code() == Code::kUnavailable)
-    GTEST_SKIP() << "dmabuf export unavailable on this GPU machine: " << e.status().message();
+    DMX_SKIP("no dma-buf export") << e.status().message();
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   std::cout << "dmabuf fd " << e->fd.get() << " offset " << e->offset << " size " << e->size
             << (e->pcie_mapping ? " (PCIe BAR1 mapping)" : " (default mapping)") << "\n";

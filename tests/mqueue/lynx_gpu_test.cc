@@ -3,6 +3,7 @@
 #include <random>
 
 #include "mqueue_test_util.h"
+#include "test_env.h"
 
 namespace dmx::mqueue {
 namespace {
@@ -10,7 +11,7 @@ namespace {
 using testing::Events;
 
 TEST(LynxGpu, PersistentKernelAnswersByteExact) {
-  if (Status s = gpu_workers_available(0); !s.ok()) GTEST_SKIP() << s.to_string();
+  if (Status s = gpu_workers_available(0); !s.ok()) DMX_SKIP(::dmx::test::kNoGpu) << s.message();
   Events ev;
   ServerConfig cfg = testing::host_config(ev, 4, 16);
   cfg.memory = MemSpec{MemKind::kCuda, 0};
@@ -38,7 +39,7 @@ TEST(LynxGpu, PersistentKernelAnswersByteExact) {
 }
 
 TEST(LynxGpu, FaceVerificationFromTheKernel) {
-  if (Status s = gpu_workers_available(0); !s.ok()) GTEST_SKIP() << s.to_string();
+  if (Status s = gpu_workers_available(0); !s.ok()) DMX_SKIP(::dmx::test::kNoGpu) << s.message();
   auto kv = KvService::start();
   ASSERT_TRUE(kv.ok());
   std::vector<uint8_t> ref(1000);
@@ -79,7 +80,7 @@ TEST(LynxGpu, FaceVerificationFromTheKernel) {
 }
 
 TEST(LynxGpu, HostCentricBaselineOnTheGpu) {
-  if (Status s = gpu_workers_available(0); !s.ok()) GTEST_SKIP() << s.to_string();
+  if (Status s = gpu_workers_available(0); !s.ok()) DMX_SKIP(::dmx::test::kNoGpu) << s.message();
   BaselineConfig b;
   b.udp = "127.0.0.1:0";
   b.memory = MemSpec{MemKind::kCuda, 0};

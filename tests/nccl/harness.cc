@@ -162,7 +162,7 @@ void set_test_env() {
   ::setenv("DMX_NCCL_IFNAME", "=lo", 1);
   ::setenv("DMX_AUTH_KEY", "dmx-nccl-test-key-0123456789", 1);
   ::setenv("DMX_KEEPALIVE_INTERVAL", "200ms", 1);
-  ::setenv("DMX_PEER_TIMEOUT", "2s", 1);
+  ::setenv("DMX_PEER_TIMEOUT", "60s", 1);  // a killed peer is noticed by its death
   ::setenv("DMX_CONNECT_TIMEOUT", "3s", 1);  // a connect to a closed listen comm gives up sooner
   ::setenv("DMX_LOG_LEVEL", "off", 0);
 }

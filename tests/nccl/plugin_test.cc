@@ -17,6 +17,7 @@
 #include "dmx/dmx.h"
 #include "nccl/nccl_test_paths.h"
 #include "tests/nccl/harness.h"
+#include "test_env.h"
 
 extern char** environ;
 
@@ -242,7 +243,7 @@ TEST_P(Nccl, ConnectAndAcceptReturnAtOnceUntilReady) {
   EXPECT_EQ(rc, nullptr) << "nobody connected yet";
   ASSERT_EQ(api_.connect(0, h, &sc), kSuccess);
   EXPECT_EQ(sc, nullptr) << "the first call only starts the connection";
-  EXPECT_LT(since(t0), 0.1) << "neither call may block";
+  EXPECT_LT(since(t0), 1.0) << "neither call may block";  // blocking, accept would wait for ever
   int calls = 0;
   while ((sc == nullptr || rc == nullptr) && since(t0) < 20) {
     if (sc == nullptr) {
@@ -564,7 +565,7 @@ TEST_P(Nccl, PeerKilledMidTransferFailsEveryRequest) {
     // none hangs. Keep NCCL's pattern (test the oldest, post another) until a failure comes.
     auto tk = Clock::now();
     int failed = 0, succeeded = 0;
-    while (!flying.empty() && since(tk) < 10) {
+    while (!flying.empty() && since(tk) < 60) {
       int r = wait(flying.front(), nullptr, 10);
       ASSERT_LT(r, 100) << "a request hung after the peer died";
       flying.pop_front();
@@ -578,7 +579,7 @@ TEST_P(Nccl, PeerKilledMidTransferFailsEveryRequest) {
     double took = since(tk);
     EXPECT_TRUE(flying.empty());
     EXPECT_GE(failed, 1) << "requests after the peer's death must fail";
-    EXPECT_LT(took, 5) << "failures must come within the peer timeout";
+    EXPECT_LT(took, 10) << "failures must come from the death, long before peer_timeout (60 s)";
     std::printf("peer killed: %d requests completed after the kill, then %d failed, within %.3f s\n", succeeded,
                 failed, took);
     EXPECT_EQ(api_.dereg_mr(comm, mh), kSuccess);
@@ -632,7 +633,7 @@ TEST_P(Nccl, TwoProcessesStreamingRate) {
 
 TEST_P(Nccl, CudaPointersMoveBetweenTwoProcesses) {
   Status gpu = mem_available(MemSpec{MemKind::kCuda, 0});
-  if (!gpu.ok()) GTEST_SKIP() << "no CUDA device: " << gpu.message();
+  if (!gpu.ok()) DMX_SKIP(::dmx::test::kNoGpu) << gpu.message();
   PropertiesV11 p;
   ASSERT_EQ(api_.properties(0, &p), kSuccess);
   ASSERT_TRUE(p.ptr_support & kPtrCuda) << "a GPU is here but the plugin does not offer NCCL_PTR_CUDA";

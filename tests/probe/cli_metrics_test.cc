@@ -23,9 +23,10 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// The first match of `re`'s group 1 in the file, waiting up to 10 s for it to appear.
+// The first match of `re`'s group 1 in the file, waiting for it to appear (a child starting on a
+// loaded machine takes seconds).
 std::string wait_for(const std::string& path, const std::regex& re, pid_t child) {
-  for (int i = 0; i < 1000; ++i) {
+  for (auto end = std::chrono::steady_clock::now() + kEventually; std::chrono::steady_clock::now() < end;) {
     std::smatch m;
     std::string text = read_file(path);
     if (std::regex_search(text, m, re)) return m[1];

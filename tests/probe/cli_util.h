@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "test_env.h"
+
 namespace dmx::test {
 
 // DMX_BIN, else the dmx next to this build's test binary (<build>/tests/probe -> <build>/tools/dmx).
@@ -60,4 +62,4 @@ inline std::vector<nlohmann::json> json_rows(const std::string& out) {
 
 #define REQUIRE_DMX_BIN()                                                        \
   if (::dmx::test::dmx_bin().empty() || ::access(::dmx::test::dmx_bin().c_str(), X_OK) != 0) \
-  GTEST_SKIP() << "dmx binary not built: " << ::dmx::test::dmx_bin()
+  DMX_SKIP(::dmx::test::kNotBuilt) << "the dmx binary " << ::dmx::test::dmx_bin()

@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 
+#include "test_env.h"
+
 namespace dmx::probe {
 namespace {
 
@@ -46,7 +48,7 @@ TEST(Probe, CudaSaysWhy) {
     const Capability* p = find(caps, "cuda.p2p");
     ASSERT_NE(p, nullptr);
     EXPECT_FALSE(p->available);
-    GTEST_SKIP() << "no CUDA here: " << d->detail;
+    DMX_SKIP(::dmx::test::kNoGpu) << d->detail;
   }
 }
 

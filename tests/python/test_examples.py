@@ -19,7 +19,7 @@ def test_kv_cache_numpy():
 
 
 def test_kv_cache_cuda():
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    torch = pytest.importorskip("torch", reason="not installed: PyTorch")
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA device visible to PyTorch")
+        pytest.skip("no CUDA device: PyTorch sees none")
     run("--device", "cuda:0")

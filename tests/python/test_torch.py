@@ -6,8 +6,8 @@ import pytest
 
 from conftest import DATA, ECHO
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed (CPU tests need Debian's python3-torch)")
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to PyTorch")
+torch = pytest.importorskip("torch", reason="not installed: PyTorch (CPU tests need Debian's python3-torch)")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: PyTorch sees none")
 
 
 def fresh(n, device="cpu"):
@@ -80,7 +80,8 @@ def test_pinned_tensor(peer):
     assert torch.equal(x, y)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason=f"too few CUDA devices: needs 2, PyTorch sees {torch.cuda.device_count()}")
 def test_cuda_tensor_on_another_device_than_the_current_one(peer):
     # PyTorch exports a CUDA tensor only while its device is current; dmx makes it so.
     assert torch.cuda.current_device() == 0

@@ -14,6 +14,7 @@
 #include "rpc/client.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
+#include "test_env.h"
 
 namespace dmx::rpc::test {
 
@@ -58,9 +59,9 @@ inline Rig start(Mode mode, uint32_t clients = 4, uint32_t slots = 4, uint32_t s
   return r;
 }
 
-// Polls `cond` until it holds or 10 s pass (a deadline, not a timing assertion).
+// Polls `cond` until it holds or kEventually passes (a deadline, not a timing assertion).
 inline bool eventually(const std::function<bool()>& cond) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto end = std::chrono::steady_clock::now() + ::dmx::test::kEventually;
   while (std::chrono::steady_clock::now() < end) {
     if (cond()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

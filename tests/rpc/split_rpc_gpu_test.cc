@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "tests/rpc/rpc_test_util.h"
+#include "test_env.h"
 
 namespace dmx::rpc::test {
 namespace {
@@ -16,7 +17,7 @@ const MemSpec kHost{MemKind::kHost, 0}, kGpu{MemKind::kCuda, 0};
 class SplitRpcGpu : public ::testing::TestWithParam<Mode> {};
 
 TEST_P(SplitRpcGpu, ByteExactVecopAndMlpOnCudaMemory) {
-  if (Status s = mem_available(kGpu); !s.ok()) GTEST_SKIP() << s.to_string();
+  DMX_SKIP_WITHOUT_GPU();
   Rig r = start(GetParam(), 2, 4, 64 << 10, std::chrono::seconds(10), kGpu);
   ASSERT_TRUE(r.server);
   auto c = Client::connect(r.client_ctx, r.server->address(), kDeadline);

@@ -29,7 +29,7 @@ def dmx_row(transport, size, gbps, p50):
 def main():
     py = python_with_matplotlib()
     if py is None:
-        print("SKIPPED: no python3 with matplotlib (Debian: python3-matplotlib)")
+        print("SKIPPED: not installed: python3 with matplotlib (Debian: python3-matplotlib)")
         return 77
     with tempfile.TemporaryDirectory() as d:
         rows = os.path.join(d, "rows.jsonl")

@@ -14,7 +14,7 @@ namespace dmx::test {
 struct Harness {
   std::string name;  // the transport: "tcp", "shm", "devmem", "cuda_ipc", "loop"
   MemSpec mem;       // memory both sides use, so that bulk data takes this transport
-  // Empty when the transport can run here; else why not (the test is skipped with it).
+  // Empty when the transport can run here; else why not, as "<cause>: <reason>" (test_env.h).
   std::function<std::string()> unavailable;
   // A context that uses the transport. `host` tells two "hosts" apart where the transport needs
   // one of its own per side (devmem's NIC double); `options` are the test's own settings.

@@ -11,6 +11,7 @@
 #include "transport/devmem/devmem_transport.h"
 #include "transport/conformance.h"
 #include "transport/loop_transport.h"
+#include "test_env.h"
 
 namespace dmx::test {
 namespace {
@@ -22,7 +23,7 @@ Result<Context> forced(Options o, const char* transport) {
 
 std::string unless_available(MemSpec mem) {
   Status s = mem_available(mem);
-  return s.ok() ? "" : s.to_string();
+  return s.ok() ? "" : fmt::format("{}: {}", kNoGpu, s.message());
 }
 
 // devmem's kernel and NIC are the socket-pair double (tests/devmem/socket_double.h): each "host"

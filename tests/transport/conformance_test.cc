@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
+#include <vector>
 
 #include "core/clock.h"
 #include "core/crc32c.h"
@@ -34,16 +36,18 @@ constexpr bool kSanitized = false;
 constexpr size_t kChunk = 1 << 20;  // the chunk_size set below
 constexpr unsigned char kPoison = 0xA5;
 
+// Keepalives far apart and a patient peer_timeout: a deadline that waited for a keepalive, or a
+// death noticed only by the timeout, shows; a live peer starved by a loaded machine does not.
 Options suite_options() {
   Options o = test_options(2);
-  o.set("chunk_size", "1M").set("keepalive_interval", "200ms").set("peer_timeout", "2s");
+  o.set("chunk_size", "1M").set("keepalive_interval", "20s").set("peer_timeout", kPatientPeerTimeout);
   return o;
 }
 
 class Conformance : public ::testing::TestWithParam<Harness> {
  protected:
   void SetUp() override {
-    if (std::string why = GetParam().unavailable(); !why.empty()) GTEST_SKIP() << GetParam().name << ": " << why;
+    if (std::string why = GetParam().unavailable(); !why.empty()) GTEST_SKIP() << why;
   }
 
   struct Pair {
@@ -67,7 +71,7 @@ class Conformance : public ::testing::TestWithParam<Harness> {
     p.listener = std::move(*l);
     auto ce = p.client_ctx.connect(p.listener.address());
     EXPECT_TRUE(ce.ok()) << ce.status().to_string();
-    auto se = p.listener.accept(10s);
+    auto se = p.listener.accept(kEventually);
     EXPECT_TRUE(se.ok()) << se.status().to_string();
     if (ce.ok()) p.client = std::move(*ce);
     if (se.ok()) p.server = std::move(*se);
@@ -91,12 +95,44 @@ class Conformance : public ::testing::TestWithParam<Harness> {
     Buffer dst = poisoned(mem, n + 10);
     Request r = p.server.recv(dst.region().sub(5, n), tag);
     Request s = p.client.send(src.buf.region().sub(3, n), tag);
-    ASSERT_TRUE(s.wait(120s).ok()) << n << " B: " << s.status().to_string();
-    ASSERT_TRUE(r.wait(120s).ok()) << n << " B: " << r.status().to_string();
+    ASSERT_TRUE(s.wait(kEventually).ok()) << n << " B: " << s.status().to_string();
+    ASSERT_TRUE(r.wait(kEventually).ok()) << n << " B: " << r.status().to_string();
     ASSERT_EQ(r.bytes(), n);
     std::vector<unsigned char> got = read_back(dst.region());
     ASSERT_TRUE(std::equal(src.data.begin() + 3, src.data.end(), got.begin() + 5)) << n << " B differ";
     for (size_t i : {size_t{0}, size_t{4}, n + 5, n + 9}) ASSERT_EQ(got[i], kPoison) << "byte " << i << " of " << n;
+  }
+
+  // send_and_check for sizes past 2^31, in the memory of two copies of the data rather than four:
+  // the source is filled and checked against the destination a slice at a time.
+  void send_and_check_large(Pair& p, size_t n, uint64_t tag) {
+    constexpr size_t kSlice = size_t{64} << 20;
+    const MemSpec mem = GetParam().mem;
+    auto src = Buffer::allocate(mem, n + 3);
+    auto dst = Buffer::allocate(mem, n + 10);
+    ASSERT_TRUE(src.ok() && dst.ok()) << src.status().to_string() << " " << dst.status().to_string();
+    std::vector<unsigned char> poison(kSlice, kPoison);
+    for (size_t at = 0; at < n + 10; at += kSlice) {
+      const size_t len = std::min(kSlice, n + 10 - at);
+      ASSERT_TRUE(copy_memory(dst->region().sub(at, len), MemRegion{poison.data(), len, {}}).ok());
+      if (at >= n + 3) continue;
+      std::vector<unsigned char> fresh = random_bytes(std::min(kSlice, n + 3 - at));
+      ASSERT_TRUE(copy_memory(src->region().sub(at, fresh.size()), MemRegion{fresh.data(), fresh.size(), {}}).ok());
+    }
+    // 2 GiB over tcp took 263 s, all told, beside stress-ng --cpu 4 on the 2-core machine.
+    const auto wait = 2 * kEventually;
+    Request r = p.server.recv(dst->region().sub(5, n), tag);
+    Request s = p.client.send(src->region().sub(3, n), tag);
+    ASSERT_TRUE(s.wait(wait).ok()) << n << " B: " << s.status().to_string();
+    ASSERT_TRUE(r.wait(wait).ok()) << n << " B: " << r.status().to_string();
+    ASSERT_EQ(r.bytes(), n);
+    for (size_t at = 0; at < n; at += kSlice) {
+      const size_t len = std::min(kSlice, n - at);
+      ASSERT_EQ(read_back(dst->region().sub(5 + at, len)), read_back(src->region().sub(3 + at, len)))
+          << "bytes [" << at << ", +" << len << ") of " << n << " differ";
+    }
+    for (size_t i : {size_t{0}, size_t{4}, n + 5, n + 9})
+      ASSERT_EQ(read_back(dst->region().sub(i, 1))[0], kPoison) << "byte " << i << " of " << n;
   }
 };
 
@@ -112,10 +148,10 @@ TEST_P(Conformance, SendRecvEveryKindOfSizeAtOddOffsets) {
 
 // Past 2^31 bytes: lengths and offsets that a 32-bit field would wrap.
 TEST_P(Conformance, SendRecvMultiGiB) {
-  if (kSanitized) GTEST_SKIP() << "multi-GiB transfers under a sanitizer outlast CI's budget";
+  if (kSanitized) DMX_SKIP(kSanitizer) << "multi-GiB transfers outlast CI's budget";
   Pair p = connect();
   ASSERT_TRUE(p.client.valid() && p.server.valid());
-  ASSERT_NO_FATAL_FAILURE(send_and_check(p, (size_t{2} << 30) + 4099, 1));
+  ASSERT_NO_FATAL_FAILURE(send_and_check_large(p, (size_t{2} << 30) + 4099, 1));
 }
 
 // checksum=crc32c on one side turns it on for both: every chunk carries its CRC, each side folds
@@ -132,8 +168,8 @@ TEST_P(Conformance, ChecksumsCoverEveryChunkAndBothSidesAgree) {
     Buffer dst = poisoned(mem, n + 10);
     Request r = p.server.recv(dst.region().sub(5, n), n);
     Request s = p.client.send(src.buf.region().sub(3, n), n);
-    ASSERT_TRUE(s.wait(120s).ok()) << n << " B: " << s.status().to_string();
-    ASSERT_TRUE(r.wait(120s).ok()) << n << " B: " << r.status().to_string();
+    ASSERT_TRUE(s.wait(kEventually).ok()) << n << " B: " << s.status().to_string();
+    ASSERT_TRUE(r.wait(kEventually).ok()) << n << " B: " << r.status().to_string();
     std::vector<unsigned char> got = read_back(dst.region());
     ASSERT_TRUE(std::equal(src.data.begin() + 3, src.data.end(), got.begin() + 5)) << n << " B differ";
     const uint32_t want = crc32c::of(src.data.data() + 3, n);
@@ -147,11 +183,11 @@ TEST_P(Conformance, ChecksumsCoverEveryChunkAndBothSidesAgree) {
   ASSERT_TRUE(reg.ok()) << reg.status().to_string();
   Filled src = filled(mem, n);
   Request w = p.client.write(src.buf.region(), reg->remote(), 7);
-  ASSERT_TRUE(w.wait(60s).ok()) << w.status().to_string();
+  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
   EXPECT_EQ(w.crc32c(), crc32c::of(src.data.data(), n));
   Buffer back = poisoned(mem, n);
   Request rd = p.client.read(back.region(), reg->remote(), 7);
-  ASSERT_TRUE(rd.wait(60s).ok()) << rd.status().to_string();
+  ASSERT_TRUE(rd.wait(kEventually).ok()) << rd.status().to_string();
   EXPECT_EQ(rd.crc32c(), crc32c::of(src.data.data(), n));
   EXPECT_EQ(read_back(back.region()), src.data);
   for (const Endpoint* e : {&p.client, &p.server}) {
@@ -177,7 +213,7 @@ TEST_P(Conformance, WriteAndReadWithTheLandedNotification) {
   notify.notify = true;
   notify.notify_value = 0xFEED;
   Request w = p.client.write(src.buf.region(), reg->remote(), at, notify);
-  ASSERT_TRUE(w.wait(60s).ok()) << w.status().to_string();
+  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
   auto note = p.server.next_notification(10s);
   ASSERT_TRUE(note.ok()) << note.status().to_string();
   EXPECT_EQ(note->value, 0xFEEDu);
@@ -190,12 +226,12 @@ TEST_P(Conformance, WriteAndReadWithTheLandedNotification) {
   // Read it back into a fresh buffer at an odd offset.
   Buffer back = poisoned(mem, n + 7);
   Request r = p.client.read(back.region().sub(7, n), reg->remote(), at);
-  ASSERT_TRUE(r.wait(60s).ok()) << r.status().to_string();
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
   std::vector<unsigned char> got = read_back(back.region());
   EXPECT_TRUE(std::equal(src.data.begin(), src.data.end(), got.begin() + 7));
   // Outside the region: refused, and the endpoint goes on.
   Request bad = p.client.write(src.buf.region(), reg->remote(), 12, {});
-  EXPECT_EQ(bad.wait(30s).code(), Code::kOutOfRange) << bad.status().to_string();
+  EXPECT_EQ(bad.wait(kEventually).code(), Code::kOutOfRange) << bad.status().to_string();
   ASSERT_NO_FATAL_FAILURE(send_and_check(p, kChunk + 3, 9));
 }
 
@@ -236,8 +272,8 @@ TEST_P(Conformance, MessagesKeepTheirOrderWhateverWayEachTravels) {
   }
   for (auto& f : out) sends.push_back(p.client.send(f.buf.region(), 7));
   for (size_t i = 0; i < out.size(); ++i) {
-    ASSERT_TRUE(sends[i].wait(60s).ok()) << i << ": " << sends[i].status().to_string();
-    ASSERT_TRUE(recvs[i].wait(60s).ok()) << i << ": " << recvs[i].status().to_string();
+    ASSERT_TRUE(sends[i].wait(kEventually).ok()) << i << ": " << sends[i].status().to_string();
+    ASSERT_TRUE(recvs[i].wait(kEventually).ok()) << i << ": " << recvs[i].status().to_string();
     ASSERT_EQ(recvs[i].bytes(), out[i].data.size()) << "receive " << i << " matched another message";
     ASSERT_EQ(read_back(in[i].region()), out[i].data) << i;
   }
@@ -251,17 +287,17 @@ TEST_P(Conformance, CancelAndDeadlineLeaveTheEndpointWorking) {
   soon.timeout = 100ms;
   auto t0 = Clock::now();
   Request late = p.server.recv(dst.region(), 77, soon);
-  EXPECT_EQ(late.wait(10s).code(), Code::kTimeout) << late.status().to_string();
-  EXPECT_LT(Clock::now() - t0, 3s);
+  EXPECT_EQ(late.wait(kEventually).code(), Code::kTimeout) << late.status().to_string();
+  EXPECT_LT(Clock::now() - t0, 100ms + kLoadSlack);
   Request cancelled = p.server.recv(dst.region(), 78);
   cancelled.cancel();
-  EXPECT_EQ(cancelled.wait(10s).code(), Code::kCancelled) << cancelled.status().to_string();
+  EXPECT_EQ(cancelled.wait(kEventually).code(), Code::kCancelled) << cancelled.status().to_string();
   // A rendezvous send nobody receives, cancelled by its sender.
   Filled big = filled(GetParam().mem, 4 * kChunk);
   Request unmatched = p.client.send(big.buf.region(), 79);
   std::this_thread::sleep_for(20ms);
   unmatched.cancel();
-  EXPECT_EQ(unmatched.wait(10s).code(), Code::kCancelled) << unmatched.status().to_string();
+  EXPECT_EQ(unmatched.wait(kEventually).code(), Code::kCancelled) << unmatched.status().to_string();
   EXPECT_TRUE(p.client.health().ok()) << p.client.health().to_string();
   ASSERT_NO_FATAL_FAILURE(send_and_check(p, 3 * kChunk + 7, 80));
 }
@@ -270,7 +306,7 @@ TEST_P(Conformance, CancelAndDeadlineLeaveTheEndpointWorking) {
 // "lost the peer" and the peer's address, within a bound; the same on every transport.
 TEST_P(Conformance, PeerKilledMidTransferFailsEveryPendingOperationAlike) {
   const Harness h = GetParam();
-  if (!h.no_fork.empty()) GTEST_SKIP() << h.no_fork;
+  if (!h.no_fork.empty()) DMX_SKIP(kOneProcess) << h.no_fork;
   int to_child[2];
   ASSERT_EQ(::pipe(to_child), 0);
   // The child forks before this process has any dmx thread, and makes its own context.
@@ -283,7 +319,7 @@ TEST_P(Conformance, PeerKilledMidTransferFailsEveryPendingOperationAlike) {
     auto ep = ctx->connect(addr);
     if (!ep.ok()) return 4;
     Filled src = filled(h.mem, 16 * kChunk + 3);
-    for (;;) (void)ep->send(src.buf.region(), 1).wait(30s);  // until killed
+    for (;;) (void)ep->send(src.buf.region(), 1).wait(kEventually);  // until killed
   });
   ::close(to_child[0]);
   UniqueFd pipe_fd(to_child[1]);
@@ -306,7 +342,7 @@ TEST_P(Conformance, PeerKilledMidTransferFailsEveryPendingOperationAlike) {
   auto ep = l->accept(20s);
   ASSERT_TRUE(ep.ok()) << ep.status().to_string();
   Buffer dst = poisoned(h.mem, 16 * kChunk + 3);
-  ASSERT_TRUE(ep->recv(dst.region(), 1).wait(60s).ok());  // the peer's transfers flow
+  ASSERT_TRUE(ep->recv(dst.region(), 1).wait(kEventually).ok());  // the peer's transfers flow
   // The next messages: those that land before the kill complete whole, the others fail; as do
   // receives the peer never sends and a rendezvous send whose CTS never comes.
   std::vector<Buffer> next;
@@ -320,7 +356,7 @@ TEST_P(Conformance, PeerKilledMidTransferFailsEveryPendingOperationAlike) {
   Filled big = filled(h.mem, 4 * kChunk);
   pending.push_back(ep->send(big.buf.region(), 9));
   // Killed as soon as the first of them has landed: the next is on its way, the others wait.
-  ASSERT_TRUE(flowing[0].wait(60s).ok()) << flowing[0].status().to_string();
+  ASSERT_TRUE(flowing[0].wait(kEventually).ok()) << flowing[0].status().to_string();
   ::kill(child, SIGKILL);
   auto t0 = Clock::now();
   auto expect_lost = [](const Status& s) {
@@ -330,12 +366,12 @@ TEST_P(Conformance, PeerKilledMidTransferFailsEveryPendingOperationAlike) {
   };
   // Bytes the peer wrote before it died (into socket buffers, the shm ring) may still land.
   for (auto& r : flowing) {
-    Status s = r.wait(15s);
+    Status s = r.wait(kEventually);
     if (s.ok()) EXPECT_EQ(r.bytes(), 16 * kChunk + 3);
     else expect_lost(s);
   }
-  for (auto& r : pending) expect_lost(r.wait(15s));
-  EXPECT_LT(Clock::now() - t0, 5s);
+  for (auto& r : pending) expect_lost(r.wait(kEventually));
+  EXPECT_LT(Clock::now() - t0, kLoadSlack) << "noticed by peer_timeout, not by the death";
   EXPECT_EQ(ep->health().code(), Code::kPeerFailed);
   reap.waited = true;
   EXPECT_EQ(testing::wait_child(child, 10s), 128 + SIGKILL);
@@ -366,10 +402,10 @@ TEST_P(Conformance, CloseWhileBusyCompletesEverything) {
   EXPECT_TRUE(closed.ok()) << closed.to_string();
   for (auto& r : client_ops) EXPECT_TRUE(r.test()) << "close() returned with an operation pending";
   for (auto& r : server_ops) {
-    Status s = r.wait(15s);
+    Status s = r.wait(kEventually);
     EXPECT_NE(s.code(), Code::kTimeout) << s.to_string();
   }
-  EXPECT_LT(Clock::now() - t0, 10s);
+  EXPECT_LT(Clock::now() - t0, kEventually);
 }
 
 std::string harness_name(const ::testing::TestParamInfo<Harness>& info) { return info.param.name; }

@@ -2,11 +2,16 @@
 // cache's hit/miss/invalidate/drop logic with a fake opener; availability reasons.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "transport/cuda_ipc/cuda_ipc.h"
+#include "transport/transport_test_util.h"
+#include "test_env.h"
 
 namespace dmx::cuda_ipc {
 namespace {
@@ -213,17 +218,36 @@ TEST(ImportCache, DropPeerAndOpenFailure) {
   EXPECT_EQ(cache.size(), 5u);
 }
 
+// Without a usable CUDA device (no CUDA build, no driver, no device) every entry point fails with
+// kUnavailable and the memory layer's reason for it. In a child: the GPU tests of this binary fork
+// children that use CUDA, which they cannot once this process has initialised it.
 TEST(CudaIpc, UnavailableSaysWhy) {
-#if DMX_HAVE_CUDA
-  GTEST_SKIP() << "CUDA build: availability is checked by the GPU tests (in child processes)";
-#else
-  Status s = available();
-  EXPECT_EQ(s.code(), Code::kUnavailable);
-  EXPECT_NE(s.message().find("built without CUDA"), std::string::npos);
-  EXPECT_EQ(CopyEngine::create({}).status().code(), Code::kUnavailable);
-  Exporter ex;
-  EXPECT_EQ(ex.export_region({}).status().code(), Code::kUnavailable);
-#endif
+  std::string text = testing::text_from_child([] {
+    Status gpu = mem_available(MemSpec{MemKind::kCuda, 0});
+    if (gpu.ok()) return std::string();
+    std::vector<char> host(64);
+    Exporter ex;
+    std::string out = gpu.message();
+    for (const Status& s : {available(), CopyEngine::create({}).status(),
+                            ex.export_region(MemRegion{host.data(), host.size(), MemSpec{MemKind::kCuda, 0}}).status()})
+      out += "\n" + std::to_string(static_cast<int>(s.code())) + " " + s.message();
+    return out;
+  });
+  if (text.empty()) DMX_SKIP(::dmx::test::kHasGpu) << "this test covers machines without one";
+  std::vector<std::string> lines;
+  for (size_t at = 0, nl; at <= text.size(); at = nl + 1) {
+    nl = std::min(text.find('\n', at), text.size());
+    lines.push_back(text.substr(at, nl - at));
+  }
+  ASSERT_EQ(lines.size(), 4u) << text;
+  const std::string& why = lines[0];
+  EXPECT_FALSE(why.empty());
+  const std::string unavailable = std::to_string(static_cast<int>(Code::kUnavailable)) + " cuda_ipc: ";
+  for (size_t i = 1; i < lines.size(); ++i) {
+    EXPECT_TRUE(lines[i].starts_with(unavailable)) << lines[i];
+    EXPECT_NE(lines[i].find(why), std::string::npos) << "not the memory layer's reason (" << why << "): " << lines[i];
+  }
+  std::printf("cuda_ipc unavailable: %s\n", lines[1].c_str());
 }
 
 }  // namespace

@@ -169,7 +169,7 @@ void run_pair(const std::function<int(UnixChannel)>& a, const std::function<int(
 TEST(CudaIpcGpu, TwoProcessesReadWriteSubRangesAndInvalidate) {
   std::string why;
   int n = probe_gpus(&why);
-  if (n < 1) GTEST_SKIP() << "no usable GPU: " << why;
+  if (n < 1) DMX_SKIP(::dmx::test::kNoGpu) << why;
   int owner_dev = n >= 2 ? 1 : 0;  // one GPU: two processes share it (still cuda_ipc)
   int ro = -1, ru = -1;
   run_pair([&](UnixChannel c) { return owner(std::move(c), owner_dev); },
@@ -181,7 +181,7 @@ TEST(CudaIpcGpu, TwoProcessesReadWriteSubRangesAndInvalidate) {
 TEST(CudaIpcGpu, OwnerKilledWithCopiesInFlightNeverHangs) {
   std::string why;
   int n = probe_gpus(&why);
-  if (n < 1) GTEST_SKIP() << "no usable GPU: " << why;
+  if (n < 1) DMX_SKIP(::dmx::test::kNoGpu) << why;
   int owner_dev = n >= 2 ? 1 : 0;
   constexpr size_t kBig = 256 << 20;
   int ro = -1, ru = -1;
@@ -232,7 +232,7 @@ TEST(CudaIpcGpu, OwnerKilledWithCopiesInFlightNeverHangs) {
 TEST(CudaIpcGpu, SweepRetiresFreedAllocations) {
   std::string why;
   int n = probe_gpus(&why);
-  if (n < 1) GTEST_SKIP() << "no usable GPU: " << why;
+  if (n < 1) DMX_SKIP(::dmx::test::kNoGpu) << why;
   pid_t c = testing::fork_child([&] {
     Exporter ex;
     auto keep = Buffer::allocate({MemKind::kCuda, 0}, 1 << 20);
@@ -268,7 +268,7 @@ TEST(CudaIpcGpu, SweepRetiresFreedAllocations) {
 TEST(CudaIpcGpu, GtlbTranslatesExportsAndNeverAStaleOne) {
   std::string why;
   int n = probe_gpus(&why);
-  if (n < 1) GTEST_SKIP() << "no usable GPU: " << why;
+  if (n < 1) DMX_SKIP(::dmx::test::kNoGpu) << why;
   pid_t c = testing::fork_child([&] {
     Exporter ex;
     constexpr size_t kSize = 64 << 20;

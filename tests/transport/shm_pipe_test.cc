@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "transport/transport_test_util.h"
+#include "test_env.h"
 
 namespace dmx::shm {
 namespace {
@@ -23,7 +24,7 @@ namespace {
 using std::chrono::milliseconds;
 using testing::secs;
 
-constexpr auto kBound = std::chrono::seconds(2);  // how fast a survivor must learn of a death
+constexpr auto kBound = test::kLoadSlack;  // how fast a survivor must learn of a death (a bug: never)
 
 struct PipePair {
   std::unique_ptr<ShmPipe> a, b;  // a created, b accepted
@@ -168,7 +169,7 @@ TEST(ShmPipe, FullRingWritesZeroAndFreedRoomWakesTheArmedWriter) {
     EXPECT_TRUE(r.ok() && *r == 100);
   });
   auto t0 = Clock::now();
-  EXPECT_EQ(::poll(fds, n, 5000), 1);
+  EXPECT_EQ(::poll(fds, n, 60'000), 1);
   EXPECT_TRUE(fds[0].revents & POLLIN);
   EXPECT_LT(Clock::now() - t0, kBound);
   pp.a->disarm();
@@ -198,7 +199,7 @@ TEST(ShmPipe, DataWakesTheArmedReaderOnlyWhenArmed) {
     EXPECT_TRUE(w.ok() && *w == sizeof msg);
   });
   auto t0 = Clock::now();
-  EXPECT_EQ(::poll(fds, n, 5000), 1);
+  EXPECT_EQ(::poll(fds, n, 60'000), 1);
   EXPECT_TRUE(fds[0].revents & POLLIN);
   EXPECT_LT(Clock::now() - t0, kBound);
   pp.b->disarm();
@@ -358,7 +359,7 @@ TEST(ShmPipe, PeerKilledWhileWeSleepWakesUs) {
   size_t got = 0;
   Status s;
   int sleeps = 0;
-  auto end = Clock::now() + std::chrono::seconds(10);
+  auto end = Clock::now() + test::kEventually;
   while (Clock::now() < end) {
     auto r = c.pipe->read(dst.data() + got, dst.size() - got);
     if (!r.ok()) {
