@@ -37,6 +37,9 @@ Status wait_moving(Endpoint& ep, const Request& r, Duration idle) {
       seen = now_seen;
       last = now;
     } else if (now - last >= idle) {
+      // The caller frees the buffer next: the operation must be over first (cancel completes it).
+      r.cancel();
+      (void)r.wait(kControlTimeout);
       return Status(Code::kTimeout,
                     fmt::format("bench: the client moved no data for {} ms during a plan (--idle-timeout); the plan "
                                 "is dropped and its buffer freed",
