@@ -6,6 +6,7 @@
 
 #include "core/log.h"
 #include "dmx/version.h"
+#include "tools/dmx/cli_hints.h"
 #include "tools/dmx/commands.h"
 
 namespace dmx::cli {
@@ -53,6 +54,13 @@ int main(int argc, char** argv) {
   dmx::cli::add_devmem_command(app, &exit_code);
   dmx::cli::add_rpc_command(app, &exit_code);
   dmx::cli::add_mqueue_command(app, &exit_code);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);  // --help and --version end here too, with 0
+    if (rc == 0) return 0;
+    for (const std::string& hint : dmx::cli::parse_hints(app, argc, argv)) fmt::print(stderr, "{}\n", hint);
+    return 2;  // a command line that does not parse, as a bad setting
+  }
   return exit_code;
 }
