@@ -212,6 +212,7 @@ int run(const Args& a) {
   co.window = a.window;
   co.verify = a.verify;
   co.checksum = config->get_string("checksum") == "crc32c";
+  co.streams_asked = config->get_int("streams");
   if (Status s = pick_memory(a, co); !s.ok()) return fmt::print(stderr, "dmx bench: --mem: {}\n", s.to_string()), 2;
   if (Status s = pick_alloc(a, co); !s.ok())
     return fmt::print(stderr, "dmx bench: --cuda-alloc: {}\n", s.to_string()), 2;
