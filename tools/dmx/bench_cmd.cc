@@ -232,6 +232,7 @@ int run(const Args& a) {
     if (ep.ok()) rc = run_client(*ep, a, co);
     else fmt::print(stderr, "dmx bench: {}\n", ep.status().to_string());
     if (ep.ok()) (void)ep->close();
+    l->close();  // ends the server's wait for a client that never came (a refused forced transport)
     server.join();
     return rc;
   }
