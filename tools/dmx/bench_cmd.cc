@@ -87,7 +87,9 @@ Status pick_alloc(const Args& a, bench::ClientOptions& co) {
   }
   if (co.cumem_block == 0) return Status(Code::kInvalidArgument, "cumem block of 0 bytes");
   if (co.mem.kind != MemKind::kCuda)
-    return Status(Code::kInvalidArgument, fmt::format("cumem needs --mem cuda[:N], not {}", to_string(co.mem)));
+    return Status(Code::kInvalidArgument,
+                  fmt::format("cumem needs GPU memory (--mem cuda[:N]), not {}{}", to_string(co.mem),
+                              a.mem.empty() ? " (the default where no GPU is usable: see dmx probe)" : ""));
   return Status();
 }
 
