@@ -15,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-30}
 keep=${FUZZ_KEEP:-$build/findings}
-all=(frame hello_join descriptors shm_ring bench_plan)
+all=(frame hello_join descriptors shm_ring bench_plan mqueue_header metrics_request)
 
 CC=${CC:-clang} CXX=${CXX:-clang++} cmake -S "$root" -B "$build" -G Ninja -DDMX_FUZZ=ON -DDMX_ENABLE_CUDA=OFF \
   -DDMX_BUILD_BENCH=OFF -DDMX_BUILD_TESTS=OFF -DDMX_BUILD_PYTHON=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

@@ -9,7 +9,7 @@ pkgs=(
   iproute2 iperf3 python3 python3-matplotlib
   pybind11-dev python3-dev python3-numpy python3-pytest python3-setuptools python3-pip python3-wheel python3-venv
   clang libclang-rt-14-dev
-  libcpp-httplib-dev ccache
+  curl ccache
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
 )
 missing=()

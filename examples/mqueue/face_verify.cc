@@ -16,20 +16,58 @@
 using namespace dmx;
 using namespace dmx::mqueue;
 
+namespace {
+
+constexpr const char* kUsage =
+    "usage: lynx_face_verify [--mem host|cuda:N] [--proto udp|tcp] [--requests N] [--workers W]\n"
+    "  --requests  1 to 100000000 (default 2000)\n"
+    "  --workers   1 to 64 (default 2)\n";
+
+// A whole decimal number in [lo, hi], or an error naming the option (no std::stoul: it throws,
+// and accepts "12abc" and "-1").
+bool parse_count(const std::string& opt, const std::string& v, uint64_t lo, uint64_t hi, uint64_t* out) {
+  uint64_t n = 0;
+  bool ok = !v.empty() && v.size() <= 19;
+  for (char c : v) ok = ok && c >= '0' && c <= '9';
+  if (ok) {
+    for (char c : v) n = n * 10 + static_cast<uint64_t>(c - '0');
+    ok = n >= lo && n <= hi;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "lynx_face_verify: %s '%s': expected a whole number from %llu to %llu\n%s", opt.c_str(),
+                 v.c_str(), static_cast<unsigned long long>(lo), static_cast<unsigned long long>(hi), kUsage);
+    return false;
+  }
+  *out = n;
+  return true;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   std::string mem = "host", proto = "udp";
-  uint64_t requests = 2000;
-  uint32_t workers = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    if (k == "--mem") mem = v;
-    else if (k == "--proto") proto = v;
-    else if (k == "--requests") requests = std::stoull(v);
-    else if (k == "--workers") workers = static_cast<uint32_t>(std::stoul(v));
-    else return std::fprintf(stderr, "unknown option %s\n", k.c_str()), 2;
+  uint64_t requests = 2000, workers = 2;
+  for (int i = 1; i < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--help" || k == "-h") return std::printf("%s", kUsage), 0;
+    if (k != "--mem" && k != "--proto" && k != "--requests" && k != "--workers")
+      return std::fprintf(stderr, "lynx_face_verify: unknown option '%s'\n%s", k.c_str(), kUsage), 2;
+    if (i + 1 >= argc) return std::fprintf(stderr, "lynx_face_verify: %s needs a value\n%s", k.c_str(), kUsage), 2;
+    std::string v = argv[i + 1];
+    if (k == "--mem") {
+      mem = v;
+    } else if (k == "--proto") {
+      if (v != "udp" && v != "tcp")
+        return std::fprintf(stderr, "lynx_face_verify: --proto '%s': udp or tcp\n%s", v.c_str(), kUsage), 2;
+      proto = v;
+    } else if (k == "--requests") {
+      if (!parse_count(k, v, 1, 100000000, &requests)) return 2;
+    } else if (!parse_count(k, v, 1, 64, &workers)) {
+      return 2;
+    }
   }
   auto where = parse_mem_spec(mem);
-  if (!where.ok()) return std::fprintf(stderr, "%s\n", where.status().to_string().c_str()), 2;
+  if (!where.ok()) return std::fprintf(stderr, "lynx_face_verify: --mem: %s\n%s", where.status().to_string().c_str(), kUsage), 2;
 
   // The database: 100 people, one 28x28 reference image each.
   constexpr uint32_t kPeople = 100, kImage = 28 * 28;
@@ -43,7 +81,7 @@ int main(int argc, char** argv) {
   }
 
   ServerConfig cfg;
-  cfg.geometry.workers = workers;
+  cfg.geometry.workers = static_cast<uint32_t>(workers);
   cfg.geometry.slots = 64;
   cfg.geometry.max_request = 4 + kImage;
   cfg.geometry.max_response = 8;

@@ -3,6 +3,7 @@
 
 #include "dmx/context.h"
 #include "dmx/endpoint.h"
+#include "dmx/log.h"
 #include "dmx/memory.h"
 #include "dmx/metrics.h"
 #include "dmx/options.h"

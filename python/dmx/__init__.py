@@ -13,7 +13,7 @@ the buffer protocol (NumPy, bytearray, memoryview), contiguous. Operations retur
 wait(timeout=None), done(), cancel(), and `await`. Failures raise dmx.Error subclasses.
 See docs/python.md.
 """
-from . import _dmx
+from . import _dmx, _log  # noqa: F401 (_log routes dmx's log lines to logging)
 from ._aio import _await
 from ._errors import (AuthError, CancelledError, ClosedError, DataLossError, Error, InternalError,
                       InvalidArgumentError, IoError, NotFoundError, OutOfRangeError,

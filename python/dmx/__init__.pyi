@@ -14,7 +14,8 @@ ANY_TAG: int
 """recv(tag=ANY_TAG) matches a message of any tag."""
 
 Buffer = Any
-"""An object with __dlpack__ (CPU, pinned or CUDA memory) or the buffer protocol; contiguous."""
+"""An object with __dlpack__ (CPU, pinned or CUDA memory) or the buffer protocol; contiguous; plain
+data (items that are Python objects or pointers raise InvalidArgumentError)."""
 Descriptor = Union[bytes, bytearray, memoryview, "RemoteRegion"]
 
 def build_info() -> dict[str, str]:
@@ -102,7 +103,8 @@ class Listener:
 class Context:
     def __init__(self, **settings: Any) -> None:
         """Settings by name as `dmx probe --config` lists them: Context(streams=4, transport="tcp").
-        They win over DMX_* environment variables, which win over the defaults."""
+        They win over DMX_* environment variables, which win over the defaults. log_level defaults
+        to the effective level of logging.getLogger("dmx"), where dmx's log lines go."""
     def listen(self, address: str) -> Listener:
         """"tcp://host:port"; port 0 picks one (see Listener.address)."""
     def connect(self, address: str) -> Endpoint:

@@ -1,6 +1,7 @@
 #include "buffer.h"
 
 #include <string>
+#include <string_view>
 
 #include "dlpack.h"
 #include "errors.h"
@@ -30,6 +31,31 @@ const char* device_name(int32_t type) {
   }
 }
 
+// Whether the items of a buffer of this format (the struct module's syntax, PEP 3118) are plain
+// data, which another process can read as bytes: numbers, bools, characters, strings, padding,
+// and structs and arrays of these. Objects ('O'), pointers ('P', 'z', '&'), function pointers ('X')
+// and anything unknown here are not: moving them would send our heap addresses, or write a
+// peer's bytes over a Python object's pointers.
+bool plain_data_format(std::string_view format) {
+  constexpr std::string_view kItems = "xcbB?hHiIlLqQnNefdgspuwZ";  // Z: complex, before f/d/g
+  constexpr std::string_view kSyntax = "@=<>!^T{}(),0123456789 \t\n";
+  for (size_t i = 0; i < format.size(); ++i) {
+    char c = format[i];
+    if (c == ':') {  // a field name, up to the next ':'
+      i = format.find(':', i + 1);
+      if (i == std::string_view::npos) return false;
+    } else if (kItems.find(c) == std::string_view::npos && kSyntax.find(c) == std::string_view::npos) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// DLPack's element types that are plain data: all but opaque handles (pointers) and unknown codes.
+bool plain_data_code(uint8_t code) {
+  return code <= dlpack::kDLFloat4E2m1fn && code != dlpack::kDLOpaqueHandle;
+}
+
 }  // namespace
 
 std::unique_ptr<BufferRef> BufferRef::acquire(py::handle obj, bool writable, const char* what) {
@@ -48,7 +74,7 @@ std::unique_ptr<BufferRef> BufferRef::acquire(py::handle obj, bool writable, con
 }
 
 bool BufferRef::from_buffer(py::handle obj, bool writable, const char* what) {
-  int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+  int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
   if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
     std::string why = take_python_error();
     raise_error(dmx::Code::kInvalidArgument,
@@ -57,6 +83,11 @@ bool BufferRef::from_buffer(py::handle obj, bool writable, const char* what) {
                               : " (it must be C-contiguous: copy it, e.g. numpy.ascontiguousarray)"));
   }
   has_view_ = true;
+  // No format means unsigned bytes.
+  if (view_.format != nullptr && !plain_data_format(view_.format))
+    raise_error(dmx::Code::kInvalidArgument,
+                std::string(what) + ": " + type_name(obj) + " of item format '" + view_.format +
+                    "' is not plain data: dmx moves bytes, and these items hold Python objects or pointers");
   region_ = dmx::MemRegion{view_.buf, static_cast<size_t>(view_.len), dmx::MemSpec{dmx::MemKind::kHost, 0}};
   return true;
 }
@@ -146,6 +177,11 @@ void BufferRef::from_dlpack(py::handle obj, bool writable, const char* what) {
                   std::string(what) + ": DLPack device type " + std::to_string(t->device.device_type) + " (" +
                       device_name(t->device.device_type) + ") is not supported: host, pinned host and CUDA are");
   }
+  if (!plain_data_code(t->dtype.code))
+    raise_error(dmx::Code::kInvalidArgument,
+                std::string(what) + ": " + type_name(obj) + " of DLPack dtype code " + std::to_string(t->dtype.code) +
+                    (t->dtype.code == dlpack::kDLOpaqueHandle ? " (opaque handle)" : " (unknown)") +
+                    " is not plain data: dmx moves bytes, and these items are pointers or unknown");
   unsigned bits = unsigned{t->dtype.bits} * t->dtype.lanes;
   if (bits == 0 || bits % 8 != 0)
     raise_error(dmx::Code::kInvalidArgument,

@@ -10,6 +10,20 @@ namespace dmxpy::dlpack {
 
 enum DeviceType : int32_t { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13 };
 
+// DLDataType::code. Every code but kDLOpaqueHandle (pointers) is plain data; 7-17 are the float8,
+// float6 and float4 formats of DLPack 1.1.
+enum DataTypeCode : uint8_t {
+  kDLInt = 0,
+  kDLUInt = 1,
+  kDLFloat = 2,
+  kDLOpaqueHandle = 3,
+  kDLBfloat = 4,
+  kDLComplex = 5,
+  kDLBool = 6,
+  kDLFloat8First = 7,
+  kDLFloat4E2m1fn = 17,
+};
+
 struct DLDevice {
   int32_t device_type;
   int32_t device_id;

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "endpoint.h"
 #include "errors.h"
 #include "future.h"
+#include "log.h"
 
 namespace py = pybind11;
 using dmxpy::EndpointState;
@@ -122,6 +124,10 @@ PYBIND11_MODULE(_dmx, m) {
     d["options"] = b.options;
     return d;
   });
+
+  m.def("_log_start", &dmxpy::log_start, py::arg("after_fork"));
+  m.def("_log_take", &dmxpy::log_take, py::arg("timeout"));
+  m.def("_log_stop", &dmxpy::log_stop);
 
   py::class_<dmx::RemoteRegion>(m, "RemoteRegion", "A region the peer registered (from its descriptor bytes).")
       .def_static(
@@ -243,6 +249,8 @@ PYBIND11_MODULE(_dmx, m) {
   py::class_<ContextW>(m, "Context", "Configuration, listening, connecting, registering memory.")
       .def(py::init([](py::kwargs settings) {
              dmx::Options o;
+             // dmx logs what logging.getLogger("dmx") would show, unless told otherwise.
+             if (std::getenv("DMX_LOG_LEVEL") == nullptr) o.set("log_level", dmxpy::python_log_level());
              for (auto kv : settings) o.set(py::str(kv.first), setting_text(kv.second));
              auto c = std::make_unique<ContextW>();
              dmx::Result<dmx::Context> r = dmx::Status(dmx::Code::kInternal, "not created");
@@ -253,7 +261,8 @@ PYBIND11_MODULE(_dmx, m) {
              c->ctx = dmxpy::unwrap(std::move(r));
              return c;
            }),
-           "Context(**settings): settings by name as in `dmx probe --config` (streams=4, transport='tcp').")
+           "Context(**settings): settings by name as in `dmx probe --config` (streams=4, transport='tcp').\n"
+           "log_level defaults to the level of logging.getLogger('dmx') (or DMX_LOG_LEVEL where set).")
       .def(
           "listen",
           [](ContextW& c, const std::string& address) {

@@ -6,7 +6,7 @@ namespace dmx {
 namespace {
 constexpr ConfigEntry kTable[] = {
     // core
-    {"log_level", ConfigType::kString, "info", "log verbosity", "trace|debug|info|warn|error|off"},
+    {"log_level", ConfigType::kString, "warn", "log verbosity", "trace|debug|info|warn|error|off"},
     // engine
     {"transport", ConfigType::kString, "auto",
      "data path to use: auto (the best both peers support), tcp, or a registered transport (cuda_ipc, devmem, "

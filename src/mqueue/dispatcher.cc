@@ -106,6 +106,10 @@ void Dispatcher::Impl::run() {
       }
     }
     if (udp_blocked) on_udp();
+    if (accept_paused && std::chrono::steady_clock::now() >= accept_paused_until) {
+      accept_paused = false;
+      watch(listen.get(), FdKind::kListen, 0, EPOLLIN, true);
+    }
     if (!conns.empty()) drop_stalled();
   }
   timespec ts{};

@@ -6,8 +6,10 @@
 // Clients speak WireHeader + payload (layout.h) per datagram or per TCP frame. Every byte from a
 // client is checked: a datagram with a bad header, a length that disagrees with its size or is
 // over the limit is dropped; a TCP client that sends a bad header or a length over the limit, or
-// disconnects or stalls mid-request (request_timeout), is dropped; each drop is reported through on_event naming the client,
-// and the others go on. A full queue back-pressures: the request waits (in the socket for UDP,
+// disconnects or stalls mid-request (request_timeout), is dropped; one idle for idle_timeout is
+// closed; clients beyond max_connections, or max_per_address from one address, are refused with an
+// error frame saying why. Each is reported through on_event naming the client (rate-limited), and
+// the others go on. Out of fds, accepting rests for kAcceptPause instead of spinning. A full queue back-pressures: the request waits (in the socket for UDP,
 // in its connection for TCP) until a credit frees a slot; nothing is overwritten.
 //
 // Thread-safety: one dispatcher thread owns all its state; stats() and stop() are safe from any
@@ -31,16 +33,26 @@ struct DispatcherConfig {
   std::string service;  // external service for the client queues ("host:port"); empty: none
   Policy policy = Policy::kRoundRobin;
   uint32_t credit_batch = 0;         // responses per credit write-back; 0: slots / 2 (as Lynx)
-  uint32_t max_connections = 256;    // TCP clients beyond this are refused
+  uint32_t max_connections = 256;    // TCP clients beyond this are refused (told why, then closed)
+  // TCP clients from one address beyond this are refused: one host cannot take every slot.
+  uint32_t max_per_address = 64;
   size_t max_tcp_backlog = 4u << 20;  // unsent response bytes per client before its reads pause
   Duration connect_timeout = std::chrono::seconds(2);  // to the external service
   Duration request_timeout = std::chrono::seconds(10);  // a TCP request begun must be whole by then
-  std::function<void(const std::string&)> on_event;   // drops and failures; default: stderr
+  // A TCP client with nothing in flight that sends nothing for this long is closed: idle
+  // connections hold slots of max_connections. Far above a working client's pause between
+  // requests, short enough that a lock-out by idle connections ends by itself.
+  Duration idle_timeout = std::chrono::seconds(30);
+  // Drops, refusals and failures, at most EventLimiter::kLinesPerKind a second of each kind
+  // (admission.h); default: stderr.
+  std::function<void(const std::string&)> on_event;
 };
 
 struct DispatcherStats {
   uint64_t requests = 0, responses = 0, error_responses = 0;
   uint64_t bad_datagrams = 0, dropped_clients = 0, refused_clients = 0;
+  uint64_t idle_closed = 0;          // TCP clients closed after idle_timeout
+  uint64_t accept_pauses = 0;        // times accepting rested for kAcceptPause (out of fds)
   uint64_t responses_discarded = 0;  // the client had gone
   uint64_t backpressure = 0;         // times a request waited for a free slot
   uint64_t credit_writes = 0;        // credit words written back to worker memory

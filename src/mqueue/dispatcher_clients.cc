@@ -3,21 +3,14 @@
 #include <sys/epoll.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "mqueue/dispatcher_impl.h"
+#include "mqueue/request_header.h"
 
 namespace dmx::mqueue {
-namespace {
-
-std::string hex(uint32_t v) {
-  char b[16];
-  std::snprintf(b, sizeof b, "0x%08x", v);
-  return b;
-}
-
-}  // namespace
 
 void Dispatcher::Impl::on_udp() {
   const Layout& l = q->layout();
@@ -48,30 +41,29 @@ void Dispatcher::Impl::on_udp() {
       return;
     }
     m.addr.len = msg.msg_namelen;
-    std::string why;
-    if (static_cast<size_t>(n) < sizeof wh) {
-      why = std::to_string(n) + " B, shorter than the 16-byte header";
-    } else if (wh.magic != kRequestMagic) {
-      why = "bad magic " + hex(wh.magic);
-    } else if (msg.msg_flags & MSG_TRUNC) {
-      why = "over the " + std::to_string(l.g.max_request) + " B request limit";
-    } else if (wh.len != static_cast<size_t>(n) - sizeof wh) {
-      why = "header says " + std::to_string(wh.len) + " B, datagram has " + std::to_string(n - sizeof wh);
-    }
-    if (!why.empty()) {
+    Framing framing{true, static_cast<uint64_t>(n), (msg.msg_flags & MSG_TRUNC) != 0};
+    CheckedHeader ch = check_request_header(reinterpret_cast<const uint8_t*>(&wh),
+                                            std::min(static_cast<size_t>(n), sizeof wh), l.g.max_request, framing);
+    if (!ch.ok()) {
       uint64_t bad;
       {
         std::lock_guard<std::mutex> lock(stats_mu);
         bad = ++stats.bad_datagrams;
       }
-      if (bad <= 16 || bad % 1024 == 0)  // a flood must not flood the log
-        event("dropped a datagram from udp client " + m.addr.to_string() + ": " + why + " (" +
-              std::to_string(bad) + " so far)");
+      log.emit("datagram", "dropped a datagram from udp client " + m.addr.to_string() + ": " + ch.why + " (" +
+                               std::to_string(bad) + " so far)");
       continue;
     }
     m.tag = wh.tag;
     if (!post(static_cast<uint32_t>(w), wh.len, m)) return;
   }
+}
+
+void Dispatcher::Impl::refuse(int fd, const SockAddr& peer, const std::string& why) {
+  send_refusal(fd, why);
+  ::close(fd);
+  count(&DispatcherStats::refused_clients);
+  log.emit("refuse", "refused tcp client " + peer.to_string() + ": " + why);
 }
 
 void Dispatcher::Impl::on_accept() {
@@ -80,17 +72,40 @@ void Dispatcher::Impl::on_accept() {
     peer.len = sizeof peer.ss;
     int fd = ::accept4(listen.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-        event(std::string("accept failed: ") + std::strerror(errno));
+      const int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;  // that one connection went bad
+      if (accept_should_pause(err)) {
+        // The listen socket stays readable while we cannot accept: take it out of epoll for a while
+        // (run() puts it back), and say so once per episode, not once per attempt.
+        accept_paused = true;
+        accept_paused_until = std::chrono::steady_clock::now() + kAcceptPause;
+        watch(listen.get(), FdKind::kListen, 0, 0, true);
+        count(&DispatcherStats::accept_pauses);
+        if (!out_of_fds)
+          log.emit("accept", std::string("accept(tcp ") + tcp_addr.to_string() + ") failed: " + std::strerror(err) +
+                                 "; not accepting for " + std::to_string(kAcceptPause.count()) +
+                                 " ms at a time until it succeeds");
+        out_of_fds = true;
+        return;
+      }
+      log.emit("accept", std::string("accept(tcp ") + tcp_addr.to_string() + ") failed: " + std::strerror(err));
       return;
+    }
+    if (out_of_fds) {
+      out_of_fds = false;
+      log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") works again");
+    }
+    const std::string host = host_of(peer);
+    if (per_host.count(host) >= cfg.max_per_address) {
+      refuse(fd, peer, std::to_string(cfg.max_per_address) + " connections from " + host +
+                           " already (max_per_address)");
+      continue;
     }
     uint32_t id = 0;
     while (id < conns.size() && conns[id].open) ++id;
     if (id >= cfg.max_connections) {
-      ::close(fd);
-      count(&DispatcherStats::refused_clients);
-      event("refused tcp client " + peer.to_string() + ": " + std::to_string(cfg.max_connections) +
-            " connections already");
+      refuse(fd, peer, std::to_string(cfg.max_connections) + " connections already (max_connections)");
       continue;
     }
     if (id == conns.size()) conns.emplace_back();
@@ -101,6 +116,9 @@ void Dispatcher::Impl::on_accept() {
     c.gen = gen;
     c.open = true;
     c.name = "tcp client " + peer.to_string();
+    c.host = host;
+    c.last_active = std::chrono::steady_clock::now();
+    per_host.add(host);
     int one = 1;
     (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     watch(fd, FdKind::kConn, id, EPOLLIN | EPOLLRDHUP);
@@ -112,11 +130,13 @@ void Dispatcher::Impl::drop_conn(uint32_t id, const std::string& why) {
   if (!c.open) return;
   if (!why.empty()) {
     count(&DispatcherStats::dropped_clients);
-    event("dropped " + c.name + ": " + why);
+    log.emit("drop", "dropped " + c.name + ": " + why);
   }
   (void)::epoll_ctl(ep.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
   c.fd.reset();
   c.open = false;
+  per_host.remove(c.host);
+  c.in_flight = 0;
   c.payload = {};
   c.out = {};
   // Its responses still in the queues are discarded when they come (gen no longer matches).
@@ -155,6 +175,7 @@ bool Dispatcher::Impl::advance_conn(uint32_t id) {
       c.state = Conn::State::kHeader;
       c.got = 0;
       if (!post(static_cast<uint32_t>(w), len, m)) return false;
+      c.in_flight++;
       continue;
     }
     uint8_t* dst;
@@ -183,15 +204,12 @@ bool Dispatcher::Impl::advance_conn(uint32_t id) {
       return false;
     }
     if (c.state == Conn::State::kHeader && c.got == 0) c.begun = std::chrono::steady_clock::now();
+    c.last_active = std::chrono::steady_clock::now();
     c.got += static_cast<size_t>(n);
     if (c.state == Conn::State::kHeader && c.got == sizeof c.hdr) {
-      if (c.hdr.magic != kRequestMagic) {
-        drop_conn(id, "bad magic " + hex(c.hdr.magic));
-        return false;
-      }
-      if (c.hdr.len > l.g.max_request) {
-        drop_conn(id, "request length " + std::to_string(c.hdr.len) + " over the limit " +
-                          std::to_string(l.g.max_request));
+      CheckedHeader ch = check_request_header(reinterpret_cast<const uint8_t*>(&c.hdr), sizeof c.hdr, l.g.max_request);
+      if (!ch.ok()) {
+        drop_conn(id, ch.why);
         return false;
       }
       if (c.payload.size() < c.hdr.len) c.payload.resize(c.hdr.len);
@@ -208,15 +226,22 @@ void Dispatcher::Impl::drop_stalled() {
   auto now = std::chrono::steady_clock::now();
   if (now < next_sweep) return;
   next_sweep = now + std::chrono::milliseconds(50);
+  auto ms = [](Duration d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
   for (uint32_t id = 0; id < conns.size(); ++id) {
-    const Conn& c = conns[id];
+    Conn& c = conns[id];
+    if (!c.open) continue;
     // kReady is waiting for us, not for the client; kHeader with nothing read is idle.
     bool reading = c.state == Conn::State::kPayload || (c.state == Conn::State::kHeader && c.got > 0);
-    if (c.open && reading && now - c.begun > cfg.request_timeout)
+    if (reading && now - c.begun > cfg.request_timeout) {
       drop_conn(id, "stalled mid-request (" + std::to_string(c.got) + " bytes of the " +
-                        (c.state == Conn::State::kHeader ? "header" : "payload") + " in " +
-                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(cfg.request_timeout).count()) +
+                        (c.state == Conn::State::kHeader ? "header" : "payload") + " in " + ms(cfg.request_timeout) +
                         " ms)");
+    } else if (!reading && c.state == Conn::State::kHeader && c.in_flight == 0 && c.out.size() == c.out_off &&
+               now - c.last_active > cfg.idle_timeout) {
+      count(&DispatcherStats::idle_closed);
+      log.emit("idle", "closed " + c.name + ": sent nothing for " + ms(cfg.idle_timeout) + " ms (idle_timeout)");
+      drop_conn(id, "");
+    }
   }
 }
 
@@ -256,6 +281,8 @@ void Dispatcher::Impl::send_response(const SlotMeta& m, uint32_t status, const u
     return;
   }
   Conn& c = conns[m.conn];
+  if (c.in_flight > 0) c.in_flight--;
+  c.last_active = std::chrono::steady_clock::now();
   c.out.append(reinterpret_cast<const char*>(&h), sizeof h);
   c.out.append(reinterpret_cast<const char*>(payload), len);
   flush_conn(m.conn);

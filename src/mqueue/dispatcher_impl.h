@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "mqueue/admission.h"
 #include "mqueue/dispatcher.h"
 #include "mqueue/net.h"
 
@@ -25,6 +26,9 @@ struct Conn {
   uint32_t gen = 0;
   bool open = false;
   std::string name;  // "tcp client 127.0.0.1:40000"
+  std::string host;  // "127.0.0.1" (PeerCounts)
+  std::chrono::steady_clock::time_point last_active;  // last byte in or answer out
+  uint32_t in_flight = 0;  // its requests in the queues, not yet answered
   State state = State::kHeader;
   WireHeader hdr{};
   size_t got = 0;
@@ -68,6 +72,11 @@ struct Dispatcher::Impl {
   uint32_t rr = 0;
   bool udp_blocked = false;
   std::chrono::steady_clock::time_point next_sweep;
+  PeerCounts per_host;  // open conns by Conn::host
+  std::chrono::steady_clock::time_point accept_paused_until;
+  bool accept_paused = false;    // the listen socket is out of epoll until accept_paused_until
+  bool out_of_fds = false;       // since the last successful accept (one line per episode)
+  EventLimiter log{[this](const std::string& s) { event(s); }};
   Status failure;  // first failure of a worker-memory copy; ends the loop
 
   std::atomic<bool> stop{false};
@@ -90,7 +99,8 @@ struct Dispatcher::Impl {
   void on_conn(uint32_t id, uint32_t events);
   bool advance_conn(uint32_t id);  // reads and posts; false once closed
   void retry_blocked();
-  void drop_stalled();  // TCP clients stalled mid-request past request_timeout
+  void drop_stalled();  // TCP clients stalled mid-request past request_timeout, or idle past idle_timeout
+  void refuse(int fd, const SockAddr& peer, const std::string& why);
   void drop_conn(uint32_t id, const std::string& why);
   void send_response(const SlotMeta& m, uint32_t status, const uint8_t* payload, uint32_t len);
   void flush_conn(uint32_t id);

@@ -4,15 +4,20 @@
 #include <poll.h>
 #include <sys/uio.h>
 
+#include <cerrno>
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <list>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "mqueue/admission.h"
 #include "mqueue/gpu_workers.h"
 #include "mqueue/net.h"
+#include "mqueue/request_header.h"
 
 namespace dmx::mqueue {
 namespace {
@@ -94,14 +99,23 @@ class Worker {
 }  // namespace
 
 struct HostCentricServer::Impl {
+  using Clock = std::chrono::steady_clock;
+  // A connection's thread; `done` is set as its last act, so the accept thread can join it at once.
+  struct ConnThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+
   BaselineConfig cfg;
   Fd udp, listen;
   SockAddr udp_addr, tcp_addr;
   std::atomic<bool> stop{false};
-  std::atomic<uint64_t> requests{0};
-  std::atomic<uint32_t> conns{0};
-  std::mutex mu;  // guards threads
-  std::vector<std::thread> threads;
+  std::atomic<uint64_t> accepted{0}, requests{0}, refused{0}, dropped{0}, idle_closed{0}, accept_pauses{0};
+  std::mutex mu;  // guards threads, conns, per_host
+  std::vector<std::thread> threads;  // the UDP and accept threads
+  std::list<ConnThread> conns;       // at most max_connections; finished ones reaped by accept_loop
+  PeerCounts per_host;
+  EventLimiter log{[this](const std::string& s) { event(s); }};
 
   void event(const std::string& text) {
     if (cfg.on_event) {
@@ -127,9 +141,11 @@ struct HostCentricServer::Impl {
       ssize_t n = ::recvmsg(udp.get(), &msg, 0);
       if (n < 0) continue;  // timeout: look at stop
       from.len = msg.msg_namelen;
-      if (static_cast<size_t>(n) < sizeof h || h.magic != kRequestMagic || (msg.msg_flags & MSG_TRUNC) ||
-          h.len != static_cast<size_t>(n) - sizeof h) {
-        event("dropped a bad datagram from udp client " + from.to_string());
+      Framing framing{true, static_cast<uint64_t>(n), (msg.msg_flags & MSG_TRUNC) != 0};
+      CheckedHeader ch = check_request_header(reinterpret_cast<const uint8_t*>(&h),
+                                              std::min(static_cast<size_t>(n), sizeof h), cfg.max_request, framing);
+      if (!ch.ok()) {
+        log.emit("datagram", "dropped a datagram from udp client " + from.to_string() + ": " + ch.why);
         continue;
       }
       Status st = (*w)->serve(h.len);
@@ -146,59 +162,156 @@ struct HostCentricServer::Impl {
     }
   }
 
+  // Joins the connection threads that have finished (all of them once `all`).
+  void reap(bool all) {
+    std::list<ConnThread> finished;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto it = conns.begin(); it != conns.end();) {
+        auto next = std::next(it);
+        if (all || it->done->load(std::memory_order_acquire)) finished.splice(finished.end(), conns, it);
+        it = next;
+      }
+    }
+    for (auto& c : finished) c.thread.join();
+  }
+
+  void refuse(int fd, const SockAddr& peer, const std::string& why) {
+    send_refusal(fd, why);
+    ::close(fd);
+    refused.fetch_add(1);
+    log.emit("refuse", "refused tcp client " + peer.to_string() + ": " + why);
+  }
+
   void accept_loop() {
+    bool out_of_fds = false;
     while (!stop.load()) {
+      reap(/*all=*/false);
       pollfd p{listen.get(), POLLIN, 0};
       if (::poll(&p, 1, static_cast<int>(kPollStep.count())) <= 0) continue;
       SockAddr peer;
       peer.len = sizeof peer.ss;
-      int fd = ::accept(listen.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len);
-      if (fd < 0) continue;
-      if (conns.load() >= cfg.max_connections) {
-        ::close(fd);
-        event("refused tcp client " + peer.to_string() + ": too many connections");
+      int fd = ::accept4(listen.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len, SOCK_CLOEXEC);
+      if (fd < 0) {
+        const int err = errno;
+        if (accept_should_pause(err)) {
+          // The listen socket stays readable while we cannot accept: rest rather than spin, and
+          // say so once per episode.
+          accept_pauses.fetch_add(1);
+          if (!out_of_fds)
+            log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") failed: " + std::strerror(err) +
+                                   "; not accepting for " + std::to_string(kAcceptPause.count()) +
+                                   " ms at a time until it succeeds");
+          out_of_fds = true;
+          std::this_thread::sleep_for(kAcceptPause);
+        } else if (err != EAGAIN && err != EINTR && err != ECONNABORTED && err != EPROTO) {
+          log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") failed: " + std::strerror(err));
+        }
         continue;
       }
-      conns.fetch_add(1);
+      if (out_of_fds) {
+        out_of_fds = false;
+        log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") works again");
+      }
+      const std::string host = host_of(peer);
       std::lock_guard<std::mutex> lock(mu);
-      threads.emplace_back(&Impl::conn_loop, this, Fd(fd), peer.to_string());
+      if (per_host.count(host) >= cfg.max_per_address) {
+        refuse(fd, peer, std::to_string(cfg.max_per_address) + " connections from " + host +
+                             " already (max_per_address)");
+        continue;
+      }
+      if (conns.size() >= cfg.max_connections) {  // finished ones were reaped above
+        refuse(fd, peer, std::to_string(cfg.max_connections) + " connections already (max_connections)");
+        continue;
+      }
+      per_host.add(host);
+      accepted.fetch_add(1);
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      conns.push_back(ConnThread{std::thread(&Impl::conn_thread, this, Fd(fd), peer.to_string(), host, done), done});
     }
   }
 
-  // One thread per client, as conventional servers have.
-  void conn_loop(Fd fd, std::string peer) {
+  void conn_thread(Fd fd, std::string peer, std::string host, std::shared_ptr<std::atomic<bool>> done) {
+    conn_loop(std::move(fd), peer);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      per_host.remove(host);
+    }
+    done->store(true, std::memory_order_release);
+  }
+
+  // Reads exactly n bytes by `deadline`, seeing stop every kPollStep. kClosed on EOF before any.
+  Status read_by(int fd, void* p, size_t n, Clock::time_point deadline, const std::string& what) {
+    auto* c = static_cast<char*>(p);
+    size_t got = 0;
+    while (got < n) {
+      if (stop.load()) return Status(Code::kClosed, "server stopping");
+      if (Clock::now() >= deadline) return Status(Code::kTimeout, "request not whole in time");
+      pollfd q{fd, POLLIN, 0};
+      if (::poll(&q, 1, static_cast<int>(kPollStep.count())) <= 0) continue;
+      ssize_t k = ::recv(fd, c + got, n - got, MSG_DONTWAIT);
+      if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      if (k < 0) return Status(Code::kIo, "recv(" + what + ") failed: " + std::strerror(errno));
+      if (k == 0)
+        return Status(got == 0 ? Code::kClosed : Code::kIo,
+                      what + " closed the connection" + (got ? " mid-message" : ""));
+      got += static_cast<size_t>(k);
+    }
+    return Status();
+  }
+
+  // One thread per client, as conventional servers have (and its worker's thread on the CPU).
+  void conn_loop(Fd fd, const std::string& peer) {
     const std::string name = "tcp client " + peer;
     auto w = Worker::create(cfg.memory, cfg.max_request);
-    // A request, once begun, must arrive within this; between requests we poll for stop.
+    // Sends wait at most this long for a client that does not read its answers.
     (void)set_io_timeout(fd.get(), std::chrono::seconds(5));
     int one = 1;
     (void)::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (!w.ok()) event(name + ": " + w.status().to_string());
+    if (!w.ok()) log.emit("worker", name + ": " + w.status().to_string());
+    auto idle_since = Clock::now();
     while (w.ok() && !stop.load()) {
       pollfd p{fd.get(), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(kPollStep.count())) <= 0) continue;
+      if (::poll(&p, 1, static_cast<int>(kPollStep.count())) <= 0) {
+        if (Clock::now() - idle_since > cfg.idle_timeout) {
+          idle_closed.fetch_add(1);
+          log.emit("idle", "closed " + name + ": sent nothing for " +
+                               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(cfg.idle_timeout).count()) +
+                               " ms (idle_timeout)");
+          break;
+        }
+        continue;
+      }
+      const auto deadline = Clock::now() + cfg.request_timeout;
       WireHeader h{};
-      Status st = read_all(fd.get(), &h, sizeof h, name);
+      Status st = read_by(fd.get(), &h, sizeof h, deadline, name);
       if (!st.ok()) {
-        if (st.code() != Code::kClosed) event("dropped " + name + ": " + st.to_string());
+        if (st.code() != Code::kClosed) drop(name, st.to_string());
         break;
       }
-      if (h.magic != kRequestMagic || h.len > cfg.max_request) {
-        event("dropped " + name + ": bad header (length " + std::to_string(h.len) + ")");
+      CheckedHeader ch = check_request_header(reinterpret_cast<const uint8_t*>(&h), sizeof h, cfg.max_request);
+      if (!ch.ok()) {
+        drop(name, ch.why);
         break;
       }
-      st = read_all(fd.get(), (*w)->stage_in(), h.len, name);
+      st = read_by(fd.get(), (*w)->stage_in(), h.len, deadline, name);
+      if (st.code() == Code::kClosed) st = Status(Code::kIo, name + " closed the connection mid-message");
       if (st.ok()) st = (*w)->serve(h.len);
       h.magic = kResponseMagic;
       if (st.ok()) st = write_all(fd.get(), &h, sizeof h, name);
       if (st.ok()) st = write_all(fd.get(), (*w)->stage_out(), h.len, name);
       if (!st.ok()) {
-        event("dropped " + name + ": " + st.to_string());
+        if (!stop.load()) drop(name, st.to_string());
         break;
       }
       requests.fetch_add(1);
+      idle_since = Clock::now();
     }
-    conns.fetch_sub(1);
+  }
+
+  void drop(const std::string& name, const std::string& why) {
+    dropped.fetch_add(1);
+    log.emit("drop", "dropped " + name + ": " + why);
   }
 };
 
@@ -230,18 +343,28 @@ std::string HostCentricServer::tcp_address() const {
 }
 uint64_t HostCentricServer::requests() const { return impl_->requests.load(); }
 
+BaselineStats HostCentricServer::stats() const {
+  BaselineStats s;
+  s.accepted = impl_->accepted.load();
+  s.requests = impl_->requests.load();
+  s.refused_clients = impl_->refused.load();
+  s.dropped_clients = impl_->dropped.load();
+  s.idle_closed = impl_->idle_closed.load();
+  s.accept_pauses = impl_->accept_pauses.load();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (const auto& c : impl_->conns) s.connections += c.done->load() ? 0 : 1;
+  return s;
+}
+
 void HostCentricServer::stop() {
   impl_->stop.store(true);
-  // Connection threads may still be added by the accept thread until it sees stop: join in rounds.
-  for (;;) {
-    std::vector<std::thread> ts;
-    {
-      std::lock_guard<std::mutex> lock(impl_->mu);
-      ts.swap(impl_->threads);
-    }
-    if (ts.empty()) return;
-    for (auto& t : ts) t.join();
+  std::vector<std::thread> ts;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    ts.swap(impl_->threads);
   }
+  for (auto& t : ts) t.join();  // the accept thread adds no connection thread after this
+  impl_->reap(/*all=*/true);
 }
 
 }  // namespace dmx::mqueue

@@ -2,7 +2,10 @@
 // server. A CPU server thread (one for UDP, one per TCP client) receives a request, copies it
 // into the worker's memory, starts the worker for this one request (a kernel launch on a GPU, a
 // wake-up of a worker thread on the CPU), waits, copies the response back and sends it.
-// It runs the XOR app only. Same wire format and the same size checks as the dispatcher.
+// It runs the XOR app only. Same wire format, the same size checks and the same admission rules
+// as the dispatcher: connections bounded in all and per address (refused with an error frame
+// saying why), an idle deadline and a whole-request deadline, accepting paused when out of fds,
+// event lines rate-limited. A finished connection's threads are joined by the accept thread.
 //
 // Thread-safety: start/stop from one thread. stop() joins every thread within ~100 ms.
 #pragma once
@@ -13,6 +16,7 @@
 #include <string>
 
 #include "dmx/memory.h"
+#include "dmx/request.h"
 #include "mqueue/layout.h"
 
 namespace dmx::mqueue {
@@ -21,8 +25,17 @@ struct BaselineConfig {
   std::string udp, tcp;  // "host:port"; empty: none
   MemSpec memory;        // where the worker computes: host or cuda:N
   uint32_t max_request = 4096;
-  uint32_t max_connections = 64;
-  std::function<void(const std::string&)> on_event;  // drops; default stderr
+  uint32_t max_connections = 64;   // TCP clients at once (two threads each); beyond, refused
+  uint32_t max_per_address = 16;   // from one address; below max_connections, as the dispatcher's
+  Duration idle_timeout = std::chrono::seconds(30);     // as DispatcherConfig::idle_timeout
+  Duration request_timeout = std::chrono::seconds(10);  // a request begun must be whole by then
+  std::function<void(const std::string&)> on_event;  // drops, refusals; rate-limited; default stderr
+};
+
+struct BaselineStats {
+  uint64_t accepted = 0;  // TCP clients admitted
+  uint64_t requests = 0, refused_clients = 0, dropped_clients = 0, idle_closed = 0, accept_pauses = 0;
+  uint32_t connections = 0;  // open now
 };
 
 class HostCentricServer {
@@ -32,6 +45,7 @@ class HostCentricServer {
   std::string udp_address() const;
   std::string tcp_address() const;
   uint64_t requests() const;
+  BaselineStats stats() const;
   void stop();
 
   struct Impl;

@@ -8,9 +8,11 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dmx/endpoint.h"
+#include "mqueue/request_header.h"
 #include "transport/cuda_ipc/ipc_path.h"
 #include "tools/dmx/bench.h"
 #include "wire/frame.h"
@@ -226,6 +228,63 @@ void bench_plan_seeds() {
   put("bench_plan", "reply-error", Bytes(s.begin(), s.end()));
 }
 
+// fuzz_mqueue_header: [max_request u32][flags u8: 1 datagram, 2 truncated, 4 longer][extra u32] + header
+// (+ payload for datagrams).
+void mqueue_header_seeds() {
+  using namespace mqueue;
+  auto seed = [](uint32_t max, uint8_t flags, uint32_t extra, uint32_t magic, uint32_t len, uint32_t payload) {
+    Bytes b(9);
+    std::memcpy(b.data(), &max, 4);
+    b[4] = flags;
+    std::memcpy(b.data() + 5, &extra, 4);
+    WireHeader h{magic, len, 0x0123456789abcdefull};
+    Bytes hb(sizeof h);
+    std::memcpy(hb.data(), &h, sizeof h);
+    Bytes p(payload);
+    for (uint32_t i = 0; i < payload; ++i) p[i] = static_cast<unsigned char>(i * 131 + 7);
+    return cat(cat(b, hb), p);
+  };
+  put("mqueue_header", "tcp-ok", seed(4096, 0, 0, kRequestMagic, 100, 0));
+  put("mqueue_header", "tcp-at-limit", seed(4096, 0, 0, kRequestMagic, 4096, 0));
+  put("mqueue_header", "tcp-over-limit", seed(4096, 0, 0, kRequestMagic, 4097, 0));
+  put("mqueue_header", "tcp-len-max", seed(0xffffffffu, 0, 0, kRequestMagic, 0xffffffffu, 0));
+  put("mqueue_header", "tcp-bad-magic", seed(4096, 0, 0, kResponseMagic, 1, 0));
+  put("mqueue_header", "udp-ok", seed(1024, 1, 0, kRequestMagic, 33, 33));
+  put("mqueue_header", "udp-empty", seed(1024, 1, 0, kRequestMagic, 0, 0));
+  put("mqueue_header", "udp-short-by-one", seed(1024, 1, 0, kRequestMagic, 33, 32));
+  put("mqueue_header", "udp-truncated", seed(1024, 3, 0, kRequestMagic, 1500, 1024));
+  put("mqueue_header", "udp-longer", seed(0xffffffffu, 5, 0xffffffffu, kRequestMagic, 0xffffffffu, 0));
+  Bytes shrt = seed(1024, 1, 0, kRequestMagic, 0, 0);
+  shrt.resize(9 + 15);
+  put("mqueue_header", "udp-15-bytes", shrt);
+// Requests to the metrics port: plain text, one for each verdict and edge of the head parser.
+void metrics_request_seeds() {
+  const std::pair<const char*, std::string> seeds[] = {
+      {"get", "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:9464\r\nAccept: text/plain\r\n\r\n"},
+      {"get-prometheus",
+       "GET /metrics HTTP/1.1\r\nHost: localhost:9464\r\nUser-Agent: Prometheus/2.45.0\r\nAccept: "
+       "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\nAccept-Encoding: "
+       "gzip\r\nX-Prometheus-Scrape-Timeout-Seconds: 10\r\n\r\n"},
+      {"get-lf-http10", "GET /metrics?x=1 HTTP/1.0\n\n"},
+      {"head", "HEAD /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n"},
+      {"post-body", "POST /metrics HTTP/1.1\r\nContent-Length: 104857600\r\n\r\nxxxx"},
+      {"get-body", "GET /metrics HTTP/1.1\r\nContent-Length: 18446744073709551616\r\n\r\n"},
+      {"get-chunked", "GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"},
+      {"get-ranges", "GET /metrics HTTP/1.1\r\nRange: bytes=0-,0-,0-,0-,0-,0-,0-,0-,0-,0-\r\n\r\n"},
+      {"not-found", "GET /metric HTTP/1.1\r\n\r\n"},
+      {"version-2", "GET /metrics HTTP/2.0\r\n\r\n"},
+      {"folded", "GET /metrics HTTP/1.1\r\nX-A: 1\r\n  continued\r\n\r\n"},
+      {"bare-cr", "GET /metrics HTTP/1.1\rX: 1\r\n\r\n"},
+      {"slow-partial", "GET /metrics HTTP/1.1\r\nX-a: b\r\nX-a: b\r\n"},
+  };
+  for (const auto& [name, text] : seeds) put("metrics_request", name, Bytes(text.begin(), text.end()));
+  std::string many = "GET /metrics HTTP/1.1\r\n";
+  for (int i = 0; i < 65; ++i) many += "X: y\r\n";
+  put("metrics_request", "too-many-headers", Bytes(many.begin(), many.end()));
+  std::string big = "GET /metrics HTTP/1.1\r\nX: " + std::string(8200, 'a');
+  put("metrics_request", "head-over-8k", Bytes(big.begin(), big.end()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,6 +299,8 @@ int main(int argc, char** argv) {
   descriptor_seeds();
   shm_ring_seeds();
   bench_plan_seeds();
+  mqueue_header_seeds();
+  metrics_request_seeds();
   std::printf("make_seeds: %d files under %s\n", g_count, g_root.c_str());
   return 0;
 }
