@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks dmx the way a user consumes it: installs it into a temporary prefix, builds examples/
 # against that prefix with find_package (dmx::dmx, then dmx::dmx_static) and with pkg-config (the
-# examples' CMake option and a bare compiler line), and runs every example. Fails on any error.
+# examples' CMake option and a bare compiler line), and runs every example; then runs the README's
+# Use block with the installed dmx (scripts/readme-check.sh). Fails on any error.
 #
 #   bash scripts/consumer-check.sh [BUILD_DIR]
 #
@@ -55,4 +56,7 @@ echo "== a bare compiler line with pkg-config"
 c++ -std=c++20 examples/send_recv.cc $(pkg-config --cflags --libs dmx) -Wl,-rpath,"$prefix/lib" \
   -o "$tmp/send_recv_pc"
 "$tmp/send_recv_pc"
+
+echo "== the README's Use block, as written, with the installed dmx"
+bash scripts/readme-check.sh "$prefix/bin"
 echo "consumer-check: ok"

@@ -34,7 +34,7 @@ std::string to_string(const MemSpec& spec);
 struct MemRegion {
   void* ptr = nullptr;
   size_t size = 0;
-  MemSpec where;
+  MemSpec where{};  // {}: MemRegion{ptr, size} then draws no -Wmissing-field-initializers
 
   // Whether [offset, offset + length) lies inside this region (overflow-safe).
   bool contains(size_t offset, size_t length) const { return offset <= size && length <= size - offset; }

@@ -30,10 +30,10 @@ using Callback = std::function<void(const Status& status, size_t bytes)>;
 
 struct OpOptions {
   Duration timeout = kForever;  // the operation fails with Code::kTimeout if not done by then
-  Callback on_complete;         // optional
+  Callback on_complete{};       // optional ({}: OpOptions{.timeout = t} draws no warning)
   // Optional, in place of on_complete: also gets the operation's tag — for a receive, the tag of
   // the message it matched (a kAnyTag receive's callback cannot read Request::tag() yet).
-  std::function<void(const Status& status, size_t bytes, uint64_t tag)> on_complete_tag;
+  std::function<void(const Status& status, size_t bytes, uint64_t tag)> on_complete_tag{};
   bool notify = false;          // write only: deliver `notify_value` to the target after landing
   uint64_t notify_value = 0;
 };

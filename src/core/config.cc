@@ -21,6 +21,19 @@ namespace {
 constexpr std::string_view kNotSettings[] = {"DMX_BIN", "DMX_REAL_BIN", "DMX_TRACE_FILE"};
 constexpr std::string_view kNotSettingPrefixes[] = {"DMX_TEST_", "DMX_NETNS_"};
 
+// Warns once per process for each unknown name: Context::create resolves the table every time.
+void warn_unknown_env() {
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  for (const UnknownEnv& u : unknown_env_settings()) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (warned.size() < 64 && warned.insert(u.name).second)
+      DMX_LOG_WARN("environment variable {}; it is ignored", u.to_string());
+  }
+}
+
+}  // namespace
+
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -36,18 +49,20 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-// Warns once per process for each unknown name: Context::create resolves the table every time.
-void warn_unknown_env() {
-  static std::mutex mu;
-  static std::set<std::string> warned;
-  for (const UnknownEnv& u : unknown_env_settings()) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (warned.size() < 64 && warned.insert(u.name).second)
-      DMX_LOG_WARN("environment variable {}; it is ignored", u.to_string());
+std::string nearest(std::string_view word, std::span<const std::string> candidates, size_t max_distance) {
+  std::string best;
+  size_t best_distance = max_distance + 1;
+  for (const std::string& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_distance) best_distance = d, best = c;
   }
+  return best;
 }
 
-}  // namespace
+std::string did_you_mean(std::string_view word, std::span<const std::string> candidates) {
+  std::string best = nearest(word, candidates);
+  return best.empty() ? std::string() : fmt::format(" (did you mean {}?)", best);
+}
 
 std::string env_name(std::string_view name) {
   std::string out = "DMX_";
@@ -66,7 +81,8 @@ std::string UnknownEnv::to_string() const {
 }
 
 std::vector<UnknownEnv> unknown_env_settings() {
-  auto table = config_table();
+  std::vector<std::string> envs;
+  for (const ConfigEntry& entry : config_table()) envs.push_back(env_name(entry.name));
   std::vector<UnknownEnv> out;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     std::string_view var(*e);
@@ -76,33 +92,50 @@ std::vector<UnknownEnv> unknown_env_settings() {
     if (std::any_of(std::begin(kNotSettingPrefixes), std::end(kNotSettingPrefixes),
                     [&](std::string_view p) { return name.starts_with(p); }))
       continue;
-    std::string best;
-    size_t best_distance = 3;  // suggest only a near name: a typo, not another word
-    bool known = false;
-    for (const ConfigEntry& entry : table) {
-      std::string env = env_name(entry.name);
-      if (env == name) known = true;
-      size_t d = edit_distance(name, env);
-      if (d < best_distance) best_distance = d, best = env;
-    }
-    if (known) continue;
-    out.push_back({printable(name, 64), best});  // the environment is not ours: no control bytes in logs
+    if (std::find(envs.begin(), envs.end(), name) != envs.end()) continue;
+    out.push_back({printable(name, 64), nearest(name, envs)});  // the environment is not ours: no control bytes in logs
   }
   std::sort(out.begin(), out.end(), [](const UnknownEnv& a, const UnknownEnv& b) { return a.name < b.name; });
   return out;
 }
 
+namespace {
+
+// The names a value of `e` may take, from its choices column ("a|b|c"); empty: any.
+std::vector<std::string> choices_of(const ConfigEntry& e) {
+  std::vector<std::string> out;
+  std::string_view rest = e.choices;
+  while (!rest.empty()) {
+    size_t bar = rest.find('|');
+    out.emplace_back(rest.substr(0, bar));
+    rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+  }
+  return out;
+}
+
+// An option name that is not a setting: the error names the nearest setting.
+Status check_known(std::span<const ConfigEntry> table, const std::string& name, const std::string& source) {
+  std::vector<std::string> names;
+  for (const ConfigEntry& e : table) names.emplace_back(e.name);
+  if (std::find(names.begin(), names.end(), name) != names.end()) return Status();
+  return Status(Code::kInvalidArgument, fmt::format("unknown setting '{}' ({}){}; dmx probe --config lists them",
+                                                    printable(name, 64), source, did_you_mean(name, names)));
+}
+
+}  // namespace
+
 Result<Config> Config::resolve(const Options& options) {
   warn_unknown_env();
   auto table = config_table();
-  for (const auto& [name, value] : options.values()) {
-    // An init-capture: clang before 16 cannot capture a structured binding (the fuzz build).
-    bool known = std::any_of(table.begin(), table.end(), [&n = name](const ConfigEntry& e) { return e.name == n; });
-    if (!known) return Status(Code::kInvalidArgument, fmt::format("unknown option '{}' (see dmx probe --config)", name));
-  }
+  for (const auto& [name, value] : options.values())
+    DMX_RETURN_IF_ERROR(check_known(table, name, options.source(name)));
+  for (const auto& [name, given] : options.defaults()) DMX_RETURN_IF_ERROR(check_known(table, name, given.second));
   Config config;
   for (const ConfigEntry& e : table) {
+    // Lowest first: the table's default, a program's default, the environment, Options::set.
     Item item{&e, std::string(e.default_value), "default"};
+    if (auto it = options.defaults().find(std::string(e.name)); it != options.defaults().end())
+      item.value = it->second.first, item.source = it->second.second;
     std::string env = env_name(e.name);
     if (const char* v = std::getenv(env.c_str()); v != nullptr) {
       item.value = v;
@@ -110,7 +143,7 @@ Result<Config> Config::resolve(const Options& options) {
     }
     if (auto it = options.values().find(std::string(e.name)); it != options.values().end()) {
       item.value = it->second;
-      item.source = "option";
+      item.source = options.source(it->first);
     }
     Value value;
     Status bad;
@@ -136,16 +169,10 @@ Result<Config> Config::resolve(const Options& options) {
         break;
       }
       case ConfigType::kString:
-        if (!e.choices.empty()) {
-          std::string_view rest = e.choices;
-          bool found = false;
-          while (!rest.empty()) {
-            size_t bar = rest.find('|');
-            if (rest.substr(0, bar) == item.value) found = true;
-            rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
-          }
-          if (!found) bad = Status(Code::kInvalidArgument, fmt::format("must be one of {}", e.choices));
-        }
+        if (std::vector<std::string> choices = choices_of(e);
+            !choices.empty() && std::find(choices.begin(), choices.end(), item.value) == choices.end())
+          bad = Status(Code::kInvalidArgument, fmt::format("'{}' is not one of {}{}", printable(item.value, 64),
+                                                           e.choices, did_you_mean(item.value, choices)));
         break;
     }
     if (!bad.ok())
@@ -154,6 +181,14 @@ Result<Config> Config::resolve(const Options& options) {
     config.values_.push_back(value);
   }
   return config;
+}
+
+const std::string& Config::source(std::string_view name) const {
+  size_t i = 0;
+  while (i < items_.size() && items_[i].entry->name != name) ++i;
+  assert(i < items_.size() && "config name not in the table");
+  static const std::string kNone = "unknown";
+  return i < items_.size() ? items_[i].source : kNone;
 }
 
 const Config::Item& Config::item(std::string_view name, ConfigType type, size_t* index) const {

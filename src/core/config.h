@@ -1,7 +1,8 @@
 // The configuration table: every tunable of dmx is one row (name, type, default, help).
 //
-// Values resolve as: API Options > environment DMX_<NAME upper-cased> > default. All values are
-// parsed and checked once, in Config::resolve; getters then cannot fail (asking for a name that is
+// Values resolve as: Options::set (the dmx tool's flags, then its --option) > environment
+// DMX_<NAME upper-cased> > Options::set_default (a program's own default) > the table's default.
+// All values are parsed and checked once, in Config::resolve; getters then cannot fail (asking for a name that is
 // not in the table is a bug and asserts). Config is immutable after resolve and safe to share.
 #pragma once
 
@@ -34,6 +35,14 @@ std::string shown_value(const ConfigEntry& entry, const std::string& value);
 std::span<const ConfigEntry> config_table();
 std::string env_name(std::string_view name);  // "streams" -> "DMX_STREAMS"
 
+// "Did you mean" hints, for settings and for the dmx tool's options and commands: the Levenshtein
+// distance, and the candidate nearest to `word` when it is at most `max_distance` edits away (a
+// typo, not another word), else empty.
+size_t edit_distance(std::string_view a, std::string_view b);
+std::string nearest(std::string_view word, std::span<const std::string> candidates, size_t max_distance = 2);
+// " (did you mean X?)" for the nearest candidate, or "".
+std::string did_you_mean(std::string_view word, std::span<const std::string> candidates);
+
 // A DMX_* variable in this process's environment that names no setting: a typo such as DMX_STREEMS
 // would otherwise be ignored without a word. Names the project's own scripts and tests use
 // (DMX_BIN, DMX_TRACE_FILE, DMX_TEST_*, DMX_NETNS_*) are not settings and are not reported.
@@ -49,11 +58,12 @@ class Config {
   struct Item {
     const ConfigEntry* entry;
     std::string value;   // as given
-    std::string source;  // "default", "env DMX_STREAMS", "option"
+    std::string source;  // "default", "env DMX_STREAMS", "option", or as given to Options
   };
 
-  // Resolves every row; the first bad value or unknown option name is an error naming it. Unknown
-  // DMX_* variables are logged as a warning, once per name per process.
+  // Resolves every row; the first bad value or unknown option name is an error naming the setting,
+  // where its value came from, the value, and what is allowed (or the nearest name). Unknown DMX_*
+  // variables are logged as a warning, once per name per process.
   static Result<Config> resolve(const Options& options = {});
 
   bool get_bool(std::string_view name) const;
@@ -63,6 +73,8 @@ class Config {
   const std::string& get_string(std::string_view name) const;
 
   const std::vector<Item>& items() const { return items_; }
+  // Where a setting's value came from ("default", "env DMX_TRANSPORT", "flag --transport", ...).
+  const std::string& source(std::string_view name) const;
 
  private:
   struct Value {

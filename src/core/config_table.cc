@@ -13,7 +13,8 @@ constexpr ConfigEntry kTable[] = {
      "shm; checked when the context is created)"},
     {"checksum", ConfigType::kString, "none",
      "end-to-end CRC32C of every data chunk: none, or crc32c (computed as chunks leave and land, by the GPU for "
-     "device memory; a mismatch fails the operation with data_loss; on when either peer asks)"},
+     "device memory; a mismatch fails the operation with data_loss; on when either peer asks)",
+     "none|crc32c"},
     {"connect_timeout", ConfigType::kDuration, "10s",
      "deadline for connect() as a whole: every attempt, the backoff between them (50 ms doubling to 1 s) "
      "and the same-host paths; reset or timed-out attempts are retried, a REJECT or a key mismatch is "

@@ -28,7 +28,8 @@ Result<EngineParams> params_from(const Config& c) {
   EngineParams p;
   int64_t streams = c.get_int("streams");
   if (streams < 1 || streams > wire::kMaxStreams)
-    return Status(Code::kInvalidArgument, fmt::format("streams must be 1-{} (got {})", wire::kMaxStreams, streams));
+    return Status(Code::kInvalidArgument, fmt::format("setting streams ({}): {} is not in 1-{}", c.source("streams"),
+                                                      streams, wire::kMaxStreams));
   p.streams = static_cast<uint16_t>(streams);
   int64_t max_streams = c.get_int("max_streams");
   if (max_streams < 1 || max_streams > wire::kMaxStreams)
@@ -45,7 +46,8 @@ Result<EngineParams> params_from(const Config& c) {
   p.peer_memory_budget = c.get_size("peer_memory_budget");
   uint64_t chunk = c.get_size("chunk_size");
   if (chunk < wire::kMinChunk || chunk > wire::kMaxChunk)
-    return Status(Code::kInvalidArgument, fmt::format("chunk_size must be 64K-64M (got {})", chunk));
+    return Status(Code::kInvalidArgument,
+                  fmt::format("setting chunk_size ({}): {} is not in 64K-64M", c.source("chunk_size"), chunk));
   p.chunk_size = static_cast<uint32_t>(chunk);
   uint64_t host_chunk = c.get_size("host_chunk_size");
   if (host_chunk < wire::kMinChunk || host_chunk > wire::kMaxChunk)
@@ -109,7 +111,8 @@ Result<std::shared_ptr<ContextImpl>> ContextImpl::create(const Options& options)
   DMX_ASSIGN_OR_RETURN(EngineParams params, params_from(config));
   DMX_ASSIGN_OR_RETURN(AuthKey auth, load_auth_key(config));
   auto impl = std::shared_ptr<ContextImpl>(new ContextImpl(std::move(config), std::move(params), std::move(auth)));
-  DMX_RETURN_IF_ERROR(check_transport_setting(impl->transports_, impl->params_.transport));
+  DMX_RETURN_IF_ERROR(check_transport_setting(impl->transports_, impl->params_.transport,
+                                              impl->config_.source("transport")));
   return impl;
 }
 

@@ -1,10 +1,13 @@
 #include "engine/transports.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <mutex>
 
+#include "core/config.h"
+#include "core/log.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/devmem/devmem_transport.h"
 #include "transport/shm/shm_transport.h"
@@ -38,15 +41,17 @@ void add_transport(std::function<std::shared_ptr<Transport>()> make) {
   added().push_back(std::move(make));
 }
 
-Status check_transport_setting(const TransportList& list, const std::string& name) {
+Status check_transport_setting(const TransportList& list, const std::string& name, const std::string& source) {
   if (name == "auto") return Status();
-  std::string choices = "auto";
+  std::vector<std::string> choices{"auto"};
   for (const auto& t : list) {
     if (t->gives() == Gives::kControl) continue;
     if (t->name() == name) return Status();
-    choices += fmt::format("|{}", t->name());
+    choices.emplace_back(t->name());
   }
-  return Status(Code::kInvalidArgument, fmt::format("setting transport: '{}' must be one of {}", name, choices));
+  return Status(Code::kInvalidArgument, fmt::format("setting transport ({}): '{}' is not one of {}{}", source,
+                                                    printable(name, 64), fmt::join(choices, "|"),
+                                                    did_you_mean(name, choices)));
 }
 
 std::vector<std::string> metric_names(const TransportList& list) {

@@ -23,8 +23,9 @@ TransportList default_transports();
 void add_transport(std::function<std::shared_ptr<Transport>()> make);
 
 // Whether `name` may be the transport setting: auto, or a transport of `list` that carries
-// payload (a path, or the streams); kInvalidArgument listing the choices when not.
-Status check_transport_setting(const TransportList& list, const std::string& name);
+// payload (a path, or the streams); kInvalidArgument naming `source` (where the value came from),
+// the value, the choices and the nearest one when not.
+Status check_transport_setting(const TransportList& list, const std::string& name, const std::string& source);
 
 // The metrics rows: the streams' transport first (row 0: stream bytes and inline operations),
 // then each transport's metric_name() once.

@@ -13,9 +13,11 @@ namespace {
 class Writer {
  public:
   void u8(uint8_t v) { out_.push_back(v); }
-  void u16(uint16_t v) { grow(2), put_u16(end(2), v); }
-  void u32(uint32_t v) { grow(4), put_u32(end(4), v); }
-  void u64(uint64_t v) { grow(8), put_u64(end(8), v); }
+  // Encoded into a local buffer and appended: resize() then writing through data() made g++ 12 at
+  // -O3 warn of a memset past the end (-Wstringop-overflow, a false positive).
+  void u16(uint16_t v) { put(v, put_u16); }
+  void u32(uint32_t v) { put(v, put_u32); }
+  void u64(uint64_t v) { put(v, put_u64); }
   void bytes(const unsigned char* p, size_t n) { out_.insert(out_.end(), p, p + n); }
   void str(const std::string& s) {
     u16(static_cast<uint16_t>(s.size()));
@@ -24,8 +26,12 @@ class Writer {
   std::vector<unsigned char> take() { return std::move(out_); }
 
  private:
-  void grow(size_t n) { out_.resize(out_.size() + n); }
-  unsigned char* end(size_t n) { return out_.data() + out_.size() - n; }
+  template <typename T, typename Put>
+  void put(T v, Put encode) {
+    unsigned char b[sizeof(T)];
+    encode(b, v);
+    bytes(b, sizeof b);
+  }
   std::vector<unsigned char> out_;
 };
 

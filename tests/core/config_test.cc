@@ -3,6 +3,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 
@@ -49,13 +50,56 @@ TEST(Config, UnknownEnvironmentVariablesAreFoundWithTheNearestSetting) {
   EXPECT_EQ(found["DMX_STREEMS"], "DMX_STREAMS");
   EXPECT_EQ(found["DMX_COMPLETELY_DIFFERENT"], "");
   EXPECT_EQ(found.count("DMX_\\x1b[31mRED"), 1u) << "the name is escaped";
-  for (const auto& u : unknown)
-    if (u.name == "DMX_STREEMS") EXPECT_EQ(u.to_string(), "DMX_STREEMS is not a dmx setting (did you mean DMX_STREAMS?)");
+  for (const auto& u : unknown) {
+    if (u.name == "DMX_STREEMS") {
+      EXPECT_EQ(u.to_string(), "DMX_STREEMS is not a dmx setting (did you mean DMX_STREAMS?)");
+    }
+  }
   EXPECT_TRUE(Config::resolve().ok()) << "unknown variables are reported, not fatal";
   for (const char* v : {"DMX_STREEMS", "DMX_COMPLETELY_DIFFERENT", "DMX_\x1b[31mRED", "DMX_TEST_SOMETHING", "DMX_BIN",
                         "DMX_CHUNK_SIZE"})
     unsetenv(v);
   EXPECT_EQ(unknown_env_settings().size(), already);
+}
+
+// set() > DMX_<NAME> > set_default() > the table: a program's own default never hides the
+// environment, and each value says where it came from.
+TEST(Config, ProgramDefaultsSitBelowTheEnvironment) {
+  unsetenv("DMX_STREAMS");
+  Options o;
+  o.set_default("streams", "3", "test default");
+  auto c = Config::resolve(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->get_int("streams"), 3);
+  EXPECT_EQ(c->source("streams"), "test default");
+  EXPECT_EQ(c->source("chunk_size"), "default");
+  setenv("DMX_STREAMS", "5", 1);
+  c = Config::resolve(o);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->get_int("streams"), 5);
+  EXPECT_EQ(c->source("streams"), "env DMX_STREAMS");
+  o.set("streams", "6", "flag --streams");
+  c = Config::resolve(o);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->get_int("streams"), 6);
+  EXPECT_EQ(c->source("streams"), "flag --streams");
+  unsetenv("DMX_STREAMS");
+}
+
+TEST(Config, ChoicesErrorsNameTheValueAndTheNearest) {
+  setenv("DMX_CHECKSUM", "crc32", 1);
+  auto c = Config::resolve();
+  unsetenv("DMX_CHECKSUM");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "setting checksum (env DMX_CHECKSUM): 'crc32' is not one of none|crc32c (did you mean crc32c?)");
+  c = Config::resolve(Options().set("chunk_sise", "1M"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("(did you mean chunk_size?)"), std::string::npos) << c.status().message();
+  std::vector<std::string> words{"bench", "probe", "topo"};
+  EXPECT_EQ(nearest("bnech", words), "bench");
+  EXPECT_EQ(nearest("xyzzy", words), "");
+  EXPECT_EQ(edit_distance("tpc", "tcp"), 2u);
 }
 
 TEST(Config, BadValuesNameTheSetting) {

@@ -83,8 +83,8 @@ TEST(BenchCli, RefusesBadOptions) {
     const char* args;
     const char* message;
   };
-  for (const Case& c : {Case{"--streams 0", "streams must be 1-64 (got 0)"},
-                        Case{"--streams -1", "streams must be 1-64 (got -1)"},
+  for (const Case& c : {Case{"--streams 0", "setting streams (flag --streams): 0 is not in 1-64"},
+                        Case{"--streams -1", "setting streams (flag --streams): -1 is not in 1-64"},
                         Case{"-b 8 --sizes 8,16", "not both"},
                         Case{"-b 8 -e 64 -f 1", "-f/--step-factor"},
                         Case{"-b 8 -e 64 -f 1.5", "-f/--step-factor"},

@@ -115,6 +115,7 @@ struct ClientOptions {
   uint32_t window = 0;  // operations in flight in the throughput phase; 0: by size (auto_window)
   bool verify = false;
   bool checksum = false;  // the endpoint checksums every chunk (--checksum crc32c): check each op's CRC
+  int64_t streams_asked = 0;  // the streams setting, for the header to say why the endpoint has fewer
   // Where run_size is, for a progress line another thread prints: "throughput" or "latency".
   std::atomic<const char*>* phase = nullptr;
 };

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/config.h"
 #include "core/units.h"
 #include "memory/backend.h"
 #include "tools/dmx/bench.h"
@@ -25,13 +26,15 @@ void on_signal(int) { g_stop.store(true); }
 
 struct Args {
   bool loopback = false, json = false, verify = false, insecure = false;
-  std::string listen, connect, mem, peer_mem, op = "send", transport = "auto";
+  std::string listen, connect, mem, peer_mem, op = "send";
+  // Flags of settings: empty when not given, so that --option, DMX_<NAME> and the default decide
+  // (commands.h); given, they win.
+  std::string transport, checksum;
   std::string sizes, min_bytes, max_bytes, step_factor;  // empty: not given
   std::string chunk, cuda_alloc = "cudamalloc";
   std::string streams;  // empty: not given; else passed on as given, for the library to judge
   uint32_t iters = 0, window = 0;
   std::vector<std::string> options;
-  std::string checksum = "none";
   int metrics_port = -1;  // --listen: serve GET /metrics (metrics_http.h); -1: not
   std::string idle_timeout = "60s";  // --listen: a session idle this long ends (bench::serve)
 };
@@ -45,16 +48,13 @@ double cpu_seconds() {
 
 Result<Options> make_options(const Args& a) {
   Options o;
-  for (const auto& kv : a.options) {
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos) return Status(Code::kInvalidArgument, fmt::format("--option '{}': expected NAME=VALUE", kv));
-    o.set(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  if (!a.streams.empty()) o.set("streams", a.streams);
-  if (!a.chunk.empty()) o.set("chunk_size", a.chunk);
-  o.set("transport", a.transport);
-  if (a.insecure) o.set("insecure", "true");
-  o.set("checksum", a.checksum);
+  DMX_RETURN_IF_ERROR(add_option_values(o, a.options));
+  if (!a.streams.empty()) o.set("streams", a.streams, "flag --streams");
+  if (!a.chunk.empty()) o.set("chunk_size", a.chunk, "flag --chunk-size");
+  if (!a.transport.empty()) o.set("transport", a.transport, "flag --transport");
+  if (a.insecure) o.set("insecure", "true", "flag --insecure");
+  if (!a.checksum.empty()) o.set("checksum", a.checksum, "flag --checksum");
+  add_log_level(o);
   return o;
 }
 
@@ -88,7 +88,9 @@ Status pick_alloc(const Args& a, bench::ClientOptions& co) {
   }
   if (co.cumem_block == 0) return Status(Code::kInvalidArgument, "cumem block of 0 bytes");
   if (co.mem.kind != MemKind::kCuda)
-    return Status(Code::kInvalidArgument, fmt::format("cumem needs --mem cuda[:N], not {}", to_string(co.mem)));
+    return Status(Code::kInvalidArgument,
+                  fmt::format("cumem needs GPU memory (--mem cuda[:N]), not {}{}", to_string(co.mem),
+                              a.mem.empty() ? " (the default where no GPU is usable: see dmx probe)" : ""));
   return Status();
 }
 
@@ -153,6 +155,9 @@ int run_client(Endpoint& ep, const Args& a, bench::ClientOptions co) {
 int run(const Args& a) {
   auto options = make_options(a);
   if (!options.ok()) return fmt::print(stderr, "dmx bench: {}\n", options.status().to_string()), 2;
+  // Every setting checked (and the effective checksum setting known) before anything runs.
+  auto config = Config::resolve(*options);
+  if (!config.ok()) return fmt::print(stderr, "dmx bench: {}\n", config.status().to_string()), 2;
   auto ctx = Context::create(*options);
   if (!ctx.ok()) return fmt::print(stderr, "dmx bench: {}\n", ctx.status().to_string()), 2;
   int modes = a.loopback + !a.listen.empty() + !a.connect.empty();
@@ -212,7 +217,8 @@ int run(const Args& a) {
   co.iters = a.iters;
   co.window = a.window;
   co.verify = a.verify;
-  co.checksum = a.checksum == "crc32c";
+  co.checksum = config->get_string("checksum") == "crc32c";
+  co.streams_asked = config->get_int("streams");
   if (Status s = pick_memory(a, co); !s.ok()) return fmt::print(stderr, "dmx bench: --mem: {}\n", s.to_string()), 2;
   if (Status s = pick_alloc(a, co); !s.ok())
     return fmt::print(stderr, "dmx bench: --cuda-alloc: {}\n", s.to_string()), 2;
@@ -232,6 +238,7 @@ int run(const Args& a) {
     if (ep.ok()) rc = run_client(*ep, a, co);
     else fmt::print(stderr, "dmx bench: {}\n", ep.status().to_string());
     if (ep.ok()) (void)ep->close();
+    l->close();  // ends the server's wait for a client that never came (a refused forced transport)
     server.join();
     return rc;
   }
@@ -254,7 +261,7 @@ void add_bench_command(CLI::App& app, int* exit_code) {
                 "this side's CUDA buffers: cudamalloc (default) | cumem[:BLOCK] (cuMem allocations of BLOCK bytes in "
                 "one range, as PyTorch's expandable segments; default block 20M)");
   b->add_option("--op", a->op, "send (two-sided) | write | read (one-sided)")->check(CLI::IsMember({"send", "write", "read"}));
-  b->add_option("--transport", a->transport, "auto | tcp | devmem | shm | cuda_ipc");
+  b->add_option("--transport", a->transport, "auto | tcp | devmem | shm | cuda_ipc (default: the transport setting)");
   b->add_option("--sizes", a->sizes, fmt::format("comma-separated sizes, e.g. 8,4K,1M,256M (default {})", kDefaultSizes));
   b->add_option("-b,--min-bytes", a->min_bytes,
                 "a size range as nccl-tests: MIN, MIN*F, MIN*F^2 ... while <= MAX; MIN (default 8)");
@@ -272,8 +279,7 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   b->add_flag("--verify", a->verify, "check an end-to-end checksum of fresh random data in every buffer");
   b->add_option("--checksum", a->checksum,
                 "crc32c: every chunk carries its CRC32C, checked where it lands (computed by the GPU for GPU memory); "
-                "each operation's CRC is compared with the source's (checksum_ok)")
-      ->check(CLI::IsMember({"none", "crc32c"}));
+                "each operation's CRC is compared with the source's (checksum_ok); none (default: the checksum setting)");
   b->add_flag("--json", a->json, "one JSON object per line per size");
   b->add_flag("--insecure", a->insecure, "no peer authentication (both sides must agree)");
   b->add_option("--option", a->options, "any setting as NAME=VALUE (see dmx probe --config)");

@@ -10,10 +10,21 @@
 
 namespace dmx::bench {
 
+// The streams the endpoint opened, and why they differ from the streams setting where they do: a
+// payload path (shm, cuda_ipc, devmem) carries the bulk data, so only the control stream is TCP.
+std::string streams_text(const ClientOptions& co, const EndpointStats& st) {
+  if (!st.paths.empty())
+    return fmt::format("{} ({} carries the payload; --streams applies to tcp{})", st.streams, st.transport,
+                       co.streams_asked > 1 ? fmt::format(", {} asked", co.streams_asked) : "");
+  if (st.streams > 1) return fmt::format("{} ({} data + 1 control)", st.streams, st.streams - 1);
+  return fmt::format("{}", st.streams);
+}
+
 void print_header(const ClientOptions& co, const EndpointStats& st) {
-  fmt::print("# dmx bench: op {}, {}{} -> {}, {} streams, peer {}\n", co.op, to_string(co.mem),
+  fmt::print("# dmx bench: op {}, {}{} -> {}, peer {}\n", co.op, to_string(co.mem),
              co.cumem_block ? fmt::format(" (cuMem blocks of {} B)", co.cumem_block) : "", to_string(co.peer_mem),
-             st.streams, st.peer);
+             st.peer);
+  fmt::print("# streams: {}\n", streams_text(co, st));
   // On one host auto picks shm or cuda_ipc: the reason says so ("auto: same host; …"), or that
   // --transport forced the choice, rather than leave it implied.
   fmt::print("# transport: {} ({})\n", st.transport, st.reason);

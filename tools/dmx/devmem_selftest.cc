@@ -84,6 +84,7 @@ Options side_options(const std::string& ifname, const std::string& queues, const
   o.set("devmem_gpu", std::to_string(a.gpu));
   o.set("devmem_state_dir", a.state_dir);
   o.set("connect_timeout", fmt::format("{}s", a.timeout_s));
+  add_log_level(o);
   return o;
 }
 

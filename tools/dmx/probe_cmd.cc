@@ -50,7 +50,8 @@ int print_config(const Config& config, bool json) {
 
 int run_probe(const ProbeArgs& args) {
   Options options;
-  if (!args.sysfs_root.empty()) options.set("sysfs_root", args.sysfs_root);
+  if (!args.sysfs_root.empty()) options.set("sysfs_root", args.sysfs_root, "flag --sysfs-root");
+  add_log_level(options);
   auto config = Config::resolve(options);
   if (!config.ok()) {
     std::fprintf(stderr, "dmx probe: %s\n", config.status().to_string().c_str());

@@ -24,8 +24,8 @@ void on_signal(int) { g_stop.store(true); }
 struct RpcArgs {
   bool loopback = false, json = false, verify = false;
   std::string listen, connect, mem = "host", payload = "64K", modes = "cpu", baseline, method = "vecop";
-  std::string transport = "tcp", slot_size;
-  uint32_t clients = 2, depth = 4, slots = 16, streams = 1, max_batch = 16;
+  std::string transport, streams, slot_size;  // settings' flags: empty when not given (commands.h)
+  uint32_t clients = 2, depth = 4, slots = 16, max_batch = 16;
   double seconds = 2.0;
   std::vector<std::string> options;
 };
@@ -34,19 +34,20 @@ struct RpcArgs {
 // per call) unless --option eager_limit says otherwise; the eager limit is at most the chunk size.
 Result<Options> options_of(const RpcArgs& a, uint64_t slot) {
   Options o;
-  for (const auto& kv : a.options) {
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos) return Status(Code::kInvalidArgument, "--option '" + kv + "': expected NAME=VALUE");
-    o.set(kv.substr(0, eq), kv.substr(eq + 1));
-  }
+  DMX_RETURN_IF_ERROR(add_option_values(o, a.options));
   if (!o.values().count("eager_limit")) {
     uint64_t chunk = 1 << 20;  // the default chunk_size
     if (auto it = o.values().find("chunk_size"); it != o.values().end())
       if (auto c = parse_size(it->second); c.ok()) chunk = *c;
     o.set("eager_limit", std::to_string(std::clamp<uint64_t>(slot, 16 << 10, chunk)));
   }
-  o.set("streams", std::to_string(a.streams));
-  o.set("transport", a.transport);
+  // This command's own defaults: one stream, and tcp (loopback like gRPC; shm costs a thread per
+  // endpoint); below DMX_STREAMS and DMX_TRANSPORT, as every default.
+  o.set_default("streams", "1", "dmx rpc bench default");
+  o.set_default("transport", "tcp", "dmx rpc bench default");
+  if (!a.streams.empty()) o.set("streams", a.streams, "flag --streams");
+  if (!a.transport.empty()) o.set("transport", a.transport, "flag --transport");
+  add_log_level(o);
   return o;
 }
 
@@ -122,7 +123,9 @@ int run(const RpcArgs& a) {
   auto opts = options_of(a, slot);
   if (!opts.ok()) return fmt::print(stderr, "dmx rpc bench: {}\n", opts.status().message()), 2;
   auto ctx = Context::create(*opts);
-  if (!ctx.ok()) return fmt::print(stderr, "dmx rpc bench: {}\n", ctx.status().to_string()), 1;
+  if (!ctx.ok())
+    return fmt::print(stderr, "dmx rpc bench: {}\n", ctx.status().to_string()),
+           ctx.status().code() == Code::kInvalidArgument ? 2 : 1;
 
   if (!a.listen.empty()) {  // serve until interrupted (or --seconds, when given with --listen)
     auto cfg = server_config(a, modes.at(0), static_cast<uint32_t>(slot));
@@ -193,7 +196,7 @@ void add_rpc_command(CLI::App& app, int* exit_code) {
   b->add_option("--slots", a->slots, "pool slots per client (default 16, at least --depth)")->check(CLI::Range(1, 4096));
   b->add_option("--max-batch", a->max_batch, "batch mode: requests per launch (default 16)")->check(CLI::Range(1, 1024));
   b->add_option("--seconds", a->seconds, "measured time per system (default 2; 0.3 s warm-up before)");
-  b->add_option("--streams", a->streams, "dmx TCP streams per endpoint (default 1)")->check(CLI::Range(1, 64));
+  b->add_option("--streams", a->streams, "dmx TCP streams per endpoint, 1-64 (default 1)");
   b->add_option("--transport", a->transport,
                 "dmx data path: tcp (default: loopback like gRPC; shm costs a thread per endpoint) | auto | shm");
   b->add_option("--option", a->options, "any dmx setting as NAME=VALUE (see dmx probe --config)");

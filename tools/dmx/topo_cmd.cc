@@ -28,7 +28,8 @@ struct TopoArgs {
 
 int run_topo(const TopoArgs& args) {
   Options options;
-  if (!args.sysfs_root.empty()) options.set("sysfs_root", args.sysfs_root);
+  if (!args.sysfs_root.empty()) options.set("sysfs_root", args.sysfs_root, "flag --sysfs-root");
+  add_log_level(options);
   auto config = Config::resolve(options);
   if (!config.ok()) {
     std::fprintf(stderr, "dmx topo: %s\n", config.status().to_string().c_str());

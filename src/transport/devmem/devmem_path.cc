@@ -184,13 +184,13 @@ class DevmemPath final : public PathBase {
     MemRegion src;
     TxState state = TxState::kNew;
     uint64_t ring_off = 0;
-    Stager::Fence fence;
+    Stager::Fence fence{};
     uint64_t ticket = 0;
     bool reported = false;  // on_path_tx_done delivered (the source is free)
     // Sent straight from a registered region bound for TX (no ring, no staging): the source is in
     // use until the zerocopy completion; the region is kept alive until then.
-    std::shared_ptr<devmem::TxRegion> region;
-    devmem::TxBindingInfo direct;
+    std::shared_ptr<devmem::TxRegion> region{};
+    devmem::TxBindingInfo direct{};
     uint64_t direct_off = 0;
   };
   // RX chunk: queued -> receiving (bytes read, gathers enqueued) -> finished (gathers complete,
@@ -199,7 +199,7 @@ class DevmemPath final : public PathBase {
     uint64_t seq;
     uint64_t len;
     MemRegion dst;
-    Status status;  // a chunk-only error (dropped): reported at its completion
+    Status status{};  // a chunk-only error (dropped): reported at its completion
     size_t got = 0;
   };
   bool gatherable(const MemSpec& dst) const {
