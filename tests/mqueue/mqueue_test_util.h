@@ -60,7 +60,7 @@ inline ServerConfig host_config(Events& ev, uint32_t workers = 2, uint32_t slots
 
 // Polls cond() up to `timeout` (tests never sleep a fixed time to wait for something).
 template <typename Cond>
-bool eventually(Cond cond, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+bool eventually(Cond cond, std::chrono::milliseconds timeout = std::chrono::seconds(120)) {
   auto end = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < end) {
     if (cond()) return true;
