@@ -493,9 +493,10 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   if (client->role != wire::Role::kClient) return reject(c, Status(Code::kProtocol, "HELLO from a non-client"));
   if (Status s = check_auth_modes(ctx_->auth(), client->auth, wire::Role::kServer); !s.ok()) return reject(c, s);
   if (Status s = ctx_->admit_endpoint(client->streams); !s.ok()) return reject(c, s);
-  // One peer is one client process at one address (its pid is the HELLO's, vouched for by the key
-  // only after AUTH, so only authenticated endpoints count against it).
-  std::string key = fmt::format("{} pid {}", c.host, client->pid);
+  // One peer is one client process at one address (its host name and pid are the HELLO's, vouched
+  // for by the key only after AUTH, so only authenticated endpoints count against it). The host
+  // name keeps apart containers behind one NAT address, whose pids are alike.
+  std::string key = fmt::format("{} ({}) pid {}", c.host, client->hostname, client->pid);
   if (Status s = check_peer_cap(key); !s.ok()) return reject(c, s);
   // Endpoints still being built on set-up threads count too: max_endpoints holds as it did when
   // they were built on this thread.
