@@ -214,20 +214,22 @@ struct HostCentricServer::Impl {
         log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") works again");
       }
       const std::string host = host_of(peer);
-      std::lock_guard<std::mutex> lock(mu);
-      if (per_host.count(host) >= cfg.max_per_address) {
-        refuse(fd, peer, std::to_string(cfg.max_per_address) + " connections from " + host +
-                             " already (max_per_address)");
-        continue;
+      std::string why;  // a refusal is sent and logged outside the lock: on_event may call stats()
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (per_host.count(host) >= cfg.max_per_address) {
+          why = std::to_string(cfg.max_per_address) + " connections from " + host + " already (max_per_address)";
+        } else if (conns.size() >= cfg.max_connections) {  // finished ones were reaped above
+          why = std::to_string(cfg.max_connections) + " connections already (max_connections)";
+        } else {
+          per_host.add(host);
+          accepted.fetch_add(1);
+          auto done = std::make_shared<std::atomic<bool>>(false);
+          conns.push_back(
+              ConnThread{std::thread(&Impl::conn_thread, this, Fd(fd), peer.to_string(), host, done), done});
+        }
       }
-      if (conns.size() >= cfg.max_connections) {  // finished ones were reaped above
-        refuse(fd, peer, std::to_string(cfg.max_connections) + " connections already (max_connections)");
-        continue;
-      }
-      per_host.add(host);
-      accepted.fetch_add(1);
-      auto done = std::make_shared<std::atomic<bool>>(false);
-      conns.push_back(ConnThread{std::thread(&Impl::conn_thread, this, Fd(fd), peer.to_string(), host, done), done});
+      if (!why.empty()) refuse(fd, peer, why);
     }
   }
 

@@ -7,7 +7,8 @@
 // saying why), an idle deadline and a whole-request deadline, accepting paused when out of fds,
 // event lines rate-limited. A finished connection's threads are joined by the accept thread.
 //
-// Thread-safety: start/stop from one thread. stop() joins every thread within ~100 ms.
+// Thread-safety: start/stop from one thread. stop() joins every thread: within ~100 ms, or up to
+// the 5 s send timeout for a connection whose client does not read its answers.
 #pragma once
 
 #include <atomic>
