@@ -1,5 +1,6 @@
-// Keeps the lines dmx logs (every level) while it lives, to check what each side said. Create it
-// before any dmx thread starts: spdlog's sink list is not safe to change while another thread logs.
+// Keeps the lines dmx logs at the logger's level (warnings unless DMX_LOG_LEVEL says more) while it
+// lives, to check what each side said. Create it before any dmx thread starts: spdlog's sink list
+// is not safe to change while another thread logs.
 #pragma once
 
 #include <spdlog/sinks/base_sink.h>
