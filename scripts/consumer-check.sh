@@ -14,8 +14,9 @@ root=$PWD
 build=${1:-}
 if [[ -z $build ]]; then
   build=$root/build-consumer
+  # -Werror: the Release build (what users install) stays free of warnings, LTO's included.
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDMX_ENABLE_CUDA=OFF \
-    -DDMX_BUILD_TESTS=OFF -DDMX_BUILD_BENCH=OFF >/dev/null
+    -DDMX_BUILD_TESTS=OFF -DDMX_BUILD_BENCH=OFF -DDMX_WERROR=ON >/dev/null
 fi
 cmake --build "$build" --target dmx_shared dmx_static dmx_cli
 
