@@ -27,8 +27,6 @@
 #
 # Never stops at the first failure: every stage is timed and reported, failures included.
 set -u
-# The listener starts in the background: the client waits for it rather than failing at once.
-export DMX_CONNECT_RETRY_REFUSED=true
 set -o pipefail
 
 ROOT=$(pwd)
@@ -332,7 +330,7 @@ if [[ $build_ok -eq 1 ]]; then
       "$DMX" bench --listen tcp://127.0.0.1:7811 & local srv=$! rc=0 st
       sleep 1
       for st in ${GPU_CHECK_STREAMS:-4 8}; do
-        "$DMX" bench --connect tcp://127.0.0.1:7811 --mem cuda:0 --peer-mem cuda:0 --streams "${st//,/ }" \
+        DMX_CONNECT_RETRY_REFUSED=true "$DMX" bench --connect tcp://127.0.0.1:7811 --mem cuda:0 --peer-mem cuda:0 --streams "${st//,/ }" \
           --sizes "$SIZES" --verify --json | tee -a "$OUT/bench-gpu.jsonl" || rc=1
       done
       kill $srv; wait $srv 2>/dev/null
@@ -360,7 +358,7 @@ if [[ $build_ok -eq 1 ]]; then
     else  # one GPU: both processes on it (cuda_ipc within one GPU); no peer-copy reference
       "$DMX" bench --listen tcp://127.0.0.1:7812 & local srv=$!
       sleep 1
-      "$DMX" bench --connect tcp://127.0.0.1:7812 --mem cuda:0 --peer-mem cuda:0 --sizes "$SIZES" \
+      DMX_CONNECT_RETRY_REFUSED=true "$DMX" bench --connect tcp://127.0.0.1:7812 --mem cuda:0 --peer-mem cuda:0 --sizes "$SIZES" \
         --verify --json | tee -a "$OUT/same-host.jsonl" || rc=1
       kill $srv; wait $srv 2>/dev/null
     fi

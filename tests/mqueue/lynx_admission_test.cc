@@ -262,8 +262,9 @@ TEST(LynxAdmission, BaselineIdleAndDrippingClientsAreClosed) {
   BaselineConfig cfg = baseline_config(ev);
   cfg.max_connections = 4;
   // Long enough that the cap is still full when the refused client arrives on a loaded machine.
-  cfg.idle_timeout = 8000ms;
-  cfg.request_timeout = 6000ms;
+  // idle_timeout before request_timeout: the idle ones make room first, then the dripper is dropped.
+  cfg.idle_timeout = 6000ms;
+  cfg.request_timeout = 8000ms;
   auto s = HostCentricServer::start(cfg);
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   const int port = port_of((*s)->tcp_address());
