@@ -252,7 +252,7 @@ void Dispatcher::Impl::retry_blocked() {
     uint32_t id = ids[i];
     if (!conns[id].open) continue;
     if (!blocked.empty()) {  // still full: keep the rest in order
-      blocked.insert(blocked.end(), ids.begin() + static_cast<long>(i), ids.end());
+      for (size_t k = i; k < ids.size(); ++k) blocked.push_back(ids[k]);  // (insert: a GCC 13 false -Wstringop-overflow)
       return;
     }
     advance_conn(id);

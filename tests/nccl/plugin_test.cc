@@ -512,7 +512,9 @@ TEST_P(Nccl, TwoProcessesMoveEveryMessageByteExact) {
     for (size_t pos = 0; pos < per.size();) {
       size_t end = per.find(' ', pos);
       if (end == std::string::npos) end = per.size();
-      if (streams > 0) EXPECT_GT(std::stoull(per.substr(pos, end - pos)), 0u) << closed;
+      if (streams > 0) {
+        EXPECT_GT(std::stoull(per.substr(pos, end - pos)), 0u) << closed;
+      }
       ++streams;
       pos = end + 1;
     }
