@@ -66,9 +66,10 @@ constexpr ConfigEntry kTable[] = {
     {"max_endpoints_per_peer", ConfigType::kInt, "64",
      "endpoints one peer (one client process at one address) may hold open or in set-up at a listener; "
      "beyond, its new ones are refused naming this setting; 0: max_endpoints"},
-    {"peer_memory_budget", ConfigType::kSize, "1G",
+    {"peer_memory_budget", ConfigType::kSize, "0",
      "memory all peers together may make this context hold (unexpected eager data of every endpoint, "
-     "dmx bench plans); a peer that would exceed it is refused or closed, naming the peer and the budget"},
+     "dmx bench plans); a peer that would exceed it is refused or closed, naming the peer and the budget; "
+     "0: half of this host's memory, at least 1G"},
     {"streams", ConfigType::kInt, "8", "TCP data streams per endpoint (1-64), plus a control stream beside more than one; 8 measured best on 2xH200 loopback (docs/performance.md)"},
     {"chunk_size", ConfigType::kSize, "1M", "unit of striping and staging for large messages (64K-64M)"},
     {"host_chunk_size", ConfigType::kSize, "256K",

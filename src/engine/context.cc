@@ -44,6 +44,11 @@ Result<EngineParams> params_from(const Config& c) {
     return Status(Code::kInvalidArgument, "max_endpoints_per_peer must be 0-1048576");
   p.max_endpoints_per_peer = per_peer == 0 ? p.max_endpoints : static_cast<int>(per_peer);
   p.peer_memory_budget = c.get_size("peer_memory_budget");
+  if (p.peer_memory_budget == 0) {  // half of this host's memory: room for large plans, not for an OOM kill
+    long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    uint64_t half = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) / 2 : 0;
+    p.peer_memory_budget = std::max<uint64_t>(half, uint64_t{1} << 30);
+  }
   uint64_t chunk = c.get_size("chunk_size");
   if (chunk < wire::kMinChunk || chunk > wire::kMaxChunk)
     return Status(Code::kInvalidArgument,
