@@ -56,6 +56,14 @@ cleanup() {
 trap cleanup EXIT
 ln -s "$root/bench" "$tmp/bench"
 cd "$tmp"
+# The README's python3 is the one scripts/install-deps.sh gave matplotlib (Debian's). Where another
+# python3 comes first on PATH without it (a pyenv, as on CI's machine), the check uses Debian's.
+if ! python3 -c 'import matplotlib' 2>/dev/null && /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  mkdir -p "$tmp/python"
+  ln -s /usr/bin/python3 "$tmp/python/python3"
+  PATH=$tmp/python:$PATH
+  echo "readme-check: python3 on PATH has no matplotlib; using /usr/bin/python3 (scripts/install-deps.sh's)"
+fi
 
 gpu=0  # a GPU this dmx can use: its default memory is then cuda:0
 dmx probe --json --no-devmem 2>/dev/null | python3 -c '
