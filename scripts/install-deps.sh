@@ -11,6 +11,8 @@ pkgs=(
   clang libclang-rt-14-dev
   curl ccache
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  # scripts/rxe-vm.sh: a qemu guest with soft-RoCE (its kernel comes from apt-get download)
+  qemu-system-x86 busybox-static cpio xz-utils libibverbs-dev ibverbs-providers ibverbs-utils perftest
 )
 missing=()
 for p in "${pkgs[@]}"; do
