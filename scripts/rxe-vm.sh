@@ -8,15 +8,17 @@
 #
 # Each `--` starts a command; the commands run one after another in the guest (cwd: the host's
 # cwd), output on this terminal. A command's first word is copied into the guest with every shared
-# library it needs (ldd), at the same absolute path, unless busybox provides it. Options:
+# library it needs (ldd), at the same absolute path, unless busybox provides it; NAME=VALUE words
+# before it set its environment. Options:
 #   --timeout S   deadline for the whole guest run, boot included (default 900 s); past it, the
 #                 guest is killed and the run fails
 #   --file PATH   also copy PATH into the guest at the same path (a directory: its tree; an ELF
-#                 file: with its libraries); repeatable. For data files, helpers and `env X=1 bin`
+#                 file: with its libraries); repeatable. For data files and helper binaries
 #   --sh SCRIPT   a command run by the guest's busybox sh (pipes, `&`, loops); repeatable
 #   --perftest    add the smoke test (the binaries come from perftest and ibverbs-utils)
 #   --mem MIB     guest memory (default 2048)    --smp N   guest CPUs (default 2)
 #   --keep        keep the work directory (initramfs, console log) and print its path
+# The guest sets DMX_RXE_GUEST=1: a test that skips without an rdma device should fail there instead.
 # Exits 0 when every command exited 0; otherwise 1 (a command failed), 2 (usage), 3 (the guest
 # did not boot or did not finish: kernel panic, timeout). The console log's last lines say which.
 #
@@ -33,7 +35,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 q() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }  # single-quote for the guest's sh
 
 perftest_cmd='ibv_devinfo -d rxe0 &&
-for t in "ib_write_lat -s 8 -n 1000" "ib_write_bw -s 1048576 -n 200"; do
+for t in "ib_write_lat -s 8 -n 1000" "ib_write_bw -s 1048576 -n 100"; do
   echo "== $t (server and client on rxe0, over lo)"
   $t -d rxe0 -F >/tmp/server.log 2>&1 & s=$!
   sleep 1
@@ -189,7 +191,7 @@ printf '127.0.0.1 localhost\n::1 localhost\n' >"$st/etc/hosts"
   cat <<'EOF'
 #!/bb/busybox sh
 /bb/busybox --install -s /bb
-export PATH=/usr/sbin:/usr/bin:/bb HOME=/root GTEST_COLOR=no
+export PATH=/usr/sbin:/usr/bin:/bb HOME=/root GTEST_COLOR=no DMX_RXE_GUEST=1
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 mkdir -p /dev/shm /dev/pts /root; mount -t tmpfs shm /dev/shm; mount -t tmpfs tmp /tmp
 ulimit -l unlimited
