@@ -90,8 +90,12 @@ pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(
 kver=${pkg#linux-image-}
 kdir="$cache/$kver"
 want_mods=(crc32_generic rdma_rxe ib_uverbs)  # rdma_rxe pulls ib_core and the udp tunnels
+exec 9>"$cache/.lock"
+flock 9  # one fetch at a time; runs that find the kernel there go on in parallel
 if [[ ! -f $kdir/modules.order ]]; then
   echo "rxe-vm: fetching $pkg (Debian's linux-image-amd64) into $cache"
+  # Kernels Debian replaced since: only the current one is kept.
+  find "$cache" -mindepth 1 -maxdepth 1 -type d -name '[0-9]*' ! -name "$kver" -exec rm -rf {} +
   rm -rf "$kdir" "$cache/extract"
   mkdir -p "$kdir" "$cache/extract"
   # Stale package lists name a version the mirror dropped: refresh them once (root only).
@@ -131,6 +135,7 @@ if [[ ! -f $kdir/modules.order ]]; then
   printf '%s\n' "${order[@]}" >"$kdir/modules.order"
   rm -rf "$cache/extract" "$deb"
 fi
+exec 9>&-
 
 # --- The initramfs: busybox init, modules, rdma-core's rxe provider, the rdma tool, the commands. ---
 work=$(mktemp -d "${TMPDIR:-/tmp}/rxe-vm.XXXXXX")
