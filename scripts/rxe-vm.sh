@@ -34,11 +34,16 @@ files=() cmds=()
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 q() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }  # single-quote for the guest's sh
 
+# The client starts once the server listens on perftest's port 18515 (0x4853): an emulated CPU on
+# a busy host can take seconds to get there.
 perftest_cmd='ibv_devinfo -d rxe0 &&
 for t in "ib_write_lat -s 8 -n 1000" "ib_write_bw -s 1048576 -n 100"; do
   echo "== $t (server and client on rxe0, over lo)"
   $t -d rxe0 -F >/tmp/server.log 2>&1 & s=$!
-  sleep 1
+  i=0
+  until grep -q ":4853 [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 || [ $i -ge 120 ]; do
+    sleep 0.5; i=$((i + 1))
+  done
   $t -d rxe0 -F 127.0.0.1 || { cat /tmp/server.log; exit 1; }
   wait $s || { echo "server failed:"; cat /tmp/server.log; exit 1; }
 done'
@@ -174,6 +179,9 @@ copy_in() {
       /usr/*|/lib/*|/lib64/*) cp "$p" "$st$p" ;;
       *) objcopy --strip-debug "$p" "$st$p" 2>/dev/null || cp "$p" "$st$p" ;;
     esac
+    if ldd "$p" 2>/dev/null | grep 'not found'; then
+      echo "rxe-vm: warning: libraries of $p not found here: it will not start in the guest" >&2
+    fi
     for lib in $(ldd "$p" 2>/dev/null | grep -o '/[^ ]*' || true); do copy_in "$lib"; done
   else
     cp "$p" "$st$p"
@@ -206,7 +214,7 @@ EOF
   cat <<'EOF'
 ip link set lo up || fail ip link set lo up
 rdma link add rxe0 type rxe netdev lo || fail rdma link add rxe0
-echo "@@rxe-vm ready $(cut -d' ' -f1 /proc/uptime) s after boot: $(rdma link show rxe0/1)"
+echo; echo "@@rxe-vm ready $(cut -d' ' -f1 /proc/uptime) s after boot: $(rdma link show rxe0/1)"
 EOF
   printf 'mkdir -p %s; cd %s\n' "$(q "$PWD")" "$(q "$PWD")"
   i=0
