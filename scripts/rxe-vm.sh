@@ -113,10 +113,12 @@ if [[ ! -f $kdir/modules.order ]]; then
   # The uncompressed kernel, booted through its PVH entry: an emulated CPU takes seconds to undo
   # the bzImage's xz.
   off=$(grep -abo $'\xfd7zXZ\x00' "$kdir/vmlinuz" | head -1 | cut -d: -f1)
-  if [[ -n $off ]] && tail -c +$((off + 1)) "$kdir/vmlinuz" | xz -dc >"$kdir/vmlinux.tmp" 2>/dev/null &&
+  # (Not a pipe: xz stops after the stream and tail's SIGPIPE would fail it under pipefail.)
+  if [[ -n $off ]] && xz -dc --single-stream <(tail -c +$((off + 1)) "$kdir/vmlinuz") >"$kdir/vmlinux.tmp" &&
     readelf -n "$kdir/vmlinux.tmp" 2>/dev/null | grep -q '^ *Xen '; then
     mv "$kdir/vmlinux.tmp" "$kdir/vmlinux"
   else
+    echo "rxe-vm: no uncompressed kernel from $kdir/vmlinuz: booting it compressed (slower)" >&2
     rm -f "$kdir/vmlinux.tmp"
   fi
   mdir="$cache/extract/lib/modules/$kver/kernel"
@@ -127,7 +129,7 @@ if [[ ! -f $kdir/modules.order ]]; then
     local m=$1 f d
     [[ -z ${seen[$m]:-} ]] || return 0
     seen[$m]=1
-    f=$(find "$mdir" -name "$m.ko" -print -quit)
+    f=$(find "$mdir" \( -name "$m.ko" -o -name "${m//_/-}.ko" \) -print -quit)
     [[ -n $f ]] || { echo "rxe-vm: $kver has no module $m" >&2; exit 3; }
     for d in $(objcopy -O binary -j .modinfo "$f" /dev/stdout | tr '\0' '\n' | sed -n 's/^depends=//p' | tr , ' '); do
       add_mod "$d"
