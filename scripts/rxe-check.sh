@@ -19,9 +19,9 @@ read -r -a table <<<"${RXE_TESTS:-$default_tests}"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >build-rxe-configure.log 2>&1 ||
   { cat build-rxe-configure.log; exit 1; }
 rm -f build-rxe-configure.log
-rdma=$(sed -n 's/^DMX_HAVE_RDMA:[A-Z]*=//p' build/CMakeCache.txt)
-reason=$(sed -n 's/^DMX_RDMA_REASON:[A-Z]*=//p' build/CMakeCache.txt)
-echo "rxe-check: rdma in this build: ${rdma:-no rdma transport in this tree}${reason:+ ($reason)}"
+rdma=$(sed -n 's/^DMX_ENABLE_RDMA:BOOL=//p' build/CMakeCache.txt)
+[[ -n $rdma ]] && rdma="DMX_ENABLE_RDMA=$rdma" || rdma="no rdma transport in this tree"
+echo "rxe-check: rdma in this build: $rdma"
 
 targets=$(ninja -C build -t targets all 2>/dev/null | sed -n 's/^\([A-Za-z0-9_]*\): phony$/\1/p')
 cmds=() skipped=()

@@ -208,7 +208,8 @@ printf '127.0.0.1 localhost\n::1 localhost\n' >"$st/etc/hosts"
 /bb/busybox --install -s /bb
 export PATH=/usr/sbin:/usr/bin:/bb HOME=/root GTEST_COLOR=no DMX_RXE_GUEST=1
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-mkdir -p /dev/shm /dev/pts /root; mount -t tmpfs shm /dev/shm; mount -t tmpfs tmp /tmp
+# /tmp stays on the initramfs (already RAM): a tmpfs there would hide files copied under /tmp.
+mkdir -p /dev/shm /dev/pts /root /tmp; chmod 1777 /tmp; mount -t tmpfs shm /dev/shm
 ulimit -l unlimited
 fail() { echo "@@rxe-vm setup-failed: $*"; reboot -f; }
 EOF
