@@ -146,13 +146,12 @@ exec 9>&-
 
 # --- The initramfs: busybox init, modules, rdma-core's rxe provider, the rdma tool, the commands. ---
 work=$(mktemp -d "${TMPDIR:-/tmp}/rxe-vm.XXXXXX")
-qpid=""
 cleanup() {
-  [[ -z $qpid ]] || kill "$qpid" 2>/dev/null || true
   if [[ $keep -eq 1 ]]; then echo "rxe-vm: work directory kept: $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 st="$work/root"
+tag="@@rxe-vm-$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')"
 mkdir -p "$st"/{usr/bin,usr/sbin,usr/lib,usr/lib64,proc,sys,dev,tmp,run,etc,bb,lib/modules}
 for l in bin sbin lib64; do ln -s "usr/$l" "$st/$l"; done
 mv "$st/lib/modules" "$st/usr/lib/" && rmdir "$st/lib" && ln -s usr/lib "$st/lib"
@@ -211,22 +210,23 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 # /tmp stays on the initramfs (already RAM): a tmpfs there would hide files copied under /tmp.
 mkdir -p /dev/shm /dev/pts /root /tmp; chmod 1777 /tmp; mount -t tmpfs shm /dev/shm
 ulimit -l unlimited
-fail() { echo "@@rxe-vm setup-failed: $*"; reboot -f; }
 EOF
+  # The markers carry a fresh tag, so that no output of a command can pass for one.
+  echo "fail() { echo \"$tag setup-failed: \$*\"; reboot -f; }"
   while read -r m; do echo "insmod /lib/modules/$m.ko || fail insmod $m"; done <"$kdir/modules.order"
   cat <<'EOF'
 ip link set lo up || fail ip link set lo up
 rdma link add rxe0 type rxe netdev lo || fail rdma link add rxe0
-echo; echo "@@rxe-vm ready $(cut -d' ' -f1 /proc/uptime) s after boot: $(rdma link show rxe0/1)"
 EOF
+  echo "echo; echo \"$tag ready \$(cut -d' ' -f1 /proc/uptime) s after boot: \$(rdma link show rxe0/1)\""
   printf 'mkdir -p %s; cd %s\n' "$(q "$PWD")" "$(q "$PWD")"
   i=0
   for c in "${cmds[@]}"; do
     i=$((i + 1))
-    printf 'echo "@@rxe-vm run %d: "%s\n' "$i" "$(q "$c")"
-    printf '(%s\n)\necho "@@rxe-vm rc %d $?"\n' "$c" "$i"
+    printf 'echo "%s run %d: "%s\n' "$tag" "$i" "$(q "$c")"
+    printf '(%s\n)\necho "%s rc %d $?"\n' "$c" "$tag" "$i"
   done
-  echo 'echo "@@rxe-vm done"'
+  echo "echo \"$tag done\""
   echo 'reboot -f'
 } >"$st/init"
 chmod +x "$st/init"
@@ -256,16 +256,16 @@ status=0
 if [[ $rc -eq 124 || $rc -eq 137 ]]; then
   echo "rxe-vm: FAILED: the guest passed its deadline of $timeout_s s (--timeout)"
   status=3
-elif grep -q '^@@rxe-vm setup-failed' "$log.txt"; then
-  echo "rxe-vm: FAILED: guest setup: $(sed -n 's/^@@rxe-vm setup-failed: //p' "$log.txt")"
+elif grep -q "^$tag setup-failed" "$log.txt"; then
+  echo "rxe-vm: FAILED: guest setup: $(sed -n "s/^$tag setup-failed: //p" "$log.txt")"
   status=3
-elif ! grep -q '^@@rxe-vm done' "$log.txt"; then
+elif ! grep -qx "$tag done" "$log.txt"; then
   echo "rxe-vm: FAILED: the guest stopped before its commands finished (qemu rc $rc; kernel panic?)"
   status=3
 fi
 failed=0
 for ((i = 1; i <= ${#cmds[@]}; i++)); do
-  r=$(sed -n "s/^@@rxe-vm rc $i \([0-9]*\)$/\1/p" "$log.txt")
+  r=$(sed -n "s/^$tag rc $i \([0-9]*\)$/\1/p" "$log.txt")
   echo "rxe-vm: command $i: $([[ -n $r ]] && echo "rc $r" || echo "did not finish")"
   [[ $r == 0 ]] || failed=$((failed + 1))
 done
