@@ -191,6 +191,7 @@ copy_in() {
 
 copy_in "$(realpath "$(command -v busybox)")"  # static (busybox-static) or with its libraries
 ln -s "$(realpath "$(command -v busybox)")" "$st/bb/busybox"
+ln -s /bb/busybox "$st/usr/bin/sh"  # system() and popen() run /bin/sh
 libdir=$(dirname "$(ldd "$(command -v rdma)" | sed -n 's/.*=> \(\/[^ ]*libc\.so\.6\).*/\1/p')")
 for p in "$(command -v rdma)" /etc/libibverbs.d/rxe.driver "$libdir"/libibverbs/librxe-*.so; do copy_in "$p"; done
 # The provider is opened by libibverbs at run time: ldd of a binary does not name it.
