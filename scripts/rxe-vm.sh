@@ -110,17 +110,6 @@ if [[ ! -f $kdir/modules.order ]]; then
   deb=$(ls "$cache/$pkg"_*.deb 2>/dev/null) || { echo "rxe-vm: apt-get download $pkg failed" >&2; exit 3; }
   dpkg-deb -x "$deb" "$cache/extract"
   cp "$cache/extract/boot/vmlinuz-$kver" "$kdir/vmlinuz"
-  # The uncompressed kernel, booted through its PVH entry: an emulated CPU takes seconds to undo
-  # the bzImage's xz.
-  off=$(grep -abo $'\xfd7zXZ\x00' "$kdir/vmlinuz" | head -1 | cut -d: -f1)
-  # (Not a pipe: xz stops after the stream and tail's SIGPIPE would fail it under pipefail.)
-  if [[ -n $off ]] && xz -dc --single-stream <(tail -c +$((off + 1)) "$kdir/vmlinuz") >"$kdir/vmlinux.tmp" &&
-    readelf -n "$kdir/vmlinux.tmp" 2>/dev/null | grep -q '^ *Xen '; then
-    mv "$kdir/vmlinux.tmp" "$kdir/vmlinux"
-  else
-    echo "rxe-vm: no uncompressed kernel from $kdir/vmlinuz: booting it compressed (slower)" >&2
-    rm -f "$kdir/vmlinux.tmp"
-  fi
   mdir="$cache/extract/lib/modules/$kver/kernel"
   declare -A seen=()
   order=()
@@ -141,6 +130,19 @@ if [[ ! -f $kdir/modules.order ]]; then
   for m in "${want_mods[@]}"; do add_mod "$m"; done
   printf '%s\n' "${order[@]}" >"$kdir/modules.order"
   rm -rf "$cache/extract" "$deb"
+fi
+# The uncompressed kernel, booted through its PVH entry: an emulated CPU takes seconds to undo
+# the bzImage's xz. (Not a pipe: xz stops after the stream and tail's SIGPIPE would fail it.)
+if [[ ! -f $kdir/vmlinux && ! -f $kdir/vmlinux.none ]]; then
+  off=$(grep -abo $'\xfd7zXZ\x00' "$kdir/vmlinuz" | head -1 | cut -d: -f1)
+  if [[ -n $off ]] && xz -dc --single-stream <(tail -c +$((off + 1)) "$kdir/vmlinuz") >"$kdir/vmlinux.tmp" &&
+    readelf -n "$kdir/vmlinux.tmp" 2>/dev/null | grep -q '^ *Xen '; then
+    mv "$kdir/vmlinux.tmp" "$kdir/vmlinux"
+  else
+    echo "rxe-vm: no uncompressed kernel from $kdir/vmlinuz: booting it compressed (slower)" >&2
+    rm -f "$kdir/vmlinux.tmp"
+    touch "$kdir/vmlinux.none"
+  fi
 fi
 exec 9>&-
 
