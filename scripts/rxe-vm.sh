@@ -241,14 +241,23 @@ kernel="$kdir/vmlinux"
 [[ -f $kernel ]] || kernel="$kdir/vmlinuz"
 echo "rxe-vm: booting $pkg ($(du -h "$work/initrd" | cut -f1) initramfs, $smp CPUs, $mem MiB, deadline $timeout_s s)"
 t0=$SECONDS
-set +e
+# In the background, so that a signal to this script (CI's own timeout, ^C) reaches qemu: a
+# foreground pipeline would hold the trap until qemu's deadline.
+mkfifo "$work/console"
+tee "$log" <"$work/console" &
+teepid=$!
 timeout -k 5 "$timeout_s" qemu-system-x86_64 -accel tcg -cpu max -smp "$smp" -m "$mem" \
   -nographic -no-user-config -nodefaults -serial stdio -no-reboot -nic none \
   -kernel "$kernel" -initrd "$work/initrd" \
   -append "console=ttyS0 panic=-1 quiet loglevel=3 mitigations=off rdinit=/init" \
-  </dev/null 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
-set -e
+  </dev/null >"$work/console" 2>&1 &
+qpid=$!
+trap 'kill "$qpid" 2>/dev/null; exit 130' INT
+trap 'kill "$qpid" 2>/dev/null; exit 143' TERM
+rc=0
+wait "$qpid" || rc=$?
+wait "$teepid" || true
+trap - INT TERM
 elapsed=$((SECONDS - t0))
 # Without carriage returns and the firmware's terminal escapes, so that markers start their lines.
 sed 's/\r$//; s/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' "$log" >"$log.txt"
