@@ -3,6 +3,8 @@
 # Idempotent: packages already present are left alone; nothing is downloaded outside the distribution.
 set -euo pipefail
 pkgs=(
+  # scripts/rxe-vm.sh: a qemu guest with soft-RoCE (its kernel comes from apt-get download)
+  qemu-system-x86 busybox-static cpio xz-utils libibverbs-dev ibverbs-providers ibverbs-utils perftest
   build-essential cmake ninja-build pkg-config git
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
