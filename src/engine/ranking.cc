@@ -52,7 +52,7 @@ std::string why_above(const Scored& a, const Scored& b, const std::string& force
 }
 
 std::string label(const Scored& s) {
-  return s.p.id == 0 ? fmt::format("{} (inline on the streams)", s.p.name) : s.p.name;
+  return s.p.id == 0 ? fmt::format("{} inline", s.p.name) : s.p.name;
 }
 
 }  // namespace

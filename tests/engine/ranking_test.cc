@@ -226,7 +226,7 @@ TEST(Ranking, EngineSendsByRdmaOnlyWhereAnRdmaDeviceExists) {
   Sent without = host_send_with_rdma_on("gpu-h200x2");
   EXPECT_EQ(without.transport, "rdma") << "agreed, ranked below the streams";
   EXPECT_EQ(without.rdma_bytes, 0u) << "the streams rank above a software rdma: " << without.reason;
-  EXPECT_NE(without.reason.find("host memory: tcp (inline on the streams)"), std::string::npos) << without.reason;
+  EXPECT_NE(without.reason.find("host memory: tcp inline (2 host passes, 2 copies) > rdma"), std::string::npos) << without.reason;
   EXPECT_NE(without.reason.find("needs an RDMA device on a PCI function"), std::string::npos) << without.reason;
 }
 
