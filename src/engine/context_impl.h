@@ -157,7 +157,8 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   stream::Workers& workers() { return workers_; }
   const MetricsRegistry& metrics() const { return metrics_; }
 
-  // The transports new endpoints may use, in order of preference (engine/transports.h).
+  // The transports new endpoints may offer, in registry order (engine/transports.h; the order a
+  // chunk tries them in is the session's ranking, engine/ranking.h).
   TransportList transports() const;
   // Puts a transport in place of the one of its name, or last: tests install doubles (devmem over
   // the socket-pair NIC) and test-only transports this way. Before listening or connecting.
