@@ -170,6 +170,20 @@ std::vector<topo::PoolUsage> StagingPlacement::usage() const {
   return orch_ ? orch_->usage() : std::vector<topo::PoolUsage>{};
 }
 
+std::shared_ptr<const topo::Topology> ContextImpl::topology(std::string* why) const {
+  std::lock_guard<std::mutex> lock(topo_mu_);
+  if (!topo_tried_) {
+    topo_tried_ = true;
+    auto t = topo::discover_local(config_.get_string("sysfs_root"));
+    if (t.ok())
+      topo_ = *t;
+    else
+      topo_why_ = t.status().message();
+  }
+  *why = topo_why_;
+  return topo_;
+}
+
 TransportList ContextImpl::transports() const {
   std::lock_guard<std::mutex> lock(mu_);
   return transports_;

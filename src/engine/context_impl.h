@@ -157,11 +157,16 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   stream::Workers& workers() { return workers_; }
   const MetricsRegistry& metrics() const { return metrics_; }
 
-  // The transports new endpoints may use, in order of preference (engine/transports.h).
+  // The transports new endpoints may offer, in registry order (engine/transports.h; the order a
+  // chunk tries them in is the session's ranking, engine/ranking.h).
   TransportList transports() const;
   // Puts a transport in place of the one of its name, or last: tests install doubles (devmem over
   // the socket-pair NIC) and test-only transports this way. Before listening or connecting.
   void register_transport(std::shared_ptr<Transport> t);
+
+  // This host's topology (sysfs_root), read on first use for the transport ranking; null when it
+  // cannot be read, with the reason in *why. Any thread.
+  std::shared_ptr<const topo::Topology> topology(std::string* why) const;
 
   // Whether one more endpoint fits max_endpoints, and a peer asking for `peer_streams` streams fits
   // max_streams (0: our own connect, whose streams setting is ours to choose); kResourceExhausted
@@ -204,6 +209,10 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   MetricsRegistry metrics_;
   stream::Workers workers_;
   std::shared_ptr<MemoryBudget> budget_;
+  mutable std::mutex topo_mu_;  // guards topo_, topo_why_, topo_tried_ (a leaf)
+  mutable std::shared_ptr<const topo::Topology> topo_;
+  mutable std::string topo_why_;
+  mutable bool topo_tried_ = false;
 };
 
 }  // namespace dmx

@@ -103,6 +103,17 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
                          : fmt::format("{} ({} data streams)", on_streams->role(pair), server.streams);
   s.reason =
       fmt::format("{}: {}{}; {} {}{}", how, where, roles, paths.empty() ? "every chunk" : "the rest", rest, detail);
+  // The sender's order per memory kind. Only a transport whose NIC touches device memory needs
+  // the topology: the others rank by their costs alone, and no endpoint reads sysfs for them.
+  RankingInputs in;
+  in.agreed = s.agreed;
+  in.pair = pair;
+  in.forced = forced;
+  in.devmem_ifname = ctx.config().get_string("devmem_ifname");
+  if (ranking_needs_topology(s.agreed)) in.topo = ctx.topology(&in.topo_why);
+  auto ranking = std::make_shared<TransportRanking>(std::move(in));
+  s.reason += fmt::format("; ranked per memory kind (engine/ranking.h): {}", ranking->summary());
+  s.ranking = std::move(ranking);
   return s;
 }
 

@@ -41,6 +41,41 @@ void add_transport(std::function<std::shared_ptr<Transport>()> make) {
   added().push_back(std::move(make));
 }
 
+// Counted per byte moved between a source and a destination buffer: the kernel's socket buffers
+// are one host pass per side; a pinned staging slot is another, and a copy-engine copy each way.
+// rdma is here before its registry line: a transport registered under that name (tests, or the
+// transport itself) ranks by these.
+TransportCosts transport_costs(std::string_view name) {
+  TransportCosts c;
+  c.known = true;
+  if (name == "cuda_ipc") {
+    c.same_host_only = true;
+    c.device = {true, 0, 1};  // the receiver's copy engine reads the sender's GPU memory
+  } else if (name == "shm") {
+    c.same_host_only = true;
+    c.host = {true, 1, 2};    // into a shared slot, out of it
+    c.device = {true, 1, 2};  // the same, by copy engines
+  } else if (name == "tcp") {
+    c.host = {true, 2, 2};    // the user's buffer to the socket buffer and back out at the peer
+    c.device = {true, 4, 4};  // plus a pinned staging slot each side
+  } else if (name == "devmem") {
+    c.nic = true;
+    c.needs = "a NIC with devmem TCP";
+    c.device = {true, 0, 0};  // the NIC reads and writes GPU memory; the kernel's TCP runs per packet
+  } else if (name == "rdma") {
+    c.nic = true;
+    c.stages = true;
+    c.offloaded = true;
+    c.needs = "an RDMA device on a PCI function";
+    c.host = {true, 0, 0};           // the NIC reads and writes registered memory
+    c.device = {true, 0, 0};         // GPUDirect
+    c.device_staged = {true, 2, 2};  // a pinned bounce buffer each side, by copy engines
+  } else {
+    c.known = false;
+  }
+  return c;
+}
+
 Status check_transport_setting(const TransportList& list, const std::string& name, const std::string& source) {
   if (name == "auto") return Status();
   std::vector<std::string> choices{"auto"};

@@ -123,4 +123,53 @@ std::vector<Advice> advise_all(const Topology& topo) {
   return out;
 }
 
+int gpu_of_ordinal(const Topology& topo, int ordinal, std::string* how) {
+  if (ordinal < 0) return -1;
+  if (topo.cuda.available) {
+    int dev = topo.device_of_cuda(ordinal);
+    if (how) *how = dev >= 0 ? "by the CUDA driver's bus id" : "not a CUDA device of this topology";
+    return dev;
+  }
+  if (ordinal >= static_cast<int>(topo.gpus.size())) {
+    if (how) *how = fmt::format("the topology has {} GPU(s)", topo.gpus.size());
+    return -1;
+  }
+  if (how) *how = "in PCI order (no CUDA overlay)";
+  return topo.gpus[static_cast<size_t>(ordinal)];
+}
+
+int nearest_rdma_nic(const Topology& topo, int gpu_dev) {
+  int best = -1;
+  PathClass best_cls = PathClass::kUnknown;
+  int best_dist = 0;
+  for (size_t n = 0; n < topo.nics.size(); ++n) {
+    const Nic& nic = topo.nics[n];
+    if (nic.pci < 0 || nic.rdma.empty()) continue;
+    PathClass cls = path_class(topo, gpu_dev, nic.pci).cls;
+    int dist = p2pdma_distance(topo, gpu_dev, nic.pci).distance;
+    if (dist < 0) dist = 1 << 20;
+    if (best < 0 || cls < best_cls || (cls == best_cls && dist < best_dist)) {
+      best = static_cast<int>(n);
+      best_cls = cls;
+      best_dist = dist;
+    }
+  }
+  return best;
+}
+
+RdmaChoice rdma_choice(const Topology& topo, int gpu_dev, int nic_index) {
+  RdmaChoice c;
+  Advice send = advise(topo, gpu_dev, nic_index, Direction::kSend);
+  Advice recv = advise(topo, gpu_dev, nic_index, Direction::kReceive);
+  c.gpudirect = send.verdict == Verdict::kNicDirect && recv.verdict == Verdict::kNicDirect;
+  c.staging_numa = send.staging_numa;
+  std::string staging =
+      c.staging_numa >= 0 ? fmt::format("NUMA node {}", c.staging_numa) : std::string("an unknown NUMA node");
+  c.why = fmt::format("{}; send: {}; receive: {}",
+                      c.gpudirect ? "GPUDirect (the NIC reads and writes GPU memory)"
+                                  : fmt::format("staged through pinned host memory on {}", staging),
+                      send.why, recv.why);
+  return c;
+}
+
 }  // namespace dmx::topo

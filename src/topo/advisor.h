@@ -62,4 +62,24 @@ Advice advise(const Topology& topo, int gpu_dev, int nic_index, Direction dir);
 // Every PCI-backed NIC against every GPU, both directions.
 std::vector<Advice> advise_all(const Topology& topo);
 
+// The topology's device index of CUDA device `ordinal`: the CUDA overlay's match when it has one,
+// else the ordinal-th GPU in PCI order (as CUDA_DEVICE_ORDER=PCI_BUS_ID numbers them); -1 when
+// there is none. `how` (optional) says which.
+int gpu_of_ordinal(const Topology& topo, int ordinal, std::string* how = nullptr);
+
+// The NIC (index into Topology::nics) that carries an RDMA device on a PCI function and sits
+// nearest the GPU: by path class (PIX, PXB, PHB, SYS), then P2PDMA distance, then discovery order,
+// as NCCL pairs each GPU with its closest NIC. -1 when no RDMA device is on a PCI function
+// (soft-RoCE and other software devices are not).
+int nearest_rdma_nic(const Topology& topo, int gpu_dev);
+
+// GPUDirect RDMA (the NIC reads and writes the GPU's memory) or staging through pinned host memory,
+// for one GPU and NIC: GPUDirect when advise() favours NIC-direct access both ways (seed 002).
+struct RdmaChoice {
+  bool gpudirect = false;
+  int staging_numa = -1;  // where staging buffers belong
+  std::string why;        // the verdict, then the advisor's reason per direction
+};
+RdmaChoice rdma_choice(const Topology& topo, int gpu_dev, int nic_index);
+
 }  // namespace dmx::topo

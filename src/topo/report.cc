@@ -1,6 +1,7 @@
 #include "topo/report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
@@ -134,6 +135,18 @@ std::string render_text(const Topology& t) {
   for (const Advice& a : advice)
     out += fmt::format("  {} {} {:7}: {}\n", t.devices[a.gpu].addr.to_string(), t.nics[a.nic].name,
                        direction_name(a.direction), a.why);
+  bool rdma_heading = false;
+  for (int g : t.gpus) {
+    int nic = nearest_rdma_nic(t, g);
+    if (nic < 0) continue;
+    if (!rdma_heading) out += "\nRDMA per GPU (nearest RDMA NIC; the engine's ranking and the rdma transport use this)\n";
+    rdma_heading = true;
+    RdmaChoice c = rdma_choice(t, g, nic);
+    out += fmt::format("  {} {} ({}): {}\n", t.devices[g].addr.to_string(), t.nics[nic].name,
+                       fmt::join(t.nics[nic].rdma, ","), c.why);
+  }
+  if (!t.gpus.empty() && !rdma_heading && !t.rdma.empty())
+    out += "\nRDMA per GPU: no RDMA device on a PCI function (a software device such as soft-RoCE): no GPUDirect\n";
   if (t.gpus.empty()) out += "\nNo GPUs in this tree: no GPU matrices or advice.\n";
   if (!t.warnings.empty()) {
     out += "\nUnknown or unreadable\n";
@@ -253,6 +266,17 @@ std::string render_json(const Topology& t, int indent) {
                            {"direct_efficiency", a.direct_efficiency},
                            {"staged_efficiency", a.staged_efficiency},
                            {"why", a.why}});
+  j["rdma_per_gpu"] = json::array();
+  for (int g : t.gpus)
+    if (int nic = nearest_rdma_nic(t, g); nic >= 0) {
+      RdmaChoice c = rdma_choice(t, g, nic);
+      j["rdma_per_gpu"].push_back({{"gpu", t.devices[g].addr.to_string()},
+                                   {"nic", t.nics[nic].name},
+                                   {"rdma", t.nics[nic].rdma},
+                                   {"gpudirect", c.gpudirect},
+                                   {"staging_numa_node", c.staging_numa},
+                                   {"why", c.why}});
+    }
   j["warnings"] = t.warnings;
   return j.dump(indent);
 }

@@ -2,7 +2,7 @@
 // stream 0 carries the control frames whatever moves the payload. A transport either moves
 // payload on a path beside them (shm, cuda_ipc, devmem), or has its chunks ride the streams
 // themselves (tcp: its data streams), or gives stream 0 another conduit (shm_pipe). The engine
-// knows transports only through this interface and the ordered registry of engine/transports.cc;
+// knows transports only through this interface and the registry of engine/transports.cc;
 // each lives in its own folder (src/transport/<name>/).
 //
 // Connection set-up, the same for every transport (docs/wire.md):
@@ -14,7 +14,8 @@
 //   3. Both sides take the transports the server's HELLO lists (in the server's registry order),
 //      each checked against their own registry and compatible(): the same list on both sides, so
 //      each transport's position in it is its path id on the wire (the chunk header's `path`
-//      byte; 0 = inline on a stream).
+//      byte; 0 = inline on a stream). Which one a chunk takes is the sender's ranking
+//      (engine/ranking.h), not this order.
 //   4. connect(): both sides, once the streams joined, with a Bootstrap: the authenticated side
 //      channel and extra TCP socket the transport asked for, and the facts of the session.
 #pragma once

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "topo/report.h"
 #include "topo/topo_fixture.h"
 
 namespace dmx::topo {
@@ -73,6 +74,41 @@ TEST(Advisor, CascadeUsesRootPortRcbOnlyThroughTheRootComplex) {
   Advice ec = advise(t, dev(t, "0000:06:00.0"), nic, Direction::kSend);
   EXPECT_EQ(ec.verdict, Verdict::kStageHost) << ec.why;
   EXPECT_EQ(ec.rcb, 128u);  // root port 00:01.1 has RCB 128 set
+}
+
+// Seed 002 per GPU, as `dmx topo` prints it: each GPU with its nearest RDMA NIC, GPUDirect where
+// they share a PCIe switch, staging where they meet at the root complex (haswell: PHB) or where
+// ACS sends the traffic through the host bridge (icelake socket 1).
+TEST(Advisor, RdmaGpuDirectPerGpuByTheDistanceToItsNearestRdmaNic) {
+  Topology ice = load("dual-socket-icelake");
+  int g0 = dev(ice, "0000:03:00.0"), g1 = dev(ice, "0000:83:00.0");
+  ASSERT_EQ(nearest_rdma_nic(ice, g0), ice.nic_by_name("ens1"));
+  ASSERT_EQ(nearest_rdma_nic(ice, g1), ice.nic_by_name("ens2"));
+  RdmaChoice near = rdma_choice(ice, g0, ice.nic_by_name("ens1"));
+  EXPECT_TRUE(near.gpudirect) << near.why;
+  EXPECT_NE(near.why.find("128 B completions (86.5 % of the wire)"), std::string::npos) << near.why;
+  RdmaChoice acs = rdma_choice(ice, g1, ice.nic_by_name("ens2"));
+  EXPECT_FALSE(acs.gpudirect) << acs.why;
+  EXPECT_EQ(acs.staging_numa, 1);
+  EXPECT_NE(acs.why.find("64 B completions (76.2 % of the wire)"), std::string::npos) << acs.why;
+
+  Topology has = load("dual-socket-haswell");
+  int h0 = dev(has, "0000:02:00.0");
+  ASSERT_EQ(nearest_rdma_nic(has, h0), has.nic_by_name("ens2f0"));
+  RdmaChoice phb = rdma_choice(has, h0, has.nic_by_name("ens2f0"));
+  EXPECT_FALSE(phb.gpudirect) << phb.why;
+  EXPECT_NE(phb.why.find("PHB"), std::string::npos) << phb.why;
+
+  std::string text = render_text(ice);
+  EXPECT_NE(text.find("RDMA per GPU"), std::string::npos) << text;
+  EXPECT_NE(text.find("0000:03:00.0 ens1 (mlx5_0): GPUDirect"), std::string::npos) << text;
+  EXPECT_NE(text.find("0000:83:00.0 ens2 (mlx5_1): staged through pinned host memory on NUMA node 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(render_json(ice).find("\"rdma_per_gpu\""), std::string::npos);
+  // No RDMA device (the GPU machine's capture): no pairing, no GPUDirect.
+  Topology vm = load("gpu-h200x2");
+  for (int g : vm.gpus) EXPECT_EQ(nearest_rdma_nic(vm, g), -1);
 }
 
 }  // namespace

@@ -54,7 +54,7 @@ Result<Context> devmem_zcrx_context(int host, Options o) { return devmem_context
 // The test-only transport, added the way any transport is: nothing else in the engine knows it.
 Result<Context> loop_context(int, Options o) {
   static const bool added = [] {
-    add_transport(make_loop_transport);
+    add_transport([] { return make_loop_transport(); });
     return true;
   }();
   (void)added;

@@ -1,5 +1,7 @@
 // cuda_ipc pieces that need no GPU: the descriptor wire format (untrusted input) and the import
 // cache's hit/miss/invalidate/drop logic with a fake opener; availability reasons.
+#include <dlfcn.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -231,6 +233,11 @@ TEST(CudaIpc, UnavailableSaysWhy) {
     for (const Status& s : {available(), CopyEngine::create({}).status(),
                             ex.export_region(MemRegion{host.data(), host.size(), MemSpec{MemKind::kCuda, 0}}).status()})
       out += "\n" + std::to_string(static_cast<int>(s.code())) + " " + s.message();
+    // Whether this machine has a driver at all, asked of the loader, not of dmx (in the child:
+    // a driver loaded here would stay for the GPU tests' children).
+    void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    out += driver != nullptr ? "\ndriver" : "\nno driver";
+    if (driver != nullptr) ::dlclose(driver);
     return out;
   });
   if (text.empty()) DMX_SKIP(::dmx::test::kHasGpu) << "this test covers machines without one";
@@ -239,11 +246,19 @@ TEST(CudaIpc, UnavailableSaysWhy) {
     nl = std::min(text.find('\n', at), text.size());
     lines.push_back(text.substr(at, nl - at));
   }
-  ASSERT_EQ(lines.size(), 4u) << text;
+  ASSERT_EQ(lines.size(), 5u) << text;
   const std::string& why = lines[0];
   EXPECT_FALSE(why.empty());
+  // Where it says most: a CUDA build on a machine without the driver names the missing driver.
+#if defined(DMX_HAVE_CUDA) && DMX_HAVE_CUDA
+  if (lines[4] == "no driver") {
+    EXPECT_NE(why.find("no CUDA driver (libcuda.so.1)"), std::string::npos) << why;
+  }
+#else
+  EXPECT_NE(why.find("built without CUDA"), std::string::npos) << why;
+#endif
   const std::string unavailable = std::to_string(static_cast<int>(Code::kUnavailable)) + " cuda_ipc: ";
-  for (size_t i = 1; i < lines.size(); ++i) {
+  for (size_t i = 1; i < 4; ++i) {
     EXPECT_TRUE(lines[i].starts_with(unavailable)) << lines[i];
     EXPECT_NE(lines[i].find(why), std::string::npos) << "not the memory layer's reason (" << why << "): " << lines[i];
   }

@@ -28,9 +28,11 @@ __attribute__((no_sanitize("thread"), noinline)) void copy_from_peer(void* dst, 
 
 class LoopPath final : public PathBase {
  public:
-  LoopPath() : PathBase({.thread_name = "dmx-loop", .stopped = Status(Code::kClosed, "loop path: stopped")}) {}
+  explicit LoopPath(std::string name)
+      : PathBase({.thread_name = "dmx-loop", .stopped = Status(Code::kClosed, "loop path: stopped")}),
+        name_(std::move(name)) {}
   ~LoopPath() override { end_thread(); }
-  std::string_view name() const override { return "loop"; }
+  std::string_view name() const override { return name_; }
   bool carries(const MemSpec& src) const override { return host_memory(src); }
   uint64_t max_chunk() const override { return kMaxChunk; }
   Result<std::vector<unsigned char>> post_tx(uint64_t, const MemRegion& src, bool) override {
@@ -92,16 +94,18 @@ class LoopPath final : public PathBase {
     for (const Job& j : left) done->push_back({false, j.seq, why});
   }
 
+  const std::string name_;
   std::deque<Job> jobs_;  // under the post lock (PathBase::post)
 };
 
 class LoopTransport final : public Transport {
  public:
-  std::string_view name() const override { return "loop"; }
+  explicit LoopTransport(std::string name) : name_(std::move(name)) {}
+  std::string_view name() const override { return name_; }
   // The side channel's kernel credentials prove the peer is this process (admit).
   TransportNeeds needs() const override { return {.side_channel = true}; }
   Result<std::vector<unsigned char>> offer(const Config& config) override {
-    if (!transport_allowed(config, "loop")) return Status(Code::kUnavailable, "loop: not asked");
+    if (!transport_allowed(config, name_)) return Status(Code::kUnavailable, name_ + ": not asked");
     return std::vector<unsigned char>{1};
   }
   Status compatible(std::span<const unsigned char> a, std::span<const unsigned char> b,
@@ -119,15 +123,20 @@ class LoopTransport final : public Transport {
     if (!b.same_process()) return Status(Code::kProtocol, "loop: the peer is not this process");
     DMX_ASSIGN_OR_RETURN(UnixChannel ch, b.side_channel());  // served its purpose (admit)
     TransportLink link;
-    link.path = std::make_unique<LoopPath>();
+    link.path = std::make_unique<LoopPath>(name_);
     return link;
   }
+
+ private:
+  const std::string name_;
 };
 
 }  // namespace
 
 void corrupt_loop_chunks(int n) { corrupt_next.store(n); }
 
-std::shared_ptr<Transport> make_loop_transport() { return std::make_shared<LoopTransport>(); }
+std::shared_ptr<Transport> make_loop_transport(std::string name) {
+  return std::make_shared<LoopTransport>(std::move(name));
+}
 
 }  // namespace dmx::test

@@ -6,12 +6,15 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "transport/transport.h"
 
 namespace dmx::test {
 
-std::shared_ptr<Transport> make_loop_transport();
+// `name`: another name for the same transport (tests of the ranking play a transport they do not
+// have, such as "rdma", with it).
+std::shared_ptr<Transport> make_loop_transport(std::string name = "loop");
 
 // The next `n` chunks the loop path moves land with one bit flipped (checksum tests).
 void corrupt_loop_chunks(int n);

@@ -20,6 +20,7 @@
 #include "engine/context_impl.h"
 #include "engine/metrics.h"
 #include "engine/op.h"
+#include "engine/ranking.h"
 #include "engine/transports.h"
 #include "stream/stream.h"
 #include "transport/path.h"
@@ -41,6 +42,8 @@ struct Session {
   std::string peer_key;                 // the listener's max_endpoints_per_peer key; empty: not counted
   std::string transport;                // the agreed payload transports, "+"-joined, or tcp
   TransportList agreed;                 // path id k is agreed[k - 1]
+  // The order this side's sender tries them in, per memory kind (engine/ranking.h); null: id order.
+  std::shared_ptr<const TransportRanking> ranking;
   std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
   std::string reason;
   bool checksum = false;  // every data chunk carries its CRC32C (either side asked)

@@ -40,13 +40,25 @@ EndpointImpl::PathState* EndpointImpl::path_state(uint8_t id) {
   return &paths_[id - 1];
 }
 
-// The first agreed path, in the registry's order, that carries `src` and reaches the buffer.
+// The first path in the session's ranking for this kind (engine/ranking.h) that carries `src` and
+// reaches the buffer; null (inline) when the streams rank above every such path. Without a
+// ranking, the first in path-id order.
 EndpointImpl::PathState* EndpointImpl::path_for(const MemSpec& src, uint64_t accepts, uint32_t skip) {
-  for (auto& ps : paths_) {
-    if (!ps.path || (skip & path_bit(ps.id))) continue;
-    if (!ps.path->accepts_any() && (accepts & path_bit(ps.id)) == 0) continue;
-    if (ps.path->carries(src)) return &ps;
+  auto usable = [&](PathState& ps) {
+    if (!ps.path || (skip & path_bit(ps.id))) return false;
+    if (!ps.path->accepts_any() && (accepts & path_bit(ps.id)) == 0) return false;
+    return ps.path->carries(src);
+  };
+  if (session_.ranking) {
+    auto ranked = session_.ranking->rank(src);
+    for (const RankedPath& r : ranked->order) {
+      if (r.id == 0) return nullptr;  // the streams rank above what is left
+      if (PathState* ps = path_state(r.id); ps != nullptr && usable(*ps)) return ps;
+    }
+    return nullptr;
   }
+  for (auto& ps : paths_)
+    if (usable(ps)) return &ps;
   return nullptr;
 }
 
@@ -222,8 +234,17 @@ void EndpointImpl::send_path_done(uint8_t path, uint64_t seq) {
 // A path that releases at the receiver copies an eager message straight out of the sender's
 // memory (no staging); the other paths' eager messages go inline.
 EndpointImpl::PathState* EndpointImpl::eager_path(const MemSpec& src) {
+  auto usable = [&](PathState& ps) { return ps.path && ps.path->receiver_releases() && ps.path->carries(src); };
+  if (session_.ranking) {
+    auto ranked = session_.ranking->rank(src);
+    for (const RankedPath& r : ranked->order) {
+      if (r.id == 0) return nullptr;
+      if (PathState* ps = path_state(r.id); ps != nullptr && usable(*ps)) return ps;
+    }
+    return nullptr;
+  }
   for (auto& ps : paths_)
-    if (ps.path && ps.path->receiver_releases() && ps.path->carries(src)) return &ps;
+    if (usable(ps)) return &ps;
   return nullptr;
 }
 

@@ -68,7 +68,8 @@ class DevmemTransport final : public Transport {
   }
   std::string when() const override {
     return "chosen when both peers offer it and are on different hosts (or a side is forced to it): payloads from "
-           "device memory into buffers its gatherer writes go on a dedicated data socket, the rest inline; "
+           "device memory into buffers its gatherer writes go on a dedicated data socket, except from a GPU the "
+           "topology advisor would stage for (the ranking puts the streams first), the rest inline; "
            "docs/devmem.md";
   }
   Result<TransportLink> connect(Bootstrap& b) override {

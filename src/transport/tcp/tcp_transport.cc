@@ -30,8 +30,9 @@ class TcpTransport final : public Transport {
   }
   std::string role(const PeerPair&) const override { return "inline on the TCP streams"; }
   std::string when() const override {
-    return "always, unless transport names another: every chunk no other agreed transport carries goes inline on "
-           "the streams, striped over `streams` data streams when no path is agreed (one stream beside a path)";
+    return "always, unless transport names another: every chunk no other agreed transport carries, or whose memory "
+           "kind the ranking gives to the streams first (engine/ranking.h), goes inline on the streams, striped over "
+           "`streams` data streams when no path is agreed (one stream beside a path)";
   }
   Result<TransportLink> connect(Bootstrap&) override { return TransportLink{}; }
 };
