@@ -34,6 +34,7 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::start(QueueSet* queues, Dispatch
     DMX_ASSIGN_OR_RETURN(d.listen, tcp_listen(a));
     DMX_RETURN_IF_ERROR(set_nonblocking(d.listen.get()));
     DMX_ASSIGN_OR_RETURN(d.tcp_addr, local_address(d.listen.get()));
+    d.accept_errors = AcceptErrors("tcp " + d.tcp_addr.to_string(), &d.log);
     d.watch(d.listen.get(), FdKind::kListen, 0, EPOLLIN);
   }
   DMX_RETURN_IF_ERROR(d.connect_services());

@@ -75,8 +75,8 @@ struct Dispatcher::Impl {
   PeerCounts per_host;  // open conns by Conn::host
   std::chrono::steady_clock::time_point accept_paused_until;
   bool accept_paused = false;    // the listen socket is out of epoll until accept_paused_until
-  bool out_of_fds = false;       // since the last successful accept (one line per episode)
   EventLimiter log{[this](const std::string& s) { event(s); }};
+  AcceptErrors accept_errors{"tcp", &log};  // named with the address once listening
   Status failure;  // first failure of a worker-memory copy; ends the loop
 
   std::atomic<bool> stop{false};

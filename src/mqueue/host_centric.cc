@@ -177,14 +177,12 @@ struct HostCentricServer::Impl {
   }
 
   void refuse(int fd, const SockAddr& peer, const std::string& why) {
-    send_refusal(fd, why);
-    ::close(fd);
+    refuse_client(fd, peer, why, log);
     refused.fetch_add(1);
-    log.emit("refuse", "refused tcp client " + peer.to_string() + ": " + why);
   }
 
   void accept_loop() {
-    bool out_of_fds = false;
+    AcceptErrors errors("tcp " + tcp_addr.to_string(), &log);
     while (!stop.load()) {
       reap(/*all=*/false);
       pollfd p{listen.get(), POLLIN, 0};
@@ -193,26 +191,14 @@ struct HostCentricServer::Impl {
       peer.len = sizeof peer.ss;
       int fd = ::accept4(listen.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len, SOCK_CLOEXEC);
       if (fd < 0) {
-        const int err = errno;
-        if (accept_should_pause(err)) {
-          // The listen socket stays readable while we cannot accept: rest rather than spin, and
-          // say so once per episode.
+        if (errors.failed(errno) == AcceptErrors::Next::kPause) {
+          // The listen socket stays readable while we cannot accept: rest rather than spin.
           accept_pauses.fetch_add(1);
-          if (!out_of_fds)
-            log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") failed: " + std::strerror(err) +
-                                   "; not accepting for " + std::to_string(kAcceptPause.count()) +
-                                   " ms at a time until it succeeds");
-          out_of_fds = true;
           std::this_thread::sleep_for(kAcceptPause);
-        } else if (err != EAGAIN && err != EINTR && err != ECONNABORTED && err != EPROTO) {
-          log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") failed: " + std::strerror(err));
         }
         continue;
       }
-      if (out_of_fds) {
-        out_of_fds = false;
-        log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") works again");
-      }
+      errors.accepted();
       const std::string host = host_of(peer);
       std::string why;  // a refusal is sent and logged outside the lock: on_event may call stats()
       {
