@@ -92,6 +92,7 @@ Result<AnyServer> start_server(const Args& a, const std::string& system, MemSpec
     c.tcp = bind_tcp;
     c.memory = mem;
     c.max_request = max_payload;
+    c.udp_threads = a.workers;  // as many servers as Lynx has workers: a fair comparison
     DMX_ASSIGN_OR_RETURN(s.baseline, HostCentricServer::start(c));
   } else {
     return Status(Code::kInvalidArgument, "unknown system '" + system + "' (lynx, lynx-sync, host-centric)");
