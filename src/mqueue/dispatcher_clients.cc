@@ -27,7 +27,7 @@ void Dispatcher::Impl::on_udp() {
     uint8_t* slot = q->staging_for(l.rx_slot(w, ws.issued & (l.g.slots - 1)));
     WireHeader wh{};
     SlotMeta m;
-    m.udp = true;
+    m.from = SlotMeta::From::kUdp;
     iovec iov[2] = {{&wh, sizeof wh}, {slot + sizeof(SlotHeader), l.g.max_request}};
     msghdr msg{};
     msg.msg_name = &m.addr.ss;
@@ -216,6 +216,7 @@ void Dispatcher::Impl::drop_stalled() {
   if (now < next_sweep) return;
   next_sweep = now + std::chrono::milliseconds(50);
   auto ms = [](Duration d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
+  sweep_dmx(now);
   for (uint32_t id = 0; id < conns.size(); ++id) {
     Conn& c = conns[id];
     if (!c.open) continue;
@@ -255,7 +256,11 @@ void Dispatcher::Impl::send_response(const SlotMeta& m, uint32_t status, const u
     stats.responses++;
     if (status != kSlotOk) stats.error_responses++;
   }
-  if (m.udp) {
+  if (m.from == SlotMeta::From::kDmx) {
+    send_dmx(m.conn, h.magic, m.tag, payload, len, true);  // checks that the client is still there
+    return;
+  }
+  if (m.from == SlotMeta::From::kUdp) {
     iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t*>(payload), len}};
     msghdr msg{};
     msg.msg_name = const_cast<sockaddr_storage*>(&m.addr.ss);
