@@ -1,5 +1,10 @@
 // The dispatcher's dmx face: clients that are dmx endpoints (two-sided), and the Remote MQueue
 // Manager (a worker's ring lent to one client, written by one-sided writes with notifications).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <random>
 
 #include "mqueue/remote_queue.h"
@@ -344,6 +349,52 @@ TEST(LynxRemote, AClientThatGoesAwayGivesItsRingBack) {
   ASSERT_TRUE(eventually([&] { return d.stats().remote_lent == 0; })) << ev.all();
   EXPECT_EQ(d.stats().responses, 24u);
   EXPECT_EQ(d.stats().remote_granted, 3u);
+}
+
+// The child of ClientKilledWithRequestsInFlight: takes a remote queue, writes five requests and
+// waits to be killed (at most a minute). Disabled: only that test runs it, in a process of its own.
+TEST(LynxRemote, DISABLED_ChildWritesThenWaitsToBeKilled) {
+  const char* addr = std::getenv("DMX_TEST_LYNX_REMOTE_ADDR");
+  ASSERT_NE(addr, nullptr);
+  auto ctx = Context::create(client_options());
+  ASSERT_TRUE(ctx.ok());
+  auto c = RemoteQueueClient::connect(*ctx, addr, std::chrono::seconds(20));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*c)->submit(random_bytes(1 + i * 700)).ok());
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+}
+
+// A client process killed (SIGKILL) with five requests in its ring: dmx reports the lost peer, the
+// dispatcher drops it naming it, the ring is withdrawn, drained and lent to the next client, which
+// is served byte-exact.
+TEST(LynxRemote, ClientKilledWithRequestsInFlight) {
+  Events ev;
+  auto server = Server::start(dmx_config(ev, 1, 1));
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  Dispatcher& d = (*server)->dispatcher();
+  (*server)->cpu_workers()->set_paused(true);
+  const std::string addr = d.dmx_address();
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::setenv("DMX_TEST_LYNX_REMOTE_ADDR", addr.c_str(), 1);
+    ::execl("/proc/self/exe", "lynx-child", "--gtest_filter=LynxRemote.DISABLED_ChildWritesThenWaitsToBeKilled",
+            "--gtest_also_run_disabled_tests", nullptr);
+    ::_exit(127);
+  }
+  ASSERT_GT(child, 0);
+  bool in = eventually([&] { return d.stats().remote_requests == 5; });
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_TRUE(in) << ev.all();
+  EXPECT_TRUE(eventually([&] { return ev.any_contains("dropped dmx client", "lost the peer"); })) << ev.all();
+  (*server)->cpu_workers()->set_paused(false);
+  ASSERT_TRUE(eventually([&] { return d.stats().remote_lent == 0; })) << ev.all();
+  EXPECT_EQ(d.stats().responses, 5u);
+  auto ctx = Context::create(client_options());
+  ASSERT_TRUE(ctx.ok());
+  auto c = RemoteQueueClient::connect(*ctx, addr, std::chrono::seconds(20));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  round_trip(**c, 20, 3000);
 }
 
 }  // namespace
