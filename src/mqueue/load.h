@@ -27,6 +27,8 @@ struct LoadConfig {
   enum class Face : uint8_t { kSocket, kDmx, kRemote };
   Face face = Face::kSocket;
   Options dmx_options;
+  // kRemote: requests each client keeps outstanding in its queue (at most its slots); 1 otherwise.
+  uint32_t depth = 1;
   uint32_t clients = 4;
   uint64_t requests = 1000;  // in all; ignored when duration > 0
   Duration duration{0};      // run this long instead

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -22,13 +23,17 @@ double thread_cpu() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+struct Outstanding {
+  uint64_t tag = 0;
+  Clock::time_point sent;
+  std::vector<uint8_t> req;
+};
+
+// A connection with up to `depth` requests outstanding (answers come in order).
 struct DmxClient {
   std::unique_ptr<DmxRequester> two_sided;
   std::unique_ptr<RemoteQueueClient> remote;
-  uint64_t tag = 0;
-  bool busy = false;
-  Clock::time_point sent;
-  std::vector<uint8_t> req;
+  std::deque<Outstanding> out;
 };
 
 }  // namespace
@@ -62,67 +67,70 @@ Result<LoadResult> run_dmx_load(const LoadConfig& cfg) {
     if (r.first_error.empty()) r.first_error = what;
   };
   auto more = [&] { return timed ? Clock::now() < end : r.sent < cfg.requests; };
+  const uint32_t depth = remote ? std::max(1u, cfg.depth) : 1u;
   auto send = [&](DmxClient& c) -> Status {
     uint64_t index = r.sent;
-    c.req.resize(cfg.sizes[index % cfg.sizes.size()]);
+    Outstanding o;
+    o.req.resize(cfg.sizes[index % cfg.sizes.size()]);
     if (cfg.make) {
-      cfg.make(c.req, index);
+      cfg.make(o.req, index);
     } else {
-      for (size_t i = 0; i < c.req.size(); i += 8) {
+      for (size_t i = 0; i < o.req.size(); i += 8) {
         uint64_t v = rng();
-        std::memcpy(c.req.data() + i, &v, std::min<size_t>(8, c.req.size() - i));
+        std::memcpy(o.req.data() + i, &v, std::min<size_t>(8, o.req.size() - i));
       }
     }
-    c.sent = Clock::now();
+    o.sent = Clock::now();
     if (remote) {
-      DMX_ASSIGN_OR_RETURN(c.tag, c.remote->submit(c.req));
+      DMX_ASSIGN_OR_RETURN(o.tag, c.remote->submit(o.req));
     } else {
-      c.tag = next_tag++;
-      DMX_RETURN_IF_ERROR(c.two_sided->submit(c.req, c.tag));
+      o.tag = next_tag++;
+      DMX_RETURN_IF_ERROR(c.two_sided->submit(o.req, o.tag));
     }
-    c.busy = true;
+    c.out.push_back(std::move(o));
     r.sent++;
     return Status();
   };
   auto lost = [&](DmxClient& c, const std::string& why) -> Status {
-    c.busy = false;
-    r.lost++;
+    r.lost += c.out.size();
+    c.out.clear();
     fail(why);
     return open(c);  // a late answer would confuse the next request: start afresh
   };
 
   for (DmxClient& c : clients)
-    if (more()) DMX_RETURN_IF_ERROR(send(c));
+    while (c.out.size() < depth && more()) DMX_RETURN_IF_ERROR(send(c));
   for (;;) {
     bool any_busy = false, any_answer = false;
     for (DmxClient& c : clients) {
-      if (!c.busy) continue;
+      if (c.out.empty()) continue;
       any_busy = true;
+      Outstanding& o = c.out.front();
       Result<Answer> a = remote ? c.remote->next_answer(Duration(0)) : c.two_sided->next_answer(Duration(0));
       if (!a.ok() && a.status().code() == Code::kTimeout) {
-        if (Clock::now() - c.sent > cfg.timeout)
-          DMX_RETURN_IF_ERROR(lost(c, "no answer to a " + std::to_string(c.req.size()) + " B request in time"));
+        if (Clock::now() - o.sent > cfg.timeout)
+          DMX_RETURN_IF_ERROR(lost(c, "no answer to a " + std::to_string(o.req.size()) + " B request in time"));
       } else if (!a.ok()) {
         DMX_RETURN_IF_ERROR(lost(c, a.status().to_string()));
       } else {
-        c.busy = false;
         any_answer = true;
         const std::vector<uint8_t>& p = a->payload;
-        bool good = a->ok && a->index == c.tag &&
-                    (cfg.check ? cfg.check(c.req, p)
-                               : p.size() == c.req.size() &&
-                                     std::equal(p.begin(), p.end(), c.req.begin(),
+        bool good = a->ok && a->index == o.tag &&
+                    (cfg.check ? cfg.check(o.req, p)
+                               : p.size() == o.req.size() &&
+                                     std::equal(p.begin(), p.end(), o.req.begin(),
                                                 [](uint8_t x, uint8_t y) { return x == (y ^ kXorKey); }));
         if (good) {
           r.ok++;
-          r.latency_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - c.sent).count());
+          r.latency_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - o.sent).count());
         } else {
           r.bad++;
-          fail("a wrong answer to a " + std::to_string(c.req.size()) + " B request (" + std::to_string(p.size()) +
+          fail("a wrong answer to a " + std::to_string(o.req.size()) + " B request (" + std::to_string(p.size()) +
                " B, " + (a->ok ? "ok" : "error") + ")");
         }
+        c.out.pop_front();
       }
-      if (!c.busy && more()) DMX_RETURN_IF_ERROR(send(c));
+      while (c.out.size() < depth && more()) DMX_RETURN_IF_ERROR(send(c));
     }
     if (!any_busy) break;
     if (!any_answer) std::this_thread::yield();  // the server may share our core
