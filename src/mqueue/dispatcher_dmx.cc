@@ -160,8 +160,20 @@ bool Dispatcher::Impl::on_dmx() {
   for (DmxEvent& e : evs) {
     switch (e.kind) {
       case DmxEvent::Kind::kAccepted: on_dmx_accepted(std::move(e.ep)); break;
-      case DmxEvent::Kind::kReceived: on_dmx_received(e.peer, e.status, e.bytes); break;
-      case DmxEvent::Kind::kNotified: on_dmx_notified(e.peer, e.note); break;
+      case DmxEvent::Kind::kReceived:
+        // An event of an earlier client at this index (its receive ended by our close) is not this one's.
+        if (e.peer < peers.size() && peers[e.peer].gen == e.gen) on_dmx_received(e.peer, e.status, e.bytes);
+        break;
+      case DmxEvent::Kind::kNotified:
+        if (e.peer < peers.size() && peers[e.peer].open && peers[e.peer].gen == e.gen && peers[e.peer].pending_notes)
+          peers[e.peer].pending_notes->fetch_sub(1, std::memory_order_relaxed);
+        if (!e.status.ok()) {
+          if (e.peer < peers.size() && peers[e.peer].open && peers[e.peer].gen == e.gen)
+            drop_dmx(e.peer, "sent notifications faster than they are checked (" + e.status.message() + " unchecked)");
+          break;
+        }
+        if (e.peer < peers.size() && peers[e.peer].gen == e.gen) on_dmx_notified(e.peer, e.note);
+        break;
       case DmxEvent::Kind::kSent:
         if (e.peer < peers.size() && peers[e.peer].open && peers[e.peer].gen == e.gen) {
           DmxPeer& p = peers[e.peer];
@@ -316,12 +328,19 @@ void Dispatcher::Impl::grant_ring(uint32_t id) {
   p.next_index = 0;
   rings[r] = RemoteRing{RemoteRing::State::kLent, id};
   count_lent();
-  p.ep->on_notification([inbox = inbox, id, gen = p.gen](const Notification& n) {
+  // A client that notifies faster than the dispatcher checks cannot grow the inbox without bound:
+  // beyond `limit` unchecked notifications the rest are not queued, and the client is closed.
+  p.pending_notes = std::make_shared<std::atomic<uint32_t>>(0);
+  const uint32_t limit = 2 * l.g.slots + 16;
+  p.ep->on_notification([inbox = inbox, id, gen = p.gen, pending = p.pending_notes, limit](const Notification& n) {
     DmxEvent e;
     e.kind = DmxEvent::Kind::kNotified;
     e.peer = id;
     e.gen = gen;
     e.note = n;
+    const uint32_t before = pending->fetch_add(1, std::memory_order_relaxed);
+    if (before > limit) return;  // the one at `limit` + 1 below tells the dispatcher
+    if (before == limit) e.status = Status(Code::kResourceExhausted, "over " + std::to_string(limit) + " notifications");
     inbox->push(std::move(e));
   });
   QueueGrant g{};

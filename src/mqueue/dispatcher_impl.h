@@ -94,6 +94,7 @@ struct DmxPeer {
   uint64_t key = 0;
   uint32_t base_seq = 0;    // the ring's seq of the client's index 0
   uint32_t next_index = 0;  // the index its next notification must carry
+  std::shared_ptr<std::atomic<uint32_t>> pending_notes;  // queued in the inbox, not yet checked
 };
 
 // A remote ring: lent to one peer, or free, or being let go of (its registration withdrawn and

@@ -154,6 +154,31 @@ TEST(LynxDmx, ListenerCapsAndIdleDeadline) {
   EXPECT_EQ(r->ok, 20u) << r->first_error;
 }
 
+// A client closed by the dispatcher (idle here) has a receive posted; its close ends that receive
+// later, on another thread. The client that takes its place must not be taken for it.
+TEST(LynxDmx, ANewClientIsNotMistakenForTheOneBefore) {
+  Events ev;
+  ServerConfig cfg = dmx_config(ev, 1, 0);
+  cfg.dispatch.idle_timeout = std::chrono::milliseconds(100);
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  Dispatcher& d = (*server)->dispatcher();
+  auto ctx = Context::create(client_options());
+  ASSERT_TRUE(ctx.ok());
+  for (uint64_t round = 1; round <= 10; ++round) {
+    auto idle = ctx->connect(d.dmx_address());
+    ASSERT_TRUE(idle.ok()) << idle.status().to_string();
+    ASSERT_TRUE(eventually([&] { return d.stats().idle_closed == round; })) << ev.all();
+    auto next = DmxRequester::connect(*ctx, d.dmx_address(), 4096);
+    ASSERT_TRUE(next.ok()) << next.status().to_string();
+    auto req = random_bytes(2000);
+    ASSERT_TRUE((*next)->submit(req, round).ok());
+    auto a = (*next)->next_answer(std::chrono::seconds(20));
+    ASSERT_TRUE(a.ok()) << "round " << round << ": " << a.status().to_string() << "\n" << ev.all();
+    EXPECT_TRUE(a->ok && a->index == round && is_xor_of(a->payload, req));
+  }
+}
+
 // Remote queues: every request written by a one-sided write into the lent ring, byte-exact,
 // alongside a two-sided client of the local worker.
 TEST(LynxRemote, OneSidedWritesAreAnsweredByteExact) {
