@@ -96,8 +96,8 @@ Status Dispatcher::Impl::start_dmx() {
                                               " leaves none of the " + std::to_string(nw) +
                                               " workers for the UDP and TCP faces");
   if (cfg.remote_queues > nw)
-    return Status(Code::kInvalidArgument,
-                  "dispatcher: remote_queues " + std::to_string(cfg.remote_queues) + " over " + std::to_string(nw) + " workers");
+    return Status(Code::kInvalidArgument, "dispatcher: remote_queues " + std::to_string(cfg.remote_queues) + " over " +
+                                              std::to_string(nw) + " workers");
   local_workers = nw - cfg.remote_queues;
   rings.resize(cfg.remote_queues);
   if (cfg.dmx.empty()) {
@@ -159,7 +159,9 @@ bool Dispatcher::Impl::on_dmx() {
   std::vector<DmxEvent> evs = inbox->take();
   for (DmxEvent& e : evs) {
     switch (e.kind) {
-      case DmxEvent::Kind::kAccepted: on_dmx_accepted(std::move(e.ep)); break;
+      case DmxEvent::Kind::kAccepted:
+        on_dmx_accepted(std::move(e.ep));
+        break;
       case DmxEvent::Kind::kReceived:
         // An event of an earlier client at this index (its receive ended by our close) is not this one's.
         if (e.peer < peers.size() && peers[e.peer].gen == e.gen) on_dmx_received(e.peer, e.status, e.bytes);
@@ -178,8 +180,10 @@ bool Dispatcher::Impl::on_dmx() {
         if (e.peer < peers.size() && peers[e.peer].open && peers[e.peer].gen == e.gen) {
           DmxPeer& p = peers[e.peer];
           p.out_bytes -= std::min(p.out_bytes, e.bytes);
-          if (!e.status.ok() && e.status.code() != Code::kClosed) drop_dmx(e.peer, "an answer failed: " + e.status.to_string());
-          else if (p.ready) advance_dmx(e.peer);  // its backlog may have gone below the limit
+          if (!e.status.ok() && e.status.code() != Code::kClosed)
+            drop_dmx(e.peer, "an answer failed: " + e.status.to_string());
+          else if (p.ready)
+            advance_dmx(e.peer);  // its backlog may have gone below the limit
         }
         break;
       case DmxEvent::Kind::kRingReleased:
@@ -340,7 +344,8 @@ void Dispatcher::Impl::grant_ring(uint32_t id) {
     e.note = n;
     const uint32_t before = pending->fetch_add(1, std::memory_order_relaxed);
     if (before > limit) return;  // the one at `limit` + 1 below tells the dispatcher
-    if (before == limit) e.status = Status(Code::kResourceExhausted, "over " + std::to_string(limit) + " notifications");
+    if (before == limit)
+      e.status = Status(Code::kResourceExhausted, "over " + std::to_string(limit) + " notifications");
     inbox->push(std::move(e));
   });
   QueueGrant g{};
@@ -372,13 +377,13 @@ void Dispatcher::Impl::on_dmx_notified(uint32_t id, const Notification& n) {
     return drop_dmx(id, "bad write of " + std::to_string(n.length) + " bytes for index " + std::to_string(n.value) +
                             " in " + queue + " (a request is 8 to " + std::to_string(8 + l.g.max_request) + ")");
   if (n.value != p.next_index)
-    return drop_dmx(id, "bad index " + std::to_string(n.value) + " in " + queue + ": expected " +
-                            std::to_string(p.next_index));
+    return drop_dmx(
+        id, "bad index " + std::to_string(n.value) + " in " + queue + ": expected " + std::to_string(p.next_index));
   const uint32_t seq = p.base_seq + p.next_index;
   if (seq - ws.collected >= l.g.slots)
-    return drop_dmx(id, "bad index " + std::to_string(n.value) + " in " + queue + ": its " +
-                            std::to_string(l.g.slots) + " slots are full (index " +
-                            std::to_string(ws.collected - p.base_seq) + " is the oldest unanswered)");
+    return drop_dmx(id, "bad index " + std::to_string(n.value) + " in " + queue + ": its " + std::to_string(l.g.slots) +
+                            " slots are full (index " + std::to_string(ws.collected - p.base_seq) +
+                            " is the oldest unanswered)");
   const uint32_t s = seq & (l.g.slots - 1);
   if (Status st = q->store_worker_word(l.rx_flag(w, s), seq + 1); !st.ok()) {
     failure = st;
@@ -476,9 +481,10 @@ void Dispatcher::Impl::sweep_dmx(std::chrono::steady_clock::time_point now) {
     DmxPeer& p = peers[id];
     if (!p.open || p.ready || p.in_flight || p.out_bytes || now - p.last_active <= cfg.idle_timeout) continue;
     count(&DispatcherStats::idle_closed);
-    log.emit("idle", "closed " + p.name + ": sent nothing for " +
-                         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(cfg.idle_timeout).count()) +
-                         " ms (idle_timeout)");
+    log.emit("idle",
+             "closed " + p.name + ": sent nothing for " +
+                 std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(cfg.idle_timeout).count()) +
+                 " ms (idle_timeout)");
     drop_dmx(id, "");
   }
 }

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <cstring>
+#include <deque>
 #include <random>
 #include <thread>
 

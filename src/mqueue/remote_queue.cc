@@ -49,10 +49,9 @@ Result<std::unique_ptr<RemoteQueueClient>> RemoteQueueClient::connect(Context& c
   if (rr.bytes() < sizeof h) return Status(Code::kProtocol, "a short answer to a queue request from " + server);
   std::memcpy(&h, in.data(), sizeof h);
   if (h.magic == kErrorMagic)
-    return Status(Code::kUnavailable,
-                  server + " lends no queue: " +
-                      std::string(reinterpret_cast<const char*>(in.data() + sizeof h),
-                                  std::min<size_t>(h.len, rr.bytes() - sizeof h)));
+    return Status(Code::kUnavailable, server + " lends no queue: " +
+                                          std::string(reinterpret_cast<const char*>(in.data() + sizeof h),
+                                                      std::min<size_t>(h.len, rr.bytes() - sizeof h)));
   if (h.magic != kQueueMagic || h.len != sizeof(QueueGrant) || rr.bytes() != sizeof h + sizeof(QueueGrant))
     return Status(Code::kProtocol, "a bad queue grant from " + server);
   std::memcpy(&c->grant_, in.data() + sizeof h, sizeof c->grant_);
@@ -69,7 +68,9 @@ Result<std::unique_ptr<RemoteQueueClient>> RemoteQueueClient::connect(Context& c
   return c;
 }
 
-void RemoteQueueClient::post_recv() { recv_ = ep_.recv(rx_.region(), kAnyTag); }
+void RemoteQueueClient::post_recv() {
+  recv_ = ep_.recv(rx_.region(), kAnyTag);
+}
 
 Result<uint64_t> RemoteQueueClient::submit(std::span<const uint8_t> payload) {
   const QueueGrant& g = grant_;

@@ -32,8 +32,7 @@ struct Answer {
 class RemoteQueueClient {
  public:
   // kUnavailable with the server's reason when it lends no queue (none configured, all lent).
-  static Result<std::unique_ptr<RemoteQueueClient>> connect(Context& ctx, const std::string& address,
-                                                            Duration timeout);
+  static Result<std::unique_ptr<RemoteQueueClient>> connect(Context& ctx, const std::string& address, Duration timeout);
   const QueueGrant& grant() const { return grant_; }
   uint32_t unanswered() const { return static_cast<uint32_t>(next_ - answered_); }
 

@@ -255,7 +255,8 @@ TEST(LynxRemote, HostileClientIsClosedNamingWhatItDid) {
          SlotHeader h{16, 0};
          std::vector<uint8_t> b = random_bytes(sizeof h + 16);
          std::memcpy(b.data(), &h, sizeof h);
-         (void)c.write_raw(((g.first_slot + 5) % g.slots) * uint64_t{g.slot_bytes}, b, true, 5, std::chrono::seconds(20));
+         (void)c.write_raw(((g.first_slot + 5) % g.slots) * uint64_t{g.slot_bytes}, b, true, 5,
+                           std::chrono::seconds(20));
        },
        "bad index 5"},
       {"index replayed",
