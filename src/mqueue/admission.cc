@@ -3,7 +3,10 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstring>
 #include <string_view>
 
 namespace dmx::mqueue {
@@ -46,6 +49,32 @@ void send_refusal(int fd, const std::string& why) {
   msg.msg_iov = iov;
   msg.msg_iovlen = 2;
   (void)::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void refuse_client(int fd, const SockAddr& peer, const std::string& why, EventLimiter& log) {
+  send_refusal(fd, why);
+  ::close(fd);
+  log.emit("refuse", "refused tcp client " + peer.to_string() + ": " + why);
+}
+
+AcceptErrors::Next AcceptErrors::failed(int err) {
+  if (err == EAGAIN || err == EWOULDBLOCK) return Next::kEmpty;
+  if (err == EINTR || err == ECONNABORTED || err == EPROTO) return Next::kRetry;
+  if (accept_should_pause(err)) {
+    if (!out_of_fds_)
+      log_->emit("accept", "accept(" + name_ + ") failed: " + std::strerror(err) + "; not accepting for " +
+                               std::to_string(kAcceptPause.count()) + " ms at a time until it succeeds");
+    out_of_fds_ = true;
+    return Next::kPause;
+  }
+  log_->emit("accept", "accept(" + name_ + ") failed: " + std::strerror(err));
+  return Next::kFailed;
+}
+
+void AcceptErrors::accepted() {
+  if (!out_of_fds_) return;
+  out_of_fds_ = false;
+  log_->emit("accept", "accept(" + name_ + ") works again");
 }
 
 std::string host_of(const SockAddr& peer) {

@@ -70,6 +70,31 @@ class PeerCounts {
 // waiting (it fits in a fresh socket's send buffer). The caller closes fd.
 void send_refusal(int fd, const std::string& why);
 
+// Refuses an accepted TCP client: the error frame, close(fd), and a "refused tcp client" line.
+// The caller counts it.
+void refuse_client(int fd, const SockAddr& peer, const std::string& why, EventLimiter& log);
+
+// What a listen socket's owner does after accept(2) fails, and the lines it says: out of fds or
+// memory, one line per episode and a rest of kAcceptPause; "works again" once after such an
+// episode. Owned by the accepting thread.
+class AcceptErrors {
+ public:
+  enum class Next {
+    kRetry,  // that one connection went bad (EINTR, ECONNABORTED, EPROTO): accept the next
+    kEmpty,  // nothing to accept (EAGAIN)
+    kPause,  // out of something: rest the listen socket for kAcceptPause
+    kFailed  // another error, said
+  };
+  AcceptErrors(std::string listen_name, EventLimiter* log) : name_(std::move(listen_name)), log_(log) {}
+  Next failed(int err);
+  void accepted();  // after a successful accept
+
+ private:
+  std::string name_;  // "tcp 127.0.0.1:5000"
+  EventLimiter* log_;
+  bool out_of_fds_ = false;  // since the last successful accept
+};
+
 // "127.0.0.1" of a peer (SockAddr::to_string without the port).
 std::string host_of(const SockAddr& peer);
 

@@ -21,7 +21,8 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::start(QueueSet* queues, Dispatch
   d.meta.resize(size_t{g.workers} * g.slots);
   d.ep = Fd(::epoll_create1(EPOLL_CLOEXEC));
   if (!d.ep.valid()) return Status(Code::kIo, std::string("epoll_create1 failed: ") + std::strerror(errno));
-  if (d.cfg.udp.empty() && d.cfg.tcp.empty()) return Status(Code::kInvalidArgument, "dispatcher: no UDP or TCP address");
+  if (d.cfg.udp.empty() && d.cfg.tcp.empty() && d.cfg.dmx.empty())
+    return Status(Code::kInvalidArgument, "dispatcher: no UDP, TCP or dmx address");
   if (!d.cfg.udp.empty()) {
     DMX_ASSIGN_OR_RETURN(SockAddr a, resolve(d.cfg.udp));
     DMX_ASSIGN_OR_RETURN(d.udp, udp_bind(a));
@@ -34,9 +35,14 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::start(QueueSet* queues, Dispatch
     DMX_ASSIGN_OR_RETURN(d.listen, tcp_listen(a));
     DMX_RETURN_IF_ERROR(set_nonblocking(d.listen.get()));
     DMX_ASSIGN_OR_RETURN(d.tcp_addr, local_address(d.listen.get()));
+    d.accept_errors = AcceptErrors("tcp " + d.tcp_addr.to_string(), &d.log);
     d.watch(d.listen.get(), FdKind::kListen, 0, EPOLLIN);
   }
   DMX_RETURN_IF_ERROR(d.connect_services());
+  if (Status st = d.start_dmx(); !st.ok()) {
+    d.stop_dmx();
+    return st;
+  }
   d.thread = std::thread(&Impl::run, &d);
   return std::unique_ptr<Dispatcher>(new Dispatcher(std::move(impl)));
 }
@@ -46,6 +52,7 @@ Dispatcher::~Dispatcher() { (void)stop(); }
 
 std::string Dispatcher::udp_address() const { return impl_->udp.valid() ? impl_->udp_addr.to_string() : ""; }
 std::string Dispatcher::tcp_address() const { return impl_->listen.valid() ? impl_->tcp_addr.to_string() : ""; }
+std::string Dispatcher::dmx_address() const { return impl_->dmx_addr; }
 
 DispatcherStats Dispatcher::stats() const {
   std::lock_guard<std::mutex> lock(impl_->stats_mu);
@@ -55,6 +62,7 @@ DispatcherStats Dispatcher::stats() const {
 Status Dispatcher::stop() {
   impl_->stop.store(true);
   if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->stop_dmx();
   return impl_->failure;
 }
 
@@ -90,6 +98,8 @@ void Dispatcher::Impl::run() {
     bool busy = collect_responses();
     busy |= forward_calls();
     if (!blocked.empty()) retry_blocked();
+    if (!dmx_blocked.empty()) retry_dmx_blocked();
+    if (!rings.empty()) refill_rings();
     // Busy-poll while anything is in flight (a response can land any moment); sleep otherwise.
     // A poll round that found nothing yields, so that workers sharing our core can run.
     const bool waiting = !busy && in_flight();
@@ -103,6 +113,7 @@ void Dispatcher::Impl::run() {
         case FdKind::kListen: on_accept(); break;
         case FdKind::kConn: on_conn(index, evs[i].events); break;
         case FdKind::kService: on_service(index, evs[i].events); break;
+        case FdKind::kDmx: busy |= on_dmx(); break;
       }
     }
     if (udp_blocked) on_udp();
@@ -110,7 +121,7 @@ void Dispatcher::Impl::run() {
       accept_paused = false;
       watch(listen.get(), FdKind::kListen, 0, EPOLLIN, true);
     }
-    if (!conns.empty()) drop_stalled();
+    if (!conns.empty() || !peers.empty()) drop_stalled();
   }
   timespec ts{};
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -119,7 +130,8 @@ void Dispatcher::Impl::run() {
 }
 
 int Dispatcher::Impl::pick_worker() {
-  const uint32_t nw = static_cast<uint32_t>(workers.size()), slots = q->layout().g.slots;
+  const uint32_t nw = local_workers, slots = q->layout().g.slots;  // remote rings take no others' requests
+  if (nw == 0) return -1;
   int best = -1;
   uint32_t best_load = slots;
   for (uint32_t i = 0; i < nw; ++i) {

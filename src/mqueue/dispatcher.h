@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "dmx/options.h"
 #include "dmx/request.h"
 #include "mqueue/queues.h"
 
@@ -30,6 +31,17 @@ enum class Policy { kRoundRobin, kLeastLoaded };
 struct DispatcherConfig {
   std::string udp;      // "host:port" to bind (port 0: any); empty: no UDP
   std::string tcp;      // "host:port" to listen on; empty: no TCP
+  // A dmx listener ("tcp://host:port"; port 0: any); empty: none. Its clients are dmx endpoints
+  // (authenticated, with dmx's deadlines, peer-failure detection and transports): one message
+  // per request, WireHeader + payload, answered the same way; or, after asking for one, a
+  // remote queue written by one-sided writes (remote_queues; docs/mqueue.md).
+  std::string dmx;
+  // The dispatcher's own dmx Context (auth_key, peer_timeout, ...). max_endpoints and
+  // max_endpoints_per_peer default to max_connections and max_per_address.
+  Options dmx_options;
+  // The last this many workers' rings are remote queues: each is lent to one dmx client at a time
+  // and never receives the other faces' requests. 0: none.
+  uint32_t remote_queues = 0;
   std::string service;  // external service for the client queues ("host:port"); empty: none
   Policy policy = Policy::kRoundRobin;
   uint32_t credit_batch = 0;         // responses per credit write-back; 0: slots / 2 (as Lynx)
@@ -57,6 +69,10 @@ struct DispatcherStats {
   uint64_t backpressure = 0;         // times a request waited for a free slot
   uint64_t credit_writes = 0;        // credit words written back to worker memory
   uint64_t calls = 0, call_failures = 0;
+  uint64_t dmx_clients = 0;      // dmx endpoints accepted (the listener refuses beyond its caps)
+  uint64_t remote_granted = 0;   // remote queues lent
+  uint64_t remote_requests = 0;  // of requests: notified by remote clients' writes
+  uint32_t remote_lent = 0;      // remote rings not free now (lent, or being let go of and drained)
   uint32_t max_occupancy = 0;        // most requests one worker held at once (<= slots)
   double cpu_seconds = 0;            // the dispatcher thread's CPU time (set when it ends)
 };
@@ -67,6 +83,7 @@ class Dispatcher {
   ~Dispatcher();
   std::string udp_address() const;  // "127.0.0.1:port", empty without UDP
   std::string tcp_address() const;
+  std::string dmx_address() const;  // "tcp://127.0.0.1:port", empty without dmx
   DispatcherStats stats() const;
   // Stops the thread; the result says if it had failed (an error of worker memory copies).
   Status stop();

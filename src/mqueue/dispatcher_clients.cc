@@ -27,7 +27,7 @@ void Dispatcher::Impl::on_udp() {
     uint8_t* slot = q->staging_for(l.rx_slot(w, ws.issued & (l.g.slots - 1)));
     WireHeader wh{};
     SlotMeta m;
-    m.udp = true;
+    m.from = SlotMeta::From::kUdp;
     iovec iov[2] = {{&wh, sizeof wh}, {slot + sizeof(SlotHeader), l.g.max_request}};
     msghdr msg{};
     msg.msg_name = &m.addr.ss;
@@ -60,10 +60,8 @@ void Dispatcher::Impl::on_udp() {
 }
 
 void Dispatcher::Impl::refuse(int fd, const SockAddr& peer, const std::string& why) {
-  send_refusal(fd, why);
-  ::close(fd);
+  refuse_client(fd, peer, why, log);
   count(&DispatcherStats::refused_clients);
-  log.emit("refuse", "refused tcp client " + peer.to_string() + ": " + why);
 }
 
 void Dispatcher::Impl::on_accept() {
@@ -72,30 +70,21 @@ void Dispatcher::Impl::on_accept() {
     peer.len = sizeof peer.ss;
     int fd = ::accept4(listen.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      const int err = errno;
-      if (err == EAGAIN || err == EWOULDBLOCK) return;
-      if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;  // that one connection went bad
-      if (accept_should_pause(err)) {
-        // The listen socket stays readable while we cannot accept: take it out of epoll for a while
-        // (run() puts it back), and say so once per episode, not once per attempt.
-        accept_paused = true;
-        accept_paused_until = std::chrono::steady_clock::now() + kAcceptPause;
-        watch(listen.get(), FdKind::kListen, 0, 0, true);
-        count(&DispatcherStats::accept_pauses);
-        if (!out_of_fds)
-          log.emit("accept", std::string("accept(tcp ") + tcp_addr.to_string() + ") failed: " + std::strerror(err) +
-                                 "; not accepting for " + std::to_string(kAcceptPause.count()) +
-                                 " ms at a time until it succeeds");
-        out_of_fds = true;
-        return;
+      switch (accept_errors.failed(errno)) {
+        case AcceptErrors::Next::kRetry: continue;
+        case AcceptErrors::Next::kPause:
+          // The listen socket stays readable while we cannot accept: take it out of epoll for a
+          // while (run() puts it back).
+          accept_paused = true;
+          accept_paused_until = std::chrono::steady_clock::now() + kAcceptPause;
+          watch(listen.get(), FdKind::kListen, 0, 0, true);
+          count(&DispatcherStats::accept_pauses);
+          return;
+        case AcceptErrors::Next::kEmpty:
+        case AcceptErrors::Next::kFailed: return;
       }
-      log.emit("accept", std::string("accept(tcp ") + tcp_addr.to_string() + ") failed: " + std::strerror(err));
-      return;
     }
-    if (out_of_fds) {
-      out_of_fds = false;
-      log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") works again");
-    }
+    accept_errors.accepted();
     const std::string host = host_of(peer);
     if (per_host.count(host) >= cfg.max_per_address) {
       refuse(fd, peer, std::to_string(cfg.max_per_address) + " connections from " + host +
@@ -227,6 +216,7 @@ void Dispatcher::Impl::drop_stalled() {
   if (now < next_sweep) return;
   next_sweep = now + std::chrono::milliseconds(50);
   auto ms = [](Duration d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
+  sweep_dmx(now);
   for (uint32_t id = 0; id < conns.size(); ++id) {
     Conn& c = conns[id];
     if (!c.open) continue;
@@ -266,7 +256,11 @@ void Dispatcher::Impl::send_response(const SlotMeta& m, uint32_t status, const u
     stats.responses++;
     if (status != kSlotOk) stats.error_responses++;
   }
-  if (m.udp) {
+  if (m.from == SlotMeta::From::kDmx) {
+    send_dmx(m.conn, h.magic, m.tag, payload, len, true);  // checks that the client is still there
+    return;
+  }
+  if (m.from == SlotMeta::From::kUdp) {
     iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t*>(payload), len}};
     msghdr msg{};
     msg.msg_name = const_cast<sockaddr_storage*>(&m.addr.ss);

@@ -111,6 +111,7 @@ struct HostCentricServer::Impl {
   SockAddr udp_addr, tcp_addr;
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> accepted{0}, requests{0}, refused{0}, dropped{0}, idle_closed{0}, accept_pauses{0};
+  std::unique_ptr<std::atomic<uint64_t>[]> udp_served;  // per UDP server thread
   std::mutex mu;  // guards threads, conns, per_host
   std::vector<std::thread> threads;  // the UDP and accept threads
   std::list<ConnThread> conns;       // at most max_connections; finished ones reaped by accept_loop
@@ -125,10 +126,9 @@ struct HostCentricServer::Impl {
     }
   }
 
-  void udp_loop() {
+  void udp_loop(uint32_t index) {
     auto w = Worker::create(cfg.memory, cfg.max_request);
     if (!w.ok()) return event("udp server: " + w.status().to_string());
-    (void)set_io_timeout(udp.get(), kPollStep);
     while (!stop.load()) {
       WireHeader h{};
       SockAddr from;
@@ -159,6 +159,7 @@ struct HostCentricServer::Impl {
       reply.msg_iovlen = 2;
       (void)::sendmsg(udp.get(), &reply, 0);
       requests.fetch_add(1);
+      udp_served[index].fetch_add(1, std::memory_order_relaxed);
     }
   }
 
@@ -177,14 +178,12 @@ struct HostCentricServer::Impl {
   }
 
   void refuse(int fd, const SockAddr& peer, const std::string& why) {
-    send_refusal(fd, why);
-    ::close(fd);
+    refuse_client(fd, peer, why, log);
     refused.fetch_add(1);
-    log.emit("refuse", "refused tcp client " + peer.to_string() + ": " + why);
   }
 
   void accept_loop() {
-    bool out_of_fds = false;
+    AcceptErrors errors("tcp " + tcp_addr.to_string(), &log);
     while (!stop.load()) {
       reap(/*all=*/false);
       pollfd p{listen.get(), POLLIN, 0};
@@ -193,26 +192,14 @@ struct HostCentricServer::Impl {
       peer.len = sizeof peer.ss;
       int fd = ::accept4(listen.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len, SOCK_CLOEXEC);
       if (fd < 0) {
-        const int err = errno;
-        if (accept_should_pause(err)) {
-          // The listen socket stays readable while we cannot accept: rest rather than spin, and
-          // say so once per episode.
+        if (errors.failed(errno) == AcceptErrors::Next::kPause) {
+          // The listen socket stays readable while we cannot accept: rest rather than spin.
           accept_pauses.fetch_add(1);
-          if (!out_of_fds)
-            log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") failed: " + std::strerror(err) +
-                                   "; not accepting for " + std::to_string(kAcceptPause.count()) +
-                                   " ms at a time until it succeeds");
-          out_of_fds = true;
           std::this_thread::sleep_for(kAcceptPause);
-        } else if (err != EAGAIN && err != EINTR && err != ECONNABORTED && err != EPROTO) {
-          log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") failed: " + std::strerror(err));
         }
         continue;
       }
-      if (out_of_fds) {
-        out_of_fds = false;
-        log.emit("accept", "accept(tcp " + tcp_addr.to_string() + ") works again");
-      }
+      errors.accepted();
       const std::string host = host_of(peer);
       std::string why;  // a refusal is sent and logged outside the lock: on_event may call stats()
       {
@@ -324,7 +311,14 @@ Result<std::unique_ptr<HostCentricServer>> HostCentricServer::start(BaselineConf
     DMX_ASSIGN_OR_RETURN(SockAddr a, resolve(impl->cfg.udp));
     DMX_ASSIGN_OR_RETURN(impl->udp, udp_bind(a));
     DMX_ASSIGN_OR_RETURN(impl->udp_addr, local_address(impl->udp.get()));
+    // Every thread's recvmsg waits at most this long, so that it sees stop.
+    DMX_RETURN_IF_ERROR(set_io_timeout(impl->udp.get(), kPollStep));
   }
+  if (impl->cfg.udp_threads == 0 || impl->cfg.udp_threads > kMaxWorkers)
+    return Status(Code::kInvalidArgument,
+                  "host-centric baseline: udp_threads " + std::to_string(impl->cfg.udp_threads) + " not in 1.." +
+                      std::to_string(kMaxWorkers));
+  impl->udp_served = std::make_unique<std::atomic<uint64_t>[]>(impl->cfg.udp_threads);
   if (!impl->cfg.tcp.empty()) {
     DMX_ASSIGN_OR_RETURN(SockAddr a, resolve(impl->cfg.tcp));
     DMX_ASSIGN_OR_RETURN(impl->listen, tcp_listen(a));
@@ -333,7 +327,8 @@ Result<std::unique_ptr<HostCentricServer>> HostCentricServer::start(BaselineConf
   // Fail now, not in a thread, if the worker memory cannot be had.
   DMX_RETURN_IF_ERROR(Worker::create(impl->cfg.memory, impl->cfg.max_request).status());
   std::lock_guard<std::mutex> lock(impl->mu);
-  if (impl->udp.valid()) impl->threads.emplace_back(&Impl::udp_loop, impl.get());
+  if (impl->udp.valid())
+    for (uint32_t i = 0; i < impl->cfg.udp_threads; ++i) impl->threads.emplace_back(&Impl::udp_loop, impl.get(), i);
   if (impl->listen.valid()) impl->threads.emplace_back(&Impl::accept_loop, impl.get());
   return std::unique_ptr<HostCentricServer>(new HostCentricServer(impl));
 }
@@ -353,6 +348,8 @@ BaselineStats HostCentricServer::stats() const {
   s.dropped_clients = impl_->dropped.load();
   s.idle_closed = impl_->idle_closed.load();
   s.accept_pauses = impl_->accept_pauses.load();
+  if (impl_->udp.valid())
+    for (uint32_t i = 0; i < impl_->cfg.udp_threads; ++i) s.udp_served.push_back(impl_->udp_served[i].load());
   std::lock_guard<std::mutex> lock(impl_->mu);
   for (const auto& c : impl_->conns) s.connections += c.done->load() ? 0 : 1;
   return s;

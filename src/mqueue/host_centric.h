@@ -1,6 +1,6 @@
 // mqueue/host_centric.h — the baseline Lynx is measured against: a conventional host-centric
-// server. A CPU server thread (one for UDP, one per TCP client) receives a request, copies it
-// into the worker's memory, starts the worker for this one request (a kernel launch on a GPU, a
+// server. A CPU server thread (a pool of udp_threads for UDP, all reading the one socket; one per
+// TCP client) receives a request, copies it into the worker's memory, starts the worker for this one request (a kernel launch on a GPU, a
 // wake-up of a worker thread on the CPU), waits, copies the response back and sends it.
 // It runs the XOR app only. Same wire format, the same size checks and the same admission rules
 // as the dispatcher: connections bounded in all and per address (refused with an error frame
@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dmx/memory.h"
 #include "dmx/request.h"
@@ -25,6 +26,10 @@ namespace dmx::mqueue {
 struct BaselineConfig {
   std::string udp, tcp;  // "host:port"; empty: none
   MemSpec memory;        // where the worker computes: host or cuda:N
+  // UDP server threads, each with a worker of its own, all reading the one socket: give it as
+  // many as the Lynx server has workers (GPU blocks or CPU threads), so that both sides get the
+  // same parallelism (one thread serving every datagram in turn flatters Lynx).
+  uint32_t udp_threads = 2;
   uint32_t max_request = 4096;
   uint32_t max_connections = 64;   // TCP clients at once (two threads each); beyond, refused
   uint32_t max_per_address = 16;   // from one address; below max_connections, as the dispatcher's
@@ -37,6 +42,7 @@ struct BaselineStats {
   uint64_t accepted = 0;  // TCP clients admitted
   uint64_t requests = 0, refused_clients = 0, dropped_clients = 0, idle_closed = 0, accept_pauses = 0;
   uint32_t connections = 0;  // open now
+  std::vector<uint64_t> udp_served;  // requests each UDP server thread answered
 };
 
 class HostCentricServer {

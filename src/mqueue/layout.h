@@ -36,6 +36,22 @@ static_assert(sizeof(WireHeader) == 16);
 inline constexpr uint32_t kRequestMagic = 0x584e594cu;   // "LYNX"
 inline constexpr uint32_t kResponseMagic = 0x524e594cu;  // "LYNR"
 inline constexpr uint32_t kErrorMagic = 0x454e594cu;     // "LYNE": payload is an error text
+inline constexpr uint32_t kQueueMagic = 0x514e594cu;     // "LYNQ": asks for, and grants, a remote queue
+
+// A remote queue granted to one dmx client (after WireHeader{kQueueMagic, sizeof(QueueGrant), 0}):
+// the client writes request i (SlotHeader{len, 0} + payload) at byte (first_slot + i) mod slots
+// times slot_bytes of `region`, with a notification of value i, and has at most `slots` requests
+// unanswered. Answers come back as messages: WireHeader{kResponseMagic or kErrorMagic, len, i}.
+struct QueueGrant {
+  uint8_t region[16];  // RemoteRegion::serialize(): the ring's slots in worker memory
+  uint32_t slots;
+  uint32_t slot_bytes;
+  uint32_t first_slot;
+  uint32_t max_request;
+  uint32_t max_response;
+  uint32_t queue;  // the worker whose ring it is (for logs)
+};
+static_assert(sizeof(QueueGrant) == 40);
 
 // Before every payload in a ring slot.
 struct SlotHeader {

@@ -42,6 +42,7 @@ double LoadResult::percentile(double p) const {
 }
 
 Result<LoadResult> run_load(const LoadConfig& cfg) {
+  if (cfg.face != LoadConfig::Face::kSocket) return run_dmx_load(cfg);
   DMX_ASSIGN_OR_RETURN(SockAddr server, resolve(cfg.address));
   if (cfg.clients == 0 || cfg.sizes.empty()) return Status(Code::kInvalidArgument, "load: no clients or no sizes");
   std::mt19937_64 rng(cfg.seed);

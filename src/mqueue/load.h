@@ -13,14 +13,22 @@
 #include <string>
 #include <vector>
 
+#include "dmx/options.h"
 #include "dmx/request.h"
 #include "dmx/status.h"
 
 namespace dmx::mqueue {
 
 struct LoadConfig {
-  std::string address;  // "host:port"
+  std::string address;  // "host:port"; "tcp://host:port" for the dmx faces
   bool udp = true;
+  // How the clients speak: Lynx's wire over sockets (`udp` picks which), or as dmx endpoints of one
+  // Context (dmx_options): two-sided messages, or each its own remote queue (one-sided writes).
+  enum class Face : uint8_t { kSocket, kDmx, kRemote };
+  Face face = Face::kSocket;
+  Options dmx_options;
+  // kRemote: requests each client keeps outstanding in its queue (at most its slots); 1 otherwise.
+  uint32_t depth = 1;
   uint32_t clients = 4;
   uint64_t requests = 1000;  // in all; ignored when duration > 0
   Duration duration{0};      // run this long instead
@@ -42,5 +50,8 @@ struct LoadResult {
 };
 
 Result<LoadResult> run_load(const LoadConfig& config);
+// The dmx faces of run_load (load_dmx.cc). A client whose answer is late or whose endpoint failed
+// counts it as lost and connects anew.
+Result<LoadResult> run_dmx_load(const LoadConfig& config);
 
 }  // namespace dmx::mqueue

@@ -38,6 +38,37 @@ TEST(LynxGpu, PersistentKernelAnswersByteExact) {
   }
 }
 
+// The dmx faces with queues in GPU memory: two-sided requests copied in by the dispatcher, and
+// remote queues written straight into GPU memory by dmx one-sided writes (the engine's device path).
+TEST(LynxGpu, DmxFacesIntoGpuQueues) {
+  if (Status s = gpu_workers_available(0); !s.ok()) DMX_SKIP(::dmx::test::kNoGpu) << s.message();
+  Events ev;
+  ServerConfig cfg = testing::host_config(ev, 4, 16);
+  cfg.memory = MemSpec{MemKind::kCuda, 0};
+  cfg.dispatch.dmx = "tcp://127.0.0.1:0";
+  cfg.dispatch.dmx_options.set("auth_key", "lynx-gpu-test-key-0123456789").set("log_level", "error");
+  cfg.dispatch.remote_queues = 2;
+  auto server = Server::start(cfg);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  for (auto face : {LoadConfig::Face::kDmx, LoadConfig::Face::kRemote}) {
+    LoadConfig load;
+    load.face = face;
+    load.dmx_options.set("auth_key", "lynx-gpu-test-key-0123456789").set("log_level", "error");
+    load.address = (*server)->dispatcher().dmx_address();
+    load.clients = 2;
+    load.requests = 400;
+    load.sizes = {0, 1, 7, 9, 63, 4095, 4096};
+    load.seed = std::random_device{}();
+    load.timeout = std::chrono::seconds(10);
+    auto r = run_load(load);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->ok, 400u) << (face == LoadConfig::Face::kDmx ? "dmx: " : "remote: ") << r->first_error << "\n"
+                           << ev.all();
+  }
+  EXPECT_TRUE((*server)->stop().ok());
+  EXPECT_EQ((*server)->dispatcher().stats().remote_requests, 400u);
+}
+
 TEST(LynxGpu, FaceVerificationFromTheKernel) {
   if (Status s = gpu_workers_available(0); !s.ok()) DMX_SKIP(::dmx::test::kNoGpu) << s.message();
   auto kv = KvService::start();

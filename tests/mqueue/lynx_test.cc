@@ -108,6 +108,37 @@ TEST(LynxBaseline, HostCentricAnswersByteExact) {
   }
 }
 
+// The baseline's UDP side is a pool of server threads, each with its own worker, as many as the
+// Lynx server has workers: with several clients waiting, every thread answers some of them.
+TEST(LynxBaseline, UdpServesOnAPoolAsLargeAsLynxsWorkers) {
+  BaselineConfig b;
+  b.udp = "127.0.0.1:0";
+  b.memory = MemSpec{MemKind::kHost, 0};
+  b.udp_threads = 3;
+  auto server = HostCentricServer::start(b);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  LoadConfig load;
+  load.address = (*server)->udp_address();
+  load.clients = 8;
+  load.requests = 3000;
+  load.sizes = {1, 300, 4096};
+  load.seed = std::random_device{}();
+  load.timeout = std::chrono::seconds(10);
+  auto r = run_load(load);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->ok, 3000u) << r->first_error;
+  BaselineStats st = (*server)->stats();
+  ASSERT_EQ(st.udp_served.size(), 3u);
+  uint64_t sum = 0;
+  for (uint64_t n : st.udp_served) {
+    EXPECT_GT(n, 0u) << "a UDP server thread answered nothing: the pool serves serially";
+    sum += n;
+  }
+  EXPECT_EQ(sum, 3000u);
+  b.udp_threads = 0;
+  EXPECT_EQ(HostCentricServer::start(b).status().code(), Code::kInvalidArgument);
+}
+
 // Face verification: the worker calls the key-value service through its client queue.
 TEST(LynxClientQueue, FaceVerificationCallsTheService) {
   auto kv = KvService::start();

@@ -61,7 +61,8 @@ double process_cpu() {
 struct AnyServer {
   std::unique_ptr<Server> lynx;
   std::unique_ptr<HostCentricServer> baseline;
-  std::string address(bool udp) const {
+  std::string address(bool udp, bool dmx = false) const {
+    if (lynx && dmx) return lynx->dispatcher().dmx_address();
     if (lynx) return udp ? lynx->dispatcher().udp_address() : lynx->dispatcher().tcp_address();
     return udp ? baseline->udp_address() : baseline->tcp_address();
   }
@@ -71,13 +72,16 @@ struct AnyServer {
   }
 };
 
+// `proto` dmx: the dispatcher's dmx face (two-sided); remote: every worker's ring a remote queue.
 Result<AnyServer> start_server(const Args& a, const std::string& system, MemSpec mem, uint32_t max_payload,
-                               const std::string& bind_udp, const std::string& bind_tcp) {
+                               const std::string& bind_udp, const std::string& bind_tcp, const std::string& proto = "") {
   AnyServer s;
   if (system == "lynx" || system == "lynx-sync") {
     ServerConfig c;
     c.stream_writes = system == "lynx";  // lynx-sync: every write into GPU memory by dmx::copy_memory
     c.geometry.workers = a.workers;
+    if (proto == "dmx" || proto == "remote") c.dispatch.dmx = "tcp://127.0.0.1:0";
+    if (proto == "remote") c.dispatch.remote_queues = a.workers;
     c.geometry.slots = a.slots;
     c.geometry.max_request = c.geometry.max_response = max_payload;
     c.memory = mem;
@@ -92,6 +96,7 @@ Result<AnyServer> start_server(const Args& a, const std::string& system, MemSpec
     c.tcp = bind_tcp;
     c.memory = mem;
     c.max_request = max_payload;
+    c.udp_threads = a.workers;  // as many servers as Lynx has workers: a fair comparison
     DMX_ASSIGN_OR_RETURN(s.baseline, HostCentricServer::start(c));
   } else {
     return Status(Code::kInvalidArgument, "unknown system '" + system + "' (lynx, lynx-sync, host-centric)");
@@ -134,11 +139,19 @@ void print(const nlohmann::json& j, bool json) {
   std::fflush(stdout);
 }
 
-LoadConfig load_for(const Args& a, const std::string& address, bool udp, uint32_t size) {
+LoadConfig load_for(const Args& a, const std::string& address, const std::string& proto, uint32_t size) {
   LoadConfig l;
   l.address = address;
-  l.udp = udp;
+  l.udp = proto == "udp";
   l.clients = a.clients;
+  if (proto == "dmx") l.face = LoadConfig::Face::kDmx;
+  if (proto == "remote") {
+    // One queue per worker, holding the clients' requests between them: as many outstanding as
+    // --clients closed-loop clients would have.
+    l.face = LoadConfig::Face::kRemote;
+    l.clients = std::min(a.clients, a.workers);
+    l.depth = std::min(a.slots, (a.clients + l.clients - 1) / l.clients);
+  }
   l.duration = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(a.seconds));
   l.sizes = {size};
   l.seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -156,8 +169,12 @@ int run(const Args& a) {
     sizes.push_back(*v);
   }
   std::vector<std::string> protos = split(a.proto), systems = split(a.systems);
-  for (const auto& p : protos)
-    if (p != "udp" && p != "tcp") return fmt::print(stderr, "dmx mqueue bench: --proto {}: udp or tcp\n", p), 2;
+  for (const auto& p : protos) {
+    if (p != "udp" && p != "tcp" && p != "dmx" && p != "remote")
+      return fmt::print(stderr, "dmx mqueue bench: --proto {}: udp, tcp, dmx or remote\n", p), 2;
+    if ((p == "dmx" || p == "remote") && !a.loopback)
+      return fmt::print(stderr, "dmx mqueue bench: --proto {} runs with --loopback only\n", p), 2;
+  }
   const uint32_t max_payload = sizes.empty() ? 64 : *std::max_element(sizes.begin(), sizes.end());
   int modes = a.loopback + !a.listen.empty() + !a.connect.empty();
   if (modes != 1) return fmt::print(stderr, "dmx mqueue bench: give one of --loopback, --listen, --connect\n"), 2;
@@ -179,23 +196,28 @@ int run(const Args& a) {
   int rc = 0;
   for (const auto& system : systems) {
     for (const auto& proto : protos) {
+      const bool dmx_face = proto == "dmx" || proto == "remote";
+      if (dmx_face && system == "host-centric") continue;  // the baseline speaks sockets only
       for (uint32_t size : sizes) {
         const bool udp = proto == "udp";
         if (!a.connect.empty()) {
-          auto r = run_load(load_for(a, a.connect, udp, size));
+          auto r = run_load(load_for(a, a.connect, proto, size));
           if (!r.ok()) return fmt::print(stderr, "dmx mqueue bench: {}\n", r.status().to_string()), 1;
           print(row(system, proto, a, size, *r, -1), a.json);
           rc |= r->bad ? 1 : 0;
           continue;
         }
-        auto s = start_server(a, system, *mem, max_payload, udp ? "127.0.0.1:0" : "", udp ? "" : "127.0.0.1:0");
+        auto s = start_server(a, system, *mem, max_payload, udp ? "127.0.0.1:0" : "",
+                              udp || dmx_face ? "" : "127.0.0.1:0", proto);
         if (!s.ok()) return fmt::print(stderr, "dmx mqueue bench: {}\n", s.status().to_string()), 1;
         const double cpu0 = process_cpu();
-        auto r = run_load(load_for(a, s->address(udp), udp, size));
+        auto r = run_load(load_for(a, s->address(udp, dmx_face), proto, size));
         const double cpu = process_cpu() - cpu0;
         s->stop();
         if (!r.ok()) return fmt::print(stderr, "dmx mqueue bench: {}\n", r.status().to_string()), 1;
-        print(row(system, proto, a, size, *r, cpu - r->client_cpu_seconds), a.json);
+        // dmx faces: the clients' dmx threads run in this process too, so its CPU time is not the
+        // server's alone: no CPU figure.
+        print(row(system, proto, a, size, *r, dmx_face ? -1 : cpu - r->client_cpu_seconds), a.json);
         rc |= r->bad ? 1 : 0;
       }
     }
@@ -214,7 +236,9 @@ void add_mqueue_command(CLI::App& app, int* exit_code) {
   bench->add_option("--listen", args->listen, "serve on HOST:PORT (UDP and TCP) until Ctrl-C");
   bench->add_option("--connect", args->connect, "load a server at HOST:PORT");
   bench->add_option("--mem", args->mem, "worker memory: host (CPU workers) or cuda:N (GPU kernel)");
-  bench->add_option("--proto", args->proto, "udp,tcp");
+  bench->add_option("--proto", args->proto,
+                    "udp,tcp (raw sockets); dmx (dmx endpoints), remote (remote queues: one-sided writes); "
+                    "dmx and remote: Lynx only, --loopback only");
   bench->add_option("--system", args->systems,
                     "lynx,host-centric (lynx-sync: GPU queue writes by dmx::copy_memory, waited for)");
   bench->add_option("--payload", args->payload, "payload sizes, e.g. 64,784,4K");
