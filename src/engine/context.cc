@@ -155,19 +155,28 @@ std::atomic<uint64_t> g_placement_users{0};
 
 }  // namespace
 
+void StagingPlacement::ensure_locked() {
+  if (tried_) return;
+  tried_ = true;
+  name_ = fmt::format("staging of context {}/{}", ::getpid(), g_placement_users.fetch_add(1) + 1);
+  auto p = topo::Placement::for_root(sysfs_root_, cuda_pool_memory());
+  if (!p.ok()) {
+    DMX_LOG_INFO("staging placement: {}; staging uses the default NUMA policy", p.status().message());
+    return;
+  }
+  placement_ = *p;
+}
+
+std::shared_ptr<topo::Placement> StagingPlacement::machine() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ensure_locked();
+  return placement_;
+}
+
 int StagingPlacement::place(MemSpec device, size_t bytes, uint64_t* ticket) {
   *ticket = 0;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!tried_) {
-    tried_ = true;
-    name_ = fmt::format("staging of context {}/{}", ::getpid(), g_placement_users.fetch_add(1) + 1);
-    auto p = topo::Placement::for_root(sysfs_root_, cuda_pool_memory());
-    if (!p.ok()) {
-      DMX_LOG_INFO("staging placement: {}; staging uses the default NUMA policy", p.status().message());
-      return -1;
-    }
-    placement_ = *p;
-  }
+  ensure_locked();
   if (!placement_) return -1;
   topo::Allocation booked;
   int node = placement_->stage(device.device, bytes, fmt::format("{} for {}", name_, to_string(device)), &booked);

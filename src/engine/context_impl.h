@@ -98,8 +98,12 @@ class StagingPlacement final : public stream::StagingPlacer {
   uint64_t booked() const;
   // The machine's placement (nullptr before first use or without topology).
   std::shared_ptr<topo::Placement> placement() const;
+  // The same, built now if it was not (GPU pools here have CUDA memory behind them); nullptr
+  // without topology.
+  std::shared_ptr<topo::Placement> machine();
 
  private:
+  void ensure_locked();
   const std::string sysfs_root_;
   mutable std::mutex mu_;  // guards placement_, tried_, tickets_, next_ticket_
   std::shared_ptr<topo::Placement> placement_;
@@ -164,6 +168,7 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   const std::string& hostname() const { return hostname_; }
   stream::StagingPool& staging() { return staging_; }
   const StagingPlacement& placement() const { return placement_; }
+  StagingPlacement& placement() { return placement_; }
   MetricsRegistry& metrics() { return metrics_; }
   // The threads that run every endpoint's streams (stream_worker_scope=context).
   stream::Workers& workers() { return workers_; }

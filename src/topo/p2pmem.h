@@ -1,7 +1,8 @@
 // p2pmem from user space: the kernel's allocator behind /sys/bus/pci/devices/<bdf>/p2pmem/allocate
 // (Linux 6.2 and later). A shared mmap of that file, at offset 0, allocates the mapping's length
-// (whole pages) from the device's P2PDMA pool; munmap gives it back. The mapping is ordinary
-// ZONE_DEVICE pages: ibv_reg_mr and O_DIRECT accept it, CPU access goes over PCIe (slow reads).
+// (whole pages) from the device's P2PDMA pool; munmap gives it back. The mapping is ZONE_DEVICE
+// pages, meant for O_DIRECT and RDMA registration; whether a pinning path accepts them is the
+// running kernel's to say (a registration fails otherwise). CPU access goes over PCIe (slow reads).
 //
 // The kernel calls go through P2pmemKernel so that tests run a double that answers as the kernel
 // does: EINVAL for a private mapping or a non-zero offset, ENODEV when the device has no P2PDMA

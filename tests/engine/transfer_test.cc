@@ -306,5 +306,27 @@ TEST(Staging, SlotsArePlacedAndAccountedByTheOrchestrator) {
   EXPECT_EQ(left, 0u);
 }
 
+// On a GPU machine the engine's GPU pools have CUDA memory behind them: a buffer from GPU 0's pool
+// holds what is copied into it. Needs a GPU (skips elsewhere).
+TEST(Placement, EngineGpuPoolsHaveCudaMemoryBehindThem) {
+  DMX_SKIP_WITHOUT_GPU();
+  auto ctx = Context::create(test_options(1));
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  std::shared_ptr<topo::Placement> machine = ctx->impl()->placement().machine();
+  if (!machine) DMX_SKIP(kNotExercised) << "this machine's topology could not be read";
+  const topo::Topology& t = machine->topology();
+  int gpu = t.device_of_cuda(0);
+  ASSERT_GE(gpu, 0) << "CUDA device 0 is not in the topology";
+  std::string clients[] = {t.devices[static_cast<size_t>(gpu)].addr.to_string()};
+  auto b = machine->allocate_gpu(clients, (1 << 20) + 3, "test");
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  ASSERT_NE(b->data(), nullptr);
+  EXPECT_EQ(b->cuda_device(), 0);
+  MemRegion r{b->data(), (1 << 20) + 3, MemSpec{MemKind::kCuda, 0}};
+  std::vector<unsigned char> data = random_bytes(r.size);
+  ASSERT_TRUE(copy_memory(r, MemRegion{data.data(), data.size(), {}}).ok());
+  EXPECT_EQ(read_back(r), data);
+}
+
 }  // namespace
 }  // namespace dmx::test
