@@ -2,7 +2,7 @@
 // descriptors, idle or busy. Server and client contexts live in this one process, so the figures
 // are for both sides; the server's share is half (each side runs the same threads per endpoint).
 //
-//   idle_endpoints [N (1000)] [transport (tcp)] [streams (1)] [busy seconds (0)] [scope]
+//   idle_endpoints [N (1000)] [transport (tcp)] [streams (1)] [busy seconds (0)] [scope] [idle seconds (3)]
 //
 // busy > 0: every endpoint pair then moves 1 MiB messages, two in flight, for that long; the
 // threads are counted while they do, and the total rate is printed. scope: stream_worker_scope
@@ -38,6 +38,22 @@ int open_fds() {
     closedir(d);
   }
   return n - 2;
+}
+
+// Voluntary context switches of every thread of this process: each is a sleep that something woke.
+long wakeups() {
+  long n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/status");
+      std::string line;
+      while (std::getline(f, line))
+        if (line.rfind("voluntary_ctxt_switches:", 0) == 0) n += std::atol(line.c_str() + 24);
+    }
+    closedir(d);
+  }
+  return n;
 }
 
 double cpu_seconds() {
@@ -109,7 +125,8 @@ int main(int argc, char** argv) {
   double busy = argc > 4 ? std::atof(argv[4]) : 0;
   dmx::Options o;
   o.set("insecure", "true").set("transport", transport).set("streams", streams).set("log_level", "warn");
-  if (argc > 5) o.set("stream_worker_scope", argv[5]);
+  if (argc > 5 && argv[5][0] != '\0') o.set("stream_worker_scope", argv[5]);
+  double idle = argc > 6 ? std::max(0.1, std::atof(argv[6])) : 3;
   o.set("max_endpoints", std::to_string(n + 10)).set("max_endpoints_per_peer", "0").set("keepalive_interval", "1s");
   auto server = dmx::Context::create(o);
   auto client = dmx::Context::create(o);
@@ -147,11 +164,15 @@ int main(int argc, char** argv) {
   // Idle for a few keepalive rounds: every endpoint must still be healthy, and idle endpoints
   // should cost next to no CPU.
   double cpu0 = cpu_seconds();
-  std::this_thread::sleep_for(std::chrono::seconds(3));
-  std::printf("# idle CPU: %.1f %% of one core over 3 s\n", (cpu_seconds() - cpu0) / 3 * 100);
+  long wake0 = wakeups();
+  std::this_thread::sleep_for(std::chrono::duration<double>(idle));
+  double cpu = cpu_seconds() - cpu0;
+  long woke = wakeups() - wake0 - 1;  // less this thread's own sleep
+  std::printf("# idle CPU: %.1f %% of one core over %.1f s, %.0f thread wake-ups/s\n", cpu / idle * 100, idle,
+              woke / idle);
   int sick = 0;
   for (auto& e : eps) sick += e.health().ok() ? 0 : 1;
-  std::printf("# after 3 s idle: %d of %zu endpoints unhealthy\n", sick, eps.size());
+  std::printf("# after %.1f s idle: %d of %zu endpoints unhealthy\n", idle, sick, eps.size());
   for (auto& e : eps) (void)e.close();
   return sick == 0 ? 0 : 1;
 }

@@ -137,37 +137,79 @@ ContextImpl::ContextImpl(Config config, EngineParams params, AuthKey auth)
   hostname_ = host;
 }
 
-int StagingPlacement::place(MemSpec device, size_t bytes) {
+namespace {
+
+// GPU pools get CUDA memory; without CUDA (build or driver) a request for it fails with the reason.
+topo::DeviceMemory cuda_pool_memory() {
+  return topo::DeviceMemory{
+      [](int ordinal, uint64_t bytes) -> Result<void*> {
+        DMX_ASSIGN_OR_RETURN(MemoryBackend * b, backend_for(MemSpec{MemKind::kCuda, ordinal}));
+        return b->allocate(bytes);
+      },
+      [](int ordinal, void* p, uint64_t bytes) {
+        if (auto b = backend_for(MemSpec{MemKind::kCuda, ordinal}); b.ok()) (*b)->free(p, bytes);
+      }};
+}
+
+std::atomic<uint64_t> g_placement_users{0};
+
+}  // namespace
+
+void StagingPlacement::ensure_locked() {
+  if (tried_) return;
+  tried_ = true;
+  name_ = fmt::format("staging of context {}/{}", ::getpid(), g_placement_users.fetch_add(1) + 1);
+  auto p = topo::Placement::for_root(sysfs_root_, cuda_pool_memory());
+  if (!p.ok()) {
+    DMX_LOG_INFO("staging placement: {}; staging uses the default NUMA policy", p.status().message());
+    return;
+  }
+  placement_ = *p;
+}
+
+std::shared_ptr<topo::Placement> StagingPlacement::machine() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!tried_) {
-    tried_ = true;
-    auto topo = topo::discover_local(sysfs_root_);
-    if (!topo.ok()) {
-      DMX_LOG_INFO("staging placement: topology unknown ({}); staging uses the default NUMA policy",
-                   topo.status().message());
-      return -1;
-    }
-    orch_ = std::make_unique<topo::Orchestrator>(*topo);
-    for (const auto& node : (*topo)->numa) {
-      uint64_t capacity = std::max<uint64_t>(node.mem_total_kib * 1024 / 2, uint64_t{1} << 30);
-      (void)orch_->publish({fmt::format("pinned:node{}", node.id), topo::PoolKind::kPinnedHost, -1, node.id, capacity,
-                            nullptr});
-    }
+  ensure_locked();
+  return placement_;
+}
+
+int StagingPlacement::place(MemSpec device, size_t bytes, uint64_t* ticket) {
+  *ticket = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  ensure_locked();
+  if (!placement_) return -1;
+  topo::Allocation booked;
+  int node = placement_->stage(device.device, bytes, fmt::format("{} for {}", name_, to_string(device)), &booked);
+  if (booked.size != 0) {
+    *ticket = next_ticket_++;
+    tickets_[*ticket] = booked;
   }
-  if (!orch_) return -1;
-  auto a = orch_->allocate_staging(device.device, bytes);
-  if (!a.ok()) {
-    DMX_LOG_DEBUG("staging placement for {}: {}", to_string(device), a.status().message());
-    return -1;
-  }
-  for (const auto& u : orch_->usage())
-    if (u.id == a->pool) return u.desc.numa_node;
-  return -1;
+  return node;
+}
+
+void StagingPlacement::unplace(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end() || !placement_) return;
+  placement_->unstage(it->second);
+  tickets_.erase(it);
 }
 
 std::vector<topo::PoolUsage> StagingPlacement::usage() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return orch_ ? orch_->usage() : std::vector<topo::PoolUsage>{};
+  return placement_ ? placement_->usage() : std::vector<topo::PoolUsage>{};
+}
+
+uint64_t StagingPlacement::booked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = 0;
+  for (const auto& [t, a] : tickets_) n += a.size;
+  return n;
+}
+
+std::shared_ptr<topo::Placement> StagingPlacement::placement() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return placement_;
 }
 
 std::shared_ptr<const topo::Topology> ContextImpl::topology(std::string* why) const {

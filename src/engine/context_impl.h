@@ -18,7 +18,7 @@
 #include "engine/transports.h"
 #include "stream/staging.h"
 #include "stream/workers.h"
-#include "topo/orchestrator.h"
+#include "topo/placement.h"
 #include "transport/path.h"
 
 namespace dmx {
@@ -80,21 +80,37 @@ struct EngineParams {
   bool checksum = false;  // ask for per-chunk CRC32C (wire::Checksum)
 };
 
-// Places TCP staging memory with the p2p-memory orchestrator: pinned host pools, one per NUMA node,
-// published from the discovered topology; each device's staging goes to the node nearest to it.
-// Built on first use; when the topology cannot be read, says why once and places nothing.
+// Places TCP staging memory with the machine's placement (topo/placement.h: pinned host pools per
+// NUMA node, GPU pools per device with CUDA memory behind them when CUDA is present, published
+// p2pmem BARs), shared by every context of this process with the same sysfs_root. Each device's
+// staging goes to the host pool nearest to it by the P2PDMA rule, booked to this context until its
+// staging pool frees it. Built on first use; when the topology cannot be read, says why once and
+// places nothing.
 class StagingPlacement final : public stream::StagingPlacer {
  public:
   explicit StagingPlacement(std::string sysfs_root) : sysfs_root_(std::move(sysfs_root)) {}
-  int place(MemSpec device, size_t bytes) override;
-  // Pools and their use, for statistics and tests (empty before first use or without topology).
+  int place(MemSpec device, size_t bytes, uint64_t* ticket) override;
+  void unplace(uint64_t ticket) override;
+  // Every pool of the machine's placement and its use (empty before first use or without
+  // topology): the machine's, so other contexts' staging shows too.
   std::vector<topo::PoolUsage> usage() const;
+  // Bytes of staging this context has booked.
+  uint64_t booked() const;
+  // The machine's placement (nullptr before first use or without topology).
+  std::shared_ptr<topo::Placement> placement() const;
+  // The same, built now if it was not (GPU pools here have CUDA memory behind them); nullptr
+  // without topology.
+  std::shared_ptr<topo::Placement> machine();
 
  private:
+  void ensure_locked();
   const std::string sysfs_root_;
-  mutable std::mutex mu_;  // guards orch_, tried_
-  std::unique_ptr<topo::Orchestrator> orch_;
+  mutable std::mutex mu_;  // guards placement_, tried_, tickets_, next_ticket_
+  std::shared_ptr<topo::Placement> placement_;
   bool tried_ = false;
+  std::unordered_map<uint64_t, topo::Allocation> tickets_;
+  uint64_t next_ticket_ = 1;
+  std::string name_;  // owner name for the books: "context <pid>/<n>"
 };
 
 // The context's one budget for the memory peers can make it hold (unexpected eager data of every
@@ -152,6 +168,7 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   const std::string& hostname() const { return hostname_; }
   stream::StagingPool& staging() { return staging_; }
   const StagingPlacement& placement() const { return placement_; }
+  StagingPlacement& placement() { return placement_; }
   MetricsRegistry& metrics() { return metrics_; }
   // The threads that run every endpoint's streams (stream_worker_scope=context).
   stream::Workers& workers() { return workers_; }

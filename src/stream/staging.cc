@@ -32,7 +32,10 @@ void StagingSlots::release() {
 }
 
 StagingPool::~StagingPool() {
-  for (const Free& f : all_) f.backend->free_staging(f.ptr, slot_size_);
+  for (const Free& f : all_) {
+    f.backend->free_staging(f.ptr, slot_size_);
+    if (placer_ != nullptr && f.ticket != 0) placer_->unplace(f.ticket);
+  }
 }
 
 namespace {
@@ -67,15 +70,17 @@ Result<StagingSlots> StagingPool::take(MemoryBackend* backend, size_t n) {
     }
   }
   while (out.slots_.size() < n) {
-    int node = placer_ ? placer_->place(backend->spec(), slot_size_) : -1;
+    uint64_t ticket = 0;
+    int node = placer_ ? placer_->place(backend->spec(), slot_size_, &ticket) : -1;
     auto p = allocate_on_node(backend, slot_size_, node);
     if (!p.ok()) {
+      if (ticket != 0) placer_->unplace(ticket);
       for (void* s : out.slots_) free_.push_back({backend, s});  // under mu_: not via release()
       out.slots_.clear();
       return p.status();
     }
     out.slots_.push_back(*p);
-    all_.push_back({backend, *p});
+    all_.push_back({backend, *p, ticket});
     ++allocated_;
   }
   return out;

@@ -16,8 +16,10 @@ class StagingPool;
 class StagingPlacer {
  public:
   virtual ~StagingPlacer() = default;
-  // The NUMA node for `bytes` of staging serving `device` (-1: no preference). Recorded as used.
-  virtual int place(MemSpec device, size_t bytes) = 0;
+  // The NUMA node for `bytes` of staging serving `device` (-1: no preference). Recorded as used
+  // under `*ticket` (0: nothing recorded) until unplace(ticket).
+  virtual int place(MemSpec device, size_t bytes, uint64_t* ticket) = 0;
+  virtual void unplace(uint64_t ticket) = 0;
 };
 
 // A stream's set of slots; given back to the pool on destruction.
@@ -58,6 +60,7 @@ class StagingPool {
   struct Free {
     MemoryBackend* backend;
     void* ptr;
+    uint64_t ticket = 0;  // the placer's record (all_ only)
   };
   const size_t slot_size_;
   StagingPlacer* const placer_;

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -444,12 +445,36 @@ Status Stream::step_rx(Io* io) {
   return Status();
 }
 
+// Idle timers (keepalive, silence) fire on a grid of keepalive/8, at most 100 ms and at least 1 ms,
+// counted from the clock's epoch: the thousand idle streams of a worker then wake it a few times
+// per keepalive interval together instead of a thousand times apart, and their peers' keepalives
+// arrive together too. A time already past (a keepalive held back by a full socket) moves to the
+// next grid point: the wait for room, not the timer, ends that sleep.
+Clock::time_point Stream::coalesce(Clock::time_point t, Clock::time_point now) const {
+  auto grain = std::clamp<std::chrono::microseconds>(config_.keepalive / 8, std::chrono::milliseconds(1),
+                                                      std::chrono::milliseconds(100));
+  if (t <= now) t = now + std::chrono::microseconds(1);
+  auto since = t.time_since_epoch();
+  auto g = std::chrono::duration_cast<Clock::duration>(grain);
+  auto rounded = (since + g - Clock::duration(1)) / g * g;
+  return Clock::time_point(rounded);
+}
+
 // One pass: what the worker thread's loop did once per round before streams shared workers.
 Stream::Turn Stream::turn() {
   if (stop_.load(std::memory_order_acquire)) return Turn::kDone;
   bool progress = false;
   Io tx = Io::kIdle, rx = Io::kIdle;
   const uint64_t burst_before = burst_bytes_;
+  // A keepalive goes out in this pass's transmit, not in a pass of its own.
+  if (Clock::now() - last_tx_ >= config_.keepalive && out_.empty() && chunks_.empty() &&
+      !has_control_.load(std::memory_order_acquire)) {
+    TxItem ka;
+    ka.header.type = wire::FrameType::kKeepalive;
+    std::lock_guard<std::mutex> lock(mu_);
+    control_.push_back(std::move(ka));
+    has_control_.store(true, std::memory_order_release);
+  }
   failure_ = reap_rx(false, &progress);
   if (failure_.ok()) failure_ = fill_pipeline(&progress);
   if (failure_.ok()) failure_ = step_tx(&tx);
@@ -481,14 +506,6 @@ Stream::Turn Stream::turn() {
   failure_ = check_frame_budget(now);
   if (!failure_.ok()) return Turn::kDone;
   prev_ = now;
-  if (now - last_tx_ > config_.keepalive && out_.empty() && chunks_.empty()) {
-    TxItem ka;
-    ka.header.type = wire::FrameType::kKeepalive;
-    std::lock_guard<std::mutex> lock(mu_);
-    control_.push_back(std::move(ka));
-    has_control_.store(true, std::memory_order_release);
-    return Turn::kAgain;
-  }
   if (progress || tx == Io::kProgress || rx == Io::kProgress) {
     last_progress_ = now;
     if (armed_) sleeping_.store(false, std::memory_order_seq_cst);
@@ -513,12 +530,14 @@ Stream::Turn Stream::turn() {
     return Turn::kAgain;
   }
   // Nothing moved for a while: park until the conduit or a wake-up, or briefly while copies are in
-  // flight; at the latest until the next keepalive or deadline, but no less than `tick`, so that
-  // deadlines close together share one wake-up.
-  auto until_due = due == Clock::time_point::max()
-                       ? config_.keepalive
-                       : std::max(config_.tick, std::chrono::ceil<std::chrono::microseconds>(due - Clock::now()));
-  auto timeout = copies ? std::chrono::microseconds(20) : std::min<std::chrono::microseconds>(config_.keepalive, until_due);
+  // flight; at the latest until the next keepalive or silence check (on the coalescing grid, so
+  // that idle streams share their worker's wake-ups) or deadline (no sooner than `tick`, so that
+  // deadlines close together share one wake-up).
+  auto idle_due = coalesce(std::min(last_tx_ + config_.keepalive, last_rx_ + config_.peer_timeout), now);
+  auto timeout = std::chrono::ceil<std::chrono::microseconds>(idle_due - now);
+  if (due != Clock::time_point::max())
+    timeout = std::min(timeout, std::max(config_.tick, std::chrono::ceil<std::chrono::microseconds>(due - now)));
+  if (copies) timeout = std::chrono::microseconds(20);
   if (paused_) timeout = std::min<std::chrono::microseconds>(timeout, std::chrono::milliseconds(1));
   want_room_ = tx == Io::kBlocked;
   wake_by_ = now + timeout;

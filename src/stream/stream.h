@@ -159,6 +159,8 @@ class Stream {
   enum class Turn { kAgain, kSleep, kDone };
   Turn turn();
   Clock::time_point wake_by() const { return wake_by_; }
+  // `t` moved up to the idle-timer grid (stream.cc).
+  Clock::time_point coalesce(Clock::time_point t, Clock::time_point now) const;
   // After kSleep: fills at most 3 pollfds to wait on and returns how many; -1 when something
   // arrived meanwhile (turn again).
   int sleep_fds(pollfd* fds);

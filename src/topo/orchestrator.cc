@@ -90,10 +90,10 @@ int Orchestrator::distance_to(const Pool& p, std::span<const int> clients, std::
 }
 
 std::vector<Candidate> Orchestrator::candidates_locked(std::span<const int> clients, uint64_t bytes,
-                                                       std::string* refusals) const {
+                                                       PoolKinds kinds, std::string* refusals) const {
   std::vector<Candidate> out;
   for (const auto& [id, p] : pools_) {
-    if (!p.usage.published) continue;
+    if (!p.usage.published || (kinds & kind_bit(p.usage.desc.kind)) == 0) continue;
     std::string why;
     int d = distance_to(p, clients, &why);
     if (d < 0) {
@@ -115,15 +115,16 @@ std::vector<Candidate> Orchestrator::candidates_locked(std::span<const int> clie
   return out;
 }
 
-Result<std::vector<Candidate>> Orchestrator::find_many(std::span<const int> clients, uint64_t bytes) const {
+Result<std::vector<Candidate>> Orchestrator::find_many(std::span<const int> clients, uint64_t bytes,
+                                                       PoolKinds kinds) const {
   for (int c : clients)
     if (c < 0 || c >= static_cast<int>(topo_->devices.size()))
       return Status(Code::kInvalidArgument, fmt::format("client device index {} is not in the topology", c));
   std::lock_guard lock(mu_);
-  return candidates_locked(clients, bytes, nullptr);
+  return candidates_locked(clients, bytes, kinds, nullptr);
 }
 
-Result<Allocation> Orchestrator::take_locked(PoolId id, uint64_t bytes) {
+Result<Allocation> Orchestrator::take_locked(PoolId id, uint64_t bytes, std::string owner) {
   Pool& p = pools_.at(id);
   uint64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
   for (auto it = p.free_ranges.begin(); it != p.free_ranges.end(); ++it) {
@@ -139,25 +140,38 @@ Result<Allocation> Orchestrator::take_locked(PoolId id, uint64_t bytes) {
     p.usage.peak = std::max(p.usage.peak, p.usage.used);
     ++p.usage.allocations;
     ++p.usage.total_allocations;
+    if (owner.empty()) owner = "unnamed";
+    p.usage.owners[owner] += take;
+    p.owner_at[a.offset] = std::move(owner);
     return a;
   }
   return Status(Code::kResourceExhausted,
                 fmt::format("pool {} has no free range of {} bytes", p.usage.desc.name, bytes));
 }
 
-Result<Allocation> Orchestrator::allocate(std::span<const int> clients, uint64_t bytes) {
+Result<Allocation> Orchestrator::allocate_from(PoolId id, uint64_t bytes, std::string owner) {
+  if (bytes == 0) return Status(Code::kInvalidArgument, "allocate: zero bytes");
+  std::lock_guard lock(mu_);
+  auto it = pools_.find(id);
+  if (it == pools_.end() || !it->second.usage.published)
+    return Status(Code::kNotFound, fmt::format("pool {} is not published", id));
+  return take_locked(id, bytes, std::move(owner));
+}
+
+Result<Allocation> Orchestrator::allocate(std::span<const int> clients, uint64_t bytes, std::string owner,
+                                          PoolKinds kinds) {
   if (bytes == 0) return Status(Code::kInvalidArgument, "allocate: zero bytes");
   for (int c : clients)
     if (c < 0 || c >= static_cast<int>(topo_->devices.size()))
       return Status(Code::kInvalidArgument, fmt::format("client device index {} is not in the topology", c));
   std::lock_guard lock(mu_);
   std::string refusals;
-  std::vector<Candidate> c = candidates_locked(clients, bytes, &refusals);
+  std::vector<Candidate> c = candidates_locked(clients, bytes, kinds, &refusals);
   if (c.empty())
     return Status(Code::kResourceExhausted,
                   fmt::format("no published pool can serve {} bytes to these clients{}", bytes,
                               refusals.empty() ? std::string(" (no pools)") : refusals));
-  return take_locked(c.front().pool, bytes);
+  return take_locked(c.front().pool, bytes, std::move(owner));
 }
 
 Status Orchestrator::free(const Allocation& a) {
@@ -194,6 +208,12 @@ Status Orchestrator::free(const Allocation& a) {
   }
   p.free_ranges[off] = len;
   p.usage.used -= std::min(p.usage.used, a.size);
+  if (auto o = p.owner_at.find(a.offset); o != p.owner_at.end()) {
+    auto held = p.usage.owners.find(o->second);
+    if (held != p.usage.owners.end() && (held->second -= std::min(held->second, a.size)) == 0)
+      p.usage.owners.erase(held);
+    p.owner_at.erase(o);
+  }
   if (p.usage.allocations > 0) --p.usage.allocations;
   if (!p.usage.published && p.usage.allocations == 0) pools_.erase(it);
   return Status();
@@ -207,25 +227,35 @@ int Orchestrator::numa_node_for_cuda_device(int cuda_device) const {
   return topo_->numa.size() == 1 ? topo_->numa[0].id : -1;
 }
 
-Result<Allocation> Orchestrator::allocate_staging(int cuda_device, uint64_t bytes) {
+Result<Allocation> Orchestrator::allocate_staging(int cuda_device, uint64_t bytes, std::string owner) {
   if (bytes == 0) return Status(Code::kInvalidArgument, "allocate_staging: zero bytes");
   int node = numa_node_for_cuda_device(cuda_device);
+  int gpu = topo_->device_of_cuda(cuda_device);
+  if (gpu < 0 && cuda_device >= 0 && cuda_device < static_cast<int>(topo_->gpus.size()) && topo_->cuda.devices.empty())
+    gpu = topo_->gpus[cuda_device];
   std::lock_guard lock(mu_);
-  std::vector<std::pair<int, PoolId>> order;  // (penalty, id): same node first, then by SLIT distance
-  for (const auto& [id, p] : pools_) {
-    if (!p.usage.published || p.usage.desc.kind != PoolKind::kPinnedHost) continue;
-    int penalty = 0;
-    if (node >= 0 && p.usage.desc.numa_node != node) {
-      penalty = kUnknownNumaPenalty;
-      int ni = topo_->numa_index(node), pi = topo_->numa_index(p.usage.desc.numa_node);
-      if (ni >= 0 && pi >= 0 && pi < static_cast<int>(topo_->numa[ni].distances.size()))
-        penalty = topo_->numa[ni].distances[pi];
+  std::vector<std::pair<int, PoolId>> order;  // (distance, id), nearest first; ties: published first
+  if (gpu >= 0) {
+    int one[] = {gpu};
+    for (const Candidate& c : candidates_locked(one, bytes, kind_bit(PoolKind::kPinnedHost), nullptr))
+      order.emplace_back(c.total_distance, c.pool);
+  } else {
+    // No device to measure from: same node first, then by SLIT distance.
+    for (const auto& [id, p] : pools_) {
+      if (!p.usage.published || p.usage.desc.kind != PoolKind::kPinnedHost) continue;
+      int penalty = 0;
+      if (node >= 0 && p.usage.desc.numa_node != node) {
+        penalty = kUnknownNumaPenalty;
+        int ni = topo_->numa_index(node), pi = topo_->numa_index(p.usage.desc.numa_node);
+        if (ni >= 0 && pi >= 0 && pi < static_cast<int>(topo_->numa[ni].distances.size()))
+          penalty = topo_->numa[ni].distances[pi];
+      }
+      order.emplace_back(penalty, id);
     }
-    order.emplace_back(penalty, id);
   }
-  std::sort(order.begin(), order.end());
-  for (const auto& [penalty, id] : order) {
-    auto a = take_locked(id, bytes);
+  std::stable_sort(order.begin(), order.end());
+  for (const auto& [distance, id] : order) {
+    auto a = take_locked(id, bytes, owner);
     if (a.ok()) return a;
   }
   return Status(

@@ -32,6 +32,10 @@ namespace dmx::topo {
 
 enum class PoolKind : uint8_t { kPinnedHost, kGpu, kDeviceBar };
 std::string_view pool_kind_name(PoolKind k);
+// A set of pool kinds, for requests that only some kinds can serve (staging must be host memory).
+using PoolKinds = uint8_t;
+constexpr PoolKinds kind_bit(PoolKind k) { return static_cast<PoolKinds>(1u << static_cast<unsigned>(k)); }
+constexpr PoolKinds kAnyPool = 0xff;
 
 struct PoolDesc {
   std::string name;  // for logs: "pinned:node0", "cuda:1", "0000:05:00.0 bar"
@@ -65,6 +69,7 @@ struct PoolUsage {
   uint64_t peak = 0;
   uint64_t allocations = 0;  // live
   uint64_t total_allocations = 0;
+  std::map<std::string, uint64_t> owners;  // who holds the live allocations: owner -> bytes
 };
 
 class Orchestrator {
@@ -78,16 +83,23 @@ class Orchestrator {
   Status unpublish(PoolId id);
   // Published pools every client can reach, nearest first (see the tie-break above), each with
   // room for `bytes`. Empty when none qualifies. kInvalidArgument for an unknown client.
-  Result<std::vector<Candidate>> find_many(std::span<const int> clients, uint64_t bytes) const;
-  // Allocates from the best candidate (64-byte aligned, first fit). kResourceExhausted when no
-  // reachable pool has room; the message lists the pools considered and why each was refused.
-  Result<Allocation> allocate(std::span<const int> clients, uint64_t bytes);
+  Result<std::vector<Candidate>> find_many(std::span<const int> clients, uint64_t bytes,
+                                           PoolKinds kinds = kAnyPool) const;
+  // Allocates from the best candidate of `kinds` (64-byte aligned, first fit), booked to `owner`
+  // (usage() lists it). kResourceExhausted when no reachable pool has room; the message lists the
+  // pools considered and why each was refused.
+  Result<Allocation> allocate(std::span<const int> clients, uint64_t bytes, std::string owner = {},
+                              PoolKinds kinds = kAnyPool);
+  // Allocates from pool `id` (a caller that ranked the candidates itself and tries them in turn).
+  Result<Allocation> allocate_from(PoolId id, uint64_t bytes, std::string owner = {});
   Status free(const Allocation& a);
 
   // Staging for the TCP path: pinned host memory on the NUMA node closest to CUDA device
   // `cuda_device` (falls back to the nearest pinned pool when that node has none or is full).
   int numa_node_for_cuda_device(int cuda_device) const;
-  Result<Allocation> allocate_staging(int cuda_device, uint64_t bytes);
+  // With the GPU in the topology, host pools are ranked by the P2PDMA rule with the GPU as the one
+  // client (hops to the root complex plus the SLIT difference), as find_many ranks them.
+  Result<Allocation> allocate_staging(int cuda_device, uint64_t bytes, std::string owner = {});
 
   // Publishes every device BAR that sysfs lists as published p2pmem.
   int publish_p2pmem_bars();
@@ -99,10 +111,12 @@ class Orchestrator {
   struct Pool {
     PoolUsage usage;
     std::map<uint64_t, uint64_t> free_ranges;  // offset -> length
+    std::map<uint64_t, std::string> owner_at;  // offset of a live allocation -> its owner
   };
   int distance_to(const Pool& p, std::span<const int> clients, std::string* why) const;
-  std::vector<Candidate> candidates_locked(std::span<const int> clients, uint64_t bytes, std::string* refusals) const;
-  Result<Allocation> take_locked(PoolId id, uint64_t bytes);
+  std::vector<Candidate> candidates_locked(std::span<const int> clients, uint64_t bytes, PoolKinds kinds,
+                                          std::string* refusals) const;
+  Result<Allocation> take_locked(PoolId id, uint64_t bytes, std::string owner);
 
   std::shared_ptr<const Topology> topo_;
   mutable std::mutex mu_;  // guards pools_ and next_id_

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "core/units.h"
@@ -279,6 +281,62 @@ std::string render_json(const Topology& t, int indent) {
     }
   j["warnings"] = t.warnings;
   return j.dump(indent);
+}
+
+}  // namespace dmx::topo
+
+namespace dmx::topo {
+
+namespace {
+
+std::string pool_where(const Topology& t, const PoolUsage& u) {
+  if (u.desc.kind == PoolKind::kPinnedHost) return fmt::format("node {}", u.desc.numa_node);
+  if (u.desc.pci >= 0 && u.desc.pci < static_cast<int>(t.devices.size()))
+    return t.devices[static_cast<size_t>(u.desc.pci)].addr.to_string();
+  return "?";
+}
+
+// For a p2pmem BAR: what the kernel says now (every process's allocations, not only ours).
+std::string kernel_side(const Topology& t, const PoolUsage& u) {
+  if (u.desc.kind != PoolKind::kDeviceBar || u.desc.pci < 0) return {};
+  const P2pmemInfo& p = t.devices[static_cast<size_t>(u.desc.pci)].p2pmem;
+  return fmt::format("; kernel: {} of {} available, {} allocated by all processes", format_size(p.available),
+                     format_size(p.size), format_size(p.size - std::min(p.size, p.available)));
+}
+
+}  // namespace
+
+std::string render_pools_text(const Topology& t, const std::vector<PoolUsage>& pools) {
+  std::string out = "\nMemory pools (published by the orchestrator; staging, landing zones and p2pmem are placed "
+                    "from the nearest by the P2PDMA rule)\n";
+  if (pools.empty()) out += "  none\n";
+  for (const PoolUsage& u : pools) {
+    out += fmt::format("  {:<28} {:<11} {:<13} capacity {:>9}  used {:>9} in {} allocation(s){}{}\n", u.desc.name,
+                       pool_kind_name(u.desc.kind), pool_where(t, u), format_size(u.desc.capacity),
+                       format_size(u.used), u.allocations, u.published ? "" : " (unpublished)", kernel_side(t, u));
+    for (const auto& [owner, bytes] : u.owners) out += fmt::format("    held by {}: {}\n", owner, format_size(bytes));
+  }
+  return out;
+}
+
+std::string render_pools_json(const Topology& t, const std::vector<PoolUsage>& pools, int indent) {
+  using nlohmann::json;
+  json a = json::array();
+  for (const PoolUsage& u : pools) {
+    json owners = json::object();
+    for (const auto& [owner, bytes] : u.owners) owners[owner] = bytes;
+    json e = {{"name", u.desc.name},        {"kind", std::string(pool_kind_name(u.desc.kind))},
+              {"where", pool_where(t, u)},  {"capacity", u.desc.capacity},
+              {"used", u.used},             {"peak", u.peak},
+              {"allocations", u.allocations}, {"published", u.published},
+              {"held_by", owners}};
+    if (u.desc.kind == PoolKind::kDeviceBar && u.desc.pci >= 0) {
+      const P2pmemInfo& p = t.devices[static_cast<size_t>(u.desc.pci)].p2pmem;
+      e["kernel"] = {{"size", p.size}, {"available", p.available}};
+    }
+    a.push_back(std::move(e));
+  }
+  return a.dump(indent);
 }
 
 }  // namespace dmx::topo

@@ -3,12 +3,18 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "topo/orchestrator.h"
 #include "topo/topology.h"
 
 namespace dmx::topo {
 
 std::string render_text(const Topology& topo);
 std::string render_json(const Topology& topo, int indent = 2);
+// The orchestrator's pools: what is published, how much is allocated and to whom (and, for p2pmem
+// BARs, what the kernel says every process holds).
+std::string render_pools_text(const Topology& topo, const std::vector<PoolUsage>& pools);
+std::string render_pools_json(const Topology& topo, const std::vector<PoolUsage>& pools, int indent = 2);
 
 }  // namespace dmx::topo

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <cstdlib>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -257,26 +259,73 @@ INSTANTIATE_TEST_SUITE_P(SameHost, Transfer, ::testing::Values(DMX_KIND_PAIRS("a
 namespace dmx::test {
 namespace {
 
-// Staging slots come from the p2p-memory orchestrator: pinned pools per NUMA node, booked there.
-// Forced to tcp: a pair in one process would agree on shm, which stages nothing.
+std::string topo_fixture(const std::string& name) {
+  const char* base = std::getenv("DMX_TEST_FIXTURES");
+  return std::string(base ? base : "tests/fixtures") + "/topo/" + name;
+}
+
+// Staging slots come from the machine's placement (topo/placement.h) by the P2PDMA rule, booked to
+// the context until it ends. Forced to tcp: a pair in one process would agree on shm, which stages
+// nothing. On the two-socket fixture (no CUDA overlay: sim devices 0 and 1 stand for the GPUs in
+// PCI order, 03:00.0 on node 0 and 83:00.0 on node 1), each device's slots land on its own node.
 TEST(Staging, SlotsArePlacedAndAccountedByTheOrchestrator) {
-  Pair p = connect_pair(test_options(2).set("transport", "tcp"));
-  ASSERT_EQ(p.client.stats().transport, "tcp") << p.client.stats().reason;
-  size_t n = 3 << 20;
-  Filled src = filled(MemSpec{MemKind::kSim, 0}, n);
-  Buffer dst = poisoned(MemSpec{MemKind::kSim, 1}, n);
-  Request r = p.server.recv(dst.region(), 1);
-  ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(kEventually).ok());
-  ASSERT_TRUE(r.wait(kEventually).ok());
-  EXPECT_EQ(read_back(dst.region()), src.data);
-  auto usage = p.ctx.impl()->placement().usage();
-  if (usage.empty()) DMX_SKIP("no readable topology") << "staging is not placed (logged at info)";
-  uint64_t used = 0;
-  for (const auto& u : usage) used += u.used;
-  // 2 streams x 2 endpoints x (2 x 4 slots + 1 reserved) slots of 1 MiB, at most.
-  EXPECT_GT(used, 0u);
-  EXPECT_LE(used, uint64_t{2 * 2 * 9} << 20);
-  EXPECT_EQ(p.ctx.impl()->staging().allocated() << 20, used);
+  std::string root = topo_fixture("dual-socket-icelake");
+  std::shared_ptr<topo::Placement> placement;
+  {
+    Pair p = connect_pair(test_options(2).set("transport", "tcp").set("sysfs_root", root));
+    ASSERT_EQ(p.client.stats().transport, "tcp") << p.client.stats().reason;
+    size_t n = 3 << 20;
+    Filled src = filled(MemSpec{MemKind::kSim, 0}, n);
+    Buffer dst = poisoned(MemSpec{MemKind::kSim, 1}, n);
+    Request r = p.server.recv(dst.region(), 1);
+    ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(kEventually).ok());
+    ASSERT_TRUE(r.wait(kEventually).ok());
+    EXPECT_EQ(read_back(dst.region()), src.data);
+    const StagingPlacement& sp = p.ctx.impl()->placement();
+    placement = sp.placement();
+    ASSERT_NE(placement, nullptr) << "the fixture's topology was not read";
+    uint64_t used = 0, gpu_pools = 0;
+    std::map<int, uint64_t> by_node;
+    for (const auto& u : placement->usage()) {
+      used += u.used;
+      if (u.desc.kind == topo::PoolKind::kPinnedHost) by_node[u.desc.numa_node] += u.used;
+      if (u.desc.kind == topo::PoolKind::kGpu) ++gpu_pools;
+      for (const auto& [owner, bytes] : u.owners) EXPECT_NE(owner.find("staging of context"), std::string::npos) << owner;
+    }
+    EXPECT_EQ(gpu_pools, 2u);  // one per GPU of the fixture
+    // 2 streams x 2 endpoints x (2 x 4 slots + 1 reserved) slots of 1 MiB, at most.
+    EXPECT_GT(by_node[0], 0u) << "sim:0's staging (GPU 03:00.0, node 0)";
+    EXPECT_GT(by_node[1], 0u) << "sim:1's staging (GPU 83:00.0, node 1)";
+    EXPECT_LE(used, uint64_t{2 * 2 * 9} << 20);
+    EXPECT_EQ(p.ctx.impl()->staging().allocated() << 20, used);
+    EXPECT_EQ(sp.booked(), used);
+  }
+  // The context is gone: its staging is no longer booked on the machine's pools.
+  uint64_t left = 0;
+  for (const auto& u : placement->usage()) left += u.used;
+  EXPECT_EQ(left, 0u);
+}
+
+// On a GPU machine the engine's GPU pools have CUDA memory behind them: a buffer from GPU 0's pool
+// holds what is copied into it. Needs a GPU (skips elsewhere).
+TEST(Placement, EngineGpuPoolsHaveCudaMemoryBehindThem) {
+  DMX_SKIP_WITHOUT_GPU();
+  auto ctx = Context::create(test_options(1));
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  std::shared_ptr<topo::Placement> machine = ctx->impl()->placement().machine();
+  if (!machine) DMX_SKIP(kNotExercised) << "this machine's topology could not be read";
+  const topo::Topology& t = machine->topology();
+  int gpu = t.device_of_cuda(0);
+  ASSERT_GE(gpu, 0) << "CUDA device 0 is not in the topology";
+  std::string clients[] = {t.devices[static_cast<size_t>(gpu)].addr.to_string()};
+  auto b = machine->allocate_gpu(clients, (1 << 20) + 3, "test");
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  ASSERT_NE(b->data(), nullptr);
+  EXPECT_EQ(b->cuda_device(), 0);
+  MemRegion r{b->data(), (1 << 20) + 3, MemSpec{MemKind::kCuda, 0}};
+  std::vector<unsigned char> data = random_bytes(r.size);
+  ASSERT_TRUE(copy_memory(r, MemRegion{data.data(), data.size(), {}}).ok());
+  EXPECT_EQ(read_back(r), data);
 }
 
 }  // namespace

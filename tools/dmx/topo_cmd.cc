@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "core/sys.h"
 #include "tools/dmx/commands.h"
+#include "topo/placement.h"
 #include "topo/report.h"
 #include "topo/sysfs.h"
 #include "topo/topology.h"
@@ -68,7 +69,23 @@ int run_topo(const TopoArgs& args) {
     std::fprintf(stderr, "dmx topo: captured %zu sysfs paths into %s (replay with --sysfs-root %s)\n",
                  tree.recorded().size(), args.capture.c_str(), args.capture.c_str());
   }
-  std::string out = args.json ? topo::render_json(*topo) + "\n" : topo::render_text(*topo);
+  // The pools an engine of this machine publishes. This process allocates nothing: its books are
+  // empty; a p2pmem BAR's line says what the kernel has handed out to every process.
+  auto shared = std::make_shared<const topo::Topology>(std::move(*topo));
+  auto placement = topo::Placement::create(shared, topo::kernel_p2pmem());
+  std::string out;
+  if (args.json) {
+    out = topo::render_json(*shared);
+    // One object: the topology's fields plus "pools".
+    if (!out.empty() && out.back() == '}') {
+      out.pop_back();
+      while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+      out += ",\n  \"pools\": " + topo::render_pools_json(*shared, placement->usage(), -1) + "\n}";
+    }
+    out += "\n";
+  } else {
+    out = topo::render_text(*shared) + topo::render_pools_text(*shared, placement->usage());
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }

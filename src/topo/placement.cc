@@ -1,0 +1,262 @@
+#include "topo/placement.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+
+namespace dmx::topo {
+
+P2pmemBuffer& P2pmemBuffer::operator=(P2pmemBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = std::move(o.owner_);
+    booking_ = o.booking_;
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    provider_ = std::move(o.provider_);
+    distance_ = o.distance_;
+  }
+  return *this;
+}
+
+void P2pmemBuffer::reset() {
+  if (owner_) {
+    if (data_ != nullptr) owner_->kernel_->unmap(data_, size_);
+    owner_->give_back(booking_);
+  }
+  owner_.reset();
+  data_ = nullptr;
+  size_ = 0;
+}
+
+GpuBuffer& GpuBuffer::operator=(GpuBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = std::move(o.owner_);
+    booking_ = std::exchange(o.booking_, Allocation{});
+    data_ = std::exchange(o.data_, nullptr);
+    cuda_device_ = o.cuda_device_;
+    pool_ = std::move(o.pool_);
+  }
+  return *this;
+}
+
+void GpuBuffer::reset() {
+  if (owner_) owner_->give_back(booking_);
+  owner_.reset();
+  booking_ = Allocation{};
+  data_ = nullptr;
+}
+
+Placement::Placement(std::shared_ptr<const Topology> topo, std::shared_ptr<P2pmemKernel> kernel,
+                     DeviceMemory gpu_memory, uint64_t gpu_pool_bytes)
+    : topo_(std::move(topo)),
+      kernel_(std::move(kernel)),
+      orch_(topo_),
+      gpu_pool_bytes_(gpu_pool_bytes),
+      gpu_memory_(std::move(gpu_memory)) {}
+
+Placement::~Placement() {
+  for (auto& [id, a] : arenas_)
+    if (a.base != nullptr && gpu_memory_.free) gpu_memory_.free(a.ordinal, a.base, a.bytes);
+}
+
+std::shared_ptr<Placement> Placement::create(std::shared_ptr<const Topology> topo,
+                                             std::shared_ptr<P2pmemKernel> kernel, DeviceMemory gpu_memory,
+                                             uint64_t gpu_pool_bytes) {
+  std::shared_ptr<Placement> p(
+      new Placement(std::move(topo), std::move(kernel), std::move(gpu_memory), gpu_pool_bytes));
+  p->publish_all();
+  return p;
+}
+
+void Placement::publish_all() {
+  const Topology& t = *topo_;
+  for (const auto& node : t.numa) {
+    uint64_t capacity = std::max<uint64_t>(node.mem_total_kib * 1024 / 2, uint64_t{1} << 30);
+    (void)orch_.publish({fmt::format("pinned:node{}", node.id), PoolKind::kPinnedHost, -1, node.id, capacity, nullptr});
+  }
+  for (size_t i = 0; i < t.gpus.size(); ++i) {
+    int dev = t.gpus[i];
+    int ordinal = t.cuda_ordinal(dev);
+    if (ordinal < 0 && t.cuda.devices.empty()) ordinal = static_cast<int>(i);  // no overlay: CUDA's PCI order
+    std::string name = ordinal >= 0 ? fmt::format("cuda:{} ({})", ordinal, t.devices[dev].addr.to_string())
+                                    : fmt::format("gpu {}", t.devices[dev].addr.to_string());
+    auto id = orch_.publish({name, PoolKind::kGpu, dev, t.devices[dev].numa_node, gpu_pool_bytes_, nullptr});
+    if (id.ok()) arenas_[*id] = GpuArena{ordinal, gpu_pool_bytes_, nullptr, {}};
+  }
+  for (size_t i = 0; i < t.devices.size(); ++i) {
+    const PciDevice& d = t.devices[i];
+    if (!d.p2pmem.present || !d.p2pmem.published) continue;
+    uint64_t capacity = d.p2pmem.available;  // what the kernel has left; others may take more
+    if (capacity == 0) continue;
+    auto id = orch_.publish({d.addr.to_string() + " p2pmem", PoolKind::kDeviceBar, static_cast<int>(i), d.numa_node,
+                             capacity, nullptr});
+    if (id.ok()) bar_paths_[*id] = t.root + "/" + d.path + "/p2pmem/allocate";
+  }
+}
+
+Result<std::vector<int>> Placement::resolve(std::span<const std::string> clients) const {
+  std::vector<int> out;
+  if (clients.empty()) return Status(Code::kInvalidArgument, "no client devices named");
+  for (const std::string& c : clients) {
+    int i = topo_->find(c);
+    if (i < 0)
+      return Status(Code::kInvalidArgument, fmt::format("client device {} is not in the topology of {}", c, topo_->root));
+    out.push_back(i);
+  }
+  return out;
+}
+
+void Placement::give_back(const Allocation& a) {
+  if (a.size == 0) return;
+  if (Status s = orch_.free(a); !s.ok()) DMX_LOG_ERROR("placement: {}", s.to_string());
+}
+
+int Placement::stage(int cuda_device, uint64_t bytes, const std::string& owner, Allocation* booked) {
+  *booked = Allocation{};
+  auto a = orch_.allocate_staging(cuda_device, bytes, owner);
+  if (!a.ok()) {
+    DMX_LOG_DEBUG("staging placement for {}: {}", owner, a.status().message());
+    return -1;
+  }
+  *booked = *a;
+  for (const auto& u : orch_.usage())
+    if (u.id == a->pool) return u.desc.numa_node;
+  return -1;
+}
+
+namespace {
+
+uint64_t page_size() {
+  long p = ::sysconf(_SC_PAGESIZE);
+  return p > 0 ? static_cast<uint64_t>(p) : 4096;
+}
+
+}  // namespace
+
+Result<P2pmemBuffer> Placement::allocate_p2pmem(std::span<const std::string> clients, uint64_t bytes,
+                                                std::string owner) {
+  if (bytes == 0) return Status(Code::kInvalidArgument, "allocate_p2pmem: zero bytes");
+  const uint64_t page = page_size();
+  if (bytes > UINT64_MAX - page) return Status(Code::kInvalidArgument, fmt::format("allocate_p2pmem: {} bytes", bytes));
+  const uint64_t len = (bytes + page - 1) / page * page;
+  DMX_ASSIGN_OR_RETURN(std::vector<int> idx, resolve(clients));
+  DMX_ASSIGN_OR_RETURN(std::vector<Candidate> cands, orch_.find_many(idx, len, kind_bit(PoolKind::kDeviceBar)));
+  if (cands.empty()) {
+    // Let the orchestrator say why each BAR was refused.
+    auto a = orch_.allocate(idx, len, owner, kind_bit(PoolKind::kDeviceBar));
+    if (a.ok()) give_back(*a);
+    return Status(Code::kResourceExhausted,
+                  fmt::format("p2pmem for {}: {}", owner, a.ok() ? "no published p2pmem BAR" : a.status().message()));
+  }
+  std::string tried;
+  bool exhausted = false;
+  Code last = Code::kUnavailable;
+  for (const Candidate& c : cands) {
+    std::string path;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = bar_paths_.find(c.pool);
+      if (it == bar_paths_.end()) continue;
+      path = it->second;
+    }
+    auto booking = orch_.allocate_from(c.pool, len, owner);
+    if (!booking.ok()) {
+      tried += fmt::format("; {}", booking.status().message());
+      exhausted = exhausted || booking.status().code() == Code::kResourceExhausted;
+      continue;
+    }
+    auto mapped = kernel_->map(path, len, /*shared=*/true, 0);
+    if (!mapped.ok()) {
+      give_back(*booking);
+      tried += fmt::format("; {}", mapped.status().message());
+      last = mapped.status().code();
+      exhausted = exhausted || last == Code::kResourceExhausted;
+      continue;
+    }
+    P2pmemBuffer b;
+    b.owner_ = shared_from_this();
+    b.booking_ = *booking;
+    b.data_ = *mapped;
+    b.size_ = len;
+    for (const auto& u : orch_.usage())
+      if (u.id == c.pool) b.provider_ = topo_->devices[static_cast<size_t>(u.desc.pci)].addr.to_string();
+    b.distance_ = c.total_distance;
+    return b;
+  }
+  return Status(exhausted ? Code::kResourceExhausted : last,
+                fmt::format("p2pmem of {} bytes for {}: every reachable BAR refused{}", len, owner, tried));
+}
+
+Result<GpuBuffer> Placement::allocate_gpu(std::span<const std::string> clients, uint64_t bytes, std::string owner) {
+  if (bytes == 0) return Status(Code::kInvalidArgument, "allocate_gpu: zero bytes");
+  DMX_ASSIGN_OR_RETURN(std::vector<int> idx, resolve(clients));
+  DMX_ASSIGN_OR_RETURN(Allocation a, orch_.allocate(idx, bytes, owner, kind_bit(PoolKind::kGpu)));
+  GpuBuffer b;
+  b.owner_ = shared_from_this();
+  b.booking_ = a;
+  GpuArena arena;
+  DeviceMemory mem;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arena = arenas_[a.pool];
+    mem = gpu_memory_;
+  }
+  b.cuda_device_ = arena.ordinal;
+  for (const auto& u : orch_.usage())
+    if (u.id == a.pool) b.pool_ = u.desc.name;
+  if (arena.base == nullptr && mem.allocate && arena.ordinal >= 0) {
+    // The arena on first use, outside the lock (a device allocation synchronizes).
+    auto base = mem.allocate(arena.ordinal, arena.bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    GpuArena& live = arenas_[a.pool];
+    if (!base.ok()) {
+      live.failed = base.status().message();
+      return Status(Code::kUnavailable, fmt::format("GPU pool {} for {}: its {} bytes could not be allocated: {}",
+                                                    b.pool_, owner, arena.bytes, live.failed));
+    }
+    if (live.base == nullptr) {
+      live.base = *base;
+      live.failed.clear();
+    } else if (mem.free) {
+      mem.free(arena.ordinal, *base, arena.bytes);  // another thread was first
+    }
+    arena = live;
+  }
+  if (arena.base != nullptr) b.data_ = static_cast<char*>(arena.base) + a.offset;
+  return b;
+}
+
+Result<std::shared_ptr<Placement>> Placement::for_root(const std::string& sysfs_root, DeviceMemory gpu_memory,
+                                                       uint64_t gpu_pool_bytes) {
+  static std::mutex* mu = new std::mutex();  // never destroyed: buffers may outlive static destruction
+  static auto* live = new std::map<std::string, std::shared_ptr<Placement>>();
+  std::lock_guard<std::mutex> lock(*mu);
+  auto it = live->find(sysfs_root);
+  if (it != live->end()) {
+    std::shared_ptr<Placement> p = it->second;
+    std::lock_guard<std::mutex> inner(p->mu_);
+    if (!p->gpu_memory_.allocate && gpu_memory.allocate) p->gpu_memory_ = std::move(gpu_memory);
+    return p;
+  }
+  auto topo = discover_local(sysfs_root);
+  if (!topo.ok())
+    return Status(Code::kUnavailable, fmt::format("topology of {} unknown: {}", sysfs_root, topo.status().message()));
+  auto p = create(*topo, kernel_p2pmem(), std::move(gpu_memory), gpu_pool_bytes);
+  (*live)[sysfs_root] = p;
+  return p;
+}
+
+Result<P2pmemBuffer> allocate_p2pmem(const std::string& sysfs_root, std::span<const std::string> clients,
+                                     uint64_t bytes, std::string owner) {
+  DMX_ASSIGN_OR_RETURN(std::shared_ptr<Placement> p, Placement::for_root(sysfs_root));
+  return p->allocate_p2pmem(clients, bytes, std::move(owner));
+}
+
+}  // namespace dmx::topo
