@@ -23,6 +23,14 @@ struct DeviceList {
   }
 };
 
+// ENOSYS: the kernel has no RDMA subsystem (no /sys/class/infiniband, no uverbs).
+std::string list_failed(int err) {
+  if (err == ENOSYS)
+    return fmt::format("this kernel has no RDMA support (ibv_get_device_list failed: {}; no /sys/class/infiniband)",
+                       errno_text(err));
+  return fmt::format("ibv_get_device_list failed: {}", errno_text(err));
+}
+
 const char* state_text(ibv_port_state s) { return ibv_port_state_str(s); }
 
 bool v4_mapped(const Gid& g) {
@@ -112,7 +120,7 @@ Result<std::shared_ptr<Device>> open_device(const Config& config) {
   if (gid_index < -1 || gid_index > INT_MAX)
     return Status(Code::kUnavailable, fmt::format("rdma: rdma_gid_index {} is out of range", gid_index));
   DeviceList l;
-  if (!l.list) return Status(Code::kUnavailable, fmt::format("rdma: ibv_get_device_list failed: {}", errno_text(errno)));
+  if (!l.list) return Status(Code::kUnavailable, "rdma: " + list_failed(errno));
   if (l.n == 0)
     return Status(Code::kUnavailable,
                   "rdma: no RDMA device (ibv_get_device_list found none: no NIC, its driver not loaded, or no "
@@ -158,7 +166,7 @@ std::vector<PortReport> survey_ports(std::string* why) {
   std::vector<PortReport> out;
   DeviceList l;
   if (!l.list) {
-    *why = fmt::format("ibv_get_device_list failed: {}", errno_text(errno));
+    *why = list_failed(errno);
     return out;
   }
   if (l.n == 0) {

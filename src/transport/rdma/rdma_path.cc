@@ -30,11 +30,12 @@ constexpr int kRegionAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
 // wr_id: the kind in the top byte, then an id (receives carry their queue pair's index).
 constexpr uint64_t kWrRead = uint64_t{1} << 56, kWrNotice = uint64_t{2} << 56, kWrKind = uint64_t{0xff} << 56;
 
-const char* opcode_text(ibv_wc_opcode op) {
-  switch (op) {
-    case IBV_WC_RDMA_READ: return "RDMA READ";
-    case IBV_WC_SEND: return "release notice (SEND)";
-    case IBV_WC_RECV: return "receive";
+// By the wr_id: a completion with an error status has no valid opcode.
+const char* wr_text(uint64_t wr_id) {
+  switch (wr_id & kWrKind) {
+    case kWrRead: return "RDMA READ";
+    case kWrNotice: return "release notice (SEND with immediate)";
+    case 0: return "receive";
     default: return "work request";
   }
 }
@@ -290,7 +291,7 @@ class RdmaPath final : public PathBase {
     if (wc.status != IBV_WC_SUCCESS) {
       if (wc.status == IBV_WC_WR_FLUSH_ERR && (failed() || stopping())) return;  // the end's flush
       fail_with(Status(Code::kIo, fmt::format("rdma: {} on queue pair {:#x} failed: {} (vendor error {:#x}){}",
-                                              kind == 0 ? "receive" : opcode_text(wc.opcode), wc.qp_num,
+                                              wr_text(wc.wr_id), wc.qp_num,
                                               ibv_wc_status_str(wc.status), wc.vendor_err,
                                               wc.status == IBV_WC_REM_ACCESS_ERR
                                                   ? ": the peer's NIC refused the rkey or address"
@@ -393,10 +394,12 @@ class RdmaPath final : public PathBase {
       }
       if (n == 0) std::this_thread::sleep_for(100us);
     }
+    DMX_LOG_DEBUG("rdma to {}: {} work requests left after the drain", peer_, outstanding());
     if (outstanding() > 0)
       DMX_LOG_WARN("rdma: {} work requests to {} not flushed after {} s; destroying the queue pairs", outstanding(),
                    peer_, kDrain.count());
     conn_->destroy_qps();
+    DMX_LOG_DEBUG("rdma to {}: queue pairs destroyed", peer_);
     std::deque<RxJob> left;
     take_posts([&] { left.swap(jobs_); });
     for (const RxJob& j : left) done->push_back({false, j.seq, why});

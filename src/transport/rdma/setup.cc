@@ -16,7 +16,9 @@ namespace dmx::rdma {
 namespace {
 
 constexpr uint8_t kTimeout = 14;      // 4.096 us * 2^14 = 67 ms per transport retry
-constexpr uint8_t kRetries = 7;       // then the queue pair fails: a peer gone is seen in ~0.5 s
+// Then the queue pair fails: a peer gone is seen in ~0.5 s. Not 7: rxe reads 7 as "retry forever"
+// (as the spec does only for rnr_retry), and a read to a queue pair that never answers would hang.
+constexpr uint8_t kRetries = 6;
 constexpr uint8_t kRnrRetry = 7;      // infinite: a busy peer that has not reposted its receives yet
 constexpr uint8_t kMinRnrTimer = 12;  // 0.64 ms
 
