@@ -22,6 +22,7 @@
 
 #include "core/config.h"
 #include "transport/rdma/device.h"
+#include "transport/rdma/p2pmem.h"
 #include "transport/rdma/rdma_path.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/rdma/setup.h"
@@ -339,6 +340,23 @@ TEST_F(RdmaPathTest, StopIsPromptWithWorkPending) {
   ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.stopped; }));
   EXPECT_EQ(b_.events.rx.size(), 16u);  // every chunk completed, one way or the other
   EXPECT_FALSE(b_.path->post_rx(99, std::vector<unsigned char>(24), MemRegion{}).ok());
+}
+
+// p2pmem's refusals name the step and the kernel's errno (no device here publishes p2pmem).
+TEST(RdmaP2pmem, RefusalsSayWhy) {
+  char dir[] = "/tmp/dmx-p2pmem-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  std::string root = dir;
+  auto none = map_p2pmem(root, "0000:01:00.0", 4096);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("publishes no P2PDMA memory"), std::string::npos) << none.status().message();
+  std::string p2p = root + "/bus/pci/devices/0000:01:00.0/p2pmem";
+  ASSERT_EQ(std::system(("mkdir -p " + p2p).c_str()), 0);
+  auto no_alloc = map_p2pmem(root, "0000:01:00.0", 4096);
+  ASSERT_FALSE(no_alloc.ok());
+  EXPECT_NE(no_alloc.status().message().find("open(" + p2p + "/allocate) failed"), std::string::npos)
+      << no_alloc.status().message();
+  (void)std::system(("rm -rf " + root).c_str());
 }
 
 }  // namespace
