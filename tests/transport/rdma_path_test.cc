@@ -325,6 +325,26 @@ TEST_F(RdmaPathTest, RegistrationChurnUnderLoad) {
   EXPECT_FALSE(a_.events.failure.has_value() || b_.events.failure.has_value());
 }
 
+// A destination the NIC cannot register (here simulated device memory; GPU memory without dma-buf
+// or peer memory) lands in a host staging buffer and is copied the rest of the way.
+TEST_F(RdmaPathTest, DestinationTheNicCannotReachIsStaged) {
+  connect();
+  constexpr size_t n = (1 << 20) + 7;
+  auto src = fresh(n);
+  auto dst = Buffer::allocate(MemSpec{MemKind::kSim, 0}, n);
+  ASSERT_TRUE(dst.ok()) << dst.status().to_string();
+  ASSERT_TRUE(b_.path->accepts(dst->where()));
+  auto d = a_.path->post_tx(1, MemRegion{src.data(), n, {}}, true);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(b_.path->post_rx(1, *d, dst->region()).ok());
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.rx.count(1) > 0; }));
+  ASSERT_TRUE(b_.events.rx[1].ok()) << b_.events.rx[1].to_string();
+  std::vector<unsigned char> back(n);
+  ASSERT_TRUE(copy_memory(MemRegion{back.data(), n, {}}, dst->region()).ok());
+  EXPECT_EQ(back, src);
+  EXPECT_EQ(b_.path->stats().device_copies, 1u);
+}
+
 TEST_F(RdmaPathTest, StopIsPromptWithWorkPending) {
   connect();
   auto src = fresh(8 << 20);

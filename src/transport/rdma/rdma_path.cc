@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "core/clock.h"
@@ -58,6 +59,8 @@ class RdmaPath final : public PathBase {
     uint64_t len;
     int pieces_left;
     std::shared_ptr<Mr> owned;
+    std::optional<Buffer> staging;  // memory the NIC cannot reach lands here first
+    MemRegion dst;                  // then is copied here
   };
   struct Wr {
     uint64_t id;
@@ -93,8 +96,10 @@ class RdmaPath final : public PathBase {
   bool carries(const MemSpec& m) const override {
     return host_kind(m) || gpu_.direct(m);
   }
-  bool accepts(const MemSpec& m) const override { return carries(m); }
-  bool accepts_any() const override { return false; }  // sim memory, and GPU memory without registration
+  // Every destination: memory the NIC cannot register (GPU memory without dma-buf or peer memory,
+  // or the advisor's staging) lands in a host buffer first and is copied by the copy engines.
+  bool accepts(const MemSpec&) const override { return true; }
+  bool accepts_any() const override { return true; }
   uint64_t max_chunk() const override { return max_chunk_; }
   bool receiver_releases() const override { return false; }
 
@@ -211,8 +216,22 @@ class RdmaPath final : public PathBase {
       done->push_back({false, j.seq, Status()});
       return;
     }
+    // Where the NIC writes: the destination, or a staging buffer when it cannot reach it.
+    MemRegion land = j.dst;
+    std::optional<Buffer> staging;
+    if (!carries(j.dst.where)) {
+      auto b = Buffer::allocate(MemSpec{MemKind::kPinned, 0}, j.d.len);
+      if (!b.ok()) b = Buffer::allocate(MemSpec{}, j.d.len);
+      if (!b.ok()) {
+        notice(j.d.token);
+        done->push_back({false, j.seq, b.status().with_peer(peer_)});
+        return;
+      }
+      staging = std::move(*b);
+      land = staging->region();
+    }
     std::shared_ptr<Mr> owned;
-    auto mr = registration(j.dst, IBV_ACCESS_LOCAL_WRITE, &owned);
+    auto mr = registration(land, IBV_ACCESS_LOCAL_WRITE, &owned);
     if (!mr.ok()) {
       notice(j.d.token);
       done->push_back({false, j.seq, mr.status().with_peer(peer_)});
@@ -225,12 +244,12 @@ class RdmaPath final : public PathBase {
     uint64_t piece = std::max(kMinPiece, (j.d.len + nqp - 1) / nqp);
     int pieces = static_cast<int>((j.d.len + piece - 1) / piece);
     uint64_t id = next_op_++ & ~kWrKind;
-    ops_[id] = RxOp{j.seq, j.d.token, j.d.len, pieces, std::move(owned)};
+    ops_[id] = RxOp{j.seq, j.d.token, j.d.len, pieces, std::move(owned), std::move(staging), j.dst};
     for (int i = 0; i < pieces; ++i) {
       uint64_t off = static_cast<uint64_t>(i) * piece;
       uint64_t len = std::min(piece, j.d.len - off);
       Wr w{kWrRead | id, IBV_WR_RDMA_READ,
-           ibv_sge{reinterpret_cast<uintptr_t>(j.dst.ptr) + off, static_cast<uint32_t>(len), (*mr)->lkey()},
+           ibv_sge{reinterpret_cast<uintptr_t>(land.ptr) + off, static_cast<uint32_t>(len), (*mr)->lkey()},
            remote + off, rkey, 0};
       queue_wr(static_cast<int>((id + static_cast<uint64_t>(i)) % nqp), w);
     }
@@ -306,9 +325,14 @@ class RdmaPath final : public PathBase {
       RxOp op = std::move(it->second);
       ops_.erase(it);
       notice(op.token);
+      Status landed;
+      if (op.staging) {  // the copy engines take it the rest of the way
+        landed = copy_memory(op.dst, op.staging->region());
+        PathCounters::add(counters_.device_copies);
+      }
       PathCounters::add(counters_.chunks_received);
       PathCounters::add(counters_.bytes_received, op.len);
-      done->push_back({false, op.seq, Status()});
+      done->push_back({false, op.seq, landed.ok() ? landed : landed.with_peer(peer_)});
     } else if (kind == 0) {  // a release notice from the peer
       if (!(wc.wc_flags & IBV_WC_WITH_IMM) || wc.opcode != IBV_WC_RECV) {
         fail_with(Status(Code::kProtocol, "rdma: the peer sent a message without a token").with_peer(peer_));

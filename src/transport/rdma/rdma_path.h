@@ -4,7 +4,9 @@
 //             user's registered region that holds it: registration.h) and sends {addr, len, rkey,
 //             token} as the chunk's descriptor.
 //   receiver: post_rx validates the descriptor, and the progress thread READs the chunk into its
-//             destination (registered the same way), striped over the queue pairs in pieces; when
+//             destination (registered the same way; memory the NIC cannot register, such as GPU
+//             memory without dma-buf or peer memory, through a host staging buffer and the copy
+//             engines), striped over the queue pairs in pieces; when
 //             every piece has landed, on_path_rx_done, and a SEND with the token as immediate data
 //             tells the sender it may let go.
 //   sender:   that notice: the chunk's registration is dropped and on_path_tx_done follows (the
