@@ -9,7 +9,7 @@ constexpr ConfigEntry kTable[] = {
     {"log_level", ConfigType::kString, "warn", "log verbosity", "trace|debug|info|warn|error|off"},
     // engine
     {"transport", ConfigType::kString, "auto",
-     "data path to use: auto (the best both peers support), tcp, or a registered transport (cuda_ipc, devmem, "
+     "data path to use: auto (the best both peers support), tcp, or a registered transport (cuda_ipc, devmem, rdma, "
      "shm; checked when the context is created)"},
     {"checksum", ConfigType::kString, "none",
      "end-to-end CRC32C of every data chunk: none, or crc32c (computed as chunks leave and land, by the GPU for "
