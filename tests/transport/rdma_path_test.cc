@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -371,12 +372,13 @@ TEST(RdmaP2pmem, RefusalsSayWhy) {
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("publishes no P2PDMA memory"), std::string::npos) << none.status().message();
   std::string p2p = root + "/bus/pci/devices/0000:01:00.0/p2pmem";
-  ASSERT_EQ(std::system(("mkdir -p " + p2p).c_str()), 0);
+  std::error_code ec;
+  ASSERT_TRUE(std::filesystem::create_directories(p2p, ec)) << ec.message();
   auto no_alloc = map_p2pmem(root, "0000:01:00.0", 4096);
   ASSERT_FALSE(no_alloc.ok());
   EXPECT_NE(no_alloc.status().message().find("open(" + p2p + "/allocate) failed"), std::string::npos)
       << no_alloc.status().message();
-  (void)std::system(("rm -rf " + root).c_str());
+  std::filesystem::remove_all(root, ec);
 }
 
 }  // namespace
