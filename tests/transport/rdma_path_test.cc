@@ -363,6 +363,37 @@ TEST_F(RdmaPathTest, StopIsPromptWithWorkPending) {
   EXPECT_FALSE(b_.path->post_rx(99, std::vector<unsigned char>(24), MemRegion{}).ok());
 }
 
+// compatible() gives the same verdict both ways, refuses one host unless a side is forced, and
+// takes a malformed offer as a reason. Needs no device.
+TEST(RdmaTransport, CompatibleIsSymmetric) {
+  auto t = make_rdma_transport();
+  auto offer = [](bool forced, bool ethernet) {
+    Offer o;
+    o.forced = forced;
+    o.ethernet = ethernet;
+    o.mtu = 3;
+    o.device = ethernet ? "rxe0" : "mlx5_0";
+    return o.encode();
+  };
+  PeerPair hosts, one_host;
+  one_host.same_host = true;
+  std::vector<unsigned char> junk{1, 2, 3};
+  struct Case {
+    std::vector<unsigned char> a, b;
+    PeerPair pair;
+    bool ok;
+  };
+  for (const Case& c : {Case{offer(false, true), offer(false, true), hosts, true},
+                        Case{offer(false, true), offer(false, true), one_host, false},
+                        Case{offer(true, true), offer(false, true), one_host, true},
+                        Case{offer(false, true), offer(false, false), hosts, false},
+                        Case{offer(false, true), junk, hosts, false}}) {
+    Status ab = t->compatible(c.a, c.b, c.pair), ba = t->compatible(c.b, c.a, c.pair);
+    EXPECT_EQ(ab.ok(), c.ok) << ab.to_string();
+    EXPECT_EQ(ab.ok(), ba.ok()) << ab.to_string() << " / " << ba.to_string();
+  }
+}
+
 // p2pmem's refusals name the step and the kernel's errno (no device here publishes p2pmem).
 TEST(RdmaP2pmem, RefusalsSayWhy) {
   char dir[] = "/tmp/dmx-p2pmem-XXXXXX";
