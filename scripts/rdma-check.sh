@@ -84,6 +84,7 @@ dpath=$(field p50_us "$jpath" | awk '{ printf "%.3f", $1 / 2 }')
   echo "rdma-check: could not read a result (perftest: '$bw' / '$lat'; dmx: '$jbw' / '$jlat')" >&2
   exit 1
 }
+echo "dmx: write 1 MiB: transport $(printf '%s\n' "$jbw" | sed -n 's/.*"transport":"\([^"]*\)".*/\1/p'), $(field peer_path_chunks_received "$jbw") chunks by a path at the peer; send 8 B by the path: $(field peer_path_chunks_received "$jpath") chunks by a path"
 echo "ib_write_bw  1 MiB: $pbw GB/s    dmx write 1 MiB: $dbw GB/s    ratio $(awk -v a="$dbw" -v b="$pbw" 'BEGIN { printf "%.3f", a / b }') (target >= 0.9 on a NIC)"
 echo "ib_write_lat 8 B:   $plat us     dmx send 8 B half RTT: $dlat us    ratio $(awk -v a="$dlat" -v b="$plat" 'BEGIN { printf "%.2f", a / b }'), difference $(awk -v a="$dlat" -v b="$plat" 'BEGIN { printf "%+.2f", a - b }') us (target <= +1 us on a NIC)"
 echo "ib_write_lat 8 B:   $plat us     dmx send 8 B by the rdma path (eager_limit=0) half RTT: $dpath us    ratio $(awk -v a="$dpath" -v b="$plat" 'BEGIN { printf "%.2f", a / b }')"
