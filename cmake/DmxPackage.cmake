@@ -8,7 +8,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_dmx_layers dmx_core dmx_memory dmx_wire dmx_topo dmx_cuda dmx_stream dmx_transport dmx_tcp dmx_devmem dmx_shm dmx_cuda_ipc
+set(_dmx_layers dmx_core dmx_memory dmx_wire dmx_topo dmx_cuda dmx_stream dmx_transport dmx_tcp dmx_devmem dmx_shm dmx_cuda_ipc dmx_rdma
     dmx_engine dmx_probe)
 set(_dmx_objects "")
 foreach(layer IN LISTS _dmx_layers)
@@ -22,6 +22,10 @@ endforeach()
 set(_dmx_private_deps fmt::fmt spdlog::spdlog OpenSSL::Crypto Threads::Threads)
 if(DMX_HAVE_CUDA)
   list(APPEND _dmx_private_deps CUDA::cudart_static)
+endif()
+# rdma-core's libibverbs is a shared library: a build with rdma needs libibverbs1 where it runs.
+if(DMX_HAVE_RDMA)
+  list(APPEND _dmx_private_deps ${DMX_IBVERBS_LIBRARY})
 endif()
 # Before 1.0 every minor release may change the ABI.
 set(DMX_SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR})
@@ -74,6 +78,9 @@ string(REGEX REPLACE "/$" "" DMX_PC_PREFIX_FROM_PCDIR "${DMX_PC_PREFIX_FROM_PCDI
 set(DMX_PC_LIBS_PRIVATE "-lspdlog -lfmt -lcrypto -pthread")
 if(DMX_HAVE_CUDA)
   string(APPEND DMX_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")
+endif()
+if(DMX_HAVE_RDMA)
+  string(APPEND DMX_PC_LIBS_PRIVATE " -libverbs")
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/dmx.pc.in ${PROJECT_BINARY_DIR}/dmx.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/dmx.pc DESTINATION ${_dmx_pcdir})

@@ -2,7 +2,7 @@
 # `dmx --version` and bug reports. The revision is read at every build (not only at configure), so
 # it never names an older commit than the one built; the file is rewritten only when it changes.
 set(DMX_BUILD_OPTIONS
-    "${CMAKE_BUILD_TYPE}, ${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}, ${DMX_CUDA_REASON}")
+    "${CMAKE_BUILD_TYPE}, ${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}, ${DMX_CUDA_REASON}, ${DMX_RDMA_REASON}")
 if(DMX_SANITIZE)
   string(APPEND DMX_BUILD_OPTIONS ", sanitizer ${DMX_SANITIZE}")
 endif()

@@ -13,6 +13,7 @@ pkgs=(
   clang libclang-rt-14-dev
   curl ccache
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libibverbs-dev rdma-core ibverbs-providers ibverbs-utils perftest
 )
 missing=()
 for p in "${pkgs[@]}"; do

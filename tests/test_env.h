@@ -30,6 +30,7 @@ inline constexpr const char* kNotBuilt = "not built";              // an optiona
 inline constexpr const char* kOneProcess = "one process only";     // a test that forks a peer
 inline constexpr const char* kNotExercised = "case not exercised";  // the machine never made it happen
 inline constexpr const char* kNotInstalled = "not installed";      // a third-party package (pytest's too)
+inline constexpr const char* kNoRdma = "no RDMA device";           // no verbs device with an active port
 
 // Why CUDA device `device` cannot be used here (dmx::mem_available's reason); empty when it can.
 // Initialises CUDA in this process: tests that fork after using CUDA probe in a child instead

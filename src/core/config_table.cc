@@ -9,7 +9,7 @@ constexpr ConfigEntry kTable[] = {
     {"log_level", ConfigType::kString, "warn", "log verbosity", "trace|debug|info|warn|error|off"},
     // engine
     {"transport", ConfigType::kString, "auto",
-     "data path to use: auto (the best both peers support), tcp, or a registered transport (cuda_ipc, devmem, "
+     "data path to use: auto (the best both peers support), tcp, or a registered transport (cuda_ipc, devmem, rdma, "
      "shm; checked when the context is created)"},
     {"checksum", ConfigType::kString, "none",
      "end-to-end CRC32C of every data chunk: none, or crc32c (computed as chunks leave and land, by the GPU for "
@@ -103,6 +103,16 @@ constexpr ConfigEntry kTable[] = {
     {"devmem_gpu", ConfigType::kInt, "0", "CUDA device whose memory holds the devmem RX pool and TX ring"},
     {"devmem_state_dir", ConfigType::kString, "/run/dmx",
      "where dmx devmem setup keeps the NIC's saved state and connections record their flow rules (for teardown)"},
+    // rdma (verbs)
+    {"rdma_device", ConfigType::kString, "", "RDMA device (ibv_devices); empty: the first with an active port"},
+    {"rdma_port", ConfigType::kInt, "0", "port of rdma_device; 0: its first active port"},
+    {"rdma_gid_index", ConfigType::kInt, "-1", "GID index; -1: a RoCE v2 IPv4 GID where there is one, else the first"},
+    {"rdma_qps", ConfigType::kInt, "4", "RC queue pairs per endpoint; large chunks are striped over them (1-16)"},
+    {"rdma_chunk", ConfigType::kSize, "8M", "largest chunk of one rdma post (one RDMA READ per queue pair stripe)"},
+    {"rdma_gpu", ConfigType::kString, "auto",
+     "GPU memory by rdma: auto = dma-buf, else a peer-memory module, else staged by other paths; dmabuf, peermem "
+     "or off = only that",
+     "auto|dmabuf|peermem|off"},
     // topology
     {"sysfs_root", ConfigType::kString, "/sys", "root of the sysfs tree that topology discovery reads"},
     // same-host paths (shm, cuda_ipc)

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/devmem/devmem_transport.h"
+#include "transport/rdma/rdma_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -26,10 +27,11 @@ std::vector<std::function<std::shared_ptr<Transport>()>>& added() {
 }  // namespace
 
 // cuda_ipc first: it moves device memory at the link's speed and never stages; devmem next (the
-// NIC reads and writes device memory); shm carries every kind, staging device memory; tcp last:
+// NIC reads and writes device memory); rdma next (between hosts only, unless forced: its compatible()
+// refuses one host, where shm and cuda_ipc do better); shm carries every kind, staging device memory; tcp last:
 // what no path carries goes inline on the streams.
 TransportList default_transports() {
-  TransportList list{make_cuda_ipc_transport(), make_devmem_transport(), make_shm_transport(),
+  TransportList list{make_cuda_ipc_transport(), make_devmem_transport(), make_rdma_transport(), make_shm_transport(),
                      make_shm_pipe_transport(), make_tcp_transport()};
   std::lock_guard<std::mutex> lock(added_mu);
   for (const auto& make : added()) register_transport(list, make());

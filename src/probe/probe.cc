@@ -5,6 +5,7 @@
 #include "core/config.h"
 #include "engine/paths.h"
 #include "transport/devmem/devmem.h"
+#include "transport/rdma/rdma_transport.h"
 
 namespace dmx::probe {
 
@@ -30,6 +31,7 @@ const std::vector<Check>& checks() {
          if (o.devmem) return devmem::probe();
          return std::vector<Capability>{{"devmem", false, "not probed (--no-devmem)"}};
        }},
+      {"rdma", [](const ProbeOptions& o) { return probe_rdma(o.sysfs_root, o.cuda); }},
       {"io_uring", [](const ProbeOptions&) { return probe_io_uring_zcrx(); }},
       {"netns", [](const ProbeOptions&) { return probe_network_namespaces(); }},
       {"engine",

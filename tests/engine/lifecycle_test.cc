@@ -389,7 +389,7 @@ TEST(Lifecycle, UnknownTransportSettingListsTheChoices) {
   auto c = Context::create(test_options().set("transport", "carrier-pigeon"));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(c.status().message().find("auto|cuda_ipc|devmem|shm|tcp"), std::string::npos) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("auto|cuda_ipc|devmem|rdma|shm|tcp"), std::string::npos) << c.status().to_string();
   EXPECT_FALSE(Context::create(test_options().set("transport", "shm_pipe")).ok()) << "not a payload transport";
   EXPECT_TRUE(Context::create(test_options().set("transport", "devmem")).ok());
 }

@@ -1,7 +1,9 @@
 // The transports the conformance suite runs over. Each is forced with the transport setting, so a
 // transport that cannot be had fails the connection instead of falling back.
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 
 #include "devmem/socket_double.h"
@@ -9,6 +11,7 @@
 #include "engine/transports.h"
 #include "transport/devmem/devmem_path.h"
 #include "transport/devmem/devmem_transport.h"
+#include "transport/rdma/rdma_transport.h"
 #include "transport/conformance.h"
 #include "transport/loop_transport.h"
 #include "test_env.h"
@@ -24,6 +27,17 @@ Result<Context> forced(Options o, const char* transport) {
 std::string unless_available(MemSpec mem) {
   Status s = mem_available(mem);
   return s.ok() ? "" : fmt::format("{}: {}", kNoGpu, s.message());
+}
+
+// rdma needs a verbs device with an active port (rxe in scripts/rxe-vm.sh's guest, or a NIC).
+std::string rdma_unavailable() {
+  auto config = Config::resolve();
+  if (!config.ok()) return fmt::format("{}: {}", kNoRdma, config.status().message());
+  Status s = rdma_available(*config);
+  if (s.ok()) return "";
+  // In scripts/rxe-vm.sh's guest a missing device is a failure, not a skip.
+  if (std::getenv("DMX_RXE_GUEST")) ADD_FAILURE() << "DMX_RXE_GUEST is set, but " << s.message();
+  return fmt::format("{}: {}", kNoRdma, s.message());
 }
 
 // devmem's kernel and NIC are the socket-pair double (tests/devmem/socket_double.h): each "host"
@@ -77,6 +91,8 @@ const std::vector<Harness>& harnesses() {
        [](int, Options o) { return forced(o, "cuda_ipc"); }, "cuda_ipc",
        "CUDA cannot be used in a child forked after the parent initialised it (the killed-owner case is "
        "CudaIpcGpu.OwnerKilledWithCopiesInFlightNeverHangs and CudaIpcPathGpu.PeerKilledMidTransferNeverHangs)"},
+      // Forced on both sides: on one host rdma is otherwise never chosen.
+      {"rdma", MemSpec{}, rdma_unavailable, [](int, Options o) { return forced(o, "rdma"); }, "rdma", ""},
       {"loop", MemSpec{}, [] { return std::string(); }, loop_context, "loop",
        "the loop transport shares pointers within one process"},
   };

@@ -261,7 +261,7 @@ void add_bench_command(CLI::App& app, int* exit_code) {
                 "this side's CUDA buffers: cudamalloc (default) | cumem[:BLOCK] (cuMem allocations of BLOCK bytes in "
                 "one range, as PyTorch's expandable segments; default block 20M)");
   b->add_option("--op", a->op, "send (two-sided) | write | read (one-sided)")->check(CLI::IsMember({"send", "write", "read"}));
-  b->add_option("--transport", a->transport, "auto | tcp | devmem | shm | cuda_ipc (default: the transport setting)");
+  b->add_option("--transport", a->transport, "auto | tcp | devmem | rdma | shm | cuda_ipc (default: the transport setting)");
   b->add_option("--sizes", a->sizes, fmt::format("comma-separated sizes, e.g. 8,4K,1M,256M (default {})", kDefaultSizes));
   b->add_option("-b,--min-bytes", a->min_bytes,
                 "a size range as nccl-tests: MIN, MIN*F, MIN*F^2 ... while <= MAX; MIN (default 8)");

@@ -1,0 +1,422 @@
+// The rdma path on its own (transport/rdma/rdma_path.h): two paths of one process joined by a
+// socket pair (the data socket's stand-in) over a real verbs device — soft-RoCE in
+// scripts/rxe-vm.sh's guest. Hostile-peer cases: a bad rkey, an address outside the registered
+// chunk, queue-pair numbers that are not the peer's, a region deregistered under a read; and the
+// life cycle: RNR retry, a flood of small chunks, a peer that dies, a prompt stop. Skips with the
+// reason where there is no device (this machine's kernel has no RDMA).
+#include <gtest/gtest.h>
+
+#include "test_env.h"
+
+#if DMX_HAVE_RDMA
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "core/config.h"
+#include "transport/rdma/device.h"
+#include "transport/rdma/p2pmem.h"
+#include "transport/rdma/rdma_path.h"
+#include "transport/rdma/rdma_transport.h"
+#include "transport/rdma/setup.h"
+
+namespace dmx::rdma {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr unsigned char kPoison = 0xA5;
+
+std::vector<unsigned char> fresh(size_t n) {
+  static std::mt19937_64 rng(std::random_device{}());
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) b = static_cast<unsigned char>(rng());
+  return v;
+}
+
+struct Recorder : PayloadPath::Events {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, Status> tx, rx;
+  std::optional<Status> failure;
+  bool stopped = false;
+  void on_path_tx_done(uint64_t seq, const Status& s) override { note([&] { tx[seq] = s; }); }
+  void on_path_rx_done(uint64_t seq, const Status& s) override { note([&] { rx[seq] = s; }); }
+  void on_path_failed(const Status& s) override { note([&] { failure = s; }); }
+  void on_path_stopped() override { note([&] { stopped = true; }); }
+  template <class F>
+  void note(F f) {
+    std::lock_guard l(mu);
+    f();
+    cv.notify_all();
+  }
+  template <class P>
+  bool wait(P pred, std::chrono::seconds limit = test::kEventually) {
+    std::unique_lock l(mu);
+    return cv.wait_for(l, limit, [&] { return pred(*this); });
+  }
+};
+
+struct Side {
+  std::unique_ptr<PayloadPath> path;
+  Recorder events;
+};
+
+struct Options {
+  Depths a, b;  // a sends, b receives (each path can do both)
+  void (*a_hostile)(ConnInfo*) = nullptr;
+  const RxTamper* b_tamper = nullptr;
+};
+
+class RdmaPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto config = Config::resolve();
+    ASSERT_TRUE(config.ok());
+    auto d = open_device(*config);
+    if (!d.ok() && std::getenv("DMX_RXE_GUEST")) FAIL() << "DMX_RXE_GUEST is set, but " << d.status().message();
+    if (!d.ok()) DMX_SKIP(test::kNoRdma) << d.status().message();
+    dev_ = *d;
+  }
+  void TearDown() override {
+    for (Side* s : {&a_, &b_})
+      if (s->path) {
+        s->path->stop();
+        s->events.wait([](Recorder& r) { return r.stopped; });
+      }
+  }
+
+  void connect(Options o = {}) {
+    int fds[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    Result<std::unique_ptr<Connection>> ca = Status(Code::kInternal, "not run");
+    std::thread t([&] { ca = connect_qps(dev_, fds[0], o.a, "side b", Deadline::after(30s), o.a_hostile); });
+    auto cb = connect_qps(dev_, fds[1], o.b, "side a", Deadline::after(30s));
+    t.join();
+    ASSERT_TRUE(ca.ok()) << ca.status().to_string();
+    ASSERT_TRUE(cb.ok()) << cb.status().to_string();
+    a_.path = make_rdma_path(setup(std::move(*ca), fds[0], "side b", nullptr));
+    b_.path = make_rdma_path(setup(std::move(*cb), fds[1], "side a", o.b_tamper));
+    a_.path->start(&a_.events, nullptr);
+    b_.path->start(&b_.events, nullptr);
+  }
+
+  PathSetup setup(std::unique_ptr<Connection> c, int fd, std::string peer, const RxTamper* tamper) {
+    PathSetup s;
+    s.device = dev_;
+    s.regions = regions_;
+    s.gpu = gpu_registration("off");
+    s.connection = std::move(c);
+    s.socket = UniqueFd(fd);
+    s.peer = std::move(peer);
+    s.tamper = tamper;
+    return s;
+  }
+
+  // One chunk a -> b: src[3, 3+n) into dst[5, 5+n). Returns b's rx status.
+  Status move(uint64_t seq, const std::vector<unsigned char>& src, std::vector<unsigned char>& dst, size_t n) {
+    auto d = a_.path->post_tx(seq, MemRegion{const_cast<unsigned char*>(src.data()) + 3, n, {}}, true);
+    if (!d.ok()) return d.status();
+    auto len = b_.path->chunk_length(*d);
+    if (!len.ok() || *len != n) return Status(Code::kInternal, "chunk_length");
+    Status s = b_.path->post_rx(seq, *d, MemRegion{dst.data() + 5, n, {}});
+    if (!s.ok()) return s;
+    if (!b_.events.wait([&](Recorder& r) { return r.rx.count(seq) > 0; })) return Status(Code::kTimeout, "rx");
+    std::lock_guard l(b_.events.mu);
+    return b_.events.rx[seq];
+  }
+
+  void read_outside(int64_t delta);
+
+  std::shared_ptr<Device> dev_;
+  std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
+  Side a_, b_;
+};
+
+bool lands(const std::vector<unsigned char>& src, const std::vector<unsigned char>& dst, size_t n) {
+  return std::equal(src.begin() + 3, src.begin() + 3 + static_cast<ptrdiff_t>(n), dst.begin() + 5) &&
+         dst[4] == kPoison && dst[5 + n] == kPoison;
+}
+
+TEST_F(RdmaPathTest, ChunksLandByteExactStripedOverQueuePairs) {
+  connect();
+  uint64_t seq = 0;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{65537}, size_t{(3 << 20) + 5}}) {
+    auto src = fresh(n + 3);
+    std::vector<unsigned char> dst(n + 10, kPoison);
+    ASSERT_TRUE(move(++seq, src, dst, n).ok()) << n;
+    EXPECT_TRUE(lands(src, dst, n)) << n << " B";
+    EXPECT_TRUE(a_.events.wait([&](Recorder& r) { return r.tx.count(seq) > 0; })) << "tx done " << n;
+    EXPECT_TRUE(a_.events.tx[seq].ok()) << a_.events.tx[seq].to_string();
+  }
+  EXPECT_EQ(b_.path->stats().chunks_received, 4u);  // the empty chunk reads nothing
+  EXPECT_NE(b_.path->describe().find("RC queue pairs"), std::string::npos) << b_.path->describe();
+}
+
+// More release notices than the sender has receives posted: the receiver's NIC retries (RNR)
+// until the sender reposts, and every chunk completes.
+TEST_F(RdmaPathTest, ReceiverNotReadyIsRetried) {
+  Options o;
+  o.a.recv = 1;
+  o.a.qps = 1;
+  o.b.qps = 1;
+  connect(o);
+  constexpr int kChunks = 200;
+  std::vector<std::vector<unsigned char>> src, dst;
+  for (int i = 0; i < kChunks; ++i) src.push_back(fresh(64 + 3)), dst.emplace_back(64 + 10, kPoison);
+  for (int i = 0; i < kChunks; ++i) {
+    auto d = a_.path->post_tx(i, MemRegion{src[i].data() + 3, 64, {}}, true);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    ASSERT_TRUE(b_.path->post_rx(i, *d, MemRegion{dst[i].data() + 5, 64, {}}).ok());
+  }
+  ASSERT_TRUE(a_.events.wait([](Recorder& r) { return r.tx.size() == kChunks; }));
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.rx.size() == kChunks; }));
+  for (int i = 0; i < kChunks; ++i) {
+    EXPECT_TRUE(a_.events.tx[i].ok() && b_.events.rx[i].ok()) << i;
+    EXPECT_TRUE(lands(src[i], dst[i], 64)) << i;
+  }
+  EXPECT_FALSE(a_.events.failure.has_value());
+}
+
+TEST_F(RdmaPathTest, FloodOfSmallChunks) {
+  connect();
+  constexpr int kChunks = 5000;
+  std::vector<unsigned char> src = fresh(kChunks * 64 + 3), dst(kChunks * 64 + 10, kPoison);
+  for (int i = 0; i < kChunks; ++i) {
+    size_t n = 1 + static_cast<size_t>(i) % 64;
+    auto d = a_.path->post_tx(i, MemRegion{src.data() + 3 + i * 64, n, {}}, true);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    ASSERT_TRUE(b_.path->post_rx(i, *d, MemRegion{dst.data() + 5 + i * 64, n, {}}).ok());
+  }
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.rx.size() == kChunks; }));
+  ASSERT_TRUE(a_.events.wait([](Recorder& r) { return r.tx.size() == kChunks; }));
+  for (int i = 0; i < kChunks; ++i) {
+    size_t n = 1 + static_cast<size_t>(i) % 64;
+    ASSERT_TRUE(b_.events.rx[i].ok()) << i << ": " << b_.events.rx[i].to_string();
+    ASSERT_TRUE(std::equal(src.begin() + 3 + i * 64, src.begin() + 3 + i * 64 + static_cast<ptrdiff_t>(n),
+                           dst.begin() + 5 + i * 64))
+        << i;
+  }
+}
+
+// A receiver that reads with a key or at an address the descriptor did not give is refused by the
+// sender's NIC: its chunk fails, its path fails naming the peer, and not a byte lands.
+void expect_refused(Side& b, const std::vector<unsigned char>& dst, size_t n) {
+  ASSERT_TRUE(b.events.wait([](Recorder& r) { return r.failure.has_value() && r.stopped; }));
+  std::string why = b.events.failure->to_string();
+  EXPECT_NE(why.find("side a"), std::string::npos) << why;
+  EXPECT_NE(why.find("RDMA READ"), std::string::npos) << why;
+  EXPECT_FALSE(b.events.rx.begin()->second.ok());
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](unsigned char c) { return c == kPoison; }))
+      << "bytes landed from a refused read";
+  (void)n;
+}
+
+TEST_F(RdmaPathTest, BadRkeyIsRefused) {
+  RxTamper t;
+  t.rkey_xor = 0x00ff00ff;
+  Options o;
+  o.b_tamper = &t;
+  connect(o);
+  auto src = fresh(4096 + 3);
+  std::vector<unsigned char> dst(4096 + 10, kPoison);
+  EXPECT_FALSE(move(1, src, dst, 4096).ok());
+  expect_refused(b_, dst, 4096);
+  // The sender hears of it too (its queue pair is in error): its chunk completes, with an error.
+  EXPECT_TRUE(a_.events.wait([](Recorder& r) { return r.stopped; }));
+}
+
+void RdmaPathTest::read_outside(int64_t delta) {
+  RxTamper t;
+  t.addr_delta = delta;
+  Options o;
+  o.b_tamper = &t;
+  connect(o);
+  auto src = fresh(4096 + 3);
+  std::vector<unsigned char> dst(4096 + 10, kPoison);
+  EXPECT_FALSE(move(1, src, dst, 4096).ok()) << delta;
+  expect_refused(b_, dst, 4096);
+}
+
+TEST_F(RdmaPathTest, AddressPastTheChunkIsRefused) { read_outside(4096); }
+TEST_F(RdmaPathTest, AddressOneBytePastTheChunkIsRefused) { read_outside(1); }
+TEST_F(RdmaPathTest, AddressBeforeTheChunkIsRefused) { read_outside(-1); }
+
+// Queue-pair numbers that are not the peer's: the reads go nowhere (or to a queue pair that does
+// not expect them) and the path fails within the transport's retries, naming the peer.
+TEST_F(RdmaPathTest, QueuePairNumbersNotThePeersFailThePath) {
+  Options o;
+  o.a_hostile = [](ConnInfo* c) {
+    for (auto& q : c->qps) q.qpn = (q.qpn + 0x777) & kMaxQpn;
+  };
+  connect(o);
+  auto src = fresh(4096 + 3);
+  std::vector<unsigned char> dst(4096 + 10, kPoison);
+  EXPECT_FALSE(move(1, src, dst, 4096).ok());
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.failure.has_value(); }, 30s));
+  EXPECT_NE(b_.events.failure->to_string().find("side a"), std::string::npos);
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](unsigned char c) { return c == kPoison; }));
+}
+
+// The peer goes away with a chunk of ours queued to be read: every pending chunk fails and the path
+// stops within a bound; nothing hangs.
+TEST_F(RdmaPathTest, PeerThatDiesFailsPendingChunks) {
+  connect();
+  auto src = fresh(1 << 20);
+  std::vector<std::vector<unsigned char>> dst;
+  std::vector<std::vector<unsigned char>> descs;
+  for (int i = 0; i < 8; ++i) {
+    auto d = a_.path->post_tx(i, MemRegion{src.data(), src.size(), {}}, true);
+    ASSERT_TRUE(d.ok());
+    descs.push_back(*d);
+  }
+  a_.path->stop();  // the sender dies: its queue pairs go, its socket closes
+  ASSERT_TRUE(a_.events.wait([](Recorder& r) { return r.stopped; }));
+  a_.path.reset();
+  auto started = std::chrono::steady_clock::now();
+  for (int i = 0; i < 8; ++i) {
+    dst.emplace_back(1 << 20, kPoison);
+    Status s = b_.path->post_rx(i, descs[i], MemRegion{dst.back().data(), dst.back().size(), {}});
+    if (!s.ok()) break;  // already failed: refused at the gate
+  }
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.stopped; }, 120s));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 60s);
+  ASSERT_TRUE(b_.events.failure.has_value());
+  for (auto& [seq, s] : b_.events.rx) EXPECT_FALSE(s.ok()) << seq;
+}
+
+// A region the user deregisters while the peer is about to read from it: the read is refused
+// (the rkey died with the region), it never reads memory given back.
+TEST_F(RdmaPathTest, DeregisteredRegionFailsTheReadInFlight) {
+  connect();
+  auto src = fresh(64 << 10);
+  auto reg = regions_->add(MemRegion{src.data(), src.size(), {}});
+  auto d = a_.path->post_tx(1, MemRegion{src.data() + 100, 4096, {}}, true);
+  ASSERT_TRUE(d.ok());
+  EXPECT_NE(a_.path->describe().find("1 by their registered region"), std::string::npos) << a_.path->describe();
+  reg.reset();  // deregistered: its registration in this path's PD is gone
+  std::vector<unsigned char> dst(4096, kPoison);
+  ASSERT_TRUE(b_.path->post_rx(1, *d, MemRegion{dst.data(), dst.size(), {}}).ok());
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.failure.has_value(); }));
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](unsigned char c) { return c == kPoison; }));
+}
+
+// Registration and deregistration under load: regions come and go while chunks flow from them.
+TEST_F(RdmaPathTest, RegistrationChurnUnderLoad) {
+  connect();
+  for (int i = 0; i < 100; ++i) {
+    size_t n = 4096 + static_cast<size_t>(i) * 97;
+    auto src = fresh(n + 3);
+    auto reg = regions_->add(MemRegion{src.data(), src.size(), {}});
+    std::vector<unsigned char> dst(n + 10, kPoison);
+    ASSERT_TRUE(move(i + 1, src, dst, n).ok()) << i;
+    ASSERT_TRUE(lands(src, dst, n)) << i;
+    ASSERT_TRUE(a_.events.wait([&](Recorder& r) { return r.tx.count(i + 1) > 0; }));
+    reg.reset();
+  }
+  EXPECT_NE(a_.path->describe().find("100 by their registered region"), std::string::npos) << a_.path->describe();
+  EXPECT_FALSE(a_.events.failure.has_value() || b_.events.failure.has_value());
+}
+
+// A destination the NIC cannot register (here simulated device memory; GPU memory without dma-buf
+// or peer memory) lands in a host staging buffer and is copied the rest of the way.
+TEST_F(RdmaPathTest, DestinationTheNicCannotReachIsStaged) {
+  connect();
+  constexpr size_t n = (1 << 20) + 7;
+  auto src = fresh(n);
+  auto dst = Buffer::allocate(MemSpec{MemKind::kSim, 0}, n);
+  ASSERT_TRUE(dst.ok()) << dst.status().to_string();
+  ASSERT_TRUE(b_.path->accepts(dst->where()));
+  auto d = a_.path->post_tx(1, MemRegion{src.data(), n, {}}, true);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(b_.path->post_rx(1, *d, dst->region()).ok());
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.rx.count(1) > 0; }));
+  ASSERT_TRUE(b_.events.rx[1].ok()) << b_.events.rx[1].to_string();
+  std::vector<unsigned char> back(n);
+  ASSERT_TRUE(copy_memory(MemRegion{back.data(), n, {}}, dst->region()).ok());
+  EXPECT_EQ(back, src);
+  EXPECT_EQ(b_.path->stats().device_copies, 1u);
+}
+
+TEST_F(RdmaPathTest, StopIsPromptWithWorkPending) {
+  connect();
+  auto src = fresh(8 << 20);
+  std::vector<unsigned char> dst(8 << 20, kPoison);
+  for (int i = 0; i < 16; ++i) {
+    auto d = a_.path->post_tx(i, MemRegion{src.data(), src.size(), {}}, true);
+    ASSERT_TRUE(d.ok());
+    ASSERT_TRUE(b_.path->post_rx(i, *d, MemRegion{dst.data(), dst.size(), {}}).ok());
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  b_.path->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.stopped; }));
+  EXPECT_EQ(b_.events.rx.size(), 16u);  // every chunk completed, one way or the other
+  EXPECT_FALSE(b_.path->post_rx(99, std::vector<unsigned char>(24), MemRegion{}).ok());
+}
+
+// compatible() gives the same verdict both ways, refuses one host unless a side is forced, and
+// takes a malformed offer as a reason. Needs no device.
+TEST(RdmaTransport, CompatibleIsSymmetric) {
+  auto t = make_rdma_transport();
+  auto offer = [](bool forced, bool ethernet) {
+    Offer o;
+    o.forced = forced;
+    o.ethernet = ethernet;
+    o.mtu = 3;
+    o.device = ethernet ? "rxe0" : "mlx5_0";
+    return o.encode();
+  };
+  PeerPair hosts, one_host;
+  one_host.same_host = true;
+  std::vector<unsigned char> junk{1, 2, 3};
+  struct Case {
+    std::vector<unsigned char> a, b;
+    PeerPair pair;
+    bool ok;
+  };
+  for (const Case& c : {Case{offer(false, true), offer(false, true), hosts, true},
+                        Case{offer(false, true), offer(false, true), one_host, false},
+                        Case{offer(true, true), offer(false, true), one_host, true},
+                        Case{offer(false, true), offer(false, false), hosts, false},
+                        Case{offer(false, true), junk, hosts, false}}) {
+    Status ab = t->compatible(c.a, c.b, c.pair), ba = t->compatible(c.b, c.a, c.pair);
+    EXPECT_EQ(ab.ok(), c.ok) << ab.to_string();
+    EXPECT_EQ(ab.ok(), ba.ok()) << ab.to_string() << " / " << ba.to_string();
+  }
+}
+
+// p2pmem's refusals name the step and the kernel's errno (no device here publishes p2pmem).
+TEST(RdmaP2pmem, RefusalsSayWhy) {
+  char dir[] = "/tmp/dmx-p2pmem-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  std::string root = dir;
+  auto none = map_p2pmem(root, "0000:01:00.0", 4096);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("publishes no P2PDMA memory"), std::string::npos) << none.status().message();
+  std::string p2p = root + "/bus/pci/devices/0000:01:00.0/p2pmem";
+  std::error_code ec;
+  ASSERT_TRUE(std::filesystem::create_directories(p2p, ec)) << ec.message();
+  auto no_alloc = map_p2pmem(root, "0000:01:00.0", 4096);
+  ASSERT_FALSE(no_alloc.ok());
+  EXPECT_NE(no_alloc.status().message().find("open(" + p2p + "/allocate) failed"), std::string::npos)
+      << no_alloc.status().message();
+  std::filesystem::remove_all(root, ec);
+}
+
+}  // namespace
+}  // namespace dmx::rdma
+
+#else
+
+TEST(RdmaPathTest, NotBuilt) { DMX_SKIP(dmx::test::kNotBuilt) << "dmx was built without libibverbs (DMX_ENABLE_RDMA)"; }
+
+#endif
