@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(
   # scripts/rxe-vm.sh: a qemu guest with soft-RoCE (its kernel comes from apt-get download)
-  qemu-system-x86 busybox-static cpio xz-utils libibverbs-dev ibverbs-providers ibverbs-utils perftest
+  qemu-system-x86 busybox-static cpio xz-utils
   build-essential cmake ninja-build pkg-config git
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
@@ -13,6 +13,7 @@ pkgs=(
   clang libclang-rt-14-dev
   curl ccache
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  # the rdma transport (libibverbs, the rxe provider) and scripts/rdma-check.sh (perftest)
   libibverbs-dev rdma-core ibverbs-providers ibverbs-utils perftest
 )
 missing=()
