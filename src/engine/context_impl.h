@@ -37,6 +37,16 @@ class RegistrationUser {
   virtual void abandon(const Status& why) = 0;
 };
 
+// An endpoint of a listener, which the context may evict for a newcomer at max_endpoints.
+class EvictableEndpoint {
+ public:
+  virtual ~EvictableEndpoint() = default;
+  // Ends the endpoint with `why` (the peer is told in a CLOSE) if nothing is in flight on it either
+  // way and it is older than kEvictGrace; false, and nothing done, otherwise. Any thread but the
+  // endpoint's own workers; no context lock held.
+  virtual bool evict_if_idle(const Status& why) = 0;
+};
+
 // Memory a peer may write into or read from. `inflight` counts transfers that use it;
 // deregistration ends them and waits for it to reach 0.
 struct Registered {
@@ -166,12 +176,21 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   // Whether one more endpoint fits max_endpoints, and a peer asking for `peer_streams` streams fits
   // max_streams (0: our own connect, whose streams setting is ours to choose); kResourceExhausted
   // naming the setting when not. Any thread.
-  Status admit_endpoint(uint16_t peer_streams) const;
+  // count_endpoints false: max_streams only (the listener checks max_endpoints itself, with eviction).
+  Status admit_endpoint(uint16_t peer_streams, bool count_endpoints = true) const;
   // Endpoints count from creation until they fail, close or learn that their peer is gone
   // (EndpointImpl::release_slot), not until their threads have stopped. `peer_key`: the peer the
-  // listener counts it under for max_endpoints_per_peer (empty: not counted per peer).
-  void endpoint_started(const std::string& peer_key);
-  void endpoint_stopped(const std::string& peer_key);
+  // listener counts it under for max_endpoints_per_peer (empty: not counted per peer, never
+  // evicted); `ep`: the endpoint, for evict_idle_endpoint.
+  void endpoint_started(const std::string& peer_key, const std::shared_ptr<EvictableEndpoint>& ep);
+  void endpoint_stopped(const std::string& peer_key, const EvictableEndpoint* ep);
+  // At max_endpoints (`full` says so), makes room for one endpoint of peer `newcomer`: evicts an
+  // idle endpoint (EvictableEndpoint) of the peer that holds the most, oldest first, but only of a
+  // peer that holds more than the newcomer would (its count + 1): a peer is never evicted below
+  // its fair share, so never of its only endpoint, and the newcomer never of its own. ok when one
+  // was evicted; else kResourceExhausted saying why none could be. dry_run: only whether a peer
+  // holds more than that (no endpoint is looked at; an unauthenticated newcomer must evict none).
+  Status evict_idle_endpoint(const std::string& newcomer, const std::string& full, bool dry_run = false);
   int live_endpoints() const { return endpoints_.load(std::memory_order_relaxed); }
   int peer_endpoints(const std::string& peer_key) const;
   // The budget for memory peers make this context hold (peer_memory_budget).
@@ -200,7 +219,12 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   TransportList transports_;
   std::atomic<int> endpoints_{0};
   mutable std::mutex peers_mu_;  // guards per_peer_ (a leaf: taken under EndpointImpl::mu_)
-  std::unordered_map<std::string, int> per_peer_;
+  struct PeerEndpoints {
+    int count = 0;
+    // Counted endpoints, oldest first.
+    std::vector<std::pair<const EvictableEndpoint*, std::weak_ptr<EvictableEndpoint>>> eps;
+  };
+  std::unordered_map<std::string, PeerEndpoints> per_peer_;
   MetricsRegistry metrics_;
   stream::Workers workers_;
   std::shared_ptr<MemoryBudget> budget_;

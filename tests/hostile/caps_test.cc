@@ -196,6 +196,70 @@ TEST(Caps, OnePeerCannotTakeEveryEndpoint) {
   EXPECT_TRUE(e.ok()) << e.status().to_string();
 }
 
+// At max_endpoints, a newcomer evicts an idle endpoint of the peer that holds the most, never one
+// with work in flight, and never below that peer's fair share (so never the newcomer's own); when
+// none can be evicted, the refusal says why.
+TEST(Caps, MaxEndpointsEvictsAnIdleEndpointOfThePeerHoldingTheMost) {
+  Options so = test_options(1);
+  so.set("max_endpoints", "4").set("max_endpoints_per_peer", "0").set("transport", "tcp");
+  Server s = make_server(so);
+  auto client = Context::create(test_options(1).set("transport", "tcp"));
+  ASSERT_TRUE(client.ok());
+  std::vector<Endpoint> mine, theirs;
+  for (int i = 0; i < 4; ++i) {
+    auto c = client->connect(s.listener.address());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    mine.push_back(std::move(*c));
+    auto e = s.listener.accept(kEventually);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    theirs.push_back(std::move(*e));
+  }
+  std::this_thread::sleep_for(700ms);  // older than the eviction grace (500 ms)
+  // Another process gets in: one of this process's idle endpoints makes room.
+  UniqueFd second;
+  Status st = handshake_as(s, static_cast<uint32_t>(::getpid()) + 1, &second);
+  ASSERT_TRUE(st.ok()) << "refused instead of evicting: " << st.to_string();
+  auto e2 = s.listener.accept(kEventually);
+  ASSERT_TRUE(e2.ok()) << e2.status().to_string();
+  int evicted = -1;
+  for (int i = 0; i < 4; ++i)
+    if (!theirs[i].health().ok()) evicted = i;
+  ASSERT_GE(evicted, 0) << "no endpoint evicted";
+  Status why = theirs[evicted].health();
+  EXPECT_EQ(why.code(), Code::kResourceExhausted) << why.to_string();
+  EXPECT_NE(why.message().find("evicted for another peer"), std::string::npos) << why.to_string();
+  EXPECT_NE(why.message().find("max_endpoints"), std::string::npos) << why.to_string();
+  // Its client is told why.
+  Status told;
+  for (auto until = Clock::now() + kEventually; told.ok() && Clock::now() < until;) {
+    told = mine[evicted].health();
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_NE(told.message().find("evicted for another peer"), std::string::npos) << told.to_string();
+  // The other three each have a receive posted: work in flight, never evicted. A third process is
+  // refused, saying so.
+  std::vector<Buffer> bufs;
+  std::vector<Request> posted;
+  for (int i = 0; i < 4; ++i) {
+    if (i == evicted) continue;
+    bufs.push_back(poisoned(MemSpec{}, 64));
+    posted.push_back(theirs[i].recv(bufs.back().region(), 99));
+  }
+  UniqueFd third;
+  st = handshake_as(s, static_cast<uint32_t>(::getpid()) + 2, &third);
+  EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("work in flight"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("max_endpoints"), std::string::npos) << st.to_string();
+  for (auto& r : posted) EXPECT_FALSE(r.test());
+  // This process holds 3 and the other 1: it may not evict the other's only endpoint.
+  auto again = client->connect(s.listener.address());
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("fair share"), std::string::npos) << again.status().to_string();
+  EXPECT_TRUE(e2->health().ok()) << e2->health().to_string();
+  std::printf("evicted: %s\nrefused (busy): %s\nrefused (share): %s\n", why.message().c_str(), st.message().c_str(),
+              again.status().message().c_str());
+}
+
 // An authenticated same-host peer that offers shm and never sets up its side (listener_flood_test
 // does one): it holds a set-up thread until its handshake deadline.
 struct StalledSetup {
