@@ -389,5 +389,57 @@ TEST(Caps, UnexpectedDataOfManyEndpointsSharesOneBudget) {
   expect_serves_a_good_client(s);
 }
 
+// max_endpoints holds at AUTH as well as at HELLO: two peers that both passed HELLO while one
+// endpoint was free cannot both get in (only the first to authenticate does; the second is told
+// why, before its WELCOME).
+TEST(Caps, MaxEndpointsIsCheckedAgainAtAuth) {
+  Options so = test_options(1);
+  so.set("max_endpoints", "1").set("max_endpoints_per_peer", "0").set("transport", "tcp");
+  Server s = make_server(so);
+  Context me_ctx = *Context::create(test_options(1).set("transport", "tcp"));
+  const ContextImpl& me = *me_ctx.impl();
+  struct Half {
+    UniqueFd fd;
+    wire::Hello mine, theirs;
+  };
+  auto hello = [&](uint32_t pid, Half* h) -> Status {
+    h->mine = make_hello(me, wire::Role::kClient);
+    h->mine.pid = pid;
+    std::string why_not;
+    offer_transports(me, &h->mine, nullptr, &why_not);
+    Deadline d = Deadline::after(30s);
+    h->fd = dial(s.listener.address());
+    if (!h->fd.valid()) return Status(Code::kIo, "dial");
+    DMX_RETURN_IF_ERROR(send_frame(h->fd.get(), wire::FrameType::kHello, wire::encode_hello(h->mine), d, "s"));
+    DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(h->fd.get(), d, "s"));
+    if (f.header.type != wire::FrameType::kHello)
+      return Status(Code::kResourceExhausted, std::string(f.payload.begin(), f.payload.end()));
+    auto t = wire::decode_hello(f.payload.data(), f.payload.size());
+    if (!t.ok()) return t.status();
+    h->theirs = *t;
+    return Status();
+  };
+  auto auth = [&](Half* h) -> Status {
+    Deadline d = Deadline::after(30s);
+    wire::Proof proof = make_proof(me.auth(), kClientLabel, h->mine.nonce, h->theirs.nonce, h->theirs.session);
+    DMX_RETURN_IF_ERROR(send_frame(h->fd.get(), wire::FrameType::kAuth, {proof.begin(), proof.end()}, d, "s"));
+    DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(h->fd.get(), d, "s"));
+    if (f.header.type != wire::FrameType::kWelcome)
+      return Status(Code::kResourceExhausted, std::string(f.payload.begin(), f.payload.end()));
+    return Status();
+  };
+  Half a, b;
+  uint32_t pid = static_cast<uint32_t>(::getpid());
+  ASSERT_TRUE(hello(pid + 1, &a).ok());
+  ASSERT_TRUE(hello(pid + 2, &b).ok());
+  ASSERT_TRUE(auth(&a).ok());
+  auto ea = s.listener.accept(kEventually);
+  ASSERT_TRUE(ea.ok()) << ea.status().to_string();
+  Status second = auth(&b);
+  EXPECT_EQ(second.code(), Code::kResourceExhausted) << "both got in at max_endpoints=1";
+  EXPECT_NE(second.message().find("max_endpoints"), std::string::npos) << second.to_string();
+  EXPECT_LE(s.ctx.impl()->live_endpoints(), 1);
+}
+
 }  // namespace
 }  // namespace dmx::test
