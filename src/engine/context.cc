@@ -182,15 +182,34 @@ void ContextImpl::register_transport(std::shared_ptr<Transport> t) {
 
 Result<MemoryBudget::Charge> MemoryBudget::take(const std::shared_ptr<MemoryBudget>& b, uint64_t bytes,
                                                 std::string_view peer, std::string_view what) {
+  std::lock_guard<std::mutex> lock(b->mu_);
   uint64_t used = b->used_.load(std::memory_order_relaxed);
-  for (;;) {
-    if (bytes > b->limit_ || used > b->limit_ - bytes)
-      return Status(Code::kResourceExhausted,
-                    fmt::format("peer {}: {} ({}) would exceed this context's peer_memory_budget of {} ({} held for "
-                                "all peers)",
-                                peer, what, format_size(bytes), format_size(b->limit_), format_size(used)));
-    if (b->used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed)) return Charge(b, bytes);
-  }
+  uint64_t first = b->limit_ / 2;  // taken first come
+  auto it = b->held_.find(std::string(peer));
+  uint64_t mine = it == b->held_.end() ? 0 : it->second;
+  uint64_t peers = b->held_.size() + (it == b->held_.end() ? 1 : 0);
+  uint64_t share = (b->limit_ - first) / peers;
+  bool fits = bytes <= b->limit_ && used <= b->limit_ - bytes;
+  bool ok = fits && (used + bytes <= first || mine + bytes <= share);
+  if (!ok)
+    return Status(Code::kResourceExhausted,
+                  fmt::format("peer {}: {} ({}) refused: this peer holds {} of this context's peer_memory_budget of "
+                              "{} ({} held for all peers); past half of it a peer holds at most its share, {} ({} "
+                              "peers hold memory)",
+                              peer, what, format_size(bytes), format_size(mine), format_size(b->limit_),
+                              format_size(used), format_size(share), peers));
+  b->held_[std::string(peer)] = mine + bytes;
+  b->used_.store(used + bytes, std::memory_order_relaxed);
+  return Charge(b, std::string(peer), bytes);
+}
+
+void MemoryBudget::give_back(const std::string& peer, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  used_.fetch_sub(bytes, std::memory_order_relaxed);
+  auto it = held_.find(peer);
+  if (it == held_.end()) return;
+  if (it->second <= bytes) held_.erase(it);
+  else it->second -= bytes;
 }
 
 void ContextImpl::endpoint_started(const std::string& peer_key, const std::shared_ptr<EvictableEndpoint>& ep) {

@@ -110,24 +110,32 @@ class StagingPlacement final : public stream::StagingPlacer {
 // The context's one budget for the memory peers can make it hold (unexpected eager data of every
 // endpoint, a bench plan's buffers): take() charges it or says why not, naming the peer and the
 // budget; a Charge gives its bytes back when destroyed. Thread-safe (atomics).
+// peer_memory_budget: what every peer together makes the context hold. The first half is taken
+// first come; beyond it a peer is charged only within its share of the other half (that half
+// divided among the peers holding memory), so the peers that spent the budget are the ones
+// refused, and one that holds little still gets in. A peer holds at most half the budget when
+// alone. Thread-safe.
 class MemoryBudget {
  public:
   class Charge {
    public:
     Charge() = default;
-    Charge(std::shared_ptr<MemoryBudget> b, uint64_t bytes) : budget_(std::move(b)), bytes_(bytes) {}
-    Charge(Charge&& o) noexcept : budget_(std::move(o.budget_)), bytes_(std::exchange(o.bytes_, 0)) {}
+    Charge(std::shared_ptr<MemoryBudget> b, std::string peer, uint64_t bytes)
+        : budget_(std::move(b)), peer_(std::move(peer)), bytes_(bytes) {}
+    Charge(Charge&& o) noexcept
+        : budget_(std::move(o.budget_)), peer_(std::move(o.peer_)), bytes_(std::exchange(o.bytes_, 0)) {}
     Charge& operator=(Charge&& o) noexcept {
       if (this != &o) {
         reset();
         budget_ = std::move(o.budget_);
+        peer_ = std::move(o.peer_);
         bytes_ = std::exchange(o.bytes_, 0);
       }
       return *this;
     }
     ~Charge() { reset(); }
     void reset() {
-      if (budget_ && bytes_ > 0) budget_->used_.fetch_sub(bytes_, std::memory_order_relaxed);
+      if (budget_ && bytes_ > 0) budget_->give_back(peer_, bytes_);
       budget_.reset();
       bytes_ = 0;
     }
@@ -135,20 +143,25 @@ class MemoryBudget {
 
    private:
     std::shared_ptr<MemoryBudget> budget_;
+    std::string peer_;
     uint64_t bytes_ = 0;
   };
 
   explicit MemoryBudget(uint64_t limit) : limit_(limit) {}
   // Charges `bytes` held for `peer` (`what`: what they are for, in the refusal); kResourceExhausted
-  // naming the peer, the budget and what is held when it would go over.
+  // naming the peer, what it holds, its share and the budget when the charge does not fit.
   static Result<Charge> take(const std::shared_ptr<MemoryBudget>& b, uint64_t bytes, std::string_view peer,
                              std::string_view what);
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t limit() const { return limit_; }
 
  private:
+  void give_back(const std::string& peer, uint64_t bytes);
+
   const uint64_t limit_;
-  std::atomic<uint64_t> used_{0};
+  std::atomic<uint64_t> used_{0};  // written under mu_; read without it
+  std::mutex mu_;                  // guards held_ (a leaf)
+  std::unordered_map<std::string, uint64_t> held_;  // by peer; only peers holding something
 };
 
 class ContextImpl : public std::enable_shared_from_this<ContextImpl> {

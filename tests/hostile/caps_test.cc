@@ -441,5 +441,40 @@ TEST(Caps, MaxEndpointsIsCheckedAgainAtAuth) {
   EXPECT_LE(s.ctx.impl()->live_endpoints(), 1);
 }
 
+// The peer that spent peer_memory_budget is the one refused: past half of the budget a peer holds
+// at most its share of the other half, so a peer that holds little still gets memory (it was
+// refused, and its endpoint closed, when another had spent it all).
+TEST(Caps, SpentMemoryBudgetRefusesTheSpenderNotAnother) {
+  auto ctx = Context::create(test_options(1).set("peer_memory_budget", "8M"));
+  ASSERT_TRUE(ctx.ok());
+  std::vector<MemoryCharge> held;
+  Status refused;
+  for (int i = 0; i < 16 && refused.ok(); ++i) {
+    auto c = ctx->charge_memory(1 << 20, "10.0.0.1 (hog) pid 1", "eager data");
+    if (c.ok()) held.push_back(std::move(*c));
+    else refused = c.status();
+  }
+  EXPECT_EQ(held.size(), 4u) << "one peer took " << held.size() << " MiB of 8";
+  EXPECT_EQ(refused.code(), Code::kResourceExhausted) << refused.to_string();
+  EXPECT_NE(refused.message().find("peer 10.0.0.1 (hog) pid 1"), std::string::npos) << refused.to_string();
+  EXPECT_NE(refused.message().find("peer_memory_budget"), std::string::npos) << refused.to_string();
+  // Another peer gets its share of the rest: 2 MiB of the other 4, the hog still holding its 4.
+  std::vector<MemoryCharge> other;
+  for (int i = 0; i < 2; ++i) {
+    auto c = ctx->charge_memory(1 << 20, "10.0.0.2 (good) pid 2", "eager data");
+    ASSERT_TRUE(c.ok()) << "an innocent peer refused: " << c.status().to_string();
+    other.push_back(std::move(*c));
+  }
+  auto more = ctx->charge_memory(1 << 20, "10.0.0.1 (hog) pid 1", "eager data");
+  EXPECT_FALSE(more.ok());
+  std::printf("the spender refused: %s\n", refused.message().c_str());
+  // Given back, the budget is whole again.
+  held.clear();
+  other.clear();
+  EXPECT_EQ(ctx->impl()->memory_budget()->used(), 0u);
+  auto big = ctx->charge_memory(4 << 20, "10.0.0.2 (good) pid 2", "eager data");
+  EXPECT_TRUE(big.ok()) << big.status().to_string();
+}
+
 }  // namespace
 }  // namespace dmx::test
