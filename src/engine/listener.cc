@@ -26,6 +26,7 @@
 #include "engine/handshake.h"
 #include "engine/transport_setup.h"
 #include "stream/socket.h"
+#include "wire/le.h"
 
 namespace dmx {
 
@@ -507,6 +508,15 @@ ListenerImpl::Next ListenerImpl::reject(Conn& c, const Status& why) {
 
 ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   auto client = wire::decode_hello(c.payload.data(), c.payload.size());
+  if (!client.ok() && c.payload.size() >= 2 && wire::get_u16(c.payload.data()) != wire::kProtocolVersion) {
+    // The client reads this: decode_hello's "peer" (the client) would read as the server.
+    uint16_t theirs = wire::get_u16(c.payload.data());
+    return reject(c, Status(Code::kProtocol,
+                            fmt::format("this client speaks dmx protocol {} and the server {}: the {} is older; both "
+                                        "sides need the same dmx protocol",
+                                        theirs, wire::kProtocolVersion, theirs < wire::kProtocolVersion ? "client"
+                                                                                                           : "server")));
+  }
   if (!client.ok()) return reject(c, client.status());
   if (client->role != wire::Role::kClient) return reject(c, Status(Code::kProtocol, "HELLO from a non-client"));
   if (Status s = check_auth_modes(ctx_->auth(), client->auth, wire::Role::kServer); !s.ok()) return reject(c, s);
