@@ -1,6 +1,7 @@
 # The Python module (python/): built when pybind11 and the headers of a Python 3 are found.
-# DMX_BUILD_PYTHON defaults to ON when they are (OFF in sanitizer and fuzz builds: an instrumented
-# extension cannot load into an uninstrumented interpreter); forcing it ON without them is a
+# DMX_BUILD_PYTHON defaults to ON when they are (OFF in TSan, UBSan-only and fuzz builds: an
+# instrumented extension cannot load into an uninstrumented interpreter; an ASan build's tests
+# preload the ASan runtime, tests/python/CMakeLists.txt); forcing it ON without them is a
 # configure error. The interpreter: DMX_PYTHON if given, else the first python3 on PATH that can
 # import the test suite's modules (numpy, pytest), else the first python3 on PATH, so that a
 # version manager's shim early on PATH does not hide the distribution's Python and its packages.
@@ -27,8 +28,8 @@ function(_dmx_pick_python out)
 endfunction()
 
 set(_dmx_python_why "")
-if(DMX_SANITIZE OR DMX_FUZZ)
-  set(_dmx_python_why "a sanitizer or fuzz build (the extension would need an instrumented interpreter)")
+if(DMX_FUZZ OR (DMX_SANITIZE AND NOT DMX_SANITIZE MATCHES "address"))
+  set(_dmx_python_why "a TSan, UBSan-only or fuzz build (the extension would need an instrumented interpreter)")
 else()
   set(_dmx_python_exe "${DMX_PYTHON}")
   if(_dmx_python_exe STREQUAL "")

@@ -5,15 +5,16 @@
 # Exits non-zero when the build fails, a test fails, or a sanitizer reports anything (every
 # report aborts the process that made it, so the test that caused it fails). CUDA and the
 # benchmarks are off: there is no GPU to check here, and no test runs a benchmark binary (the
-# CLI tests run `dmx`, which is built), and so is the Python module (an instrumented extension cannot
-# load into the uninstrumented interpreter; scripts/test.sh tests it). Compiler: gcc, as in the normal build, so the lanes check
+# CLI tests run `dmx`, which is built). The Python module is built in the asan lane only, for one
+# test (python.asan_plain_data: its plain-data tests with the ASan runtime preloaded into the
+# uninstrumented interpreter); scripts/test.sh runs the whole Python suite. Compiler: gcc, as in the normal build, so the lanes check
 # the code the release build ships (CC/CXX choose another for a new build directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lane="${1:-}"
 case "$lane" in
-  asan) sanitize="address,undefined" ;;
-  tsan) sanitize="thread" ;;
+  asan) sanitize="address,undefined"; python=ON ;;
+  tsan) sanitize="thread"; python=OFF ;;
   *) echo "usage: $0 asan|tsan" >&2; exit 2 ;;
 esac
 build="build-$lane"
@@ -27,7 +28,7 @@ start=$(date +%s)
 opt="-O1 -g1 -DNDEBUG"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDMX_SANITIZE="$sanitize" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="$opt" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt" \
-  -DDMX_ENABLE_CUDA=OFF -DDMX_BUILD_BENCH=OFF -DDMX_BUILD_PYTHON=OFF
+  -DDMX_ENABLE_CUDA=OFF -DDMX_BUILD_BENCH=OFF -DDMX_BUILD_PYTHON=$python
 # A lane that silently built without its sanitizer would pass everything.
 grep -qx "DMX_SANITIZE:STRING=$sanitize" "$build/CMakeCache.txt" ||
   { echo "sanitize.sh: $build is not configured with DMX_SANITIZE=$sanitize" >&2; exit 2; }

@@ -68,7 +68,8 @@ constexpr ConfigEntry kTable[] = {
      "beyond, its new ones are refused naming this setting; 0: max_endpoints"},
     {"peer_memory_budget", ConfigType::kSize, "0",
      "memory all peers together may make this context hold (unexpected eager data of every endpoint, "
-     "dmx bench plans); a peer that would exceed it is refused or closed, naming the peer and the budget; "
+     "dmx bench plans); past half of it a peer holds at most its share of the other half, so one peer "
+     "holds at most half; a peer over its share is refused or closed, naming the peer and the budget; "
      "0: half of this host's memory, at least 1G"},
     {"streams", ConfigType::kInt, "8", "TCP data streams per endpoint (1-64), plus a control stream beside more than one; 8 measured best on 2xH200 loopback (docs/performance.md)"},
     {"chunk_size", ConfigType::kSize, "1M", "unit of striping and staging for large messages (64K-64M)"},

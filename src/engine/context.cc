@@ -238,45 +238,115 @@ void ContextImpl::register_transport(std::shared_ptr<Transport> t) {
 
 Result<MemoryBudget::Charge> MemoryBudget::take(const std::shared_ptr<MemoryBudget>& b, uint64_t bytes,
                                                 std::string_view peer, std::string_view what) {
+  std::lock_guard<std::mutex> lock(b->mu_);
   uint64_t used = b->used_.load(std::memory_order_relaxed);
-  for (;;) {
-    if (bytes > b->limit_ || used > b->limit_ - bytes)
-      return Status(Code::kResourceExhausted,
-                    fmt::format("peer {}: {} ({}) would exceed this context's peer_memory_budget of {} ({} held for "
-                                "all peers)",
-                                peer, what, format_size(bytes), format_size(b->limit_), format_size(used)));
-    if (b->used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed)) return Charge(b, bytes);
-  }
+  uint64_t first = b->limit_ / 2;  // taken first come
+  auto it = b->held_.find(std::string(peer));
+  uint64_t mine = it == b->held_.end() ? 0 : it->second;
+  uint64_t peers = b->held_.size() + (it == b->held_.end() ? 1 : 0);
+  uint64_t share = (b->limit_ - first) / peers;
+  bool fits = bytes <= b->limit_ && used <= b->limit_ - bytes;
+  bool ok = fits && (used + bytes <= first || mine + bytes <= share);
+  if (!ok)
+    return Status(Code::kResourceExhausted,
+                  fmt::format("peer {}: {} ({}) refused: this peer holds {} of this context's peer_memory_budget of "
+                              "{} ({} held for all peers); past half of it a peer holds at most its share, {} ({} "
+                              "peers hold memory)",
+                              peer, what, format_size(bytes), format_size(mine), format_size(b->limit_),
+                              format_size(used), format_size(share), peers));
+  b->held_[std::string(peer)] = mine + bytes;
+  b->used_.store(used + bytes, std::memory_order_relaxed);
+  return Charge(b, std::string(peer), bytes);
 }
 
-void ContextImpl::endpoint_started(const std::string& peer_key) {
+void MemoryBudget::give_back(const std::string& peer, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  used_.fetch_sub(bytes, std::memory_order_relaxed);
+  auto it = held_.find(peer);
+  if (it == held_.end()) return;
+  if (it->second <= bytes) held_.erase(it);
+  else it->second -= bytes;
+}
+
+void ContextImpl::endpoint_started(const std::string& peer_key, const std::shared_ptr<EvictableEndpoint>& ep) {
   endpoints_.fetch_add(1, std::memory_order_relaxed);
   if (peer_key.empty()) return;
   std::lock_guard<std::mutex> lock(peers_mu_);
-  ++per_peer_[peer_key];
+  PeerEndpoints& pe = per_peer_[peer_key];
+  ++pe.count;
+  pe.eps.emplace_back(ep.get(), ep);
 }
 
-void ContextImpl::endpoint_stopped(const std::string& peer_key) {
+void ContextImpl::endpoint_stopped(const std::string& peer_key, const EvictableEndpoint* ep) {
   endpoints_.fetch_sub(1, std::memory_order_relaxed);
   if (peer_key.empty()) return;
   std::lock_guard<std::mutex> lock(peers_mu_);
   auto it = per_peer_.find(peer_key);
-  if (it != per_peer_.end() && --it->second <= 0) per_peer_.erase(it);
+  if (it == per_peer_.end()) return;
+  std::erase_if(it->second.eps, [ep](const auto& e) { return e.first == ep; });
+  if (--it->second.count <= 0) per_peer_.erase(it);
 }
 
 int ContextImpl::peer_endpoints(const std::string& peer_key) const {
   std::lock_guard<std::mutex> lock(peers_mu_);
   auto it = per_peer_.find(peer_key);
-  return it == per_peer_.end() ? 0 : it->second;
+  return it == per_peer_.end() ? 0 : it->second.count;
 }
 
-Status ContextImpl::admit_endpoint(uint16_t peer_streams) const {
+Status ContextImpl::evict_idle_endpoint(const std::string& newcomer, const std::string& full, bool dry_run) {
+  struct Candidate {
+    std::string key;
+    int count;
+    std::vector<std::weak_ptr<EvictableEndpoint>> eps;
+  };
+  std::vector<Candidate> candidates;
+  int mine = 0, most = 0;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    if (auto it = per_peer_.find(newcomer); it != per_peer_.end()) mine = it->second.count;
+    for (const auto& [key, pe] : per_peer_) {
+      if (key == newcomer) continue;
+      most = std::max(most, pe.count);
+      if (pe.count <= mine + 1) continue;
+      Candidate c{key, pe.count, {}};
+      if (!dry_run)
+        for (const auto& e : pe.eps) c.eps.push_back(e.second);
+      candidates.push_back(std::move(c));
+    }
+  }
+  if (dry_run && !candidates.empty()) return Status();
+  // The peer that holds the most first; its oldest endpoint first. Evicted without peers_mu_ (the
+  // endpoint takes its own lock, then this one).
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.count > b.count; });
+  for (const auto& c : candidates)
+    for (const auto& w : c.eps) {
+      auto ep = w.lock();
+      if (!ep) continue;
+      Status why(Code::kResourceExhausted,
+                 fmt::format("evicted for another peer: {}; peer {} held {} endpoints here, the most of any peer, "
+                             "and this one was idle",
+                             full, c.key, c.count));
+      if (ep->evict_if_idle(why)) return Status();
+    }
+  std::string reason =
+      candidates.empty()
+          ? fmt::format("no other peer holds more than {} (this peer holds {}, the most any other holds is {}; a "
+                        "peer keeps its fair share)",
+                        mine + 1, mine, most)
+          : "every endpoint of the peers that hold more than their share has work in flight or is new";
+  return Status(Code::kResourceExhausted,
+                fmt::format("the server refused peer {}: {}, and none could be evicted for it: {}", newcomer, full,
+                            reason));
+}
+
+Status ContextImpl::admit_endpoint(uint16_t peer_streams, bool count_endpoints) const {
   if (peer_streams > params_.max_streams)
     return Status(Code::kResourceExhausted, fmt::format("{} streams asked; this side allows at most {} per endpoint "
                                                         "(max_streams)",
                                                         peer_streams, params_.max_streams));
   int live = live_endpoints();
-  if (live >= params_.max_endpoints)
+  if (count_endpoints && live >= params_.max_endpoints)
     return Status(Code::kResourceExhausted,
                   fmt::format("{} endpoints are open, the most this context holds (max_endpoints)", live));
   return Status();

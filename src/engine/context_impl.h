@@ -37,6 +37,16 @@ class RegistrationUser {
   virtual void abandon(const Status& why) = 0;
 };
 
+// An endpoint of a listener, which the context may evict for a newcomer at max_endpoints.
+class EvictableEndpoint {
+ public:
+  virtual ~EvictableEndpoint() = default;
+  // Ends the endpoint with `why` (the peer is told in a CLOSE) if nothing is in flight on it either
+  // way and it is older than kEvictGrace; false, and nothing done, otherwise. Any thread but the
+  // endpoint's own workers; no context lock held.
+  virtual bool evict_if_idle(const Status& why) = 0;
+};
+
 // Memory a peer may write into or read from. `inflight` counts transfers that use it;
 // deregistration ends them and waits for it to reach 0.
 struct Registered {
@@ -116,24 +126,32 @@ class StagingPlacement final : public stream::StagingPlacer {
 // The context's one budget for the memory peers can make it hold (unexpected eager data of every
 // endpoint, a bench plan's buffers): take() charges it or says why not, naming the peer and the
 // budget; a Charge gives its bytes back when destroyed. Thread-safe (atomics).
+// peer_memory_budget: what every peer together makes the context hold. The first half is taken
+// first come; beyond it a peer is charged only within its share of the other half (that half
+// divided among the peers holding memory), so the peers that spent the budget are the ones
+// refused, and one that holds little still gets in. A peer holds at most half the budget when
+// alone. Thread-safe.
 class MemoryBudget {
  public:
   class Charge {
    public:
     Charge() = default;
-    Charge(std::shared_ptr<MemoryBudget> b, uint64_t bytes) : budget_(std::move(b)), bytes_(bytes) {}
-    Charge(Charge&& o) noexcept : budget_(std::move(o.budget_)), bytes_(std::exchange(o.bytes_, 0)) {}
+    Charge(std::shared_ptr<MemoryBudget> b, std::string peer, uint64_t bytes)
+        : budget_(std::move(b)), peer_(std::move(peer)), bytes_(bytes) {}
+    Charge(Charge&& o) noexcept
+        : budget_(std::move(o.budget_)), peer_(std::move(o.peer_)), bytes_(std::exchange(o.bytes_, 0)) {}
     Charge& operator=(Charge&& o) noexcept {
       if (this != &o) {
         reset();
         budget_ = std::move(o.budget_);
+        peer_ = std::move(o.peer_);
         bytes_ = std::exchange(o.bytes_, 0);
       }
       return *this;
     }
     ~Charge() { reset(); }
     void reset() {
-      if (budget_ && bytes_ > 0) budget_->used_.fetch_sub(bytes_, std::memory_order_relaxed);
+      if (budget_ && bytes_ > 0) budget_->give_back(peer_, bytes_);
       budget_.reset();
       bytes_ = 0;
     }
@@ -141,20 +159,25 @@ class MemoryBudget {
 
    private:
     std::shared_ptr<MemoryBudget> budget_;
+    std::string peer_;
     uint64_t bytes_ = 0;
   };
 
   explicit MemoryBudget(uint64_t limit) : limit_(limit) {}
   // Charges `bytes` held for `peer` (`what`: what they are for, in the refusal); kResourceExhausted
-  // naming the peer, the budget and what is held when it would go over.
+  // naming the peer, what it holds, its share and the budget when the charge does not fit.
   static Result<Charge> take(const std::shared_ptr<MemoryBudget>& b, uint64_t bytes, std::string_view peer,
                              std::string_view what);
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t limit() const { return limit_; }
 
  private:
+  void give_back(const std::string& peer, uint64_t bytes);
+
   const uint64_t limit_;
-  std::atomic<uint64_t> used_{0};
+  std::atomic<uint64_t> used_{0};  // written under mu_; read without it
+  std::mutex mu_;                  // guards held_ (a leaf)
+  std::unordered_map<std::string, uint64_t> held_;  // by peer; only peers holding something
 };
 
 class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
@@ -188,12 +211,21 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   // Whether one more endpoint fits max_endpoints, and a peer asking for `peer_streams` streams fits
   // max_streams (0: our own connect, whose streams setting is ours to choose); kResourceExhausted
   // naming the setting when not. Any thread.
-  Status admit_endpoint(uint16_t peer_streams) const;
+  // count_endpoints false: max_streams only (the listener checks max_endpoints itself, with eviction).
+  Status admit_endpoint(uint16_t peer_streams, bool count_endpoints = true) const;
   // Endpoints count from creation until they fail, close or learn that their peer is gone
   // (EndpointImpl::release_slot), not until their threads have stopped. `peer_key`: the peer the
-  // listener counts it under for max_endpoints_per_peer (empty: not counted per peer).
-  void endpoint_started(const std::string& peer_key);
-  void endpoint_stopped(const std::string& peer_key);
+  // listener counts it under for max_endpoints_per_peer (empty: not counted per peer, never
+  // evicted); `ep`: the endpoint, for evict_idle_endpoint.
+  void endpoint_started(const std::string& peer_key, const std::shared_ptr<EvictableEndpoint>& ep);
+  void endpoint_stopped(const std::string& peer_key, const EvictableEndpoint* ep);
+  // At max_endpoints (`full` says so), makes room for one endpoint of peer `newcomer`: evicts an
+  // idle endpoint (EvictableEndpoint) of the peer that holds the most, oldest first, but only of a
+  // peer that holds more than the newcomer would (its count + 1): a peer is never evicted below
+  // its fair share, so never of its only endpoint, and the newcomer never of its own. ok when one
+  // was evicted; else kResourceExhausted saying why none could be. dry_run: only whether a peer
+  // holds more than that (no endpoint is looked at; an unauthenticated newcomer must evict none).
+  Status evict_idle_endpoint(const std::string& newcomer, const std::string& full, bool dry_run = false);
   int live_endpoints() const { return endpoints_.load(std::memory_order_relaxed); }
   int peer_endpoints(const std::string& peer_key) const;
   // The budget for memory peers make this context hold (peer_memory_budget).
@@ -222,7 +254,12 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   TransportList transports_;
   std::atomic<int> endpoints_{0};
   mutable std::mutex peers_mu_;  // guards per_peer_ (a leaf: taken under EndpointImpl::mu_)
-  std::unordered_map<std::string, int> per_peer_;
+  struct PeerEndpoints {
+    int count = 0;
+    // Counted endpoints, oldest first.
+    std::vector<std::pair<const EvictableEndpoint*, std::weak_ptr<EvictableEndpoint>>> eps;
+  };
+  std::unordered_map<std::string, PeerEndpoints> per_peer_;
   MetricsRegistry metrics_;
   stream::Workers workers_;
   std::shared_ptr<MemoryBudget> budget_;

@@ -26,6 +26,7 @@
 #include "engine/handshake.h"
 #include "engine/transport_setup.h"
 #include "stream/socket.h"
+#include "wire/le.h"
 
 namespace dmx {
 
@@ -89,6 +90,10 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
   // kResourceExhausted naming max_endpoints_per_peer when `key` holds that many endpoints (open,
   // authenticated and joining, or being set up).
   Status check_peer_cap(const std::string& key) const;
+  // At max_endpoints: makes room for one endpoint of peer `key` by evicting an idle endpoint of
+  // the peer that holds the most (ContextImpl::evict_idle_endpoint; dry_run: only whether one
+  // could be); kResourceExhausted saying why not.
+  Status endpoint_room(const std::string& key, bool dry_run);
   void complete(uint64_t session);
   struct SetupState;
   void build(Pending p, Session agreed, std::shared_ptr<SetupState> state);  // a set-up thread
@@ -349,6 +354,20 @@ bool ListenerImpl::make_room(const std::string& host, const std::string& newcome
   return true;
 }
 
+Status ListenerImpl::endpoint_room(const std::string& key, bool dry_run) {
+  // Endpoints still being built on set-up threads count too: max_endpoints holds as it did when
+  // they were built on this thread.
+  int live = ctx_->live_endpoints() + building_.load(std::memory_order_acquire);
+  if (live < ctx_->params().max_endpoints) return Status();
+  std::string full =
+      fmt::format("{} endpoints are open or being set up, the most this context holds (max_endpoints)", live);
+  Status s = ctx_->evict_idle_endpoint(key, full, dry_run);
+  if (s.ok() && !dry_run)
+    DMX_LOG_LIMITED(log_, warn, "evict-endpoint", "listener {}: {}; evicted an idle endpoint of the peer that holds "
+                    "the most for peer {}", address_, full, key);
+  return s;
+}
+
 Status ListenerImpl::check_peer_cap(const std::string& key) const {
   int held = ctx_->peer_endpoints(key);
   for (const auto& [id, p] : pending_) held += p.authed && p.key == key ? 1 : 0;
@@ -489,23 +508,27 @@ ListenerImpl::Next ListenerImpl::reject(Conn& c, const Status& why) {
 
 ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   auto client = wire::decode_hello(c.payload.data(), c.payload.size());
+  if (!client.ok() && c.payload.size() >= 2 && wire::get_u16(c.payload.data()) != wire::kProtocolVersion) {
+    // The client reads this: decode_hello's "peer" (the client) would read as the server.
+    uint16_t theirs = wire::get_u16(c.payload.data());
+    return reject(c, Status(Code::kProtocol,
+                            fmt::format("this client speaks dmx protocol {} and the server {}: the {} is older; both "
+                                        "sides need the same dmx protocol",
+                                        theirs, wire::kProtocolVersion, theirs < wire::kProtocolVersion ? "client"
+                                                                                                           : "server")));
+  }
   if (!client.ok()) return reject(c, client.status());
   if (client->role != wire::Role::kClient) return reject(c, Status(Code::kProtocol, "HELLO from a non-client"));
   if (Status s = check_auth_modes(ctx_->auth(), client->auth, wire::Role::kServer); !s.ok()) return reject(c, s);
-  if (Status s = ctx_->admit_endpoint(client->streams); !s.ok()) return reject(c, s);
+  if (Status s = ctx_->admit_endpoint(client->streams, /*count_endpoints=*/false); !s.ok()) return reject(c, s);
   // One peer is one client process at one address (its host name and pid are the HELLO's, vouched
   // for by the key only after AUTH, so only authenticated endpoints count against it). The host
   // name keeps apart containers behind one NAT address, whose pids are alike.
   std::string key = fmt::format("{} ({}) pid {}", c.host, client->hostname, client->pid);
   if (Status s = check_peer_cap(key); !s.ok()) return reject(c, s);
-  // Endpoints still being built on set-up threads count too: max_endpoints holds as it did when
-  // they were built on this thread.
-  int building = building_.load(std::memory_order_acquire);
-  if (int live = ctx_->live_endpoints() + building; live >= ctx_->params().max_endpoints)
-    return reject(c, Status(Code::kResourceExhausted,
-                            fmt::format("{} endpoints are open or being set up, the most this context holds "
-                                        "(max_endpoints)",
-                                        live)));
+  // At max_endpoints, a newcomer is refused now only when no endpoint could be evicted for it; the
+  // eviction itself waits for its AUTH (an unauthenticated HELLO evicts nobody).
+  if (Status s = endpoint_room(key, /*dry_run=*/true); !s.ok()) return reject(c, s);
   wire::Hello server = make_hello(*ctx_, wire::Role::kServer);
   server.streams = client->streams;  // the client decides; both are bounded by decode_hello
   server.chunk_size = std::min(client->chunk_size, server.chunk_size);
@@ -557,6 +580,7 @@ ListenerImpl::Next ListenerImpl::on_auth(Conn& c) {
   }
   // Refusals for the caps come before WELCOME: after it the client holds an endpoint.
   Status full = check_peer_cap(p.key);
+  if (full.ok()) full = endpoint_room(p.key, /*dry_run=*/false);
   reap_setups(/*all=*/false);
   if (full.ok() && setups_.size() >= kMaxSetupThreads)
     full = Status(Code::kResourceExhausted,

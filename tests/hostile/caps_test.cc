@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <future>
 #include <thread>
 
 #include "engine/auth.h"
@@ -94,41 +95,44 @@ TEST(Caps, IdleConnectionsFromTheClientsOwnAddressDoNotLockItOut) {
   EXPECT_NE(reject_text.find("max_pending_per_address"), std::string::npos) << reject_text;
 }
 
-// Clients close their endpoints and connect again at once, never holding more than max_endpoints:
-// the server's slots are free as soon as the peers have closed, not once the endpoints' threads
-// have ended (8 at a time, with shm paths: the closer stops them one after another).
+// An endpoint the server's application closes stops counting against max_endpoints at once, not
+// when its threads end: here its worker is held in a completion callback, so its threads cannot
+// end, and a new client must still get in at max_endpoints=1. (Were it counted until its threads
+// end, the new client would be refused "max_endpoints" for as long as the callback runs.)
 TEST(Caps, ClosedEndpointsStopCountingAtOnce) {
-  constexpr int kAtOnce = 8;
-  Options so = test_options(2);
-  so.set("max_endpoints", std::to_string(kAtOnce));
+  Options so = test_options(1);
+  so.set("max_endpoints", "1").set("transport", "tcp").set("stream_worker_scope", "endpoint");
   Server s = make_server(so);
-  auto client = Context::create(test_options(2));  // same host: shm paths, whose stop takes a while
+  auto client = Context::create(test_options(1).set("transport", "tcp"));
   ASSERT_TRUE(client.ok());
-  int refused = 0, tried = 0;
-  Status last;
-  std::vector<Endpoint> theirs;  // the server's application has not noticed yet
-  for (int round = 0; round < 6; ++round) {
-    std::vector<Endpoint> mine;
-    for (int i = 0; i < kAtOnce; ++i) {
-      ++tried;
-      auto c = client->connect(s.listener.address());
-      if (!c.ok()) {
-        ++refused;
-        last = c.status();
-        continue;
-      }
-      mine.push_back(std::move(*c));
-      auto e = s.listener.accept(kEventually);
-      ASSERT_TRUE(e.ok()) << e.status().to_string();
-      theirs.push_back(std::move(*e));
-    }
-    std::vector<std::thread> closing;
-    for (auto& c : mine) closing.emplace_back([&c] { (void)c.close(); });
-    for (auto& t : closing) t.join();
-    if (theirs.size() > 4 * kAtOnce) theirs.erase(theirs.begin(), theirs.begin() + kAtOnce);
-  }
-  std::printf("reconnects refused: %d of %d (last: %s)\n", refused, tried, last.to_string().c_str());
-  EXPECT_EQ(refused, 0) << last.to_string();
+  auto c1 = client->connect(s.listener.address());
+  ASSERT_TRUE(c1.ok()) << c1.status().to_string();
+  auto e1 = s.listener.accept(kEventually);
+  ASSERT_TRUE(e1.ok()) << e1.status().to_string();
+  // The server's recv completes on e1's own worker, which then waits in the callback.
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  Filled src = filled(MemSpec{}, 4096);
+  Buffer dst = poisoned(MemSpec{}, 4096);
+  OpOptions held;
+  held.on_complete = [&entered, released](const Status&, size_t) {
+    entered.set_value();
+    (void)released.wait_for(kEventually);
+  };
+  (void)e1->recv(dst.region(), 1, held);
+  ASSERT_TRUE(c1->send(src.buf.region(), 1).wait(kEventually).ok());
+  ASSERT_EQ(entered.get_future().wait_for(kEventually), std::future_status::ready);
+  // Closing waits for that worker; the slot must be free before.
+  std::thread closer([&] { (void)e1->close(); });
+  for (auto until = Clock::now() + 20s; s.ctx.impl()->live_endpoints() > 0 && Clock::now() < until;)
+    std::this_thread::sleep_for(10ms);
+  auto c2 = client->connect(s.listener.address());
+  Status second = c2.ok() ? Status() : c2.status();
+  release.set_value();
+  closer.join();
+  ASSERT_TRUE(second.ok()) << "a closed endpoint still counted: " << second.to_string();
+  auto e2 = s.listener.accept(kEventually);
+  EXPECT_TRUE(e2.ok()) << e2.status().to_string();
 }
 
 // One authenticated handshake done by hand with a HELLO naming process `pid` (transport tcp, one
@@ -190,6 +194,70 @@ TEST(Caps, OnePeerCannotTakeEveryEndpoint) {
   EXPECT_TRUE(st.ok()) << st.to_string();
   auto e = s.listener.accept(kEventually);
   EXPECT_TRUE(e.ok()) << e.status().to_string();
+}
+
+// At max_endpoints, a newcomer evicts an idle endpoint of the peer that holds the most, never one
+// with work in flight, and never below that peer's fair share (so never the newcomer's own); when
+// none can be evicted, the refusal says why.
+TEST(Caps, MaxEndpointsEvictsAnIdleEndpointOfThePeerHoldingTheMost) {
+  Options so = test_options(1);
+  so.set("max_endpoints", "4").set("max_endpoints_per_peer", "0").set("transport", "tcp");
+  Server s = make_server(so);
+  auto client = Context::create(test_options(1).set("transport", "tcp"));
+  ASSERT_TRUE(client.ok());
+  std::vector<Endpoint> mine, theirs;
+  for (int i = 0; i < 4; ++i) {
+    auto c = client->connect(s.listener.address());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    mine.push_back(std::move(*c));
+    auto e = s.listener.accept(kEventually);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    theirs.push_back(std::move(*e));
+  }
+  std::this_thread::sleep_for(700ms);  // older than the eviction grace (500 ms)
+  // Another process gets in: one of this process's idle endpoints makes room.
+  UniqueFd second;
+  Status st = handshake_as(s, static_cast<uint32_t>(::getpid()) + 1, &second);
+  ASSERT_TRUE(st.ok()) << "refused instead of evicting: " << st.to_string();
+  auto e2 = s.listener.accept(kEventually);
+  ASSERT_TRUE(e2.ok()) << e2.status().to_string();
+  int evicted = -1;
+  for (int i = 0; i < 4; ++i)
+    if (!theirs[i].health().ok()) evicted = i;
+  ASSERT_GE(evicted, 0) << "no endpoint evicted";
+  Status why = theirs[evicted].health();
+  EXPECT_EQ(why.code(), Code::kResourceExhausted) << why.to_string();
+  EXPECT_NE(why.message().find("evicted for another peer"), std::string::npos) << why.to_string();
+  EXPECT_NE(why.message().find("max_endpoints"), std::string::npos) << why.to_string();
+  // Its client is told why.
+  Status told;
+  for (auto until = Clock::now() + kEventually; told.ok() && Clock::now() < until;) {
+    told = mine[evicted].health();
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_NE(told.message().find("evicted for another peer"), std::string::npos) << told.to_string();
+  // The other three each have a receive posted: work in flight, never evicted. A third process is
+  // refused, saying so.
+  std::vector<Buffer> bufs;
+  std::vector<Request> posted;
+  for (int i = 0; i < 4; ++i) {
+    if (i == evicted) continue;
+    bufs.push_back(poisoned(MemSpec{}, 64));
+    posted.push_back(theirs[i].recv(bufs.back().region(), 99));
+  }
+  UniqueFd third;
+  st = handshake_as(s, static_cast<uint32_t>(::getpid()) + 2, &third);
+  EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("work in flight"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("max_endpoints"), std::string::npos) << st.to_string();
+  for (auto& r : posted) EXPECT_FALSE(r.test());
+  // This process holds 3 and the other 1: it may not evict the other's only endpoint.
+  auto again = client->connect(s.listener.address());
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("fair share"), std::string::npos) << again.status().to_string();
+  EXPECT_TRUE(e2->health().ok()) << e2->health().to_string();
+  std::printf("evicted: %s\nrefused (busy): %s\nrefused (share): %s\n", why.message().c_str(), st.message().c_str(),
+              again.status().message().c_str());
 }
 
 // An authenticated same-host peer that offers shm and never sets up its side (listener_flood_test
@@ -319,6 +387,93 @@ TEST(Caps, UnexpectedDataOfManyEndpointsSharesOneBudget) {
   theirs.clear();
   mine.clear();
   expect_serves_a_good_client(s);
+}
+
+// max_endpoints holds at AUTH as well as at HELLO: two peers that both passed HELLO while one
+// endpoint was free cannot both get in (only the first to authenticate does; the second is told
+// why, before its WELCOME).
+TEST(Caps, MaxEndpointsIsCheckedAgainAtAuth) {
+  Options so = test_options(1);
+  so.set("max_endpoints", "1").set("max_endpoints_per_peer", "0").set("transport", "tcp");
+  Server s = make_server(so);
+  Context me_ctx = *Context::create(test_options(1).set("transport", "tcp"));
+  const ContextImpl& me = *me_ctx.impl();
+  struct Half {
+    UniqueFd fd;
+    wire::Hello mine, theirs;
+  };
+  auto hello = [&](uint32_t pid, Half* h) -> Status {
+    h->mine = make_hello(me, wire::Role::kClient);
+    h->mine.pid = pid;
+    std::string why_not;
+    offer_transports(me, &h->mine, nullptr, &why_not);
+    Deadline d = Deadline::after(30s);
+    h->fd = dial(s.listener.address());
+    if (!h->fd.valid()) return Status(Code::kIo, "dial");
+    DMX_RETURN_IF_ERROR(send_frame(h->fd.get(), wire::FrameType::kHello, wire::encode_hello(h->mine), d, "s"));
+    DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(h->fd.get(), d, "s"));
+    if (f.header.type != wire::FrameType::kHello)
+      return Status(Code::kResourceExhausted, std::string(f.payload.begin(), f.payload.end()));
+    auto t = wire::decode_hello(f.payload.data(), f.payload.size());
+    if (!t.ok()) return t.status();
+    h->theirs = *t;
+    return Status();
+  };
+  auto auth = [&](Half* h) -> Status {
+    Deadline d = Deadline::after(30s);
+    wire::Proof proof = make_proof(me.auth(), kClientLabel, h->mine.nonce, h->theirs.nonce, h->theirs.session);
+    DMX_RETURN_IF_ERROR(send_frame(h->fd.get(), wire::FrameType::kAuth, {proof.begin(), proof.end()}, d, "s"));
+    DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(h->fd.get(), d, "s"));
+    if (f.header.type != wire::FrameType::kWelcome)
+      return Status(Code::kResourceExhausted, std::string(f.payload.begin(), f.payload.end()));
+    return Status();
+  };
+  Half a, b;
+  uint32_t pid = static_cast<uint32_t>(::getpid());
+  ASSERT_TRUE(hello(pid + 1, &a).ok());
+  ASSERT_TRUE(hello(pid + 2, &b).ok());
+  ASSERT_TRUE(auth(&a).ok());
+  auto ea = s.listener.accept(kEventually);
+  ASSERT_TRUE(ea.ok()) << ea.status().to_string();
+  Status second = auth(&b);
+  EXPECT_EQ(second.code(), Code::kResourceExhausted) << "both got in at max_endpoints=1";
+  EXPECT_NE(second.message().find("max_endpoints"), std::string::npos) << second.to_string();
+  EXPECT_LE(s.ctx.impl()->live_endpoints(), 1);
+}
+
+// The peer that spent peer_memory_budget is the one refused: past half of the budget a peer holds
+// at most its share of the other half, so a peer that holds little still gets memory (it was
+// refused, and its endpoint closed, when another had spent it all).
+TEST(Caps, SpentMemoryBudgetRefusesTheSpenderNotAnother) {
+  auto ctx = Context::create(test_options(1).set("peer_memory_budget", "8M"));
+  ASSERT_TRUE(ctx.ok());
+  std::vector<MemoryCharge> held;
+  Status refused;
+  for (int i = 0; i < 16 && refused.ok(); ++i) {
+    auto c = ctx->charge_memory(1 << 20, "10.0.0.1 (hog) pid 1", "eager data");
+    if (c.ok()) held.push_back(std::move(*c));
+    else refused = c.status();
+  }
+  EXPECT_EQ(held.size(), 4u) << "one peer took " << held.size() << " MiB of 8";
+  EXPECT_EQ(refused.code(), Code::kResourceExhausted) << refused.to_string();
+  EXPECT_NE(refused.message().find("peer 10.0.0.1 (hog) pid 1"), std::string::npos) << refused.to_string();
+  EXPECT_NE(refused.message().find("peer_memory_budget"), std::string::npos) << refused.to_string();
+  // Another peer gets its share of the rest: 2 MiB of the other 4, the hog still holding its 4.
+  std::vector<MemoryCharge> other;
+  for (int i = 0; i < 2; ++i) {
+    auto c = ctx->charge_memory(1 << 20, "10.0.0.2 (good) pid 2", "eager data");
+    ASSERT_TRUE(c.ok()) << "an innocent peer refused: " << c.status().to_string();
+    other.push_back(std::move(*c));
+  }
+  auto more = ctx->charge_memory(1 << 20, "10.0.0.1 (hog) pid 1", "eager data");
+  EXPECT_FALSE(more.ok());
+  std::printf("the spender refused: %s\n", refused.message().c_str());
+  // Given back, the budget is whole again.
+  held.clear();
+  other.clear();
+  EXPECT_EQ(ctx->impl()->memory_budget()->used(), 0u);
+  auto big = ctx->charge_memory(4 << 20, "10.0.0.2 (good) pid 2", "eager data");
+  EXPECT_TRUE(big.ok()) << big.status().to_string();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // What a REJECT tells a peer that has not authenticated: what the client needs to fix its side —
 // never the server's environment (drivers, devices, settings), which only the server's log gives —
 // and, when the two sides' auth modes differ, which side runs what, right on both sides.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "hostile/hostile_util.h"
@@ -12,12 +13,12 @@ namespace {
 using namespace std::chrono_literals;
 
 // A HELLO from a client on another host that offers only tcp, sent without any key; the answer.
-Result<Frame> unauthenticated_hello(const std::string& address) {
+Result<Frame> unauthenticated_hello(const std::string& address, uint16_t version = wire::kProtocolVersion) {
   DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));
   Deadline d = Deadline::after(10s);
   DMX_ASSIGN_OR_RETURN(UniqueFd fd, stream::connect_to(addr, d));
   wire::Hello h;
-  h.version = wire::kProtocolVersion;
+  h.version = version;
   h.role = wire::Role::kClient;
   h.auth = wire::AuthMode::kHmacSha256;
   h.streams = 1;
@@ -53,6 +54,25 @@ TEST(Reject, BeforeAuthenticationSaysNothingOfTheServersEnvironment) {
   for (auto until = Clock::now() + 10s; said.empty() && Clock::now() < until; std::this_thread::sleep_for(10ms))
     said = log.with("transport=shm was forced");
   EXPECT_EQ(said.size(), 1u) << "the server's log keeps the reason";
+  expect_serves_a_good_client(s);
+}
+
+// A client of another protocol version is told which side is older, from its own side: the REJECT
+// reaches the client, so "peer" and "this side" must not be the server's.
+TEST(Reject, ProtocolVersionMismatchSaysWhichSideIsOlder) {
+  Server s = make_server();
+  for (int newer : {1, 0}) {
+    uint16_t v = static_cast<uint16_t>(newer ? wire::kProtocolVersion + 1 : wire::kProtocolVersion - 1);
+    auto f = unauthenticated_hello(s.listener.address(), v);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    ASSERT_EQ(f->header.type, wire::FrameType::kReject) << wire::frame_type_name(f->header.type);
+    std::string told(f->payload.begin(), f->payload.end());
+    EXPECT_NE(told.find(fmt::format("this client speaks dmx protocol {} and the server {}", v,
+                                    wire::kProtocolVersion)),
+              std::string::npos)
+        << told;
+    EXPECT_NE(told.find(newer ? "the server is older" : "the client is older"), std::string::npos) << told;
+  }
   expect_serves_a_good_client(s);
 }
 

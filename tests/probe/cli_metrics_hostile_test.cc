@@ -375,11 +375,13 @@ TEST(CliMetricsHostile, ConnectionCapLeavesDescriptorsForTheListener) {
 }
 
 TEST(CliMetricsHostile, AcceptBacksOffWhenOutOfDescriptors) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  // Open defect: out of descriptors, UBSan reports a bad vptr in fmt's buffer in the server.
-  DMX_SKIP(::dmx::test::kSanitizer) << "UBSan reports fmt's buffer in the out-of-descriptors path (open defect)";
-#endif
   START_SERVER(server);
+  // The refusal's log line takes the logging path the out-of-descriptors line takes, while
+  // descriptors are free. Without it a sanitizer build fails falsely: UBSan checks a vtable it has
+  // not seen before by writing it into a pipe (gcc 12's runtime), and with no descriptor free
+  // it reports "invalid vptr" for fmt's buffer.
+  Received refused = request(server.port(), "DELETE /metrics HTTP/1.1\r\n\r\n");
+  ASSERT_NE(refused.data.find(" 405 "), std::string::npos) << refused.data.substr(0, 200);
   // Lower the running server's limit below the descriptors it holds: every accept() fails with EMFILE.
   rlimit old{}, low{};
   ASSERT_EQ(::prlimit(server.pid(), RLIMIT_NOFILE, nullptr, &old), 0);

@@ -51,6 +51,7 @@ struct Session {
 
 class EndpointImpl final : public stream::StreamHost,
                            public RegistrationUser,
+                           public EvictableEndpoint,
                            public std::enable_shared_from_this<EndpointImpl> {
  public:
   // One stream per conduit (stream 0 first: the control stream). `paths[k - 1]`: path id k, or
@@ -92,6 +93,10 @@ class EndpointImpl final : public stream::StreamHost,
   // RegistrationUser
   void withdraw(Registered& reg) override;
   void abandon(const Status& why) override { fail(why.with_peer(session_.peer)); }
+
+  // EvictableEndpoint: the peer gets a CLOSE with `why`; the streams stop when it answers, or
+  // kEvictedCloseWait later.
+  bool evict_if_idle(const Status& why) override;
 
  private:
   // A payload path and its chunks in flight (endpoint/paths.cc). Sequence numbers count the
@@ -358,6 +363,8 @@ class EndpointImpl final : public stream::StreamHost,
   bool noting_ = false;  // a thread is in dispatch_notes()' loop
   std::multimap<Clock::time_point, std::weak_ptr<OpState>> deadlines_;
   std::atomic<int64_t> next_deadline_ns_{INT64_MAX};
+  const Clock::time_point created_ = Clock::now();
+  Clock::time_point evicted_stop_at_ = Clock::time_point::max();  // evicted: the streams stop then (mu_)
 
   struct Counters {
     uint64_t messages_sent = 0, messages_received = 0, eager = 0, rendezvous = 0, writes = 0, reads = 0;

@@ -70,7 +70,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   for (const auto& t : ep->session_.agreed)
     if (t->gives() == Gives::kControl) ep->stream_transport_ = ep->ctx_->metrics().index_of(t->name());
   ep->ctx_->metrics().add_endpoint(ep.get(), ep->stream_transport_);  // before a stream can stop
-  ep->ctx_->endpoint_started(ep->session_.peer_key);
+  ep->ctx_->endpoint_started(ep->session_.peer_key, ep);
   ep->slot_held_ = true;
   ep->running_ = static_cast<int>(ep->streams_.size());
   ep->holders_->count = ep->running_;
@@ -202,7 +202,38 @@ void EndpointImpl::end(Status s) {
 void EndpointImpl::release_slot() {
   if (!slot_held_) return;
   slot_held_ = false;
-  ctx_->endpoint_stopped(session_.peer_key);
+  ctx_->endpoint_stopped(session_.peer_key, this);
+}
+
+namespace {
+// An endpoint younger than this is not evicted: its application may not have posted anything yet.
+constexpr auto kEvictGrace = std::chrono::milliseconds(500);
+// An evicted endpoint's peer is told in a CLOSE and answers by ending its streams; a peer that
+// does not is cut off this much later.
+constexpr auto kEvictedCloseWait = std::chrono::seconds(2);
+}  // namespace
+
+bool EndpointImpl::evict_if_idle(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!status_.ok() || !slot_held_ || Clock::now() - created_ < kEvictGrace) return false;
+    bool busy = !initiated_.empty() || !received_.empty() || !posted_.empty() || !unexpected_.empty() ||
+                !tx_.empty() || !sends_.empty() || !writes_.empty() || !reads_.empty() || !tokens_.empty() ||
+                !in_writes_.empty() || !serving_.empty() || !notes_.empty();
+    if (busy) return false;
+    status_ = why.with_peer(session_.peer);
+    DMX_LOG_WARN("endpoint to {}: {}", session_.peer, why.message());
+    release_slot();
+    FrameHeader h;
+    h.type = FrameType::kClose;
+    std::string reason = why.message().substr(0, wire::kMaxControlPayload);
+    push_control(h, std::vector<unsigned char>(reason.begin(), reason.end()));
+    evicted_stop_at_ = Clock::now() + kEvictedCloseWait;
+    next_deadline_ns_.store(std::min(next_deadline_ns_.load(), evicted_stop_at_.time_since_epoch().count()));
+  }
+  wake_streams();
+  notes_cv_.notify_all();
+  return true;
 }
 
 void EndpointImpl::on_stream_stopped(int stream) {
@@ -317,7 +348,14 @@ Clock::time_point EndpointImpl::on_tick() {
       if (!op) continue;
       stop(op, Status(Code::kTimeout, "the operation did not complete before its deadline"));
     }
-    next_deadline_ns_.store(deadlines_.empty() ? INT64_MAX : deadlines_.begin()->first.time_since_epoch().count());
+    if (now >= evicted_stop_at_) {  // evicted, and the peer did not end its streams in time
+      evicted_stop_at_ = Clock::time_point::max();
+      for (auto& st : streams_) st->stop();
+    }
+    int64_t next = deadlines_.empty() ? INT64_MAX : deadlines_.begin()->first.time_since_epoch().count();
+    if (evicted_stop_at_ != Clock::time_point::max())
+      next = std::min(next, evicted_stop_at_.time_since_epoch().count());
+    next_deadline_ns_.store(next);
   }
   deliver();
   int64_t next = next_deadline_ns_.load(std::memory_order_relaxed);

@@ -109,7 +109,9 @@ Result<stream::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h, uint64_t l
     return protocol(fmt::format("the peer has more than {} unmatched messages in flight", params_.max_inflight_ops));
   // Every endpoint's unexpected data shares the context's budget too: many endpoints of one peer,
   // each within its own budget, must not together exhaust the process.
-  auto charge = MemoryBudget::take(ctx_->memory_budget(), cost, session_.peer, "unexpected eager data");
+  // Charged to the peer (its process, at a listener), not to this endpoint alone.
+  const std::string& peer = session_.peer_key.empty() ? session_.peer : session_.peer_key;
+  auto charge = MemoryBudget::take(ctx_->memory_budget(), cost, peer, "unexpected eager data");
   if (!charge.ok()) return charge.status();
   auto u = std::make_shared<Unexpected>();
   u->msg = h.id;
