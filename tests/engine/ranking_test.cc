@@ -179,7 +179,8 @@ TEST(Ranking, TransportWithoutCostsRanksAfterKnownPathsBeforeTheStreams) {
 
 // The engine sends by the ranking, not by path id: a host send with "rdma" agreed (the loop
 // transport under that name) goes by it where the host has an RDMA device on a PCI function, and
-// inline on the streams where it has none. shm is left out so that only rdma and the streams compete.
+// inline on the streams where it has none. shm and cuda_ipc are left out (a GPU host would agree
+// cuda_ipc too) so that only rdma and the streams compete.
 struct Sent {
   uint64_t rdma_bytes = 0;
   std::string transport, reason;
@@ -194,6 +195,7 @@ Sent host_send_with_rdma_on(const std::string& fixture) {
   if (!ctx.ok()) return out;
   ctx->impl()->register_transport(make_loop_transport("rdma"));
   ctx->impl()->register_transport(std::make_shared<NamedTransport>("shm", Gives::kPath, /*offers=*/false));
+  ctx->impl()->register_transport(std::make_shared<NamedTransport>("cuda_ipc", Gives::kPath, /*offers=*/false));
   auto l = ctx->listen("tcp://127.0.0.1:0");
   EXPECT_TRUE(l.ok()) << l.status().to_string();
   if (!l.ok()) return out;
