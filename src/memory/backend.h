@@ -91,4 +91,16 @@ Status cuda_cumem_ipc_supported(int device);
 MemoryBackend* host_backend();
 MemoryBackend* sim_backend(int device);
 
+// Unpins [ptr, ptr + len) with `backend`'s unpin_host, then munmaps it, on a process-wide thread
+// of its own. CUDA's cudaHostUnregister waits until the device is idle, which it never is while a
+// persistent kernel of this process runs (the Lynx GPU workers): a stream worker closing an
+// endpoint must not wait for that. The mapping must no longer be used by anyone.
+void unpin_and_unmap_later(MemoryBackend* backend, void* ptr, size_t len);
+// Unpins handed to unpin_and_unmap_later and not finished yet (for tests).
+size_t unpins_pending();
+
+// Test hook: while held, the sim backend's unpin_host blocks (up to two minutes), as
+// cudaHostUnregister does while a kernel runs on the device.
+void sim_hold_unpin(bool hold);
+
 }  // namespace dmx

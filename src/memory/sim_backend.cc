@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -162,6 +163,17 @@ class SimQueue final : public CopyQueue {
   std::thread worker_;  // last: starts after the members above exist
 };
 
+// sim_hold_unpin's gate. Never destroyed.
+struct UnpinGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false;
+};
+UnpinGate& unpin_gate() {
+  static UnpinGate* g = new UnpinGate;
+  return *g;
+}
+
 class SimBackend final : public MemoryBackend {
  public:
   explicit SimBackend(int device) : device_(device) {}
@@ -195,12 +207,28 @@ class SimBackend final : public MemoryBackend {
   }
   Result<void*> allocate_staging(size_t size) override { return host_backend()->allocate_staging(size); }
   void free_staging(void* ptr, size_t size) override { host_backend()->free_staging(ptr, size); }
+  // Nothing to pin; unpin waits while a test holds the device busy (sim_hold_unpin).
+  Status pin_host(void*, size_t) override { return Status(); }
+  void unpin_host(void*) override {
+    UnpinGate& g = unpin_gate();
+    std::unique_lock<std::mutex> lock(g.mu);
+    g.cv.wait_for(lock, std::chrono::minutes(2), [&] { return !g.held; });
+  }
 
  private:
   int device_;
 };
 
 }  // namespace
+
+void sim_hold_unpin(bool hold) {
+  UnpinGate& g = unpin_gate();
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    g.held = hold;
+  }
+  g.cv.notify_all();
+}
 
 MemoryBackend* sim_backend(int device) {
   static std::mutex mu;

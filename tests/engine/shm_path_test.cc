@@ -16,6 +16,7 @@
 #include <random>
 
 #include "core/config.h"
+#include "memory/backend.h"
 #include "transport/shm/shm_path.h"
 #include "test_env.h"
 
@@ -488,6 +489,53 @@ TEST(ShmPath, StopWithChunksPendingCompletesThemPromptly) {
   EXPECT_NE(p->rb.failed()[0].to_string().find("pid " + std::to_string(::getpid())), std::string::npos);
   EXPECT_TRUE(p->rb.wait_stopped(kPrompt));
   EXPECT_EQ(p->ra.stopped(), 1);
+}
+
+// A link that staged into device memory pinned its slots; the unpin waits for the device to be
+// idle (cudaHostUnregister), which a persistent kernel of this process (the Lynx GPU workers)
+// never lets it be. Stopping and destroying the path must not wait for that (it runs on the stream
+// worker that close() waits for): the unpin goes on later, on a thread of its own.
+TEST(ShmPath, StopDoesNotWaitForABusyDeviceToUnpinTheSlots) {
+  auto p = make_paths(config("4", "64K"));
+  ASSERT_TRUE(p->ok());
+  const MemSpec sim{MemKind::kSim, 0};
+  const size_t n = 4097;
+  auto dst = Buffer::allocate(sim, n);
+  ASSERT_TRUE(dst.ok());
+  std::vector<unsigned char> src(n), back(n);
+  fill_random(src.data(), n);
+  auto d = p->a->post_tx(0, {src.data(), n, {}}, true);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  ASSERT_TRUE(p->b->post_rx(0, *d, dst->region()).ok());
+  ASSERT_TRUE(p->ra.wait(true, 0).ok());
+  ASSERT_TRUE(p->rb.wait(false, 0).ok());
+  ASSERT_TRUE(copy_memory({back.data(), n, {}}, dst->region()).ok());
+  ASSERT_EQ(std::memcmp(back.data(), src.data(), n), 0);
+  ASSERT_GT(p->b->stats().device_copies, 0u);  // so b pinned its mapping of the slots
+
+  sim_hold_unpin(true);
+  // Old code waited here for the device; let it go after a while so that a failure ends.
+  std::promise<void> measured;
+  auto release = std::async(std::launch::async, [f = measured.get_future()] {
+    (void)f.wait_for(20s);
+    sim_hold_unpin(false);
+  });
+  auto t0 = Clock::now();
+  p->b->stop();
+  p->b.reset();
+  p->a->stop();
+  p->a.reset();
+  auto took = Clock::now() - t0;
+  EXPECT_LT(took, 10s) << "stopping the paths waited "
+                       << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                       << " ms for the device to unpin the slots";
+  EXPECT_GE(unpins_pending(), 1u);
+  measured.set_value();
+  sim_hold_unpin(false);
+  auto t1 = Clock::now();
+  while (unpins_pending() > 0 && Clock::now() - t1 < 30s) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(unpins_pending(), 0u);
+  release.get();
 }
 
 // stop() before start(): start() still ends with exactly one on_path_stopped; posts were refused.

@@ -1,5 +1,7 @@
 // Lynx with GPU workers: the persistent kernel polls queues in GPU memory. Skipped, with the
 // reason, where no GPU (or no CUDA build) is present.
+#include <chrono>
+#include <cstdio>
 #include <random>
 
 #include "mqueue_test_util.h"
@@ -65,6 +67,15 @@ TEST(LynxGpu, DmxFacesIntoGpuQueues) {
     EXPECT_EQ(r->ok, 400u) << (face == LoadConfig::Face::kDmx ? "dmx: " : "remote: ") << r->first_error << "\n"
                            << ev.all();
   }
+  // The remote clients have gone: the server closes their endpoints, then lends the rings again.
+  // Those closes once waited the 35-s close bound each (their shm links unpinned the slots,
+  // which waits for the device, busy with the workers' kernel): a few seconds, not minutes.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(testing::eventually([&] { return (*server)->dispatcher().stats().remote_lent == 0; },
+                                  std::chrono::seconds(20)))
+      << "the remote clients' rings were not given back within 20 s\n" << ev.all();
+  std::printf("remote rings given back %.1f s after the load\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   EXPECT_TRUE((*server)->stop().ok());
   EXPECT_EQ((*server)->dispatcher().stats().remote_requests, 400u);
 }

@@ -34,8 +34,11 @@ LinkImpl::~LinkImpl() {
   // Device copies may still read or write our mapping of the slots: let them finish first.
   (void)queues_.drain(Deadline::after(kDrainDeadline));
   bells_->sleeping[side_].v.store(0, std::memory_order_relaxed);
-  if (pinned_by_ != nullptr) pinned_by_->unpin_host(base_);
-  ::munmap(base_, layout_.total);
+  // Unpinning waits until the device is idle (cudaHostUnregister), which it is not while a
+  // persistent kernel of this process runs (the Lynx GPU workers): this runs on the stream worker
+  // that close() waits for, so the unpin and unmap go on later, on a thread of their own.
+  if (pinned_by_ != nullptr) unpin_and_unmap_later(pinned_by_, base_, layout_.total);
+  else ::munmap(base_, layout_.total);
 }
 
 Status LinkImpl::set_doorbells(UniqueFd mine, UniqueFd peers) {
