@@ -17,12 +17,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double thread_cpu() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
 struct Client {
   Fd fd;
   uint64_t tag = 0;
@@ -32,6 +26,12 @@ struct Client {
 };
 
 }  // namespace
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 double LoadResult::percentile(double p) const {
   if (latency_us.empty()) return 0;
@@ -66,7 +66,7 @@ Result<LoadResult> run_load(const LoadConfig& cfg) {
   uint32_t max_size = *std::max_element(cfg.sizes.begin(), cfg.sizes.end());
   std::vector<uint8_t> resp(size_t{max_size} + 64);
   const auto start = Clock::now();
-  const double cpu0 = thread_cpu();
+  const double cpu0 = thread_cpu_seconds();
   const bool timed = cfg.duration.count() > 0;
   const auto end = start + std::chrono::duration_cast<Clock::duration>(cfg.duration);
   uint64_t next_tag = 1;
@@ -170,7 +170,7 @@ Result<LoadResult> run_load(const LoadConfig& cfg) {
     }
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  r.client_cpu_seconds = thread_cpu() - cpu0;
+  r.client_cpu_seconds = thread_cpu_seconds() - cpu0;
   return r;
 }
 

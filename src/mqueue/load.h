@@ -50,6 +50,8 @@ struct LoadResult {
 };
 
 Result<LoadResult> run_load(const LoadConfig& config);
+// CPU seconds the calling thread has used (CLOCK_THREAD_CPUTIME_ID): a load's client cost.
+double thread_cpu_seconds();
 // The dmx faces of run_load (load_dmx.cc). A client whose answer is late or whose endpoint failed
 // counts it as lost and connects anew.
 Result<LoadResult> run_dmx_load(const LoadConfig& config);

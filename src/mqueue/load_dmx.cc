@@ -1,7 +1,5 @@
 // run_load's dmx faces: closed-loop clients over dmx endpoints of one Context, two-sided or by
 // remote queues, polled on the calling thread.
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -16,12 +14,6 @@ namespace dmx::mqueue {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double thread_cpu() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
 
 struct Outstanding {
   uint64_t tag = 0;
@@ -59,7 +51,7 @@ Result<LoadResult> run_dmx_load(const LoadConfig& cfg) {
   std::mt19937_64 rng(cfg.seed);
   LoadResult r;
   const auto start = Clock::now();
-  const double cpu0 = thread_cpu();
+  const double cpu0 = thread_cpu_seconds();
   const bool timed = cfg.duration.count() > 0;
   const auto end = start + std::chrono::duration_cast<Clock::duration>(cfg.duration);
   uint64_t next_tag = 1;
@@ -136,7 +128,7 @@ Result<LoadResult> run_dmx_load(const LoadConfig& cfg) {
     if (!any_answer) std::this_thread::yield();  // the server may share our core
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  r.client_cpu_seconds = thread_cpu() - cpu0;
+  r.client_cpu_seconds = thread_cpu_seconds() - cpu0;
   return r;
 }
 
