@@ -13,6 +13,9 @@ between the GPUs goes through the network transport:
   dmx     NCCL_NET_PLUGIN=dmx NCCL_NET=dmx (libnccl-net-dmx.so found in --plugin-dir)
   socket  NCCL_NET=Socket (NCCL's own)
 
+A mode may add NCCL settings to try them side by side in one run: `dmx+NCCL_NET_GDR_LEVEL=SYS`
+is the dmx mode with that variable set (several: `dmx+A=1+B=2`).
+
 NCCL_NVLS_ENABLE=0 and the other multicast-off variables are forced (refutil.SAFETY_ENV).
 
 Per mode, op and size, one JSON line: all_reduce (float32 sum), all_gather and send/recv
@@ -60,6 +63,12 @@ MODES = {
 OPS = ("all_reduce", "all_gather", "send_recv")
 
 
+def mode_parts(mode: str) -> tuple[str, dict]:
+    """'dmx+NCCL_BUFFSIZE=8388608' -> ('dmx', {'NCCL_BUFFSIZE': '8388608'})."""
+    base, *extra = mode.split("+")
+    return base, dict(kv.split("=", 1) for kv in extra if "=" in kv)
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,8 +87,9 @@ def parse_args(argv):
     args.size_list = refutil.parse_sizes(args.sizes)
     args.mode_list = [m for m in args.modes.split(",") if m]
     for m in args.mode_list:
-        if m not in MODES:
-            p.error(f"unknown mode {m!r} (have {', '.join(MODES)})")
+        base, _ = mode_parts(m)
+        if base not in MODES:
+            p.error(f"unknown mode {m!r} (have {', '.join(MODES)}, each optionally +NAME=VALUE...)")
     return args
 
 
@@ -127,7 +137,7 @@ def worker(args) -> int:
                                  "rank0_seconds": round(time.monotonic() - t0, 2)}), flush=True)
         os._exit(0)  # destroy_process_group could wait on the dead peer
 
-    common = {"ref": MODES[args.mode][0], "mode": args.mode, "ranks": world,
+    common = {"ref": MODES[mode_parts(args.mode)[0]][0], "mode": args.mode, "ranks": world,
               "torch_version": torch.__version__, "gpu": torch.cuda.get_device_name(dev)}
     # Connections are made by the first operation: not measured.
     dist.all_reduce(torch.ones(1024, device=dev))
@@ -199,10 +209,12 @@ def skip_reason() -> str | None:
 
 
 def run_pair(args, mode: str, kill: bool) -> tuple[list[dict], str | None, str]:
-    ref, mode_env = MODES[mode]
+    base, extra = mode_parts(mode)
+    ref, mode_env = MODES[base]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     env.update(COMMON_ENV)
     env.update(mode_env)
+    env.update(extra)
     refutil.apply_safety_env(env)
     if args.plugin_dir:
         env["LD_LIBRARY_PATH"] = os.path.abspath(args.plugin_dir) + ":" + env.get("LD_LIBRARY_PATH", "")
@@ -266,10 +278,11 @@ def main(argv) -> int:
     for mode in args.mode_list:
         lines, failed, log = run_pair(args, mode, kill=False)
         paths = sorted(set(re.findall(r"Channel \S+ : .*? via (\S+)", log)))
-        want = "NET/" + ("dmx" if mode == "dmx" else "Socket")
+        want = "NET/" + ("dmx" if mode_parts(mode)[0] == "dmx" else "Socket")
         loaded = sorted(set(re.findall(r"(?:NET/Plugin|Initialized NET plugin|Assigned NET plugin)[^\n]*", log)))[:4]
+        gdr = sorted(set(re.findall(r"GPU Direct RDMA (?:Enabled|Disabled)[^\n]*", log)))[:2]
         for obj in lines:
-            obj.update(nccl_path=paths, nccl_net_lines=loaded)
+            obj.update(nccl_path=paths, nccl_net_lines=loaded, nccl_gdr=gdr)
             refutil.emit(obj)
         if not failed and (not paths or not all(p.startswith(want) for p in paths)):
             failed = f"NCCL used {paths}, not {want}"
@@ -278,7 +291,7 @@ def main(argv) -> int:
         if not failed and len(lines) != len(args.size_list) * len(OPS):
             failed = f"{len(lines)} results, want {len(args.size_list) * len(OPS)}"
         if failed:
-            refutil.emit({"ref": MODES[mode][0], "mode": mode, "error": failed})
+            refutil.emit({"ref": MODES[mode_parts(mode)[0]][0], "mode": mode, "error": failed})
             rc = 1
     if args.kill_test:
         # Rank 0 passes when it ends, not hangs: with its own error line, or aborted by PyTorch's
