@@ -218,7 +218,8 @@ def run_pair(args, mode: str, kill: bool) -> tuple[list[dict], str | None, str]:
     refutil.apply_safety_env(env)
     if args.plugin_dir:
         env["LD_LIBRARY_PATH"] = os.path.abspath(args.plugin_dir) + ":" + env.get("LD_LIBRARY_PATH", "")
-    logdir = tempfile.mkdtemp(prefix=f"dmx-coll-{mode}-")
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", mode)  # a file name, whatever settings the mode adds
+    logdir = tempfile.mkdtemp(prefix=f"dmx-coll-{safe}-")
     env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET",
                 "NCCL_DEBUG_FILE": os.path.join(logdir, "nccl.%h.%p.log"),
                 "MASTER_PORT": str(refutil.free_port()), "DMX_SEED": str(int.from_bytes(os.urandom(3), "little")),
@@ -257,7 +258,7 @@ def run_pair(args, mode: str, kill: bool) -> tuple[list[dict], str | None, str]:
     if args.keep_logs:
         os.makedirs(args.keep_logs, exist_ok=True)
         for f in os.listdir(logdir):
-            os.replace(os.path.join(logdir, f), os.path.join(args.keep_logs, f"{mode}{'-kill' if kill else ''}.{f}"))
+            os.replace(os.path.join(logdir, f), os.path.join(args.keep_logs, f"{safe}{'-kill' if kill else ''}.{f}"))
     for f in os.listdir(logdir):
         os.unlink(os.path.join(logdir, f))
     os.rmdir(logdir)
