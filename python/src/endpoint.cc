@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "errors.h"
+#include "profile.h"
 
 namespace py = pybind11;
 
@@ -54,13 +55,20 @@ std::unique_ptr<Future> post(const std::shared_ptr<EndpointState>& s, py::handle
   Keep keep;
   keep.push_back(BufferRef::acquire(obj, writable, what));
   dmx::MemRegion region = keep.back()->region();
-  auto w = std::make_shared<Watch>();
-  dmx::OpOptions o = options(timeout, w);
+  std::shared_ptr<Watch> w;
+  dmx::OpOptions o;
+  {
+    profile::Timer timer(profile::kFuture);
+    w = std::make_shared<Watch>();
+    o = options(timeout, w);
+  }
   dmx::Request req;
   {
+    profile::Timer timer(profile::kPost);
     py::gil_scoped_release nogil;
     req = do_post(region, std::move(o));
   }
+  profile::Timer timer(profile::kFuture, false);
   return std::make_unique<Future>(std::move(req), std::move(w), std::move(keep), s);
 }
 

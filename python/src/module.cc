@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "errors.h"
 #include "future.h"
 #include "log.h"
+#include "profile.h"
 
 namespace py = pybind11;
 using dmxpy::EndpointState;
@@ -124,6 +127,43 @@ PYBIND11_MODULE(_dmx, m) {
     d["options"] = b.options;
     return d;
   });
+
+  // Internal: per-stage timing (profile.h) and the buffer path, for bench/python_overhead.py
+  // --profile and the tests.
+  m.def(
+      "_profile",
+      [](bool on) {
+        for (auto& c : dmxpy::profile::counters) c = {};
+        dmxpy::profile::enabled = on;
+      },
+      py::arg("on"));
+  m.def("_profile_take", [] {
+    py::dict d;
+    for (int i = 0; i < dmxpy::profile::kStages; ++i) {
+      const auto& c = dmxpy::profile::counters[i];
+      d[dmxpy::profile::kStageNames[i]] = py::make_tuple(c.calls, static_cast<double>(c.ns) * 1e-9);
+    }
+    for (auto& c : dmxpy::profile::counters) c = {};
+    return d;
+  });
+  m.def(
+      "_region_of",
+      [](py::handle obj, bool writable, bool torch_attributes) {
+        auto b = dmxpy::BufferRef::acquire(obj, writable, "_region_of", torch_attributes);
+        const dmx::MemRegion& r = b->region();
+        return py::make_tuple(reinterpret_cast<uintptr_t>(r.ptr), r.size, dmx::to_string(r.where));
+      },
+      py::arg("obj"), py::arg("writable") = false, py::arg("torch_attributes") = true,
+      "(pointer, size, memory) of what an operation on `obj` would use.");
+  m.def(
+      "_time_acquire",
+      [](py::handle obj, bool writable, uint32_t n, bool torch_attributes) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (uint32_t i = 0; i < n; ++i) (void)dmxpy::BufferRef::acquire(obj, writable, "_time_acquire", torch_attributes);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / std::max(n, 1u);
+      },
+      py::arg("obj"), py::arg("writable"), py::arg("n"), py::arg("torch_attributes") = true,
+      "Seconds per acquire and release of `obj`'s memory (the first stage of every operation).");
 
   m.def("_log_start", &dmxpy::log_start, py::arg("after_fork"));
   m.def("_log_take", &dmxpy::log_take, py::arg("timeout"));
