@@ -119,8 +119,10 @@ bool BufferRef::from_torch(py::handle obj) {
   if (torch == nullptr || Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(torch->tensor_type)) return false;
   PyObject* o = obj.ptr();
   auto get = [o](PyObject* name) { return py::reinterpret_steal<py::object>(PyObject_GetAttr(o, name)); };
-  auto call = [o](PyObject* name) {
-    return py::reinterpret_steal<py::object>(PyObject_CallMethodObjArgs(o, name, nullptr));
+  auto call = [o](PyObject* name) {  // no bound-method object
+    PyObject* args[] = {o};
+    return py::reinterpret_steal<py::object>(
+        PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
   };
   auto is = [](const py::object& v, PyObject* want) { return v && v.ptr() == want; };
   bool ok = [&] {
