@@ -245,6 +245,8 @@ def profile_run(sizes, samples, mem, peer_mem):
                 print(f"#   {'python: ' + k:<28} {fmt(v)}")
             for k, v in row["acquire_alone_us"].items():
                 print(f"#   {'acquire alone: ' + k:<28} {fmt(v)}")
+            if mem == "host":
+                print("#   (NumPy: both roads are the buffer protocol)")
         ep.send(json.dumps({"op": "quit"}).encode(), CTRL).wait(timeout=60)
         proc.wait(timeout=60)
         ep.close()
