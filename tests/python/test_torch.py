@@ -116,3 +116,26 @@ def test_cuda_tensor_read_through_its_attributes():
     assert _dmx._region_of(x) == (x.data_ptr(), 4096, f"cuda:{last}")
     assert _dmx._region_of(x, torch_attributes=False) == _dmx._region_of(x)
     assert torch.cuda.current_device() == before
+
+
+@cuda
+@pytest.mark.parametrize("n", [1, 100_000])
+def test_cuda_write_blocks(peer, n):
+    # One vectored write of CUDA tensor blocks into the peer's CUDA memory, offsets from NumPy.
+    block = 16
+    info = peer.command("register", size=n * block, device="cuda:0")
+    d = bytes.fromhex(info["descriptor"])
+    before = torch.zeros(n * block, dtype=torch.uint8, device="cuda:0")
+    peer.ep.read(before, d).wait(timeout=60)
+    src = fresh(n * block + 1, "cuda:0")[1:]  # an odd base address
+    torch.cuda.synchronize()
+    lo = np.random.default_rng().permutation(n) * block
+    ro = np.random.default_rng().permutation(n) * block
+    assert peer.ep.write_blocks(src, d, lo, ro, block, notify=3).wait(timeout=120) == n * block
+    assert peer.command("notify")["value"] == 3
+    expect = before.cpu().numpy().reshape(n, block)
+    expect[ro // block] = src.cpu().numpy().reshape(n, block)[lo // block]
+    assert peer.command("digest")["digest"] == hashlib.sha256(expect.reshape(-1)).hexdigest()
+    back = torch.zeros_like(src)
+    assert peer.ep.read_blocks(back, d, lo, ro, block).wait(timeout=120) == n * block
+    assert torch.equal(back, src)
