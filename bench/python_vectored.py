@@ -7,8 +7,8 @@ at most 20 ms), and how fast it moves, in two processes.
 
 The peer registers one cache of ENTRIES blocks of BLOCK bytes; this side has a cache of the same
 shape and writes every block of it to a shuffled slot of the peer's with one `write_blocks` (the
-list built in C++ from two arrays of offsets; --form entries: a prebuilt dmx.IO_ENTRY array, read
-in place) and notify. Per repeat: post (the call until its Future is back: list building and
+list built in C++ from two arrays of offsets; --form entries: a prebuilt dmx.IO_ENTRY array, copied
+with one memcpy) and notify. Per repeat: post (the call until its Future is back: list building and
 checking included), done (until the write completed), and the binding's stages (list, acquire,
 post). The data is checked once at the end (read back, compared). One JSON row per repeat, then
 the medians; `--per-block N` also times N plain writes, one per block, for comparison.

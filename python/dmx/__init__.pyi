@@ -30,7 +30,7 @@ with their index."""
 IO_ENTRY: "numpy.dtype"
 """NumPy dtype of one vectored write/read entry, laid out as dmx::IoEntry (32 bytes):
 local (u4: index into `local`), remote (u4: index into `remote`), local_offset, remote_offset,
-length (u8). An array of it is read in place."""
+length (u8). An array of it is copied with one memcpy."""
 IO_PIECE: "numpy.dtype"
 """NumPy dtype of one piece of a vectored message, as dmx::IoPiece (24 bytes): region (u4: index
 into `local`), reserved (u4, 0), offset, length (u8)."""
@@ -94,8 +94,8 @@ class Endpoint:
     def write_vec(self, local: Buffers, remote: Descriptors, entries: Ints, *,
                   notify: Optional[int] = None, timeout: Optional[float] = None) -> Future:
         """Writes a list of ranges as one operation: one completion, and with notify=VALUE one
-        notification once every byte has landed. `entries`: an array of dtype IO_ENTRY (read in
-        place) or integers of shape (n, 5): local index, remote index, local offset, remote offset,
+        notification once every byte has landed. `entries`: an array of dtype IO_ENTRY (copied
+        with one memcpy) or integers of shape (n, 5): local index, remote index, local offset, remote offset,
         length. The whole list is checked before a byte moves (bounds, overlapping remote ranges):
         a bad entry fails the operation with "entry <i>: ..." and Future.failed_entry == i."""
     def read_vec(self, local: Buffers, remote: Descriptors, entries: Ints, *,
