@@ -2,16 +2,19 @@
 """Python's overhead over the C++ API: the same measurement through `dmx bench` (C++, two
 processes) and through the dmx module (Python, two processes), in one run.
 
-    PYTHONPATH=build/python python3 bench/python_overhead.py [--dmx build/tools/dmx/dmx] [--repeat 3]
+    PYTHONPATH=build/python python3 bench/python_overhead.py [--dmx build/tools/dmx/dmx] [--repeat 3] [--profile]
 
 Both follow `dmx bench --op send` (tools/dmx/bench.h): latency is the half round trip of a
 ping-pong (1,000 samples, p50); throughput is `iters` sends with `window` in flight, timed on the
 client until the server reports that the last one arrived (about 4 GiB per size, at least 8
-operations). Host memory by default; `--mem cuda:0 --peer-mem cuda:1` moves PyTorch CUDA tensors
+operations, at most 2,000), with dmx bench's window (1 GiB in flight, 2 to 64 operations). Host memory by default; `--mem cuda:0 --peer-mem cuda:1` moves PyTorch CUDA tensors
 (C++: the same device buffers). Default settings (on one host: shm, and cuda_ipc for GPU memory).
 Each implementation runs `--repeat` times, alternating; the median is reported. `--nccl-p2p` adds
 torch.distributed send/recv between the two GPUs (NCCL) at the same sizes in the same run (issue 23,
-run 5). Prints one JSON row per measurement, then a table.
+run 5). Prints one JSON row per measurement, then a table. `--profile` then splits one operation of
+each size up to 1 MiB into the binding's stages (finding the buffer's memory, the dmx call, the
+future, the wait, letting go), on both sides, and times finding a tensor's memory by each road
+(PyTorch's attributes, DLPack with its device switch).
 """
 import argparse
 import json
@@ -26,8 +29,9 @@ PING, PONG, DATA, DONE, CTRL = 11, 12, 10, 13, 1
 
 
 def throughput_plan(size):
+    """dmx bench's plan (tools/dmx/bench_sizes.cc throughput_iters, bench_client.cc auto_window)."""
     iters = max(8, min(2000, (4 << 30) // max(size, 1)))
-    window = max(2, min(16, (1 << 30) // max(size, 1)))
+    window = max(2, min(64, (1 << 30) // max(size, 1)))
     return iters, min(window, iters)
 
 
@@ -83,18 +87,22 @@ def serve(address_out, mem):
             ep.send(b"done", DONE).wait(timeout=60)
         else:  # latency: ping-pong
             buf = slots[0]
+            if cmd.get("profile"):
+                dmx._dmx._profile(True)
             for _ in range(cmd["samples"] + 1):
                 ep.recv(buf, PING).wait(timeout=60)
                 ep.send(buf, PONG).wait(timeout=60)
+            if cmd.get("profile"):
+                stages = dmx._dmx._profile_take()
+                dmx._dmx._profile(False)
+                ep.send(json.dumps(stages).encode(), CTRL).wait(timeout=60)
     ep.close()
 
 
 def python_run(sizes, samples, mem, peer_mem):
     import dmx
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", "--peer-mem", peer_mem], stdout=subprocess.PIPE,
-                            text=True)
+    proc, address = start_server(peer_mem)
     try:
-        address = proc.stdout.readline().strip()
         ctx = dmx.Context()
         ep = ctx.connect(address)
         ready = bytearray(16)
@@ -139,6 +147,106 @@ def python_run(sizes, samples, mem, peer_mem):
                 if not same(pong, src):
                     raise SystemExit("python: the echoed bytes differ")
             rows.append(row)
+        ep.send(json.dumps({"op": "quit"}).encode(), CTRL).wait(timeout=60)
+        proc.wait(timeout=60)
+        ep.close()
+        return rows
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def start_server(peer_mem):
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", "--peer-mem", peer_mem], stdout=subprocess.PIPE,
+                            text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+STAGES = ("acquire", "post", "future", "wait", "release")
+
+
+def profile_run(sizes, samples, mem, peer_mem):
+    """--profile: where one operation's time goes in the binding, stage by stage, on both sides of
+    the ping-pong (dmx._dmx._profile; python/src/profile.h), and what finding a buffer's memory
+    costs by each road (torch attributes, DLPack) for the same tensor."""
+    import dmx
+    from dmx import _dmx
+    proc, address = start_server(peer_mem)
+    rows = []
+    try:
+        ctx = dmx.Context()
+        ep = ctx.connect(address)
+        ready, answer = bytearray(16), bytearray(1 << 14)
+        for size in sizes:
+            if size > (1 << 20):
+                continue
+            src = alloc(mem, size)
+            pong = alloc(mem, size, 0x5A)
+            other = None  # a tensor of the peer's device, when that is another GPU than ours
+            if mem != "host":
+                import torch
+                if peer_mem.startswith("cuda") and torch.device(peer_mem) != torch.device(mem):
+                    other = alloc(peer_mem, size, 0x5A)
+                torch.cuda.synchronize()
+            n = 20000
+            acquire = {"attributes": _dmx._time_acquire(src, False, n),
+                       "dlpack": _dmx._time_acquire(src, False, n, torch_attributes=False)}
+            if other is not None:
+                acquire["attributes_other_device"] = _dmx._time_acquire(other, False, n)
+                acquire["dlpack_other_device"] = _dmx._time_acquire(other, False, n, torch_attributes=False)
+            ep.send(json.dumps(dict(op="latency", size=size, window=2, samples=samples, profile=True)).encode(),
+                    CTRL).wait(timeout=60)
+            ep.recv(ready, CTRL).wait(timeout=120)
+            calls = {"recv_call": 0.0, "send_call": 0.0, "send_wait": 0.0, "recv_wait": 0.0}
+            lat = []
+            _dmx._profile(True)
+            for j in range(samples + 1):  # the first is a warm-up
+                t0 = time.perf_counter()
+                back = ep.recv(pong, PONG)
+                t1 = time.perf_counter()
+                f = ep.send(src, PING)
+                t2 = time.perf_counter()
+                f.wait(timeout=60)
+                t3 = time.perf_counter()
+                back.wait(timeout=60)
+                t4 = time.perf_counter()
+                if j:
+                    calls["recv_call"] += t1 - t0
+                    calls["send_call"] += t2 - t1
+                    calls["send_wait"] += t3 - t2
+                    calls["recv_wait"] += t4 - t3
+                    lat.append((t4 - t0) / 2 * 1e6)
+            client = _dmx._profile_take()
+            _dmx._profile(False)
+            got = ep.recv(answer, CTRL).wait(timeout=60)
+            server = json.loads(answer[:got])
+            lat.sort()
+            per_op = lambda st: {k: (secs / c * 1e6 if c else None) for k, (c, secs) in st.items()}  # noqa: E731
+            cl, sv = per_op(client), per_op(server)
+            posts = sum(cl[k] or 0 for k in ("acquire", "post", "future"))
+            row = {"kind": "profile", "mem": mem, "peer_mem": peer_mem, "size_bytes": size, "samples": samples,
+                   "p50_us": lat[len(lat) // 2], "client_us": cl, "server_us": sv,
+                   "python_us": {k: v / samples * 1e6 for k, v in calls.items()},
+                   "acquire_alone_us": {k: v * 1e6 for k, v in acquire.items()}}
+            # What Python's view of a post adds to the stages timed inside: pybind11's dispatch and
+            # argument conversion, the Future's Python object.
+            row["binding_us"] = (row["python_us"]["recv_call"] + row["python_us"]["send_call"]) / 2 - posts
+            rows.append(row)
+            print(json.dumps(row))
+            fmt = lambda v: f"{v:8.2f}" if v is not None else "       -"  # noqa: E731
+            print(f"# profile: {size} B {mem} -> {peer_mem}, {samples} ping-pongs (half round trip p50 "
+                  f"{row['p50_us']:.2f} us); microseconds per operation")
+            print(f"#   {'stage':<28} {'client':>8} {'server':>8}")
+            for k in STAGES:
+                print(f"#   {k:<28} {fmt(cl.get(k))} {fmt(sv.get(k))}")
+            print(f"#   {'binding (pybind11, objects)':<28} {fmt(row['binding_us'])}")
+            for k, v in row["python_us"].items():
+                print(f"#   {'python: ' + k:<28} {fmt(v)}")
+            for k, v in row["acquire_alone_us"].items():
+                print(f"#   {'acquire alone: ' + k:<28} {fmt(v)}")
+            if mem == "host":
+                print("#   (NumPy: both roads are the buffer protocol)")
         ep.send(json.dumps({"op": "quit"}).encode(), CTRL).wait(timeout=60)
         proc.wait(timeout=60)
         ep.close()
@@ -197,6 +305,9 @@ def main():
     ap.add_argument("--nccl-p2p", action="store_true",
                     help="also torch.distributed send/recv (NCCL defaults) cuda:0 -> cuda:1, same sizes "
                          "(bench/ref/nccl_socket.py --p2p)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the comparison, the time of each stage of one operation (sizes up to 1 MiB) on both "
+                         "sides, and of each road to a buffer's memory; --repeat 0 runs the profile alone")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
@@ -227,6 +338,10 @@ def main():
         for run in runs[impl]:
             for row in run:
                 print(json.dumps(dict(row, kind="run")))
+    if a.profile:
+        profile_run(sizes, a.samples, a.mem, a.peer_mem)
+    if a.repeat < 1:
+        return 0
 
     def median(impl, i, key):
         vals = [run[i][key] for run in runs[impl] if key in run[i]]

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,26 @@ struct RemoteRegion {
   std::vector<unsigned char> serialize() const;
   static Result<RemoteRegion> parse(const unsigned char* data, size_t len);
 };
+
+// One entry of a vectored write or read: `length` bytes between local[local] at `local_offset` and
+// remote[remote] at `remote_offset` (indices into the spans given with the list). Plain integers,
+// 32 bytes, no padding: an array of them can come straight from a NumPy structured array.
+struct IoEntry {
+  uint32_t local = 0, remote = 0;
+  uint64_t local_offset = 0, remote_offset = 0, length = 0;
+};
+static_assert(sizeof(IoEntry) == 32);
+
+// One piece of a vectored message: `length` bytes of regions[region] at `offset`. A vectored send
+// gathers its pieces into one message, in order; a vectored recv scatters one message over them.
+struct IoPiece {
+  uint32_t region = 0, reserved = 0;  // reserved: must be 0
+  uint64_t offset = 0, length = 0;
+};
+static_assert(sizeof(IoPiece) == 24);
+
+// The most entries (or pieces) one vectored operation takes.
+inline constexpr size_t kMaxIoEntries = size_t{1} << 24;
 
 // Delivered to the target of a write made with OpOptions::notify, after the data has landed.
 struct Notification {
@@ -91,6 +112,29 @@ class Endpoint {
   Request write(const MemRegion& src, const RemoteRegion& dst, uint64_t offset, OpOptions options = {});
   // One-sided: reads from the peer's registered region at `offset` into `dst`.
   Request read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions options = {});
+
+  // Vectored one-sided operations (docs/architecture.md, "Vectored operations"): one request, one
+  // completion, one notification (options.notify; its key is the first entry's remote key, its
+  // length the list's total) once every byte has landed. The whole list is checked before a byte
+  // moves: every entry against its regions' bounds (indices, offsets, lengths, overflow-safe), and,
+  // for a write, no two entries' remote ranges overlap (read: no two local ranges). A bad list
+  // fails the request at once (kInvalidArgument or kOutOfRange) with a message that begins
+  // "entry <index>:" naming the first bad entry, and Request::failed_entry() gives that index. An
+  // empty list and zero-length entries are fine (an empty list completes, and notifies, as an empty
+  // write does). Adjacent entries (local and remote both contiguous) move as one. The spans are
+  // read during the call only; the memory they name is dmx's until the request completes.
+  // Timeout and cancel apply to the whole list.
+  Request write_vec(std::span<const MemRegion> local, std::span<const RemoteRegion> remote,
+                    std::span<const IoEntry> entries, OpOptions options = {});
+  Request read_vec(std::span<const MemRegion> local, std::span<const RemoteRegion> remote,
+                   std::span<const IoEntry> entries, OpOptions options = {});
+  // Vectored two-sided: one message of the pieces' bytes, in order. A recv's pieces must not
+  // overlap; either side's list is checked as for write_vec. A vectored send matches a plain recv
+  // and the other way round.
+  Request send_vec(std::span<const MemRegion> regions, std::span<const IoPiece> pieces, uint64_t tag,
+                   OpOptions options = {});
+  Request recv_vec(std::span<const MemRegion> regions, std::span<const IoPiece> pieces, uint64_t tag,
+                   OpOptions options = {});
 
   // The next notification of a write the peer made into our memory, waiting up to `timeout`.
   Result<Notification> next_notification(Duration timeout = kForever);

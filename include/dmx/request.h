@@ -60,6 +60,8 @@ class Request {
   // (setting checksum=crc32c on either side), else 0. Both sides of a transfer report the same
   // value: the sender's from its source, the receiver's from what landed, chunk by chunk.
   uint32_t crc32c() const;
+  // A vectored operation refused for a bad entry: that entry's index; -1 otherwise.
+  int64_t failed_entry() const;
   // Asks for completion with Code::kCancelled. Has no effect after completion; an operation
   // whose data is already on its way may still complete successfully.
   void cancel() const;

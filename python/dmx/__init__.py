@@ -7,6 +7,7 @@
     ep.send(x).wait(); n = ep.recv(y).wait()
     reg = ctx.register(z); d = reg.descriptor()
     ep.write(x, d, offset=0).wait(); ep.read(y, d, offset=0).wait()
+    ep.write_blocks(cache, d, src_offsets, dst_offsets, block_bytes, notify=7)   # one operation
 
 Buffers are anything with __dlpack__ (PyTorch, CuPy, JAX, NumPy; CPU, pinned or CUDA memory) or
 the buffer protocol (NumPy, bytearray, memoryview), contiguous. Operations return futures:
@@ -25,8 +26,20 @@ from ._dmx import (ANY_TAG, Context, Endpoint, Future, Listener, Notification, R
 Future.__await__ = _await
 __version__ = build_info()["version"]
 
+
+def __getattr__(name):
+    # IO_ENTRY and IO_PIECE are NumPy dtypes, made on first use: importing dmx needs no NumPy.
+    if name in ("IO_ENTRY", "IO_PIECE"):
+        import numpy as np
+        globals()["IO_ENTRY"] = np.dtype([("local", "=u4"), ("remote", "=u4"), ("local_offset", "=u8"),
+                                          ("remote_offset", "=u8"), ("length", "=u8")])
+        globals()["IO_PIECE"] = np.dtype([("region", "=u4"), ("reserved", "=u4"), ("offset", "=u8"),
+                                          ("length", "=u8")])
+        return globals()[name]
+    raise AttributeError(f"module 'dmx' has no attribute {name!r}")
+
 __all__ = [
-    "ANY_TAG", "Context", "Endpoint", "Future", "Listener", "Notification", "Registration",
+    "ANY_TAG", "IO_ENTRY", "IO_PIECE", "Context", "Endpoint", "Future", "Listener", "Notification", "Registration",
     "RemoteRegion", "build_info", "Error", "AuthError", "CancelledError", "ClosedError", "DataLossError",
     "InternalError", "InvalidArgumentError", "IoError", "NotFoundError", "OutOfRangeError",
     "PeerFailedError", "ProtocolError", "ResourceExhaustedError", "TimeoutError",

@@ -1,5 +1,7 @@
 """Type stubs of the dmx module (docs/python.md)."""
-from typing import Any, Generator, Optional, Union
+from typing import Any, Generator, Optional, Sequence, Union
+
+import numpy
 
 from ._errors import (AuthError as AuthError, CancelledError as CancelledError,
                       ClosedError as ClosedError, DataLossError as DataLossError, Error as Error, InternalError as InternalError,
@@ -17,6 +19,21 @@ Buffer = Any
 """An object with __dlpack__ (CPU, pinned or CUDA memory) or the buffer protocol; contiguous; plain
 data (items that are Python objects or pointers raise InvalidArgumentError)."""
 Descriptor = Union[bytes, bytearray, memoryview, "RemoteRegion"]
+Buffers = Union[Buffer, Sequence[Buffer]]
+"""One buffer, or a list (or tuple) of them; a list entry's index names it in entries and pieces."""
+Descriptors = Union[Descriptor, Sequence[Descriptor]]
+Ints = Any
+"""Integers in host memory, read in C++ without a Python loop: a 1-D NumPy array of any integer dtype
+(any strides), an array.array, a memoryview, or a CPU torch tensor. Negative values are refused
+with their index."""
+
+IO_ENTRY: "numpy.dtype"
+"""NumPy dtype of one vectored write/read entry, laid out as dmx::IoEntry (32 bytes):
+local (u4: index into `local`), remote (u4: index into `remote`), local_offset, remote_offset,
+length (u8). An array of it is copied with one memcpy."""
+IO_PIECE: "numpy.dtype"
+"""NumPy dtype of one piece of a vectored message, as dmx::IoPiece (24 bytes): region (u4: index
+into `local`), reserved (u4, 0), offset, length (u8)."""
 
 def build_info() -> dict[str, str]:
     """version, git_revision and options of the library this module was built with."""
@@ -29,6 +46,10 @@ class Future:
     @property
     def crc32c(self) -> int:
         """The CRC32C of the bytes moved when the endpoint checksums (checksum="crc32c"), else 0."""
+    @property
+    def failed_entry(self) -> int:
+        """A vectored operation refused for a bad entry: that entry's index (its error says
+        "entry <i>:"); else -1."""
     def wait(self, timeout: Optional[float] = None) -> int:
         """Waits (GIL released) and returns the bytes moved; a recv: the message size. Raises the
         operation's Error, or TimeoutError when `timeout` seconds pass first (it continues)."""
@@ -70,6 +91,38 @@ class Endpoint:
     def read(self, buf: Buffer, remote: Descriptor, offset: int = 0, *,
              timeout: Optional[float] = None) -> Future:
         """Reads len(buf) bytes of the peer's registered region at `offset` into `buf`."""
+    def write_vec(self, local: Buffers, remote: Descriptors, entries: Ints, *,
+                  notify: Optional[int] = None, timeout: Optional[float] = None) -> Future:
+        """Writes a list of ranges as one operation: one completion, and with notify=VALUE one
+        notification once every byte has landed. `entries`: an array of dtype IO_ENTRY (copied
+        with one memcpy) or integers of shape (n, 5): local index, remote index, local offset, remote offset,
+        length. The whole list is checked before a byte moves (bounds, overlapping remote ranges):
+        a bad entry fails the operation with "entry <i>: ..." and Future.failed_entry == i."""
+    def read_vec(self, local: Buffers, remote: Descriptors, entries: Ints, *,
+                 timeout: Optional[float] = None) -> Future:
+        """The read of write_vec's list: remote ranges into local ones (which must not overlap)."""
+    def write_blocks(self, local: Buffers, remote: Descriptors, local_offsets: Ints, remote_offsets: Ints,
+                     lengths: Union[int, Ints], *, notify: Optional[int] = None,
+                     timeout: Optional[float] = None) -> Future:
+        """write_vec of a paged cache's blocks: for each buffer i of `local` and remote region i (or
+        the only one), every block j: local_offsets[j] -> remote_offsets[j], lengths[j] bytes (or
+        one length for all). The list is built in C++: len(local) x len(local_offsets) entries."""
+    def read_blocks(self, local: Buffers, remote: Descriptors, local_offsets: Ints, remote_offsets: Ints,
+                    lengths: Union[int, Ints], *, timeout: Optional[float] = None) -> Future:
+        """read_vec of blocks, as write_blocks: remote_offsets[j] -> local_offsets[j]."""
+    def send_vec(self, local: Buffers, pieces: Ints, tag: int = 0, *,
+                 timeout: Optional[float] = None) -> Future:
+        """Sends one message gathered from `pieces`, in order: an array of dtype IO_PIECE or integers
+        of shape (n, 3): buffer index, offset, length. Any recv of the tag receives it."""
+    def recv_vec(self, local: Buffers, pieces: Ints, tag: int = 0, *,
+                 timeout: Optional[float] = None) -> Future:
+        """Receives one message scattered over `pieces` (which must not overlap)."""
+    def send_blocks(self, local: Buffers, offsets: Ints, lengths: Union[int, Ints], tag: int = 0, *,
+                    timeout: Optional[float] = None) -> Future:
+        """send_vec of blocks: for each buffer of `local` in turn, blocks offsets[j] of lengths[j]."""
+    def recv_blocks(self, local: Buffers, offsets: Ints, lengths: Union[int, Ints], tag: int = 0, *,
+                    timeout: Optional[float] = None) -> Future:
+        """recv_vec of blocks, as send_blocks."""
     def next_notification(self, timeout: Optional[float] = None) -> Notification:
         """The next notifying write the peer made into our memory (TimeoutError if none)."""
     def stats(self) -> dict[str, Any]:

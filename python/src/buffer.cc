@@ -5,6 +5,7 @@
 
 #include "dlpack.h"
 #include "errors.h"
+#include "profile.h"
 
 namespace py = pybind11;
 
@@ -56,14 +57,116 @@ bool plain_data_code(uint8_t code) {
   return code <= dlpack::kDLFloat4E2m1fn && code != dlpack::kDLOpaqueHandle;
 }
 
+
+// PyTorch's names, looked up in sys.modules at each call (a dict lookup): torch is never imported
+// here (a program holding tensors has imported it), and a module replaced in sys.modules (tests)
+// is followed. Borrowed references, valid with the GIL held.
+struct TorchNames {
+  PyObject* module = nullptr;
+  PyObject* tensor_type = nullptr;  // torch.Tensor
+  PyObject* strided = nullptr;      // torch.strided
+};
+
+const TorchNames* torch_names() {
+  static TorchNames cached;  // strong references, kept for the process's life
+  PyObject* module = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed; no error set
+  if (module == nullptr) return nullptr;
+  if (module != cached.module) {
+    // Half-imported (its import still running) or not PyTorch: not cached, looked up again later.
+    PyObject* type = PyObject_GetAttrString(module, "Tensor");
+    PyObject* strided = PyObject_GetAttrString(module, "strided");
+    if (type == nullptr || strided == nullptr || !PyType_Check(type)) {
+      PyErr_Clear();
+      Py_XDECREF(type);
+      Py_XDECREF(strided);
+      return nullptr;
+    }
+    Py_XDECREF(cached.tensor_type);
+    Py_XDECREF(cached.strided);
+    Py_XDECREF(cached.module);
+    Py_INCREF(module);
+    cached = TorchNames{module, type, strided};
+  }
+  return &cached;
+}
+
+PyObject* interned(const char* name) { return PyUnicode_InternFromString(name); }  // kept for good
+
 }  // namespace
 
-std::unique_ptr<BufferRef> BufferRef::acquire(py::handle obj, bool writable, const char* what) {
+// A torch.Tensor read through its attributes, all implemented in C by PyTorch (about 10 attribute
+// reads, well under a microsecond), where DLPack costs PyTorch's Python-level __dlpack__ (device
+// and stream checks, two stream objects), the capsule, and a torch.cuda.device switch around it for
+// a tensor off the current device. Same acceptance as DLPack: PyTorch refuses to export a tensor
+// that requires grad, has the conjugate or negative bit, or is not strided, and so does this path
+// by handing those to DLPack (whose error then says why), as it does tensors off CPU and CUDA, and
+// non-contiguous ones (the DLPack path's message names the strides). A CPU tensor is host memory
+// (as PyTorch's DLPack says, pinned or not). Returns false, no Python error pending, when the tensor
+// goes by DLPack.
+bool BufferRef::from_torch(py::handle obj) {
+  static PyObject* const kLayout = interned("layout");
+  static PyObject* const kRequiresGrad = interned("requires_grad");
+  static PyObject* const kIsConj = interned("is_conj");
+  static PyObject* const kIsNeg = interned("is_neg");
+  static PyObject* const kIsQuantized = interned("is_quantized");
+  static PyObject* const kIsCuda = interned("is_cuda");
+  static PyObject* const kIsCpu = interned("is_cpu");
+  static PyObject* const kGetDevice = interned("get_device");
+  static PyObject* const kIsContiguous = interned("is_contiguous");
+  static PyObject* const kNbytes = interned("nbytes");
+  static PyObject* const kDataPtr = interned("data_ptr");
+  const TorchNames* torch = torch_names();
+  if (torch == nullptr || Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(torch->tensor_type)) return false;
+  PyObject* o = obj.ptr();
+  auto get = [o](PyObject* name) { return py::reinterpret_steal<py::object>(PyObject_GetAttr(o, name)); };
+  auto call = [o](PyObject* name) {  // no bound-method object
+    PyObject* args[] = {o};
+    return py::reinterpret_steal<py::object>(
+        PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
+  };
+  auto is = [](const py::object& v, PyObject* want) { return v && v.ptr() == want; };
+  bool ok = [&] {
+    if (!is(get(kLayout), torch->strided) || !is(get(kRequiresGrad), Py_False) || !is(call(kIsConj), Py_False) ||
+        !is(call(kIsNeg), Py_False) || !is(get(kIsQuantized), Py_False) || !is(call(kIsContiguous), Py_True))
+      return false;
+    dmx::MemSpec where;
+    if (is(get(kIsCuda), Py_True)) {
+      py::object dev = call(kGetDevice);
+      if (!dev || !PyLong_Check(dev.ptr())) return false;
+      long d = PyLong_AsLong(dev.ptr());
+      if (d < 0 || d > 1 << 16) return false;
+      where = {dmx::MemKind::kCuda, static_cast<int>(d)};
+    } else if (is(get(kIsCpu), Py_True)) {
+      where = {dmx::MemKind::kHost, 0};
+    } else {
+      return false;
+    }
+    py::object nbytes = get(kNbytes), ptr = call(kDataPtr);
+    if (!nbytes || !ptr || !PyLong_Check(nbytes.ptr()) || !PyLong_Check(ptr.ptr())) return false;
+    unsigned long long n = PyLong_AsUnsignedLongLong(nbytes.ptr());
+    unsigned long long p = PyLong_AsUnsignedLongLong(ptr.ptr());
+    if (PyErr_Occurred()) return false;
+    region_ = dmx::MemRegion{reinterpret_cast<void*>(static_cast<uintptr_t>(p)), static_cast<size_t>(n), where};
+    return true;
+  }();
+  if (!ok) {
+    PyErr_Clear();
+    return false;
+  }
+  owner_ = py::reinterpret_borrow<py::object>(obj);
+  return true;
+}
+
+std::unique_ptr<BufferRef> BufferRef::acquire(py::handle obj, bool writable, const char* what,
+                                              bool torch_attributes) {
+  profile::Timer timer(profile::kAcquire);
   std::unique_ptr<BufferRef> b(new BufferRef());
   // The buffer protocol first where both exist (NumPy): it is cheaper, and it can export
   // read-only arrays, which DLPack before v1 cannot.
   if (PyObject_CheckBuffer(obj.ptr())) {
     if (b->from_buffer(obj, writable, what)) return b;
+  } else if (torch_attributes && b->from_torch(obj)) {
+    return b;
   } else if (PyObject_HasAttrString(obj.ptr(), "__dlpack__")) {
     b->from_dlpack(obj, writable, what);
     return b;

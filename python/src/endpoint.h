@@ -31,6 +31,10 @@ struct EndpointState {
   std::vector<std::pair<dmx::Request, Keep>> orphans_;
 };
 
+// A remote region from Registration.descriptor() bytes (any contiguous buffer) or a RemoteRegion.
+// Raises InvalidArgumentError when malformed.
+dmx::RemoteRegion remote_region(pybind11::handle obj);
+
 // The operations. `obj` is any buffer (buffer.h); `remote` a descriptor (bytes) from
 // Registration.descriptor(); timeouts in seconds (None: no deadline).
 std::unique_ptr<Future> post_send(const std::shared_ptr<EndpointState>& s, pybind11::handle obj, uint64_t tag,
@@ -42,5 +46,33 @@ std::unique_ptr<Future> post_write(const std::shared_ptr<EndpointState>& s, pybi
                                    std::optional<uint64_t> notify, std::optional<double> timeout);
 std::unique_ptr<Future> post_read(const std::shared_ptr<EndpointState>& s, pybind11::handle obj,
                                   const dmx::RemoteRegion& remote, uint64_t offset, std::optional<double> timeout);
+
+// Vectored (vec.h): `local` one buffer or a list of them, `remote` one descriptor or a list; the
+// list from `entries` (IO_ENTRY / IO_PIECE array, or integers of shape (n, 5) / (n, 3)) or, for
+// the *_blocks forms, from arrays of offsets and lengths applied to each buffer.
+std::unique_ptr<Future> post_write_vec(const std::shared_ptr<EndpointState>& s, pybind11::handle local,
+                                       pybind11::handle remote, pybind11::handle entries,
+                                       std::optional<uint64_t> notify, std::optional<double> timeout);
+std::unique_ptr<Future> post_read_vec(const std::shared_ptr<EndpointState>& s, pybind11::handle local,
+                                      pybind11::handle remote, pybind11::handle entries,
+                                      std::optional<double> timeout);
+std::unique_ptr<Future> post_write_blocks(const std::shared_ptr<EndpointState>& s, pybind11::handle local,
+                                          pybind11::handle remote, pybind11::handle local_offsets,
+                                          pybind11::handle remote_offsets, pybind11::handle lengths,
+                                          std::optional<uint64_t> notify, std::optional<double> timeout);
+std::unique_ptr<Future> post_read_blocks(const std::shared_ptr<EndpointState>& s, pybind11::handle local,
+                                         pybind11::handle remote, pybind11::handle local_offsets,
+                                         pybind11::handle remote_offsets, pybind11::handle lengths,
+                                         std::optional<double> timeout);
+std::unique_ptr<Future> post_send_vec(const std::shared_ptr<EndpointState>& s, pybind11::handle local,
+                                      pybind11::handle pieces, uint64_t tag, std::optional<double> timeout);
+std::unique_ptr<Future> post_recv_vec(const std::shared_ptr<EndpointState>& s, pybind11::handle local,
+                                      pybind11::handle pieces, uint64_t tag, std::optional<double> timeout);
+std::unique_ptr<Future> post_send_blocks(const std::shared_ptr<EndpointState>& s, pybind11::handle local,
+                                         pybind11::handle offsets, pybind11::handle lengths, uint64_t tag,
+                                         std::optional<double> timeout);
+std::unique_ptr<Future> post_recv_blocks(const std::shared_ptr<EndpointState>& s, pybind11::handle local,
+                                         pybind11::handle offsets, pybind11::handle lengths, uint64_t tag,
+                                         std::optional<double> timeout);
 
 }  // namespace dmxpy

@@ -10,6 +10,7 @@
 
 #include "endpoint.h"
 #include "errors.h"
+#include "profile.h"
 
 namespace py = pybind11;
 
@@ -63,9 +64,14 @@ Future::~Future() {
   }
 }
 
-void Future::finish() { keep_.clear(); }
+void Future::finish() {
+  if (keep_.empty()) return;
+  profile::Timer timer(profile::kRelease);
+  keep_.clear();
+}
 
 size_t Future::wait(std::optional<double> timeout) {
+  profile::Timer timer(profile::kWait);
   dmx::Duration limit = to_duration(timeout, "wait(timeout)");
   if (!req_.test()) {
     bool done = wait_in_slices(limit, [&](dmx::Duration slice) {

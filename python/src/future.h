@@ -62,6 +62,7 @@ class Future {
   void cancel();
   uint64_t tag() const { return req_.tag(); }
   uint32_t crc32c() const { return req_.crc32c(); }
+  int64_t failed_entry() const { return req_.failed_entry(); }
   // asyncio: post `id` to `waker` on completion. False when already complete (nothing posted).
   bool watch(std::shared_ptr<Waker> waker, uint64_t id);
 

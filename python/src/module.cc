@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -14,6 +16,8 @@
 #include "errors.h"
 #include "future.h"
 #include "log.h"
+#include "profile.h"
+#include "vec.h"
 
 namespace py = pybind11;
 using dmxpy::EndpointState;
@@ -69,24 +73,7 @@ std::string setting_text(py::handle v) {
   return py::str(v);
 }
 
-dmx::RemoteRegion to_remote(py::handle obj) {
-  if (py::isinstance<dmx::RemoteRegion>(obj)) return obj.cast<dmx::RemoteRegion>();
-  if (!PyObject_CheckBuffer(obj.ptr()))
-    dmxpy::raise_error(dmx::Code::kInvalidArgument,
-                       std::string("remote: expected the bytes of Registration.descriptor() or a RemoteRegion, got ") +
-                           Py_TYPE(obj.ptr())->tp_name);
-  // C-contiguous bytes only: a strided view's length is not the span that follows its pointer.
-  Py_buffer view;
-  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) {
-    PyErr_Clear();
-    dmxpy::raise_error(dmx::Code::kInvalidArgument, std::string("remote: a descriptor must be contiguous bytes (") +
-                                                        Py_TYPE(obj.ptr())->tp_name + " is not)");
-  }
-  std::vector<unsigned char> bytes(static_cast<const unsigned char*>(view.buf),
-                                   static_cast<const unsigned char*>(view.buf) + view.len);
-  PyBuffer_Release(&view);
-  return dmxpy::unwrap(dmx::RemoteRegion::parse(bytes.data(), bytes.size()));
-}
+dmx::RemoteRegion to_remote(py::handle obj) { return dmxpy::remote_region(obj); }
 
 py::bytes to_bytes(const std::vector<unsigned char>& v) {
   return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
@@ -124,6 +111,62 @@ PYBIND11_MODULE(_dmx, m) {
     d["options"] = b.options;
     return d;
   });
+
+  // Internal: per-stage timing (profile.h) and the buffer path, for bench/python_overhead.py
+  // --profile and the tests.
+  m.def(
+      "_profile",
+      [](bool on) {
+        for (auto& c : dmxpy::profile::counters) c = {};
+        dmxpy::profile::enabled = on;
+      },
+      py::arg("on"));
+  m.def("_profile_take", [] {
+    py::dict d;
+    for (int i = 0; i < dmxpy::profile::kStages; ++i) {
+      const auto& c = dmxpy::profile::counters[i];
+      d[dmxpy::profile::kStageNames[i]] = py::make_tuple(c.calls, static_cast<double>(c.ns) * 1e-9);
+    }
+    for (auto& c : dmxpy::profile::counters) c = {};
+    return d;
+  });
+  m.def(
+      "_region_of",
+      [](py::handle obj, bool writable, bool torch_attributes) {
+        auto b = dmxpy::BufferRef::acquire(obj, writable, "_region_of", torch_attributes);
+        const dmx::MemRegion& r = b->region();
+        return py::make_tuple(reinterpret_cast<uintptr_t>(r.ptr), r.size, dmx::to_string(r.where));
+      },
+      py::arg("obj"), py::arg("writable") = false, py::arg("torch_attributes") = true,
+      "(pointer, size, memory) of what an operation on `obj` would use.");
+  m.def(
+      "_time_acquire",
+      [](py::handle obj, bool writable, uint32_t n, bool torch_attributes) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (uint32_t i = 0; i < n; ++i) (void)dmxpy::BufferRef::acquire(obj, writable, "_time_acquire", torch_attributes);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / std::max(n, 1u);
+      },
+      py::arg("obj"), py::arg("writable"), py::arg("n"), py::arg("torch_attributes") = true,
+      "Seconds per acquire and release of `obj`'s memory (the first stage of every operation).");
+
+  m.def(
+      "_blocks_entries",
+      [](size_t locals, size_t remotes, py::handle lo, py::handle ro, py::handle lengths) {
+        dmxpy::EntryList list;
+        dmxpy::EntryList::from_blocks(list, locals, remotes, lo, ro, lengths);
+        auto s = list.span();
+        return py::bytes(reinterpret_cast<const char*>(s.data()), s.size_bytes());
+      },
+      "The entries write_blocks would post, as bytes (view them as dmx.IO_ENTRY).");
+  m.def(
+      "_entries",
+      [](py::handle entries) {
+        dmxpy::EntryList list;
+        dmxpy::EntryList::from_entries(list, entries);
+        auto s = list.span();
+        return py::bytes(reinterpret_cast<const char*>(s.data()), s.size_bytes());
+      },
+      "The entries write_vec would post, as bytes.");
 
   m.def("_log_start", &dmxpy::log_start, py::arg("after_fork"));
   m.def("_log_take", &dmxpy::log_take, py::arg("timeout"));
@@ -166,6 +209,8 @@ PYBIND11_MODULE(_dmx, m) {
            "Asks for completion with CancelledError; no effect after completion (data already on its\n"
            "way may still complete the operation successfully).")
       .def_property_readonly("tag", &Future::tag, "recv: the tag of the matched message.")
+      .def_property_readonly("failed_entry", &Future::failed_entry,
+                             "A vectored operation refused for a bad entry: that entry's index; else -1.")
       .def_property_readonly("crc32c", &Future::crc32c,
                              "The CRC32C of the bytes moved, when the endpoint checksums (checksum='crc32c' on\n"
                              "either side); else 0.")
@@ -193,6 +238,36 @@ PYBIND11_MODULE(_dmx, m) {
              std::optional<double> timeout) { return dmxpy::post_read(s, buf, to_remote(remote), offset, timeout); },
           py::arg("buf"), py::arg("remote"), py::arg("offset") = 0, py::kw_only(), py::arg("timeout") = py::none(),
           "Reads len(buf) bytes from the peer's registered region at `offset` into `buf`.")
+      .def("write_vec", &dmxpy::post_write_vec, py::arg("local"), py::arg("remote"), py::arg("entries"),
+           py::kw_only(), py::arg("notify") = py::none(), py::arg("timeout") = py::none(),
+           "Writes a list of ranges as one operation (one completion, one notification once all landed).\n"
+           "local: a buffer or a list of buffers; remote: a descriptor or a list; entries: a NumPy array\n"
+           "of dtype dmx.IO_ENTRY, or integers of shape (n, 5): local index, remote index, local offset,\n"
+           "remote offset, length. A bad entry fails the whole list before a byte moves; its error says\n"
+           "'entry <i>:' and Future.failed_entry is i.")
+      .def("read_vec", &dmxpy::post_read_vec, py::arg("local"), py::arg("remote"), py::arg("entries"), py::kw_only(),
+           py::arg("timeout") = py::none(), "The read of write_vec's list: remote ranges into local ones.")
+      .def("write_blocks", &dmxpy::post_write_blocks, py::arg("local"), py::arg("remote"), py::arg("local_offsets"),
+           py::arg("remote_offsets"), py::arg("lengths"), py::kw_only(), py::arg("notify") = py::none(),
+           py::arg("timeout") = py::none(),
+           "write_vec of blocks: for each buffer i of `local` (one or a list) and remote region i (or the\n"
+           "only one), every block j: local_offsets[j] -> remote_offsets[j], lengths[j] bytes (or one length\n"
+           "for all). Offsets and lengths: integer arrays (NumPy, array.array, a CPU tensor), read in C++.")
+      .def("read_blocks", &dmxpy::post_read_blocks, py::arg("local"), py::arg("remote"), py::arg("local_offsets"),
+           py::arg("remote_offsets"), py::arg("lengths"), py::kw_only(), py::arg("timeout") = py::none(),
+           "read_vec of blocks (as write_blocks): remote_offsets[j] -> local_offsets[j].")
+      .def("send_vec", &dmxpy::post_send_vec, py::arg("local"), py::arg("pieces"), py::arg("tag") = 0, py::kw_only(),
+           py::arg("timeout") = py::none(),
+           "Sends one message gathered from pieces: a NumPy array of dtype dmx.IO_PIECE, or integers of\n"
+           "shape (n, 3): buffer index, offset, length. Matches any recv of the tag.")
+      .def("recv_vec", &dmxpy::post_recv_vec, py::arg("local"), py::arg("pieces"), py::arg("tag") = 0, py::kw_only(),
+           py::arg("timeout") = py::none(), "Receives one message scattered over pieces (as send_vec).")
+      .def("send_blocks", &dmxpy::post_send_blocks, py::arg("local"), py::arg("offsets"), py::arg("lengths"),
+           py::arg("tag") = 0, py::kw_only(), py::arg("timeout") = py::none(),
+           "send_vec of blocks: for each buffer of `local` in turn, every block offsets[j], lengths[j].")
+      .def("recv_blocks", &dmxpy::post_recv_blocks, py::arg("local"), py::arg("offsets"), py::arg("lengths"),
+           py::arg("tag") = 0, py::kw_only(), py::arg("timeout") = py::none(),
+           "recv_vec of blocks (as send_blocks).")
       .def(
           "next_notification",
           [](EndpointState& s, std::optional<double> timeout) {

@@ -538,6 +538,22 @@ Request Endpoint::write(const MemRegion& src, const RemoteRegion& dst, uint64_t 
 Request Endpoint::read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions o) {
   return impl_ ? impl_->post_read(dst, src, offset, std::move(o)) : failed_request(no_endpoint(), o);
 }
+Request Endpoint::write_vec(std::span<const MemRegion> local, std::span<const RemoteRegion> remote,
+                           std::span<const IoEntry> entries, OpOptions o) {
+  return impl_ ? impl_->post_write_vec(local, remote, entries, std::move(o)) : failed_request(no_endpoint(), o);
+}
+Request Endpoint::read_vec(std::span<const MemRegion> local, std::span<const RemoteRegion> remote,
+                          std::span<const IoEntry> entries, OpOptions o) {
+  return impl_ ? impl_->post_read_vec(local, remote, entries, std::move(o)) : failed_request(no_endpoint(), o);
+}
+Request Endpoint::send_vec(std::span<const MemRegion> regions, std::span<const IoPiece> pieces, uint64_t tag,
+                          OpOptions o) {
+  return impl_ ? impl_->post_send_vec(regions, pieces, tag, std::move(o)) : failed_request(no_endpoint(), o);
+}
+Request Endpoint::recv_vec(std::span<const MemRegion> regions, std::span<const IoPiece> pieces, uint64_t tag,
+                          OpOptions o) {
+  return impl_ ? impl_->post_recv_vec(regions, pieces, tag, std::move(o)) : failed_request(no_endpoint(), o);
+}
 Result<Notification> Endpoint::next_notification(Duration timeout) {
   if (!impl_) return no_endpoint();
   return impl_->next_notification(timeout);
@@ -592,6 +608,8 @@ uint32_t Request::crc32c() const {
   std::lock_guard<std::mutex> lock(op_->mu);
   return op_->final_crc;
 }
+
+int64_t Request::failed_entry() const { return op_ ? op_->failed_entry : -1; }
 
 size_t Request::bytes() const {
   if (!test()) return 0;

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "core/clock.h"
 #include "dmx/memory.h"
@@ -16,6 +17,25 @@ namespace dmx {
 
 class EndpointImpl;
 struct Registered;
+
+// A vectored operation's bytes (endpoint/vec.cc): segments in the operation's byte order, each
+// contiguous in local memory and, for a write or read, in one remote region. Adjacent entries are
+// merged; zero-length ones dropped. Fixed once built.
+struct VecSeg {
+  uint64_t at = 0;  // offset in the operation's bytes
+  char* local = nullptr;
+  uint64_t length = 0;
+  uint64_t rkey = 0, roffset = 0;  // write / read
+};
+struct VecLayout {
+  std::vector<VecSeg> segs;
+  uint64_t total = 0;
+  MemSpec where;  // every local region of a list is of one kind
+  // The segment holding byte `at` of the operation (at < total).
+  size_t find(uint64_t at) const;
+  // [at, at + len) as local memory when it lies in one segment; a null region otherwise.
+  MemRegion slice(uint64_t at, uint64_t len) const;
+};
 
 enum class OpType : uint8_t {
   kSend,
@@ -55,6 +75,12 @@ struct OpState {
   bool notify = false;
   uint64_t notify_value = 0;
   std::shared_ptr<Registered> reg;  // kReadResponse: the region being read
+  // Vectored: the layout (region then names none of the memory; region.size is the total). A
+  // vectored kReadResponse holds its regions in `regs`.
+  std::shared_ptr<const VecLayout> vec;
+  std::vector<std::shared_ptr<Registered>> regs;
+  std::vector<unsigned char> bounce;  // a vectored recv's eager message, scattered once landed
+  int64_t failed_entry = -1;          // a vectored op refused for a bad entry: its index (set before start)
   std::weak_ptr<EndpointImpl> ep;
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point posted;  // for the latency metric

@@ -97,7 +97,9 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   h.a3 = get_u64(b + 48);
   DMX_ASSIGN_OR_RETURN(uint32_t max, max_payload(h.type, limits));
   bool data = is_chunk(h.type);
-  uint8_t allowed_flags = h.type == FrameType::kWriteData ? kFlagNotify : 0;
+  auto allowed_flags = static_cast<uint8_t>(h.type == FrameType::kWriteData ? kFlagNotify | kFlagVector
+                                            : h.type == FrameType::kReadReq  ? kFlagVector | kFlagMore
+                                                                             : 0);
   if (carries_data(h.type)) allowed_flags |= kFlagChecksum;
   if ((h.flags & ~allowed_flags) != 0)
     return Status(Code::kProtocol, fmt::format("{} frame has unknown flags 0x{:02x}", frame_type_name(h.type), h.flags));

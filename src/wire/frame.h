@@ -59,6 +59,9 @@ enum class FrameType : uint8_t {
 enum FrameFlags : uint8_t {
   kFlagNotify = 1,    // kWriteData: deliver a notification to the target when the write has landed
   kFlagChecksum = 2,  // data frames and EAGER: `crc` is the CRC32C of the payload's bytes
+  kFlagVector = 4,    // kWriteData: a vectored write's chunk (each names its own key; docs/wire.md);
+                      // kReadReq: one segment of a vectored read
+  kFlagMore = 8,      // kReadReq with kFlagVector: more segments of the read follow
 };
 // kCts a1 (receiver) and kReadReq a3 (reader): bit k set = path k may carry chunks into the buffer
 // being filled. Only paths that reach some destinations and not others (devmem) are named; the

@@ -15,7 +15,7 @@ def run(*args):
 
 
 def test_kv_cache_numpy():
-    run("--blocks", "32", "--slots", "100", "--block", "65539")
+    run("--requests", "3", "--blocks", "32", "--slots", "100", "--block", "65539")
 
 
 def test_kv_cache_cuda():

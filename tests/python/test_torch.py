@@ -1,9 +1,11 @@
-"""PyTorch tensors (through DLPack): CPU when torch is importable, CUDA when a GPU is present."""
+"""PyTorch tensors (their attributes, DLPack for the rest): CPU when torch is importable, CUDA when a
+GPU is present."""
 import hashlib
 
 import numpy as np
 import pytest
 
+import dmx
 from conftest import DATA, ECHO
 
 torch = pytest.importorskip("torch", reason="not installed: PyTorch (CPU tests need Debian's python3-torch)")
@@ -91,3 +93,49 @@ def test_cuda_tensor_on_another_device_than_the_current_one(peer):
     assert echo(peer, x, y, x.numel()) == x.numel()
     assert torch.equal(x, y)
     assert torch.cuda.current_device() == 0  # and puts the current device back
+
+
+def test_tensor_read_through_its_attributes():
+    # No DLPack capsule per operation (python/src/buffer.cc from_torch): the same memory as DLPack names.
+    from dmx import _dmx
+    x = torch.randn(100, 3)[10:20]
+    assert _dmx._region_of(x) == (x.data_ptr(), x.nbytes, "host")
+    assert _dmx._region_of(x, torch_attributes=False) == _dmx._region_of(x)
+    with pytest.raises(dmx.InvalidArgumentError, match="require gradient"):  # PyTorch's refusal, as before
+        _dmx._region_of(torch.zeros(4, requires_grad=True))
+    with pytest.raises(dmx.InvalidArgumentError, match="contiguous"):
+        _dmx._region_of(x.t())
+
+
+@cuda
+def test_cuda_tensor_read_through_its_attributes():
+    from dmx import _dmx
+    last = torch.cuda.device_count() - 1
+    x = fresh(4099, f"cuda:{last}")[3:]
+    before = torch.cuda.current_device()
+    assert _dmx._region_of(x) == (x.data_ptr(), 4096, f"cuda:{last}")
+    assert _dmx._region_of(x, torch_attributes=False) == _dmx._region_of(x)
+    assert torch.cuda.current_device() == before
+
+
+@cuda
+@pytest.mark.parametrize("n", [1, 100_000])
+def test_cuda_write_blocks(peer, n):
+    # One vectored write of CUDA tensor blocks into the peer's CUDA memory, offsets from NumPy.
+    block = 16
+    info = peer.command("register", size=n * block, device="cuda:0")
+    d = bytes.fromhex(info["descriptor"])
+    before = torch.zeros(n * block, dtype=torch.uint8, device="cuda:0")
+    peer.ep.read(before, d).wait(timeout=60)
+    src = fresh(n * block + 1, "cuda:0")[1:]  # an odd base address
+    torch.cuda.synchronize()
+    lo = np.random.default_rng().permutation(n) * block
+    ro = np.random.default_rng().permutation(n) * block
+    assert peer.ep.write_blocks(src, d, lo, ro, block, notify=3).wait(timeout=120) == n * block
+    assert peer.command("notify")["value"] == 3
+    expect = before.cpu().numpy().reshape(n, block)
+    expect[ro // block] = src.cpu().numpy().reshape(n, block)[lo // block]
+    assert peer.command("digest")["digest"] == hashlib.sha256(expect.reshape(-1)).hexdigest()
+    back = torch.zeros_like(src)
+    assert peer.ep.read_blocks(back, d, lo, ro, block).wait(timeout=120) == n * block
+    assert torch.equal(back, src)

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -27,6 +28,10 @@
 #include "transport/striping.h"
 
 namespace dmx {
+
+namespace endpoint {
+struct VecBuild;
+}
 
 // A broken connection in the one form every transport reports: kPeerFailed, "lost the peer: ...".
 // Violations and local faults keep their own code.
@@ -65,6 +70,14 @@ class EndpointImpl final : public stream::StreamHost,
   Request post_recv(const MemRegion& dst, uint64_t tag, OpOptions o);
   Request post_write(const MemRegion& src, const RemoteRegion& dst, uint64_t offset, OpOptions o);
   Request post_read(const MemRegion& dst, const RemoteRegion& src, uint64_t offset, OpOptions o);
+  Request post_write_vec(std::span<const MemRegion> local, std::span<const RemoteRegion> remote,
+                         std::span<const IoEntry> entries, OpOptions o);
+  Request post_read_vec(std::span<const MemRegion> local, std::span<const RemoteRegion> remote,
+                        std::span<const IoEntry> entries, OpOptions o);
+  Request post_send_vec(std::span<const MemRegion> regions, std::span<const IoPiece> pieces, uint64_t tag,
+                        OpOptions o);
+  Request post_recv_vec(std::span<const MemRegion> regions, std::span<const IoPiece> pieces, uint64_t tag,
+                        OpOptions o);
   void cancel(const std::shared_ptr<OpState>& op, Status why);
   Result<Notification> next_notification(Duration timeout);
   void set_note_handler(std::function<void(const Notification&)> handler);
@@ -122,6 +135,14 @@ class EndpointImpl final : public stream::StreamHost,
     std::unordered_map<uint64_t, Tx> tx;
     std::unordered_map<uint64_t, Rx> rx;
   };
+  // A chunk of a vectored recv that spans its pieces: it lands here, then is scattered (scatter).
+  struct Bounce {
+    std::shared_ptr<OpState> op;
+    uint64_t at = 0;
+    std::vector<unsigned char> bytes;
+  };
+  // Scatters a landed Bounce (an RxPlan's ctx) over its op's pieces. Caller holds mu_.
+  static Status scatter(const std::shared_ptr<void>& bounce);
   // An outgoing data transfer, chunked by whichever streams pull it.
   struct Transfer {
     std::shared_ptr<OpState> op;
@@ -132,6 +153,7 @@ class EndpointImpl final : public stream::StreamHost,
     bool emitted = false;  // a zero-byte transfer still sends one (empty) chunk
     uint64_t accepts = 0;     // path bits the peer's buffer accepts (CTS a1, READ_REQ a3)
     uint32_t skip_paths = 0;  // path bits of paths that cannot carry this source (kUnavailable)
+    size_t seg = 0;           // vectored: the segment holding byte `next`
   };
   // Bytes arriving for a matched recv (keyed by token) or a read (keyed by op id). Outlives its
   // op when the op stops early: later chunks are then read and dropped until `expected`.
@@ -158,6 +180,9 @@ class EndpointImpl final : public stream::StreamHost,
     uint64_t rkey = 0, total = 0, received = 0, expected = 0, reserved = 0;
     uint64_t lo = UINT64_MAX, hi = 0;  // the region's bytes its chunks touched: hi - lo <= total
     bool notify = false, cancelled = false;
+    // Vectored (kFlagVector): each chunk names its own key; the regions it named, held till the end.
+    bool vec = false, refused = false;
+    std::unordered_map<uint64_t, std::shared_ptr<Registered>> regs;
     bool withdrawn = false;  // the region was deregistered: the rest is dropped, reg let go once landed
     uint64_t value = 0;
     Status failed;  // a chunk did not arrive (payload path error): the ACK reports it
@@ -165,6 +190,21 @@ class EndpointImpl final : public stream::StreamHost,
 
   EndpointImpl(std::shared_ptr<ContextImpl> ctx, Session session);
 
+  // A vectored operation's refused list: completes at once, naming the entry.
+  Request refuse_vec(OpType type, const endpoint::VecBuild& b, const OpOptions& o);
+  Request post_send_op(const std::shared_ptr<OpState>& op, const MemRegion& src, uint64_t tag);
+  Request post_recv_op(const std::shared_ptr<OpState>& op, const MemRegion& dst);
+  // The source of a transfer's next chunk and the bytes left in its segment (vectored: the chunk
+  // must not cross one). Caller holds mu_.
+  const char* chunk_src(Transfer& t, uint64_t* room) const;
+  // Copies `len` bytes at `src` (host memory) into bytes [at, at + len) of a receive's buffer,
+  // over its pieces when vectored.
+  static Status copy_into(const OpState& op, uint64_t at, const void* src, uint64_t len);
+  // A vectored write's chunk at the target, and the regions it holds. Caller holds mu_.
+  Result<stream::RxPlan> plan_vec_write(InWrite& w, const wire::FrameHeader& h, uint64_t len);
+  static void release_write(InWrite& w);
+  // A vectored read's segment request (READ_REQ with kFlagVector): gathered until the last one.
+  Status on_read_vec_req(const wire::FrameHeader& h);
   Request post_one_sided(OpType type, const MemRegion& local, const RemoteRegion& remote, uint64_t offset,
                          OpOptions o);
   std::shared_ptr<OpState> new_op(OpType type, const MemRegion& region, const OpOptions& o);
@@ -352,6 +392,18 @@ class EndpointImpl final : public stream::StreamHost,
   std::unordered_map<uint64_t, Inbound> reads_;                     // by op id
   std::unordered_map<uint64_t, InWrite> in_writes_;                 // peer's writes, by its op id
   std::unordered_map<uint64_t, std::shared_ptr<OpState>> serving_;  // our answers to the peer's reads
+  // The peer's vectored reads whose segment requests are still arriving, by op id; their memory is
+  // charged to the context's peer_memory_budget.
+  struct VecReadReq {
+    std::shared_ptr<VecLayout> layout = std::make_shared<VecLayout>();
+    std::vector<std::shared_ptr<Registered>> regs;  // held (acquired) until served or refused
+    std::unordered_map<uint64_t, Registered*> by_key;
+    Status refused;  // served as refused (ACK) once the last segment came
+    uint64_t accepts = 0;
+    uint64_t announced = 0;  // segments announced, kept or not
+    std::vector<MemoryBudget::Charge> charges;  // one per kVecChargeSegs segments
+  };
+  std::unordered_map<uint64_t, VecReadReq> vec_reads_;
   std::deque<Notification> notes_;  // at most params_.max_notifications
   Clock::time_point refusals_since_{};
   int refusals_ = 0;  // within the 10 s from refusals_since_

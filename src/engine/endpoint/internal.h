@@ -3,10 +3,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 
+#include "dmx/endpoint.h"
 #include "dmx/memory.h"
 #include "dmx/status.h"
+
+namespace dmx {
+struct VecLayout;
+struct OpState;
+}
 
 namespace dmx::endpoint {
 
@@ -17,7 +25,8 @@ inline constexpr uint64_t kUnknownTotal = UINT64_MAX;
 // Chunks one payload path may have in flight from this side.
 inline constexpr size_t kPathWindow = 8;
 // RxPlan::host_tag: what a landed frame's bytes were for.
-enum HostTag : int { kTagNone = 0, kTagEagerMatched, kTagEagerUnexpected, kTagCounted };
+// kTagBounced: counted, its bytes in a bounce buffer (ctx) to scatter over a vectored recv's pieces.
+enum HostTag : int { kTagNone = 0, kTagEagerMatched, kTagEagerUnexpected, kTagCounted, kTagBounced };
 
 inline Status protocol(std::string text) { return Status(Code::kProtocol, std::move(text)); }
 
@@ -26,5 +35,25 @@ inline Status region_problem(const MemRegion& r, std::string_view what) {
   if (r.size > 0 && r.ptr == nullptr) return Status(Code::kInvalidArgument, std::string(what) + ": null buffer");
   return mem_available(r.where);
 }
+
+// A peer's vectored read segments are charged to the peer_memory_budget this many at a time.
+inline constexpr size_t kVecChargeSegs = 4096;
+
+// A vectored write's chunks name their regions, not their place in the operation: its CRC is not
+// folded (Request::crc32c() is 0; each chunk is still checked where it lands).
+bool vec_write(const OpState& op);
+
+// A vectored list checked and laid out (endpoint/vec.cc): `layout`, or `status` with the index of
+// the first bad entry in `bad`.
+struct VecBuild {
+  Status status;
+  int64_t bad = -1;
+  std::shared_ptr<VecLayout> layout;
+};
+// write: no two entries' remote ranges overlap; read: no two local ranges.
+VecBuild build_one_sided(std::span<const MemRegion> local, std::span<const RemoteRegion> remote,
+                         std::span<const IoEntry> entries, bool write);
+// recv: no two pieces overlap.
+VecBuild build_pieces(std::span<const MemRegion> regions, std::span<const IoPiece> pieces, bool recv);
 
 }  // namespace dmx::endpoint

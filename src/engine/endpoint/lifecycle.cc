@@ -265,7 +265,10 @@ void EndpointImpl::fail_all() {
   auto serving = std::move(serving_);  // finish() erases from it
   for (auto& [id, op] : serving) finish(*op, status_);
   for (auto& [id, w] : in_writes_)
-    if (w.reg) ContextImpl::release_registration(*w.reg);
+    release_write(w);
+  for (auto& [id, v] : vec_reads_)
+    for (auto& r : v.regs) ContextImpl::release_registration(*r);
+  vec_reads_.clear();
   tx_.clear();
   has_tx_.store(false, std::memory_order_release);
   posted_.clear();

@@ -58,8 +58,13 @@ void EndpointImpl::eager_landed(int host_tag, const std::shared_ptr<void>& ctx, 
     op->done = len;
     op->crc_raw = crc32c::to_raw(h.crc, len);
     --op->inflight;
+    Status scattered;
+    if (!op->bounce.empty()) {
+      if (integrity.ok() && op->phase != OpPhase::kStopping) scattered = copy_into(*op, 0, op->bounce.data(), len);
+      op->bounce = {};
+    }
     if (op->phase == OpPhase::kStopping) settle_stopped(op);
-    else finish(*op, integrity);
+    else finish(*op, integrity.ok() ? scattered : integrity);
   } else if (host_tag == kTagEagerUnexpected) {
     auto u = std::static_pointer_cast<Unexpected>(ctx);
     u->landed = true;
@@ -98,7 +103,12 @@ Result<stream::RxPlan> EndpointImpl::plan_eager(const FrameHeader& h, uint64_t l
     matched->total = len;
     matched->known_size.store(len, std::memory_order_relaxed);
     ++matched->inflight;
-    stream::RxPlan p = plan_into(matched->region.sub(0, len), matched);
+    MemRegion dst = matched->vec ? matched->vec->slice(0, len) : matched->region.sub(0, len);
+    if (matched->vec && dst.ptr == nullptr && len > 0) {  // spans pieces: scattered once landed
+      matched->bounce.resize(len);
+      dst = MemRegion{matched->bounce.data(), len, {}};
+    }
+    stream::RxPlan p = plan_into(dst, matched);
     p.host_tag = kTagEagerMatched;
     return p;
   }
@@ -145,7 +155,7 @@ Status EndpointImpl::consume_unexpected(const std::shared_ptr<Unexpected>& u, co
     return s;
   }
   if (!u->corrupt.ok()) return u->corrupt;
-  if (u->size > 0) DMX_RETURN_IF_ERROR(copy_memory(op->region.sub(0, u->size), MemRegion{u->data.data(), u->size, {}}));
+  DMX_RETURN_IF_ERROR(copy_into(*op, 0, u->data.data(), u->size));
   ++counters_.host_copies;
   counters_.host_copy_bytes += u->size;
   op->total = op->done = u->size;
@@ -172,8 +182,8 @@ bool EndpointImpl::take_after_close(const std::shared_ptr<OpState>& op) {
   if (s.ok() && u->size > op->region.size)
     s = Status(Code::kTruncated,
                fmt::format("a message of {} bytes does not fit the {}-byte receive buffer", u->size, op->region.size));
-  else if (s.ok() && u->size > 0)
-    s = copy_memory(op->region.sub(0, u->size), MemRegion{u->data.data(), u->size, {}});
+  else if (s.ok())
+    s = copy_into(*op, 0, u->data.data(), u->size);
   if (s.ok()) {
     ++counters_.host_copies;
     counters_.host_copy_bytes += u->size;

@@ -1,6 +1,8 @@
 // Endpoint: posting operations, cancellation and the control frames they send.
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "core/log.h"
 #include "core/trace.h"
 #include "engine/endpoint/endpoint_impl.h"
@@ -96,13 +98,18 @@ void EndpointImpl::wake_streams() {
 Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o) {
   DMX_TRACE_POINT("send.post");
   auto op = new_op(OpType::kSend, src, o);
+  return post_send_op(op, src, tag);
+}
+
+// `src`: the message (vectored: null, of the list's total size and memory kind).
+Request EndpointImpl::post_send_op(const std::shared_ptr<OpState>& op, const MemRegion& src, uint64_t tag) {
   op->tag = tag;
-  Status bad = region_problem(src, "send");
+  Status bad = op->vec ? Status() : region_problem(src, "send");
   // Small messages travel inline (eager). The frame points into the caller's buffer, which stays
   // dmx's until the frame is written (on_sent completes the op; stop() leaves eager ops alone and
   // fail_all() runs after the workers exit); device memory is staged by the stream through a
-  // pinned slot.
-  bool try_eager = bad.ok() && src.size <= session_.peer_eager_limit;
+  // pinned slot. A vectored message is gathered into the frame now (host memory only).
+  bool try_eager = bad.ok() && src.size <= session_.peer_eager_limit && !(op->vec && src.where.is_device());
   DMX_TRACE_POINT("send.op");
   std::unique_lock<std::mutex> lock(mu_);
   DMX_TRACE_POINT("send.locked");
@@ -122,7 +129,7 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
       op->eager = true;
       op->phase = OpPhase::kActive;
       h.type = FrameType::kEager;
-      if (src.size > 0 && post_eager_by_path(op, src, h)) {
+      if (src.size > 0 && !op->vec && post_eager_by_path(op, src, h)) {
         DMX_TRACE_POINT("send.queued");
       } else {
         stream::TxItem item;
@@ -131,6 +138,12 @@ Request EndpointImpl::post_send(const MemRegion& src, uint64_t tag, OpOptions o)
         item.where = src.where;
         item.len = src.size;
         item.ctx = op;
+        if (op->vec) {
+          item.owned.resize(src.size);
+          for (const VecSeg& seg : op->vec->segs) std::memcpy(item.owned.data() + seg.at, seg.local, seg.length);
+          item.src = item.owned.data();
+          item.where = MemSpec{};
+        }
         streams_[0]->push_control(std::move(item));
       }
     } else {
@@ -173,7 +186,11 @@ Request EndpointImpl::post_recv(const MemRegion& dst, uint64_t tag, OpOptions o)
   DMX_TRACE_POINT("recv.post");
   auto op = new_op(OpType::kRecv, dst, o);
   op->tag = op->posted_tag = tag;
-  Status bad = region_problem(dst, "recv");
+  return post_recv_op(op, dst);
+}
+
+Request EndpointImpl::post_recv_op(const std::shared_ptr<OpState>& op, const MemRegion& dst) {
+  Status bad = op->vec ? Status() : region_problem(dst, "recv");
   std::unique_lock<std::mutex> lock(mu_);
   Request r = start(op, received_);
   if (bad.ok() && !status_.ok() && peer_closed_ && take_after_close(op)) {
@@ -255,9 +272,11 @@ void EndpointImpl::finish(OpState& op, Status s) {
     }
   }
   if (op.type != OpType::kReadResponse) undelivered_.fetch_add(1, std::memory_order_release);
-  if (op.type == OpType::kReadResponse && op.reg) {
-    ContextImpl::release_registration(*op.reg);
+  if (op.type == OpType::kReadResponse && (op.reg || !op.regs.empty())) {
+    if (op.reg) ContextImpl::release_registration(*op.reg);
     op.reg.reset();
+    for (auto& r : op.regs) ContextImpl::release_registration(*r);
+    op.regs.clear();
     serving_.erase(op.id);
   }
 }

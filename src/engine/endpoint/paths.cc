@@ -87,8 +87,9 @@ Status EndpointImpl::post_path_chunk(PathState& ps, Transfer& t, uint64_t len, s
   // An eager message is one chunk; a transfer's chunk may be cut shorter by the path (cuda_ipc: at
   // the end of a cuMem block), the rest going in the next chunks.
   bool whole = t.type == FrameType::kEager;
-  DMX_ASSIGN_OR_RETURN(std::vector<unsigned char> desc,
-                       path->post_tx(seq, MemRegion{const_cast<char*>(t.src) + t.next, len, t.where}, whole));
+  uint64_t room = 0;
+  char* src = const_cast<char*>(chunk_src(t, &room));
+  DMX_ASSIGN_OR_RETURN(std::vector<unsigned char> desc, path->post_tx(seq, MemRegion{src, len, t.where}, whole));
   DMX_TRACE_POINT("tx.exported");
   if (desc.empty() || desc.size() > kMaxPathDescriptor)
     return Status(Code::kInternal, fmt::format("{} path made a {}-byte descriptor", path->name(), desc.size()));
@@ -99,8 +100,8 @@ Status EndpointImpl::post_path_chunk(PathState& ps, Transfer& t, uint64_t len, s
                                                  taken.ok() ? std::to_string(*taken) : taken.status().message(), len));
     len = *taken;
   }
-  DMX_RETURN_IF_ERROR(stamp_path_chunk(MemRegion{const_cast<char*>(t.src) + t.next, len, t.where}, &out->header));
-  if (session_.checksum) fold_chunk(op, chunk_offset(op, out->header), len, out->header.crc);
+  DMX_RETURN_IF_ERROR(stamp_path_chunk(MemRegion{src, len, t.where}, &out->header));
+  if (session_.checksum && !vec_write(op)) fold_chunk(op, chunk_offset(op, out->header), len, out->header.crc);
   ++ps.tx_seq;
   ps.tx[seq] = PathState::Tx{t.op, len};
   out->header.path = ps.id;
@@ -215,7 +216,8 @@ EndpointImpl::PathRxSettled EndpointImpl::settle_path_rx(uint8_t path, uint64_t 
     auto& inbound = h.type == FrameType::kSendData ? tokens_ : reads_;
     if (auto in = inbound.find(h.id); in != inbound.end() && in->second.op)
       in->second.op->via |= path_bit(path);
-    out.status = land_inbound(inbound, h, rx.len, rx.host_tag != 0, s);
+    out.status = land_inbound(inbound, h, rx.len, rx.host_tag != 0,
+                              rx.host_tag == kTagBounced && s.ok() ? scatter(rx.ctx) : s);
   }
   out.release = ps.path->receiver_releases() && status_.ok();
   out.path = path;

@@ -90,7 +90,8 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan&
       case FrameType::kWriteData:
         if (h.path != 0) st = on_path_header(stream, h, plan.control, &moved);
         else if (h.type == FrameType::kSendData)
-          st = land_inbound(tokens_, h, h.payload_len, plan.host_tag == kTagCounted, integrity);
+          st = land_inbound(tokens_, h, h.payload_len, plan.host_tag == kTagCounted || plan.host_tag == kTagBounced,
+                            plan.host_tag == kTagBounced && integrity.ok() ? scatter(plan.ctx) : integrity);
         else if (h.type == FrameType::kReadData)
           st = land_inbound(reads_, h, h.payload_len, plan.host_tag == kTagCounted, integrity);
         else {
@@ -146,10 +147,24 @@ Result<stream::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, I
   in.reserved += len;
   OpState* op = in.op.get();
   if (op != nullptr && (op->phase == OpPhase::kActive || op->phase == OpPhase::kPosted)) {
+    MemRegion dst = op->vec ? op->vec->slice(offset, len) : op->region.sub(offset, len);
+    auto bounce = std::shared_ptr<Bounce>();
+    if (op->vec && dst.ptr == nullptr && len > 0) {
+      // A read's chunks follow its segments (the target serves them as this side cut them); a
+      // message's chunks follow the sender's pieces, and one that spans pieces here lands in a
+      // bounce buffer first (bounded by the chunk size), then is scattered.
+      if (op->type != OpType::kRecv)
+        return protocol(fmt::format("{} chunk [{}, +{}) spans segments of the vectored read", what, offset, len));
+      bounce = std::make_shared<Bounce>();
+      bounce->op = in.op;
+      bounce->at = offset;
+      bounce->bytes.resize(len);
+      dst = MemRegion{bounce->bytes.data(), len, {}};
+    }
     op->phase = OpPhase::kActive;
     ++op->inflight;
-    stream::RxPlan p = plan_into(op->region.sub(offset, len), nullptr, in.total);
-    p.host_tag = kTagCounted;
+    stream::RxPlan p = plan_into(dst, bounce, in.total);
+    p.host_tag = bounce ? kTagBounced : kTagCounted;
     return p;
   }
   stream::RxPlan p;
@@ -304,7 +319,7 @@ Status EndpointImpl::on_cancel(const FrameHeader& h) {
       w.expected = handed;
       w.cancelled = true;
       if (w.received == w.expected) {
-        if (w.reg) ContextImpl::release_registration(*w.reg);
+        release_write(w);
         in_writes_.erase(it);
       }
       return Status();

@@ -19,6 +19,9 @@ using wire::FrameHeader;
 using wire::FrameType;
 using namespace endpoint;
 
+// A vectored transfer's host segments smaller than this go inline on the streams, not by a path.
+constexpr uint64_t kVecInlineSegment = 64 << 10;
+
 // Transmit side: streams pull chunks of the oldest transfer first.
 bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
   if (!has_tx_.load(std::memory_order_acquire)) return false;  // idle streams poll without the lock
@@ -33,11 +36,18 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
   while (!tx_.empty()) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
-    // An empty transfer (one empty chunk) always goes inline: no path has anything to move.
-    PathState* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.skip_paths) : nullptr;
+    // An empty transfer (one empty chunk) always goes inline: no path has anything to move. So
+    // does a vectored transfer's small segment of host memory: a path's chunk costs a descriptor
+    // and a hand-off to its thread each way, more than the stream's copy of a few KiB.
+    uint64_t room = 0;  // vectored: a chunk ends at its segment's end
+    const char* src = chunk_src(t, &room);
+    bool small_host_segment = op.vec && !t.where.is_device() && room < kVecInlineSegment;
+    PathState* path = has_paths_ && op.total > 0 && !small_host_segment
+                          ? path_for(t.where, t.accepts, t.skip_paths)
+                          : nullptr;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
     if (path != nullptr && path->tx.size() >= kPathWindow) return false;
-    uint64_t len = std::min<uint64_t>(path ? path->path->max_chunk() : inline_chunk(t), op.total - t.next);
+    uint64_t len = std::min<uint64_t>(path ? path->path->max_chunk() : inline_chunk(t), room);
     if (len == 0 && t.emitted) {
       tx_.pop_front();
       continue;
@@ -57,6 +67,15 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
         h.a2 = op.total;
         h.a3 = op.notify_value;
         h.flags = op.notify ? wire::kFlagNotify : 0;
+        if (op.vec) {  // each chunk names its own region (an empty list's one chunk: key 0)
+          h.flags |= wire::kFlagVector;
+          h.a0 = h.a1 = 0;
+          if (!op.vec->segs.empty()) {
+            const VecSeg& seg = op.vec->segs[t.seg];
+            h.a0 = seg.rkey;
+            h.a1 = seg.roffset + (t.next - seg.at);
+          }
+        }
         break;
       default:  // kReadData
         h.a0 = t.next;
@@ -83,7 +102,7 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
       if (last) tx_.pop_front();
       continue;
     }
-    out->src = t.src + t.next;
+    out->src = src;
     out->where = t.where;
     out->len = len;
     out->ctx = t.op;
@@ -120,7 +139,7 @@ void EndpointImpl::on_sent(int stream, stream::TxItem& item) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (item.pulled && striping_) striping_->wrote(stream);
-    if (session_.checksum && wire::carries_data(item.header.type))
+    if (session_.checksum && wire::carries_data(item.header.type) && !vec_write(*op))
       fold_chunk(*op, chunk_offset(*op, item.header), item.len, item.header.crc);
     if (op->eager) {
       op->done = op->total;
