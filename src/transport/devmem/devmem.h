@@ -34,6 +34,15 @@ std::vector<Capability> probe();
 // netlink binding), rx.h (DevmemRx), tx.h (DevmemTx), kernel.h (the seam), nic.h (steering).
 Status usable(const std::string& ifname);
 
+// Memory a devmem receive lands in before it reaches a destination the gatherer cannot write (a
+// write into a registered region of other memory): `region` is memory the gatherer writes,
+// `keep` holds it (and its booking in the machine's placement), `where` says which pool and why.
+struct LandingZone {
+  MemRegion region;
+  std::shared_ptr<void> keep;
+  std::string where;
+};
+
 // What one devmem connection needs from this host, as seams: the kernel in production
 // (kernel_seams), the socket-pair double in tests (tests/devmem/socket_double.h, SimNic::seams).
 // Copyable; the functions may be called from any thread, one call at a time per object made.
@@ -45,6 +54,12 @@ struct HostSeams {
   // A gatherer out of pools in `memory` (CUDA gather kernel; host gatherer for host pools).
   std::function<Result<std::unique_ptr<Gatherer>>()> gatherer;
   MemSpec memory;                 // where the RX pool and the TX ring are allocated (cuda:N)
+  // The destinations the gatherer writes; empty: the pool's rule (a host pool: host, pinned and
+  // sim memory; a device pool: memory of its own device).
+  std::function<bool(const MemSpec&)> gathers_into;
+  // A landing zone of `bytes` (LandingZone above); empty or refused: a buffer allocated in
+  // `memory`.
+  std::function<Result<LandingZone>(uint64_t bytes)> landing;
   std::string ifname;             // the devmem NIC (TX sockets are bound to it: SO_BINDTODEVICE)
   int ifindex = 0;
   std::vector<uint32_t> queues;   // the RX queues the pool is bound to (setting devmem_queues)
