@@ -233,6 +233,36 @@ Result<GpuBuffer> Placement::allocate_gpu(std::span<const std::string> clients, 
   return b;
 }
 
+Result<GpuBuffer> Placement::allocate_landing(const std::string& nic, int cuda_device, uint64_t bytes,
+                                             std::string owner) {
+  const Topology& t = *topo_;
+  int n = t.nic_by_name(nic);
+  if (n < 0 || t.nics[static_cast<size_t>(n)].pci < 0)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("landing zone for {}: {} is not a PCI network function of {}", owner, nic, t.root));
+  int gpu = t.device_of_cuda(cuda_device);
+  if (gpu < 0 && t.cuda.devices.empty() && cuda_device >= 0 && static_cast<size_t>(cuda_device) < t.gpus.size())
+    gpu = t.gpus[static_cast<size_t>(cuda_device)];  // no overlay: CUDA's PCI order, as publish_all names them
+  if (gpu < 0)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("landing zone for {}: cuda:{} is not a GPU of {}", owner, cuda_device, t.root));
+  std::string clients[] = {t.devices[static_cast<size_t>(t.nics[static_cast<size_t>(n)].pci)].addr.to_string(),
+                           t.devices[static_cast<size_t>(gpu)].addr.to_string()};
+  Result<GpuBuffer> got = allocate_gpu(clients, bytes, owner);
+  if (!got.ok())
+    return Status(got.status().code(), fmt::format("landing zone for {}: {}", owner, got.status().message()));
+  GpuBuffer b = std::move(*got);
+  if (b.cuda_device() != cuda_device)
+    return Status(Code::kUnavailable,
+                  fmt::format("landing zone for {}: the GPU pool nearest {} and cuda:{} is {}, which the gatherer on "
+                              "cuda:{} cannot write",
+                              owner, nic, cuda_device, b.pool(), cuda_device));
+  if (b.data() == nullptr)
+    return Status(Code::kUnavailable,
+                  fmt::format("landing zone for {}: GPU pool {} keeps books only (no CUDA here)", owner, b.pool()));
+  return b;
+}
+
 Result<std::shared_ptr<Placement>> Placement::for_root(const std::string& sysfs_root, DeviceMemory gpu_memory,
                                                        uint64_t gpu_pool_bytes) {
   static std::mutex* mu = new std::mutex();  // never destroyed: buffers may outlive static destruction

@@ -9,7 +9,8 @@
 //   - p2pmem BARs that sysfs lists as published, sized by the kernel's `available`, allocated
 //     through the kernel (p2pmem.h) when asked.
 // Requests are ranked by the P2PDMA rule (orchestrator.h): TCP staging takes the host pool
-// nearest the GPU it serves; p2pmem the BAR nearest all its clients.
+// nearest the GPU it serves; a landing zone the GPU pool nearest its NIC and GPU; p2pmem the BAR
+// nearest all its clients.
 // Thread-safety: every method is safe from any thread. Lifetime: a P2pmemBuffer or GpuBuffer
 // keeps its Placement alive until it is destroyed.
 #pragma once
@@ -123,6 +124,15 @@ class Placement : public std::enable_shared_from_this<Placement> {
   // `bytes` of GPU memory from the GPU pool nearest to every device in `clients` (as above).
   // Errors as allocate_p2pmem's; kUnavailable when the pool's arena could not be allocated.
   Result<GpuBuffer> allocate_gpu(std::span<const std::string> clients, uint64_t bytes, std::string owner);
+
+  // A landing zone: memory that receives through NIC `nic` (an interface name of the topology)
+  // land in before a gatherer on CUDA device `cuda_device` copies them on (devmem; the receive
+  // buffers of writes). `bytes` from the GPU pool nearest to the NIC and that GPU by the P2PDMA
+  // rule, booked to `owner`. Errors: kInvalidArgument for a NIC or GPU the topology lacks;
+  // kUnavailable when the nearest pool is another GPU's (the gatherer writes only its own
+  // device's memory) or has no memory behind it (no CUDA); allocate_gpu's otherwise (a GPU the
+  // NIC cannot reach: kResourceExhausted with the reason).
+  Result<GpuBuffer> allocate_landing(const std::string& nic, int cuda_device, uint64_t bytes, std::string owner);
 
   std::vector<PoolUsage> usage() const { return orch_.usage(); }
   const Topology& topology() const { return *topo_; }

@@ -107,6 +107,11 @@ class PayloadPath {
   // False when accepts() says no to some destinations: the receiver then names this path in its
   // CTS / READ_REQ for each buffer it reaches, and the sender uses it only for those.
   virtual bool accepts_any() const { return true; }
+  // Whether the peer may send WRITE_DATA chunks by this path although accepts_any() is false: a
+  // write's initiator does not know the target's memory, so only a path whose receiver lands a
+  // chunk for a destination it cannot reach directly in a landing zone of its own (and copies it
+  // on) may carry writes. devmem: true.
+  virtual bool lands_writes() const { return accepts_any(); }
   // The largest chunk this path takes in one post_tx (the endpoint cuts transfers to it).
   virtual uint64_t max_chunk() const = 0;
 

@@ -13,6 +13,9 @@
 #include "devmem/kernel_double.h"
 #include "memory/backend.h"
 #include "memory/dmabuf.h"
+#include "topo/p2pmem_double.h"
+#include "topo/placement.h"
+#include "topo/topo_fixture.h"
 #include "transport/devmem/kernel.h"
 #include "transport/devmem/nic.h"
 #include "transport/devmem/region.h"
@@ -162,6 +165,37 @@ TEST(Gpu, DevmemRxWithGpuGatherThroughTheDouble) {
               static_cast<unsigned long>((*rx)->stats().frags), static_cast<unsigned long>((*rx)->stats().devmem_bytes),
               static_cast<unsigned long>((*rx)->stats().linear_bytes),
               static_cast<unsigned long>((*rx)->stats().tokens.calls));
+}
+
+// A devmem landing zone from a GPU pool with real CUDA memory behind it (the hook kernel_seams
+// gives the placement): on the dual-socket-icelake fixture, ens1 sits beside 0000:03:00.0, which
+// the placement names cuda:0 (PCI order), so the zone is this machine's GPU 0; it holds what is
+// copied into it and its booking goes when it is let go.
+TEST(Gpu, LandingZoneFromAGpuPoolHoldsWhatIsCopiedIn) {
+  DMX_SKIP_WITHOUT_GPU();
+  topo::DeviceMemory cuda_hook{[](int ordinal, uint64_t bytes) -> Result<void*> {
+                                 DMX_ASSIGN_OR_RETURN(MemoryBackend * b, backend_for(MemSpec{MemKind::kCuda, ordinal}));
+                                 return b->allocate(bytes);
+                               },
+                               [](int ordinal, void* p, uint64_t bytes) {
+                                 if (auto b = backend_for(MemSpec{MemKind::kCuda, ordinal}); b.ok()) (*b)->free(p, bytes);
+                               }};
+  auto placement = topo::Placement::create(
+      std::make_shared<const topo::Topology>(topo::testing::load("dual-socket-icelake")),
+      std::make_shared<topo::testing::P2pmemDouble>(), cuda_hook, 64 << 20);
+  auto z = placement_landing([&]() -> Result<std::shared_ptr<topo::Placement>> { return placement; }, "ens1", 0)(
+      (16 << 20));
+  ASSERT_TRUE(z.ok()) << z.status().to_string();
+  EXPECT_EQ(z->region.where, (MemSpec{MemKind::kCuda, 0}));
+  std::vector<uint8_t> data(z->region.size - 5), got(data.size());
+  std::mt19937_64 rng(std::random_device{}());
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  ASSERT_TRUE(cuda::copy_to_device(static_cast<char*>(z->region.ptr) + 5, data.data(), data.size()).ok());
+  ASSERT_TRUE(cuda::copy_to_host(got.data(), static_cast<char*>(z->region.ptr) + 5, got.size()).ok());
+  EXPECT_TRUE(got == data);
+  std::printf("landing zone: %s\n", z->where.c_str());
+  z->keep.reset();
+  for (const auto& u : placement->usage()) EXPECT_EQ(u.used, 0u) << u.desc.name;
 }
 
 // TX per registered region with real GPU memory: the region is exported and bound with bind-tx

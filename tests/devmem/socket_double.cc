@@ -380,6 +380,8 @@ HostSeams SimNic::seams() {
   s.socket = [st](int fd) { return std::unique_ptr<KernelSocket>(new SimSocket(st, fd)); };
   s.gatherer = [] { return Result<std::unique_ptr<Gatherer>>(make_host_gatherer()); };
   s.memory = MemSpec{MemKind::kHost, 0};
+  if (state_->opt.gather_host_only)
+    s.gathers_into = [](const MemSpec& m) { return m.kind == MemKind::kHost || m.kind == MemKind::kPinned; };
   s.ifname = state_->opt.ifname;
   s.ifindex = 1000;
   s.queues = {12, 13};

@@ -67,6 +67,9 @@ struct SimNicOptions {
   int kernel_major = 6, kernel_minor = 18;  // the kernel the zcrx double answers as
   uint32_t zcrx_cq_entries = 128;
   uint32_t zcrx_end_every = 97;  // every n-th CQE ends the multishot (0: never)
+  // The gatherer writes host and pinned memory only (HostSeams::gathers_into), as a GPU pool's
+  // writes only its own device's: a sim destination then needs the path's landing zone.
+  bool gather_host_only = false;
 };
 
 // What the zcrx double hands the next CQE instead of the truth.

@@ -40,6 +40,7 @@ class ForwardingPath : public PayloadPath {
   bool carries(const MemSpec& src) const override { return inner_->carries(src); }
   bool accepts(const MemSpec& dst) const override { return inner_->accepts(dst); }
   bool accepts_any() const override { return inner_->accepts_any(); }
+  bool lands_writes() const override { return inner_->lands_writes(); }
   uint64_t max_chunk() const override { return inner_->max_chunk(); }
   Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override {
     return inner_->post_tx(seq, src, whole);
@@ -136,9 +137,8 @@ struct Host {
 // read through a raw pointer (the factory lives in that context, so it cannot outlive it).
 enum class Wrap { kNone, kSimOnly, kPrefix, kLaneCounting, kStuckStop };
 
-Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kNone) {
+Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kNone, SimNicOptions no = {}) {
   Host h;
-  SimNicOptions no;
   no.seed = seed;
   h.nic = std::make_shared<SimNic>(no);
   auto c = Context::create(o);
@@ -166,10 +166,10 @@ struct DevmemPair {
   Endpoint client, server;
 };
 
-DevmemPair connect_devmem(Wrap wrap = Wrap::kNone, const Options& o = devmem_options()) {
+DevmemPair connect_devmem(Wrap wrap = Wrap::kNone, const Options& o = devmem_options(), SimNicOptions no = {}) {
   DevmemPair p;
-  p.a = make_host(11, o, wrap);
-  p.b = make_host(22, o, wrap);
+  p.a = make_host(11, o, wrap, no);
+  p.b = make_host(22, o, wrap, no);
   auto l = p.a.ctx.listen("tcp://127.0.0.1:0");
   EXPECT_TRUE(l.ok()) << l.status().to_string();
   p.listener = std::move(*l);
@@ -334,7 +334,20 @@ TEST(DevmemEngineDouble, PathThatDoesNotStopEndsCloseAtItsDeadline) {
   // Destroying the endpoints stops the real paths and joins their threads.
 }
 
-TEST(DevmemEngineDouble, WriteInlineAndReadByDevmem) {
+uint64_t inline_bytes_received(const Endpoint& e) {
+  EndpointStats st = e.stats();
+  return st.bytes_received;
+}
+
+std::string devmem_detail(const Endpoint& e) {
+  for (const auto& u : e.stats().paths)
+    if (u.name == "devmem") return u.detail;
+  return "";
+}
+
+// A one-sided write goes by devmem (not inline on the stream), lands with its notification, and
+// a read comes back by devmem too.
+TEST(DevmemEngineDouble, WriteAndReadByDevmem) {
   DevmemPair p = connect_devmem();
   size_t n = 5 * (1 << 20) + 1;
   Buffer target = poisoned(kSim, n + 100);
@@ -342,12 +355,22 @@ TEST(DevmemEngineDouble, WriteInlineAndReadByDevmem) {
   ASSERT_TRUE(reg.ok()) << reg.status().to_string();
   Filled src = filled(kSim, n);
   uint64_t before = devmem_bytes_received(p.server);
-  Request w = p.client.write(src.buf.region(), reg->remote(), 33);
+  uint64_t stream_before = inline_bytes_received(p.server);
+  OpOptions notify;
+  notify.notify = true;
+  notify.notify_value = 0xD1CE;
+  Request w = p.client.write(src.buf.region(), reg->remote(), 33, notify);
   ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
+  auto note = p.server.next_notification(10s);
+  ASSERT_TRUE(note.ok()) << note.status().to_string();
+  EXPECT_EQ(note->value, 0xD1CEu);
+  EXPECT_EQ(note->length, n);
   auto got = read_back(target.region());
   ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), got.begin() + 33));
-  // Writes stay inline: the initiator does not know the target's memory (docs/devmem.md).
-  EXPECT_EQ(devmem_bytes_received(p.server), before);
+  EXPECT_EQ(got[32], 0xA5);
+  EXPECT_EQ(got[33 + n], 0xA5);
+  EXPECT_GE(devmem_bytes_received(p.server) - before, n) << "the write did not come by devmem";
+  EXPECT_LT(inline_bytes_received(p.server) - stream_before, n / 2) << "the write's bytes came inline";
 
   Buffer back = poisoned(kSim, n + 7);
   uint64_t read_before = devmem_bytes_received(p.client);
@@ -356,6 +379,57 @@ TEST(DevmemEngineDouble, WriteInlineAndReadByDevmem) {
   auto again = read_back(back.region());
   ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), again.begin() + 7));
   EXPECT_GE(devmem_bytes_received(p.client) - read_before, n) << "the read did not come by devmem";
+}
+
+// A gatherer that writes host memory only (as a GPU pool's writes only its device's): a write into
+// a sim region still goes by devmem, lands in the landing zone and is copied on; a write into a
+// host region is gathered straight into it. Sends and reads into sim buffers stay inline.
+TEST(DevmemEngineDouble, WriteIntoMemoryTheGathererCannotWriteLandsInTheLandingZone) {
+  SimNicOptions no;
+  no.gather_host_only = true;
+  DevmemPair p = connect_devmem(Wrap::kNone, devmem_options(), no);
+  ASSERT_TRUE(p.client.valid() && p.server.valid());
+  for (size_t n : {size_t{1}, size_t{4097}, (size_t{40} << 20) + 3}) {  // 40 MiB: three chunks, one zone
+    SCOPED_TRACE(n);
+    Buffer target = poisoned(kSim, n + 20);
+    auto reg = p.a.ctx.register_memory(target.region());
+    ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+    Filled src = filled(kSim, n);
+    uint64_t before = devmem_bytes_received(p.server);
+    OpOptions notify;
+    notify.notify = true;
+    notify.notify_value = n;
+    Request w = p.client.write(src.buf.region(), reg->remote(), 11, notify);
+    ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
+    auto note = p.server.next_notification(10s);
+    ASSERT_TRUE(note.ok()) << note.status().to_string();
+    EXPECT_EQ(note->value, n);
+    auto got = read_back(target.region());
+    ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), got.begin() + 11));
+    EXPECT_EQ(got[10], 0xA5);
+    EXPECT_EQ(got[11 + n], 0xA5);
+    EXPECT_GE(devmem_bytes_received(p.server) - before, n) << "the write did not come by devmem";
+  }
+  std::string detail = devmem_detail(p.server);
+  EXPECT_NE(detail.find("landing zone a buffer in"), std::string::npos) << detail;
+  // Host memory is gathered into directly (no landing), and a host source is not devmem's.
+  size_t n = (3u << 20) + 5;
+  Buffer host_target = poisoned(kHost, n);
+  auto reg = p.a.ctx.register_memory(host_target.region());
+  ASSERT_TRUE(reg.ok());
+  Filled src = filled(kSim, n);
+  uint64_t before = devmem_bytes_received(p.server);
+  ASSERT_TRUE(p.client.write(src.buf.region(), reg->remote(), 0).wait(kEventually).ok());
+  EXPECT_EQ(read_back(host_target.region()), src.data);
+  EXPECT_GE(devmem_bytes_received(p.server) - before, n);
+  // A send into a sim buffer: the receiver does not name devmem for it, so it goes inline.
+  Buffer sim_dst = poisoned(kSim, n);
+  uint64_t sent = devmem_bytes_sent(p.client);
+  Request r = p.server.recv(sim_dst.region(), 3);
+  ASSERT_TRUE(p.client.send(src.buf.region(), 3).wait(kEventually).ok());
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
+  EXPECT_EQ(read_back(sim_dst.region()), src.data);
+  EXPECT_EQ(devmem_bytes_sent(p.client), sent);
 }
 
 TEST(DevmemEngineDouble, DestinationTheGathererCannotWriteGoesInline) {

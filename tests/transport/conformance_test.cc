@@ -1,7 +1,8 @@
 // One conformance suite over every transport (conformance.h): byte-exact delivery of every kind of
-// size at odd offsets, one-sided write and read with the landed notification, many operations in
-// flight both ways, cancel and deadline, a peer killed mid-transfer (the same code and message
-// form on every transport) and a close while busy. Fresh random data every run.
+// size at odd offsets, one-sided write and read with the landed notification (each by the
+// transport under test), many operations in flight both ways, cancel and deadline, a peer killed
+// mid-transfer (the same code and message form on every transport) and a close while busy. Fresh
+// random data every run.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -212,8 +213,11 @@ TEST_P(Conformance, WriteAndReadWithTheLandedNotification) {
   OpOptions notify;
   notify.notify = true;
   notify.notify_value = 0xFEED;
+  const uint64_t write_before = transport_bytes_received(p.server);
   Request w = p.client.write(src.buf.region(), reg->remote(), at, notify);
   ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
+  // The write's bytes came by the transport under test, not around it (inline on the streams).
+  EXPECT_GE(transport_bytes_received(p.server) - write_before, n) << p.server.stats().reason;
   auto note = p.server.next_notification(10s);
   ASSERT_TRUE(note.ok()) << note.status().to_string();
   EXPECT_EQ(note->value, 0xFEEDu);
@@ -225,10 +229,12 @@ TEST_P(Conformance, WriteAndReadWithTheLandedNotification) {
   EXPECT_EQ(landed[at + n], kPoison);
   // Read it back into a fresh buffer at an odd offset.
   Buffer back = poisoned(mem, n + 7);
+  const uint64_t read_before = transport_bytes_received(p.client);
   Request r = p.client.read(back.region().sub(7, n), reg->remote(), at);
   ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
   std::vector<unsigned char> got = read_back(back.region());
   EXPECT_TRUE(std::equal(src.data.begin(), src.data.end(), got.begin() + 7));
+  EXPECT_GE(transport_bytes_received(p.client) - read_before, n) << p.client.stats().reason;
   // Outside the region: refused, and the endpoint goes on.
   Request bad = p.client.write(src.buf.region(), reg->remote(), 12, {});
   EXPECT_EQ(bad.wait(kEventually).code(), Code::kOutOfRange) << bad.status().to_string();

@@ -248,6 +248,8 @@ class EndpointImpl final : public stream::StreamHost,
   // Receiver: the path bits to announce for a buffer in `dst` (CTS a1, READ_REQ a3): the paths
   // that reach only some buffers (PayloadPath::accepts_any false) and reach this one.
   uint64_t accepts_for(const MemSpec& dst) const;
+  // Sender: the path bits a write may take without the target naming them (PayloadPath::lands_writes).
+  uint64_t write_accepts() const;
   // Checks a peer's accepting path bits (`what`: the frame). Caller holds mu_.
   Status check_accepts(uint64_t bits, std::string_view what) const;
   // Hands the next chunk of `t` to `ps`; fills the header frame to write. Caller holds mu_.

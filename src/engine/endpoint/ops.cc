@@ -237,6 +237,7 @@ Request EndpointImpl::post_one_sided(OpType type, const MemRegion& local, const 
     ++counters_.writes;
     writes_[op->id] = op;
     tx_.push_back(Transfer{op, FrameType::kWriteData, static_cast<const char*>(local.ptr), local.where});
+    tx_.back().accepts = write_accepts();
     has_tx_.store(true, std::memory_order_release);
     wake_for(tx_.back());
   } else {

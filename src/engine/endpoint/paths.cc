@@ -69,6 +69,13 @@ uint64_t EndpointImpl::accepts_for(const MemSpec& dst) const {
   return bits;
 }
 
+uint64_t EndpointImpl::write_accepts() const {
+  uint64_t bits = 0;
+  for (const auto& ps : paths_)
+    if (ps.path && !ps.path->accepts_any() && ps.path->lands_writes()) bits |= path_bit(ps.id);
+  return bits;
+}
+
 Status EndpointImpl::check_accepts(uint64_t bits, std::string_view what) const {
   uint64_t known = 0;
   for (const auto& ps : paths_)

@@ -17,6 +17,9 @@
 namespace dmx {
 class Config;
 }
+namespace dmx::topo {
+class Placement;
+}
 
 namespace dmx::devmem {
 
@@ -34,6 +37,15 @@ std::vector<Capability> probe();
 // netlink binding), rx.h (DevmemRx), tx.h (DevmemTx), kernel.h (the seam), nic.h (steering).
 Status usable(const std::string& ifname);
 
+// Memory a devmem receive lands in before it reaches a destination the gatherer cannot write (a
+// write into a registered region of other memory): `region` is memory the gatherer writes,
+// `keep` holds it (and its booking in the machine's placement), `where` says which pool and why.
+struct LandingZone {
+  MemRegion region;
+  std::shared_ptr<void> keep;
+  std::string where;
+};
+
 // What one devmem connection needs from this host, as seams: the kernel in production
 // (kernel_seams), the socket-pair double in tests (tests/devmem/socket_double.h, SimNic::seams).
 // Copyable; the functions may be called from any thread, one call at a time per object made.
@@ -45,6 +57,13 @@ struct HostSeams {
   // A gatherer out of pools in `memory` (CUDA gather kernel; host gatherer for host pools).
   std::function<Result<std::unique_ptr<Gatherer>>()> gatherer;
   MemSpec memory;                 // where the RX pool and the TX ring are allocated (cuda:N)
+  // The destinations the gatherer writes; empty: the pool's rule (a host pool: host, pinned and
+  // sim memory; a device pool: memory of its own device).
+  std::function<bool(const MemSpec&)> gathers_into;
+  // A landing zone of `bytes` (LandingZone above). Production: from the GPU pool of `memory`'s
+  // device in the machine's placement, booked to this NIC (landing_zone_seam); empty: a buffer
+  // allocated in `memory`.
+  std::function<Result<LandingZone>(uint64_t bytes)> landing;
   std::string ifname;             // the devmem NIC (TX sockets are bound to it: SO_BINDTODEVICE)
   int ifindex = 0;
   std::vector<uint32_t> queues;   // the RX queues the pool is bound to (setting devmem_queues)
@@ -56,6 +75,15 @@ struct HostSeams {
                                                     uint64_t dmabuf_size, uint32_t rq_entries)>
       zcrx;
 };
+
+// The machine's placement (topo/placement.h), built on first use; kUnavailable without topology.
+using PlacementSource = std::function<Result<std::shared_ptr<topo::Placement>>()>;
+// The landing-zone seam over a placement: each call books `bytes` of the GPU pool nearest NIC
+// `ifname` and cuda:`cuda_device` by the P2PDMA rule (Placement::allocate_landing) to "devmem
+// landing zone of <ifname>", for as long as the LandingZone is held; the placement's refusal
+// otherwise.
+std::function<Result<LandingZone>(uint64_t bytes)> placement_landing(PlacementSource placement, std::string ifname,
+                                                                     int cuda_device);
 
 // The production seams: netlink and sockets of the running kernel, CUDA dmabuf export and the
 // CUDA gather kernel on `cuda_device`, the NIC and queues of settings devmem_ifname and

@@ -120,6 +120,8 @@ class DevmemPath final : public PathBase {
   }
   bool accepts(const MemSpec& dst) const override { return gatherable(dst); }
   bool accepts_any() const override { return false; }
+  // A chunk for a destination the gatherer cannot write lands in the landing zone and is copied on.
+  bool lands_writes() const override { return true; }
   uint64_t max_chunk() const override { return kDevmemMaxChunk; }
 
   Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool /*whole*/) override {
@@ -145,11 +147,7 @@ class DevmemPath final : public PathBase {
       return Status(Code::kInvalidArgument,
                     fmt::format("devmem path: destination of {} bytes for a {}-byte chunk", dst.size, len));
     RxItem item{seq, len, dst};
-    if (dst.ptr != nullptr && len > 0 && !gatherable(dst.where))
-      item.status = Status(Code::kUnavailable,
-                           fmt::format("devmem path: cannot gather into {} memory (the RX pool is {}); chunk dropped",
-                                       to_string(dst.where), to_string(p_.seams.memory)))
-                        .with_peer(p_.peer);
+    item.land = dst.ptr != nullptr && len > 0 && !gatherable(dst.where);
     return post([&] { rx_posts_.push_back(std::move(item)); });
   }
 
@@ -167,6 +165,7 @@ class DevmemPath final : public PathBase {
     {
       std::lock_guard<std::mutex> lock(stats_mu_);
       note = last_tx_note_.empty() ? std::string() : "; last TX from " + last_tx_note_;
+      if (!landing_note_.empty()) note += "; landing zone " + landing_note_;
     }
     return fmt::format("devmem {}: RX by {}; {} MiB TX ring (binding {}) in {}{}", p_.seams.ifname, p_.rx_note,
                        p_.ring.size() >> 20, tx_binding_, to_string(p_.seams.memory), note);
@@ -201,8 +200,17 @@ class DevmemPath final : public PathBase {
     MemRegion dst;
     Status status{};  // a chunk-only error (dropped): reported at its completion
     size_t got = 0;
+    bool land = false;  // dst is memory the gatherer cannot write: gathered into the landing zone first
+  };
+  // A landed chunk on its way from the landing zone to its destination: complete at the fence.
+  struct LandingCopy {
+    uint64_t seq;
+    Status status;        // a failed enqueue: the chunk completes with it
+    CopyQueue* queue;     // null: copied already (host to host)
+    uint64_t fence;
   };
   bool gatherable(const MemSpec& dst) const {
+    if (p_.seams.gathers_into) return p_.seams.gathers_into(dst);
     if (host_memory(p_.seams.memory)) return dst.kind != MemKind::kCuda;  // the host gatherer: host, pinned, sim
     return dst == p_.seams.memory;
   }
@@ -259,6 +267,8 @@ class DevmemPath final : public PathBase {
     for (auto& t : tx_)
       if (!t.reported) done->push_back({true, t.seq, why});
     for (auto& r : rx_) done->push_back({false, r.seq, why});
+    if (landing_copy_) done->push_back({false, landing_copy_->seq, why});
+    landing_copy_.reset();
     tx_.clear();
     rx_.clear();
     publish_stats();
@@ -284,7 +294,7 @@ class DevmemPath final : public PathBase {
     }
     if (rx_.empty() && !peer_shut_) ev |= POLLRDHUP;  // no receive posted: learn when the peer stops sending
     if (tx_blocked_) ev |= POLLOUT;
-    bool device_work = std::any_of(tx_.begin(), tx_.end(), [](const TxSeg& t) {
+    bool device_work = landing_copy_.has_value() || std::any_of(tx_.begin(), tx_.end(), [](const TxSeg& t) {
       return t.state == TxState::kStaging || t.state == TxState::kInFlight;
     });
     // Staging copies and (over the double) zerocopy completions have no fd to wait on.
@@ -458,12 +468,24 @@ class DevmemPath final : public PathBase {
   }
 
   Status rx_round(std::vector<Done>& events) {
+    landing_round(events);
     for (int calls = 0; !rx_.empty() && calls < kRxCallsPerRound;) {
       RxItem& r = rx_.front();
       if (r.got < r.len) {
+        if (r.land && r.status.ok()) {
+          if (landing_copy_) break;  // the zone still holds the last landed chunk: wait for its copy
+          if (r.got == 0) {
+            if (Status s = ensure_landing(r.len); !s.ok()) {
+              r.status = std::move(s);  // consumed and dropped, that chunk only
+              r.land = false;
+            }
+          }
+        }
         bool discard = r.dst.ptr == nullptr || !r.status.ok();
         p_.gatherer->discard = discard;
-        MemRegion dst = discard ? MemRegion{nullptr, r.len, p_.seams.memory} : r.dst;
+        MemRegion dst = discard  ? MemRegion{nullptr, r.len, p_.seams.memory}
+                        : r.land ? landing_->region.sub(0, r.len)
+                                 : r.dst;
         size_t before = r.got;
         DMX_RETURN_IF_ERROR(p_.rx->receive_some(dst, &r.got, Deadline::after(kDeviceWait)));
         ++calls;
@@ -474,10 +496,96 @@ class DevmemPath final : public PathBase {
       }
       ++received_;
       received_bytes_ += r.len;
+      if (r.land && r.status.ok()) {  // complete once copied on (landing_round)
+        landing_copy_ = copy_on(r);
+        rx_.pop_front();
+        landing_round(events);
+        continue;
+      }
       events.push_back({false, r.seq, r.status});
       rx_.pop_front();
     }
     return Status();
+  }
+
+  // The landing zone (at least `len` bytes), made at its first use: the seams' (the machine's
+  // placement), else a buffer in the pool's memory. A refusal is kept: later chunks say it again.
+  Status ensure_landing(uint64_t len) {
+    if (landing_ && landing_->region.size >= len) return Status();
+    if (!landing_failed_.ok()) return landing_failed_;
+    Result<devmem::LandingZone> z = Status(Code::kUnavailable, "these seams place no landing zone");
+    if (p_.seams.landing) z = p_.seams.landing(kDevmemMaxChunk);
+    if (!z.ok()) {  // the RX pool's memory, unbooked: the same memory, so no slower path
+      std::string why = z.status().message();
+      auto b = Buffer::allocate(p_.seams.memory, kDevmemMaxChunk);
+      if (b.ok()) {
+        auto keep = std::make_shared<Buffer>(std::move(*b));
+        z = devmem::LandingZone{keep->region(), keep,
+                                fmt::format("a buffer in {} (the RX pool's memory; not placed: {})",
+                                            to_string(p_.seams.memory), why)};
+      } else {
+        z = Status(b.status().code(), fmt::format("{}; and {}", why, b.status().message()));
+      }
+    }
+    if (z.ok() && (z->region.size < len || !gatherable(z->region.where)))
+      z = Status(Code::kInternal, fmt::format("the landing zone {} ({} bytes of {}) is not memory the gatherer writes",
+                                              z->where, z->region.size, to_string(z->region.where)));
+    if (!z.ok()) {
+      landing_failed_ = Status(Code::kUnavailable,
+                               fmt::format("devmem path: no landing zone for destinations the gatherer cannot write: {}",
+                                           z.status().message()))
+                            .with_peer(p_.peer);
+      DMX_LOG_WARN("devmem path to {}: {}", p_.peer, landing_failed_.message());
+      return landing_failed_;
+    }
+    landing_ = std::move(*z);
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    landing_note_ = landing_->where;
+    DMX_LOG_INFO("devmem path to {}: chunks for memory the gatherer cannot write land in {}", p_.peer, landing_note_);
+    return Status();
+  }
+
+  // Enqueues the copy of a landed chunk from the zone to its destination.
+  LandingCopy copy_on(const RxItem& r) {
+    LandingCopy c{r.seq, Status(), nullptr, 0};
+    MemRegion from = landing_->region.sub(0, r.len);
+    ++landed_chunks_;
+    landed_bytes_ += r.len;
+    if (host_memory(from.where) && host_memory(r.dst.where)) {
+      std::memcpy(r.dst.ptr, from.ptr, r.len);
+      return c;
+    }
+    auto enqueue = [&]() -> Status {
+      // A device zone: its device's queue (to the host, or to another device's memory it reaches);
+      // a host zone: the destination device's queue.
+      MemSpec dev = host_memory(from.where) ? r.dst.where : from.where;
+      DMX_ASSIGN_OR_RETURN(c.queue, landing_queues_.get(dev));
+      if (host_memory(from.where)) DMX_RETURN_IF_ERROR(c.queue->to_device(r.dst.ptr, from.ptr, r.len));
+      else if (host_memory(r.dst.where)) DMX_RETURN_IF_ERROR(c.queue->to_host(r.dst.ptr, from.ptr, r.len));
+      else DMX_RETURN_IF_ERROR(c.queue->copy(r.dst.ptr, from.ptr, r.len));
+      DMX_ASSIGN_OR_RETURN(c.fence, c.queue->record());
+      return Status();
+    };
+    if (Status s = enqueue(); !s.ok()) {
+      c.queue = nullptr;
+      c.status = Status(s.code(), fmt::format("devmem path: copying a landed chunk of {} bytes from {} to {}: {}", r.len,
+                                              to_string(from.where), to_string(r.dst.where), s.message()))
+                     .with_peer(p_.peer);
+    }
+    return c;
+  }
+
+  // Completes the landed chunk whose copy on has finished; the zone is free again.
+  void landing_round(std::vector<Done>& events) {
+    if (!landing_copy_) return;
+    Status s = landing_copy_->status;
+    if (landing_copy_->queue != nullptr && s.ok()) {
+      Result<bool> done = landing_copy_->queue->done(landing_copy_->fence);
+      if (done.ok() && !*done) return;
+      if (!done.ok()) s = done.status().with_peer(p_.peer);
+    }
+    events.push_back({false, landing_copy_->seq, s});
+    landing_copy_.reset();
   }
 
   void fail_locked(Status s) {
@@ -501,6 +609,8 @@ class DevmemPath final : public PathBase {
     for (auto& t : tx_)
       if (t.state == TxState::kInFlight || t.state == TxState::kSending)  // user memory (direct): the full bound
         (void)p_.tx->wait(t.ticket, t.region ? d : Deadline::after(std::chrono::milliseconds(200)));
+    if (landing_copy_ && landing_copy_->queue != nullptr)  // writing into user memory
+      (void)landing_copy_->queue->wait(landing_copy_->fence, d);
     publish_stats();
     p_.rx.reset();  // waits (bounded) for its gathers and returns every token
     p_.tx.reset();
@@ -523,9 +633,12 @@ class DevmemPath final : public PathBase {
     devmem_counters_.direct_sends = direct_sends_;
     devmem_counters_.ring_sends = ring_sends_;
     devmem_counters_.tx_note = last_tx_note_;
+    devmem_counters_.landed_chunks = landed_chunks_;
+    devmem_counters_.landed_bytes = landed_bytes_;
+    devmem_counters_.landing_note = landing_note_;
     counters_.chunks_received.store(received_, std::memory_order_relaxed);
     counters_.bytes_received.store(received_bytes_, std::memory_order_relaxed);
-    counters_.device_copies.store(devmem_counters_.gathers + stagings_, std::memory_order_relaxed);
+    counters_.device_copies.store(devmem_counters_.gathers + stagings_ + landed_chunks_, std::memory_order_relaxed);
     counters_.host_copies.store(devmem_counters_.linear_chunks, std::memory_order_relaxed);
   }
 
@@ -546,9 +659,15 @@ class DevmemPath final : public PathBase {
   short last_revents_ = 0;
   std::optional<std::chrono::steady_clock::time_point> unclaimed_since_;
   uint64_t stagings_ = 0, received_ = 0, received_bytes_ = 0, direct_sends_ = 0, ring_sends_ = 0;
+  std::optional<devmem::LandingZone> landing_;  // made at its first use (ensure_landing)
+  Status landing_failed_;                        // why there is none, once asked
+  std::optional<LandingCopy> landing_copy_;      // the zone's chunk on its way out
+  CopyQueues landing_queues_;                    // those copies, by device
+  uint64_t landed_chunks_ = 0, landed_bytes_ = 0;
 
   mutable std::mutex stats_mu_;
   std::string last_tx_note_;  // guarded by stats_mu_: where the last device chunk was sent from, and why
+  std::string landing_note_;  // guarded by stats_mu_: the landing zone, once made
   DevmemPathCounters devmem_counters_;
 };
 

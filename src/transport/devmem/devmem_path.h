@@ -34,10 +34,16 @@
 //                the process's RX pool in `memory` (setting devmem_rx_pool), bound with bind-rx to
 //                the devmem queues once (rx_binding.h). DevmemRx receives (recvmsg MSG_SOCK_DEVMEM),
 //                validates every cmsg, gathers fragments and linear chunks into dst, and returns
-//                the tokens after the gather completed. Destinations must be memory the gatherer
-//                can write (CUDA on the pool's device; host, pinned or sim over the double); a chunk
-//                for any other destination is consumed, dropped and completed with kUnavailable
-//                (that chunk only).
+//                the tokens after the gather completed. accepts() names the memory the gatherer
+//                writes (CUDA on the pool's device; host, pinned or sim over the double): a
+//                receiver announces the path only for such buffers (CTS, READ_REQ).
+//   landing      A write's initiator does not know the target's memory, so writes take the path
+//                whenever it carries the source (lands_writes). A chunk for a destination the
+//                gatherer cannot write is gathered into the landing zone (HostSeams::landing:
+//                kDevmemMaxChunk bytes from the machine's placement, made at its first use; one
+//                chunk at a time), then copied on by a copy queue and completed at that copy's
+//                fence. Without a landing zone such a chunk is consumed, dropped and completed with
+//                kUnavailable and the reason (that chunk only).
 //   discard      post_rx with dst.ptr == nullptr consumes the bytes without copying (tokens are
 //                still returned).
 //   failures     a bad cmsg (unknown dmabuf id, fragment outside the pool, token beyond 31 bits,
@@ -118,6 +124,10 @@ struct DevmemPathCounters {
   uint64_t direct_sends = 0;  // chunks sent straight from a registered region bound for TX
   uint64_t ring_sends = 0;    // device chunks staged through the TX ring
   std::string tx_note;        // where the last device chunk went from, and why ("ring: ...")
+  // Chunks for memory the gatherer cannot write (writes into such registered regions): gathered
+  // into the landing zone, then copied on.
+  uint64_t landed_chunks = 0, landed_bytes = 0;
+  std::string landing_note;   // the landing zone, once made ("GPU pool cuda:0 (...), ...")
   // The zcrx receiver (devmem_path_rx.h); zero with devmem RX.
   uint64_t zcrx_cqes = 0, zcrx_bytes = 0, zcrx_refills = 0, zcrx_refill_flushes = 0, zcrx_arms = 0;
   uint64_t zcrx_buffers_held = 0;

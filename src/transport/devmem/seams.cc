@@ -5,6 +5,8 @@
 #include <charconv>
 
 #include "core/config.h"
+#include "memory/backend.h"
+#include "topo/placement.h"
 #include "transport/devmem/devmem.h"
 
 namespace dmx::devmem {
@@ -45,6 +47,21 @@ Result<HostSeams> kernel_seams(const Config& config, int cuda_device) {
   s.socket = [](int fd) { return make_kernel_socket(fd); };
   s.gatherer = [cuda_device] { return make_cuda_gatherer(cuda_device); };
   s.memory = MemSpec{MemKind::kCuda, cuda_device};
+  // Landing zones from the machine's placement, whose GPU pools get CUDA memory (as the engine's).
+  s.landing = placement_landing(
+      [root = config.get_string("sysfs_root")]() -> Result<std::shared_ptr<topo::Placement>> {
+        return topo::Placement::for_root(root, topo::DeviceMemory{
+                                                   [](int ordinal, uint64_t bytes) -> Result<void*> {
+                                                     DMX_ASSIGN_OR_RETURN(MemoryBackend * b,
+                                                                          backend_for(MemSpec{MemKind::kCuda, ordinal}));
+                                                     return b->allocate(bytes);
+                                                   },
+                                                   [](int ordinal, void* p, uint64_t bytes) {
+                                                     if (auto b = backend_for(MemSpec{MemKind::kCuda, ordinal}); b.ok())
+                                                       (*b)->free(p, bytes);
+                                                   }});
+      },
+      s.ifname, cuda_device);
   s.zcrx = [](int ifindex, uint32_t queue, int sock, int dmabuf_fd, uint64_t size,
               uint32_t rq_entries) -> Result<std::unique_ptr<ZcrxKernel>> {
     // The kernel would answer EINVAL for either; the version says which.
