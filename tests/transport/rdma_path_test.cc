@@ -323,6 +323,30 @@ TEST_F(RdmaPathTest, QueuePairNumbersNotThePeersFailThePath) {
   EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](unsigned char c) { return c == kPoison; }));
 }
 
+// A peer that names this side's own queue pairs as its own (here: a mirror that sends back our
+// connection info) is refused at set-up, by name, before any queue pair is connected.
+TEST_F(RdmaPathTest, PeerNamingOurOwnQueuePairsIsRefused) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  UniqueFd mine(fds[0]), mirror(fds[1]);
+  std::thread t([&] {
+    std::vector<unsigned char> b(ConnInfo::kFixed);
+    if (::recv(mirror.get(), b.data(), b.size(), MSG_WAITALL) != static_cast<ssize_t>(b.size())) return;
+    auto total = ConnInfo::total_size(b);
+    if (!total.ok()) return;
+    b.resize(*total);
+    size_t rest = *total - ConnInfo::kFixed;
+    if (::recv(mirror.get(), b.data() + ConnInfo::kFixed, rest, MSG_WAITALL) != static_cast<ssize_t>(rest)) return;
+    (void)::send(mirror.get(), b.data(), b.size(), MSG_NOSIGNAL);
+  });
+  auto c = connect_qps(dev_, mine.get(), Depths{}, "mirror peer", Deadline::after(60s));
+  t.join();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kProtocol) << c.status().to_string();
+  EXPECT_NE(c.status().to_string().find("this side's own"), std::string::npos) << c.status().to_string();
+  EXPECT_NE(c.status().to_string().find("mirror peer"), std::string::npos) << c.status().to_string();
+}
+
 // The peer goes away with a chunk of ours queued to be read: every pending chunk fails and the path
 // stops within a bound; nothing hangs.
 TEST_F(RdmaPathTest, PeerThatDiesFailsPendingChunks) {
