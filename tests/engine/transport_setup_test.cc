@@ -7,8 +7,8 @@
 #include <chrono>
 
 #include "engine/context_impl.h"
-#include "engine/transports.h"
 #include "engine/test_util.h"
+#include "engine/transports.h"
 
 namespace dmx::test {
 namespace {
