@@ -138,7 +138,7 @@ Result<std::unique_ptr<Connection>> connect_qps(const std::shared_ptr<Device>& d
   if (!c->cq) return verbs_error(fmt::format("ibv_create_cq({} entries)", c->cq_depth), errno, peer);
   // The slot pool: receive slots of every queue pair, then the send slots.
   c->qps_made = static_cast<size_t>(depths.qps);
-  c->send_slots = static_cast<uint32_t>(depths.qps) * 32;
+  c->send_slots = static_cast<uint32_t>(depths.qps) * 16;
   const size_t pool = (c->qps_made * static_cast<size_t>(depths.recv) + c->send_slots) * kSmallMax;
   c->slots.reset(new (std::nothrow) unsigned char[pool]);
   if (!c->slots) return Status(Code::kResourceExhausted, fmt::format("rdma: no memory for {} B of slots", pool)).with_peer(peer);

@@ -23,7 +23,7 @@ namespace dmx::rdma {
 struct Depths {
   int qps = 4;       // queue pairs this side proposes (the smaller count of the two is used)
   int send = 128;    // work requests per send queue
-  int recv = 128;    // receive slots posted per queue pair (clear-to-sends, small chunks, WRITE notices)
+  int recv = 64;     // receive slots posted per queue pair (clear-to-sends, small chunks, WRITE notices)
   uint64_t max_chunk = 8 << 20;
 };
 
