@@ -73,13 +73,13 @@ jpath=$(DMX_EAGER=0 dmxbench --op send --sizes 8)
 echo "perftest client lines (ib_write_bw, ib_write_lat):"
 sed 's/^/  /' "$tmp/raw"
 # ib_write_bw: "#bytes #iterations BW-peak BW-average MsgRate" in MiB/s; ib_write_lat: t_typical
-# (column 5) is half a round trip in us. dmx: gb_per_s (1e9 B/s); p50_us of a send ping-pong is a
-# round trip.
+# (column 5) is half a round trip in us. dmx: gb_per_s (1e9 B/s); p50_us of a send ping-pong is
+# already half a round trip (bench_client.cc halves each sample).
 pbw=$(printf '%s\n' "$bw" | awk '{ printf "%.4f", $4 * 1048576 / 1e9 }')
 plat=$(printf '%s\n' "$lat" | awk '{ print $5 }')
 dbw=$(field gb_per_s "$jbw")
-dlat=$(field p50_us "$jlat" | awk '{ printf "%.3f", $1 / 2 }')
-dpath=$(field p50_us "$jpath" | awk '{ printf "%.3f", $1 / 2 }')
+dlat=$(field p50_us "$jlat" | awk '{ printf "%.3f", $1 }')
+dpath=$(field p50_us "$jpath" | awk '{ printf "%.3f", $1 }')
 [ -n "$pbw" ] && [ -n "$plat" ] && [ -n "$dbw" ] && [ -n "$dlat" ] && [ -n "$dpath" ] || {
   echo "rdma-check: could not read a result (perftest: '$bw' / '$lat'; dmx: '$jbw' / '$jlat')" >&2
   exit 1

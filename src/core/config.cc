@@ -18,7 +18,8 @@ namespace dmx {
 namespace {
 
 // Variables of the DMX_ namespace that are not settings: tools' and scripts' own.
-constexpr std::string_view kNotSettings[] = {"DMX_BIN", "DMX_REAL_BIN", "DMX_TRACE_FILE"};
+constexpr std::string_view kNotSettings[] = {"DMX_BIN", "DMX_REAL_BIN", "DMX_TRACE_FILE",
+                                              "DMX_RXE_GUEST"};  // set by scripts/rxe-vm.sh
 constexpr std::string_view kNotSettingPrefixes[] = {"DMX_TEST_", "DMX_NETNS_"};
 
 // Warns once per process for each unknown name: Context::create resolves the table every time.

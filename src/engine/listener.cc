@@ -225,6 +225,11 @@ void ListenerImpl::run() {
       DMX_LOG_ERROR("listener {}: {}", address_, errno_status("poll", errno).message());
       break;
     }
+    if (fds[1].revents & POLLIN) {  // a set-up ended (or close(), seen at the top)
+      uint64_t n = 0;
+      ssize_t r = ::read(wake_.get(), &n, sizeof n);
+      (void)r;
+    }
     size_t i = 2;
     for (auto it = conns_.begin(); it != conns_.end(); ++i) {
       Next n = Next::kKeep;
@@ -668,6 +673,11 @@ void ListenerImpl::complete(uint64_t session) {
   st.thread = std::thread([this, p = std::move(p), a = std::move(*agreed), done = st.done, state = st.state]() mutable {
     build(std::move(p), std::move(a), std::move(state));
     done->store(true, std::memory_order_release);
+    // The listener reaps it now: its dups in `cut` hold the sockets open, so a failed set-up's
+    // peer would otherwise see no end until some other connection woke the listener.
+    uint64_t one = 1;
+    ssize_t rc = ::write(wake_.get(), &one, sizeof one);
+    (void)rc;
   });
   setups_.push_back(std::move(st));
 }

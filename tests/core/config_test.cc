@@ -42,6 +42,7 @@ TEST(Config, UnknownEnvironmentVariablesAreFoundWithTheNearestSetting) {
   setenv("DMX_\x1b[31mRED", "1", 1);          // escapes must not reach a terminal
   setenv("DMX_TEST_SOMETHING", "1", 1);        // the tests' own
   setenv("DMX_BIN", "/bin/true", 1);           // the scripts' own
+  setenv("DMX_RXE_GUEST", "1", 1);             // scripts/rxe-vm.sh's guest
   setenv("DMX_CHUNK_SIZE", "1M", 1);           // a setting
   auto unknown = unknown_env_settings();
   std::map<std::string, std::string> found;
@@ -57,7 +58,7 @@ TEST(Config, UnknownEnvironmentVariablesAreFoundWithTheNearestSetting) {
   }
   EXPECT_TRUE(Config::resolve().ok()) << "unknown variables are reported, not fatal";
   for (const char* v : {"DMX_STREEMS", "DMX_COMPLETELY_DIFFERENT", "DMX_\x1b[31mRED", "DMX_TEST_SOMETHING", "DMX_BIN",
-                        "DMX_CHUNK_SIZE"})
+                        "DMX_RXE_GUEST", "DMX_CHUNK_SIZE"})
     unsetenv(v);
   EXPECT_EQ(unknown_env_settings().size(), already);
 }

@@ -91,8 +91,14 @@ const std::vector<Harness>& harnesses() {
        [](int, Options o) { return forced(o, "cuda_ipc"); }, "cuda_ipc",
        "CUDA cannot be used in a child forked after the parent initialised it (the killed-owner case is "
        "CudaIpcGpu.OwnerKilledWithCopiesInFlightNeverHangs and CudaIpcPathGpu.PeerKilledMidTransferNeverHangs)"},
-      // Forced on both sides: on one host rdma is otherwise never chosen.
-      {"rdma", MemSpec{}, rdma_unavailable, [](int, Options o) { return forced(o, "rdma"); }, "rdma", ""},
+      // Forced on both sides: on one host rdma is otherwise never chosen. Its device is rxe in an
+      // emulated guest, where the handshake and the queue-pair set-up of one endpoint took over
+      // the default 5 s handshake_timeout at host load 14: generous deadlines, as for any wait.
+      {"rdma", MemSpec{}, rdma_unavailable,
+       [](int, Options o) {
+         return forced(o.set("handshake_timeout", "60s").set("connect_timeout", "120s"), "rdma");
+       },
+       "rdma", ""},
       {"loop", MemSpec{}, [] { return std::string(); }, loop_context, "loop",
        "the loop transport shares pointers within one process"},
   };

@@ -1,9 +1,10 @@
 // The rdma path on its own (transport/rdma/rdma_path.h): two paths of one process joined by a
 // socket pair (the data socket's stand-in) over a real verbs device — soft-RoCE in
-// scripts/rxe-vm.sh's guest. Hostile-peer cases: a bad rkey, an address outside the registered
-// chunk, queue-pair numbers that are not the peer's, a region deregistered under a read; and the
-// life cycle: RNR retry, a flood of small chunks, a peer that dies, a prompt stop. Skips with the
-// reason where there is no device (this machine's kernel has no RDMA).
+// scripts/rxe-vm.sh's guest. Hostile-peer cases: a WRITE with a bad rkey or outside the window
+// the receiver gave, queue-pair numbers that are not the peer's, small SENDs past the credits (a
+// flood), a region deregistered under a WRITE in flight; and the life cycle: RNR retry, credits'
+// backpressure, a flood of small chunks, a peer that dies, a prompt stop. Skips with the reason
+// where there is no device (this machine's kernel has no RDMA); RdmaRegions and RdmaWire need none.
 #include <gtest/gtest.h>
 
 #include "test_env.h"
@@ -73,7 +74,7 @@ struct Side {
 struct Options {
   Depths a, b;  // a sends, b receives (each path can do both)
   void (*a_hostile)(ConnInfo*) = nullptr;
-  const RxTamper* b_tamper = nullptr;
+  const WriteTamper* a_tamper = nullptr;
 };
 
 class RdmaPathTest : public ::testing::Test {
@@ -103,13 +104,13 @@ class RdmaPathTest : public ::testing::Test {
     t.join();
     ASSERT_TRUE(ca.ok()) << ca.status().to_string();
     ASSERT_TRUE(cb.ok()) << cb.status().to_string();
-    a_.path = make_rdma_path(setup(std::move(*ca), fds[0], "side b", nullptr));
-    b_.path = make_rdma_path(setup(std::move(*cb), fds[1], "side a", o.b_tamper));
+    a_.path = make_rdma_path(setup(std::move(*ca), fds[0], "side b", o.a_tamper));
+    b_.path = make_rdma_path(setup(std::move(*cb), fds[1], "side a", nullptr));
     a_.path->start(&a_.events, nullptr);
     b_.path->start(&b_.events, nullptr);
   }
 
-  PathSetup setup(std::unique_ptr<Connection> c, int fd, std::string peer, const RxTamper* tamper) {
+  PathSetup setup(std::unique_ptr<Connection> c, int fd, std::string peer, const WriteTamper* tamper) {
     PathSetup s;
     s.device = dev_;
     s.regions = regions_;
@@ -134,7 +135,7 @@ class RdmaPathTest : public ::testing::Test {
     return b_.events.rx[seq];
   }
 
-  void read_outside(int64_t delta);
+  void write_outside(int64_t delta);
 
   std::shared_ptr<Device> dev_;
   std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
@@ -157,7 +158,7 @@ TEST_F(RdmaPathTest, ChunksLandByteExactStripedOverQueuePairs) {
     EXPECT_TRUE(a_.events.wait([&](Recorder& r) { return r.tx.count(seq) > 0; })) << "tx done " << n;
     EXPECT_TRUE(a_.events.tx[seq].ok()) << a_.events.tx[seq].to_string();
   }
-  EXPECT_EQ(b_.path->stats().chunks_received, 4u);  // the empty chunk reads nothing
+  EXPECT_EQ(b_.path->stats().chunks_received, 5u);  // the empty one too (a SEND without bytes)
   EXPECT_NE(b_.path->describe().find("RC queue pairs"), std::string::npos) << b_.path->describe();
 }
 
@@ -207,48 +208,104 @@ TEST_F(RdmaPathTest, FloodOfSmallChunks) {
   }
 }
 
-// A receiver that reads with a key or at an address the descriptor did not give is refused by the
-// sender's NIC: its chunk fails, its path fails naming the peer, and not a byte lands.
-void expect_refused(Side& b, const std::vector<unsigned char>& dst, size_t n) {
+// A sender that writes with a key or at an address the clear-to-send did not give is refused by
+// the receiver's NIC: the sender's path fails naming the peer and the WRITE, the receiver's chunk
+// and path fail (its queue pair is in error), and not a byte lands.
+void expect_refused(Side& a, Side& b, const std::vector<unsigned char>& dst) {
+  ASSERT_TRUE(a.events.wait([](Recorder& r) { return r.failure.has_value() && r.stopped; }));
+  std::string why = a.events.failure->to_string();
+  EXPECT_NE(why.find("side b"), std::string::npos) << why;
+  EXPECT_NE(why.find("RDMA WRITE"), std::string::npos) << why;
   ASSERT_TRUE(b.events.wait([](Recorder& r) { return r.failure.has_value() && r.stopped; }));
-  std::string why = b.events.failure->to_string();
-  EXPECT_NE(why.find("side a"), std::string::npos) << why;
-  EXPECT_NE(why.find("RDMA READ"), std::string::npos) << why;
+  EXPECT_NE(b.events.failure->to_string().find("side a"), std::string::npos) << b.events.failure->to_string();
+  ASSERT_FALSE(b.events.rx.empty());
   EXPECT_FALSE(b.events.rx.begin()->second.ok());
   EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](unsigned char c) { return c == kPoison; }))
-      << "bytes landed from a refused read";
-  (void)n;
+      << "bytes landed from a refused write";
 }
 
 TEST_F(RdmaPathTest, BadRkeyIsRefused) {
-  RxTamper t;
+  WriteTamper t;
   t.rkey_xor = 0x00ff00ff;
   Options o;
-  o.b_tamper = &t;
+  o.a_tamper = &t;
   connect(o);
   auto src = fresh(4096 + 3);
   std::vector<unsigned char> dst(4096 + 10, kPoison);
   EXPECT_FALSE(move(1, src, dst, 4096).ok());
-  expect_refused(b_, dst, 4096);
-  // The sender hears of it too (its queue pair is in error): its chunk completes, with an error.
-  EXPECT_TRUE(a_.events.wait([](Recorder& r) { return r.stopped; }));
+  expect_refused(a_, b_, dst);
 }
 
-void RdmaPathTest::read_outside(int64_t delta) {
-  RxTamper t;
+void RdmaPathTest::write_outside(int64_t delta) {
+  WriteTamper t;
   t.addr_delta = delta;
   Options o;
-  o.b_tamper = &t;
+  o.a_tamper = &t;
   connect(o);
   auto src = fresh(4096 + 3);
-  std::vector<unsigned char> dst(4096 + 10, kPoison);
-  EXPECT_FALSE(move(1, src, dst, 4096).ok()) << delta;
-  expect_refused(b_, dst, 4096);
+  std::vector<unsigned char> dst(3 * 4096 + 10, kPoison);
+  // The window is dst[4096 + 5, +4096): the bytes around it are the receiver's too.
+  auto d = a_.path->post_tx(1, MemRegion{src.data() + 3, 4096, {}}, true);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(b_.path->post_rx(1, *d, MemRegion{dst.data() + 4096 + 5, 4096, {}}).ok());
+  expect_refused(a_, b_, dst);
 }
 
-TEST_F(RdmaPathTest, AddressPastTheChunkIsRefused) { read_outside(4096); }
-TEST_F(RdmaPathTest, AddressOneBytePastTheChunkIsRefused) { read_outside(1); }
-TEST_F(RdmaPathTest, AddressBeforeTheChunkIsRefused) { read_outside(-1); }
+TEST_F(RdmaPathTest, AddressPastTheWindowIsRefused) { write_outside(4096); }
+TEST_F(RdmaPathTest, AddressOneBytePastTheWindowIsRefused) { write_outside(1); }
+TEST_F(RdmaPathTest, AddressBeforeTheWindowIsRefused) { write_outside(-1); }
+
+// A peer that sends small chunks past the credits it was granted (and never their headers): the
+// receiver holds at most its credits in its slots, then refuses the peer by name; nothing else
+// breaks and both paths stop.
+TEST_F(RdmaPathTest, FloodOfSmallSendsPastTheCreditsIsRefused) {
+  WriteTamper t;
+  t.ignore_credits = true;
+  Options o;
+  o.b.recv = 8;  // 4 credits per queue pair
+  o.a.qps = o.b.qps = 1;
+  o.a_tamper = &t;
+  connect(o);
+  auto src = fresh(64);
+  for (int i = 0; i < 100; ++i)
+    if (!a_.path->post_tx(i, MemRegion{src.data(), src.size(), {}}, true).ok()) break;
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.failure.has_value() && r.stopped; }));
+  std::string why = b_.events.failure->to_string();
+  EXPECT_NE(why.find("4 credits"), std::string::npos) << why;
+  EXPECT_NE(why.find("side a"), std::string::npos) << why;
+  EXPECT_EQ(b_.path->stats().chunks_received, 0u);
+  ASSERT_TRUE(a_.events.wait([](Recorder& r) { return r.stopped; }));
+}
+
+// Within its credits the same flood is backpressure, not a failure: the sender waits for the
+// receiver's releases, every chunk lands.
+TEST_F(RdmaPathTest, SmallSendsPastTheCreditsWaitForThem) {
+  Options o;
+  o.b.recv = 8;
+  o.a.qps = o.b.qps = 1;
+  connect(o);
+  constexpr int kChunks = 300;
+  std::vector<std::vector<unsigned char>> src, dst;
+  std::vector<std::vector<unsigned char>> descs;
+  for (int i = 0; i < kChunks; ++i) {
+    src.push_back(fresh(100 + 3));
+    dst.emplace_back(100 + 10, kPoison);
+    auto d = a_.path->post_tx(i, MemRegion{src[i].data() + 3, 100, {}}, true);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    descs.push_back(*d);
+  }
+  // The headers come late: the sender has sent its 4 credits' worth and waits.
+  std::this_thread::sleep_for(200ms);
+  EXPECT_LE(b_.path->stats().chunks_received, 4u);
+  for (int i = 0; i < kChunks; ++i) ASSERT_TRUE(b_.path->post_rx(i, descs[i], MemRegion{dst[i].data() + 5, 100, {}}).ok());
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.rx.size() == kChunks; }));
+  ASSERT_TRUE(a_.events.wait([](Recorder& r) { return r.tx.size() == kChunks; }));
+  for (int i = 0; i < kChunks; ++i) {
+    ASSERT_TRUE(b_.events.rx[i].ok()) << i << ": " << b_.events.rx[i].to_string();
+    ASSERT_TRUE(lands(src[i], dst[i], 100)) << i;
+  }
+  EXPECT_FALSE(a_.events.failure.has_value() || b_.events.failure.has_value());
+}
 
 // Queue-pair numbers that are not the peer's: the reads go nowhere (or to a queue pair that does
 // not expect them) and the path fails within the transport's retries, naming the peer.
@@ -264,6 +321,30 @@ TEST_F(RdmaPathTest, QueuePairNumbersNotThePeersFailThePath) {
   ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.failure.has_value(); }, 30s));
   EXPECT_NE(b_.events.failure->to_string().find("side a"), std::string::npos);
   EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](unsigned char c) { return c == kPoison; }));
+}
+
+// A peer that names this side's own queue pairs as its own (here: a mirror that sends back our
+// connection info) is refused at set-up, by name, before any queue pair is connected.
+TEST_F(RdmaPathTest, PeerNamingOurOwnQueuePairsIsRefused) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  UniqueFd mine(fds[0]), mirror(fds[1]);
+  std::thread t([&] {
+    std::vector<unsigned char> b(ConnInfo::kFixed);
+    if (::recv(mirror.get(), b.data(), b.size(), MSG_WAITALL) != static_cast<ssize_t>(b.size())) return;
+    auto total = ConnInfo::total_size(b);
+    if (!total.ok()) return;
+    b.resize(*total);
+    size_t rest = *total - ConnInfo::kFixed;
+    if (::recv(mirror.get(), b.data() + ConnInfo::kFixed, rest, MSG_WAITALL) != static_cast<ssize_t>(rest)) return;
+    (void)::send(mirror.get(), b.data(), b.size(), MSG_NOSIGNAL);
+  });
+  auto c = connect_qps(dev_, mine.get(), Depths{}, "mirror peer", Deadline::after(60s));
+  t.join();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kProtocol) << c.status().to_string();
+  EXPECT_NE(c.status().to_string().find("this side's own"), std::string::npos) << c.status().to_string();
+  EXPECT_NE(c.status().to_string().find("mirror peer"), std::string::npos) << c.status().to_string();
 }
 
 // The peer goes away with a chunk of ours queued to be read: every pending chunk fails and the path
@@ -293,19 +374,33 @@ TEST_F(RdmaPathTest, PeerThatDiesFailsPendingChunks) {
   for (auto& [seq, s] : b_.events.rx) EXPECT_FALSE(s.ok()) << seq;
 }
 
-// A region the user deregisters while the peer is about to read from it: the read is refused
-// (the rkey died with the region), it never reads memory given back.
-TEST_F(RdmaPathTest, DeregisteredRegionFailsTheReadInFlight) {
-  connect();
-  auto src = fresh(64 << 10);
-  auto reg = regions_->add(MemRegion{src.data(), src.size(), {}});
-  auto d = a_.path->post_tx(1, MemRegion{src.data() + 100, 4096, {}}, true);
+// A region the user deregisters while the peer's WRITE into it is on its way: the window's rkey
+// dies with the region, the NIC refuses the write, and not a byte lands.
+TEST_F(RdmaPathTest, DeregisteredRegionFailsTheWriteInFlight) {
+  std::atomic<bool> hold{true};
+  WriteTamper t;
+  t.hold = &hold;
+  Options o;
+  o.a_tamper = &t;
+  connect(o);
+  auto src = fresh(8192);
+  std::vector<unsigned char> dst(64 << 10, kPoison);
+  auto reg = regions_->add(MemRegion{dst.data(), dst.size(), {}});
+  auto d = a_.path->post_tx(1, MemRegion{src.data(), src.size(), {}}, true);
   ASSERT_TRUE(d.ok());
-  EXPECT_NE(a_.path->describe().find("1 by their registered region"), std::string::npos) << a_.path->describe();
-  reg.reset();  // deregistered: its registration in this path's PD is gone
-  std::vector<unsigned char> dst(4096, kPoison);
-  ASSERT_TRUE(b_.path->post_rx(1, *d, MemRegion{dst.data(), dst.size(), {}}).ok());
-  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.failure.has_value(); }));
+  ASSERT_TRUE(b_.path->post_rx(1, *d, MemRegion{dst.data() + 100, src.size(), {}}).ok());
+  // The receiver has made its window inside the region (and sent its clear-to-send).
+  auto until = std::chrono::steady_clock::now() + test::kEventually;
+  while (b_.path->describe().find("1 chunks registered alone") == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_NE(b_.path->describe().find("1 chunks registered alone"), std::string::npos) << b_.path->describe();
+  reg.reset();  // deregistered: the window goes with it
+  hold = false;
+  ASSERT_TRUE(a_.events.wait([](Recorder& r) { return r.failure.has_value(); }));
+  EXPECT_NE(a_.events.failure->to_string().find("RDMA WRITE"), std::string::npos) << a_.events.failure->to_string();
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.rx.count(1) > 0; }));
+  EXPECT_FALSE(b_.events.rx[1].ok());
   EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](unsigned char c) { return c == kPoison; }));
 }
 
@@ -361,6 +456,34 @@ TEST_F(RdmaPathTest, StopIsPromptWithWorkPending) {
   ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.stopped; }));
   EXPECT_EQ(b_.events.rx.size(), 16u);  // every chunk completed, one way or the other
   EXPECT_FALSE(b_.path->post_rx(99, std::vector<unsigned char>(24), MemRegion{}).ok());
+}
+
+// The registered regions through the GTLB (needs no device): a sub-range anywhere in a region is a
+// cached translation after the first touch of its page, the same region registered again is the
+// same entry (its Mrs serve), and a region's translations go with it.
+TEST(RdmaRegions, SubRangesAreLookupsAndTranslationsDieWithTheRegion) {
+  auto table = std::make_shared<RegionTable>();
+  std::vector<unsigned char> mem = fresh(8 << 20);
+  auto reg = table->add(MemRegion{mem.data(), mem.size(), {}});
+  EXPECT_EQ(table->add(MemRegion{mem.data(), mem.size(), {}}), reg) << "registered again: not the same entry";
+  std::mt19937_64 rng(std::random_device{}());
+  constexpr int kLookups = 1000;
+  for (int i = 0; i < kLookups; ++i) {
+    size_t off = rng() % mem.size();
+    size_t len = 1 + rng() % std::min<size_t>(mem.size() - off, 1 << 20);
+    ASSERT_EQ(table->find(mem.data() + off, len, {}), reg) << off << " + " << len;
+  }
+  GtlbCounters c = table->translations();
+  // At most one miss per 2 MiB page (3 whole ones) or 64 KiB cell of the two partial ends.
+  EXPECT_LE(c.misses, 3u + 2u * Gtlb::kCells) << c.misses;
+  EXPECT_GE(c.hits, kLookups - 3u - 2u * Gtlb::kCells) << c.hits;
+  EXPECT_EQ(table->find(mem.data() + 1, mem.size(), {}), nullptr) << "past the region's end";
+  EXPECT_EQ(table->find(mem.data(), 16, MemSpec{MemKind::kSim, 0}), nullptr) << "another kind";
+  reg.reset();
+  EXPECT_EQ(table->find(mem.data() + 100, 16, {}), nullptr) << "a translation outlived its region";
+  EXPECT_GT(table->translations().invalidations, 0u);
+  auto again = table->add(MemRegion{mem.data(), mem.size(), {}});
+  EXPECT_EQ(table->find(mem.data() + 100, 16, {}), again);
 }
 
 // compatible() gives the same verdict both ways, refuses one host unless a side is forced, and

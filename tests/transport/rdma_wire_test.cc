@@ -79,25 +79,63 @@ TEST(RdmaWire, ConnInfoRefusesBadFields) {
   EXPECT_EQ(ConnInfo::decode(std::span(b).first(10), kPeer).status().code(), Code::kProtocol);
 }
 
-TEST(RdmaWire, ChunkDescriptorIsBoundedAndCannotWrap) {
-  ChunkDescriptor d{0x7f0000001000, 4096, 0xabcd, 7};
+TEST(RdmaWire, ChunkDescriptorIsBounded) {
+  ChunkDescriptor d{4096, 7, false};
   auto ok = ChunkDescriptor::decode(d.encode(), 1 << 20, kPeer);
   ASSERT_TRUE(ok.ok());
-  EXPECT_EQ(ok->addr, d.addr);
-  EXPECT_EQ(ok->rkey, d.rkey);
+  EXPECT_EQ(ok->len, 4096u);
   EXPECT_EQ(ok->token, 7u);
+  EXPECT_FALSE(ok->small);
   ChunkDescriptor big = d;
   big.len = (1 << 20) + 1;
   Status s = ChunkDescriptor::decode(big.encode(), 1 << 20, kPeer).status();
   EXPECT_EQ(s.code(), Code::kProtocol);
   EXPECT_NE(s.to_string().find(kPeer), std::string::npos);
-  ChunkDescriptor wrap{UINT64_MAX - 10, 100, 1, 1};
-  EXPECT_EQ(ChunkDescriptor::decode(wrap.encode(), 1 << 20, kPeer).status().code(), Code::kProtocol);
+  ChunkDescriptor small{kSmallMax, 9, true};
+  EXPECT_TRUE(ChunkDescriptor::decode(small.encode(), 1 << 20, kPeer).ok());
+  small.len = kSmallMax + 1;  // a "small" chunk bigger than a receive slot
+  EXPECT_EQ(ChunkDescriptor::decode(small.encode(), 1 << 20, kPeer).status().code(), Code::kProtocol);
+  ChunkDescriptor token{16, kMaxToken + 1, false};
+  EXPECT_EQ(ChunkDescriptor::decode(token.encode(), 1 << 20, kPeer).status().code(), Code::kProtocol);
   std::vector<unsigned char> b = d.encode();
+  b[12] = 2;  // unknown flag
+  EXPECT_EQ(ChunkDescriptor::decode(b, 1 << 20, kPeer).status().code(), Code::kProtocol);
+  b = d.encode();
   b.push_back(0);
   EXPECT_EQ(ChunkDescriptor::decode(b, 1 << 20, kPeer).status().code(), Code::kProtocol);
   b.resize(8);
   EXPECT_EQ(ChunkDescriptor::decode(b, 1 << 20, kPeer).status().code(), Code::kProtocol);
+}
+
+TEST(RdmaWire, ClearToSendCannotWrap) {
+  Cts c{0x7f0000001000, 0xabcd, false};
+  auto ok = Cts::decode(c.encode(), 4096, kPeer);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->addr, c.addr);
+  EXPECT_EQ(ok->rkey, c.rkey);
+  EXPECT_FALSE(ok->drop);
+  Cts wrap{UINT64_MAX - 10, 1, false};
+  Status s = Cts::decode(wrap.encode(), 100, kPeer).status();
+  EXPECT_EQ(s.code(), Code::kProtocol);
+  EXPECT_NE(s.to_string().find(kPeer), std::string::npos);
+  std::vector<unsigned char> b = c.encode();
+  b[12] = 3;
+  EXPECT_EQ(Cts::decode(b, 4096, kPeer).status().code(), Code::kProtocol);
+  b.resize(15);
+  EXPECT_EQ(Cts::decode(b, 4096, kPeer).status().code(), Code::kProtocol);
+}
+
+TEST(RdmaWire, ConnInfoRefusesCreditsOutOfRange) {
+  for (int n : {0, kMaxCredits + 1, 255}) {
+    ConnInfo c = good_info();
+    c.credits = static_cast<uint8_t>(n);
+    EXPECT_EQ(decode_info(c).code(), Code::kProtocol) << n;
+  }
+  ConnInfo c = good_info();
+  c.credits = 17;
+  auto d = ConnInfo::decode(c.encode(), kPeer);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->credits, 17);
 }
 
 TEST(RdmaWire, OfferRoundTripsAndRefusesMalformed) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -26,16 +27,31 @@ constexpr auto kIdleSleep = std::chrono::milliseconds(100);  // bound on one sle
 constexpr auto kDrain = std::chrono::seconds(5);             // flushed work after to_error(), at the end
 constexpr uint64_t kMinPiece = 64 << 10;                     // stripes of a chunk over the queue pairs
 constexpr int kPollBatch = 32;
-constexpr int kRegionAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+// A region's registration serves as the local side only (the source of a WRITE, the landing of a
+// small chunk's copy): it never grants the peer anything.
+constexpr int kRegionAccess = IBV_ACCESS_LOCAL_WRITE;
+constexpr uint32_t kNoSlot = 0xFFFF;
 
-// wr_id: the kind in the top byte, then an id (receives carry their queue pair's index).
-constexpr uint64_t kWrRead = uint64_t{1} << 56, kWrNotice = uint64_t{2} << 56, kWrKind = uint64_t{0xff} << 56;
+// wr_id of sends: the kind in the top byte, a send slot (kNoSlot: none) in bits 32-47, the token
+// below. Receives carry their queue pair << 32 | their slot (kind 0).
+constexpr uint64_t kWrWrite = uint64_t{1} << 56, kWrSend = uint64_t{2} << 56, kWrKind = uint64_t{0xff} << 56;
+uint64_t send_id(uint64_t kind, uint32_t slot, uint32_t token) { return kind | uint64_t{slot} << 32 | token; }
+uint32_t id_slot(uint64_t wr_id) { return static_cast<uint32_t>(wr_id >> 32) & 0xFFFF; }
+uint32_t id_token(uint64_t wr_id) { return static_cast<uint32_t>(wr_id) & kMaxToken; }
+
+// The messages on the queue pairs: SEND with immediate data = kind << 24 | token.
+enum Msg : uint32_t {
+  kMsgCts = 1,    // receiver -> sender: a Cts (16 B): write the chunk there
+  kMsgSmall = 2,  // sender -> receiver: a small chunk's bytes
+  kMsgDone = 3,   // receiver -> sender: the small chunk left its slot (the credit comes back)
+};
+uint32_t imm(Msg kind, uint32_t token) { return htonl(kind << 24 | token); }
 
 // By the wr_id: a completion with an error status has no valid opcode.
 const char* wr_text(uint64_t wr_id) {
   switch (wr_id & kWrKind) {
-    case kWrRead: return "RDMA READ";
-    case kWrNotice: return "release notice (SEND with immediate)";
+    case kWrWrite: return "RDMA WRITE with immediate";
+    case kWrSend: return "SEND";
     case 0: return "receive";
     default: return "work request";
   }
@@ -43,24 +59,37 @@ const char* wr_text(uint64_t wr_id) {
 
 bool host_kind(const MemSpec& m) { return m.kind == MemKind::kHost || m.kind == MemKind::kPinned; }
 
+// The state of one chunk on each side (the lifecycle beside each):
+//   sender, large:  registered -> (clear-to-send) -> WRITE pieces posted -> every piece completed: tx done
+//   sender, small:  queued -> a credit and a send slot: copied and SENT: tx done; the credit is back at kMsgDone
+//   receiver, large: queued -> window registered, clear-to-send SENT -> every piece's immediate: rx done
+//   receiver, small: the header (post_rx) and the SEND meet in either order -> copied, slot reposted, kMsgDone: rx done
 class RdmaPath final : public PathBase {
   struct TxChunk {
     uint64_t seq;
-    std::shared_ptr<Mr> owned;  // a registration of this chunk alone; null: its region's
+    MemRegion src;
+    bool small;
+    std::shared_ptr<Mr> owned;  // a large chunk's registration of this chunk alone; null: its region's
+    uint32_t lkey = 0;
+    int pieces_left = 0;        // WRITEs posted and not yet completed
   };
   struct RxJob {
     uint64_t seq;
     ChunkDescriptor d;
     MemRegion dst;
   };
-  struct RxOp {
+  struct RxOp {  // a large chunk being written
     uint64_t seq;
-    uint32_t token;
     uint64_t len;
     int pieces_left;
-    std::shared_ptr<Mr> owned;
+    std::shared_ptr<Mr> window;     // exactly where the peer may write, for exactly this chunk
     std::optional<Buffer> staging;  // memory the NIC cannot reach lands here first
     MemRegion dst;                  // then is copied here
+  };
+  struct Held {  // a small chunk in its receive slot, waiting for its header
+    int qp;
+    uint32_t slot;
+    uint32_t len;
   };
   struct Wr {
     uint64_t id;
@@ -85,7 +114,11 @@ class RdmaPath final : public PathBase {
         tamper_(s.tamper),
         max_chunk_(std::min(conn_->mine.max_chunk, conn_->theirs.max_chunk)),
         sq_inflight_(conn_->qps.size(), 0),
-        sq_waiting_(conn_->qps.size()) {}
+        sq_waiting_(conn_->qps.size()),
+        credits_(conn_->qps.size(), conn_->theirs.credits),
+        held_per_qp_(conn_->qps.size(), 0) {
+    for (uint32_t i = 0; i < conn_->send_slots; ++i) free_slots_.push_back(i);
+  }
 
   ~RdmaPath() override {
     end_thread();
@@ -112,17 +145,36 @@ class RdmaPath final : public PathBase {
       return Status(Code::kInvalidArgument, fmt::format("rdma chunk of {} B is over the path's {} B", src.size, max_chunk_));
     ChunkDescriptor d;
     d.len = src.size;
-    std::shared_ptr<Mr> owned;
-    if (src.size > 0) {
-      auto mr = registration(src, IBV_ACCESS_REMOTE_READ, &owned);
+    // Small chunks of host memory go by SEND (copied into a send slot); GPU memory always by WRITE.
+    d.small = src.size <= kSmallMax && host_kind(src.where);
+    TxChunk c{seq, src, d.small, nullptr};
+    if (!d.small) {
+      auto mr = registration(src, 0, &c.owned);  // local access only: the peer gets no key to it
       if (!mr.ok()) return mr.status().with_peer(peer_);
-      d.addr = reinterpret_cast<uintptr_t>(src.ptr);
-      d.rkey = (*mr)->rkey();
+      c.lkey = (*mr)->lkey();
     }
-    std::lock_guard lock(tx_mu_);
-    while (tx_.count(next_token_)) ++next_token_;
-    d.token = next_token_++;
-    if (!open_and([&] { return tx_.emplace(d.token, TxChunk{seq, std::move(owned)}).second; })) return gate();
+    {
+      std::lock_guard lock(tx_mu_);
+      for (int tries = 0; tx_.count(next_token_) || next_token_ == 0; ++tries) {
+        next_token_ = (next_token_ + 1) & kMaxToken;
+        if (tries > static_cast<int>(kMaxToken)) return Status(Code::kResourceExhausted, "rdma: no free chunk token");
+      }
+      d.token = next_token_;
+      next_token_ = (next_token_ + 1) & kMaxToken;
+      tx_.emplace(d.token, std::move(c));
+    }
+    if (d.small) {
+      Status s = post([&] { small_tx_.push_back(d.token); });
+      if (!s.ok()) {
+        std::lock_guard lock(tx_mu_);
+        tx_.erase(d.token);
+        return s;
+      }
+    } else if (!open_and([] { return true; })) {
+      std::lock_guard lock(tx_mu_);
+      tx_.erase(d.token);
+      return gate();
+    }
     PathCounters::add(counters_.chunks_sent);
     PathCounters::add(counters_.bytes_sent, src.size);
     return d.encode();
@@ -143,29 +195,32 @@ class RdmaPath final : public PathBase {
   }
 
   std::string describe() const override {
-    return fmt::format("rdma {}, {} RC queue pairs, chunks <= {} B by RDMA READ; host memory by ibv_reg_mr, {}; "
+    return fmt::format("rdma {}, {} RC queue pairs, chunks <= {} B by RDMA WRITE with immediate, <= {} B by SEND "
+                       "({} in flight per queue pair); host memory by ibv_reg_mr, {}; "
                        "{} chunks registered alone, {} by their registered region",
-                       device_->describe(), conn_->qps.size(), max_chunk_, gpu_.why,
+                       device_->describe(), conn_->qps.size(), max_chunk_, kSmallMax, conn_->theirs.credits, gpu_.why,
                        per_chunk_.load(std::memory_order_relaxed), by_region_.load(std::memory_order_relaxed));
   }
 
  private:
-  // The registration of [r.ptr, +r.size): its registered region's when the user registered one,
-  // else one made for it alone (returned in `owned` too).
+  // The registration of [r.ptr, +r.size): its registered region's when the user registered one and
+  // `access` asks nothing remote, else one made for it alone (returned in `owned` too).
   Result<std::shared_ptr<Mr>> registration(const MemRegion& r, int access, std::shared_ptr<Mr>* owned) {
-    if (regions_) {
-      if (auto reg = regions_->find(r.ptr, r.size, r.where)) {
-        auto mr = reg->mr_for(conn_->pd, kRegionAccess, gpu_);
-        if (mr.ok()) {
-          remember(reg);
-          by_region_.fetch_add(1, std::memory_order_relaxed);
-          return mr;
-        }
+    std::shared_ptr<RegisteredRegion> reg;
+    if (regions_) reg = regions_->find(r.ptr, r.size, r.where);
+    if (reg && (access & ~kRegionAccess) == 0) {
+      auto mr = reg->mr_for(conn_->pd, kRegionAccess, gpu_);
+      if (mr.ok()) {
+        remember(reg);
+        by_region_.fetch_add(1, std::memory_order_relaxed);
+        return mr;
       }
     }
     auto mr = register_region(conn_->pd, r, access, gpu_);
     if (!mr.ok()) return mr.status();
     per_chunk_.fetch_add(1, std::memory_order_relaxed);
+    // A window inside a registered region dies with the region, even while a WRITE is on its way.
+    if (reg) reg->track(*mr);
     *owned = *mr;
     return mr;
   }
@@ -189,10 +244,17 @@ class RdmaPath final : public PathBase {
   bool progress(std::vector<Done>* done) override {
     bool moved = false;
     std::deque<RxJob> jobs;
-    if (take_posts([&] { jobs.swap(jobs_); })) {
+    std::deque<uint32_t> small;
+    if (take_posts([&] {
+          jobs.swap(jobs_);
+          small.swap(small_tx_);
+        })) {
       for (RxJob& j : jobs) start_rx(j, done);
-      moved = moved || !jobs.empty();
+      for (uint32_t t : small) small_waiting_.push_back(t);
+      moved = moved || !jobs.empty() || !small.empty();
     }
+    moved = send_small(done) || moved;
+    if (!pending_writes_.empty()) post_writes();
     moved = flush_waiting() || moved;
     std::vector<ibv_wc> wcs;
     wcs.swap(stash_);
@@ -211,8 +273,19 @@ class RdmaPath final : public PathBase {
   }
 
   void start_rx(const RxJob& j, std::vector<Done>* done) {
-    if (j.dst.ptr == nullptr || j.d.len == 0) {  // dropped, or nothing to read: release at once
-      notice(j.d.token);
+    if (j.d.small) {
+      if (auto h = held_.find(j.d.token); h != held_.end()) {
+        Held held = h->second;
+        held_.erase(h);
+        land_small(j, held, done);
+      } else if (!small_rx_.emplace(j.d.token, j).second) {
+        fail_with(Status(Code::kProtocol, fmt::format("rdma: the peer sent small chunk token {} twice", j.d.token))
+                      .with_peer(peer_));
+      }
+      return;
+    }
+    if (j.dst.ptr == nullptr || j.d.len == 0) {  // dropped, or nothing to write: the sender lets go at once
+      cts(j.d.token, Cts{0, 0, true});
       done->push_back({false, j.seq, Status()});
       return;
     }
@@ -223,42 +296,120 @@ class RdmaPath final : public PathBase {
       auto b = Buffer::allocate(MemSpec{MemKind::kPinned, 0}, j.d.len);
       if (!b.ok()) b = Buffer::allocate(MemSpec{}, j.d.len);
       if (!b.ok()) {
-        notice(j.d.token);
+        cts(j.d.token, Cts{0, 0, true});
         done->push_back({false, j.seq, b.status().with_peer(peer_)});
         return;
       }
       staging = std::move(*b);
       land = staging->region();
     }
-    std::shared_ptr<Mr> owned;
-    auto mr = registration(land, IBV_ACCESS_LOCAL_WRITE, &owned);
+    // Exactly this chunk, for exactly its life: the peer's only key to our memory.
+    std::shared_ptr<Mr> window;
+    auto mr = registration(land, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &window);
     if (!mr.ok()) {
-      notice(j.d.token);
+      cts(j.d.token, Cts{0, 0, true});
       done->push_back({false, j.seq, mr.status().with_peer(peer_)});
       return;
     }
-    uint64_t remote = j.d.addr;
-    uint32_t rkey = j.d.rkey;
-    if (tamper_) remote += static_cast<uint64_t>(tamper_->addr_delta), rkey ^= tamper_->rkey_xor;
-    const size_t nqp = conn_->qps.size();
-    uint64_t piece = std::max(kMinPiece, (j.d.len + nqp - 1) / nqp);
-    int pieces = static_cast<int>((j.d.len + piece - 1) / piece);
-    uint64_t id = next_op_++ & ~kWrKind;
-    ops_[id] = RxOp{j.seq, j.d.token, j.d.len, pieces, std::move(owned), std::move(staging), j.dst};
-    for (int i = 0; i < pieces; ++i) {
-      uint64_t off = static_cast<uint64_t>(i) * piece;
-      uint64_t len = std::min(piece, j.d.len - off);
-      Wr w{kWrRead | id, IBV_WR_RDMA_READ,
-           ibv_sge{reinterpret_cast<uintptr_t>(land.ptr) + off, static_cast<uint32_t>(len), (*mr)->lkey()},
-           remote + off, rkey, 0};
-      queue_wr(static_cast<int>((id + static_cast<uint64_t>(i)) % nqp), w);
+    if (rx_.count(j.d.token)) {
+      fail_with(Status(Code::kProtocol, fmt::format("rdma: the peer sent chunk token {} twice", j.d.token)).with_peer(peer_));
+      return;
     }
+    rx_[j.d.token] = RxOp{j.seq, j.d.len, pieces(j.d.len), window, std::move(staging), j.dst};
+    cts(j.d.token, Cts{reinterpret_cast<uintptr_t>(land.ptr), window->rkey(), false});
   }
 
-  // The release notice for `token`, on the queue pair the token picks.
-  void notice(uint32_t token) {
+  // How many WRITEs a chunk of `len` bytes is striped into (both sides count alike).
+  int pieces(uint64_t len) const { return static_cast<int>((len + piece_size(len) - 1) / piece_size(len)); }
+  uint64_t piece_size(uint64_t len) const {
+    const uint64_t nqp = conn_->qps.size();
+    return std::max(kMinPiece, (len + nqp - 1) / nqp);
+  }
+
+  // A small chunk's bytes met its header: into the destination, the slot back to the NIC, and the
+  // credit back to the sender.
+  void land_small(const RxJob& j, const Held& h, std::vector<Done>* done) {
+    Status s;
+    if (h.len != j.d.len) {
+      s = Status(Code::kProtocol, fmt::format("rdma: small chunk token {} is {} B, its header said {} B", j.d.token,
+                                              h.len, j.d.len))
+              .with_peer(peer_);
+    } else if (j.dst.ptr != nullptr && h.len > 0) {
+      const unsigned char* from = conn_->recv_slot(h.qp, h.slot);
+      if (host_kind(j.dst.where)) {
+        std::memcpy(j.dst.ptr, from, h.len);
+        PathCounters::add(counters_.host_copies);
+      } else {
+        s = copy_memory(j.dst, MemRegion{const_cast<unsigned char*>(from), h.len, MemSpec{}});
+        PathCounters::add(counters_.device_copies);
+      }
+    }
+    --held_per_qp_[static_cast<size_t>(h.qp)];
+    repost(h.qp, h.slot);
+    queue_wr(h.qp, Wr{send_id(kWrSend, kNoSlot, j.d.token), IBV_WR_SEND_WITH_IMM, ibv_sge{}, 0, 0, imm(kMsgDone, j.d.token)});
+    PathCounters::add(counters_.chunks_received);
+    PathCounters::add(counters_.bytes_received, h.len);
+    done->push_back({false, j.seq, s});
+    if (!s.ok()) fail_with(s);
+  }
+
+  // Small chunks waiting for a credit and a send slot, in order.
+  bool send_small(std::vector<Done>* done) {
+    bool any = false;
+    while (!small_waiting_.empty() && !free_slots_.empty() && !failed()) {
+      const size_t nqp = conn_->qps.size();
+      int qp = -1;
+      for (size_t k = 0; k < nqp; ++k) {
+        size_t q = (next_small_qp_ + k) % nqp;
+        if (credits_[q] > 0 || (tamper_ && tamper_->ignore_credits)) {
+          qp = static_cast<int>(q);
+          break;
+        }
+      }
+      if (qp < 0) break;  // the peer has all our credits: backpressure until its kMsgDone
+      next_small_qp_ = (static_cast<size_t>(qp) + 1) % nqp;
+      uint32_t token = small_waiting_.front();
+      small_waiting_.pop_front();
+      uint64_t seq = 0;
+      uint64_t len = 0;
+      uint32_t slot = free_slots_.front();
+      {
+        std::lock_guard lock(tx_mu_);
+        auto it = tx_.find(token);
+        if (it == tx_.end()) continue;  // completed by the end already
+        seq = it->second.seq;
+        len = it->second.src.size;
+        if (len > 0) std::memcpy(conn_->send_slot(slot), it->second.src.ptr, len);
+        tx_.erase(it);
+      }
+      free_slots_.pop_front();
+      --credits_[static_cast<size_t>(qp)];
+      small_inflight_[token] = qp;
+      queue_wr(qp, Wr{send_id(kWrSend, slot, token), IBV_WR_SEND_WITH_IMM,
+                      ibv_sge{reinterpret_cast<uintptr_t>(conn_->send_slot(slot)), static_cast<uint32_t>(len),
+                              conn_->slots_mr->lkey()},
+                      0, 0, imm(kMsgSmall, token)});
+      done->push_back({true, seq, Status()});  // copied: the source is free
+      any = true;
+    }
+    return any;
+  }
+
+  // The receiver's clear-to-send (or drop) for `token`, in a send slot.
+  void cts(uint32_t token, const Cts& c) {
+    if (free_slots_.empty()) {  // every slot is on the wire: wait for one (bounded by the send queues)
+      cts_waiting_.push_back({token, c});
+      return;
+    }
+    uint32_t slot = free_slots_.front();
+    free_slots_.pop_front();
+    std::vector<unsigned char> b = c.encode();
+    std::memcpy(conn_->send_slot(slot), b.data(), b.size());
     queue_wr(static_cast<int>(token % conn_->qps.size()),
-             Wr{kWrNotice | token, IBV_WR_SEND_WITH_IMM, ibv_sge{}, 0, 0, htonl(token)});
+             Wr{send_id(kWrSend, slot, token), IBV_WR_SEND_WITH_IMM,
+                ibv_sge{reinterpret_cast<uintptr_t>(conn_->send_slot(slot)), static_cast<uint32_t>(b.size()),
+                        conn_->slots_mr->lkey()},
+                0, 0, imm(kMsgCts, token)});
   }
 
   void queue_wr(int qp, const Wr& w) {
@@ -268,6 +419,12 @@ class RdmaPath final : public PathBase {
 
   bool flush_waiting() {
     bool any = false;
+    while (!cts_waiting_.empty() && !free_slots_.empty()) {
+      auto [token, c] = cts_waiting_.front();
+      cts_waiting_.pop_front();
+      cts(token, c);
+      any = true;
+    }
     for (size_t q = 0; q < sq_waiting_.size(); ++q) any = flush_qp(static_cast<int>(q)) || any;
     return any;
   }
@@ -282,13 +439,14 @@ class RdmaPath final : public PathBase {
       wr.wr_id = w.id;
       wr.opcode = w.opcode;
       wr.send_flags = IBV_SEND_SIGNALED;
-      if (w.opcode == IBV_WR_RDMA_READ) {
+      wr.imm_data = w.imm;
+      if (w.sge.length > 0) {
         wr.sg_list = &w.sge;
         wr.num_sge = 1;
+      }
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
         wr.wr.rdma.remote_addr = w.remote_addr;
         wr.wr.rdma.rkey = w.rkey;
-      } else {
-        wr.imm_data = w.imm;
       }
       if (int err = ibv_post_send(conn_->qps[static_cast<size_t>(qp)], &wr, &bad); err) {
         fail_with(Status(Code::kIo, fmt::format("rdma: ibv_post_send on queue pair {:#x} failed: {}",
@@ -303,63 +461,157 @@ class RdmaPath final : public PathBase {
     return any;
   }
 
+  void repost(int qp, uint32_t slot) {
+    Status s = conn_->post_slot(qp, slot, peer_);
+    if (!s.ok()) fail_with(s);
+  }
+
+  void protocol(std::string what) { fail_with(Status(Code::kProtocol, "rdma: " + what).with_peer(peer_)); }
+
   void on_completion(const ibv_wc& wc, std::vector<Done>* done) {
     const uint64_t kind = wc.wr_id & kWrKind;
     int qp = conn_->index_of(wc.qp_num);
     if (kind != 0 && qp >= 0 && sq_inflight_[static_cast<size_t>(qp)] > 0) --sq_inflight_[static_cast<size_t>(qp)];
+    if (kind == kWrSend && id_slot(wc.wr_id) != kNoSlot) free_slots_.push_back(id_slot(wc.wr_id));
     if (wc.status != IBV_WC_SUCCESS) {
       if (wc.status == IBV_WC_WR_FLUSH_ERR && (failed() || stopping())) return;  // the end's flush
+      const char* hint = "";
+      if (wc.status == IBV_WC_REM_ACCESS_ERR)
+        hint = kind == 0 ? ": the peer wrote with a key or at an address outside the window we gave"
+                         : ": the peer's NIC refused the rkey or address";
+      else if (wc.status == IBV_WC_RETRY_EXC_ERR)
+        hint = ": the peer does not answer (died?)";
       fail_with(Status(Code::kIo, fmt::format("rdma: {} on queue pair {:#x} failed: {} (vendor error {:#x}){}",
-                                              wr_text(wc.wr_id), wc.qp_num,
-                                              ibv_wc_status_str(wc.status), wc.vendor_err,
-                                              wc.status == IBV_WC_REM_ACCESS_ERR
-                                                  ? ": the peer's NIC refused the rkey or address"
-                                                  : wc.status == IBV_WC_RETRY_EXC_ERR ? ": the peer does not answer (died?)"
-                                                                                       : ""))
+                                              wr_text(wc.wr_id), wc.qp_num, ibv_wc_status_str(wc.status),
+                                              wc.vendor_err, hint))
                     .with_peer(peer_));
       return;
     }
-    if (kind == kWrRead) {
-      auto it = ops_.find(wc.wr_id & ~kWrKind);
-      if (it == ops_.end() || --it->second.pieces_left > 0) return;
-      RxOp op = std::move(it->second);
-      ops_.erase(it);
-      notice(op.token);
-      Status landed;
-      if (op.staging) {  // the copy engines take it the rest of the way
-        landed = copy_memory(op.dst, op.staging->region());
-        PathCounters::add(counters_.device_copies);
-      }
-      PathCounters::add(counters_.chunks_received);
-      PathCounters::add(counters_.bytes_received, op.len);
-      done->push_back({false, op.seq, landed.ok() ? landed : landed.with_peer(peer_)});
-    } else if (kind == 0) {  // a release notice from the peer
-      if (!(wc.wc_flags & IBV_WC_WITH_IMM) || wc.opcode != IBV_WC_RECV) {
-        fail_with(Status(Code::kProtocol, "rdma: the peer sent a message without a token").with_peer(peer_));
-        return;
-      }
-      uint32_t token = ntohl(wc.imm_data);
+    if (kind == kWrWrite) {
       std::shared_ptr<Mr> owned;  // deregistered outside the lock
       uint64_t seq = 0;
       {
         std::lock_guard lock(tx_mu_);
-        auto it = tx_.find(token);
-        if (it == tx_.end()) {
-          fail_with(Status(Code::kProtocol, fmt::format("rdma: the peer released chunk token {}, which is not in flight",
-                                                        token))
-                        .with_peer(peer_));
-          return;
-        }
+        auto it = tx_.find(id_token(wc.wr_id));
+        if (it == tx_.end() || --it->second.pieces_left > 0) return;
         seq = it->second.seq;
         owned = std::move(it->second.owned);
         tx_.erase(it);
       }
-      done->push_back({true, seq, Status()});
-      if (qp >= 0) {
-        Status s = post_receives(conn_->qps[static_cast<size_t>(qp)], qp, 1, peer_);
-        if (!s.ok()) fail_with(s);
+      done->push_back({true, seq, Status()});  // RC: every piece is in the peer's memory
+      return;
+    }
+    if (kind != 0 || qp < 0) return;
+    const uint32_t slot = static_cast<uint32_t>(wc.wr_id);
+    if (!(wc.wc_flags & IBV_WC_WITH_IMM)) return protocol("the peer sent a message without immediate data");
+    const uint32_t word = ntohl(wc.imm_data);
+    if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+      repost(qp, slot);
+      return on_written(word, done);
+    }
+    const uint32_t token = word & kMaxToken;
+    switch (word >> 24) {
+      case kMsgCts: {
+        std::span<const unsigned char> body(conn_->recv_slot(qp, slot), std::min<size_t>(wc.byte_len, kSmallMax));
+        std::vector<unsigned char> copy(body.begin(), body.end());
+        repost(qp, slot);
+        return on_cts(token, copy, done);
+      }
+      case kMsgSmall: {
+        if (held_per_qp_[static_cast<size_t>(qp)] >= conn_->mine.credits)
+          return protocol(fmt::format("the peer sent more small chunks on queue pair {} than its {} credits (a flood)",
+                                      qp, conn_->mine.credits));
+        ++held_per_qp_[static_cast<size_t>(qp)];
+        Held h{qp, slot, wc.byte_len};
+        if (auto it = small_rx_.find(token); it != small_rx_.end()) {
+          RxJob j = it->second;
+          small_rx_.erase(it);
+          return land_small(j, h, done);
+        }
+        if (!held_.emplace(token, h).second) return protocol(fmt::format("small chunk token {} came twice", token));
+        return;
+      }
+      case kMsgDone: {
+        repost(qp, slot);
+        auto it = small_inflight_.find(token);
+        if (it == small_inflight_.end())
+          return protocol(fmt::format("the peer released small chunk token {}, which is not in flight", token));
+        ++credits_[static_cast<size_t>(it->second)];
+        small_inflight_.erase(it);
+        return;
+      }
+      default:
+        return protocol(fmt::format("message kind {} (immediate {:#x})", word >> 24, word));
+    }
+  }
+
+  // The sender: the receiver's clear-to-send for a large chunk.
+  void on_cts(uint32_t token, std::span<const unsigned char> body, std::vector<Done>* done) {
+    uint64_t seq = 0, len = 0;
+    uintptr_t src = 0;
+    uint32_t lkey = 0;
+    std::shared_ptr<Mr> owned;
+    {
+      std::lock_guard lock(tx_mu_);
+      auto it = tx_.find(token);
+      if (it == tx_.end() || it->second.small || it->second.pieces_left > 0)
+        return protocol(fmt::format("a clear-to-send for chunk token {}, which awaits none", token));
+      auto c = Cts::decode(body, it->second.src.size, peer_);
+      if (!c.ok()) return fail_with(c.status());
+      seq = it->second.seq;
+      len = it->second.src.size;
+      if (c->drop || len == 0) {
+        owned = std::move(it->second.owned);
+        tx_.erase(it);
+        done->push_back({true, seq, Status()});
+        return;
+      }
+      src = reinterpret_cast<uintptr_t>(it->second.src.ptr);
+      lkey = it->second.lkey;
+      it->second.pieces_left = pieces(len);
+      uint64_t remote = c->addr;
+      uint32_t rkey = c->rkey;
+      if (tamper_) remote += static_cast<uint64_t>(tamper_->addr_delta), rkey ^= tamper_->rkey_xor;
+      pending_writes_.push_back({token, src, len, lkey, remote, rkey});
+    }
+    post_writes();
+  }
+
+  void post_writes() {
+    if (tamper_ && tamper_->hold && tamper_->hold->load()) return;
+    for (const auto& w : pending_writes_) {
+      const uint64_t piece = piece_size(w.len);
+      const int n = pieces(w.len);
+      const size_t nqp = conn_->qps.size();
+      for (int i = 0; i < n; ++i) {
+        uint64_t off = static_cast<uint64_t>(i) * piece;
+        uint64_t len = std::min(piece, w.len - off);
+        queue_wr(static_cast<int>((w.token + static_cast<uint64_t>(i)) % nqp),
+                 Wr{send_id(kWrWrite, kNoSlot, w.token), IBV_WR_RDMA_WRITE_WITH_IMM,
+                    ibv_sge{w.src + off, static_cast<uint32_t>(len), w.lkey}, w.remote + off, w.rkey, htonl(w.token)});
       }
     }
+    pending_writes_.clear();
+  }
+
+  // The receiver: one piece of a large chunk is in place.
+  void on_written(uint32_t word, std::vector<Done>* done) {
+    const uint32_t token = word;
+    auto it = rx_.find(token);
+    if (it == rx_.end() || word > kMaxToken)
+      return protocol(fmt::format("the peer wrote chunk token {:#x}, which is not in flight", word));
+    if (--it->second.pieces_left > 0) return;
+    RxOp op = std::move(it->second);
+    rx_.erase(it);
+    op.window.reset();  // its rkey dies now
+    Status landed;
+    if (op.staging) {  // the copy engines take it the rest of the way
+      landed = copy_memory(op.dst, op.staging->region());
+      PathCounters::add(counters_.device_copies);
+    }
+    PathCounters::add(counters_.chunks_received);
+    PathCounters::add(counters_.bytes_received, op.len);
+    done->push_back({false, op.seq, landed.ok() ? landed : landed.with_peer(peer_)});
   }
 
   void fail_with(Status s) {
@@ -399,7 +651,7 @@ class RdmaPath final : public PathBase {
   }
 
   void release(const Status& why, std::vector<Done>* done) override {
-    // The NIC first: no READ may land once this returns.
+    // The NIC first: no WRITE may land once this returns.
     conn_->to_error();
     auto outstanding = [&] {
       int n = 0;
@@ -425,11 +677,20 @@ class RdmaPath final : public PathBase {
     conn_->destroy_qps();
     DMX_LOG_DEBUG("rdma to {}: queue pairs destroyed", peer_);
     std::deque<RxJob> left;
-    take_posts([&] { left.swap(jobs_); });
+    take_posts([&] {
+      left.swap(jobs_);
+      small_tx_.clear();  // their chunks are in tx_
+    });
     for (const RxJob& j : left) done->push_back({false, j.seq, why});
-    for (auto& [_, op] : ops_) done->push_back({false, op.seq, why});
-    ops_.clear();
+    for (auto& [_, j] : small_rx_) done->push_back({false, j.seq, why});
+    small_rx_.clear();
+    held_.clear();
+    for (auto& [_, op] : rx_) done->push_back({false, op.seq, why});
+    rx_.clear();
     for (auto& q : sq_waiting_) q.clear();
+    small_waiting_.clear();
+    cts_waiting_.clear();
+    pending_writes_.clear();
     std::unordered_map<uint32_t, TxChunk> tx;
     {
       std::lock_guard lock(tx_mu_);
@@ -439,13 +700,22 @@ class RdmaPath final : public PathBase {
     forget_regions();
   }
 
+  struct PendingWrite {
+    uint32_t token;
+    uintptr_t src;
+    uint64_t len;
+    uint32_t lkey;
+    uint64_t remote;
+    uint32_t rkey;
+  };
+
   const std::shared_ptr<Device> device_;
   const std::shared_ptr<RegionTable> regions_;
   const GpuRegistration gpu_;
   const std::unique_ptr<Connection> conn_;
   const UniqueFd socket_;
   const std::string peer_;
-  const RxTamper* const tamper_;
+  const WriteTamper* const tamper_;
   const uint64_t max_chunk_;
 
   std::mutex tx_mu_;  // guards tx_, next_token_
@@ -455,13 +725,23 @@ class RdmaPath final : public PathBase {
   std::mutex used_mu_;  // guards used_: the registered regions this path made Mrs for
   std::map<const RegisteredRegion*, std::weak_ptr<RegisteredRegion>> used_;
 
-  std::deque<RxJob> jobs_;  // under the post lock
+  std::deque<RxJob> jobs_;        // under the post lock
+  std::deque<uint32_t> small_tx_;  // under the post lock: small chunks posted (their tokens)
 
   // The progress thread's own.
-  std::unordered_map<uint64_t, RxOp> ops_;
-  uint64_t next_op_ = 1;
+  std::unordered_map<uint32_t, RxOp> rx_;         // large chunks being written, by token
+  std::unordered_map<uint32_t, RxJob> small_rx_;  // small chunks whose header came first
+  std::unordered_map<uint32_t, Held> held_;       // small chunks whose bytes came first (in their slots)
+  std::unordered_map<uint32_t, int> small_inflight_;  // sent small chunks awaiting kMsgDone: their queue pair
+  std::deque<uint32_t> small_waiting_;            // small chunks waiting for a credit or a slot
+  std::deque<std::pair<uint32_t, Cts>> cts_waiting_;
+  std::vector<PendingWrite> pending_writes_;
   std::vector<int> sq_inflight_;
   std::vector<std::deque<Wr>> sq_waiting_;
+  std::vector<int> credits_;       // small chunks we may still send per queue pair
+  std::vector<int> held_per_qp_;   // the peer's small chunks in our slots per queue pair
+  std::deque<uint32_t> free_slots_;
+  size_t next_small_qp_ = 0;
   std::vector<ibv_wc> stash_;
 
   std::atomic<uint64_t> per_chunk_{0}, by_region_{0};

@@ -1,30 +1,31 @@
-// The rdma payload path (transport/path.h): chunks move by RDMA READ over several RC queue pairs.
+// The rdma payload path (transport/path.h): chunks move over several RC queue pairs, by RDMA
+// WRITE with immediate data (large) or by SEND into the receiver's posted slots (small).
 //
-//   sender:   post_tx registers the source chunk for remote read (or takes the registration of the
-//             user's registered region that holds it: registration.h) and sends {addr, len, rkey,
-//             token} as the chunk's descriptor.
-//   receiver: post_rx validates the descriptor, and the progress thread READs the chunk into its
-//             destination (registered the same way; memory the NIC cannot register, such as GPU
-//             memory without dma-buf or peer memory, through a host staging buffer and the copy
-//             engines), striped over the queue pairs in pieces; when
-//             every piece has landed, on_path_rx_done, and a SEND with the token as immediate data
-//             tells the sender it may let go.
-//   sender:   that notice: the chunk's registration is dropped and on_path_tx_done follows (the
-//             path is not receiver_releases(): the release travels on the queue pairs themselves).
+//   large:  post_tx registers the source for local access only and sends {len, token} as the
+//           chunk's descriptor. The receiver's post_rx registers exactly the destination (or a
+//           host staging buffer for memory the NIC cannot reach) for remote write and SENDs a
+//           clear-to-send {addr, rkey} with the token as immediate data. The sender WRITEs the chunk
+//           there, striped over the queue pairs, each piece with the token as immediate data: the
+//           receiver's landed notification. The sender's WRITE completions free its source; the
+//           receiver's last piece deregisters the window (its rkey dies) and completes the chunk.
+//   small:  (host memory, <= kSmallMax) the sender copies the bytes into a send slot and SENDs them
+//           into one of the receiver's posted receive slots; the source is free at the copy. The
+//           receiver holds the slot until the chunk's header meets it (either comes first), copies
+//           it out, reposts the slot and answers kMsgDone, which returns the credit. Each side
+//           grants the other `credits` small chunks in flight per queue pair (ConnInfo): a sender
+//           out of credits waits (backpressure); a peer that sends past them is refused by name.
 //
-// Why READ and not WRITE-with-immediate: the path interface hands the sender a source before the
-// receiver's destination is known to the path (the engine matched it on stream 0); a READ needs no
-// second round trip to learn where to write, and no registration ever grants a peer write access
-// (docs/rdma.md).
+// No registration ever grants a peer more than one chunk's window, for that chunk's life; a window
+// inside a region the user registered dies with the region (registration.h).
 //
 // Errors: a completion with an error (the NIC refused an rkey or address, retries exhausted: the
-// peer died) fails the path naming the peer, the queue pair and the verbs status; so does a release
-// notice for a token not in flight, and the end of the data socket. At the end the queue pairs are
-// moved to the error state and their flushed work drained (bounded) before the path lets go of user
-// memory.
+// peer died) fails the path naming the peer, the queue pair and the verbs status; so do a
+// message for a token not in flight, small chunks past the credits, and the end of the data
+// socket. At the end the queue pairs are moved to the error state and their flushed work drained
+// (bounded) before the path lets go of user memory.
 //
-// Threading: PathBase. post_tx registers under the tx lock (a syscall for memory not registered
-// with the context); post_rx only queues. Lock order: tx_mu_ -> the post lock.
+// Threading: PathBase. post_tx registers a large source under no lock (a syscall for memory not
+// registered with the context); post_rx only queues. Lock order: tx_mu_ -> the post lock.
 #pragma once
 
 #include <memory>
@@ -47,7 +48,7 @@ struct PathSetup {
   std::unique_ptr<Connection> connection;
   UniqueFd socket;  // the data socket, watched for the peer's end
   std::string peer;
-  const RxTamper* tamper = nullptr;  // tests only
+  const WriteTamper* tamper = nullptr;  // tests only
 };
 
 std::unique_ptr<PayloadPath> make_rdma_path(PathSetup setup);

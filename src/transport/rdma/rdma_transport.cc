@@ -64,13 +64,13 @@ class RdmaTransport final : public Transport {
 
   std::string role(const PeerPair&) const override {
     std::lock_guard lock(mu_);
-    return fmt::format("host memory{} goes by rdma (RDMA READ on {}; {}){}", gpu_.dmabuf || gpu_.peermem ? " and GPU memory" : "",
+    return fmt::format("host memory{} goes by rdma (RDMA WRITE with immediate, small chunks by SEND, on {}; {}){}", gpu_.dmabuf || gpu_.peermem ? " and GPU memory" : "",
                        device_ ? device_->describe() : "no device", gpu_.why,
                        advice_.empty() ? "" : fmt::format(" (topology advisor: {})", advice_));
   }
   std::string when() const override {
     return "chosen between hosts when both peers have an RDMA device of one link layer (on one host shm and "
-           "cuda_ipc come first; transport=rdma forces it); moves chunks by RDMA READ; docs/rdma.md";
+           "cuda_ipc come first; transport=rdma forces it); moves chunks by RDMA WRITE with immediate and small ones by SEND; docs/rdma.md";
   }
 
   Result<TransportLink> connect(Bootstrap& b) override {

@@ -1,6 +1,7 @@
-// The rdma transport: payload by RDMA READ over RC queue pairs of a verbs device (rdma_path.h),
-// between hosts (on one host only when forced: shm and cuda_ipc come first). Built only with
-// libibverbs (DMX_ENABLE_RDMA); without it the same factory makes a transport that says why not.
+// The rdma transport: payload by RDMA WRITE with immediate and SEND over RC queue pairs of a
+// verbs device (rdma_path.h), between hosts (on one host only when forced: shm and cuda_ipc come
+// first). Built only with libibverbs (DMX_ENABLE_RDMA); without it the same factory makes a
+// transport that says why not.
 #pragma once
 
 #include <memory>
@@ -15,13 +16,13 @@ namespace dmx {
 
 namespace rdma {
 struct ConnInfo;
-struct RxTamper;
+struct WriteTamper;
 }  // namespace rdma
 
 // Tests only: hostile behaviour of this side.
 struct RdmaTestHooks {
   void (*conn_info)(rdma::ConnInfo*) = nullptr;  // rewrites this side's queue-pair info before it goes
-  const rdma::RxTamper* tamper = nullptr;        // reads other than the descriptors say
+  const rdma::WriteTamper* tamper = nullptr;     // writes other than the clear-to-send says
 };
 
 std::shared_ptr<Transport> make_rdma_transport(RdmaTestHooks hooks = {});

@@ -115,28 +115,77 @@ void RegisteredRegion::forget(const Pd* pd) {
   }
 }
 
-std::shared_ptr<RegisteredRegion> RegionTable::add(const MemRegion& r) {
-  auto e = std::make_shared<RegisteredRegion>(r);
+void RegisteredRegion::track(const std::shared_ptr<Mr>& mr) {
   std::lock_guard lock(mu_);
-  std::erase_if(by_base_, [](const auto& kv) { return kv.second.expired(); });
-  by_base_.emplace(reinterpret_cast<uintptr_t>(r.ptr), e);
+  std::erase_if(windows_, [](const std::weak_ptr<Mr>& w) { return w.expired(); });
+  windows_.push_back(mr);
+}
+
+RegisteredRegion::~RegisteredRegion() {
+  for (auto& w : windows_)
+    if (auto mr = w.lock()) mr->revoke();
+  if (auto t = table_.lock()) t->remove(id_, region_);
+}
+
+std::shared_ptr<RegisteredRegion> RegionTable::add(const MemRegion& r) {
+  const auto base = reinterpret_cast<uintptr_t>(r.ptr);
+  // Entries locked here let go after the lock: the last reference's destructor takes it (remove).
+  std::vector<std::shared_ptr<RegisteredRegion>> later;
+  std::lock_guard lock(mu_);
+  for (auto [it, end] = by_base_.equal_range(base); it != end; ++it) {
+    auto e = later.emplace_back(by_id_[it->second].lock());
+    if (e && e->region().size == r.size && e->region().where == r.where) return e;
+  }
+  const uint64_t id = next_id_++;
+  auto e = std::make_shared<RegisteredRegion>(r, id, weak_from_this());
+  by_id_[id] = e;
+  by_base_.emplace(base, id);
   return e;
+}
+
+void RegionTable::remove(uint64_t id, const MemRegion& r) {
+  const auto base = reinterpret_cast<uintptr_t>(r.ptr);
+  std::lock_guard lock(mu_);
+  by_id_.erase(id);
+  for (auto [it, end] = by_base_.equal_range(base); it != end; ++it)
+    if (it->second == id) {
+      by_base_.erase(it);
+      break;
+    }
+  gtlb_.invalidate(base, r.size);
 }
 
 std::shared_ptr<RegisteredRegion> RegionTable::find(const void* ptr, uint64_t len, const MemSpec& where) {
   constexpr int kScan = 64;  // a miss only costs a registration of the chunk itself
-  auto a = reinterpret_cast<uintptr_t>(ptr);
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  auto fits = [&](const std::shared_ptr<RegisteredRegion>& e) {
+    if (!e) return false;
+    const MemRegion& r = e->region();
+    auto base = reinterpret_cast<uintptr_t>(r.ptr);
+    return r.where == where && a >= base && a - base <= r.size && len <= r.size - (a - base);
+  };
+  std::vector<std::shared_ptr<RegisteredRegion>> later;  // as in add()
   std::lock_guard lock(mu_);
+  if (auto hit = gtlb_.lookup(a, len)) {
+    auto it = by_id_.find(hit->value);
+    if (it != by_id_.end())
+      if (auto e = later.emplace_back(it->second.lock()); fits(e)) return e;
+  }
   auto it = by_base_.upper_bound(a);
   for (int i = 0; i < kScan && it != by_base_.begin(); ++i) {
     --it;
-    auto e = it->second.lock();
-    if (!e) continue;
+    auto e = later.emplace_back(by_id_[it->second].lock());
+    if (!fits(e)) continue;
     const MemRegion& r = e->region();
-    auto base = reinterpret_cast<uintptr_t>(r.ptr);
-    if (r.where == where && a - base <= r.size && len <= r.size - (a - base)) return e;
+    gtlb_.fill(GtlbEntry{reinterpret_cast<uintptr_t>(r.ptr), r.size, 0, it->second}, a, len);
+    return e;
   }
   return nullptr;
+}
+
+GtlbCounters RegionTable::translations() const {
+  std::lock_guard lock(mu_);
+  return gtlb_.counters();
 }
 
 }  // namespace dmx::rdma

@@ -75,14 +75,14 @@ Status verbs_error(const std::string& call, int err, const std::string& peer) {
 
 }  // namespace
 
-Status post_receives(ibv_qp* q, int index, int n, const std::string& peer) {
-  for (int k = 0; k < n; ++k) {
-    ibv_recv_wr wr{};
-    ibv_recv_wr* bad = nullptr;
-    wr.wr_id = static_cast<uint64_t>(index);
-    wr.num_sge = 0;  // release notices carry only their immediate data
-    if (int err = ibv_post_recv(q, &wr, &bad); err) return verbs_error("ibv_post_recv", err, peer);
-  }
+Status Connection::post_slot(int qp, uint32_t i, const std::string& peer) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(recv_slot(qp, i)), static_cast<uint32_t>(kSmallMax), slots_mr->lkey()};
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.wr_id = static_cast<uint64_t>(qp) << 32 | i;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  if (int err = ibv_post_recv(qps[static_cast<size_t>(qp)], &wr, &bad); err) return verbs_error("ibv_post_recv", err, peer);
   return Status();
 }
 
@@ -136,6 +136,15 @@ Result<std::unique_ptr<Connection>> connect_qps(const std::shared_ptr<Device>& d
   c->cq_depth = std::min(depths.qps * (depths.send + depths.recv), da.max_cqe);
   c->cq = ibv_create_cq(dev.context(), c->cq_depth, nullptr, c->channel, 0);
   if (!c->cq) return verbs_error(fmt::format("ibv_create_cq({} entries)", c->cq_depth), errno, peer);
+  // The slot pool: receive slots of every queue pair, then the send slots.
+  c->qps_made = static_cast<size_t>(depths.qps);
+  c->send_slots = static_cast<uint32_t>(depths.qps) * 16;
+  const size_t pool = (c->qps_made * static_cast<size_t>(depths.recv) + c->send_slots) * kSmallMax;
+  c->slots.reset(new (std::nothrow) unsigned char[pool]);
+  if (!c->slots) return Status(Code::kResourceExhausted, fmt::format("rdma: no memory for {} B of slots", pool)).with_peer(peer);
+  ibv_mr* smr = ibv_reg_mr(pd, c->slots.get(), pool, IBV_ACCESS_LOCAL_WRITE);
+  if (!smr) return verbs_error(fmt::format("ibv_reg_mr(slots, {} B)", pool), errno, peer);
+  c->slots_mr = std::make_shared<Mr>(c->pd, smr, "ibv_reg_mr");
   for (int i = 0; i < depths.qps; ++i) {
     ibv_qp_init_attr ia{};
     ia.send_cq = c->cq;
@@ -153,11 +162,12 @@ Result<std::unique_ptr<Connection>> connect_qps(const std::shared_ptr<Device>& d
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
     a.port_num = pc.port;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_READ;  // never REMOTE_WRITE: see registration.h
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;  // into a receiver's clear-to-send window only
     if (int err = ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS); err)
       return verbs_error("ibv_modify_qp(INIT)", err, peer);
-    DMX_RETURN_IF_ERROR(post_receives(q, i, depths.recv, peer));
+    for (int k = 0; k < depths.recv; ++k) DMX_RETURN_IF_ERROR(c->post_slot(i, static_cast<uint32_t>(k), peer));
   }
+  c->mine.credits = static_cast<uint8_t>(std::clamp(depths.recv / 2, 1, kMaxCredits));
   c->mine.mtu = pc.mtu;
   c->mine.lid = pc.lid;
   c->mine.gid = pc.gid;

@@ -23,7 +23,7 @@ namespace dmx::rdma {
 struct Depths {
   int qps = 4;       // queue pairs this side proposes (the smaller count of the two is used)
   int send = 128;    // work requests per send queue
-  int recv = 128;    // receives posted per queue pair (release notices)
+  int recv = 64;     // receive slots posted per queue pair (clear-to-sends, small chunks, WRITE notices)
   uint64_t max_chunk = 8 << 20;
 };
 
@@ -40,6 +40,18 @@ class Connection {
   int max_rd_atomic = 1;  // RDMA READs in flight per queue pair (both sides' limits)
   int cq_depth = 0;
   Depths depths;
+  // One registered pool of kSmallMax-byte slots: each queue pair's `depths.recv` receive slots,
+  // then `send_slots` slots for SENDs with a payload (clear-to-sends, small chunks).
+  std::unique_ptr<unsigned char[]> slots;
+  std::shared_ptr<Mr> slots_mr;
+  uint32_t send_slots = 0;
+  unsigned char* recv_slot(int qp, uint32_t i) const {
+    return slots.get() + (static_cast<size_t>(qp) * static_cast<size_t>(depths.recv) + i) * kSmallMax;
+  }
+  unsigned char* send_slot(uint32_t i) const { return recv_slot(static_cast<int>(qps_made), i); }
+  size_t qps_made = 0;  // queue pairs created (the pool was sized for them)
+  // Posts receive slot `i` of queue pair `qp` (wr_id: qp << 32 | i).
+  Status post_slot(int qp, uint32_t i, const std::string& peer);
   // Moves every queue pair to the error state (their outstanding work completes flushed).
   void to_error();
   // Destroys the queue pairs now (after to_error and the drain).
@@ -47,9 +59,6 @@ class Connection {
   // The index of the queue pair with this number, or -1.
   int index_of(uint32_t qpn) const;
 };
-
-// Posts `n` receives (no buffers: release notices carry only immediate data) with wr_id `index`.
-Status post_receives(ibv_qp* q, int index, int n, const std::string& peer);
 
 // Sets up and connects on `sock` (the data socket, blocking or not) before `deadline`.
 // `hostile` is for tests only: it rewrites this side's ConnInfo before it is sent.

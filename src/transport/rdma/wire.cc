@@ -65,7 +65,7 @@ std::vector<unsigned char> ConnInfo::encode() const {
   b[4] = kConnVersion;
   b[5] = static_cast<unsigned char>(qps.size());
   b[6] = mtu;
-  b[7] = 0;
+  b[7] = credits;
   put_u16(b.data() + 8, lid);
   std::memcpy(b.data() + 10, gid.data(), gid.size());
   put_u64(b.data() + 26, max_chunk);
@@ -96,6 +96,9 @@ Result<ConnInfo> ConnInfo::decode(std::span<const unsigned char> b, const std::s
   ConnInfo c;
   c.mtu = b[6];
   if (c.mtu < 1 || c.mtu > 5) return fail(fmt::format("MTU code {} (1-5)", c.mtu));
+  c.credits = b[7];
+  if (c.credits < 1 || c.credits > kMaxCredits)
+    return fail(fmt::format("{} small-chunk credits per queue pair (1-{})", c.credits, kMaxCredits));
   c.lid = get_u16(b.data() + 8);
   std::memcpy(c.gid.data(), b.data() + 10, c.gid.size());
   c.max_chunk = get_u64(b.data() + 26);
@@ -115,24 +118,52 @@ Result<ConnInfo> ConnInfo::decode(std::span<const unsigned char> b, const std::s
 
 std::vector<unsigned char> ChunkDescriptor::encode() const {
   std::vector<unsigned char> b(kSize);
-  put_u64(b.data(), addr);
-  put_u64(b.data() + 8, len);
-  put_u32(b.data() + 16, rkey);
-  put_u32(b.data() + 20, token);
+  put_u64(b.data(), len);
+  put_u32(b.data() + 8, token);
+  put_u32(b.data() + 12, small ? 1 : 0);
   return b;
 }
 
 Result<ChunkDescriptor> ChunkDescriptor::decode(std::span<const unsigned char> b, uint64_t max, const std::string& peer) {
   if (b.size() != kSize)
     return Status(Code::kProtocol, fmt::format("rdma chunk descriptor of {} B (want {})", b.size(), kSize)).with_peer(peer);
-  ChunkDescriptor d{get_u64(b.data()), get_u64(b.data() + 8), get_u32(b.data() + 16), get_u32(b.data() + 20)};
+  ChunkDescriptor d;
+  d.len = get_u64(b.data());
+  d.token = get_u32(b.data() + 8);
+  uint32_t flags = get_u32(b.data() + 12);
+  if (flags > 1) return Status(Code::kProtocol, fmt::format("rdma chunk descriptor flags {:#x}", flags)).with_peer(peer);
+  d.small = flags == 1;
+  if (d.token > kMaxToken)
+    return Status(Code::kProtocol, fmt::format("rdma chunk token {:#x} is over 24 bits", d.token)).with_peer(peer);
   if (d.len > max)
     return Status(Code::kProtocol, fmt::format("rdma chunk of {} B is over the largest agreed, {} B", d.len, max))
         .with_peer(peer);
-  if (!checked_add(d.addr, d.len))
-    return Status(Code::kProtocol, fmt::format("rdma chunk at {:#x} + {} B wraps the address space", d.addr, d.len))
-        .with_peer(peer);
+  if (d.small && d.len > kSmallMax)
+    return Status(Code::kProtocol, fmt::format("rdma small chunk of {} B is over {} B", d.len, kSmallMax)).with_peer(peer);
   return d;
+}
+
+std::vector<unsigned char> Cts::encode() const {
+  std::vector<unsigned char> b(kSize);
+  put_u64(b.data(), addr);
+  put_u32(b.data() + 8, rkey);
+  put_u32(b.data() + 12, drop ? 1 : 0);
+  return b;
+}
+
+Result<Cts> Cts::decode(std::span<const unsigned char> b, uint64_t len, const std::string& peer) {
+  if (b.size() != kSize)
+    return Status(Code::kProtocol, fmt::format("rdma clear-to-send of {} B (want {})", b.size(), kSize)).with_peer(peer);
+  Cts c;
+  c.addr = get_u64(b.data());
+  c.rkey = get_u32(b.data() + 8);
+  uint32_t flags = get_u32(b.data() + 12);
+  if (flags > 1) return Status(Code::kProtocol, fmt::format("rdma clear-to-send flags {:#x}", flags)).with_peer(peer);
+  c.drop = flags == 1;
+  if (!c.drop && !checked_add(c.addr, len))
+    return Status(Code::kProtocol, fmt::format("rdma clear-to-send at {:#x} + {} B wraps the address space", c.addr, len))
+        .with_peer(peer);
+  return c;
 }
 
 std::string gid_text(const Gid& g) {

@@ -1,11 +1,12 @@
 // What the rdma transport puts on the wire, verbs-free so that every build (and the fuzzer) has it:
 // the offer descriptor (HELLO), the connection info both sides exchange on the engine's
-// authenticated data socket (queue-pair numbers, PSNs, GID), and the chunk descriptor a chunk
-// header carries (where the receiver RDMA-READs the chunk from). All of it comes from the peer:
+// authenticated data socket (queue-pair numbers, PSNs, GID, credits), the chunk descriptor a chunk
+// header carries and the receiver's clear-to-send. All of it comes from the peer:
 // each decoder validates every field with overflow-safe arithmetic and says what was wrong.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -16,7 +17,7 @@
 namespace dmx::rdma {
 
 inline constexpr uint8_t kOfferVersion = 1;
-inline constexpr uint8_t kConnVersion = 1;
+inline constexpr uint8_t kConnVersion = 2;  // 2: WRITE with immediate, small chunks by SEND
 inline constexpr uint32_t kConnMagic = 0x52584d44;  // "DMXR"
 inline constexpr int kMaxQps = 16;
 inline constexpr size_t kMaxDeviceName = 64;
@@ -24,6 +25,9 @@ inline constexpr uint64_t kMinChunk = 4096;
 inline constexpr uint64_t kMaxChunk = uint64_t{1} << 30;
 inline constexpr uint32_t kMaxQpn = 0xFFFFFF;  // 24 bits
 inline constexpr uint32_t kMaxPsn = 0xFFFFFF;
+inline constexpr uint32_t kMaxToken = 0xFFFFFF;  // a chunk's token rides in 24 bits of immediate data
+inline constexpr uint64_t kSmallMax = 2048;      // a chunk up to this size goes by SEND (receive slots)
+inline constexpr int kMaxCredits = 64;           // small chunks in flight per queue pair, at most
 
 using Gid = std::array<unsigned char, 16>;
 
@@ -48,6 +52,7 @@ struct ConnInfo {
   uint16_t lid = 0;
   Gid gid{};
   uint64_t max_chunk = 0;
+  uint8_t credits = 1;  // small chunks the peer may have in flight per queue pair (this side's slots)
   struct Qp {
     uint32_t qpn = 0, psn = 0;
   };
@@ -62,24 +67,39 @@ struct ConnInfo {
   static Result<ConnInfo> decode(std::span<const unsigned char> b, const std::string& peer);
 };
 
-// A chunk header's payload: the sender's registered source, and the token the receiver returns
-// (as immediate data) once it has read it.
+// A chunk header's payload: its length and token, and whether its bytes come by SEND into a
+// receive slot (small) or by RDMA WRITE with immediate data after the receiver's clear-to-send.
 struct ChunkDescriptor {
-  uint64_t addr = 0;
   uint64_t len = 0;
-  uint32_t rkey = 0;
-  uint32_t token = 0;
+  uint32_t token = 0;  // 24 bits
+  bool small = false;
 
-  static constexpr size_t kSize = 24;
+  static constexpr size_t kSize = 16;
   std::vector<unsigned char> encode() const;
-  // Untrusted: kProtocol naming `peer` when the size is wrong, len > max or addr + len wraps.
+  // Untrusted: kProtocol naming `peer` when the size or flags are wrong, len > max (kSmallMax for
+  // a small chunk) or the token is over 24 bits.
   static Result<ChunkDescriptor> decode(std::span<const unsigned char> b, uint64_t max, const std::string& peer);
 };
 
-// For tests: a receiver that reads other than what the descriptor names (hostile-peer cases).
-struct RxTamper {
-  int64_t addr_delta = 0;  // added to the remote address
-  uint32_t rkey_xor = 0;   // flips bits of the rkey
+// The receiver's clear-to-send for one chunk (a SEND's payload, the token in its immediate data):
+// where to write it and the rkey of exactly that window; or `drop`, the chunk is not wanted.
+struct Cts {
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+  bool drop = false;
+
+  static constexpr size_t kSize = 16;
+  std::vector<unsigned char> encode() const;
+  // Untrusted: kProtocol naming `peer` when malformed or addr + len wraps.
+  static Result<Cts> decode(std::span<const unsigned char> b, uint64_t len, const std::string& peer);
+};
+
+// For tests: a sender that writes other than the clear-to-send says (hostile-peer cases).
+struct WriteTamper {
+  int64_t addr_delta = 0;             // added to the remote address
+  uint32_t rkey_xor = 0;              // flips bits of the rkey
+  bool ignore_credits = false;        // sends small chunks whatever credits it has (a flood)
+  const std::atomic<bool>* hold = nullptr;  // while true, WRITEs wait (a write kept in flight)
 };
 
 // "fe80::…" style text of a GID, for reasons and logs.

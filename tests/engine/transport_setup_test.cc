@@ -1,0 +1,66 @@
+// Transport set-up after the handshake (engine/transport_setup.h): what the client sees when the
+// server's side of a transport's connect() fails.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <chrono>
+
+#include "engine/context_impl.h"
+#include "engine/test_util.h"
+#include "engine/transports.h"
+
+namespace dmx::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A transport with a data socket whose server side fails its connect() at once; the client side
+// waits (up to its deadline) for the server's first byte, as rdma's queue-pair exchange does.
+class FailingSetup final : public Transport {
+ public:
+  std::string_view name() const override { return "failset"; }
+  TransportNeeds needs() const override { return {.data_socket = true}; }
+  Result<std::vector<unsigned char>> offer(const Config&) override { return std::vector<unsigned char>{1}; }
+  Status compatible(std::span<const unsigned char>, std::span<const unsigned char>, const PeerPair&) const override {
+    return Status();
+  }
+  std::string role(const PeerPair&) const override { return "tests only"; }
+  std::string when() const override { return "tests only"; }
+  Result<TransportLink> connect(Bootstrap& b) override {
+    DMX_ASSIGN_OR_RETURN(UniqueFd fd, b.data_socket());
+    if (!b.client()) return Status(Code::kUnavailable, "failset: the server's side fails (test)");
+    pollfd p{fd.get(), POLLIN, 0};
+    int r = ::poll(&p, 1, b.deadline().poll_timeout_ms());
+    if (r == 0) return Status(Code::kTimeout, "failset: timed out waiting for the server's byte");
+    return Status(Code::kPeerFailed, "failset: the server ended the data socket");
+  }
+};
+
+// The listener kept dups of a set-up's sockets until something else woke its thread, so the
+// client of a failed set-up waited out its whole connect_timeout instead of seeing the end (rdma's
+// "timed out receiving the queue-pair info" after a server-side failure under load).
+TEST(TransportSetup, ServerSideFailureEndsTheClientsWaitPromptly) {
+  static const bool added = [] {
+    add_transport([] { return std::make_shared<FailingSetup>(); });
+    return true;
+  }();
+  (void)added;
+  Options o = test_options(1);
+  o.set("transport", "failset").set("connect_timeout", "120s").set("handshake_timeout", "60s");
+  auto server = Context::create(o);
+  auto client = Context::create(o);
+  ASSERT_TRUE(server.ok() && client.ok()) << server.status().to_string() << client.status().to_string();
+  auto l = server->listen("tcp://127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  auto t0 = std::chrono::steady_clock::now();
+  auto e = client->connect(l->address());
+  auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("the server ended the data socket"), std::string::npos) << e.status().to_string();
+  // Generous for a loaded machine; the old code waited the full 120 s.
+  EXPECT_LT(took, 60s) << e.status().to_string();
+}
+
+}  // namespace
+}  // namespace dmx::test
