@@ -52,6 +52,8 @@ struct EndpointStats {
   uint64_t writes = 0, reads = 0;
   uint64_t d2h_copies = 0, d2h_bytes = 0;  // device -> pinned staging copies
   uint64_t h2d_copies = 0, h2d_bytes = 0;  // pinned staging -> device copies
+  uint64_t gpu_pushes = 0;  // of those staging copies, made by the GPU's SMs (GPU push, docs/gpu-push.md)
+  std::string gpu_push;     // which staging copies are pushed, and why (a cuda_ipc path says its own in PathUse::detail)
   uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies: eager messages buffered before
                                                    // their recv (eager sends go from the buffer)
   double send_seconds = 0, recv_seconds = 0, copy_wait_seconds = 0;  // time in each stage
