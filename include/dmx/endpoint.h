@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dmx/device_handle.h"
 #include "dmx/memory.h"
 #include "dmx/request.h"
 
@@ -62,6 +63,16 @@ struct EndpointStats {
   std::vector<PathUse> paths;               // empty for "tcp"
 };
 
+// How Endpoint::device_handle sets up a handle for kernels (docs/gpu-push.md).
+struct DeviceHandleOptions {
+  int device = 0;       // the CUDA device whose kernels post (their sources live there)
+  uint32_t slots = 64;  // descriptors in the ring: at most this many operations in flight (2-4096, a power of two)
+  Duration timeout = std::chrono::seconds(1);  // how long one device call may spin before -kDeviceTimeout
+  // Deliver this endpoint's notifications to the handle (wait_notifications) instead of
+  // next_notification/on_notification.
+  bool notifications = false;
+};
+
 // Thread-safe. Move-only; destroying the last handle closes the endpoint.
 //
 // Recovery contract: after any connection error the endpoint is failed for good: every pending
@@ -101,6 +112,14 @@ class Endpoint {
   // waiting go to it at once). It holds up the stream that received the write, so keep it short;
   // it may post operations. Not called once the endpoint has failed or closed.
   void on_notification(std::function<void(const Notification&)> handler);
+
+  // A handle that CUDA kernels take by value to post sends and writes of their GPU's memory on
+  // this endpoint, wait for them, and wait for notifications (dmx/device.cuh). Made on the first
+  // call, kept for the endpoint's life; later calls return the same handle (other options:
+  // kInvalidArgument). A dmx thread takes the kernels' descriptors and posts them as send() and
+  // write() would. kUnavailable without CUDA or with no such device. After the endpoint fails or
+  // closes, the handle's error word says so within about a millisecond.
+  Result<DeviceHandle> device_handle(const DeviceHandleOptions& options = {});
 
   EndpointStats stats() const;
   std::string peer() const;
