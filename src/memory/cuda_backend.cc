@@ -215,7 +215,8 @@ class CudaQueue final : public CopyQueue {
 
   // Whether this queue's SMs may load or store at `p` (the current device is ours): our memory, a
   // peer GPU's with peer access on (enabled here once per peer, as cuda_ipc's engines do), or
-  // pinned host memory mapped at the same address. Anything else would fault the kernel, and a
+  // pinned host memory mapped at the same address; on a peer, only cudaMalloc memory (a cuMem
+  // mapping's access is per device). Anything else would fault the kernel, and a
   // kernel fault is sticky for the whole process, so "unsure" is "no".
   Status reachable(const void* p, const char* what) {
     cudaPointerAttributes a{};
@@ -238,7 +239,15 @@ class CudaQueue final : public CopyQueue {
           }
           (void)cudaGetLastError();
         }
-        if (ok == 1) return Status();
+        // Peer access covers cudaMalloc memory; a cuMem mapping grants access per device
+        // (cuMemSetAccess), which peer access does not change: those are left to the copy engine.
+        auto legacy = cuda::driver::legacy_ipc_capable(p);
+        if (ok == 1 && legacy.ok() && *legacy) return Status();
+        if (ok == 1)
+          return Status(Code::kUnavailable,
+                        fmt::format("push: the {} on cuda:{} is not cudaMalloc memory (a cuMem mapping, whose "
+                                    "access peer access does not grant, or the driver cannot tell)",
+                                    what, a.device));
       }
       return Status(Code::kUnavailable,
                     fmt::format("push: cuda:{} has no peer access to cuda:{} (the {})", device_, a.device, what));
