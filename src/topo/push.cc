@@ -89,8 +89,10 @@ PushPlan plan_gpu_push(PushMode mode, uint64_t configured_max, const PushFacts& 
 }
 
 std::string render_push_text(const Topology& t, PushMode mode, uint64_t configured_max) {
-  std::string out = fmt::format("\nGPU push (gpu_push={}, gpu_push_max={}; docs/gpu-push.md)\n", push_mode_name(mode),
-                                format_size(configured_max));
+  std::string out = fmt::format("\nGPU push (gpu_push={}, gpu_push_max={}; docs/gpu-push.md){}\n",
+                                push_mode_name(mode), format_size(configured_max),
+                                mode == PushMode::kOff ? ": off, so every device copy is a copy engine's; with auto:" : "");
+  if (mode == PushMode::kOff) mode = PushMode::kAuto;
   if (t.gpus.empty()) return out + "  no GPUs in this tree\n";
   for (int g : t.gpus) {
     PushFacts f;
