@@ -49,7 +49,7 @@ if [[ ${PUSH_SKIP_BUILD:-0} != 1 ]]; then
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DDMX_BUILD_TESTS=ON -DDMX_BUILD_BENCH=ON -DDMX_BUILD_PYTHON=OFF > "$OUT/configure.log" 2>&1 \
     || { tail -30 "$OUT/configure.log"; exit 1; }
   stage build 600 ninja -C "$B" -j "$JOBS" dmx_cli dmx_device_tests dmx_device_gpu_tests dmx_topo_tests \
-    dmx_transport_tests device_put_bench > "$OUT/build.log" 2>&1 || { grep -B2 -A20 'FAILED\|error' "$OUT/build.log" | head -80; exit 1; }
+    dmx_conformance_tests device_put_bench > "$OUT/build.log" 2>&1 || { grep -B2 -A20 'FAILED\|error' "$OUT/build.log" | head -80; exit 1; }
 fi
 DMX=$B/tools/dmx/dmx
 GT=$B/tests/device/dmx_device_gpu_tests
@@ -69,7 +69,7 @@ if want sanitizer; then
 fi
 
 if want conformance; then
-  stage "conformance, push forced on" 300 "$B/tests/transport/dmx_transport_tests" \
+  stage "conformance, push forced on" 300 "$B/tests/transport/dmx_conformance_tests" \
     --gtest_filter='Transports/Conformance.*/cudaIpcPush:Transports/Conformance.*/tcpGpuPush'
 fi
 
