@@ -8,7 +8,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_dmx_layers dmx_core dmx_memory dmx_wire dmx_topo dmx_cuda dmx_stream dmx_transport dmx_tcp dmx_devmem dmx_shm dmx_cuda_ipc dmx_rdma
+set(_dmx_layers dmx_core dmx_memory dmx_wire dmx_topo dmx_cuda dmx_device dmx_stream dmx_transport dmx_tcp dmx_devmem dmx_shm dmx_cuda_ipc dmx_rdma
     dmx_engine dmx_probe)
 set(_dmx_objects "")
 foreach(layer IN LISTS _dmx_layers)
@@ -53,7 +53,7 @@ set_target_properties(dmx_static PROPERTIES EXPORT_NAME dmx_static)
 # ---- install ----
 set(_dmx_cmakedir ${CMAKE_INSTALL_LIBDIR}/cmake/dmx)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/dmx DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        FILES_MATCHING PATTERN "*.h")
+        FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")  # device.cuh: for CUDA users (docs/gpu-push.md)
 install(TARGETS dmx_shared EXPORT dmxTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS dmx_static EXPORT dmxStaticTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS dmx_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

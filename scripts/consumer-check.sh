@@ -38,6 +38,8 @@ run_examples() {  # $1: examples build dir
   for example in send_recv write_read gpu_to_gpu; do
     "$1/$example"
   done
+  # Built only where a CUDA compiler was found (examples/CMakeLists.txt).
+  if [[ -x $1/device_put ]]; then "$1/device_put"; fi
 }
 build_examples() {  # $1: name, rest: cmake options
   local dir=$tmp/examples-$1

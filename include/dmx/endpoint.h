@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dmx/device_handle.h"
 #include "dmx/memory.h"
 #include "dmx/request.h"
 
@@ -73,12 +74,24 @@ struct EndpointStats {
   uint64_t writes = 0, reads = 0;
   uint64_t d2h_copies = 0, d2h_bytes = 0;  // device -> pinned staging copies
   uint64_t h2d_copies = 0, h2d_bytes = 0;  // pinned staging -> device copies
+  uint64_t gpu_pushes = 0;  // of those staging copies, made by the GPU's SMs (GPU push, docs/gpu-push.md)
+  std::string gpu_push;     // which staging copies are pushed, and why (a cuda_ipc path says its own in PathUse::detail)
   uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies: eager messages buffered before
                                                    // their recv (eager sends go from the buffer)
   double send_seconds = 0, recv_seconds = 0, copy_wait_seconds = 0;  // time in each stage
   std::vector<uint64_t> stream_bytes_sent;      // per stream: shows the balance
   std::vector<uint64_t> stream_bytes_received;  // per stream
   std::vector<PathUse> paths;               // empty for "tcp"
+};
+
+// How Endpoint::device_handle sets up a handle for kernels (docs/gpu-push.md).
+struct DeviceHandleOptions {
+  int device = 0;       // the CUDA device whose kernels post (their sources live there)
+  uint32_t slots = 64;  // descriptors in the ring: at most this many operations in flight (2-4096, a power of two)
+  Duration timeout = std::chrono::seconds(1);  // how long one device call may spin before -kDeviceTimeout
+  // Deliver this endpoint's notifications to the handle (wait_notifications) instead of
+  // next_notification/on_notification.
+  bool notifications = false;
 };
 
 // Thread-safe. Move-only; destroying the last handle closes the endpoint.
@@ -143,6 +156,14 @@ class Endpoint {
   // waiting go to it at once). It holds up the stream that received the write, so keep it short;
   // it may post operations. Not called once the endpoint has failed or closed.
   void on_notification(std::function<void(const Notification&)> handler);
+
+  // A handle that CUDA kernels take by value to post sends and writes of their GPU's memory on
+  // this endpoint, wait for them, and wait for notifications (dmx/device.cuh). Made on the first
+  // call, kept for the endpoint's life; later calls return the same handle (other options:
+  // kInvalidArgument). A dmx thread takes the kernels' descriptors and posts them as send() and
+  // write() would. kUnavailable without CUDA or with no such device. After the endpoint fails or
+  // closes, the handle's error word says so within about a millisecond.
+  Result<DeviceHandle> device_handle(const DeviceHandleOptions& options = {});
 
   EndpointStats stats() const;
   std::string peer() const;

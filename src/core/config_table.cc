@@ -139,6 +139,16 @@ constexpr ConfigEntry kTable[] = {
      "latency); 0: off"},
     {"cuda_ipc_inline_wait", ConfigType::kDuration, "30us",
      "cuda_ipc: how long that thread polls such a copy before handing it on to the path's thread"},
+    {"gpu_push", ConfigType::kString, "off",
+     "GPU push (docs/gpu-push.md): a small device copy made by the GPU's SMs (one small kernel: posted "
+     "writes over NVLink or PCIe) instead of a copy engine, for cuda_ipc chunks and staged TCP eager "
+     "payloads; auto: the advisor decides by size and path (topo/push.h), on: every copy up to 1 MiB "
+     "that the SMs can reach, off (default): never. A push kernel needs a free SM: not where the "
+     "process's persistent kernels hold them all",
+     "auto|on|off"},
+    {"gpu_push_max", ConfigType::kSize, "16K",
+     "GPU push: the largest copy that auto pushes (SM stores); a copy that the SMs would read across "
+     "PCIe (staged receive) is pushed up to a quarter of it"},
 };
 }  // namespace
 

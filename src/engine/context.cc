@@ -105,6 +105,10 @@ Result<EngineParams> params_from(const Config& c) {
   p.stream_workers = workers > 0 ? static_cast<int>(workers)
                                  : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
   p.workers_per_endpoint = c.get_string("stream_worker_scope") == "endpoint";
+  DMX_ASSIGN_OR_RETURN(topo::PushMode push, topo::parse_push_mode(c.get_string("gpu_push")));
+  uint64_t push_max = c.get_size("gpu_push_max");
+  p.push_tx = topo::plan_gpu_push(push, push_max, topo::push_facts(topo::PushLink::kHostWrite));
+  p.push_rx = topo::plan_gpu_push(push, push_max, topo::push_facts(topo::PushLink::kHostRead));
   return p;
 }
 

@@ -19,6 +19,7 @@
 #include "stream/staging.h"
 #include "stream/workers.h"
 #include "topo/placement.h"
+#include "topo/push.h"
 #include "transport/path.h"
 
 namespace dmx {
@@ -88,6 +89,9 @@ struct EngineParams {
   bool workers_per_endpoint = false;  // stream_worker_scope=endpoint
   std::string transport = "auto";
   bool checksum = false;  // ask for per-chunk CRC32C (wire::Checksum)
+  // GPU push of small staging copies (gpu_push, gpu_push_max; topo/push.h): device -> pinned
+  // slot, and pinned slot -> device.
+  topo::PushPlan push_tx, push_rx;
 };
 
 // Places TCP staging memory with the machine's placement (topo/placement.h: pinned host pools per

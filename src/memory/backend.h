@@ -29,6 +29,14 @@ class CopyQueue {
   virtual Status copy(void* dst, const void* src, size_t n) {
     return Status(Code::kUnavailable, "this copy queue copies only between its device and the host");
   }
+  // GPU push (docs/gpu-push.md): the same copy made by this queue's device's SMs (one small
+  // kernel on the queue's stream, in order with its copies) instead of a copy engine, for small
+  // copies whose cost is the copy engine's fixed cost. kUnavailable, with nothing enqueued, when
+  // this queue cannot (no kernels, n too large, an address its SMs cannot reach: pageable host
+  // memory, a peer GPU without peer access); the caller then copies.
+  virtual Status push(void* dst, const void* src, size_t n) {
+    return Status(Code::kUnavailable, "this copy queue has no SM copy");
+  }
   // A fence after every copy enqueued so far. Fence ids increase by one from 1.
   virtual Result<uint64_t> record() = 0;
   // Whether the copies before `fence` have finished. An error means the device failed.

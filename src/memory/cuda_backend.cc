@@ -1,7 +1,8 @@
 // CUDA device memory (MemKind::kCuda) and pinned host memory (MemKind::kPinned).
 //
-// Copies run on the copy engines only: cudaMemcpyAsync on a non-blocking stream per CopyQueue
-// (no kernels, no SMs; no thread: the caller's thread issues and polls). Fences are CUDA events
+// Copies run on the copy engines: cudaMemcpyAsync on a non-blocking stream per CopyQueue (no
+// thread: the caller's thread issues and polls); push() alone, asked for small copies, uses a
+// kernel (GPU push, memory/cuda/push.h). Fences are CUDA events
 // from a per-device pool (cuda/event_pool.h), recorded after the copies they cover; a queue keeps
 // a few idle ones of its own, so a fence per copy (cuda_ipc) takes no lock and creates no event;
 // done() queries the event, wait() polls it against the deadline and never blocks inside CUDA, so
@@ -28,6 +29,7 @@
 #include "memory/cuda/crc32c.h"
 #include "memory/cuda/driver.h"
 #include "memory/cuda/event_pool.h"
+#include "memory/cuda/push.h"
 #include "memory/cuda/runtime.h"
 
 namespace dmx {
@@ -80,6 +82,20 @@ class CudaQueue final : public CopyQueue {
     return copy(dev_dst, host_src, n, cudaMemcpyHostToDevice, "to_device");
   }
   Status copy(void* dst, const void* src, size_t n) override { return copy(dst, src, n, cudaMemcpyDefault, "copy"); }
+
+  Status push(void* dst, const void* src, size_t n) override {
+    if (!error_.ok()) return error_;
+    if (n == 0) return Status();
+    if (n > cuda::kPushCopyMax)
+      return Status(Code::kUnavailable, fmt::format("push: {} B is above the SM copy's {} B", n, cuda::kPushCopyMax));
+    DeviceGuard guard(device_);  // kernels launch on the current device; attributes are asked for it
+    DMX_RETURN_IF_ERROR(guard.status());
+    DMX_RETURN_IF_ERROR(reachable(dst, "destination"));
+    DMX_RETURN_IF_ERROR(reachable(src, "source"));
+    Status s = cuda::launch_push_copy(dst, src, n, stream_);
+    if (s.ok() || check_device().ok()) return s;
+    return fail(std::move(s));
+  }
 
   // Two calls per checksum, since the stream thread that makes them is the staged path's
   // bottleneck: the kernel XORs the raw CRC into one device word that is never reset, and a
@@ -197,6 +213,48 @@ class CudaQueue final : public CopyQueue {
     return fail(std::move(s));
   }
 
+  // Whether this queue's SMs may load or store at `p` (the current device is ours): our memory, a
+  // peer GPU's with peer access on (enabled here once per peer, as cuda_ipc's engines do), or
+  // pinned host memory mapped at the same address; on a peer, only cudaMalloc memory (a cuMem
+  // mapping's access is per device). Anything else would fault the kernel, and a
+  // kernel fault is sticky for the whole process, so "unsure" is "no".
+  Status reachable(const void* p, const char* what) {
+    cudaPointerAttributes a{};
+    cudaError_t err = cudaPointerGetAttributes(&a, p);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return Status(Code::kUnavailable, fmt::format("push: the {} {} is not CUDA-known memory", what, p));
+    }
+    if (a.type == cudaMemoryTypeHost && a.devicePointer == p) return Status();
+    if (a.type == cudaMemoryTypeDevice) {
+      if (a.device == device_) return Status();
+      if (a.device >= 0 && a.device < static_cast<int>(peer_ok_.size())) {
+        int8_t& ok = peer_ok_[a.device];
+        if (ok == 0) {
+          int can = 0;
+          ok = -1;
+          if (cudaDeviceCanAccessPeer(&can, device_, a.device) == cudaSuccess && can) {
+            cudaError_t e = cudaDeviceEnablePeerAccess(a.device, 0);
+            if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) ok = 1;
+          }
+          (void)cudaGetLastError();
+        }
+        // Peer access covers cudaMalloc memory; a cuMem mapping grants access per device
+        // (cuMemSetAccess), which peer access does not change: those are left to the copy engine.
+        auto legacy = cuda::driver::legacy_ipc_capable(p);
+        if (ok == 1 && legacy.ok() && *legacy) return Status();
+        if (ok == 1)
+          return Status(Code::kUnavailable,
+                        fmt::format("push: the {} on cuda:{} is not cudaMalloc memory (a cuMem mapping, whose "
+                                    "access peer access does not grant, or the driver cannot tell)",
+                                    what, a.device));
+      }
+      return Status(Code::kUnavailable,
+                    fmt::format("push: cuda:{} has no peer access to cuda:{} (the {})", device_, a.device, what));
+    }
+    return Status(Code::kUnavailable, fmt::format("push: the {} {} is not device or mapped pinned memory", what, p));
+  }
+
   // Ok unless the device has a sticky error (one that fails every later call of this process on
   // it); clears the non-sticky error a failed call left behind.
   Status check_device() {
@@ -225,6 +283,7 @@ class CudaQueue final : public CopyQueue {
   uint32_t* results_ = nullptr;  // pinned: scratch after ticket t in slot t % kChecksumsKept
   std::array<uint64_t, kChecksumsKept> lengths_{};
   uint64_t tickets_ = 0;
+  std::array<int8_t, 64> peer_ok_{};  // per device: 0 unknown, 1 the SMs reach it, -1 not
   Status error_;  // sticky: after a device error every call fails with it
 };
 

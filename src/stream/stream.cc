@@ -64,6 +64,7 @@ StreamStats Stream::stats() const {
   s.d2h_bytes = stats_.d2h_bytes.load(std::memory_order_relaxed);
   s.h2d_copies = stats_.h2d_copies.load(std::memory_order_relaxed);
   s.h2d_bytes = stats_.h2d_bytes.load(std::memory_order_relaxed);
+  s.pushes = stats_.pushes.load(std::memory_order_relaxed);
   s.ns_send = stats_.ns_send.load(std::memory_order_relaxed);
   s.ns_recv = stats_.ns_recv.load(std::memory_order_relaxed);
   s.ns_copy_wait = stats_.ns_copy_wait.load(std::memory_order_relaxed);
@@ -112,7 +113,8 @@ Status Stream::fill_pipeline(bool* progress) {
       if (checks(item.header)) {
         DMX_ASSIGN_OR_RETURN(item.crc_ticket, item.queue->checksum(item.src, item.len));
       }
-      DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(item.slot), item.src, item.len));
+      DMX_RETURN_IF_ERROR(
+          staging_copy(item.queue, slots_.at(item.slot), item.src, item.len, config_.push_tx_max, true));
       DMX_ASSIGN_OR_RETURN(item.fence, item.queue->record());
       stats_.d2h_copies.fetch_add(1, std::memory_order_relaxed);
       stats_.d2h_bytes.fetch_add(item.len, std::memory_order_relaxed);
@@ -178,7 +180,7 @@ Status Stream::stage_control(TxItem& item) {
   if (checks(item.header)) {
     DMX_ASSIGN_OR_RETURN(item.crc_ticket, item.queue->checksum(item.src, item.len));
   }
-  DMX_RETURN_IF_ERROR(item.queue->to_host(slots_.at(slot), item.src, item.len));
+  DMX_RETURN_IF_ERROR(staging_copy(item.queue, slots_.at(slot), item.src, item.len, config_.push_tx_max, true));
   DMX_ASSIGN_OR_RETURN(uint64_t fence, item.queue->record());
   DMX_TRACE_POINT("st.d2h.issued");
   DMX_RETURN_IF_ERROR(item.queue->wait(fence, Deadline::after(std::chrono::seconds(30))));
@@ -188,6 +190,23 @@ Status Stream::stage_control(TxItem& item) {
   item.slot = slot;
   item.fence = 0;
   return Status();
+}
+
+Status Stream::staging_copy(CopyQueue* q, void* dst, const void* src, size_t n, uint64_t push_max, bool to_host) {
+  if (n > 0 && n <= push_max) {
+    Status s = q->push(dst, src, n);
+    if (s.ok()) {
+      stats_.pushes.fetch_add(1, std::memory_order_relaxed);
+      return s;
+    }
+    if (s.code() != Code::kUnavailable) return s;
+    if (!push_refusal_logged_) {
+      push_refusal_logged_ = true;
+      DMX_LOG_INFO("stream {} to {}: a small staging copy goes by the copy engine, not pushed: {}", config_.index,
+                   config_.peer, s.message());
+    }
+  }
+  return to_host ? q->to_host(dst, src, n) : q->to_device(dst, src, n);
 }
 
 // The bytes' CRC: the device's, computed with the staging copy (its fence covers both), or the
@@ -303,7 +322,8 @@ Status Stream::finish_payload() {
   if (rx_plan_.kind == RxPlan::Kind::kDevice && rx_.payload_len > 0) {
     DMX_TRACE_POINT("st.h2d");
     DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));
-    DMX_RETURN_IF_ERROR(q->to_device(rx_plan_.dst, slots_.at(rx_slot_), rx_.payload_len));
+    DMX_RETURN_IF_ERROR(
+        staging_copy(q, rx_plan_.dst, slots_.at(rx_slot_), rx_.payload_len, config_.push_rx_max, false));
     uint64_t ticket = 0;
     if (checks(rx_) && (rx_.flags & wire::kFlagChecksum)) {
       DMX_ASSIGN_OR_RETURN(ticket, q->checksum(rx_plan_.dst, rx_.payload_len));

@@ -130,12 +130,17 @@ struct StreamConfig {
   // Stamp every inline data frame and EAGER with the CRC32C of its bytes (computed by the device
   // that holds them), and compute it over every such frame that lands (RxPlan::landed_crc).
   bool checksum = false;
+  // GPU push (topo/push.h, docs/gpu-push.md): a staging copy of 1..max bytes is made by the
+  // device's SMs (CopyQueue::push) instead of a copy engine, when they reach both ends. 0: never.
+  uint64_t push_tx_max = 0;  // device -> pinned slot (posted writes over PCIe)
+  uint64_t push_rx_max = 0;  // pinned slot -> device (the SMs read over PCIe)
 };
 
 struct StreamStats {
   uint64_t bytes_sent = 0, bytes_received = 0;  // payload bytes
   uint64_t frames_sent = 0, frames_received = 0;
   uint64_t d2h_copies = 0, d2h_bytes = 0, h2d_copies = 0, h2d_bytes = 0;
+  uint64_t pushes = 0;  // of those copies, made by the SMs (GPU push)
   uint64_t ns_send = 0, ns_recv = 0, ns_copy_wait = 0;
 };
 
@@ -210,6 +215,9 @@ class Stream {
   bool take_next();
   void frame_sent(TxItem& item);
   Status stage_control(TxItem& item);
+  // A staging copy: by the SMs when `n` is at most `push_max` and they reach both ends, else by
+  // the copy engine (`to_host` picks the direction).
+  Status staging_copy(CopyQueue* q, void* dst, const void* src, size_t n, uint64_t push_max, bool to_host);
   // Sets the header's checksum of an inline data frame or EAGER (StreamConfig::checksum).
   void stamp(TxItem& item) const;
   bool checks(const wire::FrameHeader& h) const {
@@ -252,6 +260,7 @@ class Stream {
   size_t out_written_ = 0;     // bytes of out_.front() written
   size_t out_chunks_ = 0;      // frames in out_ with chunk set
   Status control_error_;  // staging of an inline device payload failed
+  bool push_refusal_logged_ = false;  // staging_copy said once why a copy was not pushed
   Clock::time_point last_tx_;
 
   // Receive.
@@ -280,7 +289,7 @@ class Stream {
   // Statistics (written by the worker, read by anyone).
   struct AtomicStats {
     std::atomic<uint64_t> bytes_sent{0}, bytes_received{0}, frames_sent{0}, frames_received{0};
-    std::atomic<uint64_t> d2h_copies{0}, d2h_bytes{0}, h2d_copies{0}, h2d_bytes{0};
+    std::atomic<uint64_t> d2h_copies{0}, d2h_bytes{0}, h2d_copies{0}, h2d_bytes{0}, pushes{0};
     std::atomic<uint64_t> ns_send{0}, ns_recv{0}, ns_copy_wait{0};
   } stats_;
 };

@@ -91,6 +91,14 @@ const std::vector<Harness>& harnesses() {
        [](int, Options o) { return forced(o, "cuda_ipc"); }, "cuda_ipc",
        "CUDA cannot be used in a child forked after the parent initialised it (the killed-owner case is "
        "CudaIpcGpu.OwnerKilledWithCopiesInFlightNeverHangs and CudaIpcPathGpu.PeerKilledMidTransferNeverHangs)"},
+      // GPU push forced on (docs/gpu-push.md): small copies made by the SMs, cuda_ipc's and the
+      // staged TCP path's (device -> pinned slot and back).
+      {"cudaIpcPush", MemSpec{MemKind::kCuda, 0}, [] { return unless_available(MemSpec{MemKind::kCuda, 0}); },
+       [](int, Options o) { return forced(o.set("gpu_push", "on"), "cuda_ipc"); }, "cuda_ipc",
+       "CUDA cannot be used in a child forked after the parent initialised it"},
+      {"tcpGpuPush", MemSpec{MemKind::kCuda, 0}, [] { return unless_available(MemSpec{MemKind::kCuda, 0}); },
+       [](int, Options o) { return forced(o.set("gpu_push", "on"), "tcp"); }, "",
+       "CUDA cannot be used in a child forked after the parent initialised it"},
       // Forced on both sides: on one host rdma is otherwise never chosen. Its device is rxe in an
       // emulated guest, where the handshake and the queue-pair set-up of one endpoint took over
       // the default 5 s handshake_timeout at host load 14: generous deadlines, as for any wait.

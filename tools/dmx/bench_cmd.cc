@@ -29,7 +29,7 @@ struct Args {
   std::string listen, connect, mem, peer_mem, op = "send";
   // Flags of settings: empty when not given, so that --option, DMX_<NAME> and the default decide
   // (commands.h); given, they win.
-  std::string transport, checksum;
+  std::string transport, checksum, gpu_push;
   std::string sizes, min_bytes, max_bytes, step_factor;  // empty: not given
   std::string chunk, cuda_alloc = "cudamalloc";
   std::string streams;  // empty: not given; else passed on as given, for the library to judge
@@ -54,6 +54,7 @@ Result<Options> make_options(const Args& a) {
   if (!a.transport.empty()) o.set("transport", a.transport, "flag --transport");
   if (a.insecure) o.set("insecure", "true", "flag --insecure");
   if (!a.checksum.empty()) o.set("checksum", a.checksum, "flag --checksum");
+  if (!a.gpu_push.empty()) o.set("gpu_push", a.gpu_push, "flag --gpu-push");
   add_log_level(o);
   return o;
 }
@@ -280,6 +281,11 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   b->add_option("--checksum", a->checksum,
                 "crc32c: every chunk carries its CRC32C, checked where it lands (computed by the GPU for GPU memory); "
                 "each operation's CRC is compared with the source's (checksum_ok); none (default: the checksum setting)");
+  b->add_option("--gpu-push", a->gpu_push,
+                "on | off | auto: small device copies (cuda_ipc chunks, staged eager payloads) by the GPU's SMs "
+                "instead of a copy engine (docs/gpu-push.md; default: the gpu_push setting). Give it to both sides: "
+                "the receiver makes cuda_ipc copies and staged receive copies")
+      ->check(CLI::IsMember({"on", "off", "auto"}));
   b->add_flag("--json", a->json, "one JSON object per line per size");
   b->add_flag("--insecure", a->insecure, "no peer authentication (both sides must agree)");
   b->add_option("--option", a->options, "any setting as NAME=VALUE (see dmx probe --config)");

@@ -30,6 +30,7 @@ void print_header(const ClientOptions& co, const EndpointStats& st) {
   fmt::print("# transport: {} ({})\n", st.transport, st.reason);
   fmt::print("# control stream: {}\n", st.control_stream);
   for (const auto& p : st.paths) fmt::print("# payload path: {}\n", p.detail);
+  if (co.mem.is_device()) fmt::print("# gpu push (this side): {}\n", st.gpu_push);
   fmt::print("# warm-up: {} untimed operation(s) per size before each phase (first use of fresh buffers)\n",
              Plan{}.warmup);
   fmt::print("# throughput: {}; time = per operation; GB/s = 1e9 bytes/s\n",
@@ -70,6 +71,8 @@ void print_row(const Result1& r, bool json, const ClientOptions& co, const Endpo
                      {"cpu_pct", r.cpu_pct},
                      {"d2h_copies", st.d2h_copies},
                      {"h2d_copies", st.h2d_copies},
+                     {"gpu_pushes", st.gpu_pushes},
+                     {"gpu_push", st.gpu_push},
                      {"peer_path_chunks_received", r.peer_path_chunks_received},
                      {"peer_path_chunks_inline", r.peer_path_chunks_inline},
                      {"stream_bytes_sent", r.stream_bytes_sent}};

@@ -12,6 +12,7 @@
 #include "core/sys.h"
 #include "tools/dmx/commands.h"
 #include "topo/placement.h"
+#include "topo/push.h"
 #include "topo/report.h"
 #include "topo/sysfs.h"
 #include "topo/topology.h"
@@ -84,7 +85,9 @@ int run_topo(const TopoArgs& args) {
     }
     out += "\n";
   } else {
-    out = topo::render_text(*shared) + topo::render_pools_text(*shared, placement->usage());
+    auto push = topo::parse_push_mode(config->get_string("gpu_push"));
+    out = topo::render_text(*shared) + topo::render_pools_text(*shared, placement->usage()) +
+          topo::render_push_text(*shared, push.ok() ? *push : topo::PushMode::kAuto, config->get_size("gpu_push_max"));
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;

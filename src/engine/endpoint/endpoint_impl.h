@@ -54,6 +54,8 @@ struct Session {
   bool checksum = false;  // every data chunk carries its CRC32C (either side asked)
 };
 
+struct DeviceLink;  // endpoint/device.cc
+
 class EndpointImpl final : public stream::StreamHost,
                            public RegistrationUser,
                            public EvictableEndpoint,
@@ -83,6 +85,7 @@ class EndpointImpl final : public stream::StreamHost,
   void set_note_handler(std::function<void(const Notification&)> handler);
   EndpointStats stats() const;
   Status health() const;
+  Result<DeviceHandle> device_handle(const DeviceHandleOptions& options);  // endpoint/device.cc
   const std::string& peer() const { return session_.peer; }
   Status close();
 
@@ -425,6 +428,11 @@ class EndpointImpl final : public stream::StreamHost,
     uint64_t host_copies = 0, host_copy_bytes = 0;
     uint64_t checksum_errors = 0;
   } counters_;
+
+  // Kernel-initiated operations (endpoint/device.cc). Last: destroyed first, its thread stopped
+  // before anything it posts on goes.
+  std::mutex device_mu_;  // device_link_
+  std::shared_ptr<DeviceLink> device_link_;
 };
 
 }  // namespace dmx

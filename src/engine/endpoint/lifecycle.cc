@@ -41,6 +41,8 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     sc.peer = ep->session_.peer;
     sc.busy_poll = p.busy_poll;
     sc.checksum = ep->session_.checksum;
+    sc.push_tx_max = p.push_tx.max;
+    sc.push_rx_max = p.push_rx.max;
     ep->streams_.push_back(
         std::make_unique<stream::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
   }
@@ -374,6 +376,7 @@ EndpointStats EndpointImpl::stats() const {
   EndpointStats s;
   s.transport = session_.transport;
   s.reason = session_.reason;
+  s.gpu_push = "staged send: " + params_.push_tx.why + "; staged receive: " + params_.push_rx.why;
   s.control_stream = streams_.empty() ? "" : streams_[0]->conduit_kind();
   s.peer = session_.peer;
   s.streams = static_cast<uint32_t>(streams_.size());
@@ -385,6 +388,7 @@ EndpointStats EndpointImpl::stats() const {
     s.d2h_bytes += x.d2h_bytes;
     s.h2d_copies += x.h2d_copies;
     s.h2d_bytes += x.h2d_bytes;
+    s.gpu_pushes += x.pushes;
     s.send_seconds += static_cast<double>(x.ns_send) * 1e-9;
     s.recv_seconds += static_cast<double>(x.ns_recv) * 1e-9;
     s.copy_wait_seconds += static_cast<double>(x.ns_copy_wait) * 1e-9;

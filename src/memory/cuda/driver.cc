@@ -350,6 +350,17 @@ Status cumem_fd_exportable(const void* ptr) {
   return Status();
 }
 
+Result<bool> legacy_ipc_capable(const void* ptr) {
+  const CuMemApi& api = cumem_api();
+  if (!api.missing.ok()) return Status(Code::kUnavailable, api.missing.message());
+  unsigned int capable = 0;
+  CUresult r = api.attribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, dev_ptr(ptr));
+  if (r != CUDA_SUCCESS)
+    return make_error(fmt::format("cuPointerGetAttribute({}, IS_LEGACY_CUDA_IPC_CAPABLE)", ptr), r)
+        .to_status(Code::kUnavailable);
+  return capable != 0;
+}
+
 Result<UniqueFd> export_cumem_fd(const void* ptr) {
   const CuMemApi& api = cumem_api();
   if (!api.missing.ok()) return Status(Code::kUnavailable, api.missing.message());

@@ -78,6 +78,11 @@ Status cumem_ipc_supported(int device);
 // managed memory, a stream-ordered pool, ...).
 Status cumem_fd_exportable(const void* ptr);
 
+// Whether `ptr` lies in memory the legacy IPC API can share (cudaMalloc), as opposed to a cuMem
+// (virtual memory) mapping, whose access is granted per device (cuMemSetAccess), not by peer
+// access (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE). kUnavailable when the driver cannot say.
+Result<bool> legacy_ipc_capable(const void* ptr);
+
 // A new POSIX fd for the cuMem allocation holding `ptr` (cuMemRetainAllocationHandle, then
 // cuMemExportToShareableHandle). The fd keeps the allocation alive while it is open.
 Result<UniqueFd> export_cumem_fd(const void* ptr);

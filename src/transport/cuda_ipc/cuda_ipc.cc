@@ -363,7 +363,20 @@ class CopyEngineImpl final : public CopyEngine {
     void* dst = to_remote ? static_cast<void*>(remote_ptr) : local.ptr;
     const void* src = to_remote ? static_cast<const void*>(local.ptr) : remote_ptr;
     DMX_TRACE_POINT("ce.acquired");
-    Status s = lane->copy(dst, src, local.size);  // 0 bytes: no copy, the fence completes the op
+    Status s;
+    bool pushed = false;
+    if (local.size > 0 && local.size <= options_.push_max) {
+      s = lane->push(dst, src, local.size);
+      pushed = s.ok();
+      if (s.code() == Code::kUnavailable) {
+        if (!push_refusal_logged_) {
+          push_refusal_logged_ = true;
+          DMX_LOG_INFO("cuda_ipc to {}: a small copy goes by the copy engine, not pushed: {}", peer, s.message());
+        }
+        s = Status();
+      }
+    }
+    if (!pushed && s.ok()) s = lane->copy(dst, src, local.size);  // 0 bytes: no copy, the fence completes the op
     DMX_TRACE_POINT("ce.memcpy");
     uint64_t fence = 0;
     if (s.ok()) {
@@ -378,6 +391,7 @@ class CopyEngineImpl final : public CopyEngine {
                                           peer, s.message()));
     }
     stats_.bytes += local.size;
+    if (pushed) ++stats_.pushes;
     if (local.where.kind == MemKind::kCuda && local.where.device != remote.device) ++stats_.peer_copies;
     inflight_[i].push_back(Copy{op, fence, peer, remote.alloc_id});
     return Status();
@@ -393,6 +407,7 @@ class CopyEngineImpl final : public CopyEngine {
   std::vector<std::deque<Copy>> inflight_;  // per lane, in submission order
   std::vector<bool> can_peer_;
   size_t next_lane_ = 0;
+  bool push_refusal_logged_ = false;
   std::string report_;
   CopyStats stats_;
 };

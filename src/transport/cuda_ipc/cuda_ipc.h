@@ -203,6 +203,7 @@ struct CopyCompletion {
 struct CopyStats {
   uint64_t writes = 0, reads = 0, bytes = 0;
   uint64_t peer_copies = 0;  // between two different GPUs (NVLink / PCIe P2P)
+  uint64_t pushes = 0;       // of those copies, made by the SMs (GPU push), not a copy engine
 };
 
 // Copies between local memory and peers' exported device memory.
@@ -216,6 +217,9 @@ class CopyEngine {
     bool in_process = false;
     // The peer's cuMem fds (outlives the engine); null: cuMem descriptors fail with the reason.
     FdSource* fds = nullptr;
+    // GPU push (docs/gpu-push.md): copies of 1..push_max bytes are made by the device's SMs
+    // (CopyQueue::push) when it can reach both ends, else by a copy engine. 0: never.
+    uint64_t push_max = 0;
   };
   virtual ~CopyEngine() = default;
   // Enables peer access from `device` to every GPU that supports it (logged once with the reason

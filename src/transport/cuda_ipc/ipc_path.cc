@@ -24,6 +24,7 @@
 #include "transport/cuda_ipc/ipc_fds.h"
 #include "transport/path_base.h"
 #include "memory/mps.h"
+#include "topo/push.h"
 
 namespace dmx {
 namespace {
@@ -66,6 +67,9 @@ class CudaIpcPath final : public PathBase {
         inline_wait_(inline_wait) {}
 
   ~CudaIpcPath() override { end_thread(); }
+
+  // Before start(): which small copies the SMs make (topo/push.h).
+  void set_push(topo::PushPlan plan) { push_ = std::move(plan); }
 
   std::string_view name() const override { return "cuda_ipc"; }
 
@@ -160,6 +164,7 @@ class CudaIpcPath final : public PathBase {
     invalidate_retired(*item);
     Status s = engine->read(seq, dst, peer_, item->source, 0);
     if (!s.ok()) return refuse(s);
+    count_pushes();
     DMX_TRACE_POINT("ipc.inline.issued");
     Deadline deadline = Deadline::after(inline_wait_);
     completions_.clear();
@@ -200,7 +205,9 @@ class CudaIpcPath final : public PathBase {
                   "each time the next {} left to the path's thread)",
                   counters_.inline_copies.load(std::memory_order_relaxed), inline_max_,
                   handed_over_.load(std::memory_order_relaxed), inline_wait_.count(), kLaneBackoff);
-    return "cuda_ipc: " + mode + report_ + lane + cumem + shared_note_;
+    return "cuda_ipc: " + mode + report_ + lane +
+           fmt::format("; {} ({} copies pushed)", push_.why, pushes_.load(std::memory_order_relaxed)) + cumem +
+           shared_note_;
   }
 
  private:
@@ -273,6 +280,14 @@ class CudaIpcPath final : public PathBase {
 
   // ---- copies (engine_mu_ held) ----
 
+  // The engines' SM copies so far, for describe().
+  void count_pushes() {
+    uint64_t n = 0;
+    for (auto& [dev, engine] : engines_)
+      if (engine) n += engine->stats().pushes;
+    pushes_.store(n, std::memory_order_relaxed);
+  }
+
   // The local GPU that copies `item` (see docs/shm-cuda-ipc.md): for a cuda destination, the source's
   // GPU when it is ours and reaches the destination (cuda_ipc_copy_by=source), else the
   // destination's; for host destinations the source's GPU (a device-to-host copy on its own copy
@@ -325,6 +340,7 @@ class CudaIpcPath final : public PathBase {
       note_failure(**engine, s);
       return false;
     }
+    count_pushes();
     inflight_.emplace(item.seq, Inflight{item.dst.size});
     return true;
   }
@@ -388,7 +404,8 @@ class CudaIpcPath final : public PathBase {
   Result<CopyEngine*> engine_for(int device) {
     auto it = engines_.find(device);
     if (it != engines_.end()) return it->second.get();
-    auto e = CopyEngine::create({.device = device, .streams = streams_, .in_process = in_process_, .fds = fds_.get()});
+    auto e = CopyEngine::create(
+        {.device = device, .streams = streams_, .in_process = in_process_, .fds = fds_.get(), .push_max = push_.max});
     if (!e.ok()) return e.status();
     CopyEngine* raw = e->get();
     engines_.emplace(device, std::move(*e));
@@ -477,6 +494,8 @@ class CudaIpcPath final : public PathBase {
   const bool in_process_;
   const uint64_t inline_max_;                    // the small-chunk lane: largest chunk (0: off)
   const std::chrono::microseconds inline_wait_;  // and how long its caller polls a copy
+  topo::PushPlan push_;  // GPU push for small copies (set before the path starts)
+  std::atomic<uint64_t> pushes_{0};  // copies the engines' SMs made (count_pushes)
 
   std::mutex tx_mu_;  // guards exporter_, next_sweep_
   cuda_ipc::Exporter exporter_;
@@ -541,6 +560,21 @@ Status cuda_ipc_usable_between(uint32_t my_pid, uint32_t peer_pid, bool proven_s
   return Status();
 }
 
+topo::PushPlan cuda_ipc_push_plan(const Config& config) {
+  auto mode = topo::parse_push_mode(config.get_string("gpu_push"));
+  topo::PushMode m = mode.ok() ? *mode : topo::PushMode::kAuto;  // the context checked it
+  topo::PushPlan plan =
+      topo::plan_gpu_push(m, config.get_size("gpu_push_max"), topo::push_facts(topo::PushLink::kPeerGpu));
+  if (m == topo::PushMode::kAuto && config.get_string("cuda_ipc_copy_by") == "destination") {
+    // The destination's SMs would read the peer's memory over the peer link: not seed 002's
+    // posted writes. Left to the copy engine.
+    plan.max = 0;
+    plan.why = "no gpu push: cuda_ipc_copy_by=destination makes the SMs read the peer's memory (reads, not posted "
+               "writes); copy engine";
+  }
+  return plan;
+}
+
 std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process,
                                                std::optional<UnixChannel> fd_channel) {
   int streams = static_cast<int>(std::clamp<int64_t>(config.get_int("cuda_ipc_streams"), 1, 16));
@@ -550,9 +584,11 @@ std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string
   auto inline_wait = std::min(config.get_duration("cuda_ipc_inline_wait"), std::chrono::microseconds(1000));
   std::unique_ptr<IpcFdChannel> fds;
   if (fd_channel) fds = std::make_unique<IpcFdChannel>(std::move(*fd_channel), peer);
-  return std::make_unique<CudaIpcPath>(std::move(peer), streams, chunk,
-                                       config.get_string("cuda_ipc_copy_by") != "destination", in_process, inline_max,
-                                       inline_wait, std::move(fds));
+  bool by_source = config.get_string("cuda_ipc_copy_by") != "destination";
+  auto path = std::make_unique<CudaIpcPath>(std::move(peer), streams, chunk, by_source, in_process, inline_max,
+                                            inline_wait, std::move(fds));
+  path->set_push(cuda_ipc_push_plan(config));
+  return path;
 }
 
 Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, std::string peer, bool in_process,

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "topo/push.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
 #include "transport/path.h"
 #include "transport/side_channel.h"
@@ -78,6 +79,10 @@ Result<std::unique_ptr<PayloadPath>> make_cuda_ipc_path(const Config& config, st
 
 // The same path without the availability check: makes no CUDA call until a chunk is exported or
 // copied (tests of the CUDA-free logic use it in processes that must not initialise CUDA).
+// Which small copies the path's SMs make instead of a copy engine, and why (gpu_push,
+// gpu_push_max, cuda_ipc_copy_by; topo/push.h).
+topo::PushPlan cuda_ipc_push_plan(const Config& config);
+
 std::unique_ptr<PayloadPath> new_cuda_ipc_path(const Config& config, std::string peer, bool in_process = false,
                                                std::optional<UnixChannel> fd_channel = std::nullopt);
 

@@ -1,0 +1,165 @@
+// The kernels of device_kernels.h: plain one-block kernels over dmx/device.cuh.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "dmx/device.cuh"
+#include "device/device_kernels.h"
+
+namespace dmx::test {
+namespace {
+
+constexpr int kThreads = 128;
+
+__device__ unsigned char pattern_at(uint64_t seed, uint64_t round, uint64_t i) {
+  uint64_t x = seed ^ (round * 0x9e3779b97f4a7c15ull) ^ (i * 0xbf58476d1ce4e5b9ull);
+  x ^= x >> 31;
+  x *= 0x94d049bb133111ebull;
+  return static_cast<unsigned char>(x >> 56);
+}
+
+__device__ uint64_t clock_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void put_rounds(DeviceHandle h, unsigned char* src, uint64_t len, DeviceRemote dst, int rounds, uint64_t seed,
+                           int* result) {
+  for (int r = 0; r < rounds; ++r) {
+    for (uint64_t i = threadIdx.x; i < len; i += blockDim.x) src[i] = pattern_at(seed, r, i);
+    int64_t t = device::block_write(h, src, len, dst, r * len, true, r + 1);
+    int rc = device::block_wait(h, t);
+    if (rc != 0) {
+      if (threadIdx.x == 0) *result = rc;
+      return;
+    }
+  }
+  if (threadIdx.x == 0) *result = 0;
+}
+
+__global__ void check_rounds(DeviceHandle h, const unsigned char* region, uint64_t len, int rounds, uint64_t seed,
+                             int* result) {
+  __shared__ int bad;
+  for (int r = 0; r < rounds; ++r) {
+    int rc = device::block_wait_notifications(h, r + 1);
+    if (rc != 0) {
+      if (threadIdx.x == 0) *result = rc;
+      return;
+    }
+    if (threadIdx.x == 0) bad = 0;
+    __syncthreads();
+    const unsigned char* p = region + r * len;
+    for (uint64_t i = threadIdx.x; i < len; i += blockDim.x)
+      if (p[i] != pattern_at(seed, r, i)) atomicAdd(&bad, 1);
+    __syncthreads();
+    if (bad != 0) {
+      if (threadIdx.x == 0) *result = 1000 + r;
+      return;
+    }
+  }
+  if (threadIdx.x == 0) *result = 0;
+}
+
+__global__ void until_failure(DeviceHandle h, unsigned char* src, DeviceRemote dst, int* result, uint64_t* elapsed_ns,
+                              uint64_t* rounds_done) {
+  for (uint64_t r = 0;; ++r) {
+    uint64_t t0 = clock_ns();
+    int64_t t = device::block_write(h, src, 8, dst, 0, true, r + 1);
+    int rc = device::block_wait(h, t);
+    if (rc != 0) {
+      if (threadIdx.x == 0) {
+        *result = rc;
+        *elapsed_ns = clock_ns() - t0;
+        *rounds_done = r;
+      }
+      return;
+    }
+  }
+}
+
+__global__ void ping(DeviceHandle h, unsigned char* src, DeviceRemote dst, int iters, bool pong, uint64_t* times,
+                     int* result) {
+  for (int i = 0; i < iters; ++i) {
+    if (threadIdx.x == 0) src[0] = static_cast<unsigned char>(i);
+    uint64_t t0 = clock_ns();
+    int64_t t = device::block_write(h, src, 8, dst, 0, true, i + 1);
+    int rc = pong ? (t < 0 ? static_cast<int>(t) : device::block_wait_notifications(h, i + 1))
+                  : device::block_wait(h, t);
+    uint64_t t1 = clock_ns();
+    if (rc == 0 && pong) rc = device::block_wait(h, t);  // the write's own completion, before reusing src
+    if (rc != 0) {
+      if (threadIdx.x == 0) *result = rc;
+      return;
+    }
+    if (threadIdx.x == 0) times[i] = t1 - t0;
+  }
+  if (threadIdx.x == 0) *result = 0;
+}
+
+__global__ void pong_kernel(DeviceHandle h, unsigned char* src, DeviceRemote dst, int iters, int* result) {
+  for (int i = 0; i < iters; ++i) {
+    int rc = device::block_wait_notifications(h, i + 1);
+    int64_t t = rc == 0 ? device::block_write(h, src, 8, dst, 0, true, i + 1) : rc;
+    rc = device::block_wait(h, t);
+    if (rc != 0) {
+      if (threadIdx.x == 0) *result = rc;
+      return;
+    }
+  }
+  if (threadIdx.x == 0) *result = 0;
+}
+
+std::string finish(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) return "";
+  return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+}  // namespace
+
+std::string run_put_rounds(const DeviceHandle& h, unsigned char* src, uint64_t len, DeviceRemote dst, int rounds,
+                           uint64_t seed, int* result) {
+  put_rounds<<<1, kThreads>>>(h, src, len, dst, rounds, seed, result);
+  return finish("put_rounds");
+}
+std::string run_check_rounds(const DeviceHandle& h, const unsigned char* region, uint64_t len, int rounds,
+                             uint64_t seed, int* result) {
+  check_rounds<<<1, kThreads>>>(h, region, len, rounds, seed, result);
+  return finish("check_rounds");
+}
+std::string run_until_failure(const DeviceHandle& h, unsigned char* src, DeviceRemote dst, int* result,
+                              uint64_t* elapsed_ns, uint64_t* rounds_done) {
+  until_failure<<<1, kThreads>>>(h, src, dst, result, elapsed_ns, rounds_done);
+  return finish("until_failure");
+}
+std::string run_ping(const DeviceHandle& h, unsigned char* src, DeviceRemote dst, int iters, bool pong,
+                     uint64_t* times_ns, int* result) {
+  ping<<<1, 32>>>(h, src, dst, iters, pong, times_ns, result);
+  return finish("ping");
+}
+std::string run_pong(const DeviceHandle& h, unsigned char* src, DeviceRemote dst, int iters, int* result) {
+  pong_kernel<<<1, 32>>>(h, src, dst, iters, result);
+  return finish("pong");
+}
+
+std::string set_device(int device) {
+  cudaError_t e = cudaSetDevice(device);
+  return e == cudaSuccess ? "" : std::string("cudaSetDevice: ") + cudaGetErrorName(e);
+}
+void* device_alloc(uint64_t bytes) {
+  void* p = nullptr;
+  return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
+}
+void device_free(void* p) { (void)cudaFree(p); }
+std::string copy_to_host(void* host, const void* dev, uint64_t bytes) {
+  cudaError_t e = cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost);
+  return e == cudaSuccess ? "" : std::string("cudaMemcpy: ") + cudaGetErrorName(e);
+}
+std::string copy_to_device(void* dev, const void* host, uint64_t bytes) {
+  cudaError_t e = cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice);
+  return e == cudaSuccess ? "" : std::string("cudaMemcpy: ") + cudaGetErrorName(e);
+}
+
+}  // namespace dmx::test
