@@ -95,7 +95,12 @@ TEST(Frame, PayloadPathByte) {
   h.path = kMaxPathId;
   h.flags = kFlagNotify;
   EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
-  h.flags = 4;  // the path flags of protocol 1 are gone
+  h.flags = kFlagNotify | kFlagVector;  // a vectored write's chunk
+  EXPECT_TRUE(decode_header(encode_header(h).data(), kLimits).ok());
+  h.flags = kFlagMore;  // only a vectored READ_REQ says more segments follow
+  EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("unknown flags"),
+            std::string::npos);
+  h.flags = 16;
   EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("unknown flags"),
             std::string::npos);
   h.flags = 0;

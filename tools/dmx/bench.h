@@ -48,6 +48,9 @@ struct Plan {
   uint64_t checksum = 0;  // send/write: the source's
   uint32_t crc = 0;       // with --checksum crc32c, send/write: the source's CRC32C
   bool quit = false;      // the client is done with this endpoint
+  // --blocks: a block run (run_blocks); the server answers each notification of a write with an
+  // 8-byte kPongTag message carrying its value, so the client sees when the last byte landed.
+  uint64_t blocks = 0;
 };
 
 struct Reply {
@@ -138,5 +141,13 @@ Result<std::vector<uint64_t>> parse_size_list(const std::string& list);
 // Runs one size against a server; fills everything but cpu_pct.
 Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size);
 Status quit(Endpoint& ep);
+
+// --blocks N --block-size S: N blocks of S bytes at random block ids of a paged cache written into
+// (or read from) random block ids of the server's cache, three ways in one run: one contiguous
+// write of N x S bytes (the bound), N writes (one per block, as before vectored writes), and one
+// vectored write of N entries. Reports blocks/s, GB/s, the time to post and from the first post
+// to the notification (write; read: to the completion). `reps` runs of each, the best reported.
+Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_t block_size, uint32_t reps,
+                  bool json);
 
 }  // namespace dmx::bench

@@ -34,6 +34,7 @@ struct Args {
   std::string chunk, cuda_alloc = "cudamalloc";
   std::string streams;  // empty: not given; else passed on as given, for the library to judge
   uint32_t iters = 0, window = 0;
+  std::string blocks, block_size;  // --blocks N --block-size S: the KV-cache block run (bench_blocks.cc)
   std::vector<std::string> options;
   int metrics_port = -1;  // --listen: serve GET /metrics (metrics_http.h); -1: not
   std::string idle_timeout = "60s";  // --listen: a session idle this long ends (bench::serve)
@@ -122,6 +123,17 @@ Result<std::vector<uint64_t>> pick_sizes(const Args& a) {
 }
 
 int run_client(Endpoint& ep, const Args& a, bench::ClientOptions co) {
+  if (!a.blocks.empty()) {
+    auto n = parse_size(a.blocks);
+    auto s = parse_size(a.block_size.empty() ? "64K" : a.block_size);
+    if (!n.ok() || !s.ok())
+      return fmt::print(stderr, "dmx bench: --blocks/--block-size: {}\n",
+                        (!n.ok() ? n.status() : s.status()).message()), 2;
+    Status st = bench::run_blocks(ep, co, *n, *s, a.iters ? a.iters : 3, a.json);
+    if (!st.ok()) return fmt::print(stderr, "dmx bench: {}\n", st.to_string()), 1;
+    (void)bench::quit(ep);
+    return 0;
+  }
   EndpointStats st = ep.stats();
   if (!a.json) bench::print_header(co, st);
   bench::Progress progress(::isatty(1) && ::isatty(2));
@@ -277,6 +289,10 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   b->add_option("--window", a->window,
                 "operations in flight in the throughput phase, 1-64 (default: 1 GiB / size, 2 to 64)")
       ->check(CLI::Range(1, 64));
+  b->add_option("--blocks", a->blocks,
+                "KV-cache run: N blocks at random ids of a paged cache to random ids of the peer's, as one "
+                "contiguous op, one op per block and one vectored op (--op write|read; --iters: runs, default 3)");
+  b->add_option("--block-size", a->block_size, "with --blocks: bytes per block (default 64K)");
   b->add_flag("--verify", a->verify, "check an end-to-end checksum of fresh random data in every buffer");
   b->add_option("--checksum", a->checksum,
                 "crc32c: every chunk carries its CRC32C, checked where it lands (computed by the GPU for GPU memory); "

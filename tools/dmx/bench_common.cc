@@ -33,7 +33,7 @@ uint64_t optional_count(const json& j, const char* key) { return j.contains(key)
 std::string to_json(const Plan& p) {
   return json{{"op", p.op},         {"size", p.size},         {"iters", p.iters},   {"window", p.window},
               {"lat_iters", p.lat_iters}, {"warmup", p.warmup}, {"peer_mem", p.peer_mem}, {"verify", p.verify}, {"checksum", p.checksum}, {"crc", p.crc},
-              {"quit", p.quit}}
+              {"quit", p.quit}, {"blocks", p.blocks}}
       .dump();
 }
 
@@ -54,6 +54,7 @@ Result<Plan> plan_from_json(const std::string& s) {
     p.checksum = count_field(j, "checksum");
     p.crc = static_cast<uint32_t>(j.contains("crc") ? count_field(j, "crc", UINT32_MAX) : 0);  // only with checksums
     p.quit = j.at("quit").get<bool>();
+    p.blocks = j.contains("blocks") ? count_field(j, "blocks") : 0;
   } catch (const std::exception& e) {
     return Status(Code::kProtocol, std::string("bench plan: ") + e.what());
   }

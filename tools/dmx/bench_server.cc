@@ -123,6 +123,20 @@ Status serve_one_sided(Endpoint& ep, const Plan& p, Context& ctx, Buffer& buf, R
   DMX_RETURN_IF_ERROR(send_text(ep, kReplyTag, to_json(reply), kControlTimeout));
   std::string done(kControlMax, '\0');
   Request got = ep.recv(MemRegion{done.data(), done.size(), {}}, kDoneTag, with_timeout(kDataTimeout));
+  if (p.blocks > 0 && p.op == "write") {  // each notification goes back to the client at once
+    auto last = std::chrono::steady_clock::now();
+    while (!got.test()) {
+      auto note = ep.next_notification(std::chrono::milliseconds(50));
+      if (!note.ok()) {
+        if (note.status().code() != Code::kTimeout) return note.status();
+        if (std::chrono::steady_clock::now() - last > idle) break;  // wait_moving below ends it
+        continue;
+      }
+      last = std::chrono::steady_clock::now();
+      uint64_t value = note->value;
+      DMX_RETURN_IF_ERROR(ep.send(MemRegion{&value, sizeof value, {}}, kPongTag).wait(kControlTimeout));
+    }
+  }
   DMX_RETURN_IF_ERROR(wait_moving(ep, got, idle));
   if (p.op == "write" && p.verify) {
     DMX_ASSIGN_OR_RETURN(reply.verified, slots_match(buf, p.size, std::min(w, p.iters), p.checksum));
