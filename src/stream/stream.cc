@@ -482,12 +482,16 @@ Stream::Turn Stream::turn() {
   // otherwise, once silent for a quarter, ask the peer to answer now.
   const auto step = config_.busy_peer_timeout / 8;
   if (busy && start - last_rx_ >= step && start - last_probe_ >= step) {
+    // Growth since the previous look, when that look was recent (the first look of a silence only
+    // takes the count: what was acknowledged before may predate it), and more than our own probes
+    // and keepalives: a frozen peer's kernel still acknowledges those (and data until its receive
+    // buffer is full).
+    bool recent = start - last_probe_ <= 2 * step;
     last_probe_ = start;
-    // More than our own probes and keepalives: a frozen peer's kernel still acknowledges those
-    // (and data until its receive buffer is full).
     uint64_t acked = conduit_->acked_bytes();
-    if (acked > acked_seen_ + kAckedAlive) {
-      acked_seen_ = acked;
+    bool grew = acked > acked_seen_ + kAckedAlive;
+    acked_seen_ = acked;
+    if (recent && grew) {
       last_rx_ = start;
     } else if (start - last_rx_ >= 2 * step) {
       push_keepalive(true);
