@@ -5,6 +5,7 @@
 #   links_shape SUFFIX IF RATE   tbf at RATE (e.g. 1gbit) on IF at both ends; RATE "none" clears
 #   links_down SUFFIX      idempotent; kills what still runs inside
 #   links_addr SUFFIX LINK SIDE   the address of side a|b on link 1|2
+#   links_wait_rx NS BYTES         waits until namespace NS received BYTES more on its links
 # Returns 3 from links_up where namespaces or veth pairs cannot be made (not root).
 
 LINKS_NET=${DMX_LINKS_NET:-10.201}
@@ -46,6 +47,20 @@ links_down() {
     ip netns del "$ns" 2>/dev/null
   done
   return 0
+}
+
+# Waits (at most 60 s) until namespace NS has received BYTES more on its links: a transfer is under
+# way, so operations are pending when the peer is then frozen (idle endpoints keep peer_timeout).
+links_wait_rx() {  # NS BYTES
+  local ns=$1 want=$2 start now i
+  rx() { ip netns exec "$ns" cat /sys/class/net/ml0/statistics/rx_bytes /sys/class/net/ml1/statistics/rx_bytes | awk '{s += $1} END {printf "%.0f\n", s}'; }
+  start=$(rx)
+  for i in $(seq 600); do
+    now=$(rx)
+    (( now - start >= want )) && return 0
+    sleep 0.1
+  done
+  return 1
 }
 
 links_addr() { echo "$LINKS_NET.$2.$([[ $3 == a ]] && echo 1 || echo 2)"; }  # SUFFIX LINK(1|2) SIDE

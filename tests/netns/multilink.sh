@@ -48,7 +48,7 @@ fi
 # A link cut mid-transfer: the chunks on it move to the other; every byte arrives once.
 log=/tmp/dmx-ml-$$-2.log
 client "$log" --sizes 256M --streams 4 --iters 3 & pid=$!
-sleep 3
+links_wait_rx "$B" $((64 << 20))  # mid-transfer
 ip -n "$A" link set ml1 down
 wait $pid; rc=$?
 ip -n "$A" link set ml1 up
@@ -62,7 +62,7 @@ fi
 # One link, cut: a clean failure naming the peer, in bounded time.
 log=/tmp/dmx-ml-$$-3.log
 DMX_NICS=ml0 client "$log" --sizes 256M --streams 4 --iters 100 & pid=$!
-sleep 3
+links_wait_rx "$B" $((64 << 20))  # sends in flight: operations pending (idle endpoints keep peer_timeout)
 ip -n "$A" link set ml0 down
 start=$(date +%s.%N)
 wait $pid; rc=$?
@@ -78,7 +78,7 @@ fi
 # (a loaded machine; scripts/multinic-bench.sh measures).
 log=/tmp/dmx-ml-$$-4.log
 client "$log" --sizes 256M --streams 4 --iters 100 & pid=$!
-sleep 3
+links_wait_rx "$B" $((64 << 20))  # sends in flight: operations pending
 server=$(ip netns pids "$B" | head -1)
 kill -STOP $server
 start=$(date +%s.%N)
