@@ -35,6 +35,10 @@ constexpr ConfigEntry kTable[] = {
     {"keepalive_interval", ConfigType::kDuration, "1s", "idle time after which a stream sends a keepalive"},
     {"peer_timeout", ConfigType::kDuration, "10s",
      "a peer silent for this long on any stream is declared dead and its operations fail"},
+    {"busy_peer_timeout", ConfigType::kDuration, "1500ms",
+     "while operations are pending, a peer silent this long on a stream is declared dead (every pending "
+     "operation fails naming it; on a data stream of several links, that link is dropped); the stream "
+     "probes a silent peer at a quarter of it, so idle endpoints pay nothing (docs/reliability.md)"},
     {"eager_limit", ConfigType::kSize, "16K", "sends up to this size go without a rendezvous round trip"},
     {"unexpected_budget", ConfigType::kSize, "64M",
      "bytes of eager messages a receiver buffers before a matching recv is posted (per endpoint)"},
@@ -90,6 +94,17 @@ constexpr ConfigEntry kTable[] = {
      "context|endpoint"},
     {"socket_buffer", ConfigType::kSize, "0", "SO_SNDBUF/SO_RCVBUF per stream; 0 keeps the kernel's autotuning"},
     // devmem TCP
+    {"nics", ConfigType::kString, "",
+     "network interfaces (comma-separated names) an endpoint's TCP streams may use; empty: every interface "
+     "that is up and not loopback (docs/architecture.md, \"Several NICs\")"},
+    {"nic_gpu", ConfigType::kInt, "-1",
+     "CUDA device whose data this context's endpoints mostly move: with nics empty, their TCP streams use "
+     "that GPU's NIC (gpu_nics, else the nearest by PCIe; dmx topo says which and why); -1: no GPU"},
+    {"gpu_nics", ConfigType::kString, "",
+     "the NIC per GPU where the user knows better than PCIe distance: ORDINAL=IFNAME,... (e.g. 0=eth2,1=eth3)"},
+    {"multilink", ConfigType::kString, "auto",
+     "acknowledge each data stream's chunks so that a dead link's chunks move to the other streams: auto "
+     "(when the server lists other addresses), on, off; both sides must allow it"},
     {"devmem_ifname", ConfigType::kString, "", "NIC whose queues receive into GPU memory (devmem TCP); empty: devmem off"},
     {"devmem_queues", ConfigType::kString, "", "RX queues bound to the devmem pool, A-B (as given to dmx devmem setup)"},
     {"devmem_rx_pool", ConfigType::kSize, "256M", "GPU memory bound to the devmem RX queues (the NIC's landing pool)"},

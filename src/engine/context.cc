@@ -82,6 +82,10 @@ Result<EngineParams> params_from(const Config& c) {
   p.peer_timeout = c.get_duration("peer_timeout");
   if (p.keepalive.count() <= 0 || p.peer_timeout <= 2 * p.keepalive)
     return Status(Code::kInvalidArgument, "peer_timeout must exceed twice keepalive_interval");
+  p.busy_peer_timeout = c.get_duration("busy_peer_timeout");
+  if (p.busy_peer_timeout < std::chrono::milliseconds(100))
+    return Status(Code::kInvalidArgument, "busy_peer_timeout must be at least 100ms");
+  p.busy_peer_timeout = std::min(p.busy_peer_timeout, p.peer_timeout);  // a patient peer_timeout is patient here too
   p.connect_timeout = c.get_duration("connect_timeout");
   p.handshake_timeout = c.get_duration("handshake_timeout");
   p.deregister_timeout = c.get_duration("deregister_timeout");
@@ -95,6 +99,12 @@ Result<EngineParams> params_from(const Config& c) {
   if (checksum != "none" && checksum != "crc32c")
     return Status(Code::kInvalidArgument, fmt::format("checksum must be none or crc32c (got '{}')", checksum));
   p.checksum = checksum == "crc32c";
+  std::string multilink = c.get_string("multilink");
+  if (multilink == "off") p.multilink = static_cast<uint8_t>(wire::Multilink::kOff);
+  else if (multilink == "auto") p.multilink = static_cast<uint8_t>(wire::Multilink::kAuto);
+  else if (multilink == "on") p.multilink = static_cast<uint8_t>(wire::Multilink::kOn);
+  else return Status(Code::kInvalidArgument, fmt::format("multilink must be auto, on or off (got '{}')", multilink));
+  p.nics = c.get_string("nics");
   p.busy_poll = c.get_duration("busy_poll");
   for (const auto& item : c.items())  // an explicit value is always honoured; the default adapts
     if (item.entry->name == "busy_poll" && item.source == "default" && std::thread::hardware_concurrency() < 8)

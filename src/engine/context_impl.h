@@ -79,6 +79,7 @@ struct EngineParams {
   size_t max_notifications = 65536;
   std::chrono::microseconds keepalive{1'000'000};
   std::chrono::microseconds peer_timeout{10'000'000};
+  std::chrono::microseconds busy_peer_timeout{1'500'000};  // with operations pending
   std::chrono::microseconds connect_timeout{10'000'000};
   std::chrono::microseconds handshake_timeout{5'000'000};
   std::chrono::microseconds deregister_timeout{10'000'000};
@@ -92,6 +93,8 @@ struct EngineParams {
   // GPU push of small staging copies (gpu_push, gpu_push_max; topo/push.h): device -> pinned
   // slot, and pinned slot -> device.
   topo::PushPlan push_tx, push_rx;
+  uint8_t multilink = 1;  // wire::Multilink
+  std::string nics;       // interfaces the streams may use (engine/links.h); empty: all
 };
 
 // Places TCP staging memory with the machine's placement (topo/placement.h: pinned host pools per

@@ -8,6 +8,8 @@
 
 #include "core/log.h"
 #include "core/sys.h"
+#include "engine/links.h"
+#include "topo/advisor.h"
 #include "engine/transport_setup.h"
 #include "stream/socket.h"
 
@@ -31,6 +33,7 @@ wire::Hello make_hello(const ContextImpl& ctx, wire::Role role) {
   h.pid = static_cast<uint32_t>(::getpid());
   h.peer_timeout_ms = static_cast<uint32_t>(std::min<int64_t>(p.peer_timeout.count() / 1000, UINT32_MAX));
   h.checksum = static_cast<uint8_t>(p.checksum ? wire::Checksum::kCrc32c : wire::Checksum::kNone);
+  h.multilink = p.multilink;
   return h;
 }
 
@@ -94,6 +97,7 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
   // With a payload path every chunk header travels on stream 0 (their order is the paths'
   // sequence), so further streams would only carry keepalives: one stream.
   if (!paths.empty()) s.streams = 1;
+  s.multilink = s.streams > 1 && wire::multilink_agreed(client, server);
   s.transport = paths.empty() ? std::string(on_streams->name()) : paths;
   std::string how = forced == "auto" ? "auto" : fmt::format("forced by configuration (transport={})", forced);
   std::string where = pair.same_host ? "same host" : "different hosts";
@@ -168,6 +172,29 @@ Result<UniqueFd> open_stream(const stream::Address& addr, const EngineParams& p,
   return fd;
 }
 
+// The interfaces the client's streams may use: the nics setting, else the NIC of nic_gpu's GPU
+// (topo::nic_for_gpu: gpu_nics, else the nearest by PCIe), else all (empty).
+std::string stream_nics(const ContextImpl& ctx) {
+  const EngineParams& p = ctx.params();
+  int64_t gpu = ctx.config().get_int("nic_gpu");
+  if (!p.nics.empty() || gpu < 0) return p.nics;
+  std::string why;
+  auto topo = ctx.topology(&why);
+  int dev = topo ? topo::gpu_of_ordinal(*topo, static_cast<int>(gpu)) : -1;
+  if (dev < 0) {
+    DMX_LOG_WARN("nic_gpu={}: no such GPU in the topology ({}); the streams use every NIC", gpu,
+                 topo ? "not found" : why);
+    return "";
+  }
+  topo::NicChoice c = topo::nic_for_gpu(*topo, dev, static_cast<int>(gpu), ctx.config().get_string("gpu_nics"));
+  if (c.nic < 0) {
+    DMX_LOG_WARN("nic_gpu={}: no NIC for it ({}); the streams use every NIC", gpu, c.why);
+    return "";
+  }
+  DMX_LOG_DEBUG("nic_gpu={}: the streams use {} ({})", gpu, topo->nics[c.nic].name, c.why);
+  return topo->nics[c.nic].name;
+}
+
 // One connect attempt: the handshake of every stream within `attempt`; the same-host paths within
 // `overall`. *final says the failure is the peer's answer (REJECT, keys differ, a protocol
 // mismatch), which another attempt would only repeat; *refused, that nobody listens at `addr`.
@@ -229,9 +256,31 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
   for (const auto& t : agreed.agreed)
     if (t->needs().data_socket) data_devices.push_back(t->data_socket_device(ctx->config()));
   std::vector<UniqueFd> data_sockets;
+  // Several links: data stream i leaves by link (i - 1) mod the links (engine/links.h).
+  std::vector<Link> nic_links;
+  if (agreed.multilink && !theirs->addresses.empty()) {
+    std::string local = stream::local_name(fds[0].get());
+    nic_links = plan_links(local.substr(0, local.rfind(':')), addr.host, theirs->addresses, stream_nics(*ctx));
+  }
+  // One link that is not stream 0's (nics or nic_gpu named another NIC) is worth following too.
+  if (nic_links.size() == 1 && nic_links[0].remote == addr.host) nic_links.clear();
+  if (!nic_links.empty())
+    DMX_LOG_INFO("endpoint to {}: {} data streams over {} links: {}", peer, agreed.streams - 1, nic_links.size(),
+                 describe_links(nic_links));
   for (uint16_t i = 1; i < agreed.streams + data; ++i) {
     std::string device = i < agreed.streams ? std::string() : data_devices[i - agreed.streams];
-    DMX_ASSIGN_OR_RETURN(UniqueFd fd, open_stream(addr, p, deadline, device));
+    stream::Address to = addr;
+    if (i < agreed.streams && !nic_links.empty()) {
+      const Link& l = nic_links[(i - 1) % nic_links.size()];
+      to.host = l.remote;
+      device = l.ifname;
+    }
+    auto opened = open_stream(to, p, deadline, device);
+    // SO_BINDTODEVICE needs privileges on older kernels: the subnet's route then picks the NIC.
+    if (!opened.ok() && opened.status().code() == Code::kUnavailable && i < agreed.streams && !device.empty())
+      opened = open_stream(to, p, deadline);
+    if (!opened.ok()) return opened.status();
+    UniqueFd fd = std::move(*opened);
     wire::Join j;
     j.session = session;
     j.index = i;
@@ -255,6 +304,7 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
                        connect_transports(*ctx, agreed.agreed, mine, *theirs, /*is_client=*/true,
                                           std::move(local_listener), SideChannels{}, std::move(data_sockets), peer,
                                           overall));
+  agreed.routes = stream_routes(fds);
   return EndpointImpl::create(ctx, std::move(agreed), stream_conduits(std::move(fds), std::move(links.control)),
                               std::move(links.paths));
 }

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "dmx/context.h"
 #include "engine/handshake.h"
+#include "engine/links.h"
 #include "engine/transport_setup.h"
 #include "stream/socket.h"
 #include "wire/le.h"
@@ -102,6 +103,7 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
   std::shared_ptr<ContextImpl> ctx_;
   UniqueFd fd_, wake_;
   std::string address_;
+  std::string listen_host_;  // as asked: a wildcard takes streams on every interface (engine/links.h)
   std::thread thread_;
   // Listener thread only.
   std::list<Conn> conns_;  // oldest first
@@ -160,6 +162,7 @@ Result<std::shared_ptr<ListenerImpl>> ListenerImpl::create(std::shared_ptr<Conte
   DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(url));
   auto l = std::shared_ptr<ListenerImpl>(new ListenerImpl(std::move(ctx)));
   DMX_ASSIGN_OR_RETURN(l->fd_, stream::listen_on(addr));
+  l->listen_host_ = addr.host;
   l->wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!l->wake_.valid()) return errno_status("eventfd", errno);
   std::string local = stream::local_name(l->fd_.get());
@@ -536,6 +539,10 @@ ListenerImpl::Next ListenerImpl::on_hello(Conn& c) {
   if (Status s = endpoint_room(key, /*dry_run=*/true); !s.ok()) return reject(c, s);
   wire::Hello server = make_hello(*ctx_, wire::Role::kServer);
   server.streams = client->streams;  // the client decides; both are bounded by decode_hello
+  if (server.multilink != 0 && client->multilink != 0 && client->streams > 1) {  // several NICs (engine/links.h)
+    std::string local = stream::local_name(c.fd.get());
+    server.addresses = advertised_addresses(listen_host_, local.substr(0, local.rfind(':')), ctx_->params().nics);
+  }
   server.chunk_size = std::min(client->chunk_size, server.chunk_size);
   do {
     server.session = random_u64();
@@ -705,6 +712,7 @@ void ListenerImpl::build(Pending p, Session agreed, std::shared_ptr<SetupState> 
   // create() counts it in the context once its streams are built: a window of microseconds in which
   // max_endpoints may admit one more.
   building_.fetch_sub(1, std::memory_order_acq_rel);
+  agreed.routes = stream_routes(p.fds);
   auto ep = EndpointImpl::create(ctx_, std::move(agreed), stream_conduits(std::move(p.fds), std::move(links->control)),
                                  std::move(links->paths));
   {

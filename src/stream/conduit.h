@@ -31,6 +31,9 @@ class Conduit {
   virtual void shutdown() = 0;
   // "tcp" or "shm pipe": for messages and statistics.
   virtual const char* kind() const = 0;
+  // Bytes of ours the peer's host has acknowledged so far (TCP: tcpi_bytes_acked), or 0 when the
+  // conduit cannot tell: a peer that takes our data is alive though it sends nothing back.
+  virtual uint64_t acked_bytes() const { return 0; }
 };
 
 // A connected, non-blocking stream socket.
@@ -43,9 +46,11 @@ class SocketConduit final : public Conduit {
   void after_sleep() override {}
   void shutdown() override;
   const char* kind() const override { return "tcp"; }
+  uint64_t acked_bytes() const override;
 
  private:
   UniqueFd fd_;
+  uint64_t written_ = 0;  // bytes write() took
 };
 
 }  // namespace dmx::stream

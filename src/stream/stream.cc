@@ -17,6 +17,10 @@
 namespace dmx::stream {
 namespace {
 
+// Bytes of ours the peer's host must acknowledge between two looks for a silent peer to count as
+// alive (Stream::turn): far more than the probes and keepalives sent meanwhile.
+constexpr uint64_t kAckedAlive = 64 << 10;
+
 uint64_t ns_since(Clock::time_point t) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
 }
@@ -26,7 +30,7 @@ uint64_t ns_since(Clock::time_point t) {
 Stream::Stream(StreamConfig config, std::unique_ptr<Conduit> conduit, StreamHost* host, StagingPool* pool)
     : config_(std::move(config)), conduit_(std::move(conduit)), host_(host), pool_(pool) {
   scratch_.resize(64 << 10);
-  last_tx_ = last_rx_ = last_progress_ = prev_ = Clock::now();
+  last_tx_ = last_rx_ = last_progress_ = prev_ = last_probe_ = Clock::now();
 }
 
 // By contract the stream has ended and its worker let go of it (finish() ran).
@@ -452,6 +456,7 @@ Status Stream::step_rx(Io* io) {
       if (rx_header_got_ < wire::kHeaderSize) continue;
       rx_header_got_ = 0;
       DMX_ASSIGN_OR_RETURN(rx_, wire::decode_header(rx_header_, config_.limits));
+      if (rx_.type == wire::FrameType::kKeepalive && rx_.a0 == 1) push_keepalive(false);  // a probe
       if (config_.index == 0)
         DMX_TRACE_POINT(rx_.type == wire::FrameType::kEager      ? "s0.in.eager"
                         : rx_.type == wire::FrameType::kPathDone ? "s0.in.pathdone"
@@ -487,13 +492,30 @@ Stream::Turn Stream::turn() {
   Io tx = Io::kIdle, rx = Io::kIdle;
   const uint64_t burst_before = burst_bytes_;
   // A keepalive goes out in this pass's transmit, not in a pass of its own.
-  if (Clock::now() - last_tx_ >= config_.keepalive && out_.empty() && chunks_.empty() &&
-      !has_control_.load(std::memory_order_acquire)) {
-    TxItem ka;
-    ka.header.type = wire::FrameType::kKeepalive;
-    std::lock_guard<std::mutex> lock(mu_);
-    control_.push_back(std::move(ka));
-    has_control_.store(true, std::memory_order_release);
+  const bool busy = config_.busy_peer_timeout.count() > 0 && host_->awaiting();
+  auto start = Clock::now();
+  if (start - last_tx_ >= config_.keepalive && out_.empty() && chunks_.empty() &&
+      !has_control_.load(std::memory_order_acquire))
+    push_keepalive(false);
+  // Operations wait on a peer we have not heard from for a while: every eighth of the limit, see
+  // whether the peer's host took more of our data (a slow link, a large frame: alive), and
+  // otherwise, once silent for a quarter, ask the peer to answer now.
+  const auto step = config_.busy_peer_timeout / 8;
+  if (busy && start - last_rx_ >= step && start - last_probe_ >= step) {
+    // Growth since the previous look, when that look was recent (the first look of a silence only
+    // takes the count: what was acknowledged before may predate it), and more than our own probes
+    // and keepalives: a frozen peer's kernel still acknowledges those (and data until its receive
+    // buffer is full).
+    bool recent = start - last_probe_ <= 2 * step;
+    last_probe_ = start;
+    uint64_t acked = conduit_->acked_bytes();
+    bool grew = acked > acked_seen_ + kAckedAlive;
+    acked_seen_ = acked;
+    if (recent && grew) {
+      last_rx_ = start;
+    } else if (start - last_rx_ >= 2 * step) {
+      push_keepalive(true);
+    }
   }
   failure_ = reap_rx(false, &progress);
   if (failure_.ok()) failure_ = fill_pipeline(&progress);
@@ -516,11 +538,15 @@ Stream::Turn Stream::turn() {
       return Turn::kDone;
     }
   }
-  if (now - last_rx_ > config_.peer_timeout) {
+  auto limit = silence_limit(busy);
+  if (now - last_rx_ > limit) {
     failure_ = Status(Code::kPeerFailed,
-                      fmt::format("peer sent nothing for {} ms (stream {})",
+                      fmt::format("peer sent nothing for {} ms (stream {}{})",
                                   std::chrono::duration_cast<std::chrono::milliseconds>(now - last_rx_).count(),
-                                  config_.index));
+                                  config_.index,
+                                  busy ? fmt::format(", operations pending: busy_peer_timeout {} ms",
+                                                     std::chrono::duration_cast<std::chrono::milliseconds>(limit).count())
+                                       : ""));
     return Turn::kDone;
   }
   failure_ = check_frame_budget(now);
@@ -553,7 +579,9 @@ Stream::Turn Stream::turn() {
   // flight; at the latest until the next keepalive or silence check (on the coalescing grid, so
   // that idle streams share their worker's wake-ups) or deadline (no sooner than `tick`, so that
   // deadlines close together share one wake-up).
-  auto idle_due = coalesce(std::min(last_tx_ + config_.keepalive, last_rx_ + config_.peer_timeout), now);
+  auto idle_due = std::min(last_tx_ + config_.keepalive, last_rx_ + limit);
+  if (busy) idle_due = std::min(idle_due, std::max(last_rx_, last_probe_) + config_.busy_peer_timeout / 8);
+  idle_due = coalesce(idle_due, now);
   auto timeout = std::chrono::ceil<std::chrono::microseconds>(idle_due - now);
   if (due != Clock::time_point::max())
     timeout = std::min(timeout, std::max(config_.tick, std::chrono::ceil<std::chrono::microseconds>(due - now)));
@@ -562,6 +590,19 @@ Stream::Turn Stream::turn() {
   want_room_ = tx == Io::kBlocked;
   wake_by_ = now + timeout;
   return Turn::kSleep;
+}
+
+std::chrono::microseconds Stream::silence_limit(bool busy) const {
+  return busy ? std::min(config_.busy_peer_timeout, config_.peer_timeout) : config_.peer_timeout;
+}
+
+void Stream::push_keepalive(bool probe) {
+  TxItem ka;
+  ka.header.type = wire::FrameType::kKeepalive;
+  ka.header.a0 = probe ? 1 : 0;  // 1: answer at once
+  std::lock_guard<std::mutex> lock(mu_);
+  control_.push_back(std::move(ka));
+  has_control_.store(true, std::memory_order_release);
 }
 
 int Stream::sleep_fds(pollfd* fds) {

@@ -104,6 +104,9 @@ class StreamHost {
   // latest; an idle stream sleeps until then (or `tick` when sooner), so idle endpoints without
   // deadlines cost no wake-ups. A host whose next deadline moves earlier wakes the stream.
   virtual Clock::time_point on_tick() = 0;
+  // Whether operations wait on the peer: the stream then holds it to busy_peer_timeout and probes
+  // it when silent. Any stream's worker, on every pass; must be cheap.
+  virtual bool awaiting() { return false; }
   // Asked before every read: true stops reading from the peer for now (back-pressure: the peer
   // does not read the replies its requests caused). Any stream's worker; must be cheap.
   virtual bool rx_paused() { return false; }
@@ -121,6 +124,10 @@ struct StreamConfig {
   wire::Limits limits;
   std::chrono::microseconds keepalive{1'000'000};
   std::chrono::microseconds peer_timeout{10'000'000};
+  // While the host is awaiting(): the silence that fails the stream (0: peer_timeout). Data of ours
+  // the peer's host acknowledges counts as hearing from it (a slow link that drains our queue is
+  // alive: looked at every eighth of it); past a quarter, a KEEPALIVE asks for an answer (a0 = 1).
+  std::chrono::microseconds busy_peer_timeout{0};
   std::chrono::microseconds tick{10'000};  // the granularity of deadlines (they fire late by at most this)
   // After any progress the worker polls without sleeping for this long: a message that follows
   // within the window costs no wake-up (latency), at the price of a busy core meanwhile. Not after
@@ -224,6 +231,9 @@ class Stream {
     return config_.checksum && h.path == 0 && wire::carries_data(h.type);
   }
   Status check_frame_budget(Clock::time_point now) const;
+  // The silence that fails the stream now, and whether operations wait (awaiting()).
+  std::chrono::microseconds silence_limit(bool busy) const;
+  void push_keepalive(bool probe);
 
   const StreamConfig config_;
   const std::unique_ptr<Conduit> conduit_;
@@ -278,6 +288,8 @@ class Stream {
   std::vector<unsigned char> scratch_;
   std::deque<PendingRx> pending_rx_;
   Clock::time_point last_rx_;
+  Clock::time_point last_probe_;  // the last look at a silent peer (acked_bytes, or a probe)
+  uint64_t acked_seen_ = 0;       // the conduit's acked_bytes() when last looked at
   Clock::time_point rx_frame_start_;  // the first byte of the frame in progress arrived
 
 

@@ -138,13 +138,15 @@ int gpu_of_ordinal(const Topology& topo, int ordinal, std::string* how) {
   return topo.gpus[static_cast<size_t>(ordinal)];
 }
 
-int nearest_rdma_nic(const Topology& topo, int gpu_dev) {
+namespace {
+
+int nearest_nic(const Topology& topo, int gpu_dev, bool rdma_only) {
   int best = -1;
   PathClass best_cls = PathClass::kUnknown;
   int best_dist = 0;
   for (size_t n = 0; n < topo.nics.size(); ++n) {
     const Nic& nic = topo.nics[n];
-    if (nic.pci < 0 || nic.rdma.empty()) continue;
+    if (nic.pci < 0 || (rdma_only && nic.rdma.empty())) continue;
     PathClass cls = path_class(topo, gpu_dev, nic.pci).cls;
     int dist = p2pdma_distance(topo, gpu_dev, nic.pci).distance;
     if (dist < 0) dist = 1 << 20;
@@ -155,6 +157,40 @@ int nearest_rdma_nic(const Topology& topo, int gpu_dev) {
     }
   }
   return best;
+}
+
+}  // namespace
+
+int nearest_rdma_nic(const Topology& topo, int gpu_dev) { return nearest_nic(topo, gpu_dev, true); }
+
+NicChoice nic_for_gpu(const Topology& topo, int gpu_dev, int ordinal, const std::string& gpu_nics) {
+  NicChoice c;
+  // "0=eth0,1=eth1": the user's word first.
+  std::string prefix = fmt::format("{}=", ordinal);
+  for (size_t pos = 0; pos <= gpu_nics.size();) {
+    size_t end = gpu_nics.find(',', pos);
+    if (end == std::string::npos) end = gpu_nics.size();
+    std::string item = gpu_nics.substr(pos, end - pos);
+    if (item.starts_with(prefix)) {
+      std::string name = item.substr(prefix.size());
+      c.nic = topo.nic_by_name(name);
+      c.why = c.nic >= 0 ? fmt::format("set by gpu_nics ({})", item)
+                         : fmt::format("gpu_nics names {}, which this host does not have", name);
+      return c;
+    }
+    pos = end + 1;
+  }
+  c.nic = nearest_nic(topo, gpu_dev, false);
+  if (c.nic < 0) {
+    c.why = "no NIC on a PCI function";
+    return c;
+  }
+  const Nic& n = topo.nics[static_cast<size_t>(c.nic)];
+  PathInfo p = path_class(topo, gpu_dev, n.pci);
+  int dist = p2pdma_distance(topo, gpu_dev, n.pci).distance;
+  c.why = fmt::format("nearest by PCIe: path class {}, P2PDMA distance {}", path_class_name(p.cls),
+                      dist < 0 ? std::string("none") : std::to_string(dist));
+  return c;
 }
 
 RdmaChoice rdma_choice(const Topology& topo, int gpu_dev, int nic_index) {

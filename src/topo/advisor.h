@@ -73,6 +73,16 @@ int gpu_of_ordinal(const Topology& topo, int ordinal, std::string* how = nullptr
 // (soft-RoCE and other software devices are not).
 int nearest_rdma_nic(const Topology& topo, int gpu_dev);
 
+// The NIC for a GPU's TCP streams (docs/topology.md, "NIC per GPU"): the one `gpu_nics` names for
+// CUDA device `ordinal` ("ORDINAL=IFNAME,..."; the user knows better), else the PCI NIC nearest the
+// GPU by the same rule as nearest_rdma_nic. nic: index into Topology::nics, -1 when none; why: how
+// it was chosen, or why there is none.
+struct NicChoice {
+  int nic = -1;
+  std::string why;
+};
+NicChoice nic_for_gpu(const Topology& topo, int gpu_dev, int ordinal, const std::string& gpu_nics);
+
 // GPUDirect RDMA (the NIC reads and writes the GPU's memory) or staging through pinned host memory,
 // for one GPU and NIC: GPUDirect when advise() favours NIC-direct access both ways (seed 002).
 struct RdmaChoice {

@@ -90,7 +90,7 @@ nlohmann::json pair_json(const Topology& t, int a, int b) {
 
 }  // namespace
 
-std::string render_text(const Topology& t) {
+std::string render_text(const Topology& t, const std::string& gpu_nics) {
   std::string out;
   out += fmt::format("sysfs root: {}\n", t.root);
   out += fmt::format("CPU: {} {} family {}{}\n", t.cpu.arch, t.cpu.vendor,
@@ -147,6 +147,14 @@ std::string render_text(const Topology& t) {
     out += fmt::format("  {} {} ({}): {}\n", t.devices[g].addr.to_string(), t.nics[nic].name,
                        fmt::join(t.nics[nic].rdma, ","), c.why);
   }
+  if (!t.gpus.empty()) out += "\nNIC per GPU (TCP streams of a context with nic_gpu; gpu_nics overrides)\n";
+  for (size_t i = 0; i < t.gpus.size(); ++i) {
+    int g = gpu_of_ordinal(t, static_cast<int>(i));
+    if (g < 0) continue;
+    NicChoice c = nic_for_gpu(t, g, static_cast<int>(i), gpu_nics);
+    out += fmt::format("  cuda:{} {} -> {}: {}\n", i, t.devices[g].addr.to_string(),
+                       c.nic >= 0 ? t.nics[c.nic].name : std::string("none"), c.why);
+  }
   if (!t.gpus.empty() && !rdma_heading && !t.rdma.empty())
     out += "\nRDMA per GPU: no RDMA device on a PCI function (a software device such as soft-RoCE): no GPUDirect\n";
   if (t.gpus.empty()) out += "\nNo GPUs in this tree: no GPU matrices or advice.\n";
@@ -157,7 +165,7 @@ std::string render_text(const Topology& t) {
   return out;
 }
 
-std::string render_json(const Topology& t, int indent) {
+std::string render_json(const Topology& t, int indent, const std::string& gpu_nics) {
   using nlohmann::json;
   json j;
   j["sysfs_root"] = t.root;
@@ -245,6 +253,14 @@ std::string render_json(const Topology& t, int indent) {
   j["gpu_gpu"] = json::array();
   for (int a : t.gpus)
     for (int b : t.gpus) j["gpu_gpu"].push_back(pair_json(t, a, b));
+  j["nic_per_gpu"] = json::array();
+  for (size_t i = 0; i < t.gpus.size(); ++i) {
+    int g = gpu_of_ordinal(t, static_cast<int>(i));
+    if (g < 0) continue;
+    NicChoice c = nic_for_gpu(t, g, static_cast<int>(i), gpu_nics);
+    j["nic_per_gpu"].push_back({{"cuda", i}, {"gpu", t.devices[g].addr.to_string()},
+                                {"nic", c.nic >= 0 ? t.nics[c.nic].name : std::string()}, {"why", c.why}});
+  }
   j["gpu_nic"] = json::array();
   for (int a : t.gpus)
     for (const Nic& n : t.nics)

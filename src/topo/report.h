@@ -10,8 +10,9 @@
 
 namespace dmx::topo {
 
-std::string render_text(const Topology& topo);
-std::string render_json(const Topology& topo, int indent = 2);
+// gpu_nics: the setting of that name (NIC per GPU, advisor.h nic_for_gpu).
+std::string render_text(const Topology& topo, const std::string& gpu_nics = "");
+std::string render_json(const Topology& topo, int indent = 2, const std::string& gpu_nics = "");
 // The orchestrator's pools: what is published, how much is allocated and to whom (and, for p2pmem
 // BARs, what the kernel says every process holds).
 std::string render_pools_text(const Topology& topo, const std::vector<PoolUsage>& pools);

@@ -19,6 +19,9 @@ struct StripingSetup {
   // Makes stream i pull (it may be parked). Called from pulls() on stream threads and from
   // wake_for() under the endpoint's lock: it must not take that lock. Outlives the striping.
   std::function<void(int)> wake;
+  // wrote() reports the peer's acknowledgement of a chunk, not its write (several links): the
+  // striping may then time each stream's completions.
+  bool acked = false;
 };
 
 class Striping {
@@ -32,6 +35,9 @@ class Striping {
   // Under the endpoint's lock: `stream` took a chunk; wrote one it took.
   virtual void took(int stream) = 0;
   virtual void wrote(int stream) = 0;
+  // Under the endpoint's lock: `stream` is gone for good (one of several links died); the others
+  // take what it would have.
+  virtual void down(int stream) { (void)stream; }
   // Under the endpoint's lock: a transfer of `total` bytes of `where` with `remaining` bytes to
   // send was queued; wakes the streams that should pull it.
   virtual void wake_for(uint64_t total, uint64_t remaining, const MemSpec& where) = 0;

@@ -42,6 +42,8 @@ std::string_view frame_type_name(FrameType t) {
     case FrameType::kPathDone: return "PATH_DONE";
     case FrameType::kKeepalive: return "KEEPALIVE";
     case FrameType::kClose: return "CLOSE";
+    case FrameType::kLinkAck: return "LINK_ACK";
+    case FrameType::kLinkDown: return "LINK_DOWN";
   }
   return "?";
 }
@@ -71,6 +73,8 @@ Result<uint32_t> max_payload(FrameType t, const Limits& limits) {
     case FrameType::kReadReq:
     case FrameType::kPathDone:
     case FrameType::kKeepalive:
+    case FrameType::kLinkAck:
+    case FrameType::kLinkDown:
       return 0;
   }
   return Status(Code::kProtocol, fmt::format("unknown frame type {}", static_cast<int>(t)));

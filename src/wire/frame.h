@@ -26,7 +26,7 @@
 namespace dmx::wire {
 
 inline constexpr uint32_t kMagic = 0x31584d44;  // bytes 'D' 'M' 'X' '1'
-inline constexpr uint16_t kProtocolVersion = 5;
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kHeaderSize = 56;
 inline constexpr uint32_t kMaxControlPayload = 4096;  // handshake, ack texts, reject reasons
 
@@ -54,6 +54,9 @@ enum class FrameType : uint8_t {
   // Liveness.
   kKeepalive = 30,
   kClose = 31,  // orderly close; payload: reason text
+  // Several links (Hello::multilink), on stream 0.
+  kLinkAck = 32,   // a0=data stream, a1=data frames that stream has landed here in all (cumulative)
+  kLinkDown = 33,  // a0=data stream, a1=data frames it landed: this side lands nothing more from it
 };
 
 enum FrameFlags : uint8_t {

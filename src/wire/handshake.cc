@@ -1,5 +1,7 @@
 #include "wire/handshake.h"
 
+#include <arpa/inet.h>
+
 #include <fmt/format.h>
 
 #include <cstring>
@@ -114,6 +116,9 @@ std::vector<unsigned char> encode_hello(const Hello& h) {
     w.bytes(o.descriptor.data(), o.descriptor.size());
   }
   w.u8(h.checksum);
+  w.u8(static_cast<uint8_t>(h.addresses.size()));
+  for (const std::string& a : h.addresses) w.str(a);
+  w.u8(h.multilink);
   return w.take();
 }
 
@@ -154,7 +159,19 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
     h.offers.push_back(std::move(o));
   }
   h.checksum = r.u8();
+  uint8_t addresses = r.u8();
+  if (addresses > kMaxAddresses)
+    return Status(Code::kProtocol, fmt::format("HELLO: {} addresses (at most {})", addresses, kMaxAddresses));
+  for (uint8_t i = 0; i < addresses; ++i) h.addresses.push_back(r.str(INET6_ADDRSTRLEN));
+  h.multilink = r.u8();
   DMX_RETURN_IF_ERROR(r.finish("HELLO"));
+  if (h.multilink > static_cast<uint8_t>(Multilink::kOn))
+    return Status(Code::kProtocol, fmt::format("HELLO: unknown multilink mode {}", h.multilink));
+  for (const std::string& a : h.addresses) {
+    unsigned char buf[16];
+    if (::inet_pton(AF_INET, a.c_str(), buf) != 1 && ::inet_pton(AF_INET6, a.c_str(), buf) != 1)
+      return Status(Code::kProtocol, "HELLO: an address is not an IPv4 or IPv6 literal");
+  }
   if (h.checksum > static_cast<uint8_t>(Checksum::kCrc32c))
     return Status(Code::kProtocol, fmt::format("HELLO: unknown checksum {}", h.checksum));
   for (size_t i = 0; i < h.offers.size(); ++i) {
@@ -183,6 +200,12 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
   if (!printable(h.boot_id) || !printable(h.hostname) || !printable(h.local_channel))
     return Status(Code::kProtocol, "HELLO: host identity has non-printable characters");
   return h;
+}
+
+bool multilink_agreed(const Hello& client, const Hello& server) {
+  auto off = static_cast<uint8_t>(Multilink::kOff), on = static_cast<uint8_t>(Multilink::kOn);
+  if (client.multilink == off || server.multilink == off) return false;
+  return client.multilink == on || server.multilink == on || !server.addresses.empty();
 }
 
 std::vector<unsigned char> encode_join(const Join& j) {

@@ -63,7 +63,17 @@ struct Hello {
   const Offer* offer(std::string_view name) const;
   // What this side asks of every data chunk (Checksum); the endpoint uses the stronger of the two.
   uint8_t checksum = 0;
+  // Several links (docs/architecture.md, "Several NICs"). Server: the addresses of its other NICs
+  // that take streams on the listener's port (IPv4 or IPv6 literals); client: none.
+  std::vector<std::string> addresses;
+  // Chunk acknowledgement per data stream, so that a dead link's chunks move to the others
+  // (Multilink): used when both ask for it and either forces it or the server lists an address.
+  uint8_t multilink = 0;
 };
+inline constexpr size_t kMaxAddresses = 16;
+enum class Multilink : uint8_t { kOff = 0, kAuto = 1, kOn = 2 };
+// The rule both sides apply to the two HELLOs (symmetric).
+bool multilink_agreed(const Hello& client, const Hello& server);
 
 struct Join {
   uint64_t session = 0;

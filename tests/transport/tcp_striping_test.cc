@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <memory>
 #include <vector>
+#include <thread>
+#include <chrono>
 
 #include "transport/tcp/striping.h"
 
@@ -14,10 +16,10 @@ namespace {
 constexpr uint64_t kChunk = 1 << 20, kHostChunk = 256 << 10;
 
 struct Rig {
-  explicit Rig(size_t streams)
+  explicit Rig(size_t streams, bool acked = false)
       : striping(tcp::make_striping(StripingSetup{streams, kChunk, kHostChunk, [this](int i) {
           woken.push_back(i);
-        }})) {}
+        }, acked})) {}
   std::vector<int> woken;
   std::unique_ptr<Striping> striping;
 };
@@ -76,6 +78,38 @@ TEST(TcpStriping, ANewTransferWakesOneStreamPerChunkLeastLoadedFirst) {
   r.woken.clear();
   r.striping->wake_for(64 * kChunk, 64 * kChunk, host());
   EXPECT_EQ(r.woken.size(), 8u) << "never the control stream";
+}
+
+}  // namespace
+}  // namespace dmx
+
+namespace dmx {
+namespace {
+
+// Several links (acknowledged completions): a stream whose chunks complete slowly gets fewer. Two
+// data streams, stream 2 four times slower than stream 1; the one expected to finish its next
+// chunk first takes it.
+TEST(TcpStriping, ByCompletionASlowLinkGetsLess) {
+  Rig r(3, /*acked=*/true);
+  auto ms = [](int n) { std::this_thread::sleep_for(std::chrono::milliseconds(n)); };
+  // Measure: each takes a chunk; 1 completes after 10 ms, 2 after 40 ms.
+  r.striping->took(1);
+  r.striping->took(2);
+  ms(10);
+  r.striping->wrote(1);
+  ms(30);
+  r.striping->wrote(2);
+  // Both idle: stream 1 (10 ms per chunk) is first; stream 2 leaves it the chunk and wakes it.
+  EXPECT_TRUE(r.striping->pulls(1));
+  EXPECT_FALSE(r.striping->pulls(2));
+  EXPECT_EQ(r.woken, std::vector<int>{1});
+  // Stream 1 with 4 in flight would finish a 5th at about 50 ms, stream 2 its first at about 40.
+  for (int i = 0; i < 4; ++i) r.striping->took(1);
+  EXPECT_TRUE(r.striping->pulls(2));
+  EXPECT_FALSE(r.striping->pulls(1));
+  // A stream gone is passed over whatever its numbers.
+  r.striping->down(2);
+  EXPECT_TRUE(r.striping->pulls(1));
 }
 
 }  // namespace

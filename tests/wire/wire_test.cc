@@ -187,9 +187,9 @@ TEST(Handshake, HelloRoundTrip) {
   ASSERT_NE(d->offer("shm"), nullptr);
   EXPECT_EQ(d->offer("tcp"), nullptr);
   EXPECT_EQ(d->checksum, static_cast<uint8_t>(Checksum::kCrc32c));
-  {  // an unknown checksum is refused (the last byte)
+  {  // an unknown checksum is refused (the byte before the address count and multilink)
     auto odd = bytes;
-    odd.back() = 2;
+    odd[odd.size() - 3] = 2;
     EXPECT_NE(decode_hello(odd.data(), odd.size()).status().message().find("unknown checksum"), std::string::npos);
   }
   // An empty descriptor (found by fuzz_hello_join: copying zero bytes to an empty vector's null
@@ -200,6 +200,38 @@ TEST(Handshake, HelloRoundTrip) {
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   ASSERT_NE(d->offer("loop"), nullptr);
   EXPECT_TRUE(d->offer("loop")->descriptor.empty());
+}
+
+TEST(Handshake, AddressesAndMultilink) {
+  Hello h = sample_hello();
+  h.addresses = {"10.0.1.2", "fd00::2"};
+  h.multilink = static_cast<uint8_t>(Multilink::kAuto);
+  auto bytes = encode_hello(h);
+  auto d = decode_hello(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->addresses, h.addresses);
+  EXPECT_EQ(d->multilink, 1);
+  Hello client = sample_hello();
+  client.multilink = 1;
+  EXPECT_TRUE(multilink_agreed(client, h)) << "auto on both sides, the server lists an address";
+  h.addresses.clear();
+  EXPECT_FALSE(multilink_agreed(client, h));
+  client.multilink = static_cast<uint8_t>(Multilink::kOn);
+  EXPECT_TRUE(multilink_agreed(client, h));
+  h.multilink = 0;
+  EXPECT_FALSE(multilink_agreed(client, h)) << "either side may refuse";
+  // Hostile: not an address, too many, an unknown mode.
+  Hello bad = sample_hello();
+  bad.addresses = {"10.0.1.2; rm -rf"};
+  auto b = encode_hello(bad);
+  EXPECT_FALSE(decode_hello(b.data(), b.size()).ok());
+  bad.addresses.assign(kMaxAddresses + 1, "10.0.0.1");
+  b = encode_hello(bad);
+  EXPECT_FALSE(decode_hello(b.data(), b.size()).ok());
+  bad.addresses.clear();
+  bad.multilink = 3;
+  b = encode_hello(bad);
+  EXPECT_FALSE(decode_hello(b.data(), b.size()).ok());
 }
 
 TEST(Handshake, EveryTruncationIsAnError) {

@@ -76,7 +76,7 @@ int run_topo(const TopoArgs& args) {
   auto placement = topo::Placement::create(shared, topo::kernel_p2pmem());
   std::string out;
   if (args.json) {
-    out = topo::render_json(*shared);
+    out = topo::render_json(*shared, 2, config->get_string("gpu_nics"));
     // One object: the topology's fields plus "pools".
     if (!out.empty() && out.back() == '}') {
       out.pop_back();
@@ -86,7 +86,7 @@ int run_topo(const TopoArgs& args) {
     out += "\n";
   } else {
     auto push = topo::parse_push_mode(config->get_string("gpu_push"));
-    out = topo::render_text(*shared) + topo::render_pools_text(*shared, placement->usage()) +
+    out = topo::render_text(*shared, config->get_string("gpu_nics")) + topo::render_pools_text(*shared, placement->usage()) +
           topo::render_push_text(*shared, push.ok() ? *push : topo::PushMode::kAuto, config->get_size("gpu_push_max"));
   }
   std::fwrite(out.data(), 1, out.size(), stdout);

@@ -52,6 +52,10 @@ struct Session {
   std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
   std::string reason;
   bool checksum = false;  // every data chunk carries its CRC32C (either side asked)
+  // Data streams acknowledge their chunks on stream 0 (LINK_ACK), and a dead one's unacknowledged
+  // chunks move to the others (LINK_DOWN): wire::multilink_agreed, with more than one stream.
+  bool multilink = false;
+  std::vector<std::string> routes;  // per stream: "local -> remote" of its socket (empty: unknown)
 };
 
 struct DeviceLink;  // endpoint/device.cc
@@ -98,6 +102,7 @@ class EndpointImpl final : public stream::StreamHost,
   void on_stream_stopped(int stream) override;
   Clock::time_point on_tick() override;
   bool rx_paused() override;
+  bool awaiting() override { return awaiting_.load(std::memory_order_relaxed); }
 
   // A path's events (PathEvents, endpoint/paths.cc), with the path's id.
   void on_path_tx_done(uint8_t path, uint64_t seq, const Status& s);
@@ -290,6 +295,47 @@ class EndpointImpl final : public stream::StreamHost,
   void stop_paths();
   static EndpointStats::PathUse path_use(const PayloadPath& p);
 
+  // Several links (endpoint/links.cc; Session::multilink). A data chunk this side pulled: kept
+  // until the peer acknowledges it (LINK_ACK), sent again by another stream when its stream died
+  // before that (LINK_DOWN). Shared with the TxItem (its ctx), which may be written after the ACK.
+  struct SentChunk {
+    std::shared_ptr<OpState> op;
+    wire::FrameHeader header;  // as pulled: no checksum stamped
+    const char* src = nullptr;
+    MemSpec where;
+    uint64_t len = 0;
+    bool folded = false;  // its CRC went into the op's (checksums): once, however often it is sent
+  };
+  // Per data stream; index 0 unused. Caller holds mu_ for all below.
+  struct LinkState {
+    std::deque<std::shared_ptr<SentChunk>> unacked;  // pulled by this stream, in order
+    uint64_t acked = 0;   // of this stream's chunks, how many the peer has landed (LINK_ACK)
+    uint64_t landed = 0;  // the peer's chunks on this stream that landed here
+    struct Arriving {
+      wire::FrameHeader header;
+      bool counted = false;  // plan_inbound raised the op's inflight
+    };
+    std::deque<Arriving> arriving;  // headers planned here, payload not yet landed
+    bool stopped = false;           // our stream ended: nothing more lands or leaves by it
+    bool down_got = false;          // the peer's LINK_DOWN came
+    uint64_t peer_landed = 0;       // ... with how many of our chunks it landed
+    Status why;                     // why it went down here
+  };
+  void link_pulled(int stream, stream::TxItem* out, const Transfer* t);  // after next_chunk filled `out`
+  bool link_resend(int stream, stream::TxItem* out);                  // a dead link's chunk, if any
+  void link_sent(int stream, stream::TxItem& item);                   // on_sent of a pulled chunk
+  void link_planned(int stream, const wire::FrameHeader& h, const stream::RxPlan& plan);
+  void link_landed(int stream, const wire::FrameHeader& h);
+  bool link_failed(int stream, const Status& s);  // true: the endpoint goes on without that stream
+  void link_stopped(int stream);
+  Status on_link_ack(int stream, const wire::FrameHeader& h);
+  Status on_link_down(int stream, const wire::FrameHeader& h);
+  void link_requeue(int k);  // both sides are done with stream k: its unlanded chunks go again
+  void link_acked(int k, uint64_t upto);
+  std::vector<LinkState> links_;                    // multilink only: per stream
+  std::deque<std::shared_ptr<SentChunk>> resend_;  // chunks to send again, before tx_
+  int links_alive_ = 0;                             // data streams not stopped
+
   // Checksums (endpoint/checksum.cc). A data frame carries its CRC32C exactly when the session
   // agreed checksums (a protocol error otherwise). Caller holds mu_ unless said.
   Status check_flag(const wire::FrameHeader& h) const;
@@ -375,6 +421,7 @@ class EndpointImpl final : public stream::StreamHost,
   // (it is called after every chunk). Written under mu_.
   std::atomic<int> undelivered_{0};
   std::deque<std::shared_ptr<OpState>> initiated_, received_;  // completion order per queue
+  std::atomic<bool> awaiting_{false};  // == either queue is not empty (written under mu_; StreamHost::awaiting)
 
   uint64_t next_msg_ = 1, next_op_ = 1, next_token_ = 1;
   int64_t peer_credit_ = 0;

@@ -38,6 +38,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     sc.limits = wire::Limits{ep->session_.chunk_size, p.eager_limit};
     sc.keepalive = ep->session_.keepalive;
     sc.peer_timeout = p.peer_timeout;
+    sc.busy_peer_timeout = p.busy_peer_timeout;
     sc.peer = ep->session_.peer;
     sc.busy_poll = p.busy_poll;
     sc.checksum = ep->session_.checksum;
@@ -52,10 +53,15 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     for (const auto& t : ep->session_.agreed)
       if (t->gives() == Gives::kStreams)
         ep->striping_ =
-            t->striping(StripingSetup{ep->streams_.size(), ep->session_.chunk_size, p.host_chunk_size, wake});
+            t->striping(StripingSetup{ep->streams_.size(), ep->session_.chunk_size, p.host_chunk_size, wake,
+                                      ep->session_.multilink});
     assert(ep->striping_ && "more than one stream: the agreed kStreams transport stripes them");
   }
   assert((!ep->has_paths_ || ep->streams_.size() == 1) && "negotiate() opens one stream with a payload path");
+  if (ep->session_.multilink) {
+    ep->links_.resize(ep->streams_.size());
+    ep->links_alive_ = static_cast<int>(ep->streams_.size()) - 1;
+  }
   DMX_LOG_INFO("endpoint to {}: path {} ({}), {} streams, chunk {}", ep->session_.peer, ep->session_.transport,
                ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));
   for (auto& ps : ep->paths_)
@@ -142,6 +148,7 @@ void EndpointImpl::deliver() {
         q->pop_front();
       }
     }
+    awaiting_.store(!initiated_.empty() || !received_.empty(), std::memory_order_relaxed);
     if (batch.empty() && !redeliver_) break;
     lock.unlock();
     DMX_TRACE_POINT("deliver.batch");
@@ -173,7 +180,10 @@ void EndpointImpl::deliver() {
   delivering_ = false;
 }
 
-void EndpointImpl::on_stream_failed(int stream, const Status& s) { fail(s); }
+void EndpointImpl::on_stream_failed(int stream, const Status& s) {
+  if (link_failed(stream, s)) return;  // one of several links: the others carry its chunks
+  fail(s);
+}
 
 // However the connection broke — a stream's reset or EOF, the shm pipe's hung-up side channel, a
 // path's peer gone, silence past peer_timeout — the application sees one code and one message form,
@@ -239,6 +249,7 @@ bool EndpointImpl::evict_if_idle(const Status& why) {
 }
 
 void EndpointImpl::on_stream_stopped(int stream) {
+  if (session_.multilink && stream != 0) link_stopped(stream);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (--running_ > 0) return;
@@ -272,6 +283,8 @@ void EndpointImpl::fail_all() {
     for (auto& r : v.regs) ContextImpl::release_registration(*r);
   vec_reads_.clear();
   tx_.clear();
+  resend_.clear();
+  for (auto& l : links_) l.unacked.clear();
   has_tx_.store(false, std::memory_order_release);
   posted_.clear();
   sends_.clear();

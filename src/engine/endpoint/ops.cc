@@ -33,6 +33,9 @@ std::shared_ptr<OpState> EndpointImpl::new_op(OpType type, const MemRegion& regi
 // Queues `op` for ordered completion; registers its deadline. Caller holds mu_.
 Request EndpointImpl::start(const std::shared_ptr<OpState>& op, std::deque<std::shared_ptr<OpState>>& queue) {
   queue.push_back(op);
+  // The first pending operation: stream 0 may sleep on the idle timers, and from now on holds the
+  // peer to busy_peer_timeout.
+  if (!awaiting_.exchange(true, std::memory_order_relaxed) && !streams_.empty()) streams_[0]->wake();
   if (op->deadline != Clock::time_point::max()) {
     deadlines_.emplace(op->deadline, op);
     int64_t ns = op->deadline.time_since_epoch().count();

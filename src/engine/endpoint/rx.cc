@@ -47,9 +47,13 @@ Result<stream::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h)
         p.kind = stream::RxPlan::Kind::kControl;
         return p;
       }
-      if (h.type == FrameType::kSendData) return plan_inbound(tokens_, h, h.a0, h.a1, h.payload_len, "SEND_DATA");
-      if (h.type == FrameType::kReadData) return plan_inbound(reads_, h, h.a0, h.a1, h.payload_len, "READ_DATA");
-      return plan_write(h, h.payload_len);
+      {
+        auto plan = h.type == FrameType::kSendData   ? plan_inbound(tokens_, h, h.a0, h.a1, h.payload_len, "SEND_DATA")
+                    : h.type == FrameType::kReadData ? plan_inbound(reads_, h, h.a0, h.a1, h.payload_len, "READ_DATA")
+                                                     : plan_write(h, h.payload_len);
+        if (plan.ok() && session_.multilink && stream != 0) link_planned(stream, h, *plan);
+        return plan;
+      }
     case FrameType::kAck:
     case FrameType::kClose: {
       stream::RxPlan p;
@@ -98,7 +102,10 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan&
           land_write(h, h.payload_len, integrity);
           noted = h.flags & wire::kFlagNotify;
         }
+        if (h.path == 0 && session_.multilink && stream != 0) link_landed(stream, h);
         break;
+      case FrameType::kLinkAck: st = on_link_ack(stream, h); break;
+      case FrameType::kLinkDown: st = on_link_down(stream, h); break;
       case FrameType::kPathDone: {
         PathState* ps = h.a0 <= wire::kMaxPathId ? path_state(static_cast<uint8_t>(h.a0)) : nullptr;
         if (ps == nullptr || !ps->path->receiver_releases())

@@ -31,8 +31,9 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
   std::lock_guard<std::mutex> lock(mu_);
   struct Sync {  // keeps has_tx_ equal to !tx_.empty() on every return
     EndpointImpl* ep;
-    ~Sync() { ep->has_tx_.store(!ep->tx_.empty(), std::memory_order_release); }
+    ~Sync() { ep->has_tx_.store(!ep->tx_.empty() || !ep->resend_.empty(), std::memory_order_release); }
   } sync{this};
+  if (session_.multilink && link_resend(stream, out)) return true;  // a dead link's chunks first
   while (!tx_.empty()) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
@@ -106,6 +107,7 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
     out->where = t.where;
     out->len = len;
     out->ctx = t.op;
+    if (session_.multilink) link_pulled(stream, out, &t);  // kept until the peer has it
     t.next += len;
     t.emitted = true;
     op.handed += len;
@@ -135,6 +137,11 @@ void EndpointImpl::note_fallback(const PathState& ps, const Status& why) {
 }
 
 void EndpointImpl::on_sent(int stream, stream::TxItem& item) {
+  if (item.pulled && session_.multilink) {  // done when the peer acknowledges it (endpoint/links.cc)
+    std::lock_guard<std::mutex> lock(mu_);
+    link_sent(stream, item);
+    return;
+  }
   auto op = std::static_pointer_cast<OpState>(item.ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);

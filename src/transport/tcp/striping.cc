@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/clock.h"
 #include "wire/handshake.h"
 
 namespace dmx::tcp {
@@ -17,7 +18,9 @@ constexpr uint32_t kStreamSlack = 1;
 
 class TcpStriping final : public Striping {
  public:
-  explicit TcpStriping(StripingSetup s) : setup_(std::move(s)), load_(setup_.streams) {
+  explicit TcpStriping(StripingSetup s)
+      : setup_(std::move(s)), load_(setup_.streams), down_(setup_.streams), last_done_(setup_.streams),
+        ns_per_chunk_(setup_.streams) {
     assert(setup_.streams > 1 && "one stream needs no striping");
   }
 
@@ -34,25 +37,74 @@ class TcpStriping final : public Striping {
   // stream would otherwise take on every pass: they are a hint, each changed by one stream.
   bool pulls(int stream) override {
     if (stream == 0) return false;
-    size_t least = 1;
-    for (size_t i = 2; i < load_.size(); ++i)
-      if (load(i) < load(least)) least = i;
+    if (setup_.acked) return pulls_by_completion(static_cast<size_t>(stream));
+    size_t least = static_cast<size_t>(stream);
+    for (size_t i = 1; i < load_.size(); ++i)
+      if (!is_down(i) && load(i) < load(least)) least = i;
     if (load(static_cast<size_t>(stream)) <= load(least) + kStreamSlack) return true;
     setup_.wake(static_cast<int>(least));
     return false;
   }
 
-  void took(int stream) override { load_[static_cast<size_t>(stream)].fetch_add(1, std::memory_order_relaxed); }
+  void down(int stream) override { down_[static_cast<size_t>(stream)].store(true, std::memory_order_relaxed); }
+
+  // Acknowledged completions: the chunk goes to the stream expected to finish it first, by each
+  // stream's time per chunk while it was busy (a slow link gets less, and at the end of a
+  // transfer none is left waiting on it). Streams not yet measured fall back to the load rule.
+  bool pulls_by_completion(size_t stream) {
+    size_t best = stream;
+    uint64_t best_at = finish_at(stream);
+    bool measured = best_at != 0;
+    for (size_t i = 1; i < load_.size() && measured; ++i) {
+      if (is_down(i) || i == stream) continue;
+      uint64_t at = finish_at(i);
+      measured = at != 0;
+      if (at < best_at) best = i, best_at = at;
+    }
+    if (!measured) {
+      size_t least = stream;
+      for (size_t i = 1; i < load_.size(); ++i)
+        if (!is_down(i) && load(i) < load(least)) least = i;
+      if (load(stream) <= load(least) + kStreamSlack) return true;
+      setup_.wake(static_cast<int>(least));
+      return false;
+    }
+    // Within half of the best stream's chunk time: ties go to whoever asks, sparing a wake-up.
+    if (finish_at(stream) <= best_at + per_chunk(best) / 2) return true;
+    setup_.wake(static_cast<int>(best));
+    return false;
+  }
+  uint64_t per_chunk(size_t i) const { return ns_per_chunk_[i].load(std::memory_order_relaxed); }
+  // When stream i would finish one more chunk, from now, in ns: 0 when not measured yet.
+  uint64_t finish_at(size_t i) const { return per_chunk(i) * (load(i) + 1); }
+
+  void took(int stream) override {
+    auto i = static_cast<size_t>(stream);
+    if (load_[i].fetch_add(1, std::memory_order_relaxed) == 0 && setup_.acked)
+      last_done_[i].store(static_cast<uint64_t>(Clock::now().time_since_epoch().count()), std::memory_order_relaxed);
+  }
   void wrote(int stream) override {
-    auto& l = load_[static_cast<size_t>(stream)];
-    if (l.load(std::memory_order_relaxed) > 0) l.fetch_sub(1, std::memory_order_relaxed);
+    auto i = static_cast<size_t>(stream);
+    auto& l = load_[i];
+    uint32_t before = l.load(std::memory_order_relaxed);
+    if (before > 0) l.fetch_sub(1, std::memory_order_relaxed);
+    if (!setup_.acked) return;
+    // Time per chunk, averaged: from the previous completion, or from when the stream took a
+    // chunk while it had none (took()), so idle time does not count.
+    auto now = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+    uint64_t last = last_done_[i].exchange(now, std::memory_order_relaxed);
+    if (last != 0 && now > last) {
+      uint64_t d = now - last, old = per_chunk(i);
+      ns_per_chunk_[i].store(old == 0 ? d : (old * 7 + d) / 8, std::memory_order_relaxed);
+    }
   }
 
   // Waking them all for a one-chunk message had every parked stream race for it.
   void wake_for(uint64_t total, uint64_t remaining, const MemSpec& where) override {
     std::array<std::pair<uint32_t, uint8_t>, wire::stream_sockets(wire::kMaxStreams)> by_load;
     size_t n = 0;
-    for (size_t i = 1; i < load_.size(); ++i) by_load[n++] = {load(i), static_cast<uint8_t>(i)};
+    for (size_t i = 1; i < load_.size(); ++i)
+      if (!is_down(i)) by_load[n++] = {load(i), static_cast<uint8_t>(i)};
     uint64_t c = chunk(total, where);
     uint64_t chunks = std::max<uint64_t>(1, (remaining + c - 1) / c);
     size_t wake = static_cast<size_t>(std::min<uint64_t>(chunks, n));
@@ -62,9 +114,14 @@ class TcpStriping final : public Striping {
 
  private:
   uint32_t load(size_t i) const { return load_[i].load(std::memory_order_relaxed); }
+  bool is_down(size_t i) const { return down_[i].load(std::memory_order_relaxed); }
 
   const StripingSetup setup_;
-  std::vector<std::atomic<uint32_t>> load_;  // per stream: chunks taken and not yet written
+  std::vector<std::atomic<uint32_t>> load_;  // per stream: chunks taken and not yet written (or acknowledged)
+  std::vector<std::atomic<bool>> down_;      // per stream: gone (down())
+  // Acknowledged completions (StripingSetup::acked), per stream: when the last came, and the
+  // average time per chunk while busy (0: not measured yet). Written under the endpoint's lock.
+  std::vector<std::atomic<uint64_t>> last_done_, ns_per_chunk_;
 };
 
 }  // namespace

@@ -1,0 +1,189 @@
+// Endpoint: several links (Session::multilink). Each data stream's chunks are kept until the peer
+// says they landed: the receiver counts the data frames each stream landed and tells the sender
+// on stream 0 (LINK_ACK: stream, count). A data stream that dies (its socket fails, or the peer is
+// silent on it past busy_peer_timeout) does not end the endpoint: once it has stopped on this side
+// (nothing more lands or leaves by it), this side says how many of the peer's frames it landed
+// from it (LINK_DOWN: stream, count) and stops taking them; each side, once its own stream stopped
+// and the peer's LINK_DOWN came, sends again by the other streams every chunk it pulled for that
+// stream beyond the peer's count. Frames on one stream land in order, so the count says exactly
+// which landed: none lands twice, none is lost. A header whose payload had not landed when the
+// stream stopped gives back its reservation. Stream 0 carries the control frames: when it, or the
+// last data stream, is gone, the endpoint fails as before.
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "engine/endpoint/endpoint_impl.h"
+#include "engine/endpoint/internal.h"
+
+namespace dmx {
+
+using wire::FrameHeader;
+using wire::FrameType;
+using namespace endpoint;
+
+// Caller holds mu_.
+void EndpointImpl::link_pulled(int stream, stream::TxItem* out, const Transfer* t) {
+  auto c = std::make_shared<SentChunk>();
+  c->op = t->op;
+  c->header = out->header;
+  c->src = static_cast<const char*>(out->src);
+  c->where = out->where;
+  c->len = out->len;
+  out->ctx = c;
+  links_[static_cast<size_t>(stream)].unacked.push_back(std::move(c));
+}
+
+// Caller holds mu_.
+bool EndpointImpl::link_resend(int stream, stream::TxItem* out) {
+  if (resend_.empty()) return false;
+  std::shared_ptr<SentChunk> c = std::move(resend_.front());
+  resend_.pop_front();
+  out->header = c->header;
+  out->src = c->src;
+  out->where = c->where;
+  out->len = c->len;
+  out->ctx = c;
+  links_[static_cast<size_t>(stream)].unacked.push_back(std::move(c));
+  if (striping_) striping_->took(stream);
+  return true;
+}
+
+// The chunk is written; it completes when the peer acknowledges it. Caller holds mu_.
+void EndpointImpl::link_sent(int, stream::TxItem& item) {
+  auto c = std::static_pointer_cast<SentChunk>(item.ctx);
+  if (session_.checksum && !c->folded) {
+    c->folded = true;
+    fold_chunk(*c->op, chunk_offset(*c->op, item.header), item.len, item.header.crc);
+  }
+}
+
+// Caller holds mu_.
+void EndpointImpl::link_planned(int stream, const FrameHeader& h, const stream::RxPlan& plan) {
+  links_[static_cast<size_t>(stream)].arriving.push_back(LinkState::Arriving{h, plan.host_tag == kTagCounted});
+}
+
+// Caller holds mu_.
+void EndpointImpl::link_landed(int stream, const FrameHeader&) {
+  LinkState& l = links_[static_cast<size_t>(stream)];
+  if (!l.arriving.empty()) l.arriving.pop_front();
+  ++l.landed;
+  FrameHeader ack;
+  ack.type = FrameType::kLinkAck;
+  ack.a0 = static_cast<uint64_t>(stream);
+  ack.a1 = l.landed;
+  push_control(ack);
+}
+
+bool EndpointImpl::link_failed(int stream, const Status& s) {
+  if (!session_.multilink || stream == 0) return false;
+  if (s.code() != Code::kPeerFailed && s.code() != Code::kIo && s.code() != Code::kClosed) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status_.ok()) return false;
+  LinkState& l = links_[static_cast<size_t>(stream)];
+  l.why = s;
+  const std::string& route = static_cast<size_t>(stream) < session_.routes.size() ? session_.routes[stream] : "";
+  DMX_LOG_WARN("endpoint to {}: data stream {} ({}) is down: {}; its chunks move to the other links",
+               session_.peer, stream, route, s.message());
+  return true;
+}
+
+// Stream `stream` has stopped (its worker let go): give back what was planned and not landed, and
+// tell the peer. Called without mu_.
+void EndpointImpl::link_stopped(int stream) {
+  Status last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    LinkState& l = links_[static_cast<size_t>(stream)];
+    if (!status_.ok() || l.stopped) return;
+    l.stopped = true;
+    --links_alive_;
+    if (striping_) striping_->down(stream);
+    for (const LinkState::Arriving& a : l.arriving) {
+      const FrameHeader& h = a.header;
+      uint64_t len = h.payload_len;
+      if (h.type == FrameType::kWriteData) {
+        auto it = in_writes_.find(h.id);
+        if (it != in_writes_.end() && it->second.reserved >= len) it->second.reserved -= len;
+        continue;
+      }
+      auto& map = h.type == FrameType::kSendData ? tokens_ : reads_;
+      auto it = map.find(h.id);
+      if (it == map.end()) continue;
+      Inbound& in = it->second;
+      if (in.reserved >= len) in.reserved -= len;
+      if (a.counted && in.op) {
+        --in.op->inflight;
+        if (in.op->phase == OpPhase::kStopping) settle_stopped(in.op);
+      }
+    }
+    l.arriving.clear();
+    if (links_alive_ > 0) {
+      FrameHeader down;
+      down.type = FrameType::kLinkDown;
+      down.a0 = static_cast<uint64_t>(stream);
+      down.a1 = l.landed;
+      push_control(down);
+      if (l.down_got) link_requeue(stream);
+    } else {
+      last = l.why.ok() ? Status(Code::kPeerFailed, "the peer ended its last data stream") : l.why;
+    }
+  }
+  if (!last.ok()) {
+    fail(Status(Code::kPeerFailed, fmt::format("no link to the peer is left (the last, data stream {}: {})", stream,
+                                               last.message())));
+  }
+  deliver();
+}
+
+// Caller holds mu_.
+void EndpointImpl::link_acked(int k, uint64_t upto) {
+  LinkState& l = links_[static_cast<size_t>(k)];
+  while (l.acked < upto && !l.unacked.empty()) {
+    std::shared_ptr<SentChunk> c = std::move(l.unacked.front());
+    l.unacked.pop_front();
+    ++l.acked;
+    if (striping_) striping_->wrote(k);
+    chunk_sent(c->op, c->len, Status());
+  }
+}
+
+// Caller holds mu_.
+void EndpointImpl::link_requeue(int k) {
+  LinkState& l = links_[static_cast<size_t>(k)];
+  link_acked(k, l.peer_landed);
+  if (l.unacked.empty()) return;
+  DMX_LOG_WARN("endpoint to {}: sending again by the other links {} chunk(s) of data stream {} that did not land",
+               session_.peer, l.unacked.size(), k);
+  for (auto& c : l.unacked) resend_.push_back(std::move(c));
+  l.unacked.clear();
+  has_tx_.store(true, std::memory_order_release);
+  wake_streams();
+}
+
+Status EndpointImpl::on_link_ack(int stream, const FrameHeader& h) {
+  if (!session_.multilink || stream != 0 || h.a0 == 0 || h.a0 >= links_.size())
+    return protocol(fmt::format("{} without several links, or for a stream that is not a data stream", wire::describe(h)));
+  LinkState& l = links_[h.a0];
+  if (h.a1 < l.acked || h.a1 - l.acked > l.unacked.size())
+    return protocol(fmt::format("{}: {} frames acknowledged, but {} were sent", wire::describe(h), h.a1,
+                                l.acked + l.unacked.size()));
+  link_acked(static_cast<int>(h.a0), h.a1);
+  return Status();
+}
+
+Status EndpointImpl::on_link_down(int stream, const FrameHeader& h) {
+  if (!session_.multilink || stream != 0 || h.a0 == 0 || h.a0 >= links_.size())
+    return protocol(fmt::format("{} without several links, or for a stream that is not a data stream", wire::describe(h)));
+  LinkState& l = links_[h.a0];
+  if (l.down_got || h.a1 < l.acked || h.a1 - l.acked > l.unacked.size())
+    return protocol(fmt::format("{}: a second one, or {} frames landed of {} sent", wire::describe(h), h.a1,
+                                l.acked + l.unacked.size()));
+  l.down_got = true;
+  l.peer_landed = h.a1;
+  if (l.why.ok()) l.why = Status(Code::kPeerFailed, "the peer found it dead");
+  if (l.stopped) link_requeue(static_cast<int>(h.a0));
+  else streams_[h.a0]->stop();  // its on_stream_stopped requeues
+  return Status();
+}
+
+}  // namespace dmx

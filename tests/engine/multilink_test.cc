@@ -1,0 +1,161 @@
+// Several links (Session::multilink, endpoint/links.cc) over loopback: a data stream cut
+// mid-transfer (its socket shut down, as a dead link ends it) moves its chunks to the other
+// streams, every byte arriving once; with every data stream cut the operations fail with the
+// reason. tests/netns/multilink.sh does the same with real links between namespaces.
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include "test_util.h"
+
+namespace dmx {
+namespace {
+
+using test::filled;
+using test::poisoned;
+using test::read_back;
+
+uint16_t port_of(const std::string& address) {
+  return static_cast<uint16_t>(std::atoi(address.substr(address.rfind(':') + 1).c_str()));
+}
+
+// This process's TCP sockets connected to `port` (the client's streams), in fd order: stream 0
+// was opened first.
+std::vector<int> client_sockets(uint16_t port) {
+  std::vector<int> fds;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return fds;
+  while (dirent* e = ::readdir(d)) {
+    int fd = std::atoi(e->d_name);
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (fd <= 2 || ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
+    if (ss.ss_family == AF_INET && ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port) == port) fds.push_back(fd);
+  }
+  ::closedir(d);
+  std::sort(fds.begin(), fds.end());
+  return fds;
+}
+
+Options multilink_options() { return test::test_options(4).set("multilink", "on").set("transport", "tcp"); }
+
+// Waits until the client has sent `bytes` of payload (the transfer is under way).
+void wait_sent(const Endpoint& ep, uint64_t bytes) {
+  auto until = std::chrono::steady_clock::now() + test::kEventually;
+  while (ep.stats().bytes_sent < bytes && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+TEST(Multilink, ADataStreamCutMidTransferLosesNoByte) {
+  test::Pair p = test::connect_pair(multilink_options());
+  std::vector<int> fds = client_sockets(port_of(p.listener.address()));
+  ASSERT_EQ(fds.size(), 5u) << "stream 0 and 4 data streams";
+  const size_t n = (96 << 20) + 12345;
+  auto out_c = filled(MemSpec{}, n), out_s = filled(MemSpec{}, n);
+  Buffer in_s = poisoned(MemSpec{}, n), in_c = poisoned(MemSpec{}, n);
+  Request r1 = p.server.recv(in_s.region(), 1), r2 = p.client.recv(in_c.region(), 2);
+  Request s1 = p.client.send(out_c.buf.region(), 1), s2 = p.server.send(out_s.buf.region(), 2);
+  wait_sent(p.client, 8 << 20);
+  ::shutdown(fds[2], SHUT_RDWR);  // data stream 2, both directions, mid-transfer
+  for (Request* r : {&r1, &r2, &s1, &s2}) ASSERT_TRUE(r->wait(test::kEventually).ok()) << r->status().to_string();
+  EXPECT_EQ(read_back(in_s.region()), out_c.data);
+  EXPECT_EQ(read_back(in_c.region()), out_s.data);
+  // The endpoint goes on over the other three.
+  auto more = filled(MemSpec{}, (8 << 20) + 1);
+  Buffer more_in = poisoned(MemSpec{}, more.data.size());
+  Request r3 = p.server.recv(more_in.region(), 3);
+  Request s3 = p.client.send(more.buf.region(), 3);
+  ASSERT_TRUE(s3.wait(test::kEventually).ok()) << s3.status().to_string();
+  ASSERT_TRUE(r3.wait(test::kEventually).ok()) << r3.status().to_string();
+  EXPECT_EQ(read_back(more_in.region()), more.data);
+  EXPECT_TRUE(p.client.health().ok()) << p.client.health().to_string();
+}
+
+TEST(Multilink, AWriteAndAReadSurviveACutToo) {
+  test::Pair p = test::connect_pair(multilink_options());
+  std::vector<int> fds = client_sockets(port_of(p.listener.address()));
+  ASSERT_EQ(fds.size(), 5u);
+  const size_t n = (64 << 20) + 777;
+  auto target = filled(MemSpec{}, 2 * n);
+  auto reg = p.ctx.register_memory(target.buf.region());
+  ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+  auto src = filled(MemSpec{}, n);
+  Buffer dst = poisoned(MemSpec{}, n);
+  Request w = p.client.write(src.buf.region(), reg->remote(), 0);
+  Request rd = p.client.read(dst.region(), reg->remote(), n);
+  wait_sent(p.client, 4 << 20);
+  ::shutdown(fds[3], SHUT_RDWR);
+  ASSERT_TRUE(w.wait(test::kEventually).ok()) << w.status().to_string();
+  ASSERT_TRUE(rd.wait(test::kEventually).ok()) << rd.status().to_string();
+  std::vector<unsigned char> landed = read_back(target.buf.region().sub(0, n));
+  EXPECT_EQ(landed, src.data);
+  std::vector<unsigned char> expect(target.data.begin() + static_cast<long>(n), target.data.end());
+  EXPECT_EQ(read_back(dst.region()), expect);
+}
+
+TEST(Multilink, EveryDataStreamCutFailsTheOperationsWithTheReason) {
+  test::Pair p = test::connect_pair(multilink_options());
+  std::vector<int> fds = client_sockets(port_of(p.listener.address()));
+  ASSERT_EQ(fds.size(), 5u);
+  const size_t n = 256 << 20;
+  auto out = filled(MemSpec{}, n);
+  Buffer in = poisoned(MemSpec{}, n);
+  Request r = p.server.recv(in.region(), 1);
+  Request s = p.client.send(out.buf.region(), 1);
+  wait_sent(p.client, 4 << 20);
+  for (size_t i = 1; i < fds.size(); ++i) ::shutdown(fds[i], SHUT_RDWR);
+  Status ss = s.wait(test::kEventually), rs = r.wait(test::kEventually);
+  if (ss.ok() && rs.ok()) GTEST_SKIP() << "the transfer finished before the cut (a very fast machine)";
+  EXPECT_EQ(ss.code(), Code::kPeerFailed) << ss.to_string();
+  // This side's last data stream, or the peer's end of the endpoint, whichever is noticed first.
+  EXPECT_TRUE(ss.to_string().find("no link to the peer is left") != std::string::npos ||
+              ss.to_string().find("lost the peer") != std::string::npos)
+      << ss.to_string();
+  EXPECT_NE(ss.to_string().find("127.0.0.1"), std::string::npos) << "names the peer: " << ss.to_string();
+}
+
+}  // namespace
+}  // namespace dmx
+
+namespace dmx {
+namespace {
+
+// A peer whose process no longer runs (its only stream worker held up for 8 s, as SIGSTOP would
+// hold it) fails this side's pending operations within busy_peer_timeout (1.5 s by default), not
+// at peer_timeout (10 s); idle, it would have 10 s. The bound asserted is generous (a loaded
+// machine); tests/netns/multilink.sh and scripts/multinic-bench.sh measure.
+TEST(DeadPeer, AFrozenPeerFailsPendingOperationsWithinTheBusyTimeout) {
+  auto sctx = Context::create(test::test_options(1).set("transport", "tcp").set("stream_workers", "1"));
+  auto cctx = Context::create(test::test_options(1).set("transport", "tcp"));
+  ASSERT_TRUE(sctx.ok() && cctx.ok());
+  auto l = sctx->listen("tcp://127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  auto c = cctx->connect(l->address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto s = l->accept(test::kEventually);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  auto msg = filled(MemSpec{}, 64);
+  Buffer in = poisoned(MemSpec{}, 64);
+  OpOptions freeze;
+  freeze.on_complete = [](const Status&, size_t) { std::this_thread::sleep_for(std::chrono::seconds(8)); };
+  Request sr = s->recv(in.region(), 9, freeze);
+  ASSERT_TRUE(c->send(msg.buf.region(), 9).wait(test::kEventually).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server's worker is in the callback
+  Buffer never = poisoned(MemSpec{}, 64);
+  auto t0 = std::chrono::steady_clock::now();
+  Request r = c->recv(never.region(), 5);
+  Status st = r.wait(std::chrono::seconds(30));
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  EXPECT_EQ(st.code(), Code::kPeerFailed) << st.to_string();
+  EXPECT_NE(st.to_string().find("busy_peer_timeout"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.to_string().find(l->address().substr(6)), std::string::npos) << "names the peer: " << st.to_string();
+  EXPECT_LT(took.count(), 7000) << "noticed before the peer woke (8 s), long before peer_timeout (10 s)";
+  std::printf("frozen peer noticed after %lld ms: %s\n", static_cast<long long>(took.count()), st.to_string().c_str());
+  sr.wait(test::kEventually);
+}
+
+}  // namespace
+}  // namespace dmx
