@@ -17,6 +17,7 @@
 
 #include "core/config.h"
 #include "memory/backend.h"
+#include "memory/sim_device.h"
 #include "transport/shm/shm_path.h"
 #include "test_env.h"
 
@@ -513,12 +514,12 @@ TEST(ShmPath, StopDoesNotWaitForABusyDeviceToUnpinTheSlots) {
   ASSERT_EQ(std::memcmp(back.data(), src.data(), n), 0);
   ASSERT_GT(p->b->stats().device_copies, 0u);  // so b pinned its mapping of the slots
 
-  sim_hold_unpin(true);
+  sim_hold_device_busy(true);
   // Old code waited here for the device; let it go after a while so that a failure ends.
   std::promise<void> measured;
   auto release = std::async(std::launch::async, [f = measured.get_future()] {
     (void)f.wait_for(20s);
-    sim_hold_unpin(false);
+    sim_hold_device_busy(false);
   });
   auto t0 = Clock::now();
   p->b->stop();
@@ -531,7 +532,7 @@ TEST(ShmPath, StopDoesNotWaitForABusyDeviceToUnpinTheSlots) {
                        << " ms for the device to unpin the slots";
   EXPECT_GE(unpins_pending(), 1u);
   measured.set_value();
-  sim_hold_unpin(false);
+  sim_hold_device_busy(false);
   auto t1 = Clock::now();
   while (unpins_pending() > 0 && Clock::now() - t1 < 30s) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(unpins_pending(), 0u);
