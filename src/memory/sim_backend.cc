@@ -6,7 +6,7 @@
 // per queue, in order, like a DMA engine; fences number the copies.
 //
 // sim_hold_device_busy models a persistent kernel: calls that wait for an idle device
-// (cudaHostUnregister, cudaFree, cudaFreeHost) then wait, holding the driver's process-wide lock,
+// (free, free_staging: as cudaFree, cudaFreeHost) then wait, holding the driver's process-wide lock,
 // and every other call of the backend or its queues waits for that lock, as libcuda's do.
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -265,12 +265,6 @@ class SimBackend final : public MemoryBackend {
     sim_driver().wait_idle();  // as cudaFreeHost
     host_backend()->free_staging(ptr, size);
   }
-  // Nothing to pin; the unpin waits for an idle device, as cudaHostUnregister does.
-  Status pin_host(void*, size_t) override {
-    sim_driver().enter();
-    return Status();
-  }
-  void unpin_host(void*) override { sim_driver().wait_idle(); }
 
  private:
   int device_;

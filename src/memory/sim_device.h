@@ -6,8 +6,8 @@
 namespace dmx {
 
 // "A persistent kernel runs on every sim device": while busy, the sim backend's calls that wait
-// for an idle device (unpin_host, free, free_staging: as cudaHostUnregister, cudaFree and
-// cudaFreeHost) block (up to two minutes each) and hold the simulated driver lock meanwhile, which
+// for an idle device (free, free_staging: as cudaFree and cudaFreeHost; cudaHostUnregister too,
+// which dmx no longer calls) block (up to two minutes each) and hold the simulated driver lock meanwhile, which
 // every other sim backend and queue call waits for (as libcuda's process-wide lock does).
 void sim_hold_device_busy(bool busy);
 // How many sim calls have waited for a busy device so far.
