@@ -136,6 +136,10 @@ constexpr ConfigEntry kTable[] = {
      "same host: run the control stream (stream 0) over a shared-memory pipe instead of TCP (latency)"},
     {"shm_slot_size", ConfigType::kSize, "4M", "shm link: bytes per ring slot (4K-64M, multiple of 64)"},
     {"shm_slots", ConfigType::kInt, "8", "shm link: slots per direction (2-1024); the ring of a direction is shm_slots x shm_slot_size"},
+    {"shm_bounce_pool", ConfigType::kSize, "64M",
+     "shm link: pinned bounce buffers that device memory goes through to and from the slots, in use at once "
+     "(process-wide, shared by all links; allocated as needed, never freed; the largest value among the "
+     "process's contexts applies; at least one 2 MiB piece, and one chunk's worth is always granted)"},
     {"shm_spin", ConfigType::kDuration, "50us", "shm link: how long a waiter spins before sleeping on its eventfd"},
     {"shm_copy_threads", ConfigType::kInt, "0",
      "shm link: threads that share each copy of 512 KiB or more into or out of a slot (1-8; 1: the path's "

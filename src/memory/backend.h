@@ -73,12 +73,10 @@ class MemoryBackend {
   // Host memory suitable as the host side of this backend's asynchronous copies (pinned for CUDA).
   virtual Result<void*> allocate_staging(size_t size) = 0;
   virtual void free_staging(void* ptr, size_t size) = 0;
-  // Makes existing host memory (page aligned, e.g. a shared-memory mapping) suitable as the host
-  // side of asynchronous copies, as allocate_staging's memory is (CUDA: cudaHostRegister, process
-  // wide, for every device). Without it such copies still work but are slow and synchronous
-  // (the driver stages them). unpin_host undoes it; call it before unmapping. No-op by default.
-  virtual Status pin_host(void* ptr, size_t size) { return Status(); }
-  virtual void unpin_host(void* ptr) {}
+  // There is no pin of existing host memory (cudaHostRegister) on purpose: unpinning it again
+  // (cudaHostUnregister) waits until the device is idle, holding a process-wide driver lock, which
+  // stalls every CUDA call of the process while a persistent kernel runs (docs/cuda-notes.md).
+  // Host memory that is not ours for the process's life goes through memory/bounce_pool.h.
 };
 
 // The process-wide backend for a memory kind; Code::kUnavailable with the reason when this
@@ -98,17 +96,5 @@ Status cuda_cumem_ipc_supported(int device);
 
 MemoryBackend* host_backend();
 MemoryBackend* sim_backend(int device);
-
-// Unpins [ptr, ptr + len) with `backend`'s unpin_host, then munmaps it, on a process-wide thread
-// of its own. CUDA's cudaHostUnregister waits until the device is idle, which it never is while a
-// persistent kernel of this process runs (the Lynx GPU workers): a stream worker closing an
-// endpoint must not wait for that. The mapping must no longer be used by anyone.
-void unpin_and_unmap_later(MemoryBackend* backend, void* ptr, size_t len);
-// Unpins handed to unpin_and_unmap_later and not finished yet (for tests).
-size_t unpins_pending();
-
-// Test hook: while held, the sim backend's unpin_host blocks (up to two minutes), as
-// cudaHostUnregister does while a kernel runs on the device.
-void sim_hold_unpin(bool hold);
 
 }  // namespace dmx

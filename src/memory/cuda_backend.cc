@@ -339,24 +339,6 @@ class CudaBackend final : public MemoryBackend {
   Result<void*> allocate_staging(size_t size) override { return host_alloc(size, device_); }
   void free_staging(void* ptr, size_t) override { host_free(ptr, device_); }
 
-  Status pin_host(void* ptr, size_t size) override {
-    DeviceGuard guard(device_);
-    DMX_RETURN_IF_ERROR(guard.status());
-    cudaError_t err = cudaHostRegister(ptr, size, cudaHostRegisterPortable);
-    if (err == cudaErrorHostMemoryAlreadyRegistered) {
-      (void)cudaGetLastError();
-      return Status();
-    }
-    DMX_CUDA_RETURN_IF_ERROR(fmt::format("cudaHostRegister({}, {} B)", ptr, size), device_, err);
-    return Status();
-  }
-  void unpin_host(void* ptr) override {
-    DeviceGuard guard(device_);
-    cudaError_t err = cudaHostUnregister(ptr);
-    if (err != cudaSuccess && err != cudaErrorCudartUnloading)
-      DMX_LOG_ERROR("{}", error_status(fmt::format("cudaHostUnregister({})", ptr), device_, err).message());
-  }
-
  private:
   const int device_;
   cuda::EventPool events_;

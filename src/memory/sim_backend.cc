@@ -4,6 +4,10 @@
 // PROT_NONE, so any direct load or store by the engine faults at once; a second, private
 // read-write mapping is what the copy worker uses. Copies run asynchronously on one worker thread
 // per queue, in order, like a DMA engine; fences number the copies.
+//
+// sim_hold_device_busy models a persistent kernel: calls that wait for an idle device
+// (free, free_staging: as cudaFree, cudaFreeHost) then wait, holding the driver's process-wide lock,
+// and every other call of the backend or its queues waits for that lock, as libcuda's do.
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -21,6 +25,7 @@
 #include "core/sys.h"
 #include "core/crc32c.h"
 #include "memory/backend.h"
+#include "memory/sim_device.h"
 
 namespace dmx {
 namespace {
@@ -70,6 +75,53 @@ SimMemoryMap& sim_map() {
   return map;
 }
 
+// The simulated driver's lock and the "persistent kernel" (sim_hold_device_busy). Never destroyed.
+class SimDriver {
+ public:
+  // Every call of the backend and its queues: waits while a call waits for an idle device.
+  void enter() {
+    if (!idle_wait_.load(std::memory_order_acquire)) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, kMaxWait, [&] { return !idle_wait_.load(std::memory_order_relaxed); });
+  }
+  // A call that waits for the device to be idle: while a kernel runs, it waits (at most kMaxWait)
+  // and holds the lock meanwhile.
+  void wait_idle() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, kMaxWait, [&] { return !idle_wait_.load(std::memory_order_relaxed); });
+    if (!busy_) return;
+    idle_wait_.store(true, std::memory_order_release);
+    ++idle_waits_;
+    cv_.wait_for(lock, kMaxWait, [&] { return !busy_; });
+    idle_wait_.store(false, std::memory_order_release);
+    cv_.notify_all();
+  }
+  void set_busy(bool busy) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = busy;
+    }
+    cv_.notify_all();
+  }
+  uint64_t idle_waits() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return idle_waits_;
+  }
+
+ private:
+  static constexpr std::chrono::minutes kMaxWait{2};
+  std::mutex mu_;  // guards busy_, idle_waits_; idle_wait_ changes under it
+  std::condition_variable cv_;
+  bool busy_ = false;
+  std::atomic<bool> idle_wait_{false};
+  uint64_t idle_waits_ = 0;
+};
+
+SimDriver& sim_driver() {
+  static SimDriver* d = new SimDriver;
+  return *d;
+}
+
 class SimQueue final : public CopyQueue {
  public:
   SimQueue() : worker_([this] { run(); }) {}
@@ -83,27 +135,35 @@ class SimQueue final : public CopyQueue {
   }
 
   Status to_host(void* host_dst, const void* dev_src, size_t n) override {
+    sim_driver().enter();
     DMX_ASSIGN_OR_RETURN(char* src, sim_map().translate(dev_src, n));
     return push(Task{host_dst, src, n, 0});
   }
   Status to_device(void* dev_dst, const void* host_src, size_t n) override {
+    sim_driver().enter();
     DMX_ASSIGN_OR_RETURN(char* dst, sim_map().translate(dev_dst, n));
     return push(Task{dst, host_src, n, 0});
   }
   Result<uint64_t> record() override {
+    sim_driver().enter();
     uint64_t fence = ++recorded_;
     DMX_RETURN_IF_ERROR(push(Task{nullptr, nullptr, 0, fence}));
     return fence;
   }
   Result<uint64_t> checksum(const void* dev, size_t n) override {
+    sim_driver().enter();
     DMX_ASSIGN_OR_RETURN(char* src, sim_map().translate(dev, n));
     uint64_t ticket = ++tickets_;
     DMX_RETURN_IF_ERROR(push(Task{nullptr, src, n, 0, ticket}));
     return ticket;
   }
   uint32_t checksum_result(uint64_t ticket) const override { return results_[ticket % kChecksumsKept]; }
-  Result<bool> done(uint64_t fence) override { return completed_.load(std::memory_order_acquire) >= fence; }
+  Result<bool> done(uint64_t fence) override {
+    sim_driver().enter();
+    return completed_.load(std::memory_order_acquire) >= fence;
+  }
   Status wait(uint64_t fence, Deadline deadline) override {
+    sim_driver().enter();
     std::unique_lock<std::mutex> lock(mu_);
     auto ready = [&] { return completed_.load(std::memory_order_acquire) >= fence; };
     if (deadline.is_never()) {
@@ -163,17 +223,6 @@ class SimQueue final : public CopyQueue {
   std::thread worker_;  // last: starts after the members above exist
 };
 
-// sim_hold_unpin's gate. Never destroyed.
-struct UnpinGate {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool held = false;
-};
-UnpinGate& unpin_gate() {
-  static UnpinGate* g = new UnpinGate;
-  return *g;
-}
-
 class SimBackend final : public MemoryBackend {
  public:
   explicit SimBackend(int device) : device_(device) {}
@@ -181,6 +230,7 @@ class SimBackend final : public MemoryBackend {
   bool host_accessible() const override { return false; }
 
   Result<void*> allocate(size_t size) override {
+    sim_driver().enter();
     size_t len = page_round(size);
     UniqueFd fd(::memfd_create("dmx-sim", MFD_CLOEXEC));
     if (!fd.valid()) return errno_status("memfd_create(dmx-sim)", errno);
@@ -197,22 +247,23 @@ class SimBackend final : public MemoryBackend {
     return dev;
   }
   void free(void* ptr, size_t size) override {
+    sim_driver().wait_idle();  // as cudaFree
     auto shadow = sim_map().translate(ptr, 0);
     sim_map().remove(static_cast<char*>(ptr));
     ::munmap(ptr, page_round(size));
     if (shadow.ok()) ::munmap(*shadow, page_round(size));
   }
   Result<std::unique_ptr<CopyQueue>> create_queue() override {
+    sim_driver().enter();
     return std::unique_ptr<CopyQueue>(std::make_unique<SimQueue>());
   }
-  Result<void*> allocate_staging(size_t size) override { return host_backend()->allocate_staging(size); }
-  void free_staging(void* ptr, size_t size) override { host_backend()->free_staging(ptr, size); }
-  // Nothing to pin; unpin waits while a test holds the device busy (sim_hold_unpin).
-  Status pin_host(void*, size_t) override { return Status(); }
-  void unpin_host(void*) override {
-    UnpinGate& g = unpin_gate();
-    std::unique_lock<std::mutex> lock(g.mu);
-    g.cv.wait_for(lock, std::chrono::minutes(2), [&] { return !g.held; });
+  Result<void*> allocate_staging(size_t size) override {
+    sim_driver().enter();
+    return host_backend()->allocate_staging(size);
+  }
+  void free_staging(void* ptr, size_t size) override {
+    sim_driver().wait_idle();  // as cudaFreeHost
+    host_backend()->free_staging(ptr, size);
   }
 
  private:
@@ -221,14 +272,9 @@ class SimBackend final : public MemoryBackend {
 
 }  // namespace
 
-void sim_hold_unpin(bool hold) {
-  UnpinGate& g = unpin_gate();
-  {
-    std::lock_guard<std::mutex> lock(g.mu);
-    g.held = hold;
-  }
-  g.cv.notify_all();
-}
+void sim_hold_device_busy(bool busy) { sim_driver().set_busy(busy); }
+
+uint64_t sim_idle_waits() { return sim_driver().idle_waits(); }
 
 MemoryBackend* sim_backend(int device) {
   static std::mutex mu;

@@ -17,6 +17,8 @@
 
 #include "core/config.h"
 #include "memory/backend.h"
+#include "memory/bounce_pool.h"
+#include "memory/sim_device.h"
 #include "transport/shm/shm_path.h"
 #include "test_env.h"
 
@@ -217,6 +219,70 @@ void transfer(PayloadPath& tx, Recorder& rtx, PayloadPath& rx, Recorder& rrx, ui
   }
   ASSERT_EQ(std::memcmp(dst.data(), guard.data(), dso), 0) << "bytes before the destination changed";
   ASSERT_EQ(std::memcmp(dst.data() + dso + n, guard.data() + dso + n, 64), 0) << "bytes after the destination changed";
+}
+
+// A batch of chunks from memory `from` to memory `to`, all posted at once: each source and
+// destination a buffer of its own, the chunk at an odd offset in it, random bytes everywhere.
+struct Batch {
+  static constexpr size_t kSrcOff = 3, kDstOff = 5, kTail = 67;
+  uint64_t first = 0;
+  std::vector<size_t> sizes;
+  std::vector<Buffer> src, dst;
+  std::vector<std::vector<unsigned char>> data, dst_before;  // what was sent; each dst before
+};
+
+// Posts `sizes` from tx to rx (seqs from *seq, advanced): every send, then every recv.
+void post_batch(PayloadPath& tx, PayloadPath& rx, uint64_t* seq, MemSpec from, MemSpec to,
+                const std::vector<size_t>& sizes, Batch* b) {
+  b->first = *seq;
+  b->sizes = sizes;
+  std::vector<std::vector<unsigned char>> descs;
+  for (size_t n : sizes) {
+    auto src = Buffer::allocate(from, n + Batch::kSrcOff);
+    auto dst = Buffer::allocate(to, n + Batch::kDstOff + Batch::kTail);
+    ASSERT_TRUE(src.ok() && dst.ok());
+    std::vector<unsigned char> all(src->size()), before(dst->size());
+    fill_random(all.data(), all.size());
+    fill_random(before.data(), before.size());
+    ASSERT_TRUE(copy_memory(src->region(), {all.data(), all.size(), {}}).ok());
+    ASSERT_TRUE(copy_memory(dst->region(), {before.data(), before.size(), {}}).ok());
+    b->data.emplace_back(all.begin() + Batch::kSrcOff, all.end());
+    b->dst_before.push_back(std::move(before));
+    b->src.push_back(std::move(*src));
+    b->dst.push_back(std::move(*dst));
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto d = tx.post_tx(b->first + i, b->src[i].region().sub(Batch::kSrcOff, sizes[i]), true);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    descs.push_back(std::move(*d));
+  }
+  for (size_t i = 0; i < sizes.size(); ++i)
+    ASSERT_TRUE(rx.post_rx(b->first + i, descs[i], b->dst[i].region().sub(Batch::kDstOff, sizes[i])).ok());
+  *seq += sizes.size();
+}
+
+// Waits for every chunk of the batch on both sides (each wait bounded by `d`).
+void wait_batch(Recorder& rtx, Recorder& rrx, const Batch& b, std::chrono::milliseconds d = kWait) {
+  for (uint64_t s = b.first; s < b.first + b.sizes.size(); ++s) {
+    Status st = rtx.wait(true, s, d);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    st = rrx.wait(false, s, d);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+}
+
+// Every destination holds exactly the bytes sent, and the bytes around it are untouched.
+void check_batch(const Batch& b, const std::string& what) {
+  for (size_t i = 0; i < b.sizes.size(); ++i) {
+    const size_t n = b.sizes[i];
+    std::vector<unsigned char> got(b.dst[i].size());
+    ASSERT_TRUE(copy_memory({got.data(), got.size(), {}}, b.dst[i].region()).ok());
+    ASSERT_EQ(std::memcmp(got.data() + Batch::kDstOff, b.data[i].data(), n), 0) << what << ": chunk " << i << " of " << n << " B";
+    const auto& before = b.dst_before[i];
+    ASSERT_EQ(std::memcmp(got.data(), before.data(), Batch::kDstOff), 0) << what << ": bytes before chunk " << i;
+    ASSERT_EQ(std::memcmp(got.data() + Batch::kDstOff + n, before.data() + Batch::kDstOff + n, Batch::kTail), 0)
+        << what << ": bytes after chunk " << i;
+  }
 }
 
 TEST(ShmPath, Properties) {
@@ -491,10 +557,10 @@ TEST(ShmPath, StopWithChunksPendingCompletesThemPromptly) {
   EXPECT_EQ(p->ra.stopped(), 1);
 }
 
-// A link that staged into device memory pinned its slots; the unpin waits for the device to be
-// idle (cudaHostUnregister), which a persistent kernel of this process (the Lynx GPU workers)
-// never lets it be. Stopping and destroying the path must not wait for that (it runs on the stream
-// worker that close() waits for): the unpin goes on later, on a thread of its own.
+// A link that staged into device memory holds nothing pinned (its device copies go through the
+// process's bounce buffers). Unpinning would wait for an idle device (cudaHostUnregister), which a
+// persistent kernel of this process (the Lynx GPU workers) never lets it be, and it runs on the
+// stream worker that close() waits for: stopping and destroying the paths waits for no device.
 TEST(ShmPath, StopDoesNotWaitForABusyDeviceToUnpinTheSlots) {
   auto p = make_paths(config("4", "64K"));
   ASSERT_TRUE(p->ok());
@@ -511,14 +577,15 @@ TEST(ShmPath, StopDoesNotWaitForABusyDeviceToUnpinTheSlots) {
   ASSERT_TRUE(p->rb.wait(false, 0).ok());
   ASSERT_TRUE(copy_memory({back.data(), n, {}}, dst->region()).ok());
   ASSERT_EQ(std::memcmp(back.data(), src.data(), n), 0);
-  ASSERT_GT(p->b->stats().device_copies, 0u);  // so b pinned its mapping of the slots
+  ASSERT_GT(p->b->stats().device_copies, 0u);
 
-  sim_hold_unpin(true);
+  const uint64_t waits_before = sim_idle_waits();
+  sim_hold_device_busy(true);
   // Old code waited here for the device; let it go after a while so that a failure ends.
   std::promise<void> measured;
   auto release = std::async(std::launch::async, [f = measured.get_future()] {
     (void)f.wait_for(20s);
-    sim_hold_unpin(false);
+    sim_hold_device_busy(false);
   });
   auto t0 = Clock::now();
   p->b->stop();
@@ -528,14 +595,124 @@ TEST(ShmPath, StopDoesNotWaitForABusyDeviceToUnpinTheSlots) {
   auto took = Clock::now() - t0;
   EXPECT_LT(took, 10s) << "stopping the paths waited "
                        << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
-                       << " ms for the device to unpin the slots";
-  EXPECT_GE(unpins_pending(), 1u);
+                       << " ms for the busy device";
+  EXPECT_EQ(sim_idle_waits(), waits_before) << "something waited for the busy device";
   measured.set_value();
-  sim_hold_unpin(false);
-  auto t1 = Clock::now();
-  while (unpins_pending() > 0 && Clock::now() - t1 < 30s) std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(unpins_pending(), 0u);
   release.get();
+}
+
+// The bounce pool exhausted (limited to one piece): the links wait for their own device copies to
+// give buffers back, never for more memory, and every byte still arrives, both ways at once.
+TEST(ShmPath, SimDeviceChunksCompleteWithTheBouncePoolExhausted) {
+  auto p = make_paths(config("8", "64K"));
+  ASSERT_TRUE(p->ok());
+  struct Restore {
+    ~Restore() { set_bounce_limit_for_test(0); }
+  } restore;
+  set_bounce_limit_for_test(1);  // one 2 MiB piece in use at once, process-wide
+  const MemSpec sim{MemKind::kSim, 0}, host{};
+  std::mt19937 rng(std::random_device{}());
+  uint64_t ab = 0, ba = 0;
+  for (auto [from, to] : {std::pair{sim, sim}, {sim, host}, {host, sim}}) {
+    std::vector<size_t> sizes{size_t(kShmMaxChunk), 5, (64 << 10) + 9};
+    for (int i = 0; i < 13; ++i) sizes.push_back(1 + rng() % (2 << 20));
+    Batch there, back;
+    ASSERT_NO_FATAL_FAILURE(post_batch(*p->a, *p->b, &ab, from, to, sizes, &there));
+    ASSERT_NO_FATAL_FAILURE(post_batch(*p->b, *p->a, &ba, from, to, sizes, &back));
+    ASSERT_NO_FATAL_FAILURE(wait_batch(p->ra, p->rb, there));
+    ASSERT_NO_FATAL_FAILURE(wait_batch(p->rb, p->ra, back));
+    std::string what = to_string(from) + " -> " + to_string(to);
+    ASSERT_NO_FATAL_FAILURE(check_batch(there, what + " a->b"));
+    ASSERT_NO_FATAL_FAILURE(check_batch(back, what + " b->a"));
+  }
+  auto pool = BouncePool::of(sim);
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->in_use(), 0u) << "bounce buffers not given back";
+  EXPECT_TRUE(p->ra.failed().empty());
+  EXPECT_TRUE(p->rb.failed().empty());
+}
+
+// Device memory moved through the slots (staged through pinned bounce buffers): odd sizes and
+// offsets, both directions at once, many chunks in flight, sim on one end or both.
+TEST(ShmPath, SimDeviceChunksOddSizesManyInFlightBothWays) {
+  auto p = make_paths(config("4", "64K"));
+  ASSERT_TRUE(p->ok());
+  const MemSpec sim{MemKind::kSim, 0}, host{};
+  std::mt19937 rng(std::random_device{}());
+  uint64_t ab = 0, ba = 0;
+  for (auto [from, to] : {std::pair{sim, sim}, {host, sim}, {sim, host}}) {
+    std::vector<size_t> sizes{1, 63, 4097, (64 << 10) - 1, (64 << 10) + 1, size_t(kShmMaxChunk) - 5};
+    for (int i = 0; i < 18; ++i) sizes.push_back(1 + rng() % (1 << 20));
+    Batch there, back;
+    ASSERT_NO_FATAL_FAILURE(post_batch(*p->a, *p->b, &ab, from, to, sizes, &there));
+    ASSERT_NO_FATAL_FAILURE(post_batch(*p->b, *p->a, &ba, from, to, sizes, &back));
+    ASSERT_NO_FATAL_FAILURE(wait_batch(p->ra, p->rb, there));
+    ASSERT_NO_FATAL_FAILURE(wait_batch(p->rb, p->ra, back));
+    std::string what = to_string(from) + " -> " + to_string(to);
+    ASSERT_NO_FATAL_FAILURE(check_batch(there, what + " a->b"));
+    ASSERT_NO_FATAL_FAILURE(check_batch(back, what + " b->a"));
+  }
+  EXPECT_GT(p->a->stats().device_copies, 0u);
+  EXPECT_GT(p->b->stats().device_copies, 0u);
+  EXPECT_TRUE(p->ra.failed().empty());
+  EXPECT_TRUE(p->rb.failed().empty());
+}
+
+// A persistent kernel of this process (the Lynx GPU workers) keeps the device busy: a call that
+// waits for an idle device (cudaHostUnregister, cudaFreeHost) then waits until the kernel stops,
+// holding the driver's process-wide lock, and every other CUDA call of the process waits behind it
+// (issue 42). With such a kernel running, a link that did device copies closes; then a second
+// link's device copies, both ways, and its close complete promptly, and no call waited for the
+// device.
+TEST(ShmPath, DeviceCopiesGoOnAfterALinkClosesWhileAKernelRuns) {
+  const MemSpec sim{MemKind::kSim, 0}, host{};
+  const std::vector<size_t> sizes{4097, (1 << 20) + 3, 77};
+  const uint64_t waits_before = sim_idle_waits();
+  Batch b1, b2, b3, b4;  // their buffers are freed last, after the "kernel" stopped (cudaFree waits too)
+  sim_hold_device_busy(true);
+  // Old code waited for the device; let it go after a while so that a failure ends.
+  std::promise<void> measured;
+  auto release = std::async(std::launch::async, [f = measured.get_future()] {
+    (void)f.wait_for(20s);
+    sim_hold_device_busy(false);
+  });
+  auto t0 = Clock::now();
+  {
+    auto p = make_paths(config("4", "64K"));
+    ASSERT_TRUE(p->ok());
+    uint64_t ab = 0, ba = 0;
+    ASSERT_NO_FATAL_FAILURE(post_batch(*p->a, *p->b, &ab, host, sim, sizes, &b1));
+    ASSERT_NO_FATAL_FAILURE(post_batch(*p->b, *p->a, &ba, sim, host, sizes, &b2));
+    ASSERT_NO_FATAL_FAILURE(wait_batch(p->ra, p->rb, b1));
+    ASSERT_NO_FATAL_FAILURE(wait_batch(p->rb, p->ra, b2));
+    p->b->stop();
+    p->a->stop();
+  }  // both links destroyed
+  // Whatever the close left to run on threads of its own gets the time to start.
+  for (auto t1 = Clock::now(); sim_idle_waits() == waits_before && Clock::now() - t1 < 1s;)
+    std::this_thread::sleep_for(1ms);
+  {
+    auto p = make_paths(config("4", "64K"));
+    ASSERT_TRUE(p->ok());
+    uint64_t ab = 0, ba = 0;
+    ASSERT_NO_FATAL_FAILURE(post_batch(*p->a, *p->b, &ab, sim, host, sizes, &b3));
+    ASSERT_NO_FATAL_FAILURE(post_batch(*p->b, *p->a, &ba, host, sim, sizes, &b4));
+    ASSERT_NO_FATAL_FAILURE(wait_batch(p->ra, p->rb, b3));
+    ASSERT_NO_FATAL_FAILURE(wait_batch(p->rb, p->ra, b4));
+    p->a->stop();
+    p->b->stop();
+  }
+  auto took = Clock::now() - t0;
+  EXPECT_LT(took, 10s) << "the second link's device copies and close waited "
+                       << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                       << " ms, behind a call waiting for the busy device";
+  EXPECT_EQ(sim_idle_waits(), waits_before) << "a call waited for the device while the kernel ran";
+  measured.set_value();
+  release.get();
+  ASSERT_NO_FATAL_FAILURE(check_batch(b1, "first link a->b"));
+  ASSERT_NO_FATAL_FAILURE(check_batch(b2, "first link b->a"));
+  ASSERT_NO_FATAL_FAILURE(check_batch(b3, "second link a->b"));
+  ASSERT_NO_FATAL_FAILURE(check_batch(b4, "second link b->a"));
 }
 
 // stop() before start(): start() still ends with exactly one on_path_stopped; posts were refused.

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "memory/backend.h"
+#include "memory/bounce_pool.h"
 #include "memory/copy_queues.h"
 #include "transport/shm/ring.h"
 #include "transport/shm/shm.h"
@@ -48,7 +49,14 @@ class LinkImpl final : public ShmLink {
     MemRegion src;
     size_t assigned = 0;  // bytes given to slots so far
   };
-  // A slot filled (host) or being filled (device copy in flight) and not yet published.
+  // Pinned bounce buffers (memory/bounce_pool.h) that a device copy of one chunk goes through.
+  struct Bounce {
+    BouncePool* pool = nullptr;
+    std::vector<void*> pieces;  // BouncePool::kPiece bytes each, in order
+  };
+  // A slot filled (host) or being filled (device copy in flight) and not yet published. A device
+  // chunk copies into its bounce buffers; once its fence completes they are copied into the slot
+  // (`slot`), given back, and the slot is published.
   struct TxChunk {
     CopyQueue* queue;  // null: host copy, done
     uint64_t fence;
@@ -56,6 +64,8 @@ class LinkImpl final : public ShmLink {
     size_t bytes;
     bool last;
     size_t msg_bytes;  // the message length (reported with the last chunk's completion)
+    char* slot = nullptr;
+    Bounce bounce;
   };
   // Lifecycle of a recv: kPosted (in recvs_) -> chunks arriving (received grows, device copies
   // outstanding) -> received == total and outstanding == 0 -> completed. Truncation fails it at the
@@ -69,27 +79,39 @@ class LinkImpl final : public ShmLink {
     size_t received = 0;
     size_t outstanding = 0;  // device copies not finished
   };
-  // A slot consumed and not yet released (device copy out of it in flight).
-  struct RxChunk {
+  // A chunk copied out of its slot (released at once) into bounce buffers, on its way to device
+  // memory: the buffers go back when the fence completes.
+  struct RxCopy {
     CopyQueue* queue;
     uint64_t fence;
-    MsgId id;  // the recv to credit; kNoOp when the chunk was discarded
-    bool discard;
+    MsgId id;  // the recv to credit
+    Bounce bounce;
   };
 
   bool tx_step(std::vector<Completion>* out);
   bool rx_step(std::vector<Completion>* out);
   bool publish_ready(std::vector<Completion>* out);
-  Result<CopyQueue*> queue_for(MemSpec where);
-  // Copies `len` bytes between a slot and user memory of kind `user`: a memcpy for host memory
-  // (returns a null queue), else an asynchronous copy on the device's queue (returns it and the
-  // fence to wait for). to_slot: user -> slot; else slot -> user. bulk: host memory is written
-  // with non-temporal stores (stream_copy; out of a slot only: the peer reads a slot next).
+  // Copies `len` bytes between a slot and user memory of kind `user`. Host memory: a memcpy
+  // (returns a null queue). Device memory goes through pinned bounce buffers, never straight to or
+  // from the slot (which would mean pinning the slots, and unpinning them later: bounce_pool.h):
+  // into a slot, an asynchronous copy into them (returns the queue, the fence and the buffers;
+  // the caller copies them into the slot once the fence completes, copy_from_bounce); out of a
+  // slot, a host copy into them, then an asynchronous copy to the device (the slot is free on
+  // return). `waiting`: the pool had no buffers; nothing was done, try again once copies finished.
+  // to_slot: user -> slot; else slot -> user. bulk: host memory is written with non-temporal
+  // stores (stream_copy; out of a slot only: the peer reads a slot next).
   struct SlotCopy {
     CopyQueue* queue = nullptr;
     uint64_t fence = 0;
+    Bounce bounce;
+    bool waiting = false;
   };
   Result<SlotCopy> copy_slot(void* dst, const void* src, size_t len, MemSpec user, bool to_slot, bool bulk);
+  void host_copy(void* dst, const void* src, size_t len, bool bulk);
+  void copy_from_bounce(char* slot, const Bounce& b, size_t len);
+  // Gives the buffers back to their pool once no copy uses them (`copies_over`); else keeps them
+  // from the pool for good (a device that did not finish may still write them).
+  void give_back(Bounce& b, bool copies_over);
   bool host_side(const MemRegion& r) const { return !r.where.is_device(); }
   char* slot_data(int ring, uint64_t count) const;
   SlotHeader* slot_header(int ring, uint64_t count) const;
@@ -117,12 +139,12 @@ class LinkImpl final : public ShmLink {
   std::deque<SendOp> sends_;
   std::deque<TxChunk> tx_chunks_;
   std::unordered_map<MsgId, RecvOp> recvs_;
-  std::deque<RxChunk> rx_chunks_;
+  std::deque<RxCopy> rx_copies_;
   std::map<MsgId, uint64_t> discarding_;  // truncated messages: bytes still to skip
   std::deque<Completion> failed_;         // completions owed after the link failed
   CopyQueues queues_;
-  MemoryBackend* pinned_by_ = nullptr;  // whose pin_host pinned our mapping (undone before munmap)
-  bool pin_failed_ = false;             // said once; device copies then go through pageable memory
+  std::vector<Bounce> orphans_;  // buffers of copies that failed to queue: given back after a drain
+  bool starved_ = false;  // a copy found the bounce pool empty: poll, do not sleep on the doorbell
 
   Status error_;
   bool peer_hup_ = false;

@@ -57,6 +57,9 @@ struct LinkOptions {
   // Local to each side, like spin.
   std::shared_ptr<CopyCrew> crew{};
   int copy_threads = 1;  // shm_copy_threads: the size of the crew the caller makes
+  // shm_bounce_pool: the process-wide limit of pinned bounce buffers (memory/bounce_pool.h) that
+  // this link's side asks for; make_shm_path raises the limit to it.
+  size_t bounce_pool = size_t(64) << 20;
 };
 
 // The options from the configuration table (shm_slot_size, shm_slots, shm_spin), checked; the crew

@@ -31,14 +31,14 @@ LinkImpl::LinkImpl(UnixChannel channel, const LinkOptions& options, const Layout
 }
 
 LinkImpl::~LinkImpl() {
-  // Device copies may still read or write our mapping of the slots: let them finish first.
-  (void)queues_.drain(Deadline::after(kDrainDeadline));
+  // Device copies may still read or write our bounce buffers: let them finish first.
+  bool over = queues_.drain(Deadline::after(kDrainDeadline)).ok();
+  for (auto& c : tx_chunks_) give_back(c.bounce, over);
+  for (auto& c : rx_copies_) give_back(c.bounce, over);
+  for (auto& b : orphans_) give_back(b, over);
   bells_->sleeping[side_].v.store(0, std::memory_order_relaxed);
-  // Unpinning waits until the device is idle (cudaHostUnregister), which it is not while a
-  // persistent kernel of this process runs (the Lynx GPU workers): this runs on the stream worker
-  // that close() waits for, so the unpin and unmap go on later, on a thread of their own.
-  if (pinned_by_ != nullptr) unpin_and_unmap_later(pinned_by_, base_, layout_.total);
-  else ::munmap(base_, layout_.total);
+  // No device copy touches the slots and nothing pinned them: unmapping waits for no device.
+  ::munmap(base_, layout_.total);
 }
 
 Status LinkImpl::set_doorbells(UniqueFd mine, UniqueFd peers) {
@@ -65,44 +65,73 @@ SlotHeader* LinkImpl::slot_header(int ring, uint64_t count) const {
   return reinterpret_cast<SlotHeader*>(base_ + layout_.header_offset(ring, static_cast<uint32_t>(count % layout_.slots)));
 }
 
+void LinkImpl::host_copy(void* dst, const void* src, size_t len, bool bulk) {
+  if (options_.crew != nullptr)
+    options_.crew->copy(dst, src, len, bulk);
+  else if (bulk)
+    stream_copy(dst, src, len);
+  else
+    std::memcpy(dst, src, len);
+}
+
 Result<LinkImpl::SlotCopy> LinkImpl::copy_slot(void* dst, const void* src, size_t len, MemSpec user, bool to_slot,
                                                bool bulk) {
   SlotCopy c;
   if (len == 0) return c;
   if (!user.is_device()) {
-    if (options_.crew != nullptr)
-      options_.crew->copy(dst, src, len, bulk);
-    else if (bulk)
-      stream_copy(dst, src, len);
-    else
-      std::memcpy(dst, src, len);
+    host_copy(dst, src, len, bulk);
     ++stats_.host_copies;
     return c;
   }
-  DMX_ASSIGN_OR_RETURN(c.queue, queue_for(user));
-  DMX_RETURN_IF_ERROR(to_slot ? c.queue->to_host(dst, src, len) : c.queue->to_device(dst, src, len));
-  DMX_ASSIGN_OR_RETURN(c.fence, c.queue->record());
+  DMX_ASSIGN_OR_RETURN(CopyQueue * queue, queues_.get(user));
+  DMX_ASSIGN_OR_RETURN(c.bounce.pool, BouncePool::of(user));
+  DMX_ASSIGN_OR_RETURN(bool got, c.bounce.pool->take(BouncePool::pieces_for(len), &c.bounce.pieces));
+  if (!got) {
+    c.waiting = true;
+    starved_ = true;
+    return c;
+  }
+  c.queue = queue;
+  // Piece by piece: out of a slot, the device copies one piece while we fill the next.
+  Status s;
+  for (size_t i = 0, off = 0; s.ok() && off < len; ++i, off += BouncePool::kPiece) {
+    const size_t n = std::min(BouncePool::kPiece, len - off);
+    void* piece = c.bounce.pieces[i];
+    if (to_slot) {
+      s = queue->to_host(piece, static_cast<const char*>(src) + off, n);
+    } else {
+      host_copy(piece, static_cast<const char*>(src) + off, n, /*bulk=*/false);
+      s = queue->to_device(static_cast<char*>(dst) + off, piece, n);
+    }
+  }
+  if (s.ok()) {
+    auto fence = queue->record();
+    if (fence.ok()) c.fence = *fence;
+    else s = fence.status();
+  }
+  if (!s.ok()) {
+    orphans_.push_back(std::move(c.bounce));  // copies may be queued into them: given back after a drain
+    return s;
+  }
   ++stats_.device_copies;
   return c;
 }
 
-Result<CopyQueue*> LinkImpl::queue_for(MemSpec where) {
-  bool made = false;
-  DMX_ASSIGN_OR_RETURN(CopyQueue * raw, queues_.get(where, &made));
-  if (!made) return raw;
-  // The first device copy pins our mapping of the slots (once, for every device): copies between
-  // device memory and pageable memory are synchronous and several times slower.
-  DMX_ASSIGN_OR_RETURN(MemoryBackend * backend, backend_for(where));
-  if (pinned_by_ == nullptr && !pin_failed_) {
-    if (Status s = backend->pin_host(base_, layout_.total); s.ok()) {
-      pinned_by_ = backend;
-    } else {
-      pin_failed_ = true;
-      DMX_LOG_WARN("shm link to {}: slots stay pageable, device copies through them will be slow: {}", peer_name(),
-                   s.to_string());
-    }
+void LinkImpl::copy_from_bounce(char* slot, const Bounce& b, size_t len) {
+  for (size_t i = 0, off = 0; off < len; ++i, off += BouncePool::kPiece)
+    host_copy(slot + off, b.pieces[i], std::min(BouncePool::kPiece, len - off), /*bulk=*/false);
+}
+
+void LinkImpl::give_back(Bounce& b, bool copies_over) {
+  if (b.pool == nullptr || b.pieces.empty()) return;
+  if (copies_over) {
+    b.pool->give(b.pieces);
+  } else {
+    DMX_LOG_WARN("shm link to {}: {} bounce buffers taken out of the pool for good: their device copies did not "
+                 "finish",
+                 peer_name(), b.pieces.size());
   }
-  return raw;
+  b.pieces.clear();
 }
 
 Status LinkImpl::post_send(MsgId id, MemRegion src) {
@@ -190,14 +219,19 @@ bool LinkImpl::tx_step(std::vector<Completion>* out) {
     size_t len = std::min(layout_.slot_size, op.src.size - op.assigned);
     char* data = slot_data(side_, tx_reserved_);
     const char* src = static_cast<const char*>(op.src.ptr) + op.assigned;
-    TxChunk chunk{nullptr, 0, op.id, len, op.assigned + len == op.src.size, op.src.size};
+    TxChunk chunk{nullptr, 0, op.id, len, op.assigned + len == op.src.size, op.src.size, nullptr, {}};
     auto copied = copy_slot(data, src, len, op.src.where, /*to_slot=*/true, /*bulk=*/false);
     if (!copied.ok()) {
       fail(copied.status(), out);
       return true;
     }
+    if (copied->waiting) break;  // no bounce buffer: ours come back as our copies finish
     chunk.queue = copied->queue;
     chunk.fence = copied->fence;
+    if (chunk.queue != nullptr) {
+      chunk.slot = data;
+      chunk.bounce = std::move(copied->bounce);
+    }
     SlotHeader* h = slot_header(side_, tx_reserved_);
     h->msg_id.store(op.id, std::memory_order_relaxed);
     h->offset.store(op.assigned, std::memory_order_relaxed);
@@ -205,12 +239,13 @@ bool LinkImpl::tx_step(std::vector<Completion>* out) {
     h->len.store(len, std::memory_order_relaxed);
     ++tx_reserved_;
     op.assigned += len;
-    tx_chunks_.push_back(chunk);
-    if (chunk.last) sends_.pop_front();
+    const bool host = chunk.queue == nullptr, last = chunk.last;
+    tx_chunks_.push_back(std::move(chunk));
+    if (last) sends_.pop_front();
     moved = true;
     // Publish each host chunk as soon as it is copied, so that the consumer copies out of one slot
     // while we fill the next (the pipeline), instead of after a whole ring's worth.
-    if (chunk.queue == nullptr && tx_chunks_.size() == 1 && !publish_ready(out)) return true;
+    if (host && tx_chunks_.size() == 1 && !publish_ready(out)) return true;
   }
   // Host chunks are complete as soon as they are copied: publish them in the same step.
   if (!publish_ready(out)) return true;
@@ -220,23 +255,33 @@ bool LinkImpl::tx_step(std::vector<Completion>* out) {
 // Publishes the chunks at the front whose copies have finished, in ring order. False when the link
 // failed.
 bool LinkImpl::publish_ready(std::vector<Completion>* out) {
-  uint64_t before = tx_head_;
+  uint64_t stored = tx_head_;
   while (!tx_chunks_.empty()) {
     TxChunk& c = tx_chunks_.front();
-    if (c.queue != nullptr) {
+    bool bounced = c.queue != nullptr;
+    if (bounced) {
       auto done = c.queue->done(c.fence);
       if (!done.ok()) {
         fail(done.status(), out);
         return false;
       }
       if (!*done) break;
+      // The device wrote the bounce buffers; into the slot now, before the head's release store
+      // below publishes it (the slot's header was written when the slot was taken).
+      copy_from_bounce(c.slot, c.bounce, c.bytes);
+      give_back(c.bounce, true);
     }
     ++tx_head_;
     stats_.bytes_sent += c.bytes;
     if (c.last) out->push_back(Completion{c.id, Completion::kSend, Status(), c.msg_bytes});
     tx_chunks_.pop_front();
+    if (bounced) {  // let the peer copy this one out while we copy the next
+      tx_ctl_->head.v.store(tx_head_, std::memory_order_release);
+      ring_peer();
+      stored = tx_head_;
+    }
   }
-  if (tx_head_ != before) {
+  if (tx_head_ != stored) {
     tx_ctl_->head.v.store(tx_head_, std::memory_order_release);
     ring_peer();
   }
@@ -254,32 +299,26 @@ void LinkImpl::maybe_complete_recv(MsgId id, std::vector<Completion>* out) {
   }
 }
 
-// Consumer: release slots whose copies finished, in order; then consume newly published slots.
+// Consumer: credit device copies that finished, in order; then consume newly published slots.
+// Every slot is released as soon as it is consumed (device copies go out of bounce buffers).
 bool LinkImpl::rx_step(std::vector<Completion>* out) {
   bool moved = false;
-  uint64_t released = rx_tail_;
-  while (!rx_chunks_.empty()) {
-    RxChunk& c = rx_chunks_.front();
-    if (c.queue != nullptr) {
-      auto done = c.queue->done(c.fence);
-      if (!done.ok()) {
-        fail(done.status(), out);
-        return true;
-      }
-      if (!*done) break;
-      auto it = recvs_.find(c.id);
-      if (it != recvs_.end()) --it->second.outstanding;
+  while (!rx_copies_.empty()) {
+    RxCopy& c = rx_copies_.front();
+    auto done = c.queue->done(c.fence);
+    if (!done.ok()) {
+      fail(done.status(), out);
+      return true;
     }
-    ++rx_tail_;
+    if (!*done) break;
+    give_back(c.bounce, true);
     MsgId id = c.id;
-    bool credit = c.queue != nullptr && !c.discard;
-    rx_chunks_.pop_front();
-    if (credit) maybe_complete_recv(id, out);
-  }
-  if (rx_tail_ != released) {
-    rx_ctl_->tail.v.store(rx_tail_, std::memory_order_release);
-    ring_peer();
+    rx_copies_.pop_front();
     moved = true;
+    if (auto it = recvs_.find(id); it != recvs_.end()) {
+      --it->second.outstanding;
+      maybe_complete_recv(id, out);
+    }
   }
   uint64_t h = rx_ctl_->head.v.load(std::memory_order_acquire);
   if (h != peer_head_) {
@@ -303,7 +342,7 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
       return true;
     }
     const char* data = slot_data(1 - side_, rx_read_);
-    RxChunk chunk{nullptr, 0, id, false};
+    bool discard = false;
     if (auto d = discarding_.find(id); d != discarding_.end()) {
       if (len > d->second) {
         fail(corrupt(fmt::format("message {} runs past its announced length", id)), out);
@@ -311,7 +350,7 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
       }
       d->second -= len;
       if (d->second == 0) discarding_.erase(d);
-      chunk.discard = true;
+      discard = true;
     } else {
       auto it = recvs_.find(id);
       if (it == recvs_.end()) break;  // not posted yet: wait (head-of-line)
@@ -335,7 +374,7 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
                                     total});
           recvs_.erase(it);
           if (total - len > 0) discarding_[id] = total - len;
-          chunk.discard = true;
+          discard = true;
         }
       } else if (total != op.total || offset != op.received) {
         fail(corrupt(fmt::format("message {}: chunk at {} of {} B, expected at {} of {} B", id, offset, total,
@@ -343,12 +382,11 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
              out);
         return true;
       }
-      if (!chunk.discard && op.discard) {  // (op is gone when the recv was truncated above)
+      if (!discard && op.discard) {  // (op is gone when the recv was truncated above)
         // Validated above like any chunk; nothing to copy: the slot is released below.
-        chunk.discard = true;
         op.received += len;
         maybe_complete_recv(id, out);
-      } else if (!chunk.discard) {
+      } else if (!discard) {
         char* dst = static_cast<char*>(op.dst.ptr) + offset;
         // Out of the ring into a large host destination with stores that skip the cache, as
         // glibc's memcpy does for large copies: each line is written without being read first.
@@ -358,24 +396,25 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
           fail(copied.status(), out);
           return true;
         }
-        chunk.queue = copied->queue;
-        chunk.fence = copied->fence;
-        if (chunk.queue != nullptr) ++op.outstanding;
+        // No bounce buffer: the slot waits (taken again, validated again, next round; what was
+        // recorded of this message above holds for it then too).
+        if (copied->waiting) break;
         op.received += len;
-        if (chunk.queue == nullptr) maybe_complete_recv(id, out);
+        if (copied->queue != nullptr) {
+          ++op.outstanding;
+          rx_copies_.push_back(RxCopy{copied->queue, copied->fence, id, std::move(copied->bounce)});
+        } else {
+          maybe_complete_recv(id, out);
+        }
       }
     }
     ++rx_read_;
     moved = true;
-    if (chunk.queue == nullptr && rx_chunks_.empty()) {
-      // Nothing in flight before it: give the slot back at once, so the producer can refill it
-      // while we copy the next one.
-      ++rx_tail_;
-      rx_ctl_->tail.v.store(rx_tail_, std::memory_order_release);
-      ring_peer();
-    } else {
-      rx_chunks_.push_back(chunk);
-    }
+    // The slot's bytes are where they go, or in a bounce buffer: give it back at once, so the
+    // producer can refill it while we copy the next one.
+    ++rx_tail_;
+    rx_ctl_->tail.v.store(rx_tail_, std::memory_order_release);
+    ring_peer();
   }
   return moved;
 }
@@ -390,6 +429,7 @@ size_t LinkImpl::progress(std::vector<Completion>* out) {
     if (pending() != 0) fail(error_, out);
     return out->size() - before;
   }
+  starved_ = false;
   bool moved = rx_step(out);
   if (error_.ok()) moved |= tx_step(out);
   if (error_.ok() && (peer_hup_ || (!moved && ++idle_rounds_ >= kIdleRoundsPerPeerCheck))) {
@@ -411,15 +451,20 @@ void LinkImpl::fail(Status status, std::vector<Completion>* out) {
     DMX_LOG_WARN("shm link to peer {} failed: {}", peer_name(), error_.to_string());
   }
   // Completion returns buffer ownership: device copies into or out of user buffers must be over.
-  (void)queues_.drain(Deadline::after(kDrainDeadline));
+  bool over = queues_.drain(Deadline::after(kDrainDeadline)).ok();
   for (auto& op : sends_) out->push_back(Completion{op.id, Completion::kSend, error_, 0});
   sends_.clear();
-  for (auto& c : tx_chunks_)
+  for (auto& c : tx_chunks_) {
+    give_back(c.bounce, over);
     if (c.last) out->push_back(Completion{c.id, Completion::kSend, error_, 0});
+  }
   tx_chunks_.clear();
   for (auto& [id, op] : recvs_) out->push_back(Completion{id, Completion::kRecv, error_, 0});
   recvs_.clear();
-  rx_chunks_.clear();
+  for (auto& c : rx_copies_) give_back(c.bounce, over);
+  rx_copies_.clear();
+  for (auto& b : orphans_) give_back(b, over);
+  orphans_.clear();
   discarding_.clear();
   while (!failed_.empty()) {
     out->push_back(std::move(failed_.front()));
@@ -429,7 +474,7 @@ void LinkImpl::fail(Status status, std::vector<Completion>* out) {
 
 bool LinkImpl::has_work() {
   if (!error_.ok() || !failed_.empty()) return true;
-  if (!tx_chunks_.empty() || !rx_chunks_.empty()) return true;  // device copies to poll
+  if (!tx_chunks_.empty() || !rx_copies_.empty() || starved_) return true;  // device copies to poll
   if (!sends_.empty() && tx_ctl_->tail.v.load(std::memory_order_acquire) != peer_tail_) return true;
   if (!recvs_.empty() && rx_ctl_->head.v.load(std::memory_order_acquire) != peer_head_) return true;
   if (!sends_.empty() && tx_reserved_ - peer_tail_ < layout_.slots) return true;
@@ -456,8 +501,9 @@ Status LinkImpl::wait(Deadline deadline) {
     if (has_work()) return Status();
     cpu_relax();
   }
-  if (!tx_chunks_.empty() || !rx_chunks_.empty()) {
-    // Device copies in flight: nothing will ring us when they finish; yield and let the caller poll.
+  if (!tx_chunks_.empty() || !rx_copies_.empty() || starved_) {
+    // Device copies in flight (ours, or other links' holding the bounce buffers we wait for):
+    // nothing will ring us when they finish; yield and let the caller poll.
     std::this_thread::yield();
     return deadline.expired() ? Status(Code::kTimeout, "shm wait: deadline passed") : Status();
   }

@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "core/units.h"
+#include "memory/bounce_pool.h"
 #include "transport/path_base.h"
 
 namespace dmx {
@@ -273,6 +274,7 @@ void ShmPath::release(const Status& why, std::vector<Done>* done) {
 
 Result<std::unique_ptr<PayloadPath>> make_shm_path(UnixChannel channel, bool creator, const shm::LinkOptions& options,
                                                    Deadline deadline) {
+  raise_bounce_limit(options.bounce_pool);
   std::unique_ptr<shm::ShmLink> link;
   if (creator) {
     DMX_ASSIGN_OR_RETURN(link, shm::ShmLink::create(std::move(channel), options, deadline));

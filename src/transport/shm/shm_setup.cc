@@ -100,6 +100,7 @@ Result<LinkOptions> link_options(const Config& config) {
   o.slots = static_cast<uint32_t>(slots);
   o.slot_size = config.get_size("shm_slot_size");
   o.spin = config.get_duration("shm_spin");
+  o.bounce_pool = config.get_size("shm_bounce_pool");
   int64_t threads = config.get_int("shm_copy_threads");
   if (threads < 0 || threads > kMaxCopyThreads)
     return Status(Code::kInvalidArgument,
