@@ -280,6 +280,7 @@ Request EndpointImpl::post_write_vec(std::span<const MemRegion> local, std::span
     ++counters_.writes;
     writes_[op->id] = op;
     tx_.push_back(Transfer{op, FrameType::kWriteData, nullptr, op->region.where});
+    tx_.back().accepts = write_accepts();  // as a plain write: paths that land writes take it (devmem)
     has_tx_.store(true, std::memory_order_release);
     wake_for(tx_.back());
   }
