@@ -114,6 +114,8 @@ std::vector<unsigned char> encode_hello(const Hello& h) {
     w.bytes(o.descriptor.data(), o.descriptor.size());
   }
   w.u8(h.checksum);
+  w.str(h.name);
+  w.u64(h.epoch);
   return w.take();
 }
 
@@ -154,7 +156,10 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
     h.offers.push_back(std::move(o));
   }
   h.checksum = r.u8();
+  h.name = r.str(kMaxHelloName);
+  h.epoch = r.u64();
   DMX_RETURN_IF_ERROR(r.finish("HELLO"));
+  if (!printable(h.name)) return Status(Code::kProtocol, "HELLO: the store name has non-printable characters");
   if (h.checksum > static_cast<uint8_t>(Checksum::kCrc32c))
     return Status(Code::kProtocol, fmt::format("HELLO: unknown checksum {}", h.checksum));
   for (size_t i = 0; i < h.offers.size(); ++i) {

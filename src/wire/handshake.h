@@ -26,6 +26,7 @@ struct Offer {
 inline constexpr size_t kMaxOffers = 16;
 inline constexpr size_t kMaxOfferName = 32;
 inline constexpr size_t kMaxOfferDescriptor = 128;
+inline constexpr size_t kMaxHelloName = 258;  // "<job>/<name>", each at most 128
 
 inline constexpr uint16_t kMaxStreams = 64;  // data streams a HELLO may ask for
 // The stream sockets of a session of `streams` data streams: beside more than one, a control
@@ -63,6 +64,9 @@ struct Hello {
   const Offer* offer(std::string_view name) const;
   // What this side asks of every data chunk (Checksum); the endpoint uses the stronger of the two.
   uint8_t checksum = 0;
+  // Protocol 6: this side's name and epoch in the store (docs/cluster.md); "" and 0 without one.
+  std::string name;  // "job/name", at most kMaxHelloName printable bytes
+  uint64_t epoch = 0;
 };
 
 struct Join {

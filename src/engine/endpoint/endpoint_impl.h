@@ -47,6 +47,8 @@ struct Session {
   std::chrono::microseconds keepalive{1'000'000};  // often enough for the peer's timeout
   std::string reason;
   bool checksum = false;  // every data chunk carries its CRC32C (either side asked)
+  std::string peer_name;  // the peer's name and epoch in the store (its HELLO); "" and 0: none
+  uint64_t peer_epoch = 0;
 };
 
 class EndpointImpl final : public stream::StreamHost,
@@ -71,6 +73,7 @@ class EndpointImpl final : public stream::StreamHost,
   EndpointStats stats() const;
   Status health() const;
   const std::string& peer() const { return session_.peer; }
+  const Session& session() const { return session_; }
   Status close();
 
   // stream::StreamHost
