@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "future.h"
 #include "log.h"
+#include "store.h"
 
 namespace py = pybind11;
 using dmxpy::EndpointState;
@@ -305,4 +306,5 @@ PYBIND11_MODULE(_dmx, m) {
           py::arg("buf"), "Registers `buf` (writable) for peers' write/read; descriptor() names it.")
       .def("metrics_text", [](ContextW& c) { return dmx::to_prometheus(c.ctx.metrics()); },
            "The context's counters and latency histograms in the Prometheus text format.");
+  dmxpy::add_store(m, [](py::handle h) -> dmx::Context& { return h.cast<ContextW&>().ctx; }, [](py::handle h) -> const dmx::Registration& { return h.cast<RegistrationW&>().reg; });
 }
