@@ -73,13 +73,20 @@ Result<std::shared_ptr<EndpointImpl>> connect_by_name(const std::shared_ptr<Cont
                                                       address, dir->job(), job));
   DMX_ASSIGN_OR_RETURN(store::PeerEntry peer, dir->lookup_peer(name));
   Status last;
-  for (const auto& a : peer.addresses) {
+  const std::vector<std::string> addresses = peer.addresses;  // peer may be looked up again below
+  for (const auto& a : addresses) {
     auto ep = connect_endpoint(ctx, a);
     if (!ep.ok()) {
       last = ep.status();
       continue;
     }
     const Session& s = (*ep)->session();
+    // The name restarted between the lookup and the handshake: a newer epoch of the same name is
+    // taken once the store shows it.
+    if (s.peer_name == name && s.peer_epoch > peer.epoch) {
+      auto again = dir->lookup_peer(name);
+      if (again.ok() && again->epoch == s.peer_epoch) peer = std::move(*again);
+    }
     if (s.peer_name != name || s.peer_epoch != peer.epoch) {
       Status why(Code::kAuth,
                  fmt::format("connect({}): the process at {} is {} epoch {}, the store has {} epoch {}: a stale entry "
