@@ -15,6 +15,8 @@ pkgs=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   # the rdma transport (libibverbs, the rxe provider) and scripts/rdma-check.sh (perftest)
   libibverbs-dev rdma-core ibverbs-providers ibverbs-utils perftest
+  # the store (src/store): etcd's JSON gateway through cpp-httplib; etcd for its tests (tests/store, tests/netns)
+  libcpp-httplib-dev etcd-server etcd-client
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "dmx/cluster.h"
 #include "dmx/endpoint.h"
 #include "dmx/metrics.h"
 #include "dmx/options.h"
@@ -30,6 +31,7 @@ class Registration {
   Registration& operator=(const Registration&) = delete;
 
   RemoteRegion remote() const;  // what to give the peer
+  MemSpec where() const;        // the memory's kind and device
   // Ok once no transfer uses the memory. An error only if dmx could not make sure of that (a
   // transfer still held it after its endpoints were closed): then the memory must not be freed.
   Status deregister();
@@ -77,8 +79,22 @@ class Context {
   static Result<Context> create(const Options& options = {});
 
   Result<Listener> listen(const std::string& address);  // "tcp://host:port"; port 0: any
-  // Connects and authenticates within the connect_timeout setting.
+  // Connects and authenticates within the connect_timeout setting. "dmx://job/name" looks the
+  // name up in the store (dmx/cluster.h) and connects to that process, checking in the handshake
+  // that it is the name and epoch the store has (kAuth otherwise); its endpoint then fails with
+  // kPeerFailed naming it as soon as the store shows it restarted or its lease ended.
   Result<Endpoint> connect(const std::string& address);
+  // The store (dmx/cluster.h): publishes `registration` under `name` with where it lives (needs a
+  // listener registered with store_name); lookup finds what a peer published (kNotFound; kAuth when
+  // forged; kPeerFailed when stale: its owner restarted or is gone; kUnavailable when the store is
+  // unreachable). kInvalidArgument without the store setting.
+  Status publish(const std::string& name, const Registration& registration);
+  Status unpublish(const std::string& name);
+  Result<PublishedRegion> lookup(const std::string& name);
+  Result<PeerInfo> lookup_peer(const std::string& name);
+  Result<ClusterListing> cluster();
+  // This process's epoch in the store (0 before it registered).
+  uint64_t epoch() const;
   Result<Registration> register_memory(const MemRegion& region);
   // Charges `bytes` that `peer` makes the application hold (`what`: what they are for) to the
   // peer_memory_budget setting; kResourceExhausted naming the peer, the budget and what all peers

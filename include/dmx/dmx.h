@@ -1,6 +1,7 @@
 // dmx — device memory exchange. Include this one header for the whole public API.
 #pragma once
 
+#include "dmx/cluster.h"
 #include "dmx/context.h"
 #include "dmx/endpoint.h"
 #include "dmx/log.h"

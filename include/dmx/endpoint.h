@@ -20,6 +20,11 @@ class EndpointImpl;
 struct RemoteRegion {
   uint64_t key = 0;
   uint64_t size = 0;
+  // The owner's epoch when it came from Context::lookup (0: unknown, not checked): an operation on
+  // an endpoint whose peer has another epoch fails at once (kPeerFailed), nothing is sent. Not in
+  // serialize(): a region carried by hand is checked by its random key only (a restarted owner has
+  // none of its old keys).
+  uint64_t epoch = 0;
   // 16 bytes to carry to the peer any way the application likes (e.g. in a send).
   std::vector<unsigned char> serialize() const;
   static Result<RemoteRegion> parse(const unsigned char* data, size_t len);

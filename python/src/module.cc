@@ -17,6 +17,7 @@
 #include "future.h"
 #include "log.h"
 #include "profile.h"
+#include "store.h"
 #include "vec.h"
 
 namespace py = pybind11;
@@ -380,4 +381,5 @@ PYBIND11_MODULE(_dmx, m) {
           py::arg("buf"), "Registers `buf` (writable) for peers' write/read; descriptor() names it.")
       .def("metrics_text", [](ContextW& c) { return dmx::to_prometheus(c.ctx.metrics()); },
            "The context's counters and latency histograms in the Prometheus text format.");
+  dmxpy::add_store(m, [](py::handle h) -> dmx::Context& { return h.cast<ContextW&>().ctx; }, [](py::handle h) -> const dmx::Registration& { return h.cast<RegistrationW&>().reg; });
 }

@@ -61,6 +61,22 @@ constexpr ConfigEntry kTable[] = {
     {"auth_key_create", ConfigType::kBool, "false",
      "create a missing auth_key_file with a new key (the default file is always created on first use)"},
     {"insecure", ConfigType::kBool, "false", "turn peer authentication off (both peers must agree)"},
+    // the store (docs/cluster.md)
+    {"store", ConfigType::kString, "",
+     "a store for names, published regions and epochs: etcd://host:port (etcd's JSON gateway) or "
+     "tcpstore://host:port (a torch.distributed job's TCPStore, MASTER_ADDR:MASTER_PORT); empty: none, "
+     "peers meet by address"},
+    {"store_job", ConfigType::kString, "dmx", "the job whose names this context sees (dmx://<job>/<name>)"},
+    {"store_name", ConfigType::kString, "",
+     "this process's name in the store: its first listener registers it with the listen address and a new "
+     "epoch (1-128 of [A-Za-z0-9._-]); empty: not registered"},
+    {"store_lease_ttl", ConfigType::kDuration, "10s",
+     "lease of this process's store entries, renewed every third of it: a dead process's entries go this much "
+     "after it died (at least 2s)"},
+    {"store_timeout", ConfigType::kDuration, "2s", "deadline of each call to the store"},
+    {"store_watch_interval", ConfigType::kDuration, "1s",
+     "how often the store is read for the epochs of the peers this context's endpoints talk to (a restarted or "
+     "expired peer fails its endpoints then)"},
     // staged TCP
     {"max_streams", ConfigType::kInt, "16",
      "the most TCP data streams a peer may ask for per endpoint (1-64)"},

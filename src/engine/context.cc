@@ -9,6 +9,7 @@
 #include "core/sys.h"
 #include "core/trace.h"
 #include "core/units.h"
+#include "engine/cluster.h"
 #include "engine/context_impl.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/handshake.h"
@@ -132,6 +133,7 @@ Result<std::shared_ptr<ContextImpl>> ContextImpl::create(const Options& options)
   auto impl = std::shared_ptr<ContextImpl>(new ContextImpl(std::move(config), std::move(params), std::move(auth)));
   DMX_RETURN_IF_ERROR(check_transport_setting(impl->transports_, impl->params_.transport,
                                               impl->config_.source("transport")));
+  DMX_ASSIGN_OR_RETURN(impl->directory_, open_directory(impl->config_, impl->auth_));
   return impl;
 }
 
@@ -453,6 +455,10 @@ Result<Context> Context::create(const Options& options) {
 }
 
 Result<Endpoint> Context::connect(const std::string& address) {
+  if (is_name_address(address)) {
+    DMX_ASSIGN_OR_RETURN(auto ep, connect_by_name(impl_, address));
+    return Endpoint(std::move(ep));
+  }
   DMX_ASSIGN_OR_RETURN(auto ep, connect_endpoint(impl_, address));
   return Endpoint(std::move(ep));
 }
@@ -474,6 +480,8 @@ Registration::Registration(std::shared_ptr<ContextImpl> ctx, std::shared_ptr<Reg
     : ctx_(std::move(ctx)), reg_(std::move(reg)) {}
 
 Registration::~Registration() { (void)deregister(); }
+
+MemSpec Registration::where() const { return reg_ ? reg_->region.where : MemSpec{}; }
 
 Registration& Registration::operator=(Registration&& o) noexcept {
   if (this != &o) {

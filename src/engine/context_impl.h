@@ -16,6 +16,7 @@
 #include "engine/auth.h"
 #include "engine/metrics.h"
 #include "engine/transports.h"
+#include "store/directory.h"
 #include "stream/staging.h"
 #include "stream/workers.h"
 #include "topo/placement.h"
@@ -247,6 +248,16 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   // (Registration::deregister's contract).
   Status remove_registration(Registered& reg);
 
+  // The store (the `store` setting; engine/cluster.cc): nullptr without one.
+  const std::shared_ptr<store::Directory>& directory() const { return directory_; }
+  // Registers store_name with `address` when a name is set and not yet registered. Any thread.
+  Status announce(const std::string& address);
+  // This process's name and epoch in the store ("" and 0 when not registered): what HELLO says.
+  std::string store_name() const { return directory_ && directory_->epoch() != 0 ? directory_->name() : ""; }
+  uint64_t epoch() const { return directory_ ? directory_->epoch() : 0; }
+  // Fails `ep` when the store shows its peer (session peer_name, peer_epoch) restarted or gone.
+  void watch_peer(const std::string& name, uint64_t epoch, const std::shared_ptr<RegistrationUser>& ep);
+
  private:
   ContextImpl(Config config, EngineParams params, AuthKey auth);
 
@@ -274,6 +285,8 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   mutable std::shared_ptr<const topo::Topology> topo_;
   mutable std::string topo_why_;
   mutable bool topo_tried_ = false;
+  std::mutex announce_mu_;                      // one registration at a time
+  std::shared_ptr<store::Directory> directory_;  // last: destroyed first, with its thread
 };
 
 }  // namespace dmx

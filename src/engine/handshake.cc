@@ -34,7 +34,19 @@ wire::Hello make_hello(const ContextImpl& ctx, wire::Role role) {
   h.peer_timeout_ms = static_cast<uint32_t>(std::min<int64_t>(p.peer_timeout.count() / 1000, UINT32_MAX));
   h.checksum = static_cast<uint8_t>(p.checksum ? wire::Checksum::kCrc32c : wire::Checksum::kNone);
   h.multilink = p.multilink;
+  if (std::string name = ctx.store_name(); !name.empty()) {
+    h.name = ctx.directory()->job() + "/" + name;
+    h.epoch = ctx.epoch();
+  }
   return h;
+}
+
+void note_peer_identity(const ContextImpl& ctx, const wire::Hello& theirs, Session* s) {
+  if (theirs.name.empty() || theirs.epoch == 0) return;
+  std::string prefix = ctx.directory() ? ctx.directory()->job() + "/" : std::string();
+  // A peer of our job is known by its name; one of another job keeps its job in the name.
+  s->peer_name = !prefix.empty() && theirs.name.rfind(prefix, 0) == 0 ? theirs.name.substr(prefix.size()) : theirs.name;
+  s->peer_epoch = theirs.epoch;
 }
 
 std::chrono::microseconds keepalive_for(const EngineParams& mine, const wire::Hello& theirs) {
@@ -236,6 +248,7 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
     if (!theirs->offer(o.name))
       why_not += fmt::format("{}the server did not accept {} (see its log)", why_not.empty() ? "" : "; ", o.name);
   DMX_ASSIGN_OR_RETURN(Session agreed, negotiate(*ctx, mine, *theirs, peer, why_not));
+  note_peer_identity(*ctx, *theirs, &agreed);
   if (!ctx->auth().insecure) {
     wire::Proof expect = make_proof(ctx->auth(), kServerLabel, mine.nonce, theirs->nonce, session);
     if (!proofs_equal(expect, theirs->proof))

@@ -29,6 +29,8 @@ Result<Session> negotiate(const ContextImpl& ctx, const wire::Hello& client, con
                           const std::string& peer, const std::string& why_not);
 // How often to send keepalives: our own interval, or more often when the peer gives up sooner.
 std::chrono::microseconds keepalive_for(const EngineParams& mine, const wire::Hello& theirs);
+// Notes the peer's store name and epoch from its HELLO in the session (docs/cluster.md).
+void note_peer_identity(const ContextImpl& ctx, const wire::Hello& theirs, Session* s);
 // Whether the peer's authentication mode works with ours; the reason when not, naming what the
 // client and the server each run, so that it reads right on both sides (the server sends it).
 Status check_auth_modes(const AuthKey& mine, wire::AuthMode theirs, wire::Role my_role);

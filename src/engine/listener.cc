@@ -650,6 +650,7 @@ void ListenerImpl::complete(uint64_t session) {
   pending_.erase(it);
   auto agreed = negotiate(*ctx_, p.client, p.server, p.peer, p.why_not);
   if (!agreed.ok()) return;  // checked at HELLO already
+  note_peer_identity(*ctx_, p.client, &*agreed);
   agreed->keepalive = keepalive_for(ctx_->params(), p.client);
   agreed->peer_eager_limit = p.client.eager_limit;
   agreed->peer_unexpected_budget = p.client.unexpected_budget;
@@ -726,6 +727,11 @@ void ListenerImpl::build(Pending p, Session agreed, std::shared_ptr<SetupState> 
 
 Result<Listener> Context::listen(const std::string& address) {
   DMX_ASSIGN_OR_RETURN(auto impl, ListenerImpl::create(impl_, address));
+  // With store_name set, the first listener registers this process under it (docs/cluster.md).
+  if (Status s = impl_->announce(impl->address()); !s.ok()) {
+    impl->close();
+    return Status(s.code(), fmt::format("listen({}): registering store_name: {}", address, s.message()));
+  }
   return Listener(std::move(impl));
 }
 

@@ -119,6 +119,8 @@ std::vector<unsigned char> encode_hello(const Hello& h) {
   w.u8(static_cast<uint8_t>(h.addresses.size()));
   for (const std::string& a : h.addresses) w.str(a);
   w.u8(h.multilink);
+  w.str(h.name);
+  w.u64(h.epoch);
   return w.take();
 }
 
@@ -164,7 +166,10 @@ Result<Hello> decode_hello(const unsigned char* data, size_t len) {
     return Status(Code::kProtocol, fmt::format("HELLO: {} addresses (at most {})", addresses, kMaxAddresses));
   for (uint8_t i = 0; i < addresses; ++i) h.addresses.push_back(r.str(INET6_ADDRSTRLEN));
   h.multilink = r.u8();
+  h.name = r.str(kMaxHelloName);
+  h.epoch = r.u64();
   DMX_RETURN_IF_ERROR(r.finish("HELLO"));
+  if (!printable(h.name)) return Status(Code::kProtocol, "HELLO: the store name has non-printable characters");
   if (h.multilink > static_cast<uint8_t>(Multilink::kOn))
     return Status(Code::kProtocol, fmt::format("HELLO: unknown multilink mode {}", h.multilink));
   for (const std::string& a : h.addresses) {

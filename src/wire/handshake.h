@@ -26,6 +26,7 @@ struct Offer {
 inline constexpr size_t kMaxOffers = 16;
 inline constexpr size_t kMaxOfferName = 32;
 inline constexpr size_t kMaxOfferDescriptor = 128;
+inline constexpr size_t kMaxHelloName = 258;  // "<job>/<name>", each at most 128
 
 inline constexpr uint16_t kMaxStreams = 64;  // data streams a HELLO may ask for
 // The stream sockets of a session of `streams` data streams: beside more than one, a control
@@ -69,6 +70,9 @@ struct Hello {
   // Chunk acknowledgement per data stream, so that a dead link's chunks move to the others
   // (Multilink): used when both ask for it and either forces it or the server lists an address.
   uint8_t multilink = 0;
+  // Protocol 6: this side's name and epoch in the store (docs/cluster.md); "" and 0 without one.
+  std::string name;  // "job/name", at most kMaxHelloName printable bytes
+  uint64_t epoch = 0;
 };
 inline constexpr size_t kMaxAddresses = 16;
 enum class Multilink : uint8_t { kOff = 0, kAuto = 1, kOn = 2 };

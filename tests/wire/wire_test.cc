@@ -166,6 +166,8 @@ Hello sample_hello() {
   h.peer_timeout_ms = 10000;
   h.local_channel = "@dmx-side-channel";
   h.checksum = static_cast<uint8_t>(Checksum::kCrc32c);
+  h.name = "job-1/worker-3";
+  h.epoch = 0x0123456789abcdefULL;
   return h;
 }
 
@@ -187,9 +189,11 @@ TEST(Handshake, HelloRoundTrip) {
   ASSERT_NE(d->offer("shm"), nullptr);
   EXPECT_EQ(d->offer("tcp"), nullptr);
   EXPECT_EQ(d->checksum, static_cast<uint8_t>(Checksum::kCrc32c));
-  {  // an unknown checksum is refused (the byte before the address count and multilink)
+  EXPECT_EQ(d->name, h.name);
+  EXPECT_EQ(d->epoch, h.epoch);
+  {  // an unknown checksum is refused (the byte before the address count, multilink, name and epoch)
     auto odd = bytes;
-    odd[odd.size() - 3] = 2;
+    odd[odd.size() - 8 - 2 - h.name.size() - 3] = 2;
     EXPECT_NE(decode_hello(odd.data(), odd.size()).status().message().find("unknown checksum"), std::string::npos);
   }
   // An empty descriptor (found by fuzz_hello_join: copying zero bytes to an empty vector's null

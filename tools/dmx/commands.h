@@ -14,6 +14,7 @@ namespace dmx::cli {
 void add_bench_command(CLI::App& app, int* exit_code);   // bench_cmd.cc
 void add_probe_command(CLI::App& app, int* exit_code);   // probe_cmd.cc
 void add_topo_command(CLI::App& app, int* exit_code);    // topo_cmd.cc
+void add_ls_command(CLI::App& app, int* exit_code);      // ls_cmd.cc
 void add_devmem_command(CLI::App& app, int* exit_code);  // devmem_cmd.cc
 void add_rpc_command(CLI::App& app, int* exit_code);     // rpc_cmd.cc
 void add_mqueue_command(CLI::App& app, int* exit_code);  // mqueue_cmd.cc

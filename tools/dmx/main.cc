@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   dmx::cli::add_bench_command(app, &exit_code);
   dmx::cli::add_probe_command(app, &exit_code);
   dmx::cli::add_topo_command(app, &exit_code);
+  dmx::cli::add_ls_command(app, &exit_code);
   dmx::cli::add_devmem_command(app, &exit_code);
   dmx::cli::add_rpc_command(app, &exit_code);
   dmx::cli::add_mqueue_command(app, &exit_code);

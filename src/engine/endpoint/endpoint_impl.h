@@ -56,6 +56,8 @@ struct Session {
   // chunks move to the others (LINK_DOWN): wire::multilink_agreed, with more than one stream.
   bool multilink = false;
   std::vector<std::string> routes;  // per stream: "local -> remote" of its socket (empty: unknown)
+  std::string peer_name;  // the peer's name and epoch in the store (its HELLO); "" and 0: none
+  uint64_t peer_epoch = 0;
 };
 
 struct DeviceLink;  // endpoint/device.cc
@@ -91,6 +93,7 @@ class EndpointImpl final : public stream::StreamHost,
   Status health() const;
   Result<DeviceHandle> device_handle(const DeviceHandleOptions& options);  // endpoint/device.cc
   const std::string& peer() const { return session_.peer; }
+  const Session& session() const { return session_; }
   Status close();
 
   // stream::StreamHost

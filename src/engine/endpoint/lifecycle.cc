@@ -79,6 +79,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     if (t->gives() == Gives::kControl) ep->stream_transport_ = ep->ctx_->metrics().index_of(t->name());
   ep->ctx_->metrics().add_endpoint(ep.get(), ep->stream_transport_);  // before a stream can stop
   ep->ctx_->endpoint_started(ep->session_.peer_key, ep);
+  ep->ctx_->watch_peer(ep->session_.peer_name, ep->session_.peer_epoch, ep);
   ep->slot_held_ = true;
   ep->running_ = static_cast<int>(ep->streams_.size());
   ep->holders_->count = ep->running_;

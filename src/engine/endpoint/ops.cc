@@ -227,6 +227,12 @@ Request EndpointImpl::post_one_sided(OpType type, const MemRegion& local, const 
   op->notify = write && o.notify;
   op->notify_value = o.notify_value;
   Status bad = region_problem(local, write ? "write" : "read");
+  if (bad.ok() && remote.epoch != 0 && remote.epoch != session_.peer_epoch)
+    bad = Status(Code::kPeerFailed,
+                 fmt::format("{}: the region was published by epoch {} of its owner, this endpoint's peer is {} epoch "
+                             "{}: a stale region, refused (nothing sent)",
+                             write ? "write" : "read", remote.epoch, session_.peer_name.empty() ? "an unnamed peer" : session_.peer_name,
+                             session_.peer_epoch));
   if (bad.ok() && (offset > remote.size || local.size > remote.size - offset))
     bad = Status(Code::kOutOfRange, fmt::format("{} of {} bytes at offset {} exceeds the remote region of {} bytes",
                                                 write ? "write" : "read", local.size, offset, remote.size));
