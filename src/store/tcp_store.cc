@@ -7,7 +7,7 @@
 // machine torch runs on). SET(1) key, value: no answer. GET(3) key: the value as a byte vector
 // (the key must exist: we CHECK first). ADD(4) key, i64: the new value as an i64 (the value is
 // kept as decimal text). CHECK(5) keys: one byte, 0 ready (all exist), 1 not. DELETE_KEY(8) key:
-// an i64, how many went.
+// an i64, how many went. Keys go with a "/" before them, as torch's own clients send them.
 //
 // TCPStore has no leases and no listing (docs/cluster.md says how dmx does without): a leased value
 // is stored as "L<lease id>\n<value>" and lease <id> lives while the key "dmx/lease/<id>" holds a
@@ -109,7 +109,7 @@ class TcpStore final : public Store {
   Status remove(const std::string& key) override {
     std::lock_guard lock(mu_);
     DMX_RETURN_IF_ERROR(begin_locked(kDeleteKey));
-    put_str(key);
+    put_key(key);
     DMX_RETURN_IF_ERROR(flush_locked("DELETE_KEY"));
     int64_t n = 0;
     return read_i64_locked(&n, "DELETE_KEY");
@@ -151,13 +151,13 @@ class TcpStore final : public Store {
   Result<std::optional<std::string>> get_raw_locked(const std::string& key) {
     DMX_RETURN_IF_ERROR(begin_locked(kCheck));
     put_u64(1);
-    put_str(key);
+    put_key(key);
     DMX_RETURN_IF_ERROR(flush_locked("CHECK"));
     uint8_t ready = 0;
     DMX_RETURN_IF_ERROR(read_locked(&ready, 1, "CHECK"));
     if (ready != 0) return std::optional<std::string>();
     DMX_RETURN_IF_ERROR(begin_locked(kGet));
-    put_str(key);
+    put_key(key);
     DMX_RETURN_IF_ERROR(flush_locked("GET"));
     uint64_t len = 0;
     DMX_RETURN_IF_ERROR(read_locked(&len, 8, "GET"));
@@ -173,14 +173,14 @@ class TcpStore final : public Store {
 
   Status set_locked(const std::string& key, const std::string& value) {
     DMX_RETURN_IF_ERROR(begin_locked(kSet));
-    put_str(key);
+    put_key(key);
     put_str(value);
     return flush_locked("SET");
   }
 
   Result<int64_t> add_locked(const std::string& key, int64_t delta) {
     DMX_RETURN_IF_ERROR(begin_locked(kAdd));
-    put_str(key);
+    put_key(key);
     put_u64(static_cast<uint64_t>(delta));
     DMX_RETURN_IF_ERROR(flush_locked("ADD"));
     int64_t v = 0;
@@ -205,6 +205,9 @@ class TcpStore final : public Store {
     put_u64(s.size());
     out_ += s;
   }
+  // torch's clients send every key with a "/" before it (c10d's keyPrefix_): so do we, so that a
+  // torch client's check("dmx/...") sees our keys and ours never meet its internal ones.
+  void put_key(const std::string& key) { put_str("/" + key); }
 
   Status connect_locked() {
     addrinfo hints{}, *res = nullptr;

@@ -33,11 +33,12 @@ def test_publish_lookup_connect_restart():
     ep.write(data, r["region"], 3).wait(timeout=60)
     assert np.array_equal(buf[3:5003], data)
     assert [p["name"] for p in b.cluster()["peers"]] == ["a"]
-    # The leased value is stored behind its lease id, the lease as a heartbeat time.
-    key = b"dmx/tj/peers/a"
+    # The leased value is stored behind its lease id, the lease as a heartbeat time; keys go with
+    # torch's "/" before them.
+    key = b"/dmx/tj/peers/a"
     assert server.data[key].startswith(b"L")
     lease = server.data[key][1:server.data[key].index(b"\n")].decode()
-    assert int(server.data[f"dmx/lease/{lease}".encode()]) > 0
+    assert int(server.data[f"/dmx/lease/{lease}".encode()]) > 0
     # "a" restarts: a new epoch (ADD), and the endpoint to the old one fails naming it.
     sink = np.zeros(8, dtype=np.uint8)
     pending = ep.recv(sink, 9)
