@@ -166,3 +166,17 @@ class Context:
         """Registers writable memory for peers' one-sided write and read."""
     def metrics_text(self) -> str:
         """Counters and latency histograms, Prometheus text format."""
+    # The store (docs/cluster.md): settings store, store_job, store_name; connect("dmx://job/name").
+    def publish(self, name: str, registration: Registration) -> None:
+        """Publishes a Registration under `name` in the store (needs a listener with store_name)."""
+    def unpublish(self, name: str) -> None:
+        """Withdraws a region published under `name`."""
+    def lookup(self, name: str) -> dict[str, Any]:
+        """A region another process published: 'region' (a RemoteRegion), 'owner', 'owner_epoch',
+        'size', 'memory', 'device', 'host'."""
+    def lookup_peer(self, name: str) -> dict[str, Any]:
+        """A peer's store entry as a dict."""
+    def cluster(self) -> dict[str, Any]:
+        """The job's peers, regions and refused entries (what `dmx ls` prints)."""
+    def epoch(self) -> int:
+        """This process's epoch in the store (0 before it registered)."""
