@@ -21,7 +21,12 @@ class FailingSetup final : public Transport {
  public:
   std::string_view name() const override { return "failset"; }
   TransportNeeds needs() const override { return {.data_socket = true}; }
-  Result<std::vector<unsigned char>> offer(const Config&) override { return std::vector<unsigned char>{1}; }
+  // Offered only where forced: it stays registered for the rest of the binary, and every later
+  // test's auto negotiation would otherwise agree on it.
+  Result<std::vector<unsigned char>> offer(const Config& c) override {
+    if (c.get_string("transport") != "failset") return Status(Code::kUnavailable, "tests only: not forced");
+    return std::vector<unsigned char>{1};
+  }
   Status compatible(std::span<const unsigned char>, std::span<const unsigned char>, const PeerPair&) const override {
     return Status();
   }
