@@ -103,8 +103,9 @@ TEST(TcpStriping, ByCompletionASlowLinkGetsLess) {
   EXPECT_TRUE(r.striping->pulls(1));
   EXPECT_FALSE(r.striping->pulls(2));
   EXPECT_EQ(r.woken, std::vector<int>{1});
-  // Stream 1 with 4 in flight would finish a 5th at about 50 ms, stream 2 its first at about 40.
-  for (int i = 0; i < 4; ++i) r.striping->took(1);
+  // Stream 1 with 10 in flight would finish an 11th at about 110 ms, stream 2 its first at about
+  // 40: beyond the half chunk (20 ms) that ties are given, so stream 2 takes it.
+  for (int i = 0; i < 10; ++i) r.striping->took(1);
   EXPECT_TRUE(r.striping->pulls(2));
   EXPECT_FALSE(r.striping->pulls(1));
   // A stream gone is passed over whatever its numbers.
