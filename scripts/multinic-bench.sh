@@ -61,7 +61,8 @@ links_shape "$s" ml1 "$RATE"
 
 # Dead peer: B frozen mid-transfer; how long until A's pending send fails naming it.
 echo
-echo "frozen peer (SIGSTOP) noticed after, seconds (busy_peer_timeout default):"
+export DMX_BUSY_PEER_TIMEOUT=${DMX_BUSY_PEER_TIMEOUT:-1500ms}  # off by default
+echo "frozen peer (SIGSTOP) noticed after, seconds (busy_peer_timeout $DMX_BUSY_PEER_TIMEOUT):"
 for i in $(seq 1 "$RUNS"); do
   log=$(mktemp)
   ip netns exec "$A" "$DMX" bench --connect "tcp://$addr_b:7600" --mem host --sizes 256M --iters 1000 \

@@ -35,8 +35,9 @@ constexpr ConfigEntry kTable[] = {
     {"keepalive_interval", ConfigType::kDuration, "1s", "idle time after which a stream sends a keepalive"},
     {"peer_timeout", ConfigType::kDuration, "10s",
      "a peer silent for this long on any stream is declared dead and its operations fail"},
-    {"busy_peer_timeout", ConfigType::kDuration, "1500ms",
-     "while operations are pending, a peer silent this long on a stream is declared dead (every pending "
+    {"busy_peer_timeout", ConfigType::kDuration, "0",
+     "0: off. Else, while operations are pending, a peer silent this long on a stream is declared dead "
+     "(off by default: a peer copying a multi-GiB message on its stream thread is silent for seconds; every pending "
      "operation fails naming it; on a data stream of several links, that link is dropped); the stream "
      "probes a silent peer at a quarter of it, so idle endpoints pay nothing (docs/reliability.md)"},
     {"eager_limit", ConfigType::kSize, "16K", "sends up to this size go without a rendezvous round trip"},

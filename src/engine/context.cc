@@ -84,8 +84,8 @@ Result<EngineParams> params_from(const Config& c) {
   if (p.keepalive.count() <= 0 || p.peer_timeout <= 2 * p.keepalive)
     return Status(Code::kInvalidArgument, "peer_timeout must exceed twice keepalive_interval");
   p.busy_peer_timeout = c.get_duration("busy_peer_timeout");
-  if (p.busy_peer_timeout < std::chrono::milliseconds(100))
-    return Status(Code::kInvalidArgument, "busy_peer_timeout must be at least 100ms");
+  if (p.busy_peer_timeout.count() != 0 && p.busy_peer_timeout < std::chrono::milliseconds(100))
+    return Status(Code::kInvalidArgument, "busy_peer_timeout must be 0 (off) or at least 100ms");
   p.busy_peer_timeout = std::min(p.busy_peer_timeout, p.peer_timeout);  // a patient peer_timeout is patient here too
   p.connect_timeout = c.get_duration("connect_timeout");
   p.handshake_timeout = c.get_duration("handshake_timeout");

@@ -124,12 +124,12 @@ namespace dmx {
 namespace {
 
 // A peer whose process no longer runs (its only stream worker held up for 8 s, as SIGSTOP would
-// hold it) fails this side's pending operations within busy_peer_timeout (1.5 s by default), not
-// at peer_timeout (10 s); idle, it would have 10 s. The bound asserted is generous (a loaded
+// hold it) fails this side's pending operations within busy_peer_timeout (1.5 s here; off by
+// default), not at peer_timeout (10 s); idle, it would have 10 s. The bound asserted is generous (a loaded
 // machine); tests/netns/multilink.sh and scripts/multinic-bench.sh measure.
 TEST(DeadPeer, AFrozenPeerFailsPendingOperationsWithinTheBusyTimeout) {
   auto sctx = Context::create(test::test_options(1).set("transport", "tcp").set("stream_workers", "1"));
-  auto cctx = Context::create(test::test_options(1).set("transport", "tcp"));
+  auto cctx = Context::create(test::test_options(1).set("transport", "tcp").set("busy_peer_timeout", "1500ms"));
   ASSERT_TRUE(sctx.ok() && cctx.ok());
   auto l = sctx->listen("tcp://127.0.0.1:0");
   ASSERT_TRUE(l.ok()) << l.status().to_string();

@@ -27,6 +27,7 @@ links_shape "$s" ml0 400mbit && links_shape "$s" ml1 400mbit || { echo "FAIL: tc
 ip netns exec "$B" "$DMX" bench --listen "tcp://0.0.0.0:7500" > /tmp/dmx-ml-$$-server.log 2>&1 &
 sleep 1
 fail=0
+export DMX_BUSY_PEER_TIMEOUT=${DMX_BUSY_PEER_TIMEOUT:-1500ms}  # off by default; these scripts measure it
 client() {  # log file, then dmx bench arguments
   local log=$1; shift
   timeout 180 ip netns exec "$A" "$DMX" bench --connect "tcp://$addr_b:7500" --mem host --verify --json "$@" > "$log" 2>&1
@@ -74,7 +75,7 @@ else
   echo "ok: one link cut: failed after ${took}s: $(grep -o 'lost the peer[^]]*' "$log" | head -1)"
 fi
 
-# The peer frozen: noticed after busy_peer_timeout (1.5 s) and a look or two; bounded at 15 s here
+# The peer frozen: noticed after busy_peer_timeout (1.5 s, set below; off by default) and a look or two; bounded at 15 s here
 # (a loaded machine; scripts/multinic-bench.sh measures).
 log=/tmp/dmx-ml-$$-4.log
 client "$log" --sizes 256M --streams 4 --iters 100 & pid=$!
