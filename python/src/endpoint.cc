@@ -121,30 +121,34 @@ void set_notify(dmx::OpOptions& o, std::optional<uint64_t> notify) {
   }
 }
 
+// One vectored write or read of a built list; only a write can ask for a notification.
+std::unique_ptr<Future> post_entries(const std::shared_ptr<EndpointState>& s, Buffers b,
+                                     const std::vector<dmx::RemoteRegion>& r, const EntryList& list, bool write,
+                                     std::optional<uint64_t> notify, std::optional<double> timeout) {
+  return post_list(s, std::move(b), timeout, [&](std::span<const dmx::MemRegion> l, dmx::OpOptions o) {
+    if (!write) return s->ep.read_vec(l, r, list.span(), std::move(o));
+    set_notify(o, notify);
+    return s->ep.write_vec(l, r, list.span(), std::move(o));
+  });
+}
+
 }  // namespace
 
 std::unique_ptr<Future> post_write_vec(const std::shared_ptr<EndpointState>& s, py::handle local, py::handle remote,
                                        py::handle entries, std::optional<uint64_t> notify,
                                        std::optional<double> timeout) {
   Buffers b = acquire_buffers(local, false, "write_vec local");
-  std::vector<dmx::RemoteRegion> r = remote_regions(remote, "remote");
   EntryList list;
   EntryList::from_entries(list, entries);
-  return post_list(s, std::move(b), timeout, [&](std::span<const dmx::MemRegion> l, dmx::OpOptions o) {
-    set_notify(o, notify);
-    return s->ep.write_vec(l, r, list.span(), std::move(o));
-  });
+  return post_entries(s, std::move(b), remote_regions(remote, "remote"), list, true, notify, timeout);
 }
 
 std::unique_ptr<Future> post_read_vec(const std::shared_ptr<EndpointState>& s, py::handle local, py::handle remote,
                                       py::handle entries, std::optional<double> timeout) {
   Buffers b = acquire_buffers(local, true, "read_vec local");
-  std::vector<dmx::RemoteRegion> r = remote_regions(remote, "remote");
   EntryList list;
   EntryList::from_entries(list, entries);
-  return post_list(s, std::move(b), timeout, [&](std::span<const dmx::MemRegion> l, dmx::OpOptions o) {
-    return s->ep.read_vec(l, r, list.span(), std::move(o));
-  });
+  return post_entries(s, std::move(b), remote_regions(remote, "remote"), list, false, std::nullopt, timeout);
 }
 
 std::unique_ptr<Future> post_write_blocks(const std::shared_ptr<EndpointState>& s, py::handle local,
@@ -155,10 +159,7 @@ std::unique_ptr<Future> post_write_blocks(const std::shared_ptr<EndpointState>& 
   std::vector<dmx::RemoteRegion> r = remote_regions(remote, "remote");
   EntryList list;
   EntryList::from_blocks(list, b.regions.size(), r.size(), local_offsets, remote_offsets, lengths);
-  return post_list(s, std::move(b), timeout, [&](std::span<const dmx::MemRegion> l, dmx::OpOptions o) {
-    set_notify(o, notify);
-    return s->ep.write_vec(l, r, list.span(), std::move(o));
-  });
+  return post_entries(s, std::move(b), r, list, true, notify, timeout);
 }
 
 std::unique_ptr<Future> post_read_blocks(const std::shared_ptr<EndpointState>& s, py::handle local,
@@ -168,9 +169,7 @@ std::unique_ptr<Future> post_read_blocks(const std::shared_ptr<EndpointState>& s
   std::vector<dmx::RemoteRegion> r = remote_regions(remote, "remote");
   EntryList list;
   EntryList::from_blocks(list, b.regions.size(), r.size(), local_offsets, remote_offsets, lengths);
-  return post_list(s, std::move(b), timeout, [&](std::span<const dmx::MemRegion> l, dmx::OpOptions o) {
-    return s->ep.read_vec(l, r, list.span(), std::move(o));
-  });
+  return post_entries(s, std::move(b), r, list, false, std::nullopt, timeout);
 }
 
 std::unique_ptr<Future> post_send_vec(const std::shared_ptr<EndpointState>& s, py::handle local, py::handle pieces,
