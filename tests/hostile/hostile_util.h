@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/log.h"
 #include "engine/raw_peer.h"
@@ -77,6 +78,26 @@ inline Status wait_for_failure(const Endpoint& ep, std::chrono::milliseconds bou
   Status health;
   for (auto until = Clock::now() + bound; Clock::now() < until && (health = ep.health()).ok();)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return health;
+}
+
+// Connects a raw peer, accepts its endpoint, posts a recv, sends `frames`, and returns the
+// server endpoint's error (waiting up to 5 s for it).
+inline Status provoke(Server& s,
+                      const std::vector<std::pair<wire::FrameHeader, std::vector<unsigned char>>>& frames) {
+  using namespace std::chrono_literals;
+  auto peer = RawPeer::connect(s.listener.address(), kHostileKey);
+  EXPECT_TRUE(peer.ok()) << peer.status().to_string();
+  auto ep = s.listener.accept(10s);
+  EXPECT_TRUE(ep.ok());
+  Buffer dst = poisoned(MemSpec{}, 4096);
+  Request pending = ep->recv(dst.region(), 999);  // must fail, not hang, once the peer misbehaves
+  for (const auto& [h, payload] : frames) (void)peer->send(h, payload);
+  Status st = pending.wait(5s);
+  EXPECT_NE(st.code(), Code::kTimeout) << "a pending recv hung after the peer misbehaved";
+  Status health = ep->health();
+  EXPECT_FALSE(health.ok());
+  EXPECT_FALSE(health.peer().empty()) << "the error must name the peer: " << health.to_string();
   return health;
 }
 

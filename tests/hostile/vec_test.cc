@@ -3,8 +3,7 @@
 // peer's endpoint with an error naming it and the reason; no byte lands outside; others go on.
 #include <gtest/gtest.h>
 
-#include "engine/raw_peer.h"
-#include "engine/test_util.h"
+#include "hostile/hostile_util.h"
 
 namespace dmx::test {
 namespace {
@@ -12,37 +11,6 @@ namespace {
 using namespace std::chrono_literals;
 using wire::FrameHeader;
 using wire::FrameType;
-
-constexpr const char* kKey = "dmx-test-key-0123456789";
-
-struct Server {
-  Context ctx;
-  Listener listener;
-};
-
-Server make_server(Options o = test_options()) {
-  Server s;
-  s.ctx = *Context::create(o);
-  s.listener = std::move(*s.ctx.listen("tcp://127.0.0.1:0"));
-  return s;
-}
-
-// Sends `frames` from a raw peer and returns the server endpoint's error (waiting up to 5 s).
-Status provoke(Server& s, const std::vector<std::pair<FrameHeader, std::vector<unsigned char>>>& frames) {
-  auto peer = RawPeer::connect(s.listener.address(), kKey);
-  EXPECT_TRUE(peer.ok()) << peer.status().to_string();
-  auto ep = s.listener.accept(10s);
-  EXPECT_TRUE(ep.ok());
-  Buffer dst = poisoned(MemSpec{}, 64);
-  Request pending = ep->recv(dst.region(), 999);  // must fail, not hang
-  for (const auto& [h, payload] : frames) (void)peer->send(h, payload);
-  Status st = pending.wait(5s);
-  EXPECT_NE(st.code(), Code::kTimeout) << "a pending recv hung after the peer misbehaved";
-  Status health = ep->health();
-  EXPECT_FALSE(health.ok());
-  EXPECT_FALSE(health.peer().empty()) << "the error must name the peer: " << health.to_string();
-  return health;
-}
 
 // A good client still connects and writes a list: the others go on.
 void expect_others_go_on(Server& s) {
