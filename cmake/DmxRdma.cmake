@@ -2,20 +2,11 @@
 # found (Debian: libibverbs-dev); forcing it ON without them is a configure error. Without it the
 # rdma transport is built as a stub that says why (src/transport/rdma/rdma_stub.cc). Sets
 # DMX_HAVE_RDMA and DMX_RDMA_REASON (for the summary and `dmx --version`).
-find_path(DMX_IBVERBS_INCLUDE_DIR infiniband/verbs.h)
-find_library(DMX_IBVERBS_LIBRARY ibverbs)
-set(_dmx_rdma_default OFF)
-if(DMX_IBVERBS_INCLUDE_DIR AND DMX_IBVERBS_LIBRARY)
-  set(_dmx_rdma_default ON)
-endif()
-option(DMX_ENABLE_RDMA "Build the rdma (verbs) transport" ${_dmx_rdma_default})
+include(DmxOptional)
+dmx_find_optional(DMX_IBVERBS infiniband/verbs.h ibverbs DMX_ENABLE_RDMA "Build the rdma (verbs) transport"
+                  libibverbs-dev)
 set(DMX_HAVE_RDMA 0)
 if(DMX_ENABLE_RDMA)
-  if(NOT DMX_IBVERBS_INCLUDE_DIR OR NOT DMX_IBVERBS_LIBRARY)
-    message(FATAL_ERROR "DMX_ENABLE_RDMA=ON but libibverbs was not found (header infiniband/verbs.h: "
-                        "${DMX_IBVERBS_INCLUDE_DIR}, library: ${DMX_IBVERBS_LIBRARY}); install libibverbs-dev "
-                        "(scripts/install-deps.sh) or turn DMX_ENABLE_RDMA off")
-  endif()
   include(CheckSymbolExists)
   set(CMAKE_REQUIRED_INCLUDES ${DMX_IBVERBS_INCLUDE_DIR})
   set(CMAKE_REQUIRED_LIBRARIES ${DMX_IBVERBS_LIBRARY})
