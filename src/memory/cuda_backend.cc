@@ -26,6 +26,7 @@
 #include "core/log.h"
 #include "core/crc32c.h"
 #include "memory/backend.h"
+#include "memory/cumem.h"
 #include "memory/cuda/crc32c.h"
 #include "memory/cuda/driver.h"
 #include "memory/cuda/event_pool.h"
@@ -360,6 +361,10 @@ Result<int> cuda_device_count() { return cuda::device_count(); }
 
 Result<void*> cuda_cumem_alloc(int device, size_t size, size_t block) {
   return cuda::driver::alloc_cumem_range(device, size, block);
+}
+Result<void*> cuda_cumem_alloc_owner_only(int device, size_t size) {
+  DMX_RETURN_IF_ERROR(cuda::check_device(device));
+  return cuda::driver::alloc_cumem_range(device, size, size, /*owner_only=*/true);
 }
 void cuda_cumem_free(void* ptr) {
   cuda::driver::free_cumem_range(ptr);

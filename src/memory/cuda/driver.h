@@ -39,6 +39,7 @@ enum class DeviceAttribute {
   kPciDomainId,
   kVirtualMemoryManagementSupported,
   kPosixFdHandleSupported,
+  kGpuDirectRdmaWithCudaVmmSupported,
 };
 Result<int> device_attribute(int device, DeviceAttribute attribute);
 
@@ -102,8 +103,10 @@ void unmap_cumem(const CuMemMapping& m);
 // For tests and benchmarks: `size` bytes of device memory on `device` laid out as PyTorch's
 // expandable segments are: one reserved range backed by separate cuMem allocations of `piece`
 // bytes each (rounded up to the allocation granularity), exportable as POSIX fds, readable and
-// writable by every GPU that has peer access to `device`. Freed by free_cumem_range.
-Result<void*> alloc_cumem_range(int device, size_t size, size_t piece);
+// writable by every GPU that has peer access to `device`. `owner_only`: by `device` alone, and
+// GPUDirect RDMA capable where the device supports that with cuMem, as NCCL's buffers are
+// (ncclCuMemAlloc). Freed by free_cumem_range.
+Result<void*> alloc_cumem_range(int device, size_t size, size_t piece, bool owner_only = false);
 void free_cumem_range(void* ptr);
 
 }  // namespace dmx::cuda::driver
