@@ -123,6 +123,44 @@ Result<int> driver_version() {
   return v;
 }
 
+Result<void*> primary_context(int device) {
+  const auto& retain = DMX_DRIVER_SYMBOL(cuDevicePrimaryCtxRetain, 7000);
+  if (retain.fn == nullptr) return retain.missing;
+  DMX_ASSIGN_OR_RETURN(CUdevice dev, device_handle(device));
+  CUcontext ctx = nullptr;
+  CUresult r = retain.fn(&ctx, dev);
+  if (r != CUDA_SUCCESS)
+    return make_error(fmt::format("cuDevicePrimaryCtxRetain(cuda:{})", device), r).to_status(Code::kIo);
+  return static_cast<void*>(ctx);
+}
+
+ContextGuard::ContextGuard(void* ctx) {
+  const auto& get = DMX_DRIVER_SYMBOL(cuCtxGetCurrent, 4000);
+  const auto& set = DMX_DRIVER_SYMBOL(cuCtxSetCurrent, 4000);
+  if (get.fn == nullptr || set.fn == nullptr) {
+    status_ = get.fn == nullptr ? get.missing : set.missing;
+    return;
+  }
+  CUcontext current = nullptr;
+  CUresult r = get.fn(&current);
+  if (r != CUDA_SUCCESS) {
+    status_ = make_error("cuCtxGetCurrent", r).to_status(Code::kIo);
+    return;
+  }
+  if (current == static_cast<CUcontext>(ctx)) return;
+  r = set.fn(static_cast<CUcontext>(ctx));
+  if (r != CUDA_SUCCESS) {
+    status_ = make_error("cuCtxSetCurrent", r).to_status(Code::kIo);
+    return;
+  }
+  previous_ = current;
+  restore_ = true;
+}
+
+ContextGuard::~ContextGuard() {
+  if (restore_) (void)DMX_DRIVER_SYMBOL(cuCtxSetCurrent, 4000).fn(static_cast<CUcontext>(previous_));
+}
+
 Result<int> device_attribute(int device, DeviceAttribute attribute) {
   CUdevice_attribute a = CU_DEVICE_ATTRIBUTE_PCI_BUS_ID;
   const char* name = "";
