@@ -2,11 +2,12 @@
 """NCCL collectives through a network plugin: dmx's NCCL net plugin against NCCL's socket transport.
 
   bench/ref/nccl_collectives.py --plugin-dir DIR [--modes dmx,socket] [--sizes 1M,16M,256M,1G]
-                                [--iters 10] [--warmup 3] [--timeout 600] [--kill-test]
-                                [--keep-logs DIR]
+                                [--ranks 2] [--iters 10] [--warmup 3] [--timeout 600]
+                                [--kill-test] [--keep-logs DIR]
 
-Two ranks (rank r on cuda:r), torch.distributed with the NCCL backend, one pair of processes
-per mode, because NCCL reads its environment once per process. Every mode sets
+--ranks ranks (default 2; rank r on cuda:r, so as many GPUs), torch.distributed with the NCCL
+backend, one set of processes per mode, because NCCL reads its environment once per process.
+Every mode sets
 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo, so that traffic
 between the GPUs goes through the network transport:
 
@@ -18,19 +19,21 @@ is the dmx mode with that variable set (several: `dmx+A=1+B=2`).
 
 NCCL_NVLS_ENABLE=0 and the other multicast-off variables are forced (refutil.SAFETY_ENV).
 
-Per mode, op and size, one JSON line: all_reduce (float32 sum), all_gather and send/recv
-(rank 0 -> rank 1), each result checked against values both ranks derive from fresh random
-seeds; time per op is the median over --iters samples (CUDA events between barriers);
-busbw as nccl-tests defines it (all_reduce: algbw * 2(n-1)/n; all_gather: algbw * (n-1)/n;
-send/recv: algbw). nccl_path lists the "via ..." transports NCCL logged, and a mode whose path
-is not its network (a silent fallback) fails.
+Per mode, op and size, one JSON line: all_reduce (float32 sum), all_gather, send/recv
+(rank 0 -> rank 1, the other ranks idle) and, with more than two ranks, ring (every rank sends
+to rank+1 and receives from rank-1 at once), each result checked against values every rank
+derives from fresh random seeds; time per op is the median over --iters samples (CUDA events
+between barriers, rank 0's); busbw as nccl-tests defines it (all_reduce: algbw * 2(n-1)/n;
+all_gather: algbw * (n-1)/n; send/recv and ring: algbw, per rank). nccl_path lists the
+"via ..." transports NCCL logged, and a mode whose path is not its network (a silent fallback)
+fails.
 
 --kill-test (dmx mode): rank 1 kills itself with SIGKILL in the middle of a run of 256 MiB
 all_reduces; rank 0 must end (an error, not a hang) within 150 s, and the plugin must have
 reported the lost peer to NCCL. One line {"test":"rank_killed", ...} says how long it took, how
 rank 0 ended and what the plugin reported.
 
-Without torch, CUDA or two GPUs it prints {"skipped": "<reason>"} and exits 0; exit 1 when a
+Without torch, CUDA or --ranks GPUs it prints {"skipped": "<reason>"} and exits 0; exit 1 when a
 measurement or check failed.
 """
 
@@ -60,7 +63,11 @@ MODES = {
     "dmx": ("nccl-dmx-plugin", {"NCCL_NET_PLUGIN": "dmx", "NCCL_NET": "dmx"}),
     "socket": ("nccl-socket", {"NCCL_NET": "Socket", "NCCL_NET_PLUGIN": "none"}),
 }
-OPS = ("all_reduce", "all_gather", "send_recv")
+OPS = ("all_reduce", "all_gather", "send_recv", "ring")
+
+
+def ops_for(world: int) -> tuple[str, ...]:
+    return OPS if world > 2 else OPS[:3]  # with two ranks a ring is a send/recv both ways
 
 
 def mode_parts(mode: str) -> tuple[str, dict]:
@@ -75,6 +82,7 @@ def parse_args(argv):
     p.add_argument("--plugin-dir", default="", help="directory holding libnccl-net-dmx.so")
     p.add_argument("--modes", default="dmx,socket")
     p.add_argument("--sizes", default="1M,16M,256M,1G")
+    p.add_argument("--ranks", type=int, default=2, help="ranks, one GPU each (2 or more)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timeout", type=int, default=600, help="seconds per mode")
@@ -86,6 +94,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     args.size_list = refutil.parse_sizes(args.sizes)
     args.mode_list = [m for m in args.modes.split(",") if m]
+    if args.ranks < 2:
+        p.error("--ranks must be at least 2")
     for m in args.mode_list:
         base, _ = mode_parts(m)
         if base not in MODES:
@@ -103,7 +113,7 @@ def worker(args) -> int:
     import torch
     import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), 2
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
     dist.init_process_group(backend="nccl", rank=rank, world_size=world, device_id=dev,
@@ -143,19 +153,32 @@ def worker(args) -> int:
     dist.all_reduce(torch.ones(1024, device=dev))
     barrier()
     failed = False
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
     for size in args.size_list:
         n = size // 4
         mine = data(rank, n)
-        for op in OPS:
+        for op in ops_for(world):
             if op == "all_reduce":
                 buf = mine.clone()
                 run = lambda: dist.all_reduce(buf)  # noqa: E731
             elif op == "all_gather":
                 out = torch.empty(world * n, device=dev)
                 run = lambda: dist.all_gather_into_tensor(out, mine)  # noqa: E731
-            else:
+            elif op == "send_recv":
                 buf = mine.clone() if rank == 0 else torch.zeros(n, device=dev)
-                run = (lambda: dist.send(buf, dst=1)) if rank == 0 else (lambda: dist.recv(buf, src=0))  # noqa: E731
+                if rank == 0:
+                    run = lambda: dist.send(buf, dst=1)  # noqa: E731
+                elif rank == 1:
+                    run = lambda: dist.recv(buf, src=0)  # noqa: E731
+                else:
+                    run = lambda: None  # noqa: E731
+            else:
+                buf = torch.zeros(n, device=dev)
+
+                def run():
+                    ops = [dist.P2POp(dist.isend, mine, nxt), dist.P2POp(dist.irecv, buf, prv)]
+                    for req in dist.batch_isend_irecv(ops):
+                        req.wait()
             times = []
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             for i in range(args.warmup + args.iters):
@@ -169,15 +192,17 @@ def worker(args) -> int:
                 if i >= args.warmup:
                     times.append(start.elapsed_time(end) * 1e-3)
             if op == "all_reduce":
-                ok = torch.equal(buf, data(0, n) + data(1, n))
+                ok = torch.equal(buf, sum(data(r, n) for r in range(world)))
             elif op == "all_gather":
-                ok = torch.equal(out[:n], data(0, n)) and torch.equal(out[n:], data(1, n))
+                ok = all(torch.equal(out[r * n:(r + 1) * n], data(r, n)) for r in range(world))
+            elif op == "send_recv":
+                ok = rank != 1 or torch.equal(buf, data(0, n))
             else:
-                ok = torch.equal(buf, data(0, n))
+                ok = torch.equal(buf, data(prv, n))
             t = statistics.median(times)
             algbw = (world * size if op == "all_gather" else size) / t / 1e9
             busbw = algbw * {"all_reduce": 2 * (world - 1) / world,
-                             "all_gather": (world - 1) / world, "send_recv": 1.0}[op]
+                             "all_gather": (world - 1) / world, "send_recv": 1.0, "ring": 1.0}[op]
             flags = torch.tensor([1.0 if ok else 0.0], device=dev)
             dist.all_reduce(flags)
             ok_both = flags.item() == world
@@ -196,13 +221,14 @@ def worker(args) -> int:
 # launcher
 
 
-def skip_reason() -> str | None:
+def skip_reason(ranks: int) -> str | None:
     try:
         import torch
     except Exception as e:  # noqa: BLE001
         return f"torch not importable: {type(e).__name__}: {e}"
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        return "needs 2 GPUs with CUDA"
+    if not torch.cuda.is_available() or torch.cuda.device_count() < ranks:
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return f"needs {ranks} GPUs with CUDA ({have} visible)"
     if not torch.distributed.is_nccl_available():
         return "torch built without NCCL"
     return None
@@ -225,17 +251,19 @@ def run_pair(args, mode: str, kill: bool) -> tuple[list[dict], str | None, str]:
                 "MASTER_PORT": str(refutil.free_port()), "DMX_SEED": str(int.from_bytes(os.urandom(3), "little")),
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"})
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode, "--sizes", args.sizes,
-           "--iters", str(args.iters), "--warmup", str(args.warmup), "--timeout", str(args.timeout)]
+           "--iters", str(args.iters), "--warmup", str(args.warmup), "--timeout", str(args.timeout),
+           "--ranks", str(args.ranks)]
     if kill:
         cmd.append("--kill")
     procs, errs = [], []
-    for rank in (0, 1):
+    for rank in range(args.ranks):
         err = open(os.path.join(logdir, f"rank{rank}.stderr"), "w+")
         errs.append(err)
-        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank),
+                                                    WORLD_SIZE=str(args.ranks)),
                                       stdout=subprocess.PIPE, stderr=err, text=True))
     deadline = time.monotonic() + (150 if kill else args.timeout)
-    outs, failed = ["", ""], None
+    outs, failed = [""] * args.ranks, None
     for rank, pr in enumerate(procs):
         try:
             outs[rank], _ = pr.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -262,7 +290,7 @@ def run_pair(args, mode: str, kill: bool) -> tuple[list[dict], str | None, str]:
     for f in os.listdir(logdir):
         os.unlink(os.path.join(logdir, f))
     os.rmdir(logdir)
-    lines = refutil.json_lines("\n".join(l[len(MARK):] for l in (outs[0] + outs[1]).splitlines()
+    lines = refutil.json_lines("\n".join(l[len(MARK):] for l in "".join(outs).splitlines()
                                          if l.startswith(MARK)))
     return lines, failed, log_text
 
@@ -271,7 +299,7 @@ def main(argv) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
-    why = skip_reason()
+    why = skip_reason(args.ranks)
     if why:
         refutil.emit({"skipped": why})
         return 0
@@ -289,8 +317,9 @@ def main(argv) -> int:
             failed = f"NCCL used {paths}, not {want}"
         if not failed and not all(o.get("verified") for o in lines):
             failed = "a result did not match"
-        if not failed and len(lines) != len(args.size_list) * len(OPS):
-            failed = f"{len(lines)} results, want {len(args.size_list) * len(OPS)}"
+        want_lines = len(args.size_list) * len(ops_for(args.ranks))
+        if not failed and len(lines) != want_lines:
+            failed = f"{len(lines)} results, want {want_lines}"
         if failed:
             refutil.emit({"ref": MODES[mode_parts(mode)[0]][0], "mode": mode, "error": failed})
             rc = 1

@@ -26,6 +26,7 @@
 #include "core/log.h"
 #include "core/crc32c.h"
 #include "memory/backend.h"
+#include "memory/cumem.h"
 #include "memory/cuda/crc32c.h"
 #include "memory/cuda/driver.h"
 #include "memory/cuda/event_pool.h"
@@ -49,7 +50,8 @@ constexpr auto kDrainOnDestroy = std::chrono::seconds(10);
 // Thread-safety: one thread at a time (CopyQueue's contract); the pool it borrows from is shared.
 class CudaQueue final : public CopyQueue {
  public:
-  CudaQueue(int device, cudaStream_t stream, cuda::EventPool* pool) : device_(device), stream_(stream), pool_(pool) {
+  CudaQueue(int device, void* context, cudaStream_t stream, cuda::EventPool* pool)
+      : device_(device), context_(context), stream_(stream), pool_(pool) {
     // Its first fences then take no pool lock and create no event (best effort: else on demand).
     while (spare_.size() < kSpareEvents) {
       auto ev = pool_->acquire();
@@ -203,7 +205,12 @@ class CudaQueue final : public CopyQueue {
   Status copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, const char* what) {
     if (!error_.ok()) return error_;
     if (n == 0) return Status();
-    // No device guard: cudaMemcpyAsync runs on the stream's device whatever is current.
+    // The stream's device's context must be current: the driver checks the addresses against the
+    // current context, and a cuMem mapping is reachable only from the devices it grants access to
+    // (driver.h, ContextGuard). A context switch, not cudaSetDevice: no context appears on a
+    // device this thread never used, and a thread with none is left with none.
+    cuda::driver::ContextGuard ctx(context_);
+    DMX_RETURN_IF_ERROR(ctx.status());
     cudaError_t err = cudaMemcpyAsync(dst, src, n, kind, stream_);
     if (err == cudaSuccess) return Status();
     Status s = error_status(fmt::format("cudaMemcpyAsync({}, {} -> {}, {} B)", what, src, dst, n), device_, err);
@@ -273,6 +280,7 @@ class CudaQueue final : public CopyQueue {
   }
 
   const int device_;
+  void* const context_;  // device_'s primary context (CUcontext)
   const cudaStream_t stream_;
   cuda::EventPool* const pool_;
   std::deque<std::pair<uint64_t, cudaEvent_t>> pending_;  // recorded, not yet seen complete
@@ -306,7 +314,10 @@ void host_free(void* ptr, int device_for_errors) {
 class CudaBackend final : public MemoryBackend {
  public:
   explicit CudaBackend(int device) : device_(device), events_(device) {}
-  Status init() { return events_.reserve(kEventsReserved); }
+  Status init() {
+    DMX_ASSIGN_OR_RETURN(context_, cuda::driver::primary_context(device_));
+    return events_.reserve(kEventsReserved);
+  }
 
   MemSpec spec() const override { return MemSpec{MemKind::kCuda, device_}; }
   bool host_accessible() const override { return false; }
@@ -333,7 +344,7 @@ class CudaBackend final : public MemoryBackend {
     cudaStream_t stream = nullptr;
     DMX_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags(cudaStreamNonBlocking)", device_,
                              cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    return std::unique_ptr<CopyQueue>(std::make_unique<CudaQueue>(device_, stream, &events_));
+    return std::unique_ptr<CopyQueue>(std::make_unique<CudaQueue>(device_, context_, stream, &events_));
   }
 
   Result<void*> allocate_staging(size_t size) override { return host_alloc(size, device_); }
@@ -341,6 +352,7 @@ class CudaBackend final : public MemoryBackend {
 
  private:
   const int device_;
+  void* context_ = nullptr;  // the primary context, made current around copies
   cuda::EventPool events_;
 };
 
@@ -360,6 +372,10 @@ Result<int> cuda_device_count() { return cuda::device_count(); }
 
 Result<void*> cuda_cumem_alloc(int device, size_t size, size_t block) {
   return cuda::driver::alloc_cumem_range(device, size, block);
+}
+Result<void*> cuda_cumem_alloc_owner_only(int device, size_t size) {
+  DMX_RETURN_IF_ERROR(cuda::check_device(device));
+  return cuda::driver::alloc_cumem_range(device, size, size, /*owner_only=*/true);
 }
 void cuda_cumem_free(void* ptr) {
   cuda::driver::free_cumem_range(ptr);

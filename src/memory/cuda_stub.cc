@@ -1,5 +1,6 @@
 // Built when dmx is configured without CUDA: every CUDA kind says why it is unavailable.
 #include "memory/backend.h"
+#include "memory/cumem.h"
 
 namespace dmx {
 
@@ -9,6 +10,9 @@ Result<MemoryBackend*> cuda_backend(int) { return no_cuda(); }
 Result<MemoryBackend*> pinned_backend() { return no_cuda(); }
 Result<int> cuda_device_count() { return no_cuda(); }
 Result<void*> cuda_cumem_alloc(int, size_t, size_t) {
+  return no_cuda();
+}
+Result<void*> cuda_cumem_alloc_owner_only(int, size_t) {
   return no_cuda();
 }
 void cuda_cumem_free(void*) {}

@@ -81,6 +81,9 @@ NcclResult Api::accept(void* lc, void** rc) {
 NcclResult Api::reg_mr(void* c, void* d, size_t s, int t, void** mh) {
   return v11 ? v11->reg_mr(c, d, s, t, mh) : v10->reg_mr(c, d, s, t, mh);
 }
+NcclResult Api::reg_mr_dma_buf(void* c, void* d, size_t s, int t, uint64_t off, int fd, void** mh) {
+  return v11 ? v11->reg_mr_dma_buf(c, d, s, t, off, fd, mh) : v10->reg_mr_dma_buf(c, d, s, t, off, fd, mh);
+}
 NcclResult Api::dereg_mr(void* c, void* mh) { return v11 ? v11->dereg_mr(c, mh) : v10->dereg_mr(c, mh); }
 NcclResult Api::isend(void* sc, void* d, size_t s, int tag, void* mh, void** req) {
   return v11 ? v11->isend(sc, d, s, tag, mh, nullptr, req) : v10->isend(sc, d, s, tag, mh, nullptr, req);

@@ -30,6 +30,7 @@ struct Api {
   NcclResult connect(int dev, void* handle, void** sc);
   NcclResult accept(void* lc, void** rc);
   NcclResult reg_mr(void* comm, void* data, size_t size, int type, void** mh);
+  NcclResult reg_mr_dma_buf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mh);
   NcclResult dereg_mr(void* comm, void* mh);
   NcclResult isend(void* sc, void* data, size_t size, int tag, void* mh, void** req);
   NcclResult irecv(void* rc, int n, void** data, size_t* sizes, int* tags, void** mhs, void** req);
@@ -88,14 +89,33 @@ struct Side {
 std::string run_sends(Side& s, const Plan& plan, uint64_t seed, int window, double seconds = 30);
 std::string run_recvs(Side& s, const Plan& plan, uint64_t seed, int window, double seconds = 30);
 
-// Region helpers: host or cuda:0 memory of `bytes`, and copying to and from it.
+// Region helpers: host or CUDA memory of `bytes`, and copying to and from it.
+enum class RegionKind {
+  kHost,
+  kCuda,       // cudaMalloc
+  kNcclCuMem,  // as NCCL allocates its buffers: one cuMem allocation that only its device may
+               // access, registered by dma-buf (regMrDmaBuf) where the driver exports one
+};
 struct Region {
   std::vector<unsigned char> host;
-  void* device = nullptr;  // a dmx::Buffer's memory when cuda
+  void* device = nullptr;  // a dmx::Buffer's memory when CUDA
+  int gpu = 0;
+  RegionKind kind = RegionKind::kHost;
   std::shared_ptr<void> owner;
   unsigned char* data() { return device ? static_cast<unsigned char*>(device) : host.data(); }
 };
-std::string make_region(bool cuda, size_t bytes, Region* out);
+std::string make_region(bool cuda, size_t bytes, Region* out);  // host, or cudaMalloc on cuda:0
+std::string make_region(RegionKind kind, int gpu, size_t bytes, Region* out);
+// Registers the region with `comm` as NCCL would: regMr (host: NCCL_PTR_HOST; CUDA:
+// NCCL_PTR_CUDA), or for kNcclCuMem regMrDmaBuf with a dma-buf of it, closed right after (NCCL
+// closes its fd after the call). *how says which ("regMr", "regMrDmaBuf", or regMr and why no
+// dma-buf).
+std::string register_region(Api& api, void* comm, Region& r, size_t bytes, void** mh, std::string* how = nullptr);
+// Makes `gpu` the calling thread's current device, as NCCL's proxy thread does for its rank's GPU
+// (cudaSetDevice); "" when done, else why not.
+std::string use_gpu(int gpu);
+// The number of CUDA devices, or 0 (with *why) when none can be used.
+int gpu_count(std::string* why);
 std::string write_region(Region& r, const std::vector<unsigned char>& bytes);
 std::string read_region(Region& r, std::vector<unsigned char>* bytes);
 

@@ -1,11 +1,14 @@
 // The other process of the plugin's two-process tests: one end of a connection, driven as NCCL's
 // proxy would, through the plugin loaded with dlopen.
 //
-//   nccl_peer PLUGIN VERSION ROLE SEED [cuda]
+//   nccl_peer PLUGIN VERSION ROLE SEED [cuda | cumem:GPU]
 //   ROLE recv | sink: listens, prints "HANDLE <hex>", accepts, then receives the plan (recv) or
 //                     1 MiB messages until killed (sink)
 //   ROLE send | flood: reads "HANDLE <hex>" on stdin, connects, then sends the plan (send) or
 //                     1 MiB messages until killed (flood)
+//   cuda: the plan's buffer is cudaMalloc memory on cuda:0; cumem:GPU: memory as NCCL allocates
+//   it on that GPU (made the thread's current device first, as NCCL's proxy thread does),
+//   registered by dma-buf
 // Prints "OK" or "FAIL <why>" last; exits 0 on OK.
 #include <cstdio>
 #include <cstdlib>
@@ -79,11 +82,16 @@ int endless(Api& api, void* comm, bool send) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 5) return fail("usage: nccl_peer PLUGIN VERSION ROLE SEED [cuda]");
+  if (argc < 5) return fail("usage: nccl_peer PLUGIN VERSION ROLE SEED [cuda | cumem:GPU]");
   set_test_env();
   const std::string role = argv[3];
   const uint64_t seed = std::strtoull(argv[4], nullptr, 10);
-  const bool cuda = argc > 5 && std::string(argv[5]) == "cuda";
+  const std::string mem = argc > 5 ? argv[5] : "";
+  const bool cumem = mem.rfind("cumem:", 0) == 0;
+  const bool cuda = mem == "cuda" || cumem;
+  const int gpu = cumem ? std::atoi(mem.c_str() + 6) : 0;
+  if (cumem)
+    if (auto e = use_gpu(gpu); !e.empty()) return fail(e);
   Api api;
   if (auto e = api.load(argv[1], std::atoi(argv[2])); !e.empty()) return fail(e);
   if (api.init() != kSuccess) return fail("init");
@@ -107,12 +115,14 @@ int main(int argc, char** argv) {
 
   Plan plan = make_plan(seed, 150, 8);
   Region region;
-  if (auto e = make_region(cuda, plan.region_bytes, &region); !e.empty()) return fail(e);
+  if (auto e = make_region(cumem ? RegionKind::kNcclCuMem : cuda ? RegionKind::kCuda : RegionKind::kHost, gpu,
+                           plan.region_bytes, &region);
+      !e.empty())
+    return fail(e);
   if (role == "send")
     if (auto e = write_region(region, sender_bytes(plan, seed)); !e.empty()) return fail(e);
   Side side{&api, comm, region.data(), nullptr, cuda};
-  if (api.reg_mr(comm, region.data(), plan.region_bytes, cuda ? kPtrCuda : kPtrHost, &side.mh) != kSuccess)
-    return fail("regMr");
+  if (auto e = register_region(api, comm, region, plan.region_bytes, &side.mh); !e.empty()) return fail(e);
   std::string err = role == "send" ? run_sends(side, plan, seed, 200) : run_recvs(side, plan, seed, 32);
   if (!err.empty()) return fail(err);
   if (role == "recv") {

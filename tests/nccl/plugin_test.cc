@@ -43,7 +43,8 @@ bool logged(const std::string& what) {
 class Peer {
  public:
   ~Peer() { kill(); }
-  void start(int version, const std::string& role, uint64_t seed, bool cuda = false) {
+  // `mem`: "" (host), "cuda" (cudaMalloc on cuda:0) or "cumem:GPU" (nccl_peer.cc).
+  void start(int version, const std::string& role, uint64_t seed, const std::string& mem = "") {
     int in[2], out[2];
     ASSERT_EQ(::pipe2(in, O_CLOEXEC), 0);
     ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
@@ -54,7 +55,7 @@ class Peer {
     std::string v = std::to_string(version), s = std::to_string(seed);
     std::vector<char*> argv = {const_cast<char*>(DMX_NCCL_PEER_PATH), const_cast<char*>(DMX_NCCL_PLUGIN_PATH),
                                v.data(), const_cast<char*>(role.c_str()), s.data()};
-    if (cuda) argv.push_back(const_cast<char*>("cuda"));
+    if (!mem.empty()) argv.push_back(const_cast<char*>(mem.c_str()));
     argv.push_back(nullptr);
     ASSERT_EQ(::posix_spawn(&pid_, DMX_NCCL_PEER_PATH, &fa, nullptr, argv.data(), environ), 0);
     posix_spawn_file_actions_destroy(&fa);
@@ -641,7 +642,7 @@ TEST_P(Nccl, CudaPointersMoveBetweenTwoProcesses) {
   ASSERT_TRUE(p.ptr_support & kPtrCuda) << "a GPU is here but the plugin does not offer NCCL_PTR_CUDA";
   const uint64_t seed = fresh_seed();
   Peer peer;
-  peer.start(GetParam(), "send", seed, /*cuda=*/true);
+  peer.start(GetParam(), "send", seed, "cuda");
   void* comm = nullptr;
   ASSERT_NO_FATAL_FAILURE(open_comm(peer, /*we_receive=*/true, &comm));
   Plan plan = make_plan(seed, 150, 8);
@@ -661,6 +662,60 @@ TEST_P(Nccl, CudaPointersMoveBetweenTwoProcesses) {
   EXPECT_EQ(peer.wait_exit(), 0);
   EXPECT_EQ(api_.dereg_mr(comm, side.mh), kSuccess);
   EXPECT_EQ(api_.close_recv(comm), kSuccess);
+}
+
+// NCCL's own buffers, as NCCL_NET_GDR_LEVEL=SYS hands them to the plugin: a cuMem allocation that
+// only its GPU may access, registered by dma-buf, each process on its own GPU (made current on the
+// calling thread, as NCCL's proxy thread does). Both directions: this process on cuda:1 receives
+// from the peer on cuda:0, then sends to it. The plugin's copies run on dmx's stream threads,
+// whose current context was another device's (or none), and the driver checks a copy's addresses
+// against the current context: before the copy queue made its device's context current, the first
+// receive into cuda:1 failed with cudaErrorInvalidValue, as in the two-GPU NCCL run (issue 46).
+TEST_P(Nccl, NcclCuMemBuffersMoveBetweenTwoGpus) {
+  std::string why;
+  if (int n = gpu_count(&why); n < 2) {
+    if (n == 0) DMX_SKIP(::dmx::test::kNoGpu) << why;
+    DMX_SKIP(::dmx::test::kFewGpus) << "needs 2 CUDA devices, " << n << " visible";
+  }
+  PropertiesV11 p;
+  ASSERT_EQ(api_.properties(0, &p), kSuccess);
+  ASSERT_TRUE(p.ptr_support & kPtrDmaBuf) << "two GPUs are here but the plugin does not offer NCCL_PTR_DMABUF";
+  ASSERT_EQ(use_gpu(1), "");
+  struct Restore {
+    ~Restore() { (void)use_gpu(0); }
+  } restore;
+  for (bool we_receive : {true, false}) {
+    SCOPED_TRACE(we_receive ? "cuda:0 -> cuda:1 (this process receives)" : "cuda:1 -> cuda:0 (this process sends)");
+    const uint64_t seed = fresh_seed();
+    Peer peer;
+    peer.start(GetParam(), we_receive ? "send" : "recv", seed, "cumem:0");
+    void* comm = nullptr;
+    ASSERT_NO_FATAL_FAILURE(open_comm(peer, we_receive, &comm));
+    Plan plan = make_plan(seed, 150, 8);
+    Region region;
+    ASSERT_EQ(make_region(RegionKind::kNcclCuMem, 1, plan.region_bytes, &region), "");
+    if (!we_receive) {
+      ASSERT_EQ(write_region(region, sender_bytes(plan, seed)), "");
+    }
+    Side side{&api_, comm, region.data(), nullptr, true};
+    std::string how;
+    ASSERT_EQ(register_region(api_, comm, region, plan.region_bytes, &side.mh, &how), "");
+    std::printf("registered by %s\n", how.c_str());
+    auto t0 = Clock::now();
+    EXPECT_EQ(we_receive ? run_recvs(side, plan, seed, 32) : run_sends(side, plan, seed, 200), "");
+    std::printf("%s: %zu messages (%.1f MiB) in %.3f s\n", we_receive ? "cuda:0 -> cuda:1" : "cuda:1 -> cuda:0",
+                plan.send_order.size(), plan.region_bytes / 1048576.0, since(t0));
+    if (we_receive) {
+      std::vector<unsigned char> got(plan.region_bytes);
+      ASSERT_EQ(read_region(region, &got), "");
+      EXPECT_EQ(verify(got, plan, seed), "");
+    }
+    peer.say("BYE");
+    EXPECT_EQ(peer.line(), "OK");  // the peer receiving checked every byte itself
+    EXPECT_EQ(peer.wait_exit(), 0);
+    EXPECT_EQ(api_.dereg_mr(comm, side.mh), kSuccess);
+    EXPECT_EQ(we_receive ? api_.close_recv(comm) : api_.close_send(comm), kSuccess);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Versions, Nccl, ::testing::Values(11, 10), version_name);

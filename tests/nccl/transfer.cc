@@ -1,11 +1,20 @@
 // The harness's send and receive loops, and its memory (host, or CUDA through dmx::Buffer).
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <string>
 #include <thread>
 
+#if DMX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "dmx/dmx.h"
+#include "memory/backend.h"
+#include "memory/cumem.h"
+#include "memory/dmabuf.h"
 #include "tests/nccl/harness.h"
 
 namespace dmx::nccl::test {
@@ -23,16 +32,67 @@ std::string rc(const char* what, NcclResult r) { return std::string(what) + " re
 }  // namespace
 
 std::string make_region(bool cuda, size_t bytes, Region* out) {
-  if (!cuda) {
+  return make_region(cuda ? RegionKind::kCuda : RegionKind::kHost, 0, bytes, out);
+}
+
+std::string make_region(RegionKind kind, int gpu, size_t bytes, Region* out) {
+  out->kind = kind;
+  out->gpu = gpu;
+  if (kind == RegionKind::kHost) {
     out->host.assign(bytes, kPoison);
     return {};
   }
-  auto b = Buffer::allocate(MemSpec{MemKind::kCuda, 0}, bytes);
-  if (!b.ok()) return b.status().to_string();
-  auto owned = std::make_shared<Buffer>(*std::move(b));
-  out->device = owned->data();
-  out->owner = owned;
+  if (kind == RegionKind::kCuda) {
+    auto b = Buffer::allocate(MemSpec{MemKind::kCuda, gpu}, bytes);
+    if (!b.ok()) return b.status().to_string();
+    auto owned = std::make_shared<Buffer>(*std::move(b));
+    out->device = owned->data();
+    out->owner = owned;
+  } else {
+    auto p = cuda_cumem_alloc_owner_only(gpu, bytes);  // as NCCL's ncclCuMemAlloc
+    if (!p.ok()) return p.status().to_string();
+    out->device = *p;
+    out->owner = std::shared_ptr<void>(*p, [](void* q) { cuda_cumem_free(q); });
+  }
   return write_region(*out, std::vector<unsigned char>(bytes, kPoison));
+}
+
+std::string register_region(Api& api, void* comm, Region& r, size_t bytes, void** mh, std::string* how) {
+  std::string used = "regMr";
+  NcclResult rc;
+  if (r.kind == RegionKind::kNcclCuMem) {
+    auto d = export_dmabuf(MemRegion{r.device, bytes, {MemKind::kCuda, r.gpu}});
+    if (d.ok()) {
+      used = "regMrDmaBuf";
+      rc = api.reg_mr_dma_buf(comm, r.device, bytes, kPtrCuda, d->offset, d->fd.get(), mh);
+      // d->fd closes here, as NCCL closes its fd after the call.
+    } else {
+      used = "regMr (no dma-buf: " + d.status().to_string() + ")";
+      rc = api.reg_mr(comm, r.device, bytes, kPtrCuda, mh);
+    }
+  } else {
+    rc = api.reg_mr(comm, r.data(), bytes, r.kind == RegionKind::kHost ? kPtrHost : kPtrCuda, mh);
+  }
+  if (how != nullptr) *how = used;
+  return rc == kSuccess ? std::string() : used + " returned " + std::to_string(int(rc));
+}
+
+std::string use_gpu(int gpu) {
+#if DMX_HAVE_CUDA
+  cudaError_t e = cudaSetDevice(gpu);
+  return e == cudaSuccess ? std::string() : std::string("cudaSetDevice: ") + cudaGetErrorName(e);
+#else
+  return "built without CUDA";
+#endif
+}
+
+int gpu_count(std::string* why) {
+  auto n = cuda_device_count();
+  if (!n.ok()) {
+    if (why != nullptr) *why = n.status().message();
+    return 0;
+  }
+  return *n;
 }
 
 std::string write_region(Region& r, const std::vector<unsigned char>& bytes) {
@@ -40,7 +100,7 @@ std::string write_region(Region& r, const std::vector<unsigned char>& bytes) {
     std::memcpy(r.host.data(), bytes.data(), bytes.size());
     return {};
   }
-  Status s = copy_memory(MemRegion{r.device, bytes.size(), {MemKind::kCuda, 0}},
+  Status s = copy_memory(MemRegion{r.device, bytes.size(), {MemKind::kCuda, r.gpu}},
                          MemRegion{const_cast<unsigned char*>(bytes.data()), bytes.size(), {}});
   return s.ok() ? std::string() : s.to_string();
 }
@@ -50,7 +110,8 @@ std::string read_region(Region& r, std::vector<unsigned char>* bytes) {
     *bytes = r.host;
     return {};
   }
-  Status s = copy_memory(MemRegion{bytes->data(), bytes->size(), {}}, MemRegion{r.device, bytes->size(), {MemKind::kCuda, 0}});
+  Status s = copy_memory(MemRegion{bytes->data(), bytes->size(), {}},
+                         MemRegion{r.device, bytes->size(), {MemKind::kCuda, r.gpu}});
   return s.ok() ? std::string() : s.to_string();
 }
 

@@ -123,6 +123,44 @@ Result<int> driver_version() {
   return v;
 }
 
+Result<void*> primary_context(int device) {
+  const auto& retain = DMX_DRIVER_SYMBOL(cuDevicePrimaryCtxRetain, 7000);
+  if (retain.fn == nullptr) return retain.missing;
+  DMX_ASSIGN_OR_RETURN(CUdevice dev, device_handle(device));
+  CUcontext ctx = nullptr;
+  CUresult r = retain.fn(&ctx, dev);
+  if (r != CUDA_SUCCESS)
+    return make_error(fmt::format("cuDevicePrimaryCtxRetain(cuda:{})", device), r).to_status(Code::kIo);
+  return static_cast<void*>(ctx);
+}
+
+ContextGuard::ContextGuard(void* ctx) {
+  const auto& get = DMX_DRIVER_SYMBOL(cuCtxGetCurrent, 4000);
+  const auto& set = DMX_DRIVER_SYMBOL(cuCtxSetCurrent, 4000);
+  if (get.fn == nullptr || set.fn == nullptr) {
+    status_ = get.fn == nullptr ? get.missing : set.missing;
+    return;
+  }
+  CUcontext current = nullptr;
+  CUresult r = get.fn(&current);
+  if (r != CUDA_SUCCESS) {
+    status_ = make_error("cuCtxGetCurrent", r).to_status(Code::kIo);
+    return;
+  }
+  if (current == static_cast<CUcontext>(ctx)) return;
+  r = set.fn(static_cast<CUcontext>(ctx));
+  if (r != CUDA_SUCCESS) {
+    status_ = make_error("cuCtxSetCurrent", r).to_status(Code::kIo);
+    return;
+  }
+  previous_ = current;
+  restore_ = true;
+}
+
+ContextGuard::~ContextGuard() {
+  if (restore_) (void)DMX_DRIVER_SYMBOL(cuCtxSetCurrent, 4000).fn(static_cast<CUcontext>(previous_));
+}
+
 Result<int> device_attribute(int device, DeviceAttribute attribute) {
   CUdevice_attribute a = CU_DEVICE_ATTRIBUTE_PCI_BUS_ID;
   const char* name = "";
@@ -138,6 +176,10 @@ Result<int> device_attribute(int device, DeviceAttribute attribute) {
     case DeviceAttribute::kVirtualMemoryManagementSupported:
       a = CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
       name = "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED";
+      break;
+    case DeviceAttribute::kGpuDirectRdmaWithCudaVmmSupported:
+      a = CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED;
+      name = "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED";
       break;
     case DeviceAttribute::kPosixFdHandleSupported:
       a = CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
@@ -414,7 +456,7 @@ void unmap_cumem(const CuMemMapping& m) {
     DMX_LOG_WARN("unmapping an imported cuMem allocation ({} B at 0x{:x}): {}", m.size, m.base, result_text(r));
 }
 
-Result<void*> alloc_cumem_range(int device, size_t size, size_t piece) {
+Result<void*> alloc_cumem_range(int device, size_t size, size_t piece, bool owner_only) {
   const CuMemApi& api = cumem_api();
   if (!api.missing.ok()) return Status(Code::kUnavailable, api.missing.message());
   DeviceGuard guard(device);  // the primary context, for the range's first use
@@ -424,6 +466,10 @@ Result<void*> alloc_cumem_range(int device, size_t size, size_t piece) {
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (owner_only) {
+    auto rdma = device_attribute(device, DeviceAttribute::kGpuDirectRdmaWithCudaVmmSupported);
+    if (rdma.ok() && *rdma != 0) prop.allocFlags.gpuDirectRDMACapable = 1;
+  }
   size_t g = 0;
   CUresult r = api.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   if (r != CUDA_SUCCESS) return make_error("cuMemGetAllocationGranularity", r).to_status(Code::kIo);
@@ -447,7 +493,7 @@ Result<void*> alloc_cumem_range(int device, size_t size, size_t piece) {
   }
   std::vector<CUmemAccessDesc> access{access_for(device)};
   int n = 0;
-  if (cudaGetDeviceCount(&n) == cudaSuccess)
+  if (!owner_only && cudaGetDeviceCount(&n) == cudaSuccess)
     for (int d = 0; d < n; ++d) {
       int can = 0;
       if (d != device && cudaDeviceCanAccessPeer(&can, d, device) == cudaSuccess && can)

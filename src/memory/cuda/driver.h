@@ -30,6 +30,33 @@ struct DriverError {
 // The driver's CUDA version (e.g. 13000), or why the driver cannot be asked.
 Result<int> driver_version();
 
+// The primary context of `device` (retained once per process and never released: the runtime
+// shares it), as an opaque CUcontext.
+Result<void*> primary_context(int device);
+
+// Makes context `ctx` current on the calling thread for the guard's life when another context, or
+// none, is current, and then puts back exactly what was current before (none included). Unlike a
+// DeviceGuard (cudaSetDevice) it never creates a context, so a thread that had none ends with
+// none, and a device nobody uses gets no context. One thread-local query when `ctx` is current.
+// Why copies need it: the driver checks that a copy's addresses are accessible from the *current*
+// context, not from the stream's; a cuMem mapping (NCCL's buffers, PyTorch's expandable segments)
+// grants access per device (cuMemSetAccess), so a copy of cuda:1's mapping issued on cuda:1's
+// stream by a thread whose current context is cuda:0's (or none: the runtime then makes cuda:0's
+// current) fails with CUDA_ERROR_INVALID_VALUE (docs/cuda-notes.md).
+class ContextGuard {
+ public:
+  explicit ContextGuard(void* ctx);
+  ~ContextGuard();
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  void* previous_ = nullptr;
+  bool restore_ = false;
+  Status status_;
+};
+
 // An integer device attribute by its CUdevice_attribute name, for the attributes dmx asks about.
 enum class DeviceAttribute {
   kDmaBufSupported,
@@ -39,6 +66,7 @@ enum class DeviceAttribute {
   kPciDomainId,
   kVirtualMemoryManagementSupported,
   kPosixFdHandleSupported,
+  kGpuDirectRdmaWithCudaVmmSupported,
 };
 Result<int> device_attribute(int device, DeviceAttribute attribute);
 
@@ -102,8 +130,10 @@ void unmap_cumem(const CuMemMapping& m);
 // For tests and benchmarks: `size` bytes of device memory on `device` laid out as PyTorch's
 // expandable segments are: one reserved range backed by separate cuMem allocations of `piece`
 // bytes each (rounded up to the allocation granularity), exportable as POSIX fds, readable and
-// writable by every GPU that has peer access to `device`. Freed by free_cumem_range.
-Result<void*> alloc_cumem_range(int device, size_t size, size_t piece);
+// writable by every GPU that has peer access to `device`. `owner_only`: by `device` alone, and
+// GPUDirect RDMA capable where the device supports that with cuMem, as NCCL's buffers are
+// (ncclCuMemAlloc). Freed by free_cumem_range.
+Result<void*> alloc_cumem_range(int device, size_t size, size_t piece, bool owner_only = false);
 void free_cumem_range(void* ptr);
 
 }  // namespace dmx::cuda::driver

@@ -34,9 +34,10 @@ Status error_status(std::string_view call, int device, cudaError_t err);
   } while (0)
 
 // Makes `device` (and its primary context) current for the calling thread for the guard's
-// lifetime and restores the caller's device afterwards. Costs two thread-local runtime calls;
-// the copy hot path does not need one (cudaMemcpyAsync/cudaEventRecord/cudaEventQuery work on
-// the stream's or event's device whatever is current). Check status() before relying on it.
+// lifetime and restores the caller's device afterwards. Costs two thread-local runtime calls.
+// The copy hot path uses a driver::ContextGuard instead (copies need their device's context
+// current for cuMem memory, and restoring "no context" must not create device 0's);
+// cudaEventRecord/cudaEventQuery need neither. Check status() before relying on it.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
