@@ -328,5 +328,49 @@ TEST_P(GpuPushGpu, SmallPushedAndLargeCopiedArriveInOrder) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, GpuPushGpu, ::testing::ValuesIn(kCases), case_name);
 
+// A process's first push (an 8-byte staged receive: pinned slot -> device) while a kernel of the
+// user spins on the same device until the data lands, as a kernel waiting for a notification
+// does. Under lazy loading the push kernel's first launch would load it, and that may wait for the
+// device to go idle: the push waited for the spinner and the spinner for the push (the spinner
+// gives up after 30 s). dmx loads its kernels when it first uses the device; the push completes
+// while the spinner still runs. (DeviceApiGpu.KernelReadsWhatLanded/TcpPushOn failed so.)
+TEST(GpuPushSpinGpu, FirstPushWhileAKernelSpins) {
+  REQUIRE_GPUS(gpus);
+  (void)gpus;
+  const uint64_t seed = fresh_seed();
+  pid_t c = testing::fork_child([&] {
+    CHILD_CHECK(test::set_device(0).empty(), 10);
+    auto backend = cuda_backend(0);  // dmx's first use of the device
+    CHILD_CHECK(backend.ok(), 11);
+    auto queue = (*backend)->create_queue();
+    CHILD_CHECK(queue.ok(), 12);
+    auto staging = (*backend)->allocate_staging(64);
+    CHILD_CHECK(staging.ok(), 13);
+    auto dev = (*backend)->allocate(64);
+    CHILD_CHECK(dev.ok(), 14);
+    std::vector<unsigned char> want = message(seed, 0, 8);
+    std::memcpy(*staging, want.data(), want.size());
+    CHILD_CHECK(test::start_spinner(30'000'000'000ull).empty(), 15);
+    auto t0 = std::chrono::steady_clock::now();
+    Status pushed = (*queue)->push(*dev, *staging, want.size());
+    CHILD_CHECK(pushed.ok(), 16);
+    auto fence = (*queue)->record();
+    CHILD_CHECK(fence.ok(), 17);
+    Status waited = (*queue)->wait(*fence, Deadline::after(20s));
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    bool stopped = false;
+    CHILD_CHECK(test::stop_spinner(&stopped).empty(), 18);
+    fprintf(stderr, "child: push %s after %.3f ms; the spinner %s\n", waited.to_string().c_str(), ms,
+            stopped ? "was still running" : "had given up (the push waited for it)");
+    CHILD_CHECK(waited.ok(), 19);
+    CHILD_CHECK(stopped, 20);
+    std::vector<unsigned char> got(want.size());
+    CHILD_CHECK(test::copy_to_host(got.data(), *dev, got.size()).empty(), 21);
+    CHILD_CHECK(got == want, 22);
+    return 0;
+  });
+  EXPECT_EQ(testing::wait_child(c, 120s), 0);
+}
+
 }  // namespace
 }  // namespace dmx

@@ -110,6 +110,24 @@ __global__ void pong_kernel(DeviceHandle h, unsigned char* src, DeviceRemote dst
   if (threadIdx.x == 0) *result = 0;
 }
 
+// flags[0]: set by the host to stop; flags[1]: 1 once running, 2 stopped when told, 3 timed out.
+__global__ void spin(volatile int* flags, uint64_t max_ns) {
+  uint64_t t0 = clock_ns();
+  flags[1] = 1;
+  __threadfence_system();
+  while (flags[0] == 0) {
+    if (clock_ns() - t0 > max_ns) {
+      flags[1] = 3;
+      return;
+    }
+    __nanosleep(1000);
+  }
+  flags[1] = 2;
+}
+
+int* spin_flags = nullptr;
+cudaStream_t spin_stream = nullptr;
+
 std::string finish(const char* what) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
@@ -142,6 +160,30 @@ std::string run_ping(const DeviceHandle& h, unsigned char* src, DeviceRemote dst
 std::string run_pong(const DeviceHandle& h, unsigned char* src, DeviceRemote dst, int iters, int* result) {
   pong_kernel<<<1, 32>>>(h, src, dst, iters, result);
   return finish("pong");
+}
+
+std::string start_spinner(uint64_t max_ns) {
+  cudaError_t e = cudaSuccess;
+  if (spin_flags == nullptr) e = cudaHostAlloc(reinterpret_cast<void**>(&spin_flags), 2 * sizeof(int), cudaHostAllocMapped);
+  if (e == cudaSuccess && spin_stream == nullptr) e = cudaStreamCreateWithFlags(&spin_stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return std::string("spinner set-up: ") + cudaGetErrorName(e);
+  volatile int* f = spin_flags;
+  f[0] = 0;
+  f[1] = 0;
+  spin<<<1, 32, 0, spin_stream>>>(spin_flags, max_ns);
+  if ((e = cudaGetLastError()) != cudaSuccess) return std::string("spin launch: ") + cudaGetErrorName(e);
+  for (int i = 0; i < 10'000'000 && f[1] == 0; ++i) {
+  }
+  return f[1] != 0 ? "" : "the spinner did not start";
+}
+std::string stop_spinner(bool* stopped) {
+  volatile int* f = spin_flags;
+  if (f == nullptr) return "no spinner";
+  f[0] = 1;
+  cudaError_t e = cudaStreamSynchronize(spin_stream);
+  if (e != cudaSuccess) return std::string("spinner: ") + cudaGetErrorName(e);
+  *stopped = f[1] == 2;
+  return "";
 }
 
 std::string set_device(int device) {

@@ -42,6 +42,12 @@ std::string run_ping(const DeviceHandle& h, unsigned char* src, DeviceRemote dst
 // The peer's side: waits for notification i + 1, answers with an 8-byte write + notification.
 std::string run_pong(const DeviceHandle& h, unsigned char* src, DeviceRemote dst, int iters, int* result);
 
+// A one-block kernel that spins on the current device, on a stream of its own, until stop_spinner()
+// or `max_ns` (the kernel's clock) have passed; start_spinner returns once it runs. stop_spinner
+// waits for it; *stopped: true when it ended because it was told, false when its time ran out.
+std::string start_spinner(uint64_t max_ns);
+std::string stop_spinner(bool* stopped);
+
 // Device memory helpers (cudaSetDevice, cudaMalloc / cudaMemcpy / cudaFree), for the tests' results.
 std::string set_device(int device);
 void* device_alloc(uint64_t bytes);
