@@ -12,7 +12,8 @@
 #
 # Environment: PUSH_BUILD_DIR (default build-push), PUSH_JOBS (default nproc), PUSH_CUDA_ARCH (90),
 # PUSH_SKIP_BUILD=1 (reuse the build), PUSH_ONLY="tests,sanitizer,conformance,bench,device_put,topo",
-# PUSH_SANITIZER_FILTER (gtest filter for the sanitizer runs; default every DeviceApiGpu test).
+# PUSH_SANITIZER_FILTER (gtest filter for the sanitizer runs; default every DeviceApiGpu and
+# DeviceDirectGpu test). PUSH_ONLY=steps runs scripts/push-steps.sh (a trace build; each step's time).
 # compute-sanitizer: from PATH, else /usr/local/cuda/bin; the step is skipped, saying so, without it.
 set -u
 set -o pipefail
@@ -66,7 +67,7 @@ if want sanitizer; then
   # device API's GPU tests, every path; --target-processes all follows the forked peers.
   CS=$(command -v compute-sanitizer 2> /dev/null)
   [[ -z $CS && -x /usr/local/cuda/bin/compute-sanitizer ]] && CS=/usr/local/cuda/bin/compute-sanitizer
-  F=${PUSH_SANITIZER_FILTER:-'Paths/DeviceApiGpu.*'}
+  F=${PUSH_SANITIZER_FILTER:-'Paths/DeviceApiGpu.*:DeviceDirectGpu.*'}
   if [[ -z $CS ]]; then
     echo "compute-sanitizer: skipped: not on PATH and no /usr/local/cuda/bin/compute-sanitizer"
     SUMMARY+=("$(printf '%-34s %-6s' "compute-sanitizer" "skipped (not installed)")")
@@ -125,6 +126,10 @@ fi
 
 if want device_put; then
   stage "device_put_bench" 240 bash -c "'$B/bench/device_put_bench' --iters 2000 | tee '$OUT/device_put.jsonl'"
+fi
+
+if want steps; then  # not in the default list: it makes a second (trace) build
+  stage "step times (trace build)" 900 env OUT="$OUT" PUSH_JOBS="$JOBS" PUSH_CUDA_ARCH="$ARCH" bash "$ROOT/scripts/push-steps.sh"
 fi
 
 echo
