@@ -103,9 +103,12 @@ def messages(events):
 
 def main():
     paths = [p for p in sys.argv[1:] if os.path.isfile(p) and os.path.getsize(p) > 0]
-    if not paths:
+    if len(sys.argv) < 2:
         print(__doc__)
         return 2
+    if not paths:
+        print("no trace records: was dmx built with -DDMX_TRACE=ON, and did the bench run? (its log is above)")
+        return 1
     events = sorted(e for p in paths for e in load(p))
     msgs = list(messages(events))
     msgs = msgs[len(msgs) // 10:]
