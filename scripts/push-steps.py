@@ -107,7 +107,7 @@ def main():
         print(__doc__)
         return 2
     if not paths:
-        print("no trace records: was dmx built with -DDMX_TRACE=ON, and did the bench run? (its log is above)")
+        print("no trace records: was dmx built with -DDMX_TRACE=ON, and did the bench run? (run the pair by hand to see its errors)")
         return 1
     events = sorted(e for p in paths for e in load(p))
     msgs = list(messages(events))
