@@ -3,7 +3,13 @@
 //   put:  from the kernel posting an 8-byte write + notification to its landed completion;
 //   half: half the round trip of a ping-pong of such writes, the peer's kernel answering each.
 //
-//   device_put_bench [--iters N] [--transports cuda_ipc,tcp] [--push on,off]
+//   direct: (cuda_ipc, --modes direct) the kernel stores 8 B and a signal word into the peer's
+//     mapped memory itself (block_put_signal); per round the time to store and fence the bytes,
+//     to store and fence the signal, and to tell the host, and their sum (put + signal);
+//   direct_half: half the round trip of a ping-pong of direct puts, each side's kernel waiting
+//     on its own signal word.
+//
+//   device_put_bench [--iters N] [--transports cuda_ipc,tcp] [--push on,off] [--modes ring,direct]
 //
 // CUDA is touched only in forked children (a child forked after the parent initialised CUDA
 // cannot use it). Prints {"bench":"device_put","skipped":...} without two processes' GPUs.
@@ -16,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "device/device_kernels.h"
@@ -63,10 +70,75 @@ std::vector<unsigned char> recv_bytes(dmx::Endpoint& ep, uint64_t tag) {
     }                                                                         \
   } while (0)
 
+double pct(std::vector<uint64_t> v, double q, double div) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))] / div;
+}
+
+// Direct puts (cuda_ipc): each side exports its 64-byte target (bytes 0-7: data, 8-15: the signal
+// word) as a device window and maps the peer's; the client's kernel stores 8 B + the signal itself.
+int direct_side(bool server, dmx::Endpoint& ep, const dmx::DeviceHandle& h, dmx::Buffer& target, dmx::Buffer& src,
+                bool pong, int iters, int* result, uint64_t* steps) {
+  std::vector<unsigned char> zeros(64, 0);
+  CHECK(dmx::copy_memory(target.region(), dmx::MemRegion{zeros.data(), zeros.size()}).ok(), 50);
+  auto mine = ep.export_device_window(target.region());
+  if (!mine.ok()) std::fprintf(stderr, "device_put_bench: export_device_window: %s\n", mine.status().to_string().c_str());
+  CHECK(mine.ok(), 51);
+  CHECK(send_bytes(ep, *mine, 4), 52);
+  auto theirs_bytes = recv_bytes(ep, 4);
+  auto theirs = ep.import_device_window(theirs_bytes);
+  if (!theirs.ok()) std::fprintf(stderr, "device_put_bench: import_device_window: %s\n", theirs.status().to_string().c_str());
+  CHECK(theirs.ok(), 53);
+  dmx::DeviceWindow data{theirs->base, 8}, signal{theirs->base + 8, 8};
+  auto* word = reinterpret_cast<const uint64_t*>(static_cast<char*>(target.data()) + 8);
+  auto* s = static_cast<unsigned char*>(src.data());
+  CHECK(send_bytes(ep, {1}, 2), 54);  // ready
+  CHECK(!recv_bytes(ep, 2).empty(), 55);
+  int rc = -1;
+  if (server) {
+    if (pong) CHECK(dmx::test::run_direct_pong(h, s, data, signal, word, iters, result).empty(), 56);
+    if (pong) CHECK(dmx::test::copy_to_host(&rc, result, sizeof rc).empty() && rc == 0, 57);
+    CHECK(!recv_bytes(ep, 3).empty(), 58);
+    return 0;
+  }
+  CHECK(dmx::test::run_direct_ping(h, s, data, signal, word, iters, pong, steps, result).empty(), 59);
+  CHECK(dmx::test::copy_to_host(&rc, result, sizeof rc).empty(), 60);
+  if (rc != 0) std::fprintf(stderr, "device_put_bench: the kernel's call returned %d\n", rc);
+  CHECK(rc == 0, 61);
+  std::vector<uint64_t> t(3 * static_cast<size_t>(iters));
+  CHECK(dmx::test::copy_to_host(t.data(), steps, sizeof(uint64_t) * t.size()).empty(), 62);
+  // The host is told afterwards: give the channel a moment to count the last ones.
+  for (int i = 0; i < 100 && ep.stats().device_direct_puts < static_cast<uint64_t>(iters); ++i)
+    std::this_thread::sleep_for(10ms);
+  uint64_t counted = ep.stats().device_direct_puts;
+  CHECK(send_bytes(ep, {1}, 3), 63);
+  std::vector<uint64_t> store, sig, told, total;
+  for (int i = iters / 10; i < iters; ++i) {  // the first tenth is warm-up
+    store.push_back(t[3 * i]);
+    sig.push_back(t[3 * i + 1]);
+    told.push_back(t[3 * i + 2]);
+    total.push_back(t[3 * i] + t[3 * i + 1]);
+  }
+  if (pong) {
+    std::printf("{\"bench\":\"device_put\",\"mode\":\"direct_half\",\"transport\":\"cuda_ipc\",\"size_bytes\":8,"
+                "\"samples\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f,\"min_us\":%.2f,\"host_counted\":%llu}\n",
+                store.size(), pct(store, 0.5, 2000.0), pct(store, 0.99, 2000.0), pct(store, 0, 2000.0),
+                static_cast<unsigned long long>(counted));
+  } else {
+    std::printf("{\"bench\":\"device_put\",\"mode\":\"direct\",\"transport\":\"cuda_ipc\",\"size_bytes\":8,"
+                "\"samples\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f,\"store_fence_p50_us\":%.2f,"
+                "\"signal_fence_p50_us\":%.2f,\"tell_host_p50_us\":%.2f,\"host_counted\":%llu}\n",
+                total.size(), pct(total, 0.5, 1000.0), pct(total, 0.99, 1000.0), pct(store, 0.5, 1000.0),
+                pct(sig, 0.5, 1000.0), pct(told, 0.5, 1000.0), static_cast<unsigned long long>(counted));
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 // One process's side. Both register an 8-byte target and swap RemoteRegions (tag 1), then the
 // client runs the timed kernel; in ping-pong the server's kernel answers.
 int side(bool server, const std::string& addr_or_empty, int pipe_w, const std::string& transport,
-         const std::string& push, bool pong, int iters, int gpu) {
+         const std::string& push, bool pong, bool direct, int iters, int gpu) {
   auto ctx = dmx::Context::create(options(transport, push));
   CHECK(ctx.ok(), 10);
   dmx::Endpoint ep;
@@ -106,8 +178,9 @@ int side(bool server, const std::string& addr_or_empty, int pipe_w, const std::s
   CHECK(h.ok(), 21);
   dmx::DeviceRemote dst{peer->key, peer->size};
   auto* result = static_cast<int*>(dmx::test::device_alloc(sizeof(int)));
-  auto* times = static_cast<uint64_t*>(dmx::test::device_alloc(sizeof(uint64_t) * iters));
+  auto* times = static_cast<uint64_t*>(dmx::test::device_alloc(sizeof(uint64_t) * 3 * iters));
   CHECK(result && times, 22);
+  if (direct) return direct_side(server, ep, *h, *target, *src, pong, iters, result, times);
   CHECK(send_bytes(ep, {1}, 2), 23);  // ready
   CHECK(!recv_bytes(ep, 2).empty(), 24);
   int rc = -1;
@@ -142,20 +215,21 @@ int side(bool server, const std::string& addr_or_empty, int pipe_w, const std::s
   return 0;
 }
 
-int run_one(const std::string& transport, const std::string& push, bool pong, int iters, int server_gpu) {
+int run_one(const std::string& transport, const std::string& push, bool pong, bool direct, int iters,
+            int server_gpu) {
   int fds[2];
   if (::pipe(fds) != 0) return 1;
   pid_t s = ::fork();
   if (s == 0) {
     ::close(fds[0]);
-    ::_exit(side(true, "", fds[1], transport, push, pong, iters, server_gpu));
+    ::_exit(side(true, "", fds[1], transport, push, pong, direct, iters, server_gpu));
   }
   ::close(fds[1]);
   char buf[256] = {};
   ssize_t got = ::read(fds[0], buf, sizeof buf - 1);
   ::close(fds[0]);
   pid_t c = ::fork();
-  if (c == 0) ::_exit(got > 0 ? side(false, std::string(buf, got), -1, transport, push, pong, iters, 0) : 40);
+  if (c == 0) ::_exit(got > 0 ? side(false, std::string(buf, got), -1, transport, push, pong, direct, iters, 0) : 40);
   int cs = 0, ss = 0;
   ::waitpid(c, &cs, 0);
   if (!(WIFEXITED(cs) && WEXITSTATUS(cs) == 0)) ::kill(s, SIGKILL);
@@ -164,7 +238,8 @@ int run_one(const std::string& transport, const std::string& push, bool pong, in
   if (!ok)
     std::printf("{\"bench\":\"device_put\",\"mode\":\"%s\",\"transport\":\"%s\",\"gpu_push\":\"%s\",\"error\":\"client "
                 "status %d, server status %d\"}\n",
-                pong ? "half" : "put", transport.c_str(), push.c_str(), cs, ss);
+                direct ? (pong ? "direct_half" : "direct") : (pong ? "half" : "put"), transport.c_str(), push.c_str(), cs,
+                ss);
   return ok ? 0 : 1;
 }
 
@@ -199,14 +274,16 @@ int gpu_count(std::string* why) {
 
 int main(int argc, char** argv) {
   int iters = 2000;
-  std::string transports = "cuda_ipc,tcp", pushes = "on,off";
+  std::string transports = "cuda_ipc,tcp", pushes = "on,off", modes = "ring,direct";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--iters") iters = std::max(20, std::atoi(argv[i + 1]));
     else if (a == "--transports") transports = argv[i + 1];
     else if (a == "--push") pushes = argv[i + 1];
+    else if (a == "--modes") modes = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: device_put_bench [--iters N] [--transports cuda_ipc,tcp] [--push on,off]\n");
+      std::fprintf(stderr,
+                   "usage: device_put_bench [--iters N] [--transports cuda_ipc,tcp] [--push on,off] [--modes ring,direct]\n");
       return 2;
     }
   }
@@ -219,8 +296,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   int failures = 0;
-  for (const std::string& t : split(transports))
-    for (const std::string& p : split(pushes))
-      for (bool pong : {false, true}) failures += run_one(t, p, pong, iters, gpus > 1 ? 1 : 0);
+  const std::vector<std::string> ms = split(modes);
+  auto has = [&](const char* m) { return std::find(ms.begin(), ms.end(), m) != ms.end(); };
+  if (has("ring"))
+    for (const std::string& t : split(transports))
+      for (const std::string& p : split(pushes))
+        for (bool pong : {false, true}) failures += run_one(t, p, pong, false, iters, gpus > 1 ? 1 : 0);
+  // Direct puts: the kernel stores into the peer's mapped memory; cuda_ipc only, push irrelevant.
+  if (has("direct"))
+    for (bool pong : {false, true}) failures += run_one("cuda_ipc", "off", pong, true, iters, gpus > 1 ? 1 : 0);
   return failures == 0 ? 0 : 1;
 }

@@ -11,7 +11,10 @@
 # topo.txt, and a summary table at the end of the log.
 #
 # Environment: PUSH_BUILD_DIR (default build-push), PUSH_JOBS (default nproc), PUSH_CUDA_ARCH (90),
-# PUSH_SKIP_BUILD=1 (reuse the build), PUSH_ONLY="tests,sanitizer,conformance,bench,device_put,topo".
+# PUSH_SKIP_BUILD=1 (reuse the build), PUSH_ONLY="tests,sanitizer,conformance,bench,device_put,topo",
+# PUSH_SANITIZER_FILTER (gtest filter for the sanitizer runs; default every DeviceApiGpu and
+# DeviceDirectGpu test). PUSH_ONLY=steps runs scripts/push-steps.sh (a trace build; each step's time).
+# compute-sanitizer: from PATH, else /usr/local/cuda/bin; the step is skipped, saying so, without it.
 set -u
 set -o pipefail
 
@@ -60,12 +63,20 @@ if want tests; then
 fi
 
 if want sanitizer; then
-  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  F='Paths/DeviceApiGpu.KernelReadsWhatLanded/CudaIpcPushOn:Paths/DeviceApiGpu.KernelReadsWhatLanded/TcpPushOn'
-  F+=':Paths/GpuPushGpu.SmallPushedAndLargeCopiedArriveInOrder/CudaIpcPushOn:Paths/GpuPushGpu.SmallPushedAndLargeCopiedArriveInOrder/TcpPushOn'
-  for tool in racecheck synccheck; do
-    stage "compute-sanitizer $tool" 240 "$CS" --tool "$tool" --target-processes all --error-exitcode 99 "$GT" --gtest_filter="$F"
-  done
+  # racecheck (shared-memory hazards) and synccheck (barriers not reached by every thread) over the
+  # device API's GPU tests, every path; --target-processes all follows the forked peers.
+  CS=$(command -v compute-sanitizer 2> /dev/null)
+  [[ -z $CS && -x /usr/local/cuda/bin/compute-sanitizer ]] && CS=/usr/local/cuda/bin/compute-sanitizer
+  F=${PUSH_SANITIZER_FILTER:-'Paths/DeviceApiGpu.*:DeviceDirectGpu.*'}
+  if [[ -z $CS ]]; then
+    echo "compute-sanitizer: skipped: not on PATH and no /usr/local/cuda/bin/compute-sanitizer"
+    SUMMARY+=("$(printf '%-34s %-6s' "compute-sanitizer" "skipped (not installed)")")
+  else
+    for tool in racecheck synccheck; do
+      stage "compute-sanitizer $tool" 300 "$CS" --tool "$tool" --target-processes all --error-exitcode 99 "$GT" \
+        --gtest_filter="$F"
+    done
+  fi
 fi
 
 if want conformance; then
@@ -115,6 +126,10 @@ fi
 
 if want device_put; then
   stage "device_put_bench" 240 bash -c "'$B/bench/device_put_bench' --iters 2000 | tee '$OUT/device_put.jsonl'"
+fi
+
+if want steps; then  # not in the default list: it makes a second (trace) build
+  stage "step times (trace build)" 900 env OUT="$OUT" PUSH_JOBS="$JOBS" PUSH_CUDA_ARCH="$ARCH" bash "$ROOT/scripts/push-steps.sh"
 fi
 
 echo

@@ -88,4 +88,61 @@ __device__ inline int block_wait_notifications(const DeviceHandle& h, uint64_t c
   return detail::block_wait([&] { return wait_notifications(h, count, nullptr); });
 }
 
+// --- Direct puts into a peer's mapped memory (cuda_ipc; Endpoint::import_device_window). ---
+//
+// block_put_signal: the block stores `length` bytes from `src` (this GPU's memory) into window `dst`
+// at `offset` itself (posted stores over NVLink / PCIe P2P: no copy engine, no host), every thread
+// fences at system scope, the block meets, and thread 0 stores `value` into the 8-byte signal word
+// at `signal_offset` of window `signal` with a release store at system scope. A peer kernel that
+// acquires the signal (block_wait_signal) then sees the bytes. Afterwards thread 0 tells the host
+// (a kDirect descriptor: counted in EndpointStats::device_direct_*). Returns 0, or -code:
+// -kDeviceInvalid when a range is outside its window or the signal word is unaligned (nothing
+// stored), or the error word's code, read when telling the host, after the bytes and the signal
+// went out (a dead peer: they land in memory this endpoint's mapping keeps, which nobody reads). Signal values should grow (a round counter): waiters wait for
+// "at least". `src` may be reused as soon as the call returns.
+__device__ inline int block_put_signal(const DeviceHandle& h, const void* src, uint64_t length, DeviceWindow dst,
+                                       uint64_t offset, DeviceWindow signal, uint64_t signal_offset, uint64_t value) {
+  __shared__ int result;
+  uint64_t* word = device_ring::signal_word(signal, signal_offset);
+  if (!device_ring::window_holds(dst, offset, length) || word == nullptr || h.control == nullptr)
+    return -kDeviceInvalid;  // the same answer in every thread: the arguments are the block's
+  // No look at the error word first: it is host memory, a PCIe round trip (~1 us) on the path.
+  const bool leader = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+  const unsigned nthreads = blockDim.x * blockDim.y * blockDim.z;
+  const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  auto* d = reinterpret_cast<unsigned char*>(dst.base + offset);
+  const auto* s = static_cast<const unsigned char*>(src);
+  uint64_t done = 0;
+  if (((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 15) == 0) {
+    const uint64_t vecs = length / 16;
+    for (uint64_t i = tid; i < vecs; i += nthreads)
+      reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
+    done = vecs * 16;
+  } else if (((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 7) == 0) {
+    const uint64_t words = length / 8;
+    for (uint64_t i = tid; i < words; i += nthreads)
+      reinterpret_cast<uint64_t*>(d)[i] = reinterpret_cast<const uint64_t*>(s)[i];
+    done = words * 8;
+  }
+  for (uint64_t i = done + tid; i < length; i += nthreads) d[i] = s[i];
+  __threadfence_system();
+  __syncthreads();
+  if (leader) {
+    int64_t t = device_ring::signal_direct(h, word, value, src, length);
+    result = t < 0 ? static_cast<int>(t) : 0;
+  }
+  __syncthreads();
+  const int r = result;
+  __syncthreads();  // nobody overwrites `result` in a next call before all have read it
+  return r;
+}
+
+// Waits until this GPU's signal word `word` (inside a window this side exported) is at least
+// `at_least`; then the bytes of every put that signalled up to that value are visible to the
+// block (thread 0 acquires, the block meets, every thread fences with acquire semantics at system
+// scope). 0, -kDeviceTimeout at the handle's deadline, or the error word's code.
+__device__ inline int block_wait_signal(const DeviceHandle& h, const uint64_t* word, uint64_t at_least) {
+  return detail::block_wait([&] { return device_ring::wait_signal(h, word, at_least, nullptr); });
+}
+
 }  // namespace dmx::device

@@ -35,8 +35,10 @@ namespace dmx {
 
 // What a descriptor asks for.
 enum class DeviceOpKind : uint32_t {
-  kSend = 1,   // Endpoint::send(source, tag)
-  kWrite = 2,  // Endpoint::write(source, remote, offset), notifying when kNotify is set
+  kSend = 1,    // Endpoint::send(source, tag)
+  kWrite = 2,   // Endpoint::write(source, remote, offset), notifying when kNotify is set
+  kDirect = 3,  // told afterwards: the kernel stored `length` bytes into a window itself (direct put);
+                // the host counts it and completes the ticket, posting nothing
 };
 inline constexpr uint32_t kDeviceNotify = 1;  // DeviceDescriptor::flags: a write delivers notify_value
 
@@ -72,7 +74,7 @@ static_assert(sizeof(DeviceControl) == 256, "four cache lines");
 struct DeviceHandle {
   DeviceDescriptor* ring = nullptr;      // `slots` descriptors, pinned host memory
   DeviceControl* control = nullptr;      // pinned host memory
-  unsigned long long* tickets = nullptr; // device memory: the next ticket
+  unsigned long long* tickets = nullptr; // device memory: [0] the next ticket, [1] post_direct's copy of `consumed`
   uint32_t slots = 0;                    // a power of two
   int32_t device = -1;                   // the CUDA device the handle is for
   uint64_t timeout_ns = 0;               // how long one device call may spin (0: 1 s)
@@ -82,6 +84,14 @@ struct DeviceHandle {
 // The peer's region a kernel writes into (RemoteRegion's key and size).
 struct DeviceRemote {
   uint64_t key = 0;
+  uint64_t size = 0;
+};
+
+// A peer's GPU memory mapped into this process (Endpoint::import_device_window, cuda_ipc between
+// two processes of one host): a kernel of the handle's GPU stores into [base, base + size) itself,
+// over NVLink or PCIe P2P, with no copy engine and no host (direct puts, dmx/device.cuh).
+struct DeviceWindow {
+  uint64_t base = 0;  // the mapped address in this process
   uint64_t size = 0;
 };
 
@@ -248,6 +258,89 @@ DMX_HD inline int wait_notifications(const DeviceHandle& h, uint64_t count, uint
     if (int e = error(h)) return -e;
     if (now_ns() > deadline) return -kDeviceTimeout;
     pause();
+  }
+}
+
+// --- Direct puts (DeviceWindow): the kernel stores the bytes and a signal word itself. ---
+
+// Whether [offset, offset + length) lies inside the window (overflow-safe).
+DMX_HD inline bool window_holds(const DeviceWindow& w, uint64_t offset, uint64_t length) {
+  return w.base != 0 && length <= w.size && offset <= w.size - length;
+}
+
+// The signal word at `offset` of window `w`: 8 bytes, 8-byte aligned, inside it; null otherwise.
+DMX_HD inline uint64_t* signal_word(const DeviceWindow& w, uint64_t offset) {
+  if (!window_holds(w, offset, 8) || ((w.base + offset) & 7) != 0) return nullptr;
+  return reinterpret_cast<uint64_t*>(w.base + offset);
+}
+
+// Publishes a direct put (one thread, after every thread that stored the bytes fenced at system
+// scope and met it at a barrier): the signal word gets `value` with a release store at system
+// scope, so a reader that acquires it (wait_signal) sees the bytes. Then tells the host
+// (DeviceOpKind::kDirect, for its counts: post_direct) and returns that descriptor's ticket or
+// -code; the signal is already set either way.
+// Telling the host is kept off the peer's path and short: no look at the error word (the host
+// completes a kDirect ticket whatever state it is in), and the host's `consumed` is read across
+// PCIe only when a copy of it in device memory (tickets[1], the largest value any poster saw) says
+// the ring may be full.
+DMX_HD inline int64_t post_direct(const DeviceHandle& h, const void* src, uint64_t length, uint64_t value) {
+  if (h.ring == nullptr || h.control == nullptr || h.tickets == nullptr || h.slots == 0) return -kDeviceInvalid;
+  const uint64_t ticket = take_ticket(h);
+  unsigned long long* seen = h.tickets + 1;
+#if defined(__CUDA_ARCH__)
+  uint64_t consumed = *reinterpret_cast<volatile unsigned long long*>(seen);
+#else
+  uint64_t consumed = std::atomic_ref<unsigned long long>(*seen).load(std::memory_order_relaxed);
+#endif
+  if (ticket - consumed >= h.slots) {
+    const uint64_t deadline = deadline_of(h);
+    while (ticket - (consumed = load_acquire(&h.control->consumed)) >= h.slots) {
+      if (int e = error(h)) return -e;
+      if (now_ns() > deadline) return -kDeviceTimeout;
+      pause();
+    }
+#if defined(__CUDA_ARCH__)
+    atomicMax(seen, static_cast<unsigned long long>(consumed));
+#else
+    std::atomic_ref<unsigned long long> a(*seen);
+    for (unsigned long long old = a.load(); old < consumed && !a.compare_exchange_weak(old, consumed);) {
+    }
+#endif
+  }
+  DeviceDescriptor* d = &h.ring[ticket & (h.slots - 1)];
+  d->op = static_cast<uint32_t>(DeviceOpKind::kDirect);
+  d->flags = 0;
+  d->addr = reinterpret_cast<uint64_t>(src);
+  d->length = length;
+  d->tag = 0;
+  d->remote_size = 0;
+  d->offset = 0;
+  d->notify_value = value;
+  store_release(&d->seq, ticket + 1);  // the fields before it (release at system scope)
+  return static_cast<int64_t>(ticket);
+}
+
+DMX_HD inline int64_t signal_direct(const DeviceHandle& h, uint64_t* word, uint64_t value, const void* src,
+                                    uint64_t length) {
+  store_release(word, value);
+  return post_direct(h, src, length, value);
+}
+
+// Waits until the signal word `word` (this GPU's memory, which a peer's kernel stores into) is at
+// least `at_least`. 0; -kDeviceTimeout at the handle's deadline; the error word's -code once set
+// (looked at every 64 polls: it is host memory, a round trip across PCIe). *seen (optional): the
+// value read last.
+DMX_HD inline int wait_signal(const DeviceHandle& h, const uint64_t* word, uint64_t at_least, uint64_t* seen) {
+  if (h.control == nullptr || word == nullptr) return -kDeviceInvalid;
+  const uint64_t deadline = deadline_of(h);
+  for (uint32_t polls = 1;; ++polls) {
+    uint64_t v = load_acquire(const_cast<uint64_t*>(word));
+    if (seen != nullptr) *seen = v;
+    if (v >= at_least) return kDeviceOk;
+    if ((polls & 63) == 0) {
+      if (int e = error(h)) return -e;
+      if (now_ns() > deadline) return -kDeviceTimeout;
+    }
   }
 }
 

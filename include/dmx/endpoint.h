@@ -81,6 +81,7 @@ struct EndpointStats {
   uint64_t h2d_copies = 0, h2d_bytes = 0;  // pinned staging -> device copies
   uint64_t gpu_pushes = 0;  // of those staging copies, made by the GPU's SMs (GPU push, docs/gpu-push.md)
   std::string gpu_push;     // which staging copies are pushed, and why (a cuda_ipc path says its own in PathUse::detail)
+  uint64_t device_direct_puts = 0, device_direct_bytes = 0;  // kernels' direct puts into imported windows
   uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies: eager messages buffered before
                                                    // their recv (eager sends go from the buffer)
   double send_seconds = 0, recv_seconds = 0, copy_wait_seconds = 0;  // time in each stage
@@ -169,6 +170,18 @@ class Endpoint {
   // write() would. kUnavailable without CUDA or with no such device. After the endpoint fails or
   // closes, the handle's error word says so within about a millisecond.
   Result<DeviceHandle> device_handle(const DeviceHandleOptions& options = {});
+
+  // Direct puts (dmx/device.cuh block_put_signal; docs/gpu-push.md): a kernel stores into the
+  // peer's GPU memory itself, with no copy engine and no host, over cuda_ipc (two processes of one
+  // host). The owner describes `region` (cudaMalloc memory, e.g. a Buffer of a GPU) for the peer;
+  // the region must stay allocated while the peer may store into it. The peer's
+  // import_device_window maps it for its handle's GPU; the window lives until that endpoint is
+  // destroyed (at most 64 per endpoint: kResourceExhausted). Both need device_handle() first
+  // (kInvalidArgument). kUnavailable, with the reason, for memory CUDA IPC cannot share, for a
+  // window of this same process, or without CUDA. The bytes are untrusted: a malformed or lying
+  // description is kProtocol.
+  Result<std::vector<unsigned char>> export_device_window(const MemRegion& region);
+  Result<DeviceWindow> import_device_window(std::span<const unsigned char> bytes);
 
   EndpointStats stats() const;
   std::string peer() const;

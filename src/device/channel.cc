@@ -123,11 +123,12 @@ size_t Channel::poll_shared(const std::shared_ptr<Shared>& shared) {
       if (!sh.error.ok()) bad = sh.error;
     }
     ++n;
+    const bool direct = d.op == static_cast<uint32_t>(DeviceOpKind::kDirect);
     if (bad.ok()) {
-      if (d.op != static_cast<uint32_t>(DeviceOpKind::kSend) && d.op != static_cast<uint32_t>(DeviceOpKind::kWrite))
+      if (d.op != static_cast<uint32_t>(DeviceOpKind::kSend) && d.op != static_cast<uint32_t>(DeviceOpKind::kWrite) &&
+          !direct)
         bad = Status(Code::kInvalidArgument, fmt::format("device descriptor {}: unknown operation {}", t, d.op));
-      else if ((d.flags & ~kDeviceNotify) != 0 ||
-               (d.op == static_cast<uint32_t>(DeviceOpKind::kSend) && d.flags != 0))
+      else if ((d.flags & ~kDeviceNotify) != 0 || (d.op != static_cast<uint32_t>(DeviceOpKind::kWrite) && d.flags != 0))
         bad = Status(Code::kInvalidArgument, fmt::format("device descriptor {}: unknown flags {:#x}", t, d.flags));
       else if (d.length > kMaxLength || (d.length > 0 && d.addr == 0))
         bad = Status(Code::kInvalidArgument,
@@ -139,6 +140,15 @@ size_t Channel::poll_shared(const std::shared_ptr<Shared>& shared) {
     }
     if (!bad.ok()) {
       sh.complete(t, bad.with_peer(sh.options.peer));
+      continue;
+    }
+    if (direct) {  // the kernel moved the bytes itself: count them, nothing to post
+      {
+        std::lock_guard<std::mutex> lock(sh.mu);
+        ++sh.stats.direct;
+        sh.stats.direct_bytes += d.length;
+      }
+      sh.complete(t, Status());
       continue;
     }
     std::weak_ptr<Shared> weak = shared;

@@ -72,6 +72,7 @@ class Channel {
 
   struct Stats {
     uint64_t taken = 0, completed = 0, failed = 0, invalid = 0;
+    uint64_t direct = 0, direct_bytes = 0;  // direct puts the kernels reported (DeviceOpKind::kDirect)
   };
   Stats stats() const;
 

@@ -50,8 +50,8 @@ constexpr auto kDrainOnDestroy = std::chrono::seconds(10);
 // Thread-safety: one thread at a time (CopyQueue's contract); the pool it borrows from is shared.
 class CudaQueue final : public CopyQueue {
  public:
-  CudaQueue(int device, void* context, cudaStream_t stream, cuda::EventPool* pool)
-      : device_(device), context_(context), stream_(stream), pool_(pool) {
+  CudaQueue(int device, void* context, cudaStream_t stream, cuda::EventPool* pool, Status kernels)
+      : device_(device), context_(context), stream_(stream), pool_(pool), kernels_(std::move(kernels)) {
     // Its first fences then take no pool lock and create no event (best effort: else on demand).
     while (spare_.size() < kSpareEvents) {
       auto ev = pool_->acquire();
@@ -88,6 +88,7 @@ class CudaQueue final : public CopyQueue {
   Status push(void* dst, const void* src, size_t n) override {
     if (!error_.ok()) return error_;
     if (n == 0) return Status();
+    if (!kernels_.ok()) return Status(Code::kUnavailable, "push: " + kernels_.message());
     if (n > cuda::kPushCopyMax)
       return Status(Code::kUnavailable, fmt::format("push: {} B is above the SM copy's {} B", n, cuda::kPushCopyMax));
     DeviceGuard guard(device_);  // kernels launch on the current device; attributes are asked for it
@@ -283,6 +284,7 @@ class CudaQueue final : public CopyQueue {
   void* const context_;  // device_'s primary context (CUcontext)
   const cudaStream_t stream_;
   cuda::EventPool* const pool_;
+  const Status kernels_;  // ok when the push kernel is loaded on this device (CudaBackend::init)
   std::deque<std::pair<uint64_t, cudaEvent_t>> pending_;  // recorded, not yet seen complete
   std::vector<cudaEvent_t> spare_;                        // idle, for the next fences
   uint64_t recorded_ = 0;
@@ -316,7 +318,17 @@ class CudaBackend final : public MemoryBackend {
   explicit CudaBackend(int device) : device_(device), events_(device) {}
   Status init() {
     DMX_ASSIGN_OR_RETURN(context_, cuda::driver::primary_context(device_));
-    return events_.reserve(kEventsReserved);
+    DMX_RETURN_IF_ERROR(events_.reserve(kEventsReserved));
+    // dmx's kernels are loaded now, not at their first launch: under lazy loading that launch may
+    // wait for the device to go idle, which a user's kernel spinning until a transfer lands never
+    // does (push.h). A push kernel that cannot load leaves push unavailable (the copy engines copy);
+    // a CRC kernel that cannot load fails at its launch, as before.
+    DeviceGuard guard(device_);
+    DMX_RETURN_IF_ERROR(guard.status());
+    kernels_ = cuda::preload_push_copy();
+    if (!kernels_.ok()) DMX_LOG_INFO("cuda:{}: {}; no GPU push", device_, kernels_.message());
+    if (Status crc = cuda::preload_crc32c(); !crc.ok()) DMX_LOG_INFO("cuda:{}: {}", device_, crc.message());
+    return Status();
   }
 
   MemSpec spec() const override { return MemSpec{MemKind::kCuda, device_}; }
@@ -344,7 +356,7 @@ class CudaBackend final : public MemoryBackend {
     cudaStream_t stream = nullptr;
     DMX_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags(cudaStreamNonBlocking)", device_,
                              cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    return std::unique_ptr<CopyQueue>(std::make_unique<CudaQueue>(device_, context_, stream, &events_));
+    return std::unique_ptr<CopyQueue>(std::make_unique<CudaQueue>(device_, context_, stream, &events_, kernels_));
   }
 
   Result<void*> allocate_staging(size_t size) override { return host_alloc(size, device_); }
@@ -354,6 +366,7 @@ class CudaBackend final : public MemoryBackend {
   const int device_;
   void* context_ = nullptr;  // the primary context, made current around copies
   cuda::EventPool events_;
+  Status kernels_;  // set by init(): whether the push kernel is loaded on device_
 };
 
 class PinnedBackend final : public MemoryBackend {

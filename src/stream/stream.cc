@@ -200,6 +200,7 @@ Status Stream::staging_copy(CopyQueue* q, void* dst, const void* src, size_t n, 
   if (n > 0 && n <= push_max) {
     Status s = q->push(dst, src, n);
     if (s.ok()) {
+      DMX_TRACE_POINT("st.pushed");  // the SM copy kernel launched
       stats_.pushes.fetch_add(1, std::memory_order_relaxed);
       return s;
     }
@@ -210,7 +211,9 @@ Status Stream::staging_copy(CopyQueue* q, void* dst, const void* src, size_t n, 
                    config_.peer, s.message());
     }
   }
-  return to_host ? q->to_host(dst, src, n) : q->to_device(dst, src, n);
+  Status s = to_host ? q->to_host(dst, src, n) : q->to_device(dst, src, n);
+  DMX_TRACE_POINT("st.copied");  // the copy-engine copy issued
+  return s;
 }
 
 // The bytes' CRC: the device's, computed with the staging copy (its fence covers both), or the

@@ -24,11 +24,11 @@ namespace ring = device_ring;
 struct Memory {
   explicit Memory(uint32_t slots) : ring(slots), control(new DeviceControl{}) {}
   DeviceHandle handle(uint64_t timeout_ns) {
-    return DeviceHandle{ring.data(), control.get(), &tickets, static_cast<uint32_t>(ring.size()), 0, timeout_ns};
+    return DeviceHandle{ring.data(), control.get(), tickets, static_cast<uint32_t>(ring.size()), 0, timeout_ns};
   }
   std::vector<DeviceDescriptor> ring;
   std::unique_ptr<DeviceControl> control;
-  unsigned long long tickets = 0;
+  unsigned long long tickets[8] = {};  // as the engine's 64 bytes
 };
 
 // Records every posted operation; completes them from its own thread (as a dmx worker would),
@@ -270,6 +270,90 @@ TEST(DeviceChannel, Notifications) {
   peer.join();
   EXPECT_EQ(value, v2);
   EXPECT_EQ(ring::wait_notifications(h, 3, &value), -kDeviceTimeout);
+}
+
+// Direct puts, played by host threads with the kernel's protocol code: a writer stores fresh bytes
+// into the reader's "window" and publishes each round with signal_direct; the reader waits for the
+// signal and must see exactly that round's bytes. The host is told of every put (kDirect: counted,
+// never posted).
+TEST(DeviceChannel, DirectPutsAreSeenAfterTheirSignal) {
+  Memory mem(8);
+  auto poster = std::make_shared<FakePoster>();
+  Channel ch(mem.ring.data(), 8, mem.control.get(), poster, options());
+  ch.start();
+  DeviceHandle h = mem.handle(10'000'000'000ull);
+  constexpr int kRounds = 200;
+  constexpr uint64_t kLen = 61;
+  std::vector<unsigned char> region(kRounds * kLen, 0xA5);
+  alignas(8) uint64_t signal = 0;
+  DeviceWindow data{reinterpret_cast<uint64_t>(region.data()), region.size()};
+  DeviceWindow sig{reinterpret_cast<uint64_t>(&signal), sizeof signal};
+  const uint64_t seed = std::random_device{}();
+  auto byte = [&](int r, uint64_t i) { return static_cast<unsigned char>((seed * 31 + r * 131 + i * 7) >> 3); };
+  std::thread writer([&] {
+    std::vector<unsigned char> src(kLen);
+    for (int r = 0; r < kRounds; ++r) {
+      for (uint64_t i = 0; i < kLen; ++i) src[i] = byte(r, i);
+      ASSERT_TRUE(ring::window_holds(data, r * kLen, kLen));
+      std::memcpy(reinterpret_cast<void*>(data.base + r * kLen), src.data(), kLen);
+      ring::fence_system();
+      uint64_t* word = ring::signal_word(sig, 0);
+      ASSERT_NE(word, nullptr);
+      ASSERT_GE(ring::signal_direct(h, word, r + 1, src.data(), kLen), 0);
+    }
+  });
+  int stale = 0;
+  for (int r = 0; r < kRounds; ++r) {
+    ASSERT_EQ(ring::wait_signal(h, &signal, r + 1, nullptr), kDeviceOk) << r;
+    ring::fence_acquire_system();
+    for (uint64_t i = 0; i < kLen; ++i) stale += region[r * kLen + i] != byte(r, i);
+  }
+  writer.join();
+  EXPECT_EQ(stale, 0);
+  for (int i = 0; i < 1000 && ch.stats().direct < kRounds; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(ch.stats().direct, uint64_t{kRounds});
+  EXPECT_EQ(ch.stats().direct_bytes, uint64_t{kRounds} * kLen);
+  EXPECT_TRUE(poster->posted().empty()) << "a direct put is counted, not posted";
+  EXPECT_EQ(ring::error(h), 0);
+}
+
+// Windows refuse what is not inside them, overflow included; a signal word must be aligned.
+TEST(DeviceChannel, DirectPutBoundsAreChecked) {
+  alignas(8) unsigned char mem[64];
+  DeviceWindow w{reinterpret_cast<uint64_t>(mem), sizeof mem};
+  EXPECT_TRUE(ring::window_holds(w, 0, 64));
+  EXPECT_TRUE(ring::window_holds(w, 64, 0));
+  EXPECT_FALSE(ring::window_holds(w, 1, 64));
+  EXPECT_FALSE(ring::window_holds(w, 65, 0));
+  EXPECT_FALSE(ring::window_holds(w, ~uint64_t{0} - 2, 8));  // offset + length wraps
+  EXPECT_FALSE(ring::window_holds(w, 8, ~uint64_t{0}));
+  EXPECT_FALSE(ring::window_holds(DeviceWindow{}, 0, 0));
+  EXPECT_NE(ring::signal_word(w, 56), nullptr);
+  EXPECT_EQ(ring::signal_word(w, 60), nullptr);  // past the end
+  EXPECT_EQ(ring::signal_word(w, 4), nullptr);   // unaligned
+}
+
+// A signal that never comes: the wait gives up at the handle's deadline; once the endpoint fails
+// it returns the error word's code instead, long before its deadline.
+TEST(DeviceChannel, WaitSignalEndsByDeadlineOrError) {
+  Memory mem(4);
+  auto poster = std::make_shared<FakePoster>();
+  Channel ch(mem.ring.data(), 4, mem.control.get(), poster, options());
+  ch.start();
+  alignas(8) uint64_t signal = 3;
+  EXPECT_EQ(ring::wait_signal(mem.handle(20'000'000ull), &signal, 4, nullptr), -kDeviceTimeout);
+  uint64_t seen = 0;
+  EXPECT_EQ(ring::wait_signal(mem.handle(20'000'000ull), &signal, 3, &seen), kDeviceOk);
+  EXPECT_EQ(seen, 3u);
+  DeviceHandle h = mem.handle(60'000'000'000ull);
+  std::thread killer([&] {
+    std::this_thread::sleep_for(20ms);
+    poster->set_health(Status(Code::kPeerFailed, "peer pid 4242 died"));
+  });
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(ring::wait_signal(h, &signal, 4, nullptr), -kDevicePeerFailed);
+  killer.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
 }
 
 }  // namespace

@@ -248,6 +248,102 @@ TEST_P(DeviceApiGpu, DeadPeerGivesTheErrorWordNotAHang) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, DeviceApiGpu, ::testing::ValuesIn(kCases), case_name);
 
+// Direct puts over cuda_ipc, the memory-ordering contract of block_put_signal / block_wait_signal:
+// the client's kernel stores 64 rounds of 4097 fresh bytes straight into the server's poisoned
+// region (mapped by import_device_window) and sets the server's signal word; the server's kernel
+// waits for each signal and must see exactly that round's bytes. The host hears of every put
+// afterwards (EndpointStats::device_direct_puts). Also: importing garbage is kProtocol, importing
+// before the handle exists kInvalidArgument.
+TEST(DeviceDirectGpu, KernelReadsWhatWasStored) {
+  REQUIRE_GPUS(gpus);
+  const uint64_t seed = fresh_seed();
+  constexpr int kRounds = 64;
+  constexpr uint64_t kLen = 4097;
+  const int server_gpu = gpus > 1 ? 1 : 0;
+  run_pair(
+      options_for("cuda_ipc", "off"),
+      [&](Context&, Endpoint& ep) {
+        CHILD_CHECK(test::set_device(server_gpu).empty(), 30);
+        auto region = Buffer::allocate(MemSpec{MemKind::kCuda, server_gpu}, kRounds * kLen);
+        auto signal = Buffer::allocate(MemSpec{MemKind::kCuda, server_gpu}, 64);
+        CHILD_CHECK(region.ok() && signal.ok(), 31);
+        std::vector<unsigned char> poison(kRounds * kLen, 0xA5), zeros(64, 0);
+        CHILD_CHECK(copy_memory(region->region(), MemRegion{poison.data(), poison.size()}).ok(), 32);
+        CHILD_CHECK(copy_memory(signal->region(), MemRegion{zeros.data(), zeros.size()}).ok(), 33);
+        DeviceHandleOptions ho;
+        ho.device = server_gpu;
+        ho.timeout = 60s;
+        auto h = ep.device_handle(ho);
+        if (!h.ok()) {
+          fprintf(stderr, "server: device_handle: %s\n", h.status().to_string().c_str());
+          return kChildSkip;
+        }
+        auto wr = ep.export_device_window(region->region());
+        auto ws = ep.export_device_window(signal->region());
+        if (!wr.ok() || !ws.ok()) {
+          fprintf(stderr, "server: export_device_window: %s\n",
+                  (wr.ok() ? ws.status() : wr.status()).to_string().c_str());
+          return kChildSkip;
+        }
+        CHILD_CHECK(ep.send(MemRegion{wr->data(), wr->size()}, 4).wait(30s).ok(), 34);
+        CHILD_CHECK(ep.send(MemRegion{ws->data(), ws->size()}, 5).wait(30s).ok(), 35);
+        int* result = static_cast<int*>(test::device_alloc(sizeof(int)));
+        CHILD_CHECK(result != nullptr, 36);
+        std::string err = test::run_direct_check_rounds(*h, static_cast<const unsigned char*>(region->data()), kLen,
+                                                        static_cast<const uint64_t*>(signal->data()), kRounds, seed,
+                                                        result);
+        CHILD_CHECK(err.empty(), 37);
+        int r = -1;
+        CHILD_CHECK(test::copy_to_host(&r, result, sizeof r).empty(), 38);
+        fprintf(stderr, "server: check kernel result %d\n", r);
+        CHILD_CHECK(r == 0, 39);
+        CHILD_CHECK(wait_peer(ep, 2), 40);
+        return 0;
+      },
+      [&](Context&, Endpoint& ep) {
+        CHILD_CHECK(test::set_device(0).empty(), 50);
+        std::vector<unsigned char> wr(256), ws(256);
+        Request rr = ep.recv(MemRegion{wr.data(), wr.size()}, 4), rs = ep.recv(MemRegion{ws.data(), ws.size()}, 5);
+        CHILD_CHECK(rr.wait(60s).ok() && rs.wait(60s).ok(), 51);
+        wr.resize(rr.bytes());
+        ws.resize(rs.bytes());
+        CHILD_CHECK(ep.import_device_window(wr).status().code() == Code::kInvalidArgument, 52);  // no handle yet
+        DeviceHandleOptions ho;
+        ho.timeout = 60s;
+        auto h = ep.device_handle(ho);
+        CHILD_CHECK(h.ok(), 53);
+        std::vector<unsigned char> junk = wr;
+        junk[0] ^= 0x5a;  // the magic
+        CHILD_CHECK(ep.import_device_window(junk).status().code() == Code::kProtocol, 54);
+        auto data = ep.import_device_window(wr);
+        auto sig = ep.import_device_window(ws);
+        if (!data.ok() || !sig.ok())
+          fprintf(stderr, "client: import_device_window: %s\n",
+                  (data.ok() ? sig.status() : data.status()).to_string().c_str());
+        CHILD_CHECK(data.ok() && sig.ok(), 55);
+        CHILD_CHECK(data->size == kRounds * kLen && sig->size == 64, 56);
+        auto src = Buffer::allocate(MemSpec{MemKind::kCuda, 0}, kLen);
+        CHILD_CHECK(src.ok(), 57);
+        int* result = static_cast<int*>(test::device_alloc(sizeof(int)));
+        CHILD_CHECK(result != nullptr, 58);
+        std::string err = test::run_direct_put_rounds(*h, static_cast<unsigned char*>(src->data()), kLen, *data, *sig,
+                                                      kRounds, seed, result);
+        CHILD_CHECK(err.empty(), 59);
+        int r = -1;
+        CHILD_CHECK(test::copy_to_host(&r, result, sizeof r).empty(), 60);
+        fprintf(stderr, "client: put kernel result %d\n", r);
+        CHILD_CHECK(r == 0, 61);
+        EndpointStats st;
+        for (int i = 0; i < 500 && (st = ep.stats()).device_direct_puts < kRounds; ++i) std::this_thread::sleep_for(10ms);
+        fprintf(stderr, "client: the host heard of %llu direct puts, %llu B\n",
+                static_cast<unsigned long long>(st.device_direct_puts),
+                static_cast<unsigned long long>(st.device_direct_bytes));
+        CHILD_CHECK(st.device_direct_puts == kRounds && st.device_direct_bytes == kRounds * kLen, 62);
+        CHILD_CHECK(signal_peer(ep, 2), 63);
+        return 0;
+      });
+}
+
 class GpuPushGpu : public ::testing::TestWithParam<Case> {};
 
 std::vector<unsigned char> message(uint64_t seed, uint64_t i, size_t n) {
@@ -327,6 +423,50 @@ TEST_P(GpuPushGpu, SmallPushedAndLargeCopiedArriveInOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, GpuPushGpu, ::testing::ValuesIn(kCases), case_name);
+
+// A process's first push (an 8-byte staged receive: pinned slot -> device) while a kernel of the
+// user spins on the same device until the data lands, as a kernel waiting for a notification
+// does. Under lazy loading the push kernel's first launch would load it, and that may wait for the
+// device to go idle: the push waited for the spinner and the spinner for the push (the spinner
+// gives up after 30 s). dmx loads its kernels when it first uses the device; the push completes
+// while the spinner still runs. (DeviceApiGpu.KernelReadsWhatLanded/TcpPushOn failed so.)
+TEST(GpuPushSpinGpu, FirstPushWhileAKernelSpins) {
+  REQUIRE_GPUS(gpus);
+  (void)gpus;
+  const uint64_t seed = fresh_seed();
+  pid_t c = testing::fork_child([&] {
+    CHILD_CHECK(test::set_device(0).empty(), 10);
+    auto backend = cuda_backend(0);  // dmx's first use of the device
+    CHILD_CHECK(backend.ok(), 11);
+    auto queue = (*backend)->create_queue();
+    CHILD_CHECK(queue.ok(), 12);
+    auto staging = (*backend)->allocate_staging(64);
+    CHILD_CHECK(staging.ok(), 13);
+    auto dev = (*backend)->allocate(64);
+    CHILD_CHECK(dev.ok(), 14);
+    std::vector<unsigned char> want = message(seed, 0, 8);
+    std::memcpy(*staging, want.data(), want.size());
+    CHILD_CHECK(test::start_spinner(30'000'000'000ull).empty(), 15);
+    auto t0 = std::chrono::steady_clock::now();
+    Status pushed = (*queue)->push(*dev, *staging, want.size());
+    CHILD_CHECK(pushed.ok(), 16);
+    auto fence = (*queue)->record();
+    CHILD_CHECK(fence.ok(), 17);
+    Status waited = (*queue)->wait(*fence, Deadline::after(20s));
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    bool stopped = false;
+    CHILD_CHECK(test::stop_spinner(&stopped).empty(), 18);
+    fprintf(stderr, "child: push %s after %.3f ms; the spinner %s\n", waited.to_string().c_str(), ms,
+            stopped ? "was still running" : "had given up (the push waited for it)");
+    CHILD_CHECK(waited.ok(), 19);
+    CHILD_CHECK(stopped, 20);
+    std::vector<unsigned char> got(want.size());
+    CHILD_CHECK(test::copy_to_host(got.data(), *dev, got.size()).empty(), 21);
+    CHILD_CHECK(got == want, 22);
+    return 0;
+  });
+  EXPECT_EQ(testing::wait_child(c, 120s), 0);
+}
 
 }  // namespace
 }  // namespace dmx

@@ -42,6 +42,31 @@ std::string run_ping(const DeviceHandle& h, unsigned char* src, DeviceRemote dst
 // The peer's side: waits for notification i + 1, answers with an 8-byte write + notification.
 std::string run_pong(const DeviceHandle& h, unsigned char* src, DeviceRemote dst, int iters, int* result);
 
+// Direct puts (cuda_ipc windows). Writer: for each round r, fills src with pattern(seed, r) and
+// stores it into `data` at r * len with block_put_signal, signal word at offset 0 of `signal`
+// = r + 1. Reader: waits for its signal word (device memory) >= r + 1, then checks the round's
+// bytes of `region`. *result as run_put_rounds / run_check_rounds.
+std::string run_direct_put_rounds(const DeviceHandle& h, unsigned char* src, uint64_t len, DeviceWindow data,
+                                  DeviceWindow signal, int rounds, uint64_t seed, int* result);
+std::string run_direct_check_rounds(const DeviceHandle& h, const unsigned char* region, uint64_t len,
+                                    const uint64_t* signal, int rounds, uint64_t seed, int* result);
+
+// Kernel clock bench of direct puts, 8 bytes into `dst` + signal (offset 0 of `signal`), value i + 1.
+// pong false: one-sided; steps_ns (device, 3 * iters) gets per round the time to store and fence
+// the bytes, to store and fence the signal, and to tell the host (kDirect). pong true: ping-pong,
+// the peer's kernel (run_direct_pong) waits for each signal in its own word and answers;
+// steps_ns[3i] gets the round trip. `mine`: this side's signal word (device memory).
+std::string run_direct_ping(const DeviceHandle& h, unsigned char* src, DeviceWindow dst, DeviceWindow signal,
+                            const uint64_t* mine, int iters, bool pong, uint64_t* steps_ns, int* result);
+std::string run_direct_pong(const DeviceHandle& h, unsigned char* src, DeviceWindow dst, DeviceWindow signal,
+                            const uint64_t* mine, int iters, int* result);
+
+// A one-block kernel that spins on the current device, on a stream of its own, until stop_spinner()
+// or `max_ns` (the kernel's clock) have passed; start_spinner returns once it runs. stop_spinner
+// waits for it; *stopped: true when it ended because it was told, false when its time ran out.
+std::string start_spinner(uint64_t max_ns);
+std::string stop_spinner(bool* stopped);
+
 // Device memory helpers (cudaSetDevice, cudaMalloc / cudaMemcpy / cudaFree), for the tests' results.
 std::string set_device(int device);
 void* device_alloc(uint64_t bytes);

@@ -7,18 +7,28 @@
 // atomics on host memory here).
 #include <fmt/format.h>
 
+#include <cstring>
 #include <vector>
 
 #include "device/channel.h"
 #include "engine/endpoint/endpoint_impl.h"
+#include "transport/cuda_ipc/cuda_ipc.h"
 
 namespace dmx {
+
+namespace {
+constexpr size_t kMaxWindows = 64;  // imported per endpoint
+}  // namespace
 
 struct DeviceLink {
   DeviceHandleOptions options;
   Buffer host;     // ring, then control
   Buffer tickets;  // device memory
   DeviceHandle handle;
+  // Direct puts: the IPC handles of the regions this side exported (made once per allocation),
+  // and the peer's regions mapped here. Under device_mu_.
+  std::unique_ptr<cuda_ipc::Exporter> exporter;
+  std::vector<std::unique_ptr<cuda_ipc::MappedWindow>> windows;
   std::unique_ptr<device::Channel> channel;  // after the buffers: destroyed before them
   ~DeviceLink() { channel.reset(); }
 };
@@ -111,6 +121,68 @@ Result<DeviceHandle> EndpointImpl::device_handle(const DeviceHandleOptions& o) {
   link->channel->start();
   device_link_ = link;
   return link->handle;
+}
+
+Result<std::vector<unsigned char>> EndpointImpl::export_device_window(const MemRegion& region) {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (!device_link_)
+    return Status(Code::kInvalidArgument, "export_device_window: make this endpoint's device_handle first")
+        .with_peer(session_.peer);
+  DMX_RETURN_IF_ERROR(health());
+  if (region.where.kind != MemKind::kCuda || region.ptr == nullptr || region.size == 0)
+    return Status(Code::kInvalidArgument, "export_device_window: the region must be CUDA device memory, not empty");
+  if (!device_link_->exporter) device_link_->exporter = std::make_unique<cuda_ipc::Exporter>();
+  DMX_ASSIGN_OR_RETURN(cuda_ipc::IpcDescriptor d, device_link_->exporter->export_region(region));
+  if (d.kind != cuda_ipc::IpcDescriptor::Kind::kIpcHandle)
+    return Status(Code::kUnavailable, "export_device_window: the region is a cuMem allocation; device windows take "
+                                      "cudaMalloc memory (a legacy IPC handle)");
+  if (d.length != region.size)
+    return Status(Code::kOutOfRange, fmt::format("export_device_window: {} B at {} runs past its allocation",
+                                                 region.size, region.ptr));
+  std::vector<std::byte> wire = d.encode();
+  std::vector<unsigned char> out(wire.size());
+  std::memcpy(out.data(), wire.data(), wire.size());
+  return out;
+}
+
+Result<DeviceWindow> EndpointImpl::import_device_window(std::span<const unsigned char> bytes) {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (!device_link_)
+    return Status(Code::kInvalidArgument, "import_device_window: make this endpoint's device_handle first")
+        .with_peer(session_.peer);
+  DMX_RETURN_IF_ERROR(health());
+  if (device_link_->windows.size() >= kMaxWindows)
+    return Status(Code::kResourceExhausted,
+                  fmt::format("import_device_window: this endpoint already maps {} windows", kMaxWindows))
+        .with_peer(session_.peer);
+  auto d = cuda_ipc::IpcDescriptor::decode(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));
+  if (!d.ok())
+    return Status(Code::kProtocol, "import_device_window: not a device window: " + d.status().message())
+        .with_peer(session_.peer);
+  auto w = cuda_ipc::MappedWindow::open(*d, device_link_->options.device);
+  if (!w.ok()) return w.status().with_peer(session_.peer);
+  DeviceWindow out{reinterpret_cast<uint64_t>((*w)->data()), (*w)->size()};
+  device_link_->windows.push_back(std::move(*w));
+  return out;
+}
+
+void EndpointImpl::device_stats(EndpointStats* s) const {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (!device_link_ || !device_link_->channel) return;
+  device::Channel::Stats c = device_link_->channel->stats();
+  s->device_direct_puts = c.direct;
+  s->device_direct_bytes = c.direct_bytes;
+}
+
+Result<std::vector<unsigned char>> Endpoint::export_device_window(const MemRegion& region) {
+  if (!impl_) return Status(Code::kInvalidArgument, "export_device_window on an empty Endpoint");
+  return impl_->export_device_window(region);
+}
+
+Result<DeviceWindow> Endpoint::import_device_window(std::span<const unsigned char> bytes) {
+  if (!impl_) return Status(Code::kInvalidArgument, "import_device_window on an empty Endpoint");
+  return impl_->import_device_window(bytes);
 }
 
 Result<DeviceHandle> Endpoint::device_handle(const DeviceHandleOptions& options) {

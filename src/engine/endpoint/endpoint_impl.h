@@ -92,6 +92,9 @@ class EndpointImpl final : public stream::StreamHost,
   EndpointStats stats() const;
   Status health() const;
   Result<DeviceHandle> device_handle(const DeviceHandleOptions& options);  // endpoint/device.cc
+  Result<std::vector<unsigned char>> export_device_window(const MemRegion& region);  // endpoint/device.cc
+  Result<DeviceWindow> import_device_window(std::span<const unsigned char> bytes);  // endpoint/device.cc
+  void device_stats(EndpointStats* s) const;                                         // endpoint/device.cc
   const std::string& peer() const { return session_.peer; }
   const Session& session() const { return session_; }
   Status close();
@@ -481,7 +484,7 @@ class EndpointImpl final : public stream::StreamHost,
 
   // Kernel-initiated operations (endpoint/device.cc). Last: destroyed first, its thread stopped
   // before anything it posts on goes.
-  std::mutex device_mu_;  // device_link_
+  mutable std::mutex device_mu_;  // device_link_
   std::shared_ptr<DeviceLink> device_link_;
 };
 

@@ -391,6 +391,7 @@ EndpointStats EndpointImpl::stats() const {
   s.transport = session_.transport;
   s.reason = session_.reason;
   s.gpu_push = "staged send: " + params_.push_tx.why + "; staged receive: " + params_.push_rx.why;
+  device_stats(&s);
   s.control_stream = streams_.empty() ? "" : streams_[0]->conduit_kind();
   s.peer = session_.peer;
   s.streams = static_cast<uint32_t>(streams_.size());

@@ -128,4 +128,14 @@ Status launch_crc32c(const void* data, size_t n, uint32_t* scratch, void* stream
   return Status();
 }
 
+Status preload_crc32c() {
+  cudaFuncAttributes attr{};
+  cudaError_t err = cudaFuncGetAttributes(&attr, crc32c_kernel);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status(Code::kUnavailable, std::string("the crc32c kernel cannot be loaded: ") + cudaGetErrorString(err));
+  }
+  return Status();
+}
+
 }  // namespace dmx::cuda

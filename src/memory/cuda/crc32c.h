@@ -13,4 +13,7 @@ namespace dmx::cuda {
 // CRC32C of [data, data + n), by all SMs. Launch errors only.
 Status launch_crc32c(const void* data, size_t n, uint32_t* scratch, void* stream);
 
+// Loads the CRC kernel on the current device now (as preload_push_copy in push.h, and why).
+Status preload_crc32c();
+
 }  // namespace dmx::cuda

@@ -45,4 +45,15 @@ Status launch_push_copy(void* dst, const void* src, size_t n, void* stream) {
   return Status();
 }
 
+Status preload_push_copy() {
+  cudaFuncAttributes attr{};
+  cudaError_t err = cudaFuncGetAttributes(&attr, push_copy);  // loads it (CUDA guide, "Lazy Loading")
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status(Code::kUnavailable, std::string("the push copy kernel cannot be loaded: ") + cudaGetErrorName(err) +
+                                          " (" + cudaGetErrorString(err) + ")");
+  }
+  return Status();
+}
+
 }  // namespace dmx::cuda

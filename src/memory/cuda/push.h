@@ -20,4 +20,11 @@ inline constexpr size_t kPushCopyMax = size_t{1} << 20;
 // Launch errors only.
 Status launch_push_copy(void* dst, const void* src, size_t n, void* stream);
 
+// Loads the SM copy kernel on the current device now. Under lazy loading (the default since CUDA
+// 12.2) a kernel's first launch loads it, and that may wait for the device to be idle: with a
+// kernel of the user's spinning until a transfer lands, the transfer's first push would wait for
+// that kernel, and the kernel for the transfer. The backend preloads when it is made, before any
+// such kernel can run. Errors: the kernel cannot run on this device (no image for it).
+Status preload_push_copy();
+
 }  // namespace dmx::cuda

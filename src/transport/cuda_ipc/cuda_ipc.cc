@@ -588,4 +588,17 @@ Result<std::unique_ptr<CopyEngine>> CopyEngine::create(const Options& options) {
   return std::unique_ptr<CopyEngine>(std::move(engine));
 }
 
+Result<std::unique_ptr<MappedWindow>> MappedWindow::open(const IpcDescriptor& desc, int device) {
+  if (desc.kind != IpcDescriptor::Kind::kIpcHandle)
+    return Status(Code::kUnavailable, "a device window must be cudaMalloc memory (a legacy IPC handle); this is a cuMem "
+                                      "allocation");
+  if (desc.owner_pid == ::getpid())
+    return Status(Code::kUnavailable, "a device window names this process: CUDA IPC cannot map it here (a kernel of "
+                                      "this process can store to the memory itself)");
+  DMX_ASSIGN_OR_RETURN(void* base, Mappings::get().open(desc, device));
+  return std::unique_ptr<MappedWindow>(new MappedWindow(base, desc.offset, desc.length));
+}
+
+MappedWindow::~MappedWindow() { Mappings::get().close(base_); }
+
 }  // namespace dmx::cuda_ipc

@@ -195,6 +195,28 @@ class ImportCache {
   Stats stats_;
 };
 
+// A peer's region mapped into this process for kernels that store into it themselves (direct
+// puts, dmx/device.cuh; docs/gpu-push.md), from the descriptor the owner's Exporter made. Legacy IPC
+// handles only (cudaMalloc memory; a cuMem fd would need the side channel), and only from another
+// process. The mapping is shared with the copy engines' (one per handle in the process) and
+// closed when the last user lets go. Thread-safe (the process-wide table locks).
+class MappedWindow {
+ public:
+  // Maps `desc` (untrusted: decoded and checked by IpcDescriptor::decode; the handle's size is
+  // checked against the driver's) for `device`'s kernels, peer access enabled as needed.
+  static Result<std::unique_ptr<MappedWindow>> open(const IpcDescriptor& desc, int device);
+  ~MappedWindow();
+  MappedWindow(const MappedWindow&) = delete;
+  MappedWindow& operator=(const MappedWindow&) = delete;
+  void* data() const { return static_cast<char*>(base_) + offset_; }  // the region's first byte
+  uint64_t size() const { return size_; }
+
+ private:
+  MappedWindow(void* base, uint64_t offset, uint64_t size) : base_(base), offset_(offset), size_(size) {}
+  void* base_;  // the allocation's mapping
+  uint64_t offset_, size_;
+};
+
 struct CopyCompletion {
   uint64_t op = 0;
   Status status;

@@ -20,5 +20,7 @@ size_t Exporter::sweep(size_t) {
 }
 Result<int> device_by_uuid(const std::array<uint8_t, 16>&) { return no_cuda(); }
 Result<std::unique_ptr<CopyEngine>> CopyEngine::create(const Options&) { return no_cuda(); }
+Result<std::unique_ptr<MappedWindow>> MappedWindow::open(const IpcDescriptor&, int) { return no_cuda(); }
+MappedWindow::~MappedWindow() = default;
 
 }  // namespace dmx::cuda_ipc
