@@ -313,7 +313,9 @@ Result<GpuBuffer> Placement::back(Allocation a, const std::string& owner, uint64
     arena = live;
   }
   if (arena.base != nullptr) b.data_ = static_cast<char*>(arena.base) + a.offset;
-  if (reinterpret_cast<uintptr_t>(b.data_) % align != 0)
+  // The offset is aligned; the address is where asked for more than the pool's own granule (the
+  // arena's alignment is the allocator's: cudaMalloc's are 2 MiB for large ones).
+  if (align > Orchestrator::kAlign && reinterpret_cast<uintptr_t>(b.data_) % align != 0)
     return Status(Code::kUnavailable, fmt::format("GPU pool {} for {}: its memory at {} is not aligned to {} bytes",
                                                   b.pool_, owner, b.data_, align));
   return b;
