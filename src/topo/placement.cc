@@ -243,7 +243,8 @@ Result<GpuBuffer> Placement::allocate_gpu(std::span<const std::string> clients, 
 Result<GpuBuffer> Placement::grow(int pci, uint64_t bytes, const std::string& owner, uint64_t align) {
   GpuArena base;
   std::string base_name;
-  for (const auto& u : orch_.usage())
+  std::vector<PoolUsage> pools = orch_.usage();
+  for (const auto& u : pools)
     if (u.desc.kind == PoolKind::kGpu && u.desc.pci == pci && base_name.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto it = arenas_.find(u.id); it != arenas_.end() && !it->second.extent) {
@@ -252,11 +253,9 @@ Result<GpuBuffer> Placement::grow(int pci, uint64_t bytes, const std::string& ow
       }
     }
   bool memory;
-  uint64_t n;
   {
     std::lock_guard<std::mutex> lock(mu_);
     memory = static_cast<bool>(gpu_memory_.allocate);
-    n = ++extents_;
   }
   if (base_name.empty() || !memory || base.ordinal < 0)
     return Status(Code::kResourceExhausted,
@@ -265,15 +264,17 @@ Result<GpuBuffer> Placement::grow(int pci, uint64_t bytes, const std::string& ow
                               owner, base_name.empty() ? topo_->devices[static_cast<size_t>(pci)].addr.to_string() : base_name,
                               bytes, !memory ? "it keeps books only: no CUDA here" : "not a CUDA device here"));
   const PciDevice& d = topo_->devices[static_cast<size_t>(pci)];
+  uint64_t n;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    n = ++extents_;
+  }
   DMX_ASSIGN_OR_RETURN(Allocation a, orch_.publish_allocated({fmt::format("{} extent {}", base_name, n), PoolKind::kGpu,
                                                               pci, d.numa_node, 0, nullptr},
                                                              bytes, owner));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    uint64_t capacity = 0;
-    for (const auto& u : orch_.usage())
-      if (u.id == a.pool) capacity = u.desc.capacity;
-    arenas_[a.pool] = GpuArena{base.ordinal, capacity, nullptr, {}, /*extent=*/true};
+    arenas_[a.pool] = GpuArena{base.ordinal, a.size, nullptr, {}, /*extent=*/true};  // the extent is its booking
   }
   DMX_LOG_DEBUG("placement: GPU pool {} grows by an extent of {} bytes for {}", base_name, a.size, owner);
   return back(a, owner, align);
