@@ -7,7 +7,6 @@
 namespace dmx::topo {
 
 namespace {
-constexpr uint64_t kAlign = 64;
 constexpr int kUnknownNumaPenalty = 10;
 }  // namespace
 
@@ -38,6 +37,23 @@ Result<PoolId> Orchestrator::publish(PoolDesc desc) {
   p.free_ranges[0] = p.usage.desc.capacity;
   pools_.emplace(id, std::move(p));
   return id;
+}
+
+Result<Allocation> Orchestrator::publish_allocated(PoolDesc desc, uint64_t bytes, std::string owner) {
+  if (bytes == 0 || bytes > UINT64_MAX - kAlign)
+    return Status(Code::kInvalidArgument, fmt::format("pool {}: {} bytes", desc.name, bytes));
+  desc.capacity = (bytes + kAlign - 1) / kAlign * kAlign;
+  if (desc.kind != PoolKind::kPinnedHost && (desc.pci < 0 || desc.pci >= static_cast<int>(topo_->devices.size())))
+    return Status(Code::kInvalidArgument,
+                  fmt::format("pool {}: device index {} is not in the topology", desc.name, desc.pci));
+  std::lock_guard lock(mu_);
+  PoolId id = next_id_++;
+  Pool p;
+  p.usage.id = id;
+  p.usage.desc = std::move(desc);
+  p.free_ranges[0] = p.usage.desc.capacity;
+  pools_.emplace(id, std::move(p));
+  return take_locked(id, bytes, std::move(owner), kAlign);
 }
 
 Status Orchestrator::unpublish(PoolId id) {
@@ -124,18 +140,26 @@ Result<std::vector<Candidate>> Orchestrator::find_many(std::span<const int> clie
   return candidates_locked(clients, bytes, kinds, nullptr);
 }
 
-Result<Allocation> Orchestrator::take_locked(PoolId id, uint64_t bytes, std::string owner) {
+Result<Allocation> Orchestrator::take_locked(PoolId id, uint64_t bytes, std::string owner, uint64_t align) {
   Pool& p = pools_.at(id);
+  if (align < kAlign || (align & (align - 1)) != 0)
+    return Status(Code::kInvalidArgument, fmt::format("allocate: alignment {} is not a power of two >= {}", align, kAlign));
+  if (bytes > UINT64_MAX - align) return Status(Code::kInvalidArgument, fmt::format("allocate: {} bytes", bytes));
   uint64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
   for (auto it = p.free_ranges.begin(); it != p.free_ranges.end(); ++it) {
-    if (it->second < need && !(it->second >= bytes && it->first + it->second == p.usage.desc.capacity)) continue;
-    uint64_t take = std::min(need, it->second);
-    Allocation a{id, it->first, take, nullptr};
+    const uint64_t start = it->first, len = it->second;
+    if (start > UINT64_MAX - align) continue;
+    const uint64_t at = (start + align - 1) / align * align;
+    const uint64_t skip = at - start;
+    if (skip >= len) continue;
+    const uint64_t room = len - skip;
+    if (room < need && !(room >= bytes && start + len == p.usage.desc.capacity)) continue;
+    uint64_t take = std::min(need, room);
+    Allocation a{id, at, take, nullptr};
     if (p.usage.desc.base != nullptr) a.ptr = static_cast<char*>(p.usage.desc.base) + a.offset;
-    uint64_t rest = it->second - take;
-    uint64_t next = it->first + take;
     p.free_ranges.erase(it);
-    if (rest > 0) p.free_ranges[next] = rest;
+    if (skip > 0) p.free_ranges[start] = skip;  // the front stays free
+    if (room > take) p.free_ranges[at + take] = room - take;
     p.usage.used += take;
     p.usage.peak = std::max(p.usage.peak, p.usage.used);
     ++p.usage.allocations;
@@ -149,13 +173,13 @@ Result<Allocation> Orchestrator::take_locked(PoolId id, uint64_t bytes, std::str
                 fmt::format("pool {} has no free range of {} bytes", p.usage.desc.name, bytes));
 }
 
-Result<Allocation> Orchestrator::allocate_from(PoolId id, uint64_t bytes, std::string owner) {
+Result<Allocation> Orchestrator::allocate_from(PoolId id, uint64_t bytes, std::string owner, uint64_t align) {
   if (bytes == 0) return Status(Code::kInvalidArgument, "allocate: zero bytes");
   std::lock_guard lock(mu_);
   auto it = pools_.find(id);
   if (it == pools_.end() || !it->second.usage.published)
     return Status(Code::kNotFound, fmt::format("pool {} is not published", id));
-  return take_locked(id, bytes, std::move(owner));
+  return take_locked(id, bytes, std::move(owner), align);
 }
 
 Result<Allocation> Orchestrator::allocate(std::span<const int> clients, uint64_t bytes, std::string owner,
@@ -171,7 +195,7 @@ Result<Allocation> Orchestrator::allocate(std::span<const int> clients, uint64_t
     return Status(Code::kResourceExhausted,
                   fmt::format("no published pool can serve {} bytes to these clients{}", bytes,
                               refusals.empty() ? std::string(" (no pools)") : refusals));
-  return take_locked(c.front().pool, bytes, std::move(owner));
+  return take_locked(c.front().pool, bytes, std::move(owner), kAlign);
 }
 
 Status Orchestrator::free(const Allocation& a) {
@@ -255,7 +279,7 @@ Result<Allocation> Orchestrator::allocate_staging(int cuda_device, uint64_t byte
   }
   std::stable_sort(order.begin(), order.end());
   for (const auto& [distance, id] : order) {
-    auto a = take_locked(id, bytes, owner);
+    auto a = take_locked(id, bytes, owner, kAlign);
     if (a.ok()) return a;
   }
   return Status(

@@ -74,10 +74,16 @@ struct PoolUsage {
 
 class Orchestrator {
  public:
+  static constexpr uint64_t kAlign = 64;  // every allocation's offset and size are multiples of it
+
   explicit Orchestrator(std::shared_ptr<const Topology> topo);
 
   // Registers a pool. kInvalidArgument for a zero capacity or a device index outside the topology.
   Result<PoolId> publish(PoolDesc desc);
+  // Publishes a pool of exactly `bytes` (rounded up to kAlign) and allocates all of it to `owner`
+  // under one lock, so no other request sees it with room: an extent made for one request
+  // (Placement grows a GPU pool this way). Unpublish it before freeing, and it is forgotten then.
+  Result<Allocation> publish_allocated(PoolDesc desc, uint64_t bytes, std::string owner);
   // Hides a pool from new requests; live allocations stay valid and are freed as usual. The pool
   // is forgotten when its last allocation is freed. kNotFound for an unknown id.
   Status unpublish(PoolId id);
@@ -90,8 +96,10 @@ class Orchestrator {
   // pools considered and why each was refused.
   Result<Allocation> allocate(std::span<const int> clients, uint64_t bytes, std::string owner = {},
                               PoolKinds kinds = kAnyPool);
-  // Allocates from pool `id` (a caller that ranked the candidates itself and tries them in turn).
-  Result<Allocation> allocate_from(PoolId id, uint64_t bytes, std::string owner = {});
+  // Allocates from pool `id` (a caller that ranked the candidates itself and tries them in turn),
+  // at an offset that is a multiple of `align` (a power of two, at least kAlign; memory exported
+  // as a dma-buf wants whole pages). kInvalidArgument for another alignment.
+  Result<Allocation> allocate_from(PoolId id, uint64_t bytes, std::string owner = {}, uint64_t align = kAlign);
   Status free(const Allocation& a);
 
   // Staging for the TCP path: pinned host memory on the NUMA node closest to CUDA device
@@ -116,7 +124,7 @@ class Orchestrator {
   int distance_to(const Pool& p, std::span<const int> clients, std::string* why) const;
   std::vector<Candidate> candidates_locked(std::span<const int> clients, uint64_t bytes, PoolKinds kinds,
                                           std::string* refusals) const;
-  Result<Allocation> take_locked(PoolId id, uint64_t bytes, std::string owner);
+  Result<Allocation> take_locked(PoolId id, uint64_t bytes, std::string owner, uint64_t align);
 
   std::shared_ptr<const Topology> topo_;
   mutable std::mutex mu_;  // guards pools_ and next_id_

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include <fmt/format.h>
@@ -115,7 +116,21 @@ Result<std::vector<int>> Placement::resolve(std::span<const std::string> clients
 
 void Placement::give_back(const Allocation& a) {
   if (a.size == 0) return;
+  GpuArena extent;
+  DeviceMemory mem;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = arenas_.find(a.pool); it != arenas_.end() && it->second.extent) {
+      extent = it->second;
+      arenas_.erase(it);
+      mem = gpu_memory_;
+    }
+  }
+  // An extent's one booking: unpublished first, so that nobody takes it once freed (it is then
+  // forgotten), and its memory goes back to the GPU.
+  if (extent.extent) (void)orch_.unpublish(a.pool);
   if (Status s = orch_.free(a); !s.ok()) DMX_LOG_ERROR("placement: {}", s.to_string());
+  if (extent.base != nullptr && mem.free) mem.free(extent.ordinal, extent.base, extent.bytes);
 }
 
 int Placement::stage(int cuda_device, uint64_t bytes, const std::string& owner, Allocation* booked) {
@@ -194,10 +209,79 @@ Result<P2pmemBuffer> Placement::allocate_p2pmem(std::span<const std::string> cli
                 fmt::format("p2pmem of {} bytes for {}: every reachable BAR refused{}", len, owner, tried));
 }
 
-Result<GpuBuffer> Placement::allocate_gpu(std::span<const std::string> clients, uint64_t bytes, std::string owner) {
+Result<GpuBuffer> Placement::allocate_gpu(std::span<const std::string> clients, uint64_t bytes, std::string owner,
+                                          GpuRequest how) {
   if (bytes == 0) return Status(Code::kInvalidArgument, "allocate_gpu: zero bytes");
   DMX_ASSIGN_OR_RETURN(std::vector<int> idx, resolve(clients));
-  DMX_ASSIGN_OR_RETURN(Allocation a, orch_.allocate(idx, bytes, owner, kind_bit(PoolKind::kGpu)));
+  if (!how.grow && how.align == Orchestrator::kAlign) {
+    DMX_ASSIGN_OR_RETURN(Allocation a, orch_.allocate(idx, bytes, owner, kind_bit(PoolKind::kGpu)));
+    return back(a, owner, how.align);
+  }
+  // Every GPU pool the clients reach, nearest first, room or not.
+  DMX_ASSIGN_OR_RETURN(std::vector<Candidate> cands, orch_.find_many(idx, 0, kind_bit(PoolKind::kGpu)));
+  std::map<PoolId, int> pci;
+  for (const auto& u : orch_.usage()) pci[u.id] = u.desc.pci;
+  std::string refusals;
+  for (const Candidate& c : cands) {
+    if (how.grow && pci[c.pool] != pci[cands.front().pool]) continue;  // the nearest GPU only
+    auto a = orch_.allocate_from(c.pool, bytes, owner, how.align);
+    if (a.ok()) return back(*a, owner, how.align);
+    refusals += "; " + a.status().message();
+  }
+  if (cands.empty()) {  // let the orchestrator say why each pool was refused
+    auto a = orch_.allocate(idx, bytes, owner, kind_bit(PoolKind::kGpu));
+    if (a.ok()) give_back(*a);
+    return Status(Code::kResourceExhausted, fmt::format("GPU memory for {}: {}", owner,
+                                                        a.ok() ? "no published GPU pool" : a.status().message()));
+  }
+  if (how.grow) return grow(pci[cands.front().pool], bytes, owner, how.align);
+  return Status(Code::kResourceExhausted, fmt::format("GPU memory for {}: no pool has {} bytes at alignment {}{}", owner,
+                                                      bytes, how.align, refusals));
+}
+
+// An extent of GPU `pci` for one request: its own pool and arena, forgotten when the request lets go.
+Result<GpuBuffer> Placement::grow(int pci, uint64_t bytes, const std::string& owner, uint64_t align) {
+  GpuArena base;
+  std::string base_name;
+  std::vector<PoolUsage> pools = orch_.usage();
+  for (const auto& u : pools)
+    if (u.desc.kind == PoolKind::kGpu && u.desc.pci == pci && base_name.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = arenas_.find(u.id); it != arenas_.end() && !it->second.extent) {
+        base = it->second;
+        base_name = u.desc.name;
+      }
+    }
+  bool memory;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    memory = static_cast<bool>(gpu_memory_.allocate);
+  }
+  if (base_name.empty() || !memory || base.ordinal < 0)
+    return Status(Code::kResourceExhausted,
+                  fmt::format("GPU memory for {}: the GPU pool {} has no {} bytes free in one piece, and it cannot grow "
+                              "({})",
+                              owner, base_name.empty() ? topo_->devices[static_cast<size_t>(pci)].addr.to_string() : base_name,
+                              bytes, !memory ? "it keeps books only: no CUDA here" : "not a CUDA device here"));
+  const PciDevice& d = topo_->devices[static_cast<size_t>(pci)];
+  uint64_t n;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    n = ++extents_;
+  }
+  DMX_ASSIGN_OR_RETURN(Allocation a, orch_.publish_allocated({fmt::format("{} extent {}", base_name, n), PoolKind::kGpu,
+                                                              pci, d.numa_node, 0, nullptr},
+                                                             bytes, owner));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arenas_[a.pool] = GpuArena{base.ordinal, a.size, nullptr, {}, /*extent=*/true};  // the extent is its booking
+  }
+  DMX_LOG_DEBUG("placement: GPU pool {} grows by an extent of {} bytes for {}", base_name, a.size, owner);
+  return back(a, owner, align);
+}
+
+// A booking in a GPU pool, with the pool's memory behind it (the arena on its first use).
+Result<GpuBuffer> Placement::back(Allocation a, const std::string& owner, uint64_t align) {
   GpuBuffer b;
   b.owner_ = shared_from_this();
   b.booking_ = a;
@@ -230,36 +314,37 @@ Result<GpuBuffer> Placement::allocate_gpu(std::span<const std::string> clients, 
     arena = live;
   }
   if (arena.base != nullptr) b.data_ = static_cast<char*>(arena.base) + a.offset;
+  // The offset is aligned; the address is where asked for more than the pool's own granule (the
+  // arena's alignment is the allocator's: cudaMalloc's are 2 MiB for large ones).
+  if (align > Orchestrator::kAlign && reinterpret_cast<uintptr_t>(b.data_) % align != 0)
+    return Status(Code::kUnavailable, fmt::format("GPU pool {} for {}: its memory at {} is not aligned to {} bytes",
+                                                  b.pool_, owner, b.data_, align));
   return b;
 }
 
-Result<GpuBuffer> Placement::allocate_landing(const std::string& nic, int cuda_device, uint64_t bytes,
-                                             std::string owner) {
+Result<GpuBuffer> Placement::allocate_nic_memory(const std::string& nic, int cuda_device, uint64_t bytes,
+                                                 std::string owner, uint64_t align) {
   const Topology& t = *topo_;
   int n = t.nic_by_name(nic);
   if (n < 0 || t.nics[static_cast<size_t>(n)].pci < 0)
     return Status(Code::kInvalidArgument,
-                  fmt::format("landing zone for {}: {} is not a PCI network function of {}", owner, nic, t.root));
+                  fmt::format("{}: {} is not a PCI network function of {}", owner, nic, t.root));
   int gpu = t.device_of_cuda(cuda_device);
   if (gpu < 0 && t.cuda.devices.empty() && cuda_device >= 0 && static_cast<size_t>(cuda_device) < t.gpus.size())
     gpu = t.gpus[static_cast<size_t>(cuda_device)];  // no overlay: CUDA's PCI order, as publish_all names them
   if (gpu < 0)
-    return Status(Code::kInvalidArgument,
-                  fmt::format("landing zone for {}: cuda:{} is not a GPU of {}", owner, cuda_device, t.root));
+    return Status(Code::kInvalidArgument, fmt::format("{}: cuda:{} is not a GPU of {}", owner, cuda_device, t.root));
   std::string clients[] = {t.devices[static_cast<size_t>(t.nics[static_cast<size_t>(n)].pci)].addr.to_string(),
                            t.devices[static_cast<size_t>(gpu)].addr.to_string()};
-  Result<GpuBuffer> got = allocate_gpu(clients, bytes, owner);
-  if (!got.ok())
-    return Status(got.status().code(), fmt::format("landing zone for {}: {}", owner, got.status().message()));
+  Result<GpuBuffer> got = allocate_gpu(clients, bytes, owner, GpuRequest{align, /*grow=*/true});
+  if (!got.ok()) return Status(got.status().code(), fmt::format("{}: {}", owner, got.status().message()));
   GpuBuffer b = std::move(*got);
   if (b.cuda_device() != cuda_device)
     return Status(Code::kUnavailable,
-                  fmt::format("landing zone for {}: the GPU pool nearest {} and cuda:{} is {}, which the gatherer on "
-                              "cuda:{} cannot write",
+                  fmt::format("{}: the GPU pool nearest {} and cuda:{} is {}, which the gatherer on cuda:{} cannot use",
                               owner, nic, cuda_device, b.pool(), cuda_device));
   if (b.data() == nullptr)
-    return Status(Code::kUnavailable,
-                  fmt::format("landing zone for {}: GPU pool {} keeps books only (no CUDA here)", owner, b.pool()));
+    return Status(Code::kUnavailable, fmt::format("{}: GPU pool {} keeps books only (no CUDA here)", owner, b.pool()));
   return b;
 }
 

@@ -5,12 +5,14 @@
 //   - GPU memory, one pool per GPU in the topology (gpu_pool_bytes), with real memory behind it
 //     when the engine gave a DeviceMemory hook (CUDA present): the pool's arena is allocated on
 //     its first use, so a context that never asks costs the GPU nothing. Without it the pool only
-//     keeps books (Allocation::ptr is null);
+//     keeps books (Allocation::ptr is null). A request that may grow the pool (NIC memory) and
+//     does not fit gets an extent: one more pool of that GPU, exactly its size, with its own
+//     arena, published while the request holds it and freed with it;
 //   - p2pmem BARs that sysfs lists as published, sized by the kernel's `available`, allocated
 //     through the kernel (p2pmem.h) when asked.
 // Requests are ranked by the P2PDMA rule (orchestrator.h): TCP staging takes the host pool
-// nearest the GPU it serves; a landing zone the GPU pool nearest its NIC and GPU; p2pmem the BAR
-// nearest all its clients.
+// nearest the GPU it serves; devmem's memory (RX pool, TX ring, zcrx area, landing zone) the GPU
+// pool nearest its NIC and GPU; p2pmem the BAR nearest all its clients.
 // Thread-safety: every method is safe from any thread. Lifetime: a P2pmemBuffer or GpuBuffer
 // keeps its Placement alive until it is destroyed.
 #pragma once
@@ -85,6 +87,15 @@ class GpuBuffer {
   std::string pool_;
 };
 
+// How a GPU request is served: `align` (a power of two, at least Orchestrator::kAlign) for the
+// buffer's offset in its pool and its address (memory exported as a dma-buf: whole pages);
+// `grow`: when the nearest GPU pool has no room, an extent of that GPU (placement.h's opening)
+// rather than a farther pool.
+struct GpuRequest {
+  uint64_t align = Orchestrator::kAlign;
+  bool grow = false;
+};
+
 // How the engine gives GPU pools real memory (CUDA present): allocate `bytes` on CUDA device
 // `ordinal`, and free it. Both run with no lock of the placement held.
 struct DeviceMemory {
@@ -122,17 +133,21 @@ class Placement : public std::enable_shared_from_this<Placement> {
   Result<P2pmemBuffer> allocate_p2pmem(std::span<const std::string> clients, uint64_t bytes, std::string owner);
 
   // `bytes` of GPU memory from the GPU pool nearest to every device in `clients` (as above).
-  // Errors as allocate_p2pmem's; kUnavailable when the pool's arena could not be allocated.
-  Result<GpuBuffer> allocate_gpu(std::span<const std::string> clients, uint64_t bytes, std::string owner);
+  // Errors as allocate_p2pmem's; kUnavailable when the pool's arena could not be allocated, or its
+  // memory is not `how.align`-aligned.
+  Result<GpuBuffer> allocate_gpu(std::span<const std::string> clients, uint64_t bytes, std::string owner,
+                                 GpuRequest how = {});
 
-  // A landing zone: memory that receives through NIC `nic` (an interface name of the topology)
-  // land in before a gatherer on CUDA device `cuda_device` copies them on (devmem; the receive
-  // buffers of writes). `bytes` from the GPU pool nearest to the NIC and that GPU by the P2PDMA
-  // rule, booked to `owner`. Errors: kInvalidArgument for a NIC or GPU the topology lacks;
-  // kUnavailable when the nearest pool is another GPU's (the gatherer writes only its own
-  // device's memory) or has no memory behind it (no CUDA); allocate_gpu's otherwise (a GPU the
-  // NIC cannot reach: kResourceExhausted with the reason).
-  Result<GpuBuffer> allocate_landing(const std::string& nic, int cuda_device, uint64_t bytes, std::string owner);
+  // Memory a NIC `nic` (an interface name of the topology) reaches for a devmem path whose
+  // gatherer and kernels run on CUDA device `cuda_device`: its RX pool, TX ring, zcrx area, or
+  // the landing zone receives land in before the gatherer copies them on. `bytes` from the GPU
+  // pool nearest to the NIC and that GPU by the P2PDMA rule (grown by an extent when it has no
+  // room), at `align`, booked to `owner`. Errors: kInvalidArgument for a NIC or GPU the topology
+  // lacks; kUnavailable when the nearest pool is another GPU's (the gatherer reads and writes
+  // only its own device's memory) or has no memory behind it (no CUDA); allocate_gpu's otherwise
+  // (a GPU the NIC cannot reach: kResourceExhausted with the reason).
+  Result<GpuBuffer> allocate_nic_memory(const std::string& nic, int cuda_device, uint64_t bytes, std::string owner,
+                                        uint64_t align = Orchestrator::kAlign);
 
   std::vector<PoolUsage> usage() const { return orch_.usage(); }
   const Topology& topology() const { return *topo_; }
@@ -152,15 +167,19 @@ class Placement : public std::enable_shared_from_this<Placement> {
     uint64_t bytes = 0;
     void* base = nullptr;
     std::string failed;  // why the arena could not be allocated (asked again on the next request)
+    bool extent = false; // made for one request: unpublished and freed with it
   };
+  Result<GpuBuffer> back(Allocation a, const std::string& owner, uint64_t align);
+  Result<GpuBuffer> grow(int pci, uint64_t bytes, const std::string& owner, uint64_t align);
 
   std::shared_ptr<const Topology> topo_;
   std::shared_ptr<P2pmemKernel> kernel_;
   Orchestrator orch_;
   const uint64_t gpu_pool_bytes_;
-  mutable std::mutex mu_;  // guards gpu_memory_, arenas_, bar_paths_; never held while calling out
+  mutable std::mutex mu_;  // guards gpu_memory_, arenas_, bar_paths_, extents_; never held while calling out
   DeviceMemory gpu_memory_;
   std::map<PoolId, GpuArena> arenas_;
+  uint64_t extents_ = 0;  // extents made so far (their names' numbers)
   std::map<PoolId, std::string> bar_paths_;  // p2pmem pool -> its allocate file
 };
 

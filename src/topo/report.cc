@@ -323,8 +323,10 @@ std::string kernel_side(const Topology& t, const PoolUsage& u) {
 }  // namespace
 
 std::string render_pools_text(const Topology& t, const std::vector<PoolUsage>& pools) {
-  std::string out = "\nMemory pools (published by the orchestrator; staging, landing zones and p2pmem are placed "
-                    "from the nearest by the P2PDMA rule)\n";
+  std::string out =
+      "\nMemory pools (published by the orchestrator; TCP staging, devmem's RX pool, TX rings, zcrx areas and "
+      "landing zones, and p2pmem are placed from the nearest by the P2PDMA rule, a GPU pool growing by an extent for "
+      "a request it has no room for; held by: this process's bookings)\n";
   if (pools.empty()) out += "  none\n";
   for (const PoolUsage& u : pools) {
     out += fmt::format("  {:<28} {:<11} {:<13} capacity {:>9}  used {:>9} in {} allocation(s){}{}\n", u.desc.name,

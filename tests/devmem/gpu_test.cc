@@ -183,8 +183,8 @@ TEST(Gpu, LandingZoneFromAGpuPoolHoldsWhatIsCopiedIn) {
   auto placement = topo::Placement::create(
       std::make_shared<const topo::Topology>(topo::testing::load("dual-socket-icelake")),
       std::make_shared<topo::testing::P2pmemDouble>(), cuda_hook, 64 << 20);
-  auto z = placement_landing([&]() -> Result<std::shared_ptr<topo::Placement>> { return placement; }, "ens1", 0)(
-      (16 << 20));
+  auto z = placement_memory([&]() -> Result<std::shared_ptr<topo::Placement>> { return placement; }, "ens1", 0,
+                            MemSpec{MemKind::kCuda, 0})(MemoryUse::kLanding, 16 << 20, "peer:1");
   ASSERT_TRUE(z.ok()) << z.status().to_string();
   EXPECT_EQ(z->region.where, (MemSpec{MemKind::kCuda, 0}));
   std::vector<uint8_t> data(z->region.size - 5), got(data.size());
@@ -196,6 +196,48 @@ TEST(Gpu, LandingZoneFromAGpuPoolHoldsWhatIsCopiedIn) {
   std::printf("landing zone: %s\n", z->where.c_str());
   z->keep.reset();
   for (const auto& u : placement->usage()) EXPECT_EQ(u.used, 0u) << u.desc.name;
+}
+
+// devmem's RX pool (256 MiB: the 64 MiB GPU pool grows by an extent) and TX ring from a GPU pool
+// with real CUDA memory: each is exported as a dma-buf of exactly its own pages (offset 0, its
+// size: what bind-rx and zcrx need), and the extent's memory goes back when it is let go.
+TEST(Gpu, DevmemPoolAndRingFromAGpuPoolExportAsWholePages) {
+  DMX_SKIP_WITHOUT_GPU();
+  int allocations = 0, frees = 0;
+  topo::DeviceMemory cuda_hook{[&](int ordinal, uint64_t bytes) -> Result<void*> {
+                                 ++allocations;
+                                 DMX_ASSIGN_OR_RETURN(MemoryBackend * b, backend_for(MemSpec{MemKind::kCuda, ordinal}));
+                                 return b->allocate(bytes);
+                               },
+                               [&](int ordinal, void* p, uint64_t bytes) {
+                                 ++frees;
+                                 if (auto b = backend_for(MemSpec{MemKind::kCuda, ordinal}); b.ok()) (*b)->free(p, bytes);
+                               }};
+  {
+    auto placement = topo::Placement::create(
+        std::make_shared<const topo::Topology>(topo::testing::load("dual-socket-icelake")),
+        std::make_shared<topo::testing::P2pmemDouble>(), cuda_hook, 64 << 20);
+    auto place = placement_memory([&]() -> Result<std::shared_ptr<topo::Placement>> { return placement; }, "ens1", 0,
+                                  MemSpec{MemKind::kCuda, 0});
+    auto landing = place(MemoryUse::kLanding, (16 << 20) + 100, "peer:1");  // leaves the pool unaligned
+    ASSERT_TRUE(landing.ok()) << landing.status().to_string();
+    auto ring = place(MemoryUse::kTxRing, 32 << 20, "peer:1");
+    auto pool = place(MemoryUse::kRxPool, 256 << 20, "");
+    ASSERT_TRUE(ring.ok()) << ring.status().to_string();
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    EXPECT_NE(pool->where.find("extent"), std::string::npos) << pool->where;
+    for (const PlacedMemory* m : {&*ring, &*pool}) {
+      auto e = export_dmabuf(m->region);
+      ASSERT_TRUE(e.ok()) << m->where << ": " << e.status().to_string();
+      EXPECT_EQ(e->offset, 0u) << m->where;
+      EXPECT_EQ(e->size, m->region.size) << m->where;
+    }
+    std::printf("RX pool: %s\nTX ring: %s\n", pool->where.c_str(), ring->where.c_str());
+    EXPECT_EQ(allocations, 2) << "the pool's arena and the extent";
+    pool->keep.reset();
+    EXPECT_EQ(frees, 1) << "the extent goes back with the RX pool";
+  }
+  EXPECT_EQ(frees, 2);
 }
 
 // TX per registered region with real GPU memory: the region is exported and bound with bind-tx

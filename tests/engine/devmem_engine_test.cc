@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <thread>
 
@@ -20,6 +21,9 @@
 #include "engine/transport_setup.h"
 #include "transport/devmem/devmem_path.h"
 #include "transport/devmem/devmem_transport.h"
+#include "topo/p2pmem_double.h"
+#include "topo/placement.h"
+#include "topo/topo_fixture.h"
 
 namespace dmx::test {
 namespace {
@@ -137,7 +141,10 @@ struct Host {
 // read through a raw pointer (the factory lives in that context, so it cannot outlive it).
 enum class Wrap { kNone, kSimOnly, kPrefix, kLaneCounting, kStuckStop };
 
-Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kNone, SimNicOptions no = {}) {
+// `placement`: the host's machine, whose GPU pools the path's memory comes from (HostSeams::place);
+// null: the path's own memory.
+Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kNone, SimNicOptions no = {},
+               std::shared_ptr<topo::Placement> placement = nullptr) {
   Host h;
   no.seed = seed;
   h.nic = std::make_shared<SimNic>(no);
@@ -146,8 +153,13 @@ Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kN
   h.ctx = *c;
   ContextImpl* impl = h.ctx.impl().get();
   impl->register_transport(make_devmem_transport(
-      [nic = h.nic, wrap](UniqueFd fd, const Config& config, const std::string& peer) -> Result<std::unique_ptr<PayloadPath>> {
-        auto p = make_devmem_path(std::move(fd), config, peer, nic->seams());
+      [nic = h.nic, wrap, placement](UniqueFd fd, const Config& config,
+                                     const std::string& peer) -> Result<std::unique_ptr<PayloadPath>> {
+        devmem::HostSeams seams = nic->seams();
+        if (placement)  // the double's pools are host memory: GPU pools of host memory stand for them
+          seams.place = devmem::placement_memory([placement] { return Result<std::shared_ptr<topo::Placement>>(placement); },
+                                                 seams.ifname, 0, seams.memory);
+        auto p = make_devmem_path(std::move(fd), config, peer, std::move(seams));
         if (!p.ok() || wrap == Wrap::kNone) return p;
         if (wrap == Wrap::kPrefix) return std::unique_ptr<PayloadPath>(std::make_unique<PrefixPath>(std::move(*p)));
         if (wrap == Wrap::kLaneCounting)
@@ -166,10 +178,11 @@ struct DevmemPair {
   Endpoint client, server;
 };
 
-DevmemPair connect_devmem(Wrap wrap = Wrap::kNone, const Options& o = devmem_options(), SimNicOptions no = {}) {
+DevmemPair connect_devmem(Wrap wrap = Wrap::kNone, const Options& o = devmem_options(), SimNicOptions no = {},
+                          std::shared_ptr<topo::Placement> pa = nullptr, std::shared_ptr<topo::Placement> pb = nullptr) {
   DevmemPair p;
-  p.a = make_host(11, o, wrap, no);
-  p.b = make_host(22, o, wrap, no);
+  p.a = make_host(11, o, wrap, no, std::move(pa));
+  p.b = make_host(22, o, wrap, no, std::move(pb));
   auto l = p.a.ctx.listen("tcp://127.0.0.1:0");
   EXPECT_TRUE(l.ok()) << l.status().to_string();
   p.listener = std::move(*l);
@@ -381,6 +394,47 @@ TEST(DevmemEngineDouble, WriteAndReadByDevmem) {
   EXPECT_GE(devmem_bytes_received(p.client) - read_before, n) << "the read did not come by devmem";
 }
 
+// A vectored write's segments go by devmem like a plain write's (the Transfer gets the paths that
+// land writes), not inline on the stream: scattered multi-MiB segments into two registered
+// regions, byte exact, with one notification.
+TEST(DevmemEngineDouble, WriteVecByDevmem) {
+  DevmemPair p = connect_devmem();
+  constexpr uint64_t kSeg = (1u << 20) + 37;
+  Filled src = filled(kSim, 6 * kSeg);
+  Buffer d0 = poisoned(kSim, 4 * kSeg), d1 = poisoned(kSim, 4 * kSeg);
+  auto r0 = p.a.ctx.register_memory(d0.region());
+  auto r1 = p.a.ctx.register_memory(d1.region());
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  MemRegion local[] = {src.buf.region()};
+  RemoteRegion remote[] = {r0->remote(), r1->remote()};
+  // Six segments, none adjacent to the next on both sides (no merging into one plain write).
+  std::vector<IoEntry> entries;
+  for (uint64_t i = 0; i < 6; ++i)
+    entries.push_back(IoEntry{0, static_cast<uint32_t>(i % 2), (5 - i) * kSeg, (i / 2) * kSeg + (i % 3), kSeg - 3});
+  uint64_t total = 0;
+  for (const auto& e : entries) total += e.length;
+  uint64_t before = devmem_bytes_received(p.server);
+  uint64_t stream_before = inline_bytes_received(p.server);
+  OpOptions notify;
+  notify.notify = true;
+  notify.notify_value = 0x5EC;
+  Request w = p.client.write_vec(local, remote, entries, notify);
+  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
+  auto note = p.server.next_notification(10s);
+  ASSERT_TRUE(note.ok()) << note.status().to_string();
+  EXPECT_EQ(note->value, 0x5ECu);
+  EXPECT_EQ(note->length, total);
+  std::vector<std::vector<unsigned char>> want = {std::vector<unsigned char>(4 * kSeg, 0xA5),
+                                                  std::vector<unsigned char>(4 * kSeg, 0xA5)};
+  for (const auto& e : entries)
+    std::copy_n(src.data.begin() + static_cast<std::ptrdiff_t>(e.local_offset), e.length,
+                want[e.remote].begin() + static_cast<std::ptrdiff_t>(e.remote_offset));
+  ASSERT_TRUE(read_back(d0.region()) == want[0]) << "remote region 0 differs";
+  ASSERT_TRUE(read_back(d1.region()) == want[1]) << "remote region 1 differs";
+  EXPECT_GE(devmem_bytes_received(p.server) - before, total) << "the vectored write did not come by devmem";
+  EXPECT_LT(inline_bytes_received(p.server) - stream_before, total / 2) << "the vectored write's bytes came inline";
+}
+
 // A gatherer that writes host memory only (as a GPU pool's writes only its device's): a write into
 // a sim region still goes by devmem, lands in the landing zone and is copied on; a write into a
 // host region is gathered straight into it. Sends and reads into sim buffers stay inline.
@@ -527,6 +581,82 @@ TEST(DevmemEngineDouble, PeerContextDestroyedMidTransfer) {
   }
   EXPECT_LT(Clock::now() - t0, kEventually);
   (void)r.wait(1s);
+}
+
+// A placement of the dual-socket-icelake fixture whose GPU pools are page-aligned host memory
+// (standing for cudaMalloc's arenas: the double's RX pool and ring are host memory), counted.
+struct HostArenas {
+  std::atomic<int> allocated{0}, freed{0};
+  topo::DeviceMemory hook() {
+    return topo::DeviceMemory{[this](int, uint64_t bytes) -> Result<void*> {
+                                ++allocated;
+                                void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+                                if (p == nullptr) return Status(Code::kResourceExhausted, "aligned_alloc");
+                                return p;
+                              },
+                              [this](int, void* p, uint64_t) {
+                                ++freed;
+                                std::free(p);
+                              }};
+  }
+  std::shared_ptr<topo::Placement> machine() {
+    return topo::Placement::create(
+        std::make_shared<const topo::Topology>(topo::testing::load("dual-socket-icelake")),
+        std::make_shared<topo::testing::P2pmemDouble>(), hook(), 64 << 20);
+  }
+};
+
+// What the placement's books hold for owners starting with `prefix`.
+uint64_t held(const topo::Placement& p, const std::string& prefix) {
+  uint64_t n = 0;
+  for (const auto& u : p.usage())
+    for (const auto& [owner, bytes] : u.owners)
+      if (owner.starts_with(prefix)) n += bytes;
+  return n;
+}
+
+// The path's RX pool and TX ring come from the machine's placement (the GPU pool nearest the NIC,
+// here ens1 of the fixture, and cuda:0; the 64 MiB pool grows by an extent for the ring), booked
+// to the NIC and peer while the path lives, and go back when the endpoint closes. The bytes still
+// move by devmem, through that memory.
+TEST(DevmemEngineDouble, PathMemoryComesFromThePlacementAndGoesBackAtClose) {
+  HostArenas arenas_a, arenas_b;
+  auto pa = arenas_a.machine(), pb = arenas_b.machine();
+  SimNicOptions no;
+  no.ifname = "ens1";
+  {
+    DevmemPair p = connect_devmem(Wrap::kNone, devmem_options(), no, pa, pb);
+    ASSERT_TRUE(p.client.valid() && p.server.valid());
+    for (const auto* m : {pa.get(), pb.get()}) {
+      EXPECT_EQ(held(*m, "devmem RX pool of ens1"), 32u << 20);  // devmem_rx_pool
+      EXPECT_EQ(held(*m, "devmem TX ring of ens1 to "), 64u << 20);
+    }
+    bool extent = false;
+    for (const auto& u : pa->usage()) extent = extent || u.desc.name == "cuda:0 (0000:03:00.0) extent 1";
+    EXPECT_TRUE(extent) << "the TX ring did not fit beside the RX pool: the pool grows";
+    std::string detail = devmem_detail(p.server);
+    EXPECT_NE(detail.find("32 MiB pool (binding 7) from GPU pool cuda:0 (0000:03:00.0)"), std::string::npos) << detail;
+    EXPECT_NE(detail.find("TX ring (binding 8) from GPU pool cuda:0 (0000:03:00.0) extent 1"), std::string::npos)
+        << detail;
+    size_t n = (5u << 20) + 3;
+    Filled src = filled(kSim, n);
+    Buffer dst = poisoned(kSim, n);
+    Request r = p.server.recv(dst.region(), 4);
+    ASSERT_TRUE(p.client.send(src.buf.region(), 4).wait(kEventually).ok());
+    ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
+    EXPECT_EQ(read_back(dst.region()), src.data);
+    EXPECT_GE(devmem_bytes_received(p.server), n);
+    EXPECT_TRUE(p.client.close().ok());
+    EXPECT_TRUE(p.server.close().ok());
+  }
+  // The paths are gone with their endpoints: every booking and the extents' memory went back.
+  auto deadline = Clock::now() + kEventually;
+  while ((held(*pa, "devmem") != 0 || held(*pb, "devmem") != 0) && Clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(held(*pa, "devmem"), 0u);
+  EXPECT_EQ(held(*pb, "devmem"), 0u);
+  EXPECT_EQ(arenas_a.freed.load(), arenas_a.allocated.load() - 1) << "all but the pool's own arena";
+  for (const auto& u : pa->usage()) EXPECT_EQ(u.desc.name.find("extent"), std::string::npos) << u.desc.name;
 }
 
 // Without the double, devmem is offered only where devmem_path_offer says so; on this machine

@@ -118,6 +118,53 @@ TEST(Orchestrator, UnpublishExhaustionAndErrors) {
   EXPECT_EQ(o.allocate_staging(0, 64).status().code(), Code::kResourceExhausted);
 }
 
+// Aligned allocations (memory exported as a dma-buf: whole pages): the offset is a multiple of
+// the alignment, the bytes skipped before it stay free and are used by later requests; a pool
+// published already full (an extent for one request) is seen by nobody, and is forgotten once
+// unpublished and freed.
+TEST(Orchestrator, AlignedAllocationsAndPoolsPublishedFull) {
+  auto t = shared("switch-cascade-amd");
+  Orchestrator o(t);
+  int gpu_a = dev(*t, "0000:05:00.0");
+  auto g = o.publish({"cuda:0", PoolKind::kGpu, gpu_a, -1, 64 << 10, nullptr});
+  ASSERT_TRUE(g.ok());
+  auto small = o.allocate_from(*g, 100, "small");
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small->offset, 0u);
+  auto page = o.allocate_from(*g, 8192, "page", 4096);
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->offset, 4096u);
+  auto gap = o.allocate_from(*g, 3000, "gap");  // the bytes skipped before the page
+  ASSERT_TRUE(gap.ok());
+  EXPECT_EQ(gap->offset, 128u);
+  auto big = o.allocate_from(*g, 52 << 10, "big", 4096);
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(big->offset, 12288u);
+  EXPECT_EQ(o.allocate_from(*g, 4096, "more", 4096).status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(o.allocate_from(*g, 64, "odd", 96).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(o.allocate_from(*g, 64, "tiny", 8).status().code(), Code::kInvalidArgument);
+  for (auto* a : {&small, &page, &gap, &big}) EXPECT_TRUE(o.free(**a).ok());
+  auto whole = o.allocate_from(*g, 64 << 10, "whole", 4096);
+  ASSERT_TRUE(whole.ok()) << "the freed ranges merged again";
+  EXPECT_TRUE(o.free(*whole).ok());
+
+  auto ext = o.publish_allocated({"cuda:0 extent 1", PoolKind::kGpu, gpu_a, -1, 0, nullptr}, 1000, "ring");
+  ASSERT_TRUE(ext.ok()) << ext.status().to_string();
+  EXPECT_EQ(ext->size, 1024u);
+  int clients[] = {gpu_a};
+  auto seen = o.find_many(clients, 64);
+  ASSERT_TRUE(seen.ok());
+  ASSERT_EQ(seen->size(), 1u);
+  EXPECT_EQ(seen->front().pool, *g) << "the extent has no room for anyone else";
+  EXPECT_EQ(o.usage().size(), 2u);
+  EXPECT_EQ(o.usage().back().owners.at("ring"), 1024u);
+  ASSERT_TRUE(o.unpublish(ext->pool).ok());
+  EXPECT_TRUE(o.free(*ext).ok());
+  EXPECT_EQ(o.usage().size(), 1u);
+  EXPECT_FALSE(o.publish_allocated({"x", PoolKind::kGpu, 4242, -1, 0, nullptr}, 64, "x").ok());
+  EXPECT_FALSE(o.publish_allocated({"x", PoolKind::kGpu, gpu_a, -1, 0, nullptr}, 0, "x").ok());
+}
+
 TEST(Orchestrator, ConcurrentAllocateFreeKeepsTheBooks) {
   auto t = shared("gpu-vm");
   Orchestrator o(t);

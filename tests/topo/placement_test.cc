@@ -154,12 +154,12 @@ TEST(Placement, LandingZonesComeFromTheGpuPoolNearestTheNicAndGpu) {
   auto t = shared("dual-socket-icelake");
   auto p = Placement::create(t, std::make_shared<P2pmemDouble>(), hook, 32 << 20);
   // ens2 (84:00.0) shares socket 1's switch with cuda:1 (83:00.0); ens1 (04:00.0) socket 0's with cuda:0.
-  auto z1 = p->allocate_landing("ens2", 1, 16 << 20, "devmem landing zone of ens2");
+  auto z1 = p->allocate_nic_memory("ens2", 1, 16 << 20, "devmem landing zone of ens2");
   ASSERT_TRUE(z1.ok()) << z1.status().to_string();
   EXPECT_EQ(z1->pool(), "cuda:1 (0000:83:00.0)");
   EXPECT_EQ(z1->cuda_device(), 1);
   ASSERT_NE(z1->data(), nullptr);
-  auto z0 = p->allocate_landing("ens1", 0, 16 << 20, "devmem landing zone of ens1");
+  auto z0 = p->allocate_nic_memory("ens1", 0, 16 << 20, "devmem landing zone of ens1");
   ASSERT_TRUE(z0.ok()) << z0.status().to_string();
   EXPECT_EQ(z0->pool(), "cuda:0 (0000:03:00.0)");
   EXPECT_NE(z0->data(), z1->data());
@@ -171,27 +171,27 @@ TEST(Placement, LandingZonesComeFromTheGpuPoolNearestTheNicAndGpu) {
   EXPECT_EQ(pool_named(books, "cuda:0")->owners.at("devmem landing zone of ens1"), 16u << 20);
   // A gatherer on cuda:0 behind ens2: both pools cross the sockets once, and the tie goes to the
   // pool published first, cuda:0's, which its gatherer writes.
-  auto cross = p->allocate_landing("ens2", 0, 4096, "cross");
+  auto cross = p->allocate_nic_memory("ens2", 0, 4096, "cross");
   ASSERT_TRUE(cross.ok()) << cross.status().to_string();
   EXPECT_EQ(cross->pool(), "cuda:0 (0000:03:00.0)");
   cross->reset();
   // Unknown NIC or GPU, a virtual interface.
-  EXPECT_EQ(p->allocate_landing("ens9", 0, 4096, "x").status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(p->allocate_landing("lo", 0, 4096, "x").status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(p->allocate_landing("ens1", 7, 4096, "x").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(p->allocate_nic_memory("ens9", 0, 4096, "x").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(p->allocate_nic_memory("lo", 0, 4096, "x").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(p->allocate_nic_memory("ens1", 7, 4096, "x").status().code(), Code::kInvalidArgument);
   z1->reset();
   z0->reset();
   for (const auto& u : p->usage()) EXPECT_EQ(u.used, 0u) << u.desc.name;
 
   // The GPU machine: the NIC reaches no GPU (host bridge 0d57 not whitelisted).
   auto h200 = Placement::create(shared("gpu-h200x2"), std::make_shared<P2pmemDouble>(), hook);
-  auto none = h200->allocate_landing("eth0", 0, 4096, "devmem landing zone of eth0");
+  auto none = h200->allocate_nic_memory("eth0", 0, 4096, "devmem landing zone of eth0");
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), Code::kResourceExhausted);
   EXPECT_NE(none.status().message().find("cannot reach 0000:00:03.0"), std::string::npos) << none.status().message();
   // Books only (no CUDA): no memory to land in.
   auto books_only = Placement::create(t, std::make_shared<P2pmemDouble>());
-  auto nomem = books_only->allocate_landing("ens2", 1, 4096, "x");
+  auto nomem = books_only->allocate_nic_memory("ens2", 1, 4096, "x");
   ASSERT_FALSE(nomem.ok());
   EXPECT_EQ(nomem.status().code(), Code::kUnavailable);
   EXPECT_NE(nomem.status().message().find("books only"), std::string::npos) << nomem.status().message();

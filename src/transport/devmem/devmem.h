@@ -37,10 +37,17 @@ std::vector<Capability> probe();
 // netlink binding), rx.h (DevmemRx), tx.h (DevmemTx), kernel.h (the seam), nic.h (steering).
 Status usable(const std::string& ifname);
 
-// Memory a devmem receive lands in before it reaches a destination the gatherer cannot write (a
-// write into a registered region of other memory): `region` is memory the gatherer writes,
-// `keep` holds it (and its booking in the machine's placement), `where` says which pool and why.
-struct LandingZone {
+// What a devmem path's memory is for. Each is booked to its own owner in the machine's placement:
+// "devmem RX pool of IF" (the process's, bound to the RX queues), "devmem TX ring of IF to PEER",
+// "devmem zcrx area of IF to PEER", "devmem landing zone of IF to PEER" (the memory a receive
+// lands in before it reaches a destination the gatherer cannot write: a write into a registered
+// region of other memory).
+enum class MemoryUse : uint8_t { kRxPool, kTxRing, kZcrxArea, kLanding };
+std::string_view memory_use_name(MemoryUse use);  // "RX pool", "TX ring", "zcrx area", "landing zone"
+
+// Memory of a devmem path: `region`, held (with its booking) by `keep`; `where` says which pool
+// and why, or why it was not placed.
+struct PlacedMemory {
   MemRegion region;
   std::shared_ptr<void> keep;
   std::string where;
@@ -56,14 +63,14 @@ struct HostSeams {
   std::function<std::unique_ptr<KernelSocket>(int fd)> socket;
   // A gatherer out of pools in `memory` (CUDA gather kernel; host gatherer for host pools).
   std::function<Result<std::unique_ptr<Gatherer>>()> gatherer;
-  MemSpec memory;                 // where the RX pool and the TX ring are allocated (cuda:N)
+  MemSpec memory;                 // the memory of the RX pool, the TX ring and the zcrx area (cuda:N)
   // The destinations the gatherer writes; empty: the pool's rule (a host pool: host, pinned and
   // sim memory; a device pool: memory of its own device).
   std::function<bool(const MemSpec&)> gathers_into;
-  // A landing zone of `bytes` (LandingZone above). Production: from the GPU pool of `memory`'s
-  // device in the machine's placement, booked to this NIC (landing_zone_seam); empty: a buffer
-  // allocated in `memory`.
-  std::function<Result<LandingZone>(uint64_t bytes)> landing;
+  // `bytes` of memory for `use` (MemoryUse above) of the path to `peer` (empty for the RX pool,
+  // which is the process's). Production: the machine's placement (placement_memory); empty, or
+  // when it refuses: a buffer allocated in `memory` (place_memory).
+  std::function<Result<PlacedMemory>(MemoryUse use, uint64_t bytes, const std::string& peer)> place;
   std::string ifname;             // the devmem NIC (TX sockets are bound to it: SO_BINDTODEVICE)
   int ifindex = 0;
   std::vector<uint32_t> queues;   // the RX queues the pool is bound to (setting devmem_queues)
@@ -78,12 +85,19 @@ struct HostSeams {
 
 // The machine's placement (topo/placement.h), built on first use; kUnavailable without topology.
 using PlacementSource = std::function<Result<std::shared_ptr<topo::Placement>>()>;
-// The landing-zone seam over a placement: each call books `bytes` of the GPU pool nearest NIC
-// `ifname` and cuda:`cuda_device` by the P2PDMA rule (Placement::allocate_landing) to "devmem
-// landing zone of <ifname>", for as long as the LandingZone is held; the placement's refusal
-// otherwise.
-std::function<Result<LandingZone>(uint64_t bytes)> placement_landing(PlacementSource placement, std::string ifname,
-                                                                     int cuda_device);
+// The placement seam: each call books `bytes` of the GPU pool nearest NIC `ifname` and
+// cuda:`cuda_device` by the P2PDMA rule (Placement::allocate_nic_memory; whole pages for the
+// memory the NIC is bound to; the pool grows by an extent when it has no room) to the use's owner
+// (MemoryUse above), for as long as the PlacedMemory is held; the placement's refusal otherwise.
+// The region is labelled `as` (production: cuda:`cuda_device`; the double's pools are host memory).
+std::function<Result<PlacedMemory>(MemoryUse, uint64_t, const std::string&)> placement_memory(
+    PlacementSource placement, std::string ifname, int cuda_device, MemSpec as);
+
+// `bytes` for `use` of the path to `peer`: from seams.place, else (no seam, its refusal, or
+// memory the path cannot use: RX pool, TX ring and zcrx area must be in seams.memory) a buffer in
+// seams.memory, its `where` saying why it was not placed. An allocation failure of that buffer is
+// the error, with both reasons.
+Result<PlacedMemory> place_memory(const HostSeams& seams, MemoryUse use, uint64_t bytes, const std::string& peer);
 
 // The production seams: netlink and sockets of the running kernel, CUDA dmabuf export and the
 // CUDA gather kernel on `cuda_device`, the NIC and queues of settings devmem_ifname and

@@ -18,6 +18,7 @@
 #include "memory/backend.h"
 #include "memory/copy_queues.h"
 #include "transport/devmem/devmem_path_rx.h"
+#include "transport/devmem/devmem_path_stage.h"
 #include "transport/path_base.h"
 #include "transport/devmem/region.h"
 #include "transport/devmem/tx.h"
@@ -28,67 +29,15 @@ namespace {
 
 using devmem::BoundRegion;
 using devmem::DevmemTx;
-using devmem::Gatherer;
+using devmem::Stager;
+using devmem::SwitchGatherer;
 
 constexpr auto kDeviceWait = std::chrono::seconds(10);  // a copy or gather that takes longer: device failure
 constexpr auto kQuiesceWait = std::chrono::seconds(5);  // stop/fail: bounded wait for user memory copies
 constexpr int kRxCallsPerRound = 16;                     // recvmsg calls before looking at TX again
-constexpr uint32_t kStagePiece = 4096;                   // D2D staging descriptors (gather kernel)
 constexpr int kZcrxPollMs = 20;                          // longest sleep on the zcrx eventfd while receiving
 
 bool host_memory(const MemSpec& m) { return m.kind == MemKind::kHost || m.kind == MemKind::kPinned; }
-
-// The RX gatherer with a discard mode: while `discard` is set, fragments are validated by DevmemRx
-// as always but nothing is copied (fence 0 is complete), so a dropped chunk costs no copy.
-class SwitchGatherer final : public Gatherer {
- public:
-  explicit SwitchGatherer(std::unique_ptr<Gatherer> inner) : inner_(std::move(inner)) {}
-  bool discard = false;
-  Result<uint64_t> enqueue(MemRegion pool, std::span<const devmem::Fragment> frags, const uint8_t* linear_host,
-                           std::span<const devmem::LinearChunk> linear, MemRegion dst) override {
-    if (discard) return uint64_t{0};
-    return inner_->enqueue(pool, frags, linear_host, linear, dst);
-  }
-  Result<bool> done(uint64_t fence) override { return fence == 0 ? Result<bool>(true) : inner_->done(fence); }
-  Status wait(uint64_t fence, Deadline d) override { return fence == 0 ? Status() : inner_->wait(fence, d); }
-  Result<void*> allocate_linear(size_t size) override { return inner_->allocate_linear(size); }
-  void free_linear(void* p, size_t size) override { inner_->free_linear(p, size); }
-
- private:
-  std::unique_ptr<Gatherer> inner_;
-};
-
-// Copies chunk sources into the TX ring. Device rings: the gather kernel with 4 KiB descriptors
-// (source and ring on one device). Host rings (the double): the source's copy queue (to_host).
-class Stager {
- public:
-  struct Fence {
-    CopyQueue* queue = nullptr;  // null: the gatherer's fence
-    uint64_t id = 0;
-  };
-  explicit Stager(std::unique_ptr<Gatherer> gatherer) : gatherer_(std::move(gatherer)) {}
-
-  Result<Fence> enqueue(MemRegion src, MemRegion slot) {
-    if (gatherer_) {
-      pieces_.clear();
-      for (uint64_t at = 0; at < src.size; at += kStagePiece)
-        pieces_.push_back({at, at, static_cast<uint32_t>(std::min<uint64_t>(kStagePiece, src.size - at))});
-      DMX_ASSIGN_OR_RETURN(uint64_t f, gatherer_->enqueue(src, pieces_, nullptr, {}, slot));
-      return Fence{nullptr, f};
-    }
-    DMX_ASSIGN_OR_RETURN(CopyQueue * q, queues_.get(src.where));
-    DMX_RETURN_IF_ERROR(q->to_host(slot.ptr, src.ptr, src.size));
-    DMX_ASSIGN_OR_RETURN(uint64_t f, q->record());
-    return Fence{q, f};
-  }
-  Result<bool> done(Fence f) { return f.queue ? f.queue->done(f.id) : gatherer_->done(f.id); }
-  Status wait(Fence f, Deadline d) { return f.queue ? f.queue->wait(f.id, d) : gatherer_->wait(f.id, d); }
-
- private:
-  std::unique_ptr<Gatherer> gatherer_;
-  std::vector<devmem::Fragment> pieces_;
-  CopyQueues queues_;  // by the sources' devices
-};
 
 class DevmemPath final : public PathBase {
  public:
@@ -97,7 +46,7 @@ class DevmemPath final : public PathBase {
     UniqueFd fd;
     std::string peer;
     devmem::HostSeams seams;
-    Buffer ring;
+    devmem::PlacedMemory ring;  // the TX ring, from the machine's placement (or the path's own)
     std::unique_ptr<BoundRegion> tx_bound;
     std::unique_ptr<devmem::KernelSocket> sock;
     std::unique_ptr<SwitchGatherer> gatherer;
@@ -167,8 +116,8 @@ class DevmemPath final : public PathBase {
       note = last_tx_note_.empty() ? std::string() : "; last TX from " + last_tx_note_;
       if (!landing_note_.empty()) note += "; landing zone " + landing_note_;
     }
-    return fmt::format("devmem {}: RX by {}; {} MiB TX ring (binding {}) in {}{}", p_.seams.ifname, p_.rx_note,
-                       p_.ring.size() >> 20, tx_binding_, to_string(p_.seams.memory), note);
+    return fmt::format("devmem {}: RX by {}; {} MiB TX ring (binding {}) from {}{}", p_.seams.ifname, p_.rx_note,
+                       p_.ring.region.size >> 20, tx_binding_, p_.ring.where, note);
   }
 
   void set_tx_binding(uint32_t tx) { tx_binding_ = tx; }
@@ -363,7 +312,7 @@ class DevmemPath final : public PathBase {
         auto off = ring_alloc(t.src.size);
         if (!off) break;  // ring full: later chunks wait (order is kept)
         t.ring_off = *off;
-        DMX_ASSIGN_OR_RETURN(t.fence, p_.stager->enqueue(t.src, p_.ring.region().sub(t.ring_off, t.src.size)));
+        DMX_ASSIGN_OR_RETURN(t.fence, p_.stager->enqueue(t.src, p_.ring.region.sub(t.ring_off, t.src.size)));
         t.state = TxState::kStaging;
         ++stagings_;
       }
@@ -440,7 +389,7 @@ class DevmemPath final : public PathBase {
 
   // A contiguous range of the ring for `len` bytes; ranges are freed in allocation order.
   std::optional<uint64_t> ring_alloc(uint64_t len) {
-    uint64_t size = p_.ring.size();
+    uint64_t size = p_.ring.region.size;
     bool any = false;
     uint64_t tail = 0;  // start of the oldest live range
     for (const auto& t : tx_) {
@@ -508,25 +457,12 @@ class DevmemPath final : public PathBase {
     return Status();
   }
 
-  // The landing zone (at least `len` bytes), made at its first use: the seams' (the machine's
-  // placement), else a buffer in the pool's memory. A refusal is kept: later chunks say it again.
+  // The landing zone (at least `len` bytes), made at its first use: from the machine's placement
+  // (the seams'), else a buffer in the pool's memory. A refusal is kept: later chunks say it again.
   Status ensure_landing(uint64_t len) {
     if (landing_ && landing_->region.size >= len) return Status();
     if (!landing_failed_.ok()) return landing_failed_;
-    Result<devmem::LandingZone> z = Status(Code::kUnavailable, "these seams place no landing zone");
-    if (p_.seams.landing) z = p_.seams.landing(kDevmemMaxChunk);
-    if (!z.ok()) {  // the RX pool's memory, unbooked: the same memory, so no slower path
-      std::string why = z.status().message();
-      auto b = Buffer::allocate(p_.seams.memory, kDevmemMaxChunk);
-      if (b.ok()) {
-        auto keep = std::make_shared<Buffer>(std::move(*b));
-        z = devmem::LandingZone{keep->region(), keep,
-                                fmt::format("a buffer in {} (the RX pool's memory; not placed: {})",
-                                            to_string(p_.seams.memory), why)};
-      } else {
-        z = Status(b.status().code(), fmt::format("{}; and {}", why, b.status().message()));
-      }
-    }
+    auto z = devmem::place_memory(p_.seams, devmem::MemoryUse::kLanding, kDevmemMaxChunk, p_.peer);
     if (z.ok() && (z->region.size < len || !gatherable(z->region.where)))
       z = Status(Code::kInternal, fmt::format("the landing zone {} ({} bytes of {}) is not memory the gatherer writes",
                                               z->where, z->region.size, to_string(z->region.where)));
@@ -659,7 +595,7 @@ class DevmemPath final : public PathBase {
   short last_revents_ = 0;
   std::optional<std::chrono::steady_clock::time_point> unclaimed_since_;
   uint64_t stagings_ = 0, received_ = 0, received_bytes_ = 0, direct_sends_ = 0, ring_sends_ = 0;
-  std::optional<devmem::LandingZone> landing_;  // made at its first use (ensure_landing)
+  std::optional<devmem::PlacedMemory> landing_;  // made at its first use (ensure_landing)
   Status landing_failed_;                        // why there is none, once asked
   std::optional<LandingCopy> landing_copy_;      // the zone's chunk on its way out
   CopyQueues landing_queues_;                    // those copies, by device
@@ -698,10 +634,10 @@ Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, cons
     if (!s.ok()) return s.status().with_peer(peer);
     p.steering = std::move(*s);
   }
-  auto ring = Buffer::allocate(seams.memory, kDevmemTxRing);
-  if (!ring.ok()) return why(ring.status(), "allocating the TX ring");
+  auto ring = devmem::place_memory(seams, devmem::MemoryUse::kTxRing, kDevmemTxRing, peer);
+  if (!ring.ok()) return why(ring.status(), "the TX ring");
   p.ring = std::move(*ring);
-  auto txb = BoundRegion::bind_tx(*seams.netlink, seams.ifindex, p.ring.region(), seams.exporter);
+  auto txb = BoundRegion::bind_tx(*seams.netlink, seams.ifindex, p.ring.region, seams.exporter);
   if (!txb.ok()) return why(txb.status(), fmt::format("bind-tx of the TX ring to {}", seams.ifname));
   p.tx_bound = std::move(*txb);
   if (host_memory(seams.memory)) {

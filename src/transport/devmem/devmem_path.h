@@ -16,8 +16,9 @@
 //                the source. The source is in use until the zerocopy completion (on_path_tx_done
 //                then). Where the region cannot be bound, or the source is not registered: the
 //                ring, below; counters direct_sends / ring_sends and tx_note say which and why.
-//   TX           a path-owned TX ring in `HostSeams::memory` (64 MiB), bound with bind-tx once at
-//                creation. Each chunk is copied device-to-device into the ring (the CUDA gather
+//   TX           a path-owned TX ring (64 MiB of `HostSeams::memory`, from the machine's placement:
+//                HostSeams::place, booked to "devmem TX ring of IF to PEER"), bound with bind-tx once
+//                at creation. Each chunk is copied device-to-device into the ring (the CUDA gather
 //                kernel with 4 KiB descriptors, or, when the ring is host memory, the source's copy
 //                queue), then sent zero-copy (sendmsg MSG_ZEROCOPY + SCM_DEVMEM_DMABUF) from the
 //                ring. The source is free — on_path_tx_done — as soon as its copy into the ring is
@@ -29,17 +30,18 @@
 //   RX           io_uring zcrx or devmem RX (setting devmem_rx; devmem_path_rx.h says which is
 //                chosen and how it falls back; the describe() text names the receiver and why not
 //                the other). zcrx: one ifq per path on a free queue of devmem_queues, its area a
-//                dma-buf of a path-owned pool (devmem_rx_pool bytes), buffers back through the
-//                refill ring in batches after the gather (zcrx.h). devmem RX:
-//                the process's RX pool in `memory` (setting devmem_rx_pool), bound with bind-rx to
-//                the devmem queues once (rx_binding.h). DevmemRx receives (recvmsg MSG_SOCK_DEVMEM),
+//                dma-buf of path-owned memory (devmem_rx_pool bytes, placed as the ring), buffers
+//                back through the refill ring in batches after the gather (zcrx.h). devmem RX:
+//                the process's RX pool in `memory` (setting devmem_rx_pool; placed as the ring,
+//                booked to "devmem RX pool of IF"), bound with bind-rx to the devmem queues once
+//                (rx_binding.h). DevmemRx receives (recvmsg MSG_SOCK_DEVMEM),
 //                validates every cmsg, gathers fragments and linear chunks into dst, and returns
 //                the tokens after the gather completed. accepts() names the memory the gatherer
 //                writes (CUDA on the pool's device; host, pinned or sim over the double): a
 //                receiver announces the path only for such buffers (CTS, READ_REQ).
 //   landing      A write's initiator does not know the target's memory, so writes take the path
 //                whenever it carries the source (lands_writes). A chunk for a destination the
-//                gatherer cannot write is gathered into the landing zone (HostSeams::landing:
+//                gatherer cannot write is gathered into the landing zone (HostSeams::place:
 //                kDevmemMaxChunk bytes from the machine's placement, made at its first use; one
 //                chunk at a time), then copied on by a copy queue and completed at that copy's
 //                fence. Without a landing zone such a chunk is consumed, dropped and completed with
@@ -98,7 +100,8 @@ Status devmem_zcrx_offer(const Config& config);
 
 // The path over `data_socket` (a connected TCP socket dedicated to payload, already authenticated
 // by the engine; the path owns it from now on) with the production seams on CUDA device
-// `cuda_device` (devmem::kernel_seams): binds a devmem_rx_pool-byte RX pool and the TX ring.
+// `cuda_device` (devmem::kernel_seams): binds a devmem_rx_pool-byte RX pool and the TX ring, both
+// from the machine's placement where it has them (devmem::place_memory: else the path's own).
 // kUnavailable / kIo with the kernel's reason when a binding or allocation fails.
 Result<std::unique_ptr<PayloadPath>> make_devmem_path(UniqueFd data_socket, const Config& config, std::string peer,
                                                       int cuda_device = 0);

@@ -56,8 +56,8 @@ Result<PathRxChoice> open_devmem_path_rx(const HostSeams& seams, KernelSocket* s
   auto rx = DevmemRx::create(sock, shared->bound().rx_pool(), gatherer, ro);
   if (!rx.ok()) return Status(rx.status().code(), "receive side: " + rx.status().message());
   PathRxChoice c;
-  c.note = fmt::format("devmem RX: queues {}, {} MiB pool (binding {})", queue_text(seams.queues),
-                       shared->pool_size() >> 20, shared->bound().id());
+  c.note = fmt::format("devmem RX: queues {}, {} MiB pool (binding {}) from {}", queue_text(seams.queues),
+                       shared->pool_size() >> 20, shared->bound().id(), shared->where());
   c.rx = std::make_unique<DevmemPathRx>(std::move(shared), std::move(*rx));
   return c;
 }

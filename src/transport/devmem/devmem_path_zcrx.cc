@@ -15,14 +15,14 @@ constexpr size_t kRefillBatch = 64;        // buffers given back per tail update
 
 class ZcrxPathRx final : public PathRx {
  public:
-  ZcrxPathRx(Buffer area, DmabufExport dmabuf, std::unique_ptr<ZcrxKernel> k)
+  ZcrxPathRx(PlacedMemory area, DmabufExport dmabuf, std::unique_ptr<ZcrxKernel> k)
       : area_(std::move(area)), dmabuf_(std::move(dmabuf)), k_(std::move(k)) {}
   ~ZcrxPathRx() override { rx_.reset(); }  // buffers back, then the ring closes (unregisters)
   Status init(Gatherer* g, const std::string& peer) {
     ZcrxOptions o;
     o.refill_batch = kRefillBatch;
     o.peer = peer;
-    DMX_ASSIGN_OR_RETURN(rx_, ZcrxRx::create(k_.get(), area_.region(), g, o));
+    DMX_ASSIGN_OR_RETURN(rx_, ZcrxRx::create(k_.get(), area_.region, g, o));
     return Status();
   }
 
@@ -47,7 +47,7 @@ class ZcrxPathRx final : public PathRx {
   }
 
  private:
-  Buffer area_;             // declaration order = release order reversed: rx_, k_, dmabuf_, area_
+  PlacedMemory area_;       // declaration order = release order reversed: rx_, k_, dmabuf_, area_
   DmabufExport dmabuf_;
   std::unique_ptr<ZcrxKernel> k_;
   std::unique_ptr<ZcrxRx> rx_;
@@ -67,9 +67,9 @@ Result<PathRxChoice> open_zcrx_path_rx(const HostSeams& seams, int fd, Gatherer*
   if (!seams.zcrx) return no("these seams have no zcrx");
   if (seams.queues.empty()) return no("no RX queues (devmem_queues)");
   uint64_t size = std::max<uint64_t>(config.get_size("devmem_rx_pool") / 4096 * 4096, 1 << 20);
-  auto area = Buffer::allocate(seams.memory, size);
-  if (!area.ok()) return no(fmt::format("allocating the {}-byte area: {}", size, area.status().message()));
-  auto e = seams.exporter(area->region());
+  auto area = place_memory(seams, MemoryUse::kZcrxArea, size, peer);
+  if (!area.ok()) return no(area.status().message());
+  auto e = seams.exporter(area->region);
   if (!e.ok()) return no(fmt::format("exporting the area as a dma-buf: {}", e.status().message()));
   // The kernel makes the whole dma-buf the area: it must be exactly our memory.
   if (e->offset != 0 || e->size != size)
@@ -83,12 +83,13 @@ Result<PathRxChoice> open_zcrx_path_rx(const HostSeams& seams, int fd, Gatherer*
       held = k.status().message();
       continue;  // a memory provider (devmem, another ifq) holds it: the next
     }
+    std::string where = area->where;
     auto rx = std::make_unique<ZcrxPathRx>(std::move(*area), std::move(*e), std::move(*k));
     DMX_RETURN_IF_ERROR(rx->init(gatherer, peer));
     PathRxChoice c;
     c.queue = q;
-    c.note = fmt::format("zcrx: queue {} of {}, {} MiB dma-buf area, refill ring of {} (batches of {})", q,
-                         seams.ifname, size >> 20, kRefillEntries, kRefillBatch);
+    c.note = fmt::format("zcrx: queue {} of {}, {} MiB dma-buf area from {}, refill ring of {} (batches of {})", q,
+                         seams.ifname, size >> 20, where, kRefillEntries, kRefillBatch);
     c.rx = std::move(rx);
     return c;
   }

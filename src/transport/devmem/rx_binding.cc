@@ -31,11 +31,8 @@ Result<std::shared_ptr<SharedRxBinding>> acquire_rx_binding(const HostSeams& sea
   for (auto it = r.live.begin(); it != r.live.end();)  // drop dead entries
     it = it->second.expired() ? r.live.erase(it) : std::next(it);
   if (auto live = r.live[key].lock()) return live;
-  auto pool = Buffer::allocate(seams.memory, pool_size);
-  if (!pool.ok())
-    return Status(pool.status().code(), fmt::format("allocating the devmem RX pool ({} bytes in {}): {}", pool_size,
-                                                    to_string(seams.memory), pool.status().message()));
-  auto bound = BoundRegion::bind_rx(*seams.netlink, seams.ifindex, seams.queues, pool->region(), seams.exporter);
+  DMX_ASSIGN_OR_RETURN(PlacedMemory pool, place_memory(seams, MemoryUse::kRxPool, pool_size, ""));
+  auto bound = BoundRegion::bind_rx(*seams.netlink, seams.ifindex, seams.queues, pool.region, seams.exporter);
   if (!bound.ok()) {
     const std::string& m = bound.status().message();
     std::string queues = seams.queues.empty() ? std::string("none")
@@ -46,7 +43,7 @@ Result<std::shared_ptr<SharedRxBinding>> acquire_rx_binding(const HostSeams& sea
                                 "another process or XDP ({})", queues, seams.ifname, m));
     return Status(bound.status().code(), fmt::format("bind-rx of the RX pool to {} queues {}: {}", seams.ifname, queues, m));
   }
-  auto shared = std::make_shared<SharedRxBinding>(std::move(*pool), std::move(*bound));
+  auto shared = std::make_shared<SharedRxBinding>(std::move(pool), std::move(*bound));
   r.live[key] = shared;
   return shared;
 }

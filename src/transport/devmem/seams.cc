@@ -47,8 +47,9 @@ Result<HostSeams> kernel_seams(const Config& config, int cuda_device) {
   s.socket = [](int fd) { return make_kernel_socket(fd); };
   s.gatherer = [cuda_device] { return make_cuda_gatherer(cuda_device); };
   s.memory = MemSpec{MemKind::kCuda, cuda_device};
-  // Landing zones from the machine's placement, whose GPU pools get CUDA memory (as the engine's).
-  s.landing = placement_landing(
+  // The RX pool, TX rings, zcrx areas and landing zones from the machine's placement, whose GPU
+  // pools get CUDA memory (as the engine's).
+  s.place = placement_memory(
       [root = config.get_string("sysfs_root")]() -> Result<std::shared_ptr<topo::Placement>> {
         return topo::Placement::for_root(root, topo::DeviceMemory{
                                                    [](int ordinal, uint64_t bytes) -> Result<void*> {
@@ -61,7 +62,7 @@ Result<HostSeams> kernel_seams(const Config& config, int cuda_device) {
                                                        (*b)->free(p, bytes);
                                                    }});
       },
-      s.ifname, cuda_device);
+      s.ifname, cuda_device, s.memory);
   s.zcrx = [](int ifindex, uint32_t queue, int sock, int dmabuf_fd, uint64_t size,
               uint32_t rq_entries) -> Result<std::unique_ptr<ZcrxKernel>> {
     // The kernel would answer EINVAL for either; the version says which.
