@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # host-speed-ab.sh — issue 46, items 4 and 5: host TCP and shm against their references, for the
-# commit before and this tree, side by side in one call (about 4-5 minutes on 16-32 CPUs).
+# commit before and this tree, side by side in one call (builds, then two rounds of about 75 s on
+# 16-32 idle CPUs: our estimate, not yet timed there).
 #
 #   mkdir ab-old && git archive 6b614b1 | tar -x -C ab-old   (on the repo's machine: the device tool
 #                                                             carries the untracked directory)
@@ -49,7 +50,7 @@ build() {  # build SRC NAME TARGETS...
     -DDMX_BUILD_TESTS=OFF > "$OUT/build-$name.log" 2>&1 &&
     cmake --build "$src/build-hs" -j "$JOBS" --target "$@" >> "$OUT/build-$name.log" 2>&1
 }
-say "building $OLD and $R (CUDA off)"
+say "building (CUDA off):${HS_OLD_BUILD:+ not} $OLD,${HS_NEW_BUILD:+ not} $R"
 ok=1
 if [[ -z ${HS_OLD_BUILD:-} ]]; then build "$OLD" old dmx & p1=$!; fi
 if [[ -z ${HS_NEW_BUILD:-} ]]; then build "$R" new dmx tcp_ref & p2=$!; fi
