@@ -8,8 +8,9 @@
 #   bash scripts/host-speed-ab.sh [OLD_DIR]                   (from the repository root; default ab-old,
 #                                                             made by git archive when .git is here)
 #
-# Builds `dmx` (CUDA off: host paths only) from OLD_DIR and from the working tree, each into its own
-# build-hs/, and `tcp_ref` from the working tree, in parallel. Then HS_ROUNDS (2) rounds, each:
+# Builds `dmx` (CUDA off: host paths only) from OLD_DIR into build-hs-old/ and from the working tree
+# into build-hs/ (both ignored by git), and `tcp_ref` from the working tree, in parallel. Then
+# HS_ROUNDS (2) rounds, each:
 #   references  bench/ref/iperf3.sh --streams 1 and 8 (if iperf3 is installed; else said once);
 #               tcp_ref N SIZE WINDOW 2 cold|bounce at 1 and 8 streams, 1 MiB (window 64) and
 #               256 MiB (window 4): kernel TCP moving the memory dmx bench moves, its best mode is
@@ -21,7 +22,8 @@
 # Results under $OUT (default host-speed-out): rows.jsonl (every measurement), table.md (medians of
 # the rounds: GB/s and the ratios the issue names), build logs. Nothing else is touched.
 # HS_NEW_BUILD / HS_OLD_BUILD: build directories already built (dmx, and tcp_ref in the new one)
-# to use instead of building; HS_ROUNDS: rounds (2 fit in about 4 minutes).
+# to use instead of building; HS_BUILD_ONLY=1: build, then stop (a second call measures, given the
+# same trees: HS_NEW_BUILD=build-hs HS_OLD_BUILD=build-hs-old); HS_ROUNDS: rounds (default 2).
 set -u
 R=$(pwd)
 OUT=${OUT:-$R/host-speed-out}
@@ -41,19 +43,19 @@ if [[ -z ${HS_OLD_BUILD:-} && ! -f "$OLD/CMakeLists.txt" ]]; then
   fi
 fi
 
-NB=${HS_NEW_BUILD:-$R/build-hs} OB=${HS_OLD_BUILD:-$OLD/build-hs}
+NB=${HS_NEW_BUILD:-$R/build-hs} OB=${HS_OLD_BUILD:-$R/build-hs-old}
 JOBS=$(( $(nproc) / 2 + 1 ))
-build() {  # build SRC NAME TARGETS...
-  local src=$1 name=$2
-  shift 2
-  cmake -S "$src" -B "$src/build-hs" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDMX_ENABLE_CUDA=OFF \
+build() {  # build SRC DIR NAME TARGETS...
+  local src=$1 dir=$2 name=$3
+  shift 3
+  cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDMX_ENABLE_CUDA=OFF \
     -DDMX_BUILD_TESTS=OFF > "$OUT/build-$name.log" 2>&1 &&
-    cmake --build "$src/build-hs" -j "$JOBS" --target "$@" >> "$OUT/build-$name.log" 2>&1
+    cmake --build "$dir" -j "$JOBS" --target "$@" >> "$OUT/build-$name.log" 2>&1
 }
 say "building (CUDA off):${HS_OLD_BUILD:+ not} $OLD,${HS_NEW_BUILD:+ not} $R"
 ok=1
-if [[ -z ${HS_OLD_BUILD:-} ]]; then build "$OLD" old dmx & p1=$!; fi
-if [[ -z ${HS_NEW_BUILD:-} ]]; then build "$R" new dmx tcp_ref & p2=$!; fi
+if [[ -z ${HS_OLD_BUILD:-} ]]; then build "$OLD" "$OB" old dmx & p1=$!; fi
+if [[ -z ${HS_NEW_BUILD:-} ]]; then build "$R" "$NB" new dmx tcp_ref & p2=$!; fi
 [[ -z ${p1:-} ]] || wait "$p1" || ok=0
 [[ -z ${p2:-} ]] || wait "$p2" || ok=0
 if [[ $ok = 0 ]]; then
@@ -63,6 +65,7 @@ if [[ $ok = 0 ]]; then
 fi
 NEW_DMX=$NB/tools/dmx/dmx OLD_DMX=$OB/tools/dmx/dmx TCP_REF=$NB/bench/tcp_ref
 say "built"
+[[ -z ${HS_BUILD_ONLY:-} ]] || exit 0
 
 ROWS=$OUT/rows.jsonl
 : > "$ROWS"
