@@ -59,6 +59,8 @@ Result<EngineParams> params_from(const Config& c) {
   if (host_chunk < wire::kMinChunk || host_chunk > wire::kMaxChunk)
     return Status(Code::kInvalidArgument, fmt::format("host_chunk_size must be 64K-64M (got {})", host_chunk));
   p.host_chunk_size = static_cast<uint32_t>(host_chunk);
+  p.nt_receive_min = c.get_size("nt_receive_min");
+  if (p.nt_receive_min == 0) p.nt_receive_min = UINT64_MAX;
   uint64_t eager = c.get_size("eager_limit");
   if (eager > chunk) return Status(Code::kInvalidArgument, "eager_limit must not exceed chunk_size");
   p.eager_limit = static_cast<uint32_t>(eager);

@@ -59,7 +59,8 @@ struct TxItem {
   uint64_t crc_ticket = 0;  // the device computes the source's CRC32C (StreamConfig::checksum)
 };
 
-// Transfers from this size are bulk for RxPlan (as shm's copies out of its ring).
+// Transfers from this size are always bulk for RxPlan; from nt_receive_min (EngineParams) when
+// another receive is in flight beside them (the endpoint decides: EndpointImpl::plan_into).
 inline constexpr uint64_t kBulkTransfer = uint64_t{4} << 20;
 
 // Where an arriving payload goes.
@@ -77,7 +78,7 @@ struct RxPlan {
   std::vector<unsigned char> control;
   std::shared_ptr<void> ctx;  // the host's handle, given back in on_landed
   int host_tag = 0;           // the host's own marker, given back in on_landed
-  // kHost, a chunk of a transfer larger than a core's cache (kBulkTransfer): read through a buffer
+  // kHost, a chunk of a large transfer (kBulkTransfer, nt_receive_min): read through a buffer
   // that stays in the worker's cache and stored into dst with non-temporal stores.
   bool bulk = false;
   // With StreamConfig::checksum, for a frame with wire::kFlagChecksum and its bytes inline (kHost,

@@ -79,7 +79,8 @@ TEST(ShmLink, OddSizesAndOffsetsWithCopyCrews) {
                                    std::make_shared<CopyCrew>(2));
   ASSERT_TRUE(lp.a && lp.b);
   MsgId id = 1;
-  for (size_t n : {size_t(512 * 1024), size_t(1 << 20) + 1, kBulkMessage - 1, kBulkMessage, size_t(64 << 20) + 3})
+  for (size_t n : {size_t(512 * 1024), kBulkMessage - 1, kBulkMessage, kBulkMessage + 1, size_t(4 << 20) - 1,
+                   size_t(64 << 20) + 3})
     for (auto [so, dso] : {std::pair<size_t, size_t>{0, 0}, {1, 7}, {4093, 3}}) send_one(lp, id++, n, so, dso);
   std::swap(lp.a, lp.b);
   for (size_t n : {size_t(3 << 20) + 5, size_t(17 << 20) + 1}) send_one(lp, id++, n, 5, 1);
@@ -244,6 +245,13 @@ TEST(ShmLink, OptionsFromTheConfigTable) {
   EXPECT_EQ(o->slots, 8u);
   EXPECT_EQ(o->slot_size, 1u << 20);
   EXPECT_EQ(o->spin, std::chrono::microseconds(10));
+  EXPECT_EQ(o->nt_receive_min, kBulkMessage);  // nt_receive_min's default
+  c = Config::resolve(Options().set("nt_receive_min", "2M"));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(link_options(*c)->nt_receive_min, 2u << 20);
+  c = Config::resolve(Options().set("nt_receive_min", "0"));  // never
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(link_options(*c)->nt_receive_min, UINT64_MAX);
   c = Config::resolve(Options().set("shm_slots", "1"));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(link_options(*c).status().code(), Code::kInvalidArgument);

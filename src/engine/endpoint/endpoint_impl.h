@@ -388,8 +388,11 @@ class EndpointImpl final : public stream::StreamHost,
   bool take_after_close(const std::shared_ptr<OpState>& op);
   void return_credit(uint64_t bytes);
   Status check_new_msg(uint64_t msg);
-  // `transfer`: the whole operation's length (a large one is received as bulk, RxPlan::bulk).
-  stream::RxPlan plan_into(const MemRegion& dst, std::shared_ptr<void> ctx, uint64_t transfer = 0) const;
+  // `transfer`: the whole operation's length, `in_flight`: the receives (or reads) of its kind in
+  // flight, itself included (a large transfer, or a window of them, is received as bulk,
+  // RxPlan::bulk).
+  stream::RxPlan plan_into(const MemRegion& dst, std::shared_ptr<void> ctx, uint64_t transfer = 0,
+                           size_t in_flight = 1) const;
 
   const std::shared_ptr<ContextImpl> ctx_;
   const Session session_;

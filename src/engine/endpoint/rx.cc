@@ -15,10 +15,13 @@ using wire::FrameHeader;
 using wire::FrameType;
 using namespace endpoint;
 
-stream::RxPlan EndpointImpl::plan_into(const MemRegion& dst, std::shared_ptr<void> ctx, uint64_t transfer) const {
+stream::RxPlan EndpointImpl::plan_into(const MemRegion& dst, std::shared_ptr<void> ctx, uint64_t transfer,
+                                       size_t in_flight) const {
   stream::RxPlan p;
   p.kind = dst.where.is_device() ? stream::RxPlan::Kind::kDevice : stream::RxPlan::Kind::kHost;
-  p.bulk = transfer >= stream::kBulkTransfer;
+  // A window of receives writes more than the cache holds: skip it from nt_receive_min. One receive
+  // alone (a ping-pong) is likely read next, from cache: only from kBulkTransfer.
+  p.bulk = transfer >= params_.nt_receive_min && (transfer >= stream::kBulkTransfer || in_flight > 1);
   p.dst = dst.ptr;
   p.where = dst.where;
   p.ctx = std::move(ctx);
@@ -170,7 +173,7 @@ Result<stream::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, I
     }
     op->phase = OpPhase::kActive;
     ++op->inflight;
-    stream::RxPlan p = plan_into(dst, bounce, in.total);
+    stream::RxPlan p = plan_into(dst, bounce, in.total, map.size());
     p.host_tag = bounce ? kTagBounced : kTagCounted;
     return p;
   }

@@ -43,10 +43,12 @@ Status available();
 
 // ---- the shm link ----------------------------------------------------------------------------
 
-// A message at least this large is received into host memory with non-temporal stores: larger
-// than a core's L2, it would mostly leave the cache before anyone reads it, and skipping the read
-// for ownership of each line saves a third of the copy's memory traffic (docs/performance.md).
-inline constexpr uint64_t kBulkMessage = 4ull << 20;
+// A message at least this large is received into host memory with non-temporal stores (the
+// default of nt_receive_min, LinkOptions::nt_receive_min): skipping the read for ownership of each
+// destination line saves a third of the copy's memory traffic. From 1 MiB: the path's threads, not
+// the reader's, write it, and a window of such receives is larger than the cache
+// (docs/performance.md, "Host speed").
+inline constexpr uint64_t kBulkMessage = 1ull << 20;
 
 struct LinkOptions {
   size_t slot_size = 256 * 1024;  // bytes per ring slot (4 KiB - 64 MiB)
@@ -57,6 +59,9 @@ struct LinkOptions {
   // Local to each side, like spin.
   std::shared_ptr<CopyCrew> crew{};
   int copy_threads = 1;  // shm_copy_threads: the size of the crew the caller makes
+  // nt_receive_min: messages from this size land in host memory with non-temporal stores
+  // (UINT64_MAX: never). Local to each side.
+  uint64_t nt_receive_min = kBulkMessage;
   // shm_bounce_pool: the process-wide limit of pinned bounce buffers (memory/bounce_pool.h) that
   // this link's side asks for; make_shm_path raises the limit to it.
   size_t bounce_pool = size_t(64) << 20;
@@ -103,9 +108,10 @@ class ShmLink {
   static Result<std::unique_ptr<ShmLink>> create(UnixChannel channel, const LinkOptions& options,
                                                  Deadline deadline);
   // The connecting side: receives, validates and maps what create() sent. The ring's shape is the
-  // creator's; `crew` is this side's (null: copies on the link's thread alone).
+  // creator's; `crew` and `nt_receive_min` are this side's (null: copies on the link's thread alone).
   static Result<std::unique_ptr<ShmLink>> accept(UnixChannel channel, Deadline deadline,
-                                                 std::shared_ptr<CopyCrew> crew = nullptr);
+                                                 std::shared_ptr<CopyCrew> crew = nullptr,
+                                                 uint64_t nt_receive_min = kBulkMessage);
 
   // Queue a message. `src`/`dst` stay owned by the caller until the completion; the region may be
   // of any kind dmx knows (host, pinned, cuda, sim). A recv completes with kTruncated when the

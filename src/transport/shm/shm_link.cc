@@ -391,7 +391,8 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
         // Out of the ring into a large host destination with stores that skip the cache, as
         // glibc's memcpy does for large copies: each line is written without being read first.
         // The ring's slots, which the peer fills again at once, keep ordinary stores.
-        auto copied = copy_slot(dst, data, len, op.dst.where, /*to_slot=*/false, total >= kBulkMessage);
+        auto copied = copy_slot(dst, data, len, op.dst.where, /*to_slot=*/false,
+                                  total >= options_.nt_receive_min);
         if (!copied.ok()) {
           fail(copied.status(), out);
           return true;

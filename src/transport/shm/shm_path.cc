@@ -279,7 +279,7 @@ Result<std::unique_ptr<PayloadPath>> make_shm_path(UnixChannel channel, bool cre
   if (creator) {
     DMX_ASSIGN_OR_RETURN(link, shm::ShmLink::create(std::move(channel), options, deadline));
   } else {
-    DMX_ASSIGN_OR_RETURN(link, shm::ShmLink::accept(std::move(channel), deadline, options.crew));
+    DMX_ASSIGN_OR_RETURN(link, shm::ShmLink::accept(std::move(channel), deadline, options.crew, options.nt_receive_min));
   }
   auto path = std::make_unique<ShmPath>(std::move(link), options.spin);
   DMX_LOG_DEBUG("{} ready", path->describe());

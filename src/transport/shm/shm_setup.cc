@@ -101,6 +101,8 @@ Result<LinkOptions> link_options(const Config& config) {
   o.slot_size = config.get_size("shm_slot_size");
   o.spin = config.get_duration("shm_spin");
   o.bounce_pool = config.get_size("shm_bounce_pool");
+  const uint64_t nt = config.get_size("nt_receive_min");
+  o.nt_receive_min = nt == 0 ? UINT64_MAX : nt;
   int64_t threads = config.get_int("shm_copy_threads");
   if (threads < 0 || threads > kMaxCopyThreads)
     return Status(Code::kInvalidArgument,
@@ -143,7 +145,7 @@ Result<std::unique_ptr<ShmLink>> ShmLink::create(UnixChannel channel, const Link
 }
 
 Result<std::unique_ptr<ShmLink>> ShmLink::accept(UnixChannel channel, Deadline deadline,
-                                                 std::shared_ptr<CopyCrew> crew) {
+                                                 std::shared_ptr<CopyCrew> crew, uint64_t nt_receive_min) {
   std::vector<std::byte> msg;
   std::vector<UniqueFd> got;
   DMX_RETURN_IF_ERROR(channel.recv(&msg, 2, &got, deadline));
@@ -174,6 +176,7 @@ Result<std::unique_ptr<ShmLink>> ShmLink::accept(UnixChannel channel, Deadline d
   options.slots = layout.slots;
   options.slot_size = layout.slot_size;
   options.crew = std::move(crew);
+  options.nt_receive_min = nt_receive_min;
   auto link = std::make_unique<LinkImpl>(std::move(channel), options, layout, base, /*side=*/1);
   DMX_ASSIGN_OR_RETURN(UniqueFd my_bell, make_eventfd());
   DMX_RETURN_IF_ERROR(link->set_doorbells(std::move(my_bell), std::move(got[1])));
