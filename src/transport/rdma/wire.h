@@ -67,6 +67,14 @@ struct ConnInfo {
   static Result<ConnInfo> decode(std::span<const unsigned char> b, const std::string& peer);
 };
 
+// The messages on the queue pairs: a SEND's immediate data is kind << 24 | a 24-bit token; an RDMA
+// WRITE's immediate data is the bare token of its chunk.
+enum QpMessage : uint32_t {
+  kMsgCts = 1,     // path, receiver -> sender: a Cts (16 B) for the token: write the chunk there
+  kMsgSmall = 2,   // path, sender -> receiver: a small chunk's bytes
+  kMsgDone = 3,    // path, receiver -> sender: the small chunk left its slot (its credit comes back)
+};
+
 // A chunk header's payload: its length and token, and whether its bytes come by SEND into a
 // receive slot (small) or by RDMA WRITE with immediate data after the receiver's clear-to-send.
 struct ChunkDescriptor {
