@@ -378,6 +378,15 @@ TEST_F(RdmaControl, CreditsNeverLentAreRefused) {
   EXPECT_NE(s.to_string().find(kRaw), std::string::npos) << s.to_string();
 }
 
+// Credit messages that give back nothing are not bounded by any credit: refused at the first.
+TEST_F(RdmaControl, EmptyCreditMessageIsRefused) {
+  conduit_and_raw();
+  ASSERT_TRUE(raw_.send(0, msg(kMsgCredit, 0)));
+  Status s = until_refused();
+  EXPECT_EQ(s.code(), Code::kProtocol) << s.to_string();
+  EXPECT_NE(s.to_string().find("gives back none"), std::string::npos) << s.to_string();
+}
+
 TEST_F(RdmaControl, WriteIntoTheQueuePairIsRefused) {
   conduit_and_raw();
   raw_.write(0, 1, nullptr, 0, 0);

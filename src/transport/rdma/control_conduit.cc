@@ -257,6 +257,8 @@ class ControlConduit final : public stream::Conduit {
               fmt::format("the peer gave back {} credits, more than were lent ({})", value, conn_->theirs.credits));
         if (word >> 24 == kMsgCredit) {
           if (wc.byte_len != 0) return (void)protocol("a credit message with bytes");
+          // Ours carry at least one credit: empty ones would be a flood no credit bounds.
+          if (value == 0) return (void)protocol("a credit message that gives back none");
           repost(slot);
           return;
         }

@@ -12,9 +12,10 @@
 // all, then kPeerFailed. The destructor waits (bounded) for its SENDs to be acknowledged before it
 // lets the queue pair go. A peer that dies: its data socket closes, or a SEND's retries run out.
 //
-// Hostile peers: more SENDs than the credits granted, credits given back that were never lent, an
-// empty or unknown message, a WRITE on the queue pair, a byte on the data socket: kProtocol naming
-// the peer; the stream fails (its endpoint with it), other endpoints go on.
+// Hostile peers: more SENDs than the credits granted, credits given back that were never lent, a
+// credit message that gives back none, an empty or unknown message, a WRITE on the queue pair, a
+// byte on the data socket: kProtocol naming the peer; the stream fails (its endpoint with it),
+// other endpoints go on.
 #pragma once
 
 #include <memory>
