@@ -8,8 +8,9 @@
 # the other host, see docs/rdma.md):
 #   ib_write_bw  -s 1M   and  dmx bench --transport rdma --op write --sizes 1M   (throughput)
 #   ib_write_lat -s 8    and  dmx bench --transport rdma --op send --sizes 8     (half a round trip),
-#                        once as dmx sends 8 B (inline on its control stream, eager) and once through
-#                        the rdma path (eager_limit=0: rendezvous, then an RDMA READ)
+#                        once as dmx sends 8 B (inline on its control stream, by SEND over the
+#                        rdma_ctl queue pair), once with that stream on TCP (control_pipe=0: as
+#                        before rdma_ctl) and once through the rdma path (eager_limit=0: rendezvous)
 # and prints dmx/perftest for both. The targets on a real NIC (issue 41): throughput >= 0.9 of
 # ib_write_bw at 1 MiB; half a round trip within 1 us of ib_write_lat at 8 B. On soft-RoCE (rxe)
 # both run on an emulated CPU: the ratio then says what dmx's per-operation CPU costs against a
@@ -51,10 +52,10 @@ perftest() {
 # dmx bench between two processes here, rdma forced on this device; prints its JSON line.
 dmxbench() {
   port=$(( 20000 + $$ % 20000 ))
-  env DMX_TRANSPORT=rdma DMX_RDMA_DEVICE=$dev ${DMX_EAGER:+DMX_EAGER_LIMIT=$DMX_EAGER} "$dmx" bench --listen "tcp://$addr:$port" > "$tmp/dmx-server.log" 2>&1 &
+  env DMX_TRANSPORT=rdma DMX_RDMA_DEVICE=$dev ${DMX_EAGER:+DMX_EAGER_LIMIT=$DMX_EAGER} ${DMX_CP:+DMX_CONTROL_PIPE=$DMX_CP} "$dmx" bench --listen "tcp://$addr:$port" > "$tmp/dmx-server.log" 2>&1 &
   srv=$!
   sleep 1
-  env DMX_TRANSPORT=rdma DMX_RDMA_DEVICE=$dev DMX_CONNECT_RETRY_REFUSED=true ${DMX_EAGER:+DMX_EAGER_LIMIT=$DMX_EAGER} \
+  env DMX_TRANSPORT=rdma DMX_RDMA_DEVICE=$dev DMX_CONNECT_RETRY_REFUSED=true ${DMX_EAGER:+DMX_EAGER_LIMIT=$DMX_EAGER} ${DMX_CP:+DMX_CONTROL_PIPE=$DMX_CP} \
     "$dmx" bench --connect "tcp://$addr:$port" --mem host --transport rdma --iters "$iters" --json "$@" \
     > "$tmp/dmx.json" 2> "$tmp/dmx-client.log" || { cat "$tmp/dmx-client.log" >&2; kill $srv 2> /dev/null; return 1; }
   kill $srv 2> /dev/null || true
@@ -70,6 +71,7 @@ lat=$(perftest ib_write_lat -s 8 -n "$iters")
 jbw=$(dmxbench --op write --sizes 1M)
 jlat=$(dmxbench --op send --sizes 8)
 jpath=$(DMX_EAGER=0 dmxbench --op send --sizes 8)
+jtcp=$(DMX_CP=0 dmxbench --op send --sizes 8)
 echo "perftest client lines (ib_write_bw, ib_write_lat):"
 sed 's/^/  /' "$tmp/raw"
 # ib_write_bw: "#bytes #iterations BW-peak BW-average MsgRate" in MiB/s; ib_write_lat: t_typical
@@ -80,12 +82,15 @@ plat=$(printf '%s\n' "$lat" | awk '{ print $5 }')
 dbw=$(field gb_per_s "$jbw")
 dlat=$(field p50_us "$jlat" | awk '{ printf "%.3f", $1 }')
 dpath=$(field p50_us "$jpath" | awk '{ printf "%.3f", $1 }')
-[ -n "$pbw" ] && [ -n "$plat" ] && [ -n "$dbw" ] && [ -n "$dlat" ] && [ -n "$dpath" ] || {
+dtcp=$(field p50_us "$jtcp" | awk '{ printf "%.3f", $1 }')
+conduit=$(printf '%s\n' "$jlat" | sed -n 's/.*"control_stream":"\([^"]*\)".*/\1/p')
+[ -n "$pbw" ] && [ -n "$plat" ] && [ -n "$dbw" ] && [ -n "$dlat" ] && [ -n "$dpath" ] && [ -n "$dtcp" ] || {
   echo "rdma-check: could not read a result (perftest: '$bw' / '$lat'; dmx: '$jbw' / '$jlat')" >&2
   exit 1
 }
 echo "dmx: write 1 MiB: transport $(printf '%s\n' "$jbw" | sed -n 's/.*"transport":"\([^"]*\)".*/\1/p'), $(field peer_path_chunks_received "$jbw") chunks by a path at the peer; send 8 B by the path: $(field peer_path_chunks_received "$jpath") chunks by a path"
 echo "ib_write_bw  1 MiB: $pbw GB/s    dmx write 1 MiB: $dbw GB/s    ratio $(awk -v a="$dbw" -v b="$pbw" 'BEGIN { printf "%.3f", a / b }') (target >= 0.9 on a NIC)"
-echo "ib_write_lat 8 B:   $plat us     dmx send 8 B half RTT: $dlat us    ratio $(awk -v a="$dlat" -v b="$plat" 'BEGIN { printf "%.2f", a / b }'), difference $(awk -v a="$dlat" -v b="$plat" 'BEGIN { printf "%+.2f", a - b }') us (target <= +1 us on a NIC)"
+echo "ib_write_lat 8 B:   $plat us     dmx send 8 B half RTT (stream 0 on $conduit): $dlat us    ratio $(awk -v a="$dlat" -v b="$plat" 'BEGIN { printf "%.2f", a / b }'), difference $(awk -v a="$dlat" -v b="$plat" 'BEGIN { printf "%+.2f", a - b }') us (target <= +1 us on a NIC)"
 echo "ib_write_lat 8 B:   $plat us     dmx send 8 B by the rdma path (eager_limit=0) half RTT: $dpath us    ratio $(awk -v a="$dpath" -v b="$plat" 'BEGIN { printf "%.2f", a / b }')"
+echo "ib_write_lat 8 B:   $plat us     dmx send 8 B half RTT, stream 0 on TCP (control_pipe=0): $dtcp us    ratio $(awk -v a="$dtcp" -v b="$plat" 'BEGIN { printf "%.2f", a / b }')"
 case "$plat" in *inf*|*nan*) echo "rdma-check: perftest's clock gave $plat here (its cycle counter; common in emulated guests): its ratios mean nothing" ;; esac

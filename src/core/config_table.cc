@@ -155,7 +155,8 @@ constexpr ConfigEntry kTable[] = {
     {"sysfs_root", ConfigType::kString, "/sys", "root of the sysfs tree that topology discovery reads"},
     // same-host paths (shm, cuda_ipc)
     {"control_pipe", ConfigType::kBool, "true",
-     "same host: run the control stream (stream 0) over a shared-memory pipe instead of TCP (latency)"},
+     "run the control stream (stream 0) over a shared-memory pipe (same host) or by RDMA SENDs (where rdma is "
+     "agreed) instead of TCP (latency)"},
     {"shm_slot_size", ConfigType::kSize, "4M", "shm link: bytes per ring slot (4K-64M, multiple of 64)"},
     {"shm_slots", ConfigType::kInt, "8", "shm link: slots per direction (2-1024); the ring of a direction is shm_slots x shm_slot_size"},
     {"shm_bounce_pool", ConfigType::kSize, "64M",

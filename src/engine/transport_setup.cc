@@ -195,6 +195,15 @@ void accept_transports(const ContextImpl& ctx, const wire::Hello& client, wire::
     std::erase_if(*channels, [&](const auto& c) { return c.first == o.name; });
     return true;
   });
+  // One conduit for stream 0: the first in the registry's order.
+  bool control = false;
+  std::erase_if(kept, [&](const wire::Offer& o) {
+    if (find(list, o.name)->gives() != Gives::kControl) return false;
+    if (!control) return !(control = true);
+    note(why_not, fmt::format("{} not used: stream 0 runs on an earlier transport's conduit", o.name));
+    std::erase_if(*channels, [&](const auto& c) { return c.first == o.name; });
+    return true;
+  });
   server->offers = std::move(kept);
 }
 

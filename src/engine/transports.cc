@@ -29,10 +29,12 @@ std::vector<std::function<std::shared_ptr<Transport>()>>& added() {
 // cuda_ipc first: it moves device memory at the link's speed and never stages; devmem next (the
 // NIC reads and writes device memory); rdma next (between hosts only, unless forced: its compatible()
 // refuses one host, where shm and cuda_ipc do better); shm carries every kind, staging device memory; tcp last:
-// what no path carries goes inline on the streams.
+// what no path carries goes inline on the streams. Of the conduits for stream 0 the first agreed is
+// used: rdma_ctl where rdma is, else shm_pipe on one host.
 TransportList default_transports() {
-  TransportList list{make_cuda_ipc_transport(), make_devmem_transport(), make_rdma_transport(), make_shm_transport(),
-                     make_shm_pipe_transport(), make_tcp_transport()};
+  TransportList list{make_cuda_ipc_transport(), make_devmem_transport(), make_rdma_transport(),
+                     make_rdma_ctl_transport(), make_shm_transport(), make_shm_pipe_transport(),
+                     make_tcp_transport()};
   std::lock_guard<std::mutex> lock(added_mu);
   for (const auto& make : added()) register_transport(list, make());
   return list;

@@ -7,7 +7,9 @@
 #include <chrono>
 
 #include "engine/context_impl.h"
+#include "engine/handshake.h"
 #include "engine/test_util.h"
+#include "engine/transport_setup.h"
 #include "engine/transports.h"
 
 namespace dmx::test {
@@ -65,6 +67,51 @@ TEST(TransportSetup, ServerSideFailureEndsTheClientsWaitPromptly) {
   EXPECT_NE(e.status().message().find("the server ended the data socket"), std::string::npos) << e.status().to_string();
   // Generous for a loaded machine; the old code waited the full 120 s.
   EXPECT_LT(took, 60s) << e.status().to_string();
+}
+
+// A conduit for stream 0 that is never offered: the test hands its offers to the server directly.
+class FakeControl final : public Transport {
+ public:
+  explicit FakeControl(std::string name) : name_(std::move(name)) {}
+  std::string_view name() const override { return name_; }
+  Gives gives() const override { return Gives::kControl; }
+  Result<std::vector<unsigned char>> offer(const Config&) override {
+    return Status(Code::kUnavailable, "tests only: never offered");
+  }
+  Status compatible(std::span<const unsigned char>, std::span<const unsigned char>, const PeerPair&) const override {
+    return Status();
+  }
+  std::string role(const PeerPair&) const override { return "tests only"; }
+  std::string when() const override { return "tests only"; }
+  Result<TransportLink> connect(Bootstrap&) override { return Status(Code::kUnavailable, "tests only"); }
+
+ private:
+  const std::string name_;
+};
+
+// Two conduits for stream 0 both usable (rdma_ctl and shm_pipe with transport=rdma on one host):
+// the server keeps the first and says why not the other; before, both were agreed and the
+// endpoint failed at set-up with "a second conduit for stream 0".
+TEST(TransportSetup, OnlyTheFirstConduitForStreamZeroIsKept) {
+  static const bool added = [] {
+    add_transport([] { return std::make_shared<FakeControl>("ctl_one"); });
+    add_transport([] { return std::make_shared<FakeControl>("ctl_two"); });
+    return true;
+  }();
+  (void)added;
+  auto ctx = Context::create(test_options(1));
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  const ContextImpl& impl = *ctx->impl();
+  wire::Hello client = make_hello(impl, wire::Role::kClient), server = make_hello(impl, wire::Role::kServer);
+  client.offers = server.offers = {wire::Offer{"ctl_one", {1}}, wire::Offer{"ctl_two", {1}}, wire::Offer{"tcp", {1}}};
+  SideChannels channels;
+  std::string why_not;
+  accept_transports(impl, client, &server, &channels, &why_not);
+  std::vector<std::string> kept;
+  for (const auto& o : server.offers) kept.push_back(o.name);
+  EXPECT_EQ(kept, (std::vector<std::string>{"ctl_one", "tcp"}));
+  EXPECT_NE(why_not.find("ctl_two not used: stream 0 runs on an earlier transport's conduit"), std::string::npos)
+      << why_not;
 }
 
 }  // namespace

@@ -28,43 +28,12 @@
 #include "transport/rdma/rdma_path.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/rdma/setup.h"
+#include "rdma_test_util.h"
 
 namespace dmx::rdma {
 namespace {
 
 using namespace std::chrono_literals;
-
-constexpr unsigned char kPoison = 0xA5;
-
-std::vector<unsigned char> fresh(size_t n) {
-  static std::mt19937_64 rng(std::random_device{}());
-  std::vector<unsigned char> v(n);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
-
-struct Recorder : PayloadPath::Events {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<uint64_t, Status> tx, rx;
-  std::optional<Status> failure;
-  bool stopped = false;
-  void on_path_tx_done(uint64_t seq, const Status& s) override { note([&] { tx[seq] = s; }); }
-  void on_path_rx_done(uint64_t seq, const Status& s) override { note([&] { rx[seq] = s; }); }
-  void on_path_failed(const Status& s) override { note([&] { failure = s; }); }
-  void on_path_stopped() override { note([&] { stopped = true; }); }
-  template <class F>
-  void note(F f) {
-    std::lock_guard l(mu);
-    f();
-    cv.notify_all();
-  }
-  template <class P>
-  bool wait(P pred, std::chrono::seconds limit = test::kEventually) {
-    std::unique_lock l(mu);
-    return cv.wait_for(l, limit, [&] { return pred(*this); });
-  }
-};
 
 struct Side {
   std::unique_ptr<PayloadPath> path;

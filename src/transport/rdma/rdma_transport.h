@@ -1,4 +1,4 @@
-// The rdma transport: payload by RDMA WRITE with immediate and SEND over RC queue pairs of a
+// The rdma transports: payload by RDMA WRITE with immediate and SEND over RC queue pairs of a
 // verbs device (rdma_path.h), between hosts (on one host only when forced: shm and cuda_ipc come
 // first). Built only with libibverbs (DMX_ENABLE_RDMA); without it the same factory makes a
 // transport that says why not.
@@ -26,6 +26,9 @@ struct RdmaTestHooks {
 };
 
 std::shared_ptr<Transport> make_rdma_transport(RdmaTestHooks hooks = {});
+// rdma_ctl: stream 0 by SENDs over an RC queue pair of the same device, agreed where rdma is
+// (Gives::kControl; control_pipe turns it off).
+std::shared_ptr<Transport> make_rdma_ctl_transport();
 
 // Whether this process could use rdma under `config` (built with it, a device with an active port
 // and a GID), or kUnavailable with the reason.

@@ -67,6 +67,17 @@ struct ConnInfo {
   static Result<ConnInfo> decode(std::span<const unsigned char> b, const std::string& peer);
 };
 
+// The messages on the queue pairs: a SEND's immediate data is kind << 24 | a 24-bit value (a token,
+// or credits given back); an RDMA WRITE's immediate data is the bare token of its chunk.
+enum QpMessage : uint32_t {
+  kMsgCts = 1,     // path, receiver -> sender: a Cts (16 B) for the token: write the chunk there
+  kMsgSmall = 2,   // path, sender -> receiver: a small chunk's bytes
+  kMsgDone = 3,    // path, receiver -> sender: the small chunk left its slot (its credit comes back)
+  kMsgData = 4,    // control stream: its bytes (1..kSmallMax); the value: credits given back
+  kMsgCredit = 5,  // control stream: no bytes; the value: credits given back
+  kMsgEnd = 6,     // control stream: no bytes; the sender is done, after every byte it sent
+};
+
 // A chunk header's payload: its length and token, and whether its bytes come by SEND into a
 // receive slot (small) or by RDMA WRITE with immediate data after the receiver's clear-to-send.
 struct ChunkDescriptor {
