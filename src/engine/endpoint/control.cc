@@ -4,9 +4,9 @@
 // the peer's count covers it; every LINK_ACK and LINK_DOWN carries in a2 how many of the sender's
 // control frames landed, and the receiver sends a LINK_ACK(0, 0, count) every kCtlAckEvery of them.
 // Counted frames go by one stream at a time. When it stops on this side, control frames go to the
-// lowest stream still up, but counted ones wait in the log until the peer's LINK_DOWN for the old
-// stream says how many of them landed (final: the peer's end of that stream had stopped); then
-// the rest go again, in order, and the new ones after them. None is lost, none lands twice, and
+// lowest stream still up (on another link first), but counted ones wait in the log until the
+// peer's LINK_DOWN for the old stream says how many of them landed (final: the peer's end of that
+// stream had stopped); then the rest go again, in order, and the new ones after them. None is lost, none lands twice, and
 // the peer lands them in the order they were posted. LINK_ACK and LINK_DOWN are not counted:
 // cumulative and idempotent, the ones the control stream carried are sent again on the next.
 #include <fmt/format.h>
@@ -116,15 +116,30 @@ bool EndpointImpl::ctl_stream_stopped(int k) {
   // Counted frames that went by k may still be landing at the peer: later ones wait for its count.
   if (k == ctl_used_ && ctl_acked_ < ctl_sent_) ctl_hold_ = true;
   if (k != ctl_stream_.load()) return false;
-  for (size_t i = 0; i < links_.size(); ++i) {
-    const LinkState& l = links_[i];
-    if (l.stopped || !l.why.ok() || l.down_got) continue;
-    ctl_stream_.store(static_cast<int>(i));
-    const std::string& route = i < session_.routes.size() ? session_.routes[i] : "";
-    DMX_LOG_WARN("endpoint to {}: control stream {} is down; control frames move to stream {} ({})", session_.peer,
-                 k, i, route);
-    streams_[i]->wake();  // it calls on_tick from now on
-    return true;
+  // The lowest stream up, on another link than k's if there is one: k's link may be what died, and
+  // its other streams may not have noticed yet.
+  auto route_of = [&](size_t i) -> const std::string& {
+    static const std::string kNone;
+    return i < session_.routes.size() ? session_.routes[i] : kNone;
+  };
+  const std::string& dead = route_of(static_cast<size_t>(k));
+  std::string dead_local;  // the address of k's interface: "10.0.0.1" of "10.0.0.1:40000 -> 10.0.0.2:7000"
+  if (!dead.empty()) {
+    std::string local = dead.substr(0, dead.find(' '));
+    dead_local = local.substr(0, local.rfind(':'));
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < links_.size(); ++i) {
+      const LinkState& l = links_[i];
+      if (l.stopped || !l.why.ok() || l.down_got) continue;
+      const std::string& route = route_of(i);
+      if (pass == 0 && !dead_local.empty() && route.rfind(dead_local + ":", 0) == 0) continue;  // the same link
+      ctl_stream_.store(static_cast<int>(i));
+      DMX_LOG_WARN("endpoint to {}: control stream {} is down; control frames move to stream {} ({})", session_.peer,
+                   k, i, route);
+      streams_[i]->wake();  // it calls on_tick from now on
+      return true;
+    }
   }
   return false;  // none left: link_stopped fails the endpoint
 }
