@@ -33,9 +33,12 @@ Result<std::shared_ptr<store::Directory>> open_directory(const Config& config, c
 
 namespace {
 
-// The orchestrator's pools as the store lists them: named by where they are (a NUMA node, a PCI
-// address), so `dmx ls` shows the placement; a GPU's entry carries its CUDA ordinal (-1 unknown).
-std::vector<store::PoolEntry> pool_entries(const topo::Placement& placement, const std::string& host) {
+// The orchestrator's pools as the store lists them: named by the process that keeps their books
+// (`owner`, its name in the store: processes of one host each publish theirs, and one's lease
+// ending must not take another's entries) and by where they are (a NUMA node, a PCI address), so
+// `dmx ls` shows the placement; a GPU's entry carries its CUDA ordinal (-1 unknown).
+std::vector<store::PoolEntry> pool_entries(const topo::Placement& placement, const std::string& owner,
+                                           const std::string& host) {
   const topo::Topology& t = placement.topology();
   std::vector<store::PoolEntry> out;
   for (const topo::PoolUsage& u : placement.usage()) {
@@ -49,11 +52,11 @@ std::vector<store::PoolEntry> pool_entries(const topo::Placement& placement, con
     std::string bdf = on_device ? t.devices[static_cast<size_t>(u.desc.pci)].addr.to_string() : "";
     switch (u.desc.kind) {
       case topo::PoolKind::kPinnedHost:
-        e.name = fmt::format("host-node{}", u.desc.numa_node);
+        e.name = fmt::format("{}:host-node{}", owner, u.desc.numa_node);
         break;
       case topo::PoolKind::kGpu:
         if (!on_device) continue;
-        e.name = "gpu-" + bdf;
+        e.name = fmt::format("{}:gpu-{}", owner, bdf);
         e.device = t.cuda_ordinal(u.desc.pci);
         if (e.device < 0 && t.cuda.devices.empty())  // no CUDA overlay: CUDA's PCI order, as the placement names it
           for (size_t i = 0; i < t.gpus.size(); ++i)
@@ -61,7 +64,7 @@ std::vector<store::PoolEntry> pool_entries(const topo::Placement& placement, con
         break;
       case topo::PoolKind::kDeviceBar:
         if (!on_device) continue;
-        e.name = "p2pmem-" + bdf;
+        e.name = fmt::format("{}:p2pmem-{}", owner, bdf);
         break;
     }
     out.push_back(std::move(e));
@@ -76,7 +79,7 @@ void publish_pools(ContextImpl& ctx, store::Directory& dir) {
   auto placement = ctx.placement().machine();
   if (!placement) return;
   size_t published = 0;
-  for (store::PoolEntry& e : pool_entries(*placement, ctx.hostname())) {
+  for (store::PoolEntry& e : pool_entries(*placement, dir.name(), ctx.hostname())) {
     std::string name = e.name;
     if (Status s = dir.publish_pool(std::move(e)); !s.ok()) {
       DMX_LOG_WARN("store {}: pool {} not published: {}", dir.describe(), name, s.to_string());

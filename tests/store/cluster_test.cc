@@ -212,7 +212,7 @@ TEST(Cluster, StoreAwayKeepsEndpointsFailsLookupsAndComesBack) {
 }
 
 // The engine publishes the machine's pools (topo/placement.h) with where they are once it has a
-// name, and they go with its lease. On the two-socket fixture: a pinned pool per NUMA node, a GPU
+// name (each entry named after it), and they go with its lease. On the two-socket fixture: a pinned pool per NUMA node, a GPU
 // pool per GPU (03:00.0 on node 0, 83:00.0 on node 1; no CUDA overlay: ordinals in PCI order) and
 // the NVMe's published p2pmem (05:00.0, node 0).
 TEST(Cluster, TheEnginePublishesItsPoolsWithTheirPlacement) {
@@ -243,9 +243,9 @@ TEST(Cluster, TheEnginePublishesItsPoolsWithTheirPlacement) {
       const char* kind;
       int numa, device;
     };
-    for (const Want& w : {Want{"host-node0", "pinned-host", 0, -1}, Want{"host-node1", "pinned-host", 1, -1},
-                          Want{"gpu-0000:03:00.0", "gpu", 0, 0}, Want{"gpu-0000:83:00.0", "gpu", 1, 1},
-                          Want{"p2pmem-0000:05:00.0", "device-bar", 0, -1}}) {
+    for (const Want& w : {Want{"pools:host-node0", "pinned-host", 0, -1}, Want{"pools:host-node1", "pinned-host", 1, -1},
+                          Want{"pools:gpu-0000:03:00.0", "gpu", 0, 0}, Want{"pools:gpu-0000:83:00.0", "gpu", 1, 1},
+                          Want{"pools:p2pmem-0000:05:00.0", "device-bar", 0, -1}}) {
       ASSERT_EQ(by_name.count(w.name), 1u) << w.name;
       const PublishedPool& p = by_name[w.name];
       EXPECT_EQ(p.kind, w.kind) << w.name;
