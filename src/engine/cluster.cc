@@ -31,6 +31,67 @@ Result<std::shared_ptr<store::Directory>> open_directory(const Config& config, c
   return d;
 }
 
+namespace {
+
+// The orchestrator's pools as the store lists them: named by the process that keeps their books
+// (`owner`, its name in the store: processes of one host each publish theirs, and one's lease
+// ending must not take another's entries) and by where they are (a NUMA node, a PCI address), so
+// `dmx ls` shows the placement; a GPU's entry carries its CUDA ordinal (-1 unknown).
+std::vector<store::PoolEntry> pool_entries(const topo::Placement& placement, const std::string& owner,
+                                           const std::string& host) {
+  const topo::Topology& t = placement.topology();
+  std::vector<store::PoolEntry> out;
+  for (const topo::PoolUsage& u : placement.usage()) {
+    if (!u.published) continue;
+    store::PoolEntry e;
+    e.host = host;
+    e.kind = std::string(topo::pool_kind_name(u.desc.kind));
+    e.numa = u.desc.numa_node;
+    e.bytes = u.desc.capacity;
+    bool on_device = u.desc.pci >= 0 && u.desc.pci < static_cast<int>(t.devices.size());
+    std::string bdf = on_device ? t.devices[static_cast<size_t>(u.desc.pci)].addr.to_string() : "";
+    switch (u.desc.kind) {
+      case topo::PoolKind::kPinnedHost:
+        e.name = fmt::format("{}:host-node{}", owner, u.desc.numa_node);
+        break;
+      case topo::PoolKind::kGpu:
+        if (!on_device) continue;
+        e.name = fmt::format("{}:gpu-{}", owner, bdf);
+        e.device = t.cuda_ordinal(u.desc.pci);
+        if (e.device < 0 && t.cuda.devices.empty())  // no CUDA overlay: CUDA's PCI order, as the placement names it
+          for (size_t i = 0; i < t.gpus.size(); ++i)
+            if (t.gpus[i] == u.desc.pci) e.device = static_cast<int>(i);
+        break;
+      case topo::PoolKind::kDeviceBar:
+        if (!on_device) continue;
+        e.name = fmt::format("{}:p2pmem-{}", owner, bdf);
+        break;
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+// Once this process has its name: the machine's pools (topo/placement.h) go into the store under
+// its lease. A machine whose topology cannot be read has none to publish (the placement said why);
+// a pool the store refuses is logged, and the listener works on without it.
+void publish_pools(ContextImpl& ctx, store::Directory& dir) {
+  auto placement = ctx.placement().machine();
+  if (!placement) return;
+  size_t published = 0;
+  for (store::PoolEntry& e : pool_entries(*placement, dir.name(), ctx.hostname())) {
+    std::string name = e.name;
+    if (Status s = dir.publish_pool(std::move(e)); !s.ok()) {
+      DMX_LOG_WARN("store {}: pool {} not published: {}", dir.describe(), name, s.to_string());
+      continue;
+    }
+    ++published;
+  }
+  DMX_LOG_INFO("store {}: published {} memory pool(s) of {}", dir.describe(), published, ctx.hostname());
+}
+
+}  // namespace
+
 Status ContextImpl::announce(const std::string& address) {
   std::string name = config_.get_string("store_name");
   if (!directory_ || name.empty()) return {};
@@ -43,7 +104,9 @@ Status ContextImpl::announce(const std::string& address) {
   self.host = hostname_;
   self.pid = static_cast<uint32_t>(::getpid());
   auto epoch = directory_->announce(std::move(self));
-  return epoch.ok() ? Status() : epoch.status();
+  if (!epoch.ok()) return epoch.status();
+  publish_pools(*this, *directory_);
+  return Status();
 }
 
 void ContextImpl::watch_peer(const std::string& name, uint64_t epoch, const std::shared_ptr<RegistrationUser>& ep) {

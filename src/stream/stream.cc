@@ -527,7 +527,7 @@ Stream::Turn Stream::turn() {
   if (failure_.ok() && !stop_.load(std::memory_order_acquire) && !paused_) failure_ = step_rx(&rx);
   if (!failure_.ok()) return Turn::kDone;
   auto now = Clock::now();
-  Clock::time_point due = config_.index == 0 ? host_->on_tick() : Clock::time_point::max();
+  Clock::time_point due = host_->ticks(config_.index) ? host_->on_tick() : Clock::time_point::max();
   if (paused_) {
     // Not reading is our choice, not the peer's silence; but a peer that takes none of the
     // replies it asked for within peer_timeout is gone or hostile.

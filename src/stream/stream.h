@@ -105,6 +105,9 @@ class StreamHost {
   // latest; an idle stream sleeps until then (or `tick` when sooner), so idle endpoints without
   // deadlines cost no wake-ups. A host whose next deadline moves earlier wakes the stream.
   virtual Clock::time_point on_tick() = 0;
+  // Whether `stream` is the one that calls on_tick (the control stream; it may move). Any stream's
+  // worker, on every pass; must be cheap.
+  virtual bool ticks(int stream) { return stream == 0; }
   // Whether operations wait on the peer: the stream then holds it to busy_peer_timeout and probes
   // it when silent. Any stream's worker, on every pass; must be cheap.
   virtual bool awaiting() { return false; }

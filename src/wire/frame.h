@@ -54,9 +54,9 @@ enum class FrameType : uint8_t {
   // Liveness.
   kKeepalive = 30,
   kClose = 31,  // orderly close; payload: reason text
-  // Several links (Hello::multilink), on stream 0.
-  kLinkAck = 32,   // a0=data stream, a1=data frames that stream has landed here in all (cumulative)
-  kLinkDown = 33,  // a0=data stream, a1=data frames it landed: this side lands nothing more from it
+  // Several links (Hello::multilink), on the control stream; a2 = the peer's control frames landed here.
+  kLinkAck = 32,   // a0=data stream (0: a2 only), a1=data frames that stream has landed here in all
+  kLinkDown = 33,  // a0=stream, a1=data frames it landed: this side lands nothing more from it
 };
 
 enum FrameFlags : uint8_t {

@@ -96,6 +96,80 @@ TEST(Multilink, AWriteAndAReadSurviveACutToo) {
   EXPECT_EQ(read_back(dst.region()), expect);
 }
 
+// Small messages both ways (eager, so their bytes ride the control stream), big ones beside them,
+// a write and a read: the control stream is cut (`cuts` sockets, one after another) while they are
+// under way. Each must arrive once, byte-exact, in order per tag.
+void control_cut(const std::vector<size_t>& cuts) {
+  test::Pair p = test::connect_pair(multilink_options());
+  std::vector<int> fds = client_sockets(port_of(p.listener.address()));
+  ASSERT_EQ(fds.size(), 5u) << "stream 0 and 4 data streams";
+  const size_t n = (64 << 20) + 4321;
+  auto big_c = filled(MemSpec{}, n), big_s = filled(MemSpec{}, n);
+  Buffer in_s = poisoned(MemSpec{}, n), in_c = poisoned(MemSpec{}, n);
+  auto target = filled(MemSpec{}, 2 * n);
+  auto reg = p.ctx.register_memory(target.buf.region());
+  ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+  auto wsrc = filled(MemSpec{}, n);
+  Buffer rdst = poisoned(MemSpec{}, n);
+  constexpr int kSmall = 400;
+  std::vector<test::Filled> small_c, small_s;
+  std::vector<Buffer> small_in_s, small_in_c;
+  std::vector<Request> reqs;
+  for (int i = 0; i < kSmall; ++i) {
+    small_c.push_back(filled(MemSpec{}, 1 + (i * 37) % 2000));
+    small_s.push_back(filled(MemSpec{}, 1 + (i * 53) % 2000));
+    small_in_s.push_back(poisoned(MemSpec{}, small_c.back().data.size()));
+    small_in_c.push_back(poisoned(MemSpec{}, small_s.back().data.size()));
+  }
+  reqs.push_back(p.server.recv(in_s.region(), 1));
+  reqs.push_back(p.client.recv(in_c.region(), 2));
+  for (int i = 0; i < kSmall; ++i) {
+    reqs.push_back(p.server.recv(small_in_s[i].region(), 10));
+    reqs.push_back(p.client.recv(small_in_c[i].region(), 11));
+  }
+  reqs.push_back(p.client.send(big_c.buf.region(), 1));
+  reqs.push_back(p.server.send(big_s.buf.region(), 2));
+  reqs.push_back(p.client.write(wsrc.buf.region(), reg->remote(), 0));
+  reqs.push_back(p.client.read(rdst.region(), reg->remote(), n));
+  std::thread cutter([&] {
+    wait_sent(p.client, 4 << 20);
+    for (size_t c : cuts) {
+      ::shutdown(fds[c], SHUT_RDWR);
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+  });
+  for (int i = 0; i < kSmall; ++i) {  // while the cut happens: some before it, some after
+    reqs.push_back(p.client.send(small_c[i].buf.region(), 10));
+    reqs.push_back(p.server.send(small_s[i].buf.region(), 11));
+    if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  cutter.join();
+  for (Request& r : reqs) ASSERT_TRUE(r.wait(test::kEventually).ok()) << r.status().to_string();
+  EXPECT_EQ(read_back(in_s.region()), big_c.data);
+  EXPECT_EQ(read_back(in_c.region()), big_s.data);
+  for (int i = 0; i < kSmall; ++i) {
+    ASSERT_EQ(read_back(small_in_s[i].region()), small_c[i].data) << "message " << i;
+    ASSERT_EQ(read_back(small_in_c[i].region()), small_s[i].data) << "message " << i;
+  }
+  EXPECT_EQ(read_back(target.buf.region().sub(0, n)), wsrc.data);
+  std::vector<unsigned char> expect(target.data.begin() + static_cast<long>(n), target.data.end());
+  EXPECT_EQ(read_back(rdst.region()), expect);
+  // The endpoint goes on: a message each way, then an orderly close.
+  auto more = filled(MemSpec{}, (4 << 20) + 3), back = filled(MemSpec{}, 100);
+  Buffer more_in = poisoned(MemSpec{}, more.data.size()), back_in = poisoned(MemSpec{}, 100);
+  Request r3 = p.server.recv(more_in.region(), 3), r4 = p.client.recv(back_in.region(), 4);
+  Request s3 = p.client.send(more.buf.region(), 3), s4 = p.server.send(back.buf.region(), 4);
+  for (Request* r : {&r3, &r4, &s3, &s4}) ASSERT_TRUE(r->wait(test::kEventually).ok()) << r->status().to_string();
+  EXPECT_EQ(read_back(more_in.region()), more.data);
+  EXPECT_EQ(read_back(back_in.region()), back.data);
+  EXPECT_TRUE(p.client.health().ok()) << p.client.health().to_string();
+  EXPECT_TRUE(p.server.health().ok()) << p.server.health().to_string();
+}
+
+TEST(Multilink, TheControlStreamCutMidTransferMovesAndLosesNothing) { control_cut({0}); }
+
+TEST(Multilink, TheControlStreamMovesTwice) { control_cut({0, 1}); }
+
 TEST(Multilink, EveryDataStreamCutFailsTheOperationsWithTheReason) {
   test::Pair p = test::connect_pair(multilink_options());
   std::vector<int> fds = client_sockets(port_of(p.listener.address()));

@@ -4,6 +4,8 @@
 # address; A connects to B's link-1 address and spreads its data streams over both links.
 #  1. both links: verified transfers, and A's log says it runs over 2 links;
 #  2. link 2 cut mid-transfer (ip link set down, in A): the transfer completes, verified;
+#  2b. link 1, which carries the control stream (stream 0), cut mid-transfer: the control stream
+#     moves to link 2 and the transfer completes, verified;
 #  3. one link (nics=ml0 on A) cut mid-transfer: A fails cleanly, naming B, within a bound;
 #  4. B frozen (SIGSTOP) mid-transfer: A fails naming B; prints how long it took.
 # Bounds are generous (a loaded 2-core machine runs this); scripts/multinic-bench.sh measures.
@@ -57,7 +59,22 @@ ip -n "$A" link set ml1 up
 if [[ $rc -ne 0 ]] || ! verified "$log" || ! grep -q "is down" "$log" /tmp/dmx-ml-$$-server.log; then
   echo "FAIL: link 2 cut mid-transfer (exit $rc)"; grep -v '^{' "$log" | tail -5; fail=1
 else
-  echo "ok: link 2 cut mid-transfer: $(grep -c '"verified":true' "$log") verified rows; $(grep -ho 'data stream [0-9] ([^)]*) is down' "$log" /tmp/dmx-ml-$$-server.log | head -1)"
+  echo "ok: link 2 cut mid-transfer: $(grep -c '"verified":true' "$log") verified rows; $(grep -ho 'stream [0-9] ([^)]*) is down' "$log" /tmp/dmx-ml-$$-server.log | head -1)"
+fi
+
+# The link of stream 0 (the control stream) cut mid-transfer: control moves to the other link and
+# every byte still arrives once. Small messages (eager, on the control stream) ride beside the big
+# ones.
+log=/tmp/dmx-ml-$$-2b.log
+client "$log" --sizes 1,4097,256M --streams 4 --iters 3 & pid=$!
+links_wait_rx "$B" $((64 << 20))  # mid-transfer
+ip -n "$A" link set ml0 down
+wait $pid; rc=$?
+ip -n "$A" link set ml0 up
+if [[ $rc -ne 0 ]] || ! verified "$log" || ! grep -q "control frames move to stream" "$log" /tmp/dmx-ml-$$-server.log; then
+  echo "FAIL: link 1 (control stream) cut mid-transfer (exit $rc)"; grep -v '^{' "$log" | tail -5; fail=1
+else
+  echo "ok: link 1 (control stream) cut mid-transfer: $(grep -c '"verified":true' "$log") verified rows; $(grep -ho 'control stream 0 is down; control frames move to stream [0-9]* ([^)]*)' "$log" | head -1)"
 fi
 
 # One link, cut: a clean failure naming the peer, in bounded time.

@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -206,6 +209,61 @@ TEST(Cluster, StoreAwayKeepsEndpointsFailsLookupsAndComesBack) {
   }
   EXPECT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_TRUE(ep->health().ok()) << ep->health().to_string();
+}
+
+// The engine publishes the machine's pools (topo/placement.h) with where they are once it has a
+// name (each entry named after it), and they go with its lease. On the two-socket fixture: a pinned pool per NUMA node, a GPU
+// pool per GPU (03:00.0 on node 0, 83:00.0 on node 1; no CUDA overlay: ordinals in PCI order) and
+// the NVMe's published p2pmem (05:00.0, node 0).
+TEST(Cluster, TheEnginePublishesItsPoolsWithTheirPlacement) {
+  NEED_ETCD(etcd);
+  const char* base = std::getenv("DMX_TEST_FIXTURES");
+  std::string root = std::string(base ? base : "tests/fixtures") + "/topo/dual-socket-icelake";
+  Options o;
+  o.set("store", etcd.url()).set("store_job", "t").set("auth_key", "cluster-test-key-123");
+  o.set("store_lease_ttl", "3s").set("store_name", "pools").set("sysfs_root", root);
+  auto created = Context::create(o);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  std::optional<Context> a(std::move(*created));
+  Context b = make(etcd, "");
+  auto before = b.cluster();
+  ASSERT_TRUE(before.ok()) << before.status().to_string();
+  EXPECT_TRUE(before->pools.empty()) << "published once the process has a name (its first listener)";
+  {
+    auto l = a->listen("tcp://127.0.0.1:0");
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    auto listing = b.cluster();
+    ASSERT_TRUE(listing.ok()) << listing.status().to_string();
+    EXPECT_TRUE(listing->refused.empty());
+    std::map<std::string, PublishedPool> by_name;
+    for (const auto& p : listing->pools) by_name[p.name] = p;
+    ASSERT_EQ(by_name.size(), 5u) << "2 NUMA nodes, 2 GPUs, 1 p2pmem BAR";
+    struct Want {
+      const char* name;
+      const char* kind;
+      int numa, device;
+    };
+    for (const Want& w : {Want{"pools:host-node0", "pinned-host", 0, -1}, Want{"pools:host-node1", "pinned-host", 1, -1},
+                          Want{"pools:gpu-0000:03:00.0", "gpu", 0, 0}, Want{"pools:gpu-0000:83:00.0", "gpu", 1, 1},
+                          Want{"pools:p2pmem-0000:05:00.0", "device-bar", 0, -1}}) {
+      ASSERT_EQ(by_name.count(w.name), 1u) << w.name;
+      const PublishedPool& p = by_name[w.name];
+      EXPECT_EQ(p.kind, w.kind) << w.name;
+      EXPECT_EQ(p.numa, w.numa) << w.name;
+      EXPECT_EQ(p.device, w.device) << w.name;
+      EXPECT_GT(p.bytes, 0u) << w.name;
+      EXPECT_FALSE(p.host.empty()) << w.name;
+    }
+  }
+  a.reset();  // the process is gone: its lease, and its pools with it, end within the TTL
+  auto until = std::chrono::steady_clock::now() + kEventually;
+  size_t left = 5;
+  while (left > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto l = b.cluster();
+    if (l.ok()) left = l->pools.size();
+  }
+  EXPECT_EQ(left, 0u);
 }
 
 }  // namespace

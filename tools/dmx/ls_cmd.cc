@@ -74,7 +74,8 @@ int run_ls(const LsArgs& args) {
   if (!l->pools.empty()) {
     std::printf("pools (%zu):\n", l->pools.size());
     for (const auto& p : l->pools)
-      std::printf("  %-20s %s on %s  %llu B\n", p.name.c_str(), p.kind.c_str(), p.host.c_str(),
+      std::printf("  %-24s %-11s on %s  node %d%s  %llu B\n", p.name.c_str(), p.kind.c_str(), p.host.c_str(), p.numa,
+                  p.device >= 0 ? (" cuda:" + std::to_string(p.device)).c_str() : "",
                   static_cast<unsigned long long>(p.bytes));
   }
   if (!l->refused.empty()) {

@@ -107,6 +107,7 @@ class EndpointImpl final : public stream::StreamHost,
   void on_stream_failed(int stream, const Status& s) override;
   void on_stream_stopped(int stream) override;
   Clock::time_point on_tick() override;
+  bool ticks(int stream) override { return stream == ctl_stream_.load(std::memory_order_relaxed); }
   bool rx_paused() override;
   bool awaiting() override { return awaiting_.load(std::memory_order_relaxed); }
 
@@ -225,6 +226,9 @@ class EndpointImpl final : public stream::StreamHost,
   Request start(const std::shared_ptr<OpState>& op, std::deque<std::shared_ptr<OpState>>& queue);
   void push_control(wire::FrameHeader h, std::vector<unsigned char> payload = {},
                     std::shared_ptr<OpState> op = nullptr);
+  // Every frame for the control stream goes through here (endpoint/control.cc).
+  void push_item(stream::TxItem item);
+  stream::Stream& control_stream() const { return *streams_[static_cast<size_t>(ctl_stream_.load())]; }
   // A frame the peer's request caused: counted against max_reply_backlog (rx_paused).
   void push_reply(wire::FrameHeader h, std::vector<unsigned char> payload = {});
   // The peer caused a refused operation (`what`, logged at most once a second); an error once it
@@ -338,9 +342,35 @@ class EndpointImpl final : public stream::StreamHost,
   Status on_link_down(int stream, const wire::FrameHeader& h);
   void link_requeue(int k);  // both sides are done with stream k: its unlanded chunks go again
   void link_acked(int k, uint64_t upto);
-  std::vector<LinkState> links_;                    // multilink only: per stream
+  std::vector<LinkState> links_;                    // multilink only: per stream (0: the control frames' LINK_DOWN)
   std::deque<std::shared_ptr<SentChunk>> resend_;  // chunks to send again, before tx_
   int links_alive_ = 0;                             // data streams not stopped
+
+  // The control stream (endpoint/control.cc; Session::multilink). Control frames (all but data
+  // chunks, KEEPALIVE, LINK_ACK, LINK_DOWN) are counted on both sides and kept by the sender until
+  // the peer's count (LINK_ACK/LINK_DOWN a2) covers them; when the stream carrying them stops, they
+  // go again, beyond the peer's final count for it, on the lowest stream still up.
+  static bool counted_control(const wire::FrameHeader& h);
+  // The peer's count of our control frames (a2 of `h`). Caller holds mu_.
+  Status ctl_acked(const wire::FrameHeader& h);
+  // Stream `k` stopped here; returns whether the control stream moved. Caller holds mu_.
+  bool ctl_stream_stopped(int k);
+  // After the control stream moved: LINK_DOWN and LINK_ACK frames it carried, again. Caller holds mu_.
+  void ctl_repeat_links();
+  // Both sides are done with stream k: the control frames it did not land go again. Caller holds mu_.
+  void ctl_resend_if_ready(int k);
+  void ctl_push_ack();  // LINK_ACK(0, 0, ctl_landed_); caller holds mu_
+  void ctl_landed(const wire::FrameHeader& h);  // a frame of the peer's landed here; caller holds mu_
+  std::mutex ctl_mu_;   // guards the ctl_ members below, but ctl_stream_ (written under it) and those marked mu_
+  std::atomic<int> ctl_stream_{0};  // where control frames go now
+  int ctl_used_ = 0;                // the stream counted frames last went to
+  bool ctl_hold_ = false;           // ctl_used_ stopped: counted frames wait in the log for the peer's count
+  uint64_t ctl_sent_ = 0, ctl_acked_ = 0, ctl_log_bytes_ = 0;
+  std::deque<stream::TxItem> ctl_log_;  // frames ctl_acked_ + 1 .. ctl_sent_
+  std::atomic<bool> ctl_overflow_{false};  // the peer acknowledges none: on_tick fails the endpoint
+  std::vector<wire::FrameHeader> downs_sent_;  // mu_: our LINK_DOWNs, repeated when the control stream moves
+  uint64_t ctl_landed_ = 0, ctl_ack_sent_ = 0;  // mu_: the peer's control frames landed here, and acknowledged
+  Clock::time_point ctl_ack_due_ = Clock::time_point::max();  // mu_
 
   // Checksums (endpoint/checksum.cc). A data frame carries its CRC32C exactly when the session
   // agreed checksums (a protocol error otherwise). Caller holds mu_ unless said.
@@ -366,6 +396,7 @@ class EndpointImpl final : public stream::StreamHost,
   // failed their checksum. Caller holds mu_.
   void eager_landed(int host_tag, const std::shared_ptr<void>& ctx, uint64_t len, const wire::FrameHeader& h,
                     uint32_t via = 0, const Status& integrity = Status());
+  Status eager_held_landed(const wire::FrameHeader& h, const stream::RxPlan& held, const Status& integrity);
   Status on_rts(const wire::FrameHeader& h);
   void accept_rendezvous(const std::shared_ptr<OpState>& op, uint64_t msg, uint64_t size, uint64_t tag);
   // `len`: the chunk's length (the frame's payload, or what a path's descriptor announced).

@@ -26,7 +26,8 @@ inline constexpr uint64_t kUnknownTotal = UINT64_MAX;
 inline constexpr size_t kPathWindow = 8;
 // RxPlan::host_tag: what a landed frame's bytes were for.
 // kTagBounced: counted, its bytes in a bounce buffer (ctx) to scatter over a vectored recv's pieces.
-enum HostTag : int { kTagNone = 0, kTagEagerMatched, kTagEagerUnexpected, kTagCounted, kTagBounced };
+// kTagEagerHeld: an eager message read whole into a buffer of its own (ctx) before it is matched.
+enum HostTag : int { kTagNone = 0, kTagEagerMatched, kTagEagerUnexpected, kTagCounted, kTagBounced, kTagEagerHeld };
 
 inline Status protocol(std::string text) { return Status(Code::kProtocol, std::move(text)); }
 

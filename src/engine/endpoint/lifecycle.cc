@@ -250,7 +250,7 @@ bool EndpointImpl::evict_if_idle(const Status& why) {
 }
 
 void EndpointImpl::on_stream_stopped(int stream) {
-  if (session_.multilink && stream != 0) link_stopped(stream);
+  if (session_.multilink) link_stopped(stream);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (--running_ > 0) return;
@@ -355,6 +355,10 @@ Status EndpointImpl::close() {
 }
 
 Clock::time_point EndpointImpl::on_tick() {
+  if (ctl_overflow_.load(std::memory_order_relaxed)) {
+    fail(Status(Code::kProtocol, "the peer acknowledges none of our control frames (several links)"));
+    return Clock::time_point::max();
+  }
   int64_t due = next_deadline_ns_.load(std::memory_order_relaxed);
   if (Clock::now().time_since_epoch().count() < due)
     return due == INT64_MAX ? Clock::time_point::max() : Clock::time_point(Clock::duration(due));

@@ -1,14 +1,14 @@
 // Endpoint: several links (Session::multilink). Each data stream's chunks are kept until the peer
 // says they landed: the receiver counts the data frames each stream landed and tells the sender
-// on stream 0 (LINK_ACK: stream, count). A data stream that dies (its socket fails, or the peer is
-// silent on it past busy_peer_timeout) does not end the endpoint: once it has stopped on this side
-// (nothing more lands or leaves by it), this side says how many of the peer's frames it landed
-// from it (LINK_DOWN: stream, count) and stops taking them; each side, once its own stream stopped
-// and the peer's LINK_DOWN came, sends again by the other streams every chunk it pulled for that
-// stream beyond the peer's count. Frames on one stream land in order, so the count says exactly
-// which landed: none lands twice, none is lost. A header whose payload had not landed when the
-// stream stopped gives back its reservation. Stream 0 carries the control frames: when it, or the
-// last data stream, is gone, the endpoint fails as before.
+// on the control stream (LINK_ACK: stream, count). A stream that dies (its socket fails, or the
+// peer is silent on it past busy_peer_timeout) does not end the endpoint: once it has stopped on
+// this side (nothing more lands or leaves by it), this side says how many of the peer's frames it
+// landed from it (LINK_DOWN: stream, count) and stops taking them; each side, once its own stream
+// stopped and the peer's LINK_DOWN came, sends again by the other streams every chunk it pulled
+// for that stream beyond the peer's count. Frames on one stream land in order, so the count says
+// exactly which landed: none lands twice, none is lost. A header whose payload had not landed when
+// the stream stopped gives back its reservation. The control stream (stream 0 first) moves the same
+// way (endpoint/control.cc); when the last data stream is gone, the endpoint fails.
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -71,19 +71,21 @@ void EndpointImpl::link_landed(int stream, const FrameHeader&) {
   ack.type = FrameType::kLinkAck;
   ack.a0 = static_cast<uint64_t>(stream);
   ack.a1 = l.landed;
+  ack.a2 = ctl_landed_;
+  ctl_ack_sent_ = ctl_landed_;
   push_control(ack);
 }
 
 bool EndpointImpl::link_failed(int stream, const Status& s) {
-  if (!session_.multilink || stream == 0) return false;
+  if (!session_.multilink) return false;
   if (s.code() != Code::kPeerFailed && s.code() != Code::kIo && s.code() != Code::kClosed) return false;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!status_.ok()) return false;
+  if (!status_.ok() || links_alive_ == 0) return false;
   LinkState& l = links_[static_cast<size_t>(stream)];
   l.why = s;
   const std::string& route = static_cast<size_t>(stream) < session_.routes.size() ? session_.routes[stream] : "";
-  DMX_LOG_WARN("endpoint to {}: data stream {} ({}) is down: {}; its chunks move to the other links",
-               session_.peer, stream, route, s.message());
+  DMX_LOG_WARN("endpoint to {}: stream {} ({}) is down: {}; its frames move to the other links", session_.peer,
+               stream, route, s.message());
   return true;
 }
 
@@ -96,8 +98,10 @@ void EndpointImpl::link_stopped(int stream) {
     LinkState& l = links_[static_cast<size_t>(stream)];
     if (!status_.ok() || l.stopped) return;
     l.stopped = true;
-    --links_alive_;
-    if (striping_) striping_->down(stream);
+    if (stream != 0) {  // a data stream
+      --links_alive_;
+      if (striping_) striping_->down(stream);
+    }
     for (const LinkState::Arriving& a : l.arriving) {
       const FrameHeader& h = a.header;
       uint64_t len = h.payload_len;
@@ -118,12 +122,17 @@ void EndpointImpl::link_stopped(int stream) {
     }
     l.arriving.clear();
     if (links_alive_ > 0) {
+      bool moved = ctl_stream_stopped(stream);
       FrameHeader down;
       down.type = FrameType::kLinkDown;
       down.a0 = static_cast<uint64_t>(stream);
       down.a1 = l.landed;
+      down.a2 = ctl_landed_;  // final for this stream: nothing more lands by it
+      downs_sent_.push_back(down);
       push_control(down);
-      if (l.down_got) link_requeue(stream);
+      if (moved) ctl_repeat_links();
+      if (l.down_got && stream != 0) link_requeue(stream);
+      ctl_resend_if_ready(stream);
     } else {
       last = l.why.ok() ? Status(Code::kPeerFailed, "the peer ended its last data stream") : l.why;
     }
@@ -160,29 +169,43 @@ void EndpointImpl::link_requeue(int k) {
   wake_streams();
 }
 
-Status EndpointImpl::on_link_ack(int stream, const FrameHeader& h) {
-  if (!session_.multilink || stream != 0 || h.a0 == 0 || h.a0 >= links_.size())
-    return protocol(fmt::format("{} without several links, or for a stream that is not a data stream", wire::describe(h)));
+// LINK_ACK and LINK_DOWN may come on any stream, and again after the control stream moved (the
+// copies it carried are repeated): an older count is no news.
+Status EndpointImpl::on_link_ack(int, const FrameHeader& h) {
+  if (!session_.multilink || h.a0 >= links_.size() || (h.a0 == 0 && h.a1 != 0))
+    return protocol(fmt::format("{} without several links, or for a stream out of range", wire::describe(h)));
+  DMX_RETURN_IF_ERROR(ctl_acked(h));
+  if (h.a0 == 0) return Status();  // control frames only
   LinkState& l = links_[h.a0];
-  if (h.a1 < l.acked || h.a1 - l.acked > l.unacked.size())
+  if (h.a1 <= l.acked) return Status();
+  if (h.a1 - l.acked > l.unacked.size())
     return protocol(fmt::format("{}: {} frames acknowledged, but {} were sent", wire::describe(h), h.a1,
                                 l.acked + l.unacked.size()));
   link_acked(static_cast<int>(h.a0), h.a1);
   return Status();
 }
 
-Status EndpointImpl::on_link_down(int stream, const FrameHeader& h) {
-  if (!session_.multilink || stream != 0 || h.a0 == 0 || h.a0 >= links_.size())
-    return protocol(fmt::format("{} without several links, or for a stream that is not a data stream", wire::describe(h)));
+Status EndpointImpl::on_link_down(int, const FrameHeader& h) {
+  if (!session_.multilink || h.a0 >= links_.size() || (h.a0 == 0 && h.a1 != 0))
+    return protocol(fmt::format("{} without several links, or for a stream out of range", wire::describe(h)));
+  DMX_RETURN_IF_ERROR(ctl_acked(h));
   LinkState& l = links_[h.a0];
-  if (l.down_got || h.a1 < l.acked || h.a1 - l.acked > l.unacked.size())
-    return protocol(fmt::format("{}: a second one, or {} frames landed of {} sent", wire::describe(h), h.a1,
-                                l.acked + l.unacked.size()));
+  if (l.down_got) {
+    if (h.a1 == l.peer_landed) return Status();  // repeated after the control stream moved
+    return protocol(fmt::format("{}: a second one, {} frames landed where the first said {}", wire::describe(h),
+                                h.a1, l.peer_landed));
+  }
+  if (h.a1 < l.acked || h.a1 - l.acked > l.unacked.size())
+    return protocol(fmt::format("{}: {} frames landed of {} sent", wire::describe(h), h.a1, l.acked + l.unacked.size()));
   l.down_got = true;
   l.peer_landed = h.a1;
   if (l.why.ok()) l.why = Status(Code::kPeerFailed, "the peer found it dead");
-  if (l.stopped) link_requeue(static_cast<int>(h.a0));
-  else streams_[h.a0]->stop();  // its on_stream_stopped requeues
+  if (l.stopped) {
+    if (h.a0 != 0) link_requeue(static_cast<int>(h.a0));
+    ctl_resend_if_ready(static_cast<int>(h.a0));
+  } else {
+    streams_[h.a0]->stop();  // its on_stream_stopped requeues
+  }
   return Status();
 }
 

@@ -35,13 +35,13 @@ Request EndpointImpl::start(const std::shared_ptr<OpState>& op, std::deque<std::
   queue.push_back(op);
   // The first pending operation: stream 0 may sleep on the idle timers, and from now on holds the
   // peer to busy_peer_timeout.
-  if (!awaiting_.exchange(true, std::memory_order_relaxed) && !streams_.empty()) streams_[0]->wake();
+  if (!awaiting_.exchange(true, std::memory_order_relaxed) && !streams_.empty()) control_stream().wake();
   if (op->deadline != Clock::time_point::max()) {
     deadlines_.emplace(op->deadline, op);
     int64_t ns = op->deadline.time_since_epoch().count();
     if (ns < next_deadline_ns_.load()) {
       next_deadline_ns_.store(ns);
-      if (!streams_.empty()) streams_[0]->wake();  // it may be asleep until a later deadline
+      if (!streams_.empty()) control_stream().wake();  // it may be asleep until a later deadline
     }
   }
   return Request(op);
@@ -54,7 +54,7 @@ void EndpointImpl::push_control(FrameHeader h, std::vector<unsigned char> payloa
   item.src = item.owned.data();
   item.len = item.owned.size();
   item.ctx = std::move(op);
-  streams_[0]->push_control(std::move(item));
+  push_item(std::move(item));
 }
 
 void EndpointImpl::push_reply(FrameHeader h, std::vector<unsigned char> payload) {
@@ -64,10 +64,10 @@ void EndpointImpl::push_reply(FrameHeader h, std::vector<unsigned char> payload)
   item.src = item.owned.data();
   item.len = item.owned.size();
   item.reply = true;
-  streams_[0]->push_control(std::move(item));
+  push_item(std::move(item));
 }
 
-bool EndpointImpl::rx_paused() { return streams_[0]->reply_backlog() > params_.max_reply_backlog; }
+bool EndpointImpl::rx_paused() { return control_stream().reply_backlog() > params_.max_reply_backlog; }
 
 Status EndpointImpl::note_refusal(const Status& what) {
   auto now = Clock::now();
@@ -112,7 +112,9 @@ Request EndpointImpl::post_send_op(const std::shared_ptr<OpState>& op, const Mem
   // dmx's until the frame is written (on_sent completes the op; stop() leaves eager ops alone and
   // fail_all() runs after the workers exit); device memory is staged by the stream through a
   // pinned slot. A vectored message is gathered into the frame now (host memory only).
-  bool try_eager = bad.ok() && src.size <= session_.peer_eager_limit && !(op->vec && src.where.is_device());
+  // With several links an eager message's bytes are copied (control.cc): host memory only.
+  bool try_eager = bad.ok() && src.size <= session_.peer_eager_limit &&
+                   !((op->vec || session_.multilink) && src.where.is_device());
   DMX_TRACE_POINT("send.op");
   std::unique_lock<std::mutex> lock(mu_);
   DMX_TRACE_POINT("send.locked");
@@ -146,8 +148,13 @@ Request EndpointImpl::post_send_op(const std::shared_ptr<OpState>& op, const Mem
           for (const VecSeg& seg : op->vec->segs) std::memcpy(item.owned.data() + seg.at, seg.local, seg.length);
           item.src = item.owned.data();
           item.where = MemSpec{};
+        } else if (session_.multilink) {  // kept until the peer has it, to go again if its stream dies
+          item.owned.assign(static_cast<const unsigned char*>(src.ptr),
+                            static_cast<const unsigned char*>(src.ptr) + src.size);
+          item.src = item.owned.data();
+          item.where = MemSpec{};
         }
-        streams_[0]->push_control(std::move(item));
+        push_item(std::move(item));
       }
     } else {
       ++counters_.rendezvous;

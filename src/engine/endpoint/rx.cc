@@ -40,6 +40,17 @@ Result<stream::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h)
         p.kind = stream::RxPlan::Kind::kControl;
         return p;
       }
+      if (session_.multilink) {
+        // Matched only once the whole frame has landed: if its stream dies under it, the frame
+        // comes again on another (endpoint/control.cc) and must find the receive still posted.
+        auto held = std::make_shared<std::vector<unsigned char>>(h.payload_len);  // ≤ the eager limit
+        stream::RxPlan p;
+        p.kind = stream::RxPlan::Kind::kHost;
+        p.dst = held->data();
+        p.ctx = held;
+        p.host_tag = kTagEagerHeld;
+        return p;
+      }
       return plan_eager(h, h.payload_len);
     case FrameType::kSendData:
     case FrameType::kReadData:
@@ -88,6 +99,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan&
     switch (h.type) {
       case FrameType::kEager:
         if (h.path != 0) st = on_path_header(stream, h, plan.control, &moved);
+        else if (plan.host_tag == kTagEagerHeld) st = eager_held_landed(h, plan, integrity);
         else eager_landed(plan.host_tag, plan.ctx, h.payload_len, h, 0, integrity);
         break;
       case FrameType::kRts: st = on_rts(h); break;
@@ -133,6 +145,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan&
       default:
         break;  // keepalive
     }
+    if (st.ok()) ctl_landed(h);
   }
   if (closed) end(Status(Code::kClosed, fmt::format("the peer closed the endpoint ({})", printable(close_reason))));
   if (noted || moved.noted) notes_cv_.notify_all();
@@ -140,6 +153,20 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan&
   dispatch_notes();
   if (moved.release) send_path_done(moved.path, moved.seq);  // after the delivery, as on_path_rx_done
   return st;
+}
+
+// An eager message read into a buffer of its own (several links): matched now, and copied to where
+// plan_eager puts it. Caller holds mu_.
+Status EndpointImpl::eager_held_landed(const FrameHeader& h, const stream::RxPlan& held, const Status& integrity) {
+  auto bytes = std::static_pointer_cast<std::vector<unsigned char>>(held.ctx);
+  DMX_ASSIGN_OR_RETURN(stream::RxPlan plan, plan_eager(h, h.payload_len));
+  Status landed = integrity;
+  if ((plan.kind == stream::RxPlan::Kind::kHost || plan.kind == stream::RxPlan::Kind::kDevice) && !bytes->empty()) {
+    Status copied = copy_memory(MemRegion{plan.dst, bytes->size(), plan.where}, MemRegion{bytes->data(), bytes->size()});
+    if (landed.ok()) landed = copied;
+  }
+  eager_landed(plan.host_tag, plan.ctx, h.payload_len, h, 0, landed);
+  return Status();
 }
 
 Result<stream::RxPlan> EndpointImpl::plan_inbound(std::unordered_map<uint64_t, Inbound>& map, const FrameHeader& h,
