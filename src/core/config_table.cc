@@ -94,11 +94,11 @@ constexpr ConfigEntry kTable[] = {
      "0: half of this host's memory, at least 1G"},
     {"streams", ConfigType::kInt, "8", "TCP data streams per endpoint (1-64), plus a control stream beside more than one; 8 measured best on 2xH200 loopback (docs/performance.md)"},
     {"chunk_size", ConfigType::kSize, "1M", "unit of striping and staging for large messages (64K-64M)"},
-    {"nt_receive_min", ConfigType::kSize, "1M",
+    {"nt_receive_min", ConfigType::kSize, "4M",
      "host memory receives of at least this size are stored with non-temporal stores, skipping the read "
      "of each destination line: shm, each chunk copied out of the ring; tcp, a transfer while another "
      "receive is in flight (and always from 4M), read through a 256 KiB buffer that stays in cache; "
-     "0: never"},
+     "0: never; 1M measured slower than 4M on 2xH200 (docs/performance.md, \"Host speed\")"},
     {"host_chunk_size", ConfigType::kSize, "256K",
      "chunk of a host-memory message too small to give each of several TCP data streams a chunk_size "
      "chunk, so that it still spreads over them (64K-64M; larger is cut to chunk_size; docs/performance.md)"},

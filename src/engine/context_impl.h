@@ -71,7 +71,7 @@ struct EngineParams {
   uint64_t peer_memory_budget = uint64_t{1} << 30;
   uint32_t chunk_size = 1 << 20;
   uint32_t host_chunk_size = 256 << 10;  // small host messages on the streams (inline_chunk)
-  uint64_t nt_receive_min = 1 << 20;     // host receives from this transfer size are bulk (RxPlan::bulk)
+  uint64_t nt_receive_min = 4 << 20;     // host receives from this transfer size are bulk (RxPlan::bulk)
   uint32_t eager_limit = 16 << 10;
   uint64_t unexpected_budget = 64 << 20;
   int staging_slots = 4;

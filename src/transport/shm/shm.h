@@ -45,10 +45,9 @@ Status available();
 
 // A message at least this large is received into host memory with non-temporal stores (the
 // default of nt_receive_min, LinkOptions::nt_receive_min): skipping the read for ownership of each
-// destination line saves a third of the copy's memory traffic. From 1 MiB: the path's threads, not
-// the reader's, write it, and a window of such receives is larger than the cache
-// (docs/performance.md, "Host speed").
-inline constexpr uint64_t kBulkMessage = 1ull << 20;
+// destination line saves a third of the copy's memory traffic. From 4 MiB: 1 MiB was tried and
+// measured slower on 2xH200 (docs/performance.md, "Host speed").
+inline constexpr uint64_t kBulkMessage = 4ull << 20;
 
 struct LinkOptions {
   size_t slot_size = 256 * 1024;  // bytes per ring slot (4 KiB - 64 MiB)
