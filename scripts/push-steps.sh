@@ -10,7 +10,7 @@
 # DMX_TRACE_FILE set on both sides, and prints scripts/push-steps.py's table of each step's p50.
 # Results under $OUT (default ./gpu-push-out): steps-<transport>-<push>.txt, bench-steps.jsonl.
 #
-# Environment: PUSH_JOBS (nproc), PUSH_CUDA_ARCH (90), PUSH_SKIP_BUILD=1, STEPS_ITERS (2000),
+# Environment: PUSH_JOBS (nproc), PUSH_CUDA_ARCH (90), PUSH_SKIP_BUILD=1, STEPS_SIZE (8), STEPS_ITERS (2000),
 # STEPS_TRANSPORTS ("tcp cuda_ipc"), STEPS_PUSH ("off on").
 set -u
 set -o pipefail
@@ -41,10 +41,10 @@ for t in ${STEPS_TRANSPORTS:-tcp cuda_ipc}; do
     rm -f "$prefix".*
     (export DMX_GPU_PUSH=$p DMX_TRACE_FILE=$prefix
      timeout 60 bash -c "$(declare -f bench_pair); bench_pair '$OUT/bench-steps.jsonl' '\"gpu_push\":\"$p\",\"phase\":\"steps\",' \
-       '$DMX' $port --mem cuda:0 --peer-mem cuda:1 --transport $t --sizes 8 --window 1 --iters ${STEPS_ITERS:-2000}") \
+       '$DMX' $port --mem cuda:0 --peer-mem cuda:1 --transport $t --sizes ${STEPS_SIZE:-8} --window 1 --iters ${STEPS_ITERS:-2000}") \
       > /dev/null || rc=1
     {
-      echo "=== $t, gpu_push=$p: 8 B GPU0 -> GPU1 send ping-pong, each step's p50"
+      echo "=== $t, gpu_push=$p: ${STEPS_SIZE:-8} B GPU0 -> GPU1 send ping-pong, each step's p50"
       python3 "$ROOT/scripts/push-steps.py" "$prefix".*
     } | tee "$OUT/steps-$t-$p.txt"
     rm -f "$prefix".*  # 32 MiB per process
