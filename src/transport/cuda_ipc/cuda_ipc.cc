@@ -301,6 +301,14 @@ class CopyEngineImpl final : public CopyEngine {
         return Status(Code::kOutOfRange, fmt::format("cuda_ipc: [{}, +{}) is outside the peer's {} B region",
                                                      it.remote_offset, it.local.size, it.remote->length))
             .with_peer(peer);
+      // The kernel loads the source itself: its GPU must be this one or a peer this one reaches (a
+      // copy engine would stage through the host where P2P is off).
+      if (it.local.size > 0) {
+        Result<int> source = device_by_uuid(it.remote->device_uuid);
+        if (!source.ok() || !can_access_peer(*source))
+          return Status(Code::kUnavailable, fmt::format("cuda_ipc batch: cuda:{} cannot load the source's memory",
+                                                        options_.device));
+      }
     }
     DeviceGuard guard(options_.device);
     DMX_RETURN_IF_ERROR(guard.status());
