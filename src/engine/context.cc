@@ -370,17 +370,58 @@ Status ContextImpl::admit_endpoint(uint16_t peer_streams, bool count_endpoints) 
   return Status();
 }
 
+std::shared_ptr<Registered> ContextImpl::find_holder(const MemRegion& region) {
+  constexpr int kScan = 64;  // a miss costs one attach, as before the lookup
+  const auto a = reinterpret_cast<uintptr_t>(region.ptr);
+  auto holds = [&](uint64_t key) -> std::shared_ptr<Registered> {
+    auto it = regs_.find(key);
+    if (it == regs_.end() || !(it->second->region.where == region.where)) return nullptr;
+    const MemRegion& r = it->second->region;
+    GtlbEntry e{reinterpret_cast<uintptr_t>(r.ptr), r.size, 0, key};
+    return e.holds(a, region.size) ? it->second : nullptr;
+  };
+  if (auto hit = reg_gtlb_.lookup(a, region.size))
+    if (auto reg = holds(hit->value)) return reg;
+  auto it = reg_by_base_.upper_bound(a);
+  for (int i = 0; i < kScan && it != reg_by_base_.begin(); ++i) {
+    --it;
+    if (auto reg = holds(it->second)) {
+      reg_gtlb_.fill(GtlbEntry{it->first, reg->region.size, 0, it->second}, a, region.size);
+      return reg;
+    }
+  }
+  return nullptr;
+}
+
 std::shared_ptr<Registered> ContextImpl::add_registration(const MemRegion& region) {
   auto reg = std::make_shared<Registered>();
   reg->region = region;
-  for (const auto& t : transports())
-    if (auto a = t->attach_registration(region)) reg->attachments.push_back(std::move(a));
+  const bool indexed = region.ptr != nullptr && region.size > 0;
+  std::shared_ptr<Registered> holder;
+  if (indexed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    holder = find_holder(region);
+  }
+  if (holder) {
+    reg->attachments = holder->attachments;  // they live while any registration holds them
+  } else if (region.size > 0) {  // an empty region has nothing to pin, export or bind: none
+    for (const auto& t : transports())
+      if (auto a = t->attach_registration(region)) reg->attachments.push_back(std::move(a));
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  if (holder) ++reg_counts_.shared;
+  else if (region.size > 0) ++reg_counts_.attached;
   do {
     reg->key = random_u64();  // unguessable: a key is a capability
   } while (reg->key == 0 || regs_.count(reg->key));
   regs_[reg->key] = reg;
+  if (indexed) reg_by_base_.emplace(reinterpret_cast<uintptr_t>(region.ptr), reg->key);
   return reg;
+}
+
+ContextImpl::RegistrationCounts ContextImpl::registration_counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reg_counts_;
 }
 
 std::shared_ptr<Registered> ContextImpl::acquire_registration(uint64_t key,
@@ -415,7 +456,15 @@ void ContextImpl::release_registration(Registered& reg) {
 Status ContextImpl::remove_registration(Registered& reg) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    regs_.erase(reg.key);
+    if (regs_.erase(reg.key) && reg.region.ptr != nullptr && reg.region.size > 0) {
+      const auto base = reinterpret_cast<uintptr_t>(reg.region.ptr);
+      for (auto [it, end] = reg_by_base_.equal_range(base); it != end; ++it)
+        if (it->second == reg.key) {
+          reg_by_base_.erase(it);
+          break;
+        }
+      reg_gtlb_.invalidate(base, reg.region.size);  // others' translations there refill on a miss
+    }
   }
   std::vector<std::shared_ptr<RegistrationUser>> users;
   {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,6 +17,7 @@
 #include "engine/auth.h"
 #include "engine/metrics.h"
 #include "engine/transports.h"
+#include "memory/gtlb.h"
 #include "store/directory.h"
 #include "stream/staging.h"
 #include "stream/workers.h"
@@ -240,7 +242,16 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   // The budget for memory peers make this context hold (peer_memory_budget).
   const std::shared_ptr<MemoryBudget>& memory_budget() const { return budget_; }
 
+  // A new key for `region`. When a live registration of the same kind holds it whole (the same
+  // region again, or a sub-range: the GTLB's lookup, then a scan of the registrations around its
+  // address), the new one shares that one's transport attachments (rdma's MRs, devmem's TX
+  // binding) and no transport is asked to attach anything.
   std::shared_ptr<Registered> add_registration(const MemRegion& region);
+  struct RegistrationCounts {
+    uint64_t attached = 0;  // registrations offered to the transports (Transport::attach_registration)
+    uint64_t shared = 0;    // registrations that took a live one's attachments
+  };
+  RegistrationCounts registration_counts() const;
   // The registration for `key`, with its inflight count raised and `user` noted; nullptr when
   // unknown or withdrawn.
   std::shared_ptr<Registered> acquire_registration(uint64_t key, const std::weak_ptr<RegistrationUser>& user);
@@ -268,8 +279,13 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   std::string boot_id_, hostname_;
   StagingPlacement placement_;
   stream::StagingPool staging_;  // after placement_, which it uses
-  mutable std::mutex mu_;  // guards regs_, transports_
+  // The live registration holding [ptr, +size) of kind `where`, or null. Caller holds mu_.
+  std::shared_ptr<Registered> find_holder(const MemRegion& region);
+  mutable std::mutex mu_;  // guards regs_, reg_by_base_, reg_gtlb_, reg_counts_, transports_
   std::unordered_map<uint64_t, std::shared_ptr<Registered>> regs_;
+  std::multimap<uintptr_t, uint64_t> reg_by_base_;  // live registrations by first byte (key)
+  Gtlb reg_gtlb_{Gtlb::Limits{.main_entries = 4096, .comp_blocks = 256}};  // address -> key
+  RegistrationCounts reg_counts_;
   TransportList transports_;
   std::atomic<int> endpoints_{0};
   mutable std::mutex peers_mu_;  // guards per_peer_ (a leaf: taken under EndpointImpl::mu_)

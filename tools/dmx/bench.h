@@ -147,6 +147,8 @@ Status quit(Endpoint& ep);
 // write of N x S bytes (the bound), N writes (one per block, as before vectored writes), and one
 // vectored write of N entries. Reports blocks/s, GB/s, the time to post and from the first post
 // to the notification (write; read: to the completion). `reps` runs of each, the best reported.
+// Every run starts from fresh random data and its bytes are compared where they arrived (the
+// server's cache read back after a write): a mismatch fails the run with kDataLoss.
 Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_t block_size, uint32_t reps,
                   bool json);
 

@@ -1,13 +1,15 @@
 // dmx bench --blocks: a KV cache's transfer — N scattered blocks of a paged cache into another —
 // as one contiguous write (the bound), one write per block (before vectored writes), and one
-// vectored write, side by side in one run (bench.h, run_blocks).
+// vectored write, side by side in one run (bench.h, run_blocks). Every run's bytes are checked
+// where they arrived (outside the timed part): fresh random data each run, a mismatch fails it.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <ctime>
 #include <numeric>
 #include <random>
-#include <ctime>
 
 #include "tools/dmx/bench.h"
 
@@ -43,6 +45,40 @@ Status await_note(Endpoint& ep, uint64_t value) {
   }
 }
 
+// Fresh random bytes in host memory `h`, copied into `r` (of any kind) when it is not `h` itself.
+Status fill_fresh(const MemRegion& h, const MemRegion& r, std::mt19937_64& rng) {
+  auto* p = static_cast<unsigned char*>(h.ptr);
+  uint64_t x = rng() | 1;
+  size_t i = 0;
+  for (; i + 8 <= h.size; i += 8) {  // xorshift64*: fast enough for GiBs between runs
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    uint64_t v = x * 0x2545F4914F6CDD1DULL;
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < h.size; ++i) p[i] = static_cast<unsigned char>(rng());
+  if (r.ptr == h.ptr) return Status();
+  return copy_memory(r, h);
+}
+
+// Block `i` of `got` (at got_ids[i]) must equal block i of `want` (at want_ids[i]); `n` blocks,
+// or one range of n x size when the ids are null (the contiguous way).
+Status compare_blocks(const char* way, const unsigned char* want, const std::vector<uint64_t>* want_ids,
+                      const unsigned char* got, const std::vector<uint64_t>* got_ids, uint64_t n, uint64_t size) {
+  if (want_ids == nullptr) {
+    if (std::memcmp(want, got, n * size) == 0) return Status();
+    for (uint64_t i = 0; i < n; ++i)
+      if (std::memcmp(want + i * size, got + i * size, size) != 0)
+        return Status(Code::kDataLoss, fmt::format("blocks: the {} way's bytes differ in block {}", way, i));
+  }
+  for (uint64_t i = 0; i < n; ++i)
+    if (std::memcmp(want + (*want_ids)[i] * size, got + (*got_ids)[i] * size, size) != 0)
+      return Status(Code::kDataLoss, fmt::format("blocks: the {} way's block {} (id {} -> id {}) arrived wrong", way,
+                                                 i, (*want_ids)[i], (*got_ids)[i]));
+  return Status();
+}
+
 }  // namespace
 
 Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_t block_size, uint32_t reps,
@@ -65,7 +101,21 @@ Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_
   DMX_ASSIGN_OR_RETURN(Reply reply, reply_from_json(rtext));
   if (!reply.ok) return Status(Code::kPeerFailed, "bench server: " + reply.error);
   DMX_ASSIGN_OR_RETURN(Buffer local, Buffer::allocate(o.mem, bytes));
-  DMX_RETURN_IF_ERROR(fill_random(local.region()).status());
+  // For the checks: the host image of the local cache (the source written, or what was read), and
+  // of the server's (read back after a write; its data, once, for a read).
+  const bool host_local = o.mem.kind == MemKind::kHost || o.mem.kind == MemKind::kPinned;
+  Buffer local_img, peer_img, peer_copy;
+  DMX_ASSIGN_OR_RETURN(peer_copy, Buffer::allocate(o.mem, bytes));
+  if (!host_local) {
+    DMX_ASSIGN_OR_RETURN(local_img, Buffer::allocate(MemSpec{}, bytes));
+    DMX_ASSIGN_OR_RETURN(peer_img, Buffer::allocate(MemSpec{}, bytes));
+  }
+  const MemRegion local_h = host_local ? local.region() : local_img.region();
+  const MemRegion peer_h = host_local ? peer_copy.region() : peer_img.region();
+  auto fetch_peer = [&]() -> Status {  // the server's whole cache into peer_h
+    DMX_RETURN_IF_ERROR(ep.read(peer_copy.region(), reply.region, 0, with_timeout(kDataTimeout)).wait());
+    return host_local ? Status() : copy_memory(peer_h, peer_copy.region());
+  };
 
   std::mt19937_64 rng{std::random_device{}()};
   auto ids = [&] {
@@ -76,6 +126,20 @@ Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_
     return v;
   };
   std::vector<uint64_t> mine = ids(), theirs = ids();
+  if (!write) DMX_RETURN_IF_ERROR(fetch_peer());
+  // Before each way: fresh data where it starts (write) or where it lands (read), so that bytes a
+  // way failed to move cannot pass for an earlier way's.
+  auto fresh = [&]() { return fill_fresh(local_h, local.region(), rng); };
+  auto check = [&](const char* way, bool blocked) -> Status {
+    const auto* l = static_cast<const unsigned char*>(local_h.ptr);
+    const auto* r = static_cast<const unsigned char*>(peer_h.ptr);
+    if (write) {
+      DMX_RETURN_IF_ERROR(fetch_peer());
+      return compare_blocks(way, l, blocked ? &mine : nullptr, r, blocked ? &theirs : nullptr, blocks, block_size);
+    }
+    if (!host_local) DMX_RETURN_IF_ERROR(copy_memory(local_h, local.region()));
+    return compare_blocks(way, r, blocked ? &theirs : nullptr, l, blocked ? &mine : nullptr, blocks, block_size);
+  };
   std::vector<IoEntry> entries(blocks);
   for (uint64_t i = 0; i < blocks; ++i)
     entries[i] = IoEntry{0, 0, mine[i] * block_size, theirs[i] * block_size, block_size};
@@ -91,6 +155,7 @@ Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_
     bool timed = rep > 0;
     // One contiguous transfer of the same total.
     notify.notify_value = note;
+    DMX_RETURN_IF_ERROR(fresh());
     auto t0 = Clock::now();
     Request r = write ? ep.write(local.region().sub(0, blocks * block_size), reply.region, 0, notify)
                       : ep.read(local.region().sub(0, blocks * block_size), reply.region, 0, data);
@@ -101,10 +166,12 @@ Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_
       contiguous.post_s = std::min(contiguous.post_s, post);
       contiguous.done_s = std::min(contiguous.done_s, seconds_since(t0));
     }
+    DMX_RETURN_IF_ERROR(check("contiguous", false));
     // One operation per block, kWindow in flight (a peer takes at most max_inflight_ops, 4,096 by
     // default); the last notifies. Its post time is that of the first kWindow.
     constexpr uint64_t kWindow = 1024;
     std::vector<Request> reqs(std::min(blocks, kWindow));
+    DMX_RETURN_IF_ERROR(fresh());
     t0 = Clock::now();
     post = 0;
     for (uint64_t i = 0; i < blocks; ++i) {
@@ -127,8 +194,10 @@ Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_
       per_block.post_s = std::min(per_block.post_s, post);
       per_block.done_s = std::min(per_block.done_s, seconds_since(t0));
     }
+    DMX_RETURN_IF_ERROR(check("per-block", true));
     // One vectored operation.
     notify.notify_value = note;
+    DMX_RETURN_IF_ERROR(fresh());
     double cpu0 = thread_cpu();
     t0 = Clock::now();
     r = write ? ep.write_vec(regions, remote, entries, notify) : ep.read_vec(regions, remote, entries, data);
@@ -140,6 +209,7 @@ Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_
       vectored.post_s = std::min(vectored.post_s, post);
       vectored.done_s = std::min(vectored.done_s, seconds_since(t0));
     }
+    DMX_RETURN_IF_ERROR(check("vectored", true));
   }
   Status done = send_text(ep, kDoneTag, "done", kControlTimeout);
   if (done.ok()) {
@@ -154,6 +224,7 @@ Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_
     fmt::print("# {:<11} {:>12} {:>9} {:>12} {:>14} {:>12}\n", "way", "blocks/s", "GB/s", "post_ms", "to_" + std::string(until) + "_ms",
                "vs_contig");
   }
+  if (!json) fmt::print("# every run's bytes checked where they arrived: all matched\n");
   if (!json)
     fmt::print("# vectored post: {:.3f} ms of this thread's CPU ({} entries)\n", vectored.post_cpu_s * 1e3, blocks);
   for (const Way* w : {&contiguous, &per_block, &vectored}) {

@@ -2,6 +2,8 @@
 // decision stay with the streams; this file hands chunks to paths and takes their completions.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "core/trace.h"
 #include "engine/endpoint/endpoint_impl.h"
@@ -141,11 +143,12 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
   PathState& ps = *found;
   std::string_view name = ps.path->name();
   DMX_TRACE_POINT("path_hdr");
-  // A sender keeps a few chunks per path in flight (kPathWindow); a peer that announces thousands
-  // would grow this table without bound.
-  if (ps.rx.size() >= static_cast<size_t>(params_.max_inflight_ops))
-    return Status(Code::kProtocol, fmt::format("the peer has more than {} {} chunks in flight", params_.max_inflight_ops,
-                                               name));
+  // A sender keeps a few chunks per path in flight (kPathWindow, kSmallPathWindow); a peer that
+  // announces thousands would grow this table without bound.
+  size_t rx_bound = static_cast<size_t>(params_.max_inflight_ops);
+  if (ps.path->receiver_releases()) rx_bound = std::max(rx_bound, kSmallPathWindow);
+  if (ps.rx.size() >= rx_bound)
+    return Status(Code::kProtocol, fmt::format("the peer has more than {} {} chunks in flight", rx_bound, name));
   auto len = ps.path->chunk_length(desc);
   if (!len.ok()) return Status(Code::kProtocol, fmt::format("{}: {}", wire::describe(h), len.status().message()));
   if (eager && (*len == 0 || *len > params_.eager_limit))

@@ -46,9 +46,12 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
     PathState* path = has_paths_ && op.total > 0 && !small_host_segment
                           ? path_for(t.where, t.accepts, t.skip_paths)
                           : nullptr;
-    // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
-    if (path != nullptr && path->tx.size() >= kPathWindow) return false;
     uint64_t len = std::min<uint64_t>(path ? path->path->max_chunk() : inline_chunk(t), room);
+    // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
+    if (path != nullptr && path->tx.size() >= kPathWindow &&
+        !(len <= kSmallPathChunk && path->path->receiver_releases() &&
+          path->tx.size() < std::min<size_t>(kSmallPathWindow, static_cast<size_t>(params_.max_inflight_ops))))
+      return false;
     if (len == 0 && t.emitted) {
       tx_.pop_front();
       continue;

@@ -12,11 +12,13 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "core/log.h"
 #include "core/sys.h"
 #include "core/trace.h"
+#include "cuda/segment_copy.h"
 #include "memory/backend.h"
 #include "memory/copy_queues.h"
 #include "memory/cuda/driver.h"
@@ -234,6 +236,7 @@ class CopyEngineImpl final : public CopyEngine {
     }
     for (auto& q : inflight_)
       for (auto& c : q) cache_.release(c.peer, c.alloc_id);
+    end_batches();
   }
 
   Status init() {
@@ -288,8 +291,113 @@ class CopyEngineImpl final : public CopyEngine {
     return copy(op, local, peer, remote, remote_offset, /*to_remote=*/false);
   }
 
+  Status read_batch(std::span<const BatchRead> items, const std::string& peer) override {
+    if (items.empty()) return Status();
+    for (const BatchRead& it : items) {
+      if (it.local.size > 0 && (it.local.where.kind != MemKind::kCuda || !can_access_peer(it.local.where.device)))
+        return Status(Code::kUnavailable, fmt::format("cuda_ipc batch: cuda:{} cannot write {} memory",
+                                                      options_.device, to_string(it.local.where)));
+      if (it.remote_offset > it.remote->length || it.local.size > it.remote->length - it.remote_offset)
+        return Status(Code::kOutOfRange, fmt::format("cuda_ipc: [{}, +{}) is outside the peer's {} B region",
+                                                     it.remote_offset, it.local.size, it.remote->length))
+            .with_peer(peer);
+      // The kernel loads the source itself: its GPU must be this one or a peer this one reaches (a
+      // copy engine would stage through the host where P2P is off).
+      if (it.local.size > 0) {
+        Result<int> source = device_by_uuid(it.remote->device_uuid);
+        if (!source.ok() || !can_access_peer(*source))
+          return Status(Code::kUnavailable, fmt::format("cuda_ipc batch: cuda:{} cannot load the source's memory",
+                                                        options_.device));
+      }
+    }
+    DeviceGuard guard(options_.device);
+    DMX_RETURN_IF_ERROR(guard.status());
+    if (batch_stream_ == nullptr)
+      DMX_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags(batch)", options_.device,
+                               cudaStreamCreateWithFlags(&batch_stream_, cudaStreamNonBlocking));
+    Batch b;
+    if (!spare_batches_.empty()) {
+      b = std::move(spare_batches_.back());
+      spare_batches_.pop_back();
+    }
+    auto give_back = [&](Batch& x) {
+      for (Copy& c : x.copies) cache_.release(c.peer, c.alloc_id);
+      x.copies.clear();
+      spare_batches_.push_back(std::move(x));
+    };
+    size_t pieces = 0;
+    for (const BatchRead& it : items) pieces += (it.local.size + cuda::kSegmentPiece - 1) / cuda::kSegmentPiece;
+    if (b.cap < pieces) {  // pinned and mapped: the kernel reads the descriptors from host memory
+      if (b.descs != nullptr) (void)cudaFreeHost(b.descs);
+      b.descs = nullptr;
+      b.cap = 0;
+      size_t cap = 256;  // doubled: cudaFreeHost waits for the device, so it should happen rarely
+      while (cap < pieces) cap *= 2;
+      cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&b.descs), cap * sizeof(cuda::SegmentCopy),
+                                    cudaHostAllocPortable | cudaHostAllocMapped);
+      if (e != cudaSuccess) {
+        spare_batches_.push_back(std::move(b));
+        return Status(Code::kResourceExhausted, fmt::format("cuda_ipc batch: cudaHostAlloc of {} descriptors: {}", cap,
+                                                            cuda::error_text(e)));
+      }
+      b.cap = cap;
+    }
+    if (b.done == nullptr) {
+      cudaError_t e = cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming);
+      if (e != cudaSuccess) {
+        spare_batches_.push_back(std::move(b));
+        return Status(Code::kInternal, fmt::format("cuda_ipc batch: cudaEventCreate: {}", cuda::error_text(e)));
+      }
+    }
+    size_t n = 0;
+    uint64_t bytes = 0;
+    for (const BatchRead& it : items) {
+      Result<void*> base = cache_.acquire(peer, *it.remote);
+      if (!base.ok()) {
+        give_back(b);
+        return base.status();
+      }
+      b.copies.push_back(Copy{it.op, 0, peer, it.remote->alloc_id});
+      auto src = reinterpret_cast<uint64_t>(static_cast<char*>(*base) + it.remote->offset + it.remote_offset);
+      n += cuda::split_segment(src, reinterpret_cast<uint64_t>(it.local.ptr), it.local.size, b.descs + n);
+      bytes += it.local.size;
+      if (it.local.size > 0 && it.local.where.device != it.remote->device) ++stats_.peer_copies;
+    }
+    void* on_device = nullptr;
+    cudaError_t e = cudaHostGetDevicePointer(&on_device, b.descs, 0);
+    Status s = e == cudaSuccess ? Status()
+                                : Status(Code::kInternal, fmt::format("cuda_ipc batch: cudaHostGetDevicePointer: {}",
+                                                                      cuda::error_text(e)));
+    if (s.ok()) s = cuda::launch_segment_copy(static_cast<const cuda::SegmentCopy*>(on_device), n, batch_stream_);
+    if (s.ok() && (e = cudaEventRecord(b.done, batch_stream_)) != cudaSuccess)
+      s = Status(Code::kInternal, fmt::format("cuda_ipc batch: cudaEventRecord: {}", cuda::error_text(e)));
+    if (!s.ok()) {
+      give_back(b);
+      return Status(s.code(), fmt::format("cuda_ipc batched read of {} chunks, peer {}: {}", items.size(), peer,
+                                          s.message()));
+    }
+    stats_.reads += items.size();
+    stats_.bytes += bytes;
+    batches_.push_back(std::move(b));
+    return Status();
+  }
+
   size_t progress(std::vector<CopyCompletion>* out) override {
     size_t before = out->size();
+    while (!batches_.empty()) {  // an event query needs no current device
+      Batch& b = batches_.front();
+      cudaError_t e = cudaEventQuery(b.done);
+      if (e == cudaErrorNotReady) break;
+      Status s;
+      if (e != cudaSuccess) s = Status(Code::kInternal, "cuda_ipc batched copy: " + cuda::error_text(e));
+      for (Copy& c : b.copies) {
+        out->push_back(CopyCompletion{c.op, s.ok() ? Status() : Status(s).with_peer(c.peer)});
+        cache_.release(c.peer, c.alloc_id);
+      }
+      b.copies.clear();
+      spare_batches_.push_back(std::move(b));
+      batches_.pop_front();
+    }
     // A lane's done() sets no device (querying an event needs none): this is the hot path.
     for (size_t i = 0; i < lanes_.size(); ++i) {
       std::deque<Copy>& q = inflight_[i];
@@ -310,6 +418,7 @@ class CopyEngineImpl final : public CopyEngine {
   Status wait(Deadline deadline) override {
     if (pending() == 0) return Status();
     for (;;) {
+      if (!batches_.empty() && cudaEventQuery(batches_.front().done) != cudaErrorNotReady) return Status();
       for (size_t i = 0; i < lanes_.size(); ++i) {
         if (inflight_[i].empty()) continue;
         Result<bool> done = lanes_[i]->done(inflight_[i].front().fence);
@@ -323,6 +432,7 @@ class CopyEngineImpl final : public CopyEngine {
   size_t pending() const override {
     size_t n = 0;
     for (auto& q : inflight_) n += q.size();
+    for (auto& b : batches_) n += b.copies.size();
     return n;
   }
   Status device_error() override {
@@ -339,10 +449,42 @@ class CopyEngineImpl final : public CopyEngine {
  private:
   struct Copy {
     uint64_t op;
-    uint64_t fence;  // of its lane, recorded right after the copy
+    uint64_t fence;  // of its lane, recorded right after the copy (0 in a Batch)
     std::string peer;
     uint64_t alloc_id;
   };
+  // One read_batch: its descriptors (pinned, mapped), the event after its kernel, its copies.
+  // Kept for reuse once done (spare_batches_).
+  struct Batch {
+    cudaEvent_t done = nullptr;
+    cuda::SegmentCopy* descs = nullptr;
+    size_t cap = 0;  // descriptors descs holds
+    std::vector<Copy> copies;
+  };
+
+  // The destructor's: waits (bounded) for batches in flight, whose kernels use the mappings and
+  // the pinned descriptors, then frees what they hold; a hung device's are leaked.
+  void end_batches() {
+    Deadline deadline = Deadline::after(kDrainOnDestroy);
+    while (!batches_.empty() && cudaEventQuery(batches_.back().done) == cudaErrorNotReady && !deadline.expired())
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (!batches_.empty() && cudaEventQuery(batches_.back().done) == cudaErrorNotReady) {
+      DMX_LOG_ERROR("cuda_ipc copy engine of cuda:{} destroyed with {} batched reads in flight", options_.device,
+                    batches_.size());
+      return;  // leaked, as the lanes' streams are
+    }
+    for (Batch& b : batches_) {
+      for (Copy& c : b.copies) cache_.release(c.peer, c.alloc_id);
+      spare_batches_.push_back(std::move(b));
+    }
+    batches_.clear();
+    for (Batch& b : spare_batches_) {
+      if (b.descs != nullptr) (void)cudaFreeHost(b.descs);
+      if (b.done != nullptr) (void)cudaEventDestroy(b.done);
+    }
+    spare_batches_.clear();
+    if (batch_stream_ != nullptr) (void)cudaStreamDestroy(batch_stream_);
+  }
 
   Status copy(uint64_t op, const MemRegion& local, const std::string& peer, const IpcDescriptor& remote,
               size_t remote_offset, bool to_remote) {
@@ -405,6 +547,9 @@ class CopyEngineImpl final : public CopyEngine {
   CopyQueues queues_;                       // lanes 0..streams-1 of (cuda, options_.device)
   std::vector<CopyQueue*> lanes_;           // from queues_, in lane order
   std::vector<std::deque<Copy>> inflight_;  // per lane, in submission order
+  cudaStream_t batch_stream_ = nullptr;     // read_batch's kernels (made on first use)
+  std::deque<Batch> batches_;               // in flight, in submission order
+  std::vector<Batch> spare_batches_;
   std::vector<bool> can_peer_;
   size_t next_lane_ = 0;
   bool push_refusal_logged_ = false;

@@ -255,6 +255,22 @@ class CopyEngine {
                        size_t remote_offset) = 0;
   virtual Status read(uint64_t op, const MemRegion& local, const std::string& peer, const IpcDescriptor& remote,
                       size_t remote_offset) = 0;
+  // Many reads as one operation: each item's [remote_offset, +local.size) of its region into its
+  // `local`, all with one launch of the segment copy kernel (src/cuda/segment_copy.h) on this
+  // engine's device, its descriptors read by the kernel from pinned memory; one completion per
+  // item, all at once. For many small chunks into device memory, where a copy-engine copy each
+  // costs more than the bytes (issue 44). kUnavailable, nothing started, when the kernel cannot
+  // do it (a local buffer that is not device memory this GPU reaches); the caller then reads the
+  // items one by one. Any other error: no item started.
+  struct BatchRead {
+    uint64_t op;
+    MemRegion local;
+    const IpcDescriptor* remote;
+    size_t remote_offset;
+  };
+  virtual Status read_batch(std::span<const BatchRead> items, const std::string& peer) {
+    return Status(Code::kUnavailable, "cuda_ipc: this copy engine has no batched reads");
+  }
   // Appends completed copies (in order per stream) to `out`; returns how many.
   virtual size_t progress(std::vector<CopyCompletion>* out) = 0;
   // Polls until a copy completes or the deadline (kTimeout); returns at once when none is pending.

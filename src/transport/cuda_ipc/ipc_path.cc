@@ -39,6 +39,10 @@ constexpr auto kStopDrain = std::chrono::seconds(10);       // bound on waiting 
 constexpr uint32_t kLaneBackoff = 64;                       // chunks the small-chunk lane passes over after a slow copy
 constexpr auto kSweepEvery = std::chrono::milliseconds(10);  // how often post_tx looks for freed exports
 constexpr size_t kSweepMax = 8;  // allocations it looks at each time (a driver call each, ~0.6-0.9 us)
+// Chunks up to this size that arrive together are copied as one batched read (issue_all), at most
+// kBatchMax of them per kernel launch.
+constexpr uint64_t kBatchChunkMax = 1 << 20;
+constexpr size_t kBatchMax = 4096;
 
 class CudaIpcPath final : public PathBase {
   struct RxItem {
@@ -345,6 +349,51 @@ class CudaIpcPath final : public PathBase {
     return true;
   }
 
+  // Issues this round's posts (batch_). Runs of small chunks into device memory that one GPU
+  // copies go to its engine as one batched read — one kernel launch for the run, instead of a
+  // copy-engine copy each, whose fixed cost is more than a small chunk's bytes (a vectored write of
+  // thousands of KV-cache blocks); the rest, and a run the engine cannot batch, one by one. A run
+  // ends before a chunk that retires allocations (their mappings close before it is copied).
+  void issue_all(std::vector<Done>* done) {
+    auto small = [&](const RxItem& item) {
+      return failure_.ok() && item.dst.ptr != nullptr && item.dst.where.kind == MemKind::kCuda &&
+             item.dst.size <= kBatchChunkMax;
+    };
+    size_t i = 0;
+    while (i < batch_.size()) {
+      size_t j = i + 1;
+      std::optional<int> device;
+      if (small(batch_[i])) {
+        device = device_for(batch_[i], /*make=*/true);
+        while (j < batch_.size() && j - i < kBatchMax && small(batch_[j]) && batch_[j].retired.empty() &&
+               device_for(batch_[j], /*make=*/true) == device)
+          ++j;
+      }
+      if (j - i < 2 || !issue_batch(i, j, *device, done))
+        for (size_t k = i; k < j; ++k) issue(batch_[k], done);
+      i = j;
+    }
+  }
+
+  // Issues batch_[i, j) as one batched read on `device`'s engine; false (nothing issued) when the
+  // engine cannot batch it. A failure settles every chunk of the run.
+  bool issue_batch(size_t i, size_t j, int device, std::vector<Done>* done) {
+    invalidate_retired(batch_[i]);  // only the first of a run may retire allocations
+    Result<CopyEngine*> engine = engine_for(device);
+    if (!engine.ok()) return false;  // issue() says why, per chunk
+    batch_reads_.clear();
+    for (size_t k = i; k < j; ++k)
+      batch_reads_.push_back(CopyEngine::BatchRead{batch_[k].seq, batch_[k].dst, &batch_[k].source, 0});
+    Status s = (*engine)->read_batch(batch_reads_, peer_);
+    if (s.code() == Code::kUnavailable) return false;
+    for (size_t k = i; k < j; ++k) {
+      if (s.ok()) inflight_.emplace(batch_[k].seq, Inflight{batch_[k].dst.size});
+      else done->push_back({false, batch_[k].seq, s.with_peer(peer_)});
+    }
+    if (!s.ok()) note_failure(**engine, s);
+    return true;
+  }
+
   void poll(std::vector<Done>* done) {
     if (inflight_.empty()) return;
     completions_.clear();
@@ -431,7 +480,7 @@ class CudaIpcPath final : public PathBase {
     if (worked || needs_thread_.load(std::memory_order_acquire)) {
       std::lock_guard engines(engine_mu_);
       if (worked) DMX_TRACE_POINT("ipc.take");
-      for (RxItem& item : batch_) issue(item, done);
+      issue_all(done);
       if (worked) DMX_TRACE_POINT("ipc.issued");
       batch_.clear();
       poll(done);
@@ -503,6 +552,7 @@ class CudaIpcPath final : public PathBase {
 
   std::deque<RxItem> queue_;   // under the post lock (PathBase::post)
   std::vector<RxItem> batch_;  // the thread's: posts taken for this round
+  std::vector<CopyEngine::BatchRead> batch_reads_;  // issue_batch's scratch (engine_mu_)
 
   mutable std::mutex note_mu_;  // guards report_, shared_note_
   std::string report_;
