@@ -9,6 +9,8 @@ the `bench.throughput` point to `bench.latency`; the phase's untimed warm-up ope
 The stages are the spans and points of src/stream/stream.cc (src/core/trace.h, DMX_TRACE_SPAN/AT):
   d2h     sender: the chunk's device->host copy issued into its staging slot (CPU time)
   d2h.ok  sender: from issued to seen done by the stream (copy latency, queueing included)
+  d2h.stall  sender: nothing to write but the front chunk, whose D2H copy is not done yet (the
+          socket idles for the copy)
   wr      sender: one socket write (writev) that moved bytes
   rd      receiver: one socket read that moved bytes
   bounce  receiver: a host chunk's copy from the read buffer into its destination
@@ -17,7 +19,8 @@ The stages are the spans and points of src/stream/stream.cc (src/core/trace.h, D
   h2d.ok  receiver: from issued to seen done (copy latency)
 Per stage: how often, p50 and p90 of one occurrence, the total over all streams, the busiest
 stream's total and its share of the phase's wall time. The *.ok rows are latencies that overlap
-other work (in flight while the stream writes or reads), not busy time. Last: each worker
+other work (in flight while the stream writes or reads), not busy time; d2h.stall is a stream's
+idle time. Last: each worker
 thread's time in all spans, the busiest thread's share of the phase.
 """
 import collections
@@ -33,6 +36,7 @@ NAMED = re.compile(r"^(.+)([+@-])([0-9a-f]{6})$")
 STAGES = [
     ("d2h", "tx: D2H copy issue"),
     ("d2h.ok", "tx: D2H issued -> done (lat)"),
+    ("d2h.stall", "tx: socket idle, waits for D2H"),
     ("wr", "tx: socket write"),
     ("rd", "rx: socket read"),
     ("bounce", "rx: bounce copy (host)"),
@@ -174,7 +178,7 @@ def main():
     for label, _, phase, stages, _ in results:
         per = collections.Counter()
         for stage, v in stages.items():
-            if stage in LATENCY:
+            if stage in LATENCY or stage == "d2h.stall":
                 continue
             for _, tid, _, ns in v:
                 per[tid] += ns

@@ -164,6 +164,12 @@ bool Stream::take_next() {
       auto done = front.queue->done(front.fence);
       if (!done.ok() || !*done) return false;  // errors surface on the next fill or wait
       DMX_TRACE_AT("d2h.ok", this);  // seen done, in issue order
+#if defined(DMX_TRACE_ENABLED)
+      if (trace_stall_ != Clock::time_point{}) {
+        DMX_TRACE_SPAN("d2h.stall", this, trace_stall_);  // the socket waited for this copy
+        trace_stall_ = Clock::time_point{};
+      }
+#endif
     }
     item = std::move(front);
     chunks_.pop_front();
@@ -234,7 +240,12 @@ Status Stream::step_tx(Io* io) {
     while (out_.size() < kMaxBatch && take_next()) {
     }
     if (!control_error_.ok()) return std::exchange(control_error_, Status());
-    if (out_.empty()) return Status();
+    if (out_.empty()) {
+#if defined(DMX_TRACE_ENABLED)
+      if (!chunks_.empty() && trace_stall_ == Clock::time_point{}) trace_stall_ = Clock::now();
+#endif
+      return Status();
+    }
     iovec iov[2 * kMaxBatch];
     int n = 0;
     size_t skip = out_written_;  // only the front frame is partly written

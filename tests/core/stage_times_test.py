@@ -43,6 +43,7 @@ def run(d):
         span(gpu, "d2h", "00000c", 3, s + 10_000, 5_000)
         gpu.append((s + 35_000, 3, "d2h.ok@00000c"))
         gpu.append((s + 55_000, 3, "d2h.ok@00000c"))
+        span(gpu, "d2h.stall", "00000c", 3, s + 20_000, 15_000)  # idle time: not in the thread's busy time
         span(gpu, "wr", "00000c", 3, s + 50_000, 40_000)
         span(gpu, "rd", "00000d", 4, s + 51_000, 10_000)
         span(gpu, "h2d", "00000d", 4, s + 62_000, 3_000)
@@ -89,6 +90,7 @@ def main():
     check("bounce gpu", row(out, "rx: bounce copy")[1], ["-"])
     check("d2h", row(out, "tx: D2H copy issue"), [["-"], ["20", "5.0", "5.0", "0.1", "0.1", "10.0", "1"]])
     check("d2h.ok", row(out, "tx: D2H issued -> done")[1][:4], ["20", "40.0", "40.0", "0.7"])
+    check("stall", row(out, "tx: socket idle, waits for D2H")[1][:4], ["10", "15.0", "15.0", "0.1"])
     check("h2d.ok", row(out, "rx: H2D issued -> done")[1][:2], ["10", "7.0"])
     check("slot", row(out, "rx: wait for a staging slot")[1][:4], ["5", "50.0", "50.0", "0.2"])
     check("threads", "1: 0.2 ms (20%)" in out and "4: 0.4 ms (38%)" in out, True)
