@@ -14,10 +14,12 @@ warm-up and left out. Clocks: CLOCK_MONOTONIC, one host, so the two processes co
 """
 import collections
 import os
+import re
 import statistics
 import struct
 import sys
 
+STAGE = re.compile(r"[+@-][0-9a-f]{6}$")
 REC = struct.Struct("<QI20s")
 
 # The point -> the step of the send path it ends (docs/gpu-push.md, "Where the time goes").
@@ -76,8 +78,9 @@ def load(path):
     pid = path.rsplit(".", 1)[-1]
     for off in range(REC.size, len(data) - REC.size + 1, REC.size):
         ns, tid, name = REC.unpack_from(data, off)
-        if ns:
-            out.append((ns, pid, tid, name.split(b"\0", 1)[0].decode(errors="replace")))
+        name = name.split(b"\0", 1)[0].decode(errors="replace")
+        if ns and not STAGE.search(name):  # the per-stream stage records of scripts/stage-times.py
+            out.append((ns, pid, tid, name))
     return out
 
 

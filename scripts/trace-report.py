@@ -11,9 +11,11 @@ at a time; the per-thread view says what each thread spends between its own poin
 """
 import collections
 import os
+import re
 import struct
 import sys
 
+STAGE = re.compile(r"[+@-][0-9a-f]{6}$")
 REC = struct.Struct("<QI20s")
 
 
@@ -24,8 +26,9 @@ def load(path):
     pid = path.rsplit(".", 1)[-1]
     for off in range(REC.size, len(data), REC.size):
         ns, tid, name = REC.unpack_from(data, off)
-        if ns:
-            out.append((ns, f"{pid}/{tid}", name.split(b"\0", 1)[0].decode()))
+        name = name.split(b"\0", 1)[0].decode(errors="replace")
+        if ns and not STAGE.search(name):  # the per-stream stage records of scripts/stage-times.py
+            out.append((ns, f"{pid}/{tid}", name))
     return out
 
 

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -50,21 +51,56 @@ Sink& sink() {
   return s;
 }
 
+// Takes `n` adjacent records, or none when the file is full.
+Record* take(uint64_t n) {
+  Sink& s = sink();
+  if (s.records == nullptr) return nullptr;
+  uint64_t i = s.next.fetch_add(n, std::memory_order_relaxed);
+  if (i + n > kRecords) return nullptr;
+  return &s.records[i];
+}
+
+uint32_t thread_id() {
+  static thread_local uint32_t tid = static_cast<uint32_t>(::syscall(SYS_gettid));
+  return tid;
+}
+
+uint64_t now_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void fill(Record& r, uint64_t ns, const char* name, char mark, const void* id) {
+  r.ns = ns;
+  r.tid = thread_id();
+  if (id == nullptr) {
+    std::strncpy(r.name, name, sizeof r.name - 1);
+  } else {
+    auto h = static_cast<unsigned>((reinterpret_cast<uintptr_t>(id) >> 4) & 0xffffff);
+    std::snprintf(r.name, sizeof r.name, "%.11s%c%06x", name, mark, h);
+  }
+  r.name[sizeof r.name - 1] = '\0';
+}
+
 }  // namespace
 
 void point(const char* name) {
-  Sink& s = sink();
-  if (s.records == nullptr) return;
-  uint64_t i = s.next.fetch_add(1, std::memory_order_relaxed);
-  if (i >= kRecords) return;
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  static thread_local uint32_t tid = static_cast<uint32_t>(::syscall(SYS_gettid));
-  Record& r = s.records[i];
-  r.ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
-  r.tid = tid;
-  std::strncpy(r.name, name, sizeof r.name - 1);
-  r.name[sizeof r.name - 1] = '\0';
+  if (Record* r = take(1)) fill(*r, now_ns(), name, 0, nullptr);
+}
+
+void at(const char* name, const void* id) {
+  if (Record* r = take(1)) fill(*r, now_ns(), name, '@', id);
+}
+
+void span(const char* name, const void* id, std::chrono::steady_clock::time_point t0) {
+  // libstdc++'s steady_clock is CLOCK_MONOTONIC, the clock of the other records.
+  auto start = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count());
+  if (Record* r = take(2)) {
+    fill(r[0], start, name, '+', id);
+    fill(r[1], now_ns(), name, '-', id);
+  }
 }
 
 }  // namespace dmx::trace

@@ -117,9 +117,11 @@ Status Stream::fill_pipeline(bool* progress) {
       if (checks(item.header)) {
         DMX_ASSIGN_OR_RETURN(item.crc_ticket, item.queue->checksum(item.src, item.len));
       }
+      [[maybe_unused]] auto t0 = Clock::now();
       DMX_RETURN_IF_ERROR(
           staging_copy(item.queue, slots_.at(item.slot), item.src, item.len, config_.push_tx_max, true));
       DMX_ASSIGN_OR_RETURN(item.fence, item.queue->record());
+      DMX_TRACE_SPAN("d2h", this, t0);  // the chunk's device->host copy issued
       stats_.d2h_copies.fetch_add(1, std::memory_order_relaxed);
       stats_.d2h_bytes.fetch_add(item.len, std::memory_order_relaxed);
     }
@@ -161,6 +163,13 @@ bool Stream::take_next() {
     if (front.fence != 0) {
       auto done = front.queue->done(front.fence);
       if (!done.ok() || !*done) return false;  // errors surface on the next fill or wait
+      DMX_TRACE_AT("d2h.ok", this);  // seen done, in issue order
+#if defined(DMX_TRACE_ENABLED)
+      if (trace_stall_ != Clock::time_point{}) {
+        DMX_TRACE_SPAN("d2h.stall", this, trace_stall_);  // the socket waited for this copy
+        trace_stall_ = Clock::time_point{};
+      }
+#endif
     }
     item = std::move(front);
     chunks_.pop_front();
@@ -231,7 +240,12 @@ Status Stream::step_tx(Io* io) {
     while (out_.size() < kMaxBatch && take_next()) {
     }
     if (!control_error_.ok()) return std::exchange(control_error_, Status());
-    if (out_.empty()) return Status();
+    if (out_.empty()) {
+#if defined(DMX_TRACE_ENABLED)
+      if (!chunks_.empty() && trace_stall_ == Clock::time_point{}) trace_stall_ = Clock::now();
+#endif
+      return Status();
+    }
     iovec iov[2 * kMaxBatch];
     int n = 0;
     size_t skip = out_written_;  // only the front frame is partly written
@@ -247,6 +261,7 @@ Status Stream::step_tx(Io* io) {
     Result<size_t> k = conduit_->write(std::span<const iovec>(iov, static_cast<size_t>(n)));
     stats_.ns_send.fetch_add(ns_since(t0), std::memory_order_relaxed);
     if (!k.ok()) return k.status();
+    if (*k > 0) DMX_TRACE_SPAN("wr", this, t0);  // not the refused ones: a busy poll would fill the file
     if (*k == 0) {
       *io = Io::kBlocked;
       return Status();
@@ -308,6 +323,7 @@ Status Stream::begin_payload() {
         auto t0 = Clock::now();
         DMX_RETURN_IF_ERROR(reap_rx(/*block=*/true, &progress));
         stats_.ns_copy_wait.fetch_add(ns_since(t0), std::memory_order_relaxed);
+        DMX_TRACE_SPAN("slot", this, t0);  // no free receive slot: waited for a host->device copy
       }
       rx_slot_ = free_rx_slots_.back();
       free_rx_slots_.pop_back();
@@ -328,6 +344,7 @@ Status Stream::finish_payload() {
   if (wire::is_chunk(rx_.type)) burst_data_ += rx_.payload_len;
   if (rx_plan_.kind == RxPlan::Kind::kDevice && rx_.payload_len > 0) {
     DMX_TRACE_POINT("st.h2d");
+    [[maybe_unused]] auto t0 = Clock::now();
     DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));
     DMX_RETURN_IF_ERROR(
         staging_copy(q, rx_plan_.dst, slots_.at(rx_slot_), rx_.payload_len, config_.push_rx_max, false));
@@ -337,6 +354,7 @@ Status Stream::finish_payload() {
     }
     DMX_ASSIGN_OR_RETURN(uint64_t fence, q->record());
     DMX_TRACE_POINT("st.h2d.issued");
+    DMX_TRACE_SPAN("h2d", this, t0);
     stats_.h2d_copies.fetch_add(1, std::memory_order_relaxed);
     stats_.h2d_bytes.fetch_add(rx_.payload_len, std::memory_order_relaxed);
     pending_rx_.push_back(PendingRx{rx_, std::move(rx_plan_), rx_slot_, fence, q, ticket});
@@ -377,6 +395,7 @@ Status Stream::reap_rx(bool block, bool* progress) {
     free_rx_slots_.push_back(ready.slot);
     *progress = true;
     DMX_TRACE_POINT("st.h2d.done");
+    DMX_TRACE_AT("h2d.ok", this);  // seen done, in issue order
     DMX_RETURN_IF_ERROR(host_->on_landed(config_.index, ready.header, ready.plan));
   }
   return Status();
@@ -440,6 +459,7 @@ Status Stream::step_rx(Io* io) {
       Result<size_t> k = conduit_->read(read_ahead ? rx_ahead_.data() : bounce ? bounce_buffer() : dst, asked);
       stats_.ns_recv.fetch_add(ns_since(t0), std::memory_order_relaxed);
       if (!k.ok()) return k.status();
+      if (*k > 0) DMX_TRACE_SPAN("rd", this, t0);  // not the empty ones (busy poll)
       drained = last_read_short_ = *k < asked;
       if (*k == 0) return Status();
       if (read_ahead) {
@@ -447,7 +467,11 @@ Status Stream::step_rx(Io* io) {
         ahead_len_ = *k;
         continue;  // taken from the buffer in the next round
       }
-      if (bounce) stream_copy(dst, bounce_buffer(), *k);
+      if (bounce) {
+        [[maybe_unused]] auto t1 = Clock::now();
+        stream_copy(dst, bounce_buffer(), *k);
+        DMX_TRACE_SPAN("bounce", this, t1);  // into the destination
+      }
       got = *k;
     }
     *io = Io::kProgress;

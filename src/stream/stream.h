@@ -273,6 +273,9 @@ class Stream {
   std::deque<OutFrame> out_;   // frames being written, in order; the front may be partly out
   size_t out_written_ = 0;     // bytes of out_.front() written
   size_t out_chunks_ = 0;      // frames in out_ with chunk set
+#if defined(DMX_TRACE_ENABLED)
+  Clock::time_point trace_stall_{};  // since when nothing was ready to write but a chunk's D2H copy
+#endif
   Status control_error_;  // staging of an inline device payload failed
   bool push_refusal_logged_ = false;  // staging_copy said once why a copy was not pushed
   Clock::time_point last_tx_;

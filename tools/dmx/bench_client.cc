@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/trace.h"
 #include "tools/dmx/bench.h"
 
 namespace dmx::bench {
@@ -176,6 +177,7 @@ Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size) {
   }
 
   if (o.phase) o.phase->store("throughput");
+  DMX_TRACE_POINT("bench.throughput");  // scripts/stage-times.py: the phase's records
   std::vector<uint64_t> before = ep.stats().stream_bytes_sent;
   DMX_ASSIGN_OR_RETURN(Phase bw, run_plan(ep, o, p, local, pong));
   out.stream_bytes_sent = ep.stats().stream_bytes_sent;
@@ -191,6 +193,7 @@ Result<Result1> run_size(Endpoint& ep, const ClientOptions& o, uint64_t size) {
   lp.iters = 0;  // the window stays: the server's ping-pong alternates between its slots
   lp.lat_iters = o.iters ? o.iters : latency_samples(op_seconds);
   if (o.phase) o.phase->store("latency");
+  DMX_TRACE_POINT("bench.latency");
   DMX_ASSIGN_OR_RETURN(Phase lat, run_plan(ep, o, lp, local, pong));
   std::sort(lat.lat.begin(), lat.lat.end());
   out.lat_samples = lp.lat_iters;
