@@ -293,6 +293,9 @@ class CopyEngineImpl final : public CopyEngine {
 
   Status read_batch(std::span<const BatchRead> items, const std::string& peer) override {
     if (items.empty()) return Status();
+    // gpu_push asks for each small copy to be pushed on its lane (ordered with that lane's copy-engine
+    // copies): the batch kernel is not asked to take them.
+    if (options_.push_max > 0) return Status(Code::kUnavailable, "cuda_ipc batch: gpu push copies each small chunk");
     for (const BatchRead& it : items) {
       if (it.local.size > 0 && (it.local.where.kind != MemKind::kCuda || !can_access_peer(it.local.where.device)))
         return Status(Code::kUnavailable, fmt::format("cuda_ipc batch: cuda:{} cannot write {} memory",
