@@ -8,6 +8,26 @@ namespace dmx::topo {
 
 namespace {
 constexpr int kUnknownNumaPenalty = 10;
+
+// What every published pool must name: a device of the topology, unless it is host memory.
+Status check_device(const Topology& topo, const PoolDesc& desc) {
+  if (desc.kind != PoolKind::kPinnedHost && (desc.pci < 0 || desc.pci >= static_cast<int>(topo.devices.size())))
+    return Status(Code::kInvalidArgument,
+                  fmt::format("pool {}: device index {} is not in the topology", desc.name, desc.pci));
+  return Status();
+}
+
+// Adds a pool with all of its capacity free; the caller holds the books' lock.
+template <class Pools>
+PoolId add_pool_locked(Pools& pools, PoolId& next_id, PoolDesc desc) {
+  PoolId id = next_id++;
+  typename Pools::mapped_type p;
+  p.usage.id = id;
+  p.usage.desc = std::move(desc);
+  p.free_ranges[0] = p.usage.desc.capacity;
+  pools.emplace(id, std::move(p));
+  return id;
+}
 }  // namespace
 
 std::string_view pool_kind_name(PoolKind k) {
@@ -26,33 +46,18 @@ Orchestrator::Orchestrator(std::shared_ptr<const Topology> topo) : topo_(std::mo
 
 Result<PoolId> Orchestrator::publish(PoolDesc desc) {
   if (desc.capacity == 0) return Status(Code::kInvalidArgument, fmt::format("pool {}: capacity is zero", desc.name));
-  if (desc.kind != PoolKind::kPinnedHost && (desc.pci < 0 || desc.pci >= static_cast<int>(topo_->devices.size())))
-    return Status(Code::kInvalidArgument,
-                  fmt::format("pool {}: device index {} is not in the topology", desc.name, desc.pci));
+  DMX_RETURN_IF_ERROR(check_device(*topo_, desc));
   std::lock_guard lock(mu_);
-  PoolId id = next_id_++;
-  Pool p;
-  p.usage.id = id;
-  p.usage.desc = std::move(desc);
-  p.free_ranges[0] = p.usage.desc.capacity;
-  pools_.emplace(id, std::move(p));
-  return id;
+  return add_pool_locked(pools_, next_id_, std::move(desc));
 }
 
 Result<Allocation> Orchestrator::publish_allocated(PoolDesc desc, uint64_t bytes, std::string owner) {
   if (bytes == 0 || bytes > UINT64_MAX - kAlign)
     return Status(Code::kInvalidArgument, fmt::format("pool {}: {} bytes", desc.name, bytes));
   desc.capacity = (bytes + kAlign - 1) / kAlign * kAlign;
-  if (desc.kind != PoolKind::kPinnedHost && (desc.pci < 0 || desc.pci >= static_cast<int>(topo_->devices.size())))
-    return Status(Code::kInvalidArgument,
-                  fmt::format("pool {}: device index {} is not in the topology", desc.name, desc.pci));
-  std::lock_guard lock(mu_);
-  PoolId id = next_id_++;
-  Pool p;
-  p.usage.id = id;
-  p.usage.desc = std::move(desc);
-  p.free_ranges[0] = p.usage.desc.capacity;
-  pools_.emplace(id, std::move(p));
+  DMX_RETURN_IF_ERROR(check_device(*topo_, desc));
+  std::lock_guard lock(mu_);  // published and taken under one lock: no other request sees it free
+  PoolId id = add_pool_locked(pools_, next_id_, std::move(desc));
   return take_locked(id, bytes, std::move(owner), kAlign);
 }
 
