@@ -1,6 +1,8 @@
 // Helpers for the same-host transport tests: deterministic data, child processes, a completion pump.
 #pragma once
 
+#include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -38,8 +40,27 @@ inline size_t check_pattern(const void* p, size_t n, uint64_t seed) {
   return SIZE_MAX;
 }
 
+// Threads of this process, from /proc/self/task.
+inline int thread_count() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
 // Runs fn in a forked child; the child exits with fn's return value (never returns into gtest).
+// Under AddressSanitizer the parent must have no other thread yet: GCC 12's ASan allocator has no
+// fork handler, so a child forked while another thread holds an allocator lock hangs at its first
+// allocation (seen as a peer that sends nothing for peer_timeout). Fork before making contexts.
+// Checked where one test runs per process (ctest); earlier tests of a whole-binary run leave
+// pooled threads behind.
 inline pid_t fork_child(const std::function<int()>& fn) {
+#if defined(__SANITIZE_ADDRESS__)
+  if (int n = thread_count(); n > 1 && ::testing::UnitTest::GetInstance()->test_to_run_count() == 1)
+    ADD_FAILURE() << "fork_child with " << n << " threads: under ASan the child may hang; fork first";
+#endif
   pid_t pid = ::fork();
   if (pid == 0) {
     int rc = 99;
