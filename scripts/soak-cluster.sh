@@ -107,7 +107,11 @@ kills=0; end=$(( SECONDS + TOTAL ))
 while (( EVERY > 0 && SECONDS + EVERY < end )); do
   sleep "$EVERY"
   v=$(( RANDOM % HOSTS ))
-  kill -9 "$(cat "$OUT/server$v.pid")" 2>/dev/null
+  pid=$(cat "$OUT/server$v.pid")
+  kill -9 "$pid" 2>/dev/null
+  # Gone before its successor binds the same port (a dying process still holds its listener).
+  for (( t = 0; t < 100; t++ )); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  wait "$pid" 2>/dev/null
   serve "$v"; kills=$(( kills + 1 ))
   echo "$(date -u +%T) killed and restarted w$v" >> "$OUT/kills.txt"
 done
@@ -131,6 +135,7 @@ if [[ $LINKS -eq 2 ]]; then
 fi
 echo "  runs $runs (ok $okruns, failed $(( runs - okruns ))), verified transfers $ops, bytes moved $bytes"
 echo "  transfers whose bytes differed: $differ"
+echo "  server starts that failed: $(cat "$OUT"/server*.log | grep -c 'dmx bench: .*error')"
 echo "  failures by reason:"
 grep -v ' rc=0 ' "$OUT/all.txt" | sed 's/.*reason=//' | sort | uniq -c | sort -rn | head -20 | sed 's/^/    /'
 unexplained=$(grep -v ' rc=0 ' "$OUT/all.txt" | grep -vcE 'peer failed|lost the peer|refused|not found|timeout|unavailable|closed|unreachable|is down')
