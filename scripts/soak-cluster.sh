@@ -76,8 +76,11 @@ client() {  # host index: round robin over the others until the end
     bytes=$(grep -o '"size_bytes":[0-9]*' "$log" | awk -F: '{s += $2 * 2} END {print s + 0}')
     local reason=""
     if [[ $rc -ne 0 ]]; then
-      reason=$(grep -v '"size_bytes"' "$log" | grep -m1 -E 'error|failed|refused|unavailable|timeout|not found' |
-               sed -E 's/[0-9]+ ms/N ms/g; s/epoch [0-9]+/epoch N/g; s/pid [0-9]+/pid N/g; s/:[0-9]{4,5}/:P/g' | cut -c1-220)
+      # The error that ended the run: warnings (a stream down, its frames moved) come before it.
+      reason=$(grep -v '"size_bytes"' "$log" | grep -v '\[warning\]' |
+               grep -E 'error|failed|refused|unavailable|timeout|not found' | tail -1 |
+               sed -E 's/^\[[0-9:.]+\] //; s/[0-9]+ ms/N ms/g; s/epoch [0-9]+/epoch N/g; s/pid [0-9]+/pid N/g; s/:[0-9]{4,5}/:P/g; s/\.[0-9]+:P/.N:P/g' |
+               cut -c1-220)
       [[ -n $reason ]] || reason="exit $rc: $(tail -1 "$log" | cut -c1-200)"
     fi
     local moved; moved=$(grep -c 'control frames move to stream' "$log")
