@@ -177,6 +177,8 @@ class Context:
     def lookup_peer(self, name: str) -> dict[str, Any]:
         """A peer's store entry as a dict."""
     def cluster(self) -> dict[str, Any]:
-        """The job's peers, regions and refused entries (what `dmx ls` prints)."""
+        """The job's peers, regions, pools and refused entries, with the keys of `dmx ls --json`
+        (a region also has 'region', a RemoteRegion); a pool: 'host', 'name', 'kind', 'device'
+        (CUDA ordinal, -1 for none), 'numa', 'bytes'."""
     def epoch(self) -> int:
         """This process's epoch in the store (0 before it registered)."""

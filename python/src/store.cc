@@ -35,6 +35,18 @@ py::dict region_dict(const dmx::PublishedRegion& r) {
   return d;
 }
 
+// The keys and values of `dmx ls --json`'s pools.
+py::dict pool_dict(const dmx::PublishedPool& p) {
+  py::dict d;
+  d["host"] = p.host;
+  d["name"] = p.name;
+  d["kind"] = p.kind;
+  d["device"] = p.device;
+  d["numa"] = p.numa;
+  d["bytes"] = p.bytes;
+  return d;
+}
+
 }  // namespace
 
 void add_store(py::module_& m, std::function<dmx::Context&(py::handle)> context_of,
@@ -101,15 +113,18 @@ void add_store(py::module_& m, std::function<dmx::Context&(py::handle)> context_
                           py::dict d;
                           d["store"] = l.store;
                           d["job"] = l.job;
-                          py::list peers, regions;
+                          py::list peers, regions, pools;
                           for (const auto& p : l.peers) peers.append(peer_dict(p));
                           for (const auto& x : l.regions) regions.append(region_dict(x));
+                          for (const auto& p : l.pools) pools.append(pool_dict(p));
                           d["peers"] = peers;
                           d["regions"] = regions;
+                          d["pools"] = pools;
                           d["refused"] = l.refused;
                           return d;
                         },
-                        py::is_method(cls), "The job's peers, regions and refused entries (what `dmx ls` prints)."));
+                        py::is_method(cls), "The job's peers, regions, pools (host, name, kind, device, numa, bytes) and refused entries "
+                        "(what `dmx ls --json` prints)."));
   method("epoch", py::cpp_function([context_of](py::handle self) { return context_of(self).epoch(); },
                                    py::is_method(cls), "This process's epoch in the store (0 before it registered)."));
 }

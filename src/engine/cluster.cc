@@ -7,6 +7,7 @@
 #include "engine/context_impl.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/handshake.h"
+#include "engine/links.h"
 
 namespace dmx {
 
@@ -92,6 +93,27 @@ void publish_pools(ContextImpl& ctx, store::Directory& dir) {
 
 }  // namespace
 
+namespace {
+
+// What the store hands out for a listener at `address` (tcp://host:port): the address itself, or,
+// for a wildcard listener (0.0.0.0, ::), this host's addresses in interface order (the `nics`
+// setting narrows them): a peer connects to the first that answers, and the HELLO lists the
+// others, so its data streams spread over them (several NICs, engine/links.h).
+std::vector<std::string> store_addresses(const std::string& address, const std::string& nics) {
+  const std::string scheme = "tcp://";
+  auto colon = address.rfind(':');
+  if (address.rfind(scheme, 0) != 0 || colon == std::string::npos || colon < scheme.size()) return {address};
+  std::string host = address.substr(scheme.size(), colon - scheme.size()), port = address.substr(colon + 1);
+  std::vector<std::string> out;
+  for (const std::string& a : advertised_addresses(host, "", nics))
+    out.push_back(a.find(':') == std::string::npos ? fmt::format("tcp://{}:{}", a, port)
+                                                   : fmt::format("tcp://[{}]:{}", a, port));
+  if (out.empty()) out.push_back(address);  // not a wildcard, or no interface but loopback
+  return out;
+}
+
+}  // namespace
+
 Status ContextImpl::announce(const std::string& address) {
   std::string name = config_.get_string("store_name");
   if (!directory_ || name.empty()) return {};
@@ -99,7 +121,7 @@ Status ContextImpl::announce(const std::string& address) {
   if (directory_->epoch() != 0) return {};  // the first listener registered it
   store::PeerEntry self;
   self.name = name;
-  self.addresses = {address};
+  self.addresses = store_addresses(address, params_.nics);
   for (const auto& t : transports()) self.transports.emplace_back(t->name());
   self.host = hostname_;
   self.pid = static_cast<uint32_t>(::getpid());

@@ -17,7 +17,10 @@ class RawPeer {
  public:
   // Connects and authenticates with key `key` (empty: insecure), asking for `streams` data streams:
   // beside more than one, socket 0 is the control stream and sockets 1..streams the data streams.
-  static Result<RawPeer> connect(const std::string& address, const std::string& key, uint16_t streams = 1) {
+  // `multilink`: asks for several links (wire::Multilink::kOn; a server left at auto agrees), so
+  // data frames are counted per stream and LINK_ACK / LINK_DOWN apply (endpoint/links.cc).
+  static Result<RawPeer> connect(const std::string& address, const std::string& key, uint16_t streams = 1,
+                                 bool multilink = false) {
     RawPeer p;
     DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));
     Deadline d = Deadline::after(std::chrono::seconds(10));
@@ -40,6 +43,7 @@ class RawPeer {
     h.hostname = "raw-peer";
     h.peer_timeout_ms = 10000;
     h.offers = {wire::Offer{"tcp", {1}}};  // chunks inline on the streams
+    if (multilink) h.multilink = static_cast<uint8_t>(wire::Multilink::kOn);
     std::string peer = "test-server";
     DMX_RETURN_IF_ERROR(send_frame(p.fd_.get(), wire::FrameType::kHello, wire::encode_hello(h), d, peer));
     DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(p.fd_.get(), d, peer));

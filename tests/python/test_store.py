@@ -1,4 +1,5 @@
 """The store from Python (docs/cluster.md) against Debian's etcd started here; skipped without it."""
+import json
 import os
 import shutil
 import socket
@@ -67,3 +68,48 @@ def test_publish_lookup_connect_by_name(etcd):
     with pytest.raises(dmx.Error) as e:
         other.lookup("buf")
     assert "signature does not match" in str(e.value)
+
+
+def dmx_binary():
+    """The CLI beside this build's module (build/python/dmx -> build/tools/dmx/dmx), or DMX_BIN."""
+    build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(dmx.__file__))))
+    path = os.environ.get("DMX_BIN") or os.path.join(build, "tools", "dmx", "dmx")
+    return path if os.access(path, os.X_OK) else None
+
+
+def test_cluster_lists_the_engines_pools_as_dmx_ls_does(etcd):
+    # The engine publishes the machine's pools (topo/placement.h) once the process has a name; on
+    # the two-socket fixture: a pinned pool per NUMA node, a GPU pool per GPU (CUDA ordinals in PCI
+    # order), the NVMe's p2pmem BAR. Fresh names: a job and a process name of random letters.
+    job, name = "py" + os.urandom(6).hex(), "pools" + os.urandom(6).hex()
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "topo", "dual-socket-icelake")
+    settings = dict(store=etcd, store_job=job, auth_key="python-store-test-key-42")
+    a = dmx.Context(**settings, store_name=name, sysfs_root=root)
+    b = dmx.Context(**settings)
+    assert b.cluster()["pools"] == [], "published once the process has a name (its first listener)"
+    lis = a.listen("tcp://127.0.0.1:0")
+    listing = b.cluster()
+    assert listing["refused"] == []
+    pools = {p["name"]: p for p in listing["pools"]}
+    want = {f"{name}:host-node0": ("pinned-host", 0, -1), f"{name}:host-node1": ("pinned-host", 1, -1),
+            f"{name}:gpu-0000:03:00.0": ("gpu", 0, 0), f"{name}:gpu-0000:83:00.0": ("gpu", 1, 1),
+            f"{name}:p2pmem-0000:05:00.0": ("device-bar", 0, -1)}
+    assert sorted(pools) == sorted(want)
+    for n, (kind, numa, device) in want.items():
+        p = pools[n]
+        assert (p["kind"], p["numa"], p["device"]) == (kind, numa, device), p
+        assert p["bytes"] > 0 and p["host"], p
+        assert set(p) == {"host", "name", "kind", "device", "numa", "bytes"}, p
+    # `dmx ls --json` shows the same pools with the same keys and values.
+    cli = dmx_binary()
+    if cli is None:
+        pytest.skip("no dmx CLI beside this module (set DMX_BIN) to compare with `dmx ls`")
+    env = dict(os.environ, DMX_AUTH_KEY="python-store-test-key-42")
+    out = subprocess.run([cli, "ls", "--store", etcd, "--job", job, "--json"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    key = lambda p: p["name"]
+    assert sorted(shown["pools"], key=key) == sorted(listing["pools"], key=key)
+    assert [p["name"] for p in shown["peers"]] == [p["name"] for p in listing["peers"]] == [name]
+    del lis

@@ -211,6 +211,28 @@ TEST(Cluster, StoreAwayKeepsEndpointsFailsLookupsAndComesBack) {
   EXPECT_TRUE(ep->health().ok()) << ep->health().to_string();
 }
 
+// A wildcard listener is reached at the host's addresses, so those go in the store, never
+// 0.0.0.0 (a peer would dial itself); the port is the listener's. Looked up only: connecting to
+// a non-loopback address stays for tests/netns (scripts/soak-cluster.sh with SOAK_LINKS=2).
+TEST(Cluster, AWildcardListenerPublishesTheHostsAddresses) {
+  NEED_ETCD(etcd);
+  Context a = make(etcd, "wild-" + std::to_string(std::random_device{}()));
+  auto l = a.listen("tcp://0.0.0.0:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  std::string port = l->address().substr(l->address().rfind(':'));
+  Context b = make(etcd, "");
+  auto peers = b.cluster();
+  ASSERT_TRUE(peers.ok()) << peers.status().to_string();
+  ASSERT_EQ(peers->peers.size(), 1u);
+  const PeerInfo& p = peers->peers[0];
+  ASSERT_FALSE(p.addresses.empty());
+  for (const std::string& addr : p.addresses) {
+    EXPECT_EQ(addr.find("0.0.0.0"), std::string::npos) << addr;
+    EXPECT_EQ(addr.rfind("tcp://", 0), 0u) << addr;
+    EXPECT_EQ(addr.substr(addr.rfind(':')), port) << addr;
+  }
+}
+
 // The engine publishes the machine's pools (topo/placement.h) with where they are once it has a
 // name (each entry named after it), and they go with its lease. On the two-socket fixture: a pinned pool per NUMA node, a GPU
 // pool per GPU (03:00.0 on node 0, 83:00.0 on node 1; no CUDA overlay: ordinals in PCI order) and

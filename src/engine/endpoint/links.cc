@@ -169,11 +169,23 @@ void EndpointImpl::link_requeue(int k) {
   wake_streams();
 }
 
+namespace {
+
+// What is wrong with a LINK_ACK's or LINK_DOWN's stream (a0, a1), said to the peer; empty: nothing.
+std::string link_frame_fault(bool multilink, size_t streams, const FrameHeader& h) {
+  if (!multilink) return "on an endpoint without several links";
+  if (h.a0 >= streams) return fmt::format("for stream {}, of {} streams", h.a0, streams);
+  if (h.a0 == 0 && h.a1 != 0) return fmt::format("counts {} data frames on stream 0, the control stream", h.a1);
+  return "";
+}
+
+}  // namespace
+
 // LINK_ACK and LINK_DOWN may come on any stream, and again after the control stream moved (the
 // copies it carried are repeated): an older count is no news.
 Status EndpointImpl::on_link_ack(int, const FrameHeader& h) {
-  if (!session_.multilink || h.a0 >= links_.size() || (h.a0 == 0 && h.a1 != 0))
-    return protocol(fmt::format("{} without several links, or for a stream out of range", wire::describe(h)));
+  if (std::string why = link_frame_fault(session_.multilink, links_.size(), h); !why.empty())
+    return protocol(fmt::format("{} {}", wire::describe(h), why));
   DMX_RETURN_IF_ERROR(ctl_acked(h));
   if (h.a0 == 0) return Status();  // control frames only
   LinkState& l = links_[h.a0];
@@ -186,8 +198,8 @@ Status EndpointImpl::on_link_ack(int, const FrameHeader& h) {
 }
 
 Status EndpointImpl::on_link_down(int, const FrameHeader& h) {
-  if (!session_.multilink || h.a0 >= links_.size() || (h.a0 == 0 && h.a1 != 0))
-    return protocol(fmt::format("{} without several links, or for a stream out of range", wire::describe(h)));
+  if (std::string why = link_frame_fault(session_.multilink, links_.size(), h); !why.empty())
+    return protocol(fmt::format("{} {}", wire::describe(h), why));
   DMX_RETURN_IF_ERROR(ctl_acked(h));
   LinkState& l = links_[h.a0];
   if (l.down_got) {
