@@ -6,21 +6,11 @@ copy) gives the same report from its whole records and says on stderr how many t
 ignored. Runs without a DMX_TRACE build."""
 import os
 import random
-import struct
 import subprocess
 import sys
 import tempfile
 
-REC = struct.Struct("<QI20s")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def write(path, records):
-    with open(path, "wb") as f:
-        f.write(b"\0" * REC.size)  # record 0 is never written
-        for ns, tid, name in records:
-            f.write(REC.pack(ns, tid, name.encode()))
-        f.write(b"\0" * REC.size * 4)  # unwritten tail
+from trace_files import REC, ROOT, write
 
 
 def report(*paths):
