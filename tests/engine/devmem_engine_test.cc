@@ -14,6 +14,7 @@
 #include <memory>
 #include <thread>
 
+#include "devmem/host_arenas.h"
 #include "devmem/socket_double.h"
 #include "engine/context_impl.h"
 #include "engine/handshake.h"
@@ -21,14 +22,13 @@
 #include "engine/transport_setup.h"
 #include "transport/devmem/devmem_path.h"
 #include "transport/devmem/devmem_transport.h"
-#include "topo/p2pmem_double.h"
 #include "topo/placement.h"
-#include "topo/topo_fixture.h"
 
 namespace dmx::test {
 namespace {
 
 using namespace std::chrono_literals;
+using devmem::testing::held;
 using devmem::testing::SimNic;
 using devmem::testing::SimNicOptions;
 
@@ -583,44 +583,12 @@ TEST(DevmemEngineDouble, PeerContextDestroyedMidTransfer) {
   (void)r.wait(1s);
 }
 
-// A placement of the dual-socket-icelake fixture whose GPU pools are page-aligned host memory
-// (standing for cudaMalloc's arenas: the double's RX pool and ring are host memory), counted.
-struct HostArenas {
-  std::atomic<int> allocated{0}, freed{0};
-  topo::DeviceMemory hook() {
-    return topo::DeviceMemory{[this](int, uint64_t bytes) -> Result<void*> {
-                                ++allocated;
-                                void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-                                if (p == nullptr) return Status(Code::kResourceExhausted, "aligned_alloc");
-                                return p;
-                              },
-                              [this](int, void* p, uint64_t) {
-                                ++freed;
-                                std::free(p);
-                              }};
-  }
-  std::shared_ptr<topo::Placement> machine() {
-    return topo::Placement::create(
-        std::make_shared<const topo::Topology>(topo::testing::load("dual-socket-icelake")),
-        std::make_shared<topo::testing::P2pmemDouble>(), hook(), 64 << 20);
-  }
-};
-
-// What the placement's books hold for owners starting with `prefix`.
-uint64_t held(const topo::Placement& p, const std::string& prefix) {
-  uint64_t n = 0;
-  for (const auto& u : p.usage())
-    for (const auto& [owner, bytes] : u.owners)
-      if (owner.starts_with(prefix)) n += bytes;
-  return n;
-}
-
 // The path's RX pool and TX ring come from the machine's placement (the GPU pool nearest the NIC,
 // here ens1 of the fixture, and cuda:0; the 64 MiB pool grows by an extent for the ring), booked
 // to the NIC and peer while the path lives, and go back when the endpoint closes. The bytes still
 // move by devmem, through that memory.
 TEST(DevmemEngineDouble, PathMemoryComesFromThePlacementAndGoesBackAtClose) {
-  HostArenas arenas_a, arenas_b;
+  devmem::testing::HostArenas arenas_a, arenas_b;
   auto pa = arenas_a.machine(), pb = arenas_b.machine();
   SimNicOptions no;
   no.ifname = "ens1";
