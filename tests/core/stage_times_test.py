@@ -5,21 +5,11 @@ pair with their copies' issues in order per stream, only the throughput phase co
 run's GB/s comes from its JSON line. Runs without a DMX_TRACE build."""
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 
-REC = struct.Struct("<QI20s")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def write(path, records):
-    with open(path, "wb") as f:
-        f.write(b"\0" * REC.size)  # record 0 is never written
-        for ns, tid, name in records:
-            f.write(REC.pack(ns, tid, name.encode()))
-        f.write(b"\0" * REC.size * 4)  # unwritten tail
+from trace_files import ROOT, write
 
 
 def span(recs, name, sid, tid, t0, ns):

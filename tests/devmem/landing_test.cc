@@ -6,12 +6,12 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "devmem/host_arenas.h"
 #include "topo/p2pmem_double.h"
 #include "topo/placement.h"
 #include "topo/report.h"
@@ -20,6 +20,8 @@
 
 namespace dmx::devmem {
 namespace {
+
+using testing::held_by;
 
 struct Arenas {
   std::vector<std::unique_ptr<std::vector<unsigned char>>> blocks;
@@ -32,34 +34,10 @@ struct Arenas {
   }
 };
 
-// Page-aligned host memory standing for CUDA arenas (as cudaMalloc's are), counted.
-struct AlignedArenas {
-  int allocated = 0, freed = 0;
-  topo::DeviceMemory hook() {
-    return topo::DeviceMemory{[this](int, uint64_t bytes) -> Result<void*> {
-                                ++allocated;
-                                void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-                                if (p == nullptr) return Status(Code::kResourceExhausted, "aligned_alloc");
-                                return p;
-                              },
-                              [this](int, void* p, uint64_t) {
-                                ++freed;
-                                std::free(p);
-                              }};
-  }
-};
-
 const topo::PoolUsage* pool_named(const std::vector<topo::PoolUsage>& pools, const std::string& name) {
   for (const auto& u : pools)
     if (u.desc.name == name) return &u;
   return nullptr;
-}
-
-uint64_t held_by(const topo::Placement& p, const std::string& owner) {
-  uint64_t n = 0;
-  for (const auto& u : p.usage())
-    if (auto it = u.owners.find(owner); it != u.owners.end()) n += it->second;
-  return n;
 }
 
 TEST(DevmemLanding, ZoneComesFromTheGpuPoolBesideTheNic) {
@@ -113,7 +91,7 @@ TEST(DevmemLanding, ZoneComesFromTheGpuPoolBesideTheNic) {
 // published 64 MiB grows the pool by an extent of exactly its size, which goes back with it. The
 // books are what `dmx topo` prints (render_pools_text).
 TEST(DevmemLanding, PoolRingAndAreaComeFromTheNearestGpuPoolWhichGrows) {
-  AlignedArenas arenas;
+  testing::HostArenas arenas;
   {
     auto topo = std::make_shared<const topo::Topology>(topo::testing::load("dual-socket-icelake"));
     auto placement = topo::Placement::create(topo, std::make_shared<topo::testing::P2pmemDouble>(), arenas.hook(),

@@ -3,208 +3,28 @@
 // devmem transport's path factory (make_devmem_transport, ContextImpl::register_transport), so the data socket is a real
 // loopback TCP connection made by the handshake (JOIN index = streams) and real bytes move through
 // the double's fragments and tokens. The double's "device" memory is the sim kind (mapped with no
-// access rights: engine code that touches it directly crashes). No devmem NIC is involved.
+// access rights: engine code that touches it directly crashes). No devmem NIC is involved. Sends,
+// chunking, stop, cancel, the path's memory and the negotiation here; one-sided operations in
+// devmem_engine_one_sided_test.cc; the helpers in devmem_engine_util.h.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <thread>
 
-#include "devmem/socket_double.h"
-#include "engine/context_impl.h"
+#include "devmem/host_arenas.h"
+#include "engine/devmem_engine_util.h"
 #include "engine/handshake.h"
-#include "engine/test_util.h"
-#include "engine/transport_setup.h"
-#include "transport/devmem/devmem_path.h"
-#include "transport/devmem/devmem_transport.h"
-#include "topo/p2pmem_double.h"
-#include "topo/placement.h"
-#include "topo/topo_fixture.h"
 
 namespace dmx::test {
 namespace {
 
 using namespace std::chrono_literals;
-using devmem::testing::SimNic;
-using devmem::testing::SimNicOptions;
-
-const MemSpec kSim{MemKind::kSim, 0};
-const MemSpec kHost{};
-
-// A payload path that forwards everything to another; the test paths below change one thing each.
-class ForwardingPath : public PayloadPath {
- public:
-  explicit ForwardingPath(std::unique_ptr<PayloadPath> inner) : inner_(std::move(inner)) {}
-  std::string_view name() const override { return inner_->name(); }
-  void start(Events* e, std::shared_ptr<void> k) override { inner_->start(e, std::move(k)); }
-  bool carries(const MemSpec& src) const override { return inner_->carries(src); }
-  bool accepts(const MemSpec& dst) const override { return inner_->accepts(dst); }
-  bool accepts_any() const override { return inner_->accepts_any(); }
-  bool lands_writes() const override { return inner_->lands_writes(); }
-  uint64_t max_chunk() const override { return inner_->max_chunk(); }
-  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override {
-    return inner_->post_tx(seq, src, whole);
-  }
-  Result<uint64_t> chunk_length(std::span<const unsigned char> d) override { return inner_->chunk_length(d); }
-  Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
-    return inner_->post_rx(seq, d, dst);
-  }
-  Result<bool> post_rx_now(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
-    return inner_->post_rx_now(seq, d, dst);
-  }
-  bool receiver_releases() const override { return inner_->receiver_releases(); }
-  void stop() override { inner_->stop(); }
-  PathStats stats() const override { return inner_->stats(); }
-  std::string describe() const override { return inner_->describe(); }
-
- private:
-  std::unique_ptr<PayloadPath> inner_;
-};
-
-// A devmem path that accepts only sim destinations: stands in for a GPU pool whose gatherer cannot
-// write host memory, so the engine must keep such transfers inline.
-class SimOnlyPath final : public ForwardingPath {
- public:
-  using ForwardingPath::ForwardingPath;
-  bool accepts(const MemSpec& dst) const override { return dst.kind == MemKind::kSim; }
-  std::string describe() const override { return ForwardingPath::describe() + " (sim destinations only)"; }
-};
-
-// A devmem path that, like cuda_ipc at the end of a cuMem block, takes only a prefix of a chunk it
-// may cut (PayloadPath::post_tx, whole == false): at most kTake bytes, so the endpoint must send
-// the rest as further chunks.
-class PrefixPath final : public ForwardingPath {
- public:
-  static constexpr size_t kTake = 100003;
-  using ForwardingPath::ForwardingPath;
-  Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override {
-    if (whole || src.size <= kTake) return ForwardingPath::post_tx(seq, src, whole);
-    ++cuts_;
-    return ForwardingPath::post_tx(seq, src.sub(0, kTake), whole);
-  }
-  std::string describe() const override {
-    return ForwardingPath::describe() + fmt::format(" ({} chunks cut)", cuts_.load());
-  }
-
- private:
-  std::atomic<uint64_t> cuts_{0};
-};
-
-// A devmem path that counts how the receiving endpoint hands it chunks: post_rx_now (the
-// small-chunk lane may take it on the stream's thread) or post_rx (more frames wait behind it on
-// the control stream: EndpointImpl::on_path_header, Stream::rx_backlog).
-class LaneCountingPath final : public ForwardingPath {
- public:
-  using ForwardingPath::ForwardingPath;
-  Status post_rx(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
-    ++queued_;
-    return ForwardingPath::post_rx(seq, d, dst);
-  }
-  Result<bool> post_rx_now(uint64_t seq, std::span<const unsigned char> d, const MemRegion& dst) override {
-    ++offered_now_;
-    return ForwardingPath::post_rx_now(seq, d, dst);
-  }
-  std::string describe() const override {
-    return ForwardingPath::describe() +
-           fmt::format(" (lane offered {}, queued {})", offered_now_.load(), queued_.load());
-  }
-
- private:
-  std::atomic<uint64_t> offered_now_{0}, queued_{0};
-};
-
-// A devmem path whose stop() is ignored: stands in for a path whose copies wedged, so that its
-// on_path_stopped does not come while the endpoint closes. Destroying it (the real path's
-// destructor) still stops and joins the real path.
-class StuckStopPath final : public ForwardingPath {
- public:
-  using ForwardingPath::ForwardingPath;
-  void stop() override {}
-};
-
-Options devmem_options(const char* transport = "devmem") {
-  Options o = test_options(2);
-  o.set("transport", transport).set("devmem_rx_pool", "32M");
-  return o;
-}
-
-struct Host {
-  std::shared_ptr<SimNic> nic;
-  Context ctx;
-};
-
-// A context whose devmem path is the double. The factory holds the NIC; the context's config is
-// read through a raw pointer (the factory lives in that context, so it cannot outlive it).
-enum class Wrap { kNone, kSimOnly, kPrefix, kLaneCounting, kStuckStop };
-
-// `placement`: the host's machine, whose GPU pools the path's memory comes from (HostSeams::place);
-// null: the path's own memory.
-Host make_host(uint64_t seed, Options o = devmem_options(), Wrap wrap = Wrap::kNone, SimNicOptions no = {},
-               std::shared_ptr<topo::Placement> placement = nullptr) {
-  Host h;
-  no.seed = seed;
-  h.nic = std::make_shared<SimNic>(no);
-  auto c = Context::create(o);
-  EXPECT_TRUE(c.ok()) << c.status().to_string();
-  h.ctx = *c;
-  ContextImpl* impl = h.ctx.impl().get();
-  impl->register_transport(make_devmem_transport(
-      [nic = h.nic, wrap, placement](UniqueFd fd, const Config& config,
-                                     const std::string& peer) -> Result<std::unique_ptr<PayloadPath>> {
-        devmem::HostSeams seams = nic->seams();
-        if (placement)  // the double's pools are host memory: GPU pools of host memory stand for them
-          seams.place = devmem::placement_memory([placement] { return Result<std::shared_ptr<topo::Placement>>(placement); },
-                                                 seams.ifname, 0, seams.memory);
-        auto p = make_devmem_path(std::move(fd), config, peer, std::move(seams));
-        if (!p.ok() || wrap == Wrap::kNone) return p;
-        if (wrap == Wrap::kPrefix) return std::unique_ptr<PayloadPath>(std::make_unique<PrefixPath>(std::move(*p)));
-        if (wrap == Wrap::kLaneCounting)
-          return std::unique_ptr<PayloadPath>(std::make_unique<LaneCountingPath>(std::move(*p)));
-        if (wrap == Wrap::kStuckStop)
-          return std::unique_ptr<PayloadPath>(std::make_unique<StuckStopPath>(std::move(*p)));
-        return std::unique_ptr<PayloadPath>(std::make_unique<SimOnlyPath>(std::move(*p)));
-      }));
-  return h;
-}
-
-// Two "hosts" (contexts with their own SimNic), the client on b, the server on a.
-struct DevmemPair {
-  Host a, b;
-  Listener listener;
-  Endpoint client, server;
-};
-
-DevmemPair connect_devmem(Wrap wrap = Wrap::kNone, const Options& o = devmem_options(), SimNicOptions no = {},
-                          std::shared_ptr<topo::Placement> pa = nullptr, std::shared_ptr<topo::Placement> pb = nullptr) {
-  DevmemPair p;
-  p.a = make_host(11, o, wrap, no, std::move(pa));
-  p.b = make_host(22, o, wrap, no, std::move(pb));
-  auto l = p.a.ctx.listen("tcp://127.0.0.1:0");
-  EXPECT_TRUE(l.ok()) << l.status().to_string();
-  p.listener = std::move(*l);
-  auto c = p.b.ctx.connect(p.listener.address());
-  EXPECT_TRUE(c.ok()) << c.status().to_string();
-  if (c.ok()) p.client = std::move(*c);
-  auto s = p.listener.accept(10s);
-  EXPECT_TRUE(s.ok()) << s.status().to_string();
-  if (s.ok()) p.server = std::move(*s);
-  return p;
-}
-
-uint64_t devmem_bytes_sent(const Endpoint& e) {
-  for (const auto& u : e.stats().paths)
-    if (u.name == "devmem") return u.bytes_sent;
-  return 0;
-}
-uint64_t devmem_bytes_received(const Endpoint& e) {
-  for (const auto& u : e.stats().paths)
-    if (u.name == "devmem") return u.bytes_received;
-  return 0;
-}
+using namespace devmem_engine;
+using devmem::testing::held;
 
 TEST(DevmemEngineDouble, ForcedDevmemIsChosenAndVisible) {
   DevmemPair p = connect_devmem();
@@ -347,174 +167,6 @@ TEST(DevmemEngineDouble, PathThatDoesNotStopEndsCloseAtItsDeadline) {
   // Destroying the endpoints stops the real paths and joins their threads.
 }
 
-uint64_t inline_bytes_received(const Endpoint& e) {
-  EndpointStats st = e.stats();
-  return st.bytes_received;
-}
-
-std::string devmem_detail(const Endpoint& e) {
-  for (const auto& u : e.stats().paths)
-    if (u.name == "devmem") return u.detail;
-  return "";
-}
-
-// A one-sided write goes by devmem (not inline on the stream), lands with its notification, and
-// a read comes back by devmem too.
-TEST(DevmemEngineDouble, WriteAndReadByDevmem) {
-  DevmemPair p = connect_devmem();
-  size_t n = 5 * (1 << 20) + 1;
-  Buffer target = poisoned(kSim, n + 100);
-  auto reg = p.a.ctx.register_memory(target.region());
-  ASSERT_TRUE(reg.ok()) << reg.status().to_string();
-  Filled src = filled(kSim, n);
-  uint64_t before = devmem_bytes_received(p.server);
-  uint64_t stream_before = inline_bytes_received(p.server);
-  OpOptions notify;
-  notify.notify = true;
-  notify.notify_value = 0xD1CE;
-  Request w = p.client.write(src.buf.region(), reg->remote(), 33, notify);
-  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
-  auto note = p.server.next_notification(10s);
-  ASSERT_TRUE(note.ok()) << note.status().to_string();
-  EXPECT_EQ(note->value, 0xD1CEu);
-  EXPECT_EQ(note->length, n);
-  auto got = read_back(target.region());
-  ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), got.begin() + 33));
-  EXPECT_EQ(got[32], 0xA5);
-  EXPECT_EQ(got[33 + n], 0xA5);
-  EXPECT_GE(devmem_bytes_received(p.server) - before, n) << "the write did not come by devmem";
-  EXPECT_LT(inline_bytes_received(p.server) - stream_before, n / 2) << "the write's bytes came inline";
-
-  Buffer back = poisoned(kSim, n + 7);
-  uint64_t read_before = devmem_bytes_received(p.client);
-  Request r = p.client.read(back.region().sub(7, n), reg->remote(), 33);
-  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
-  auto again = read_back(back.region());
-  ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), again.begin() + 7));
-  EXPECT_GE(devmem_bytes_received(p.client) - read_before, n) << "the read did not come by devmem";
-}
-
-// A vectored write's segments go by devmem like a plain write's (the Transfer gets the paths that
-// land writes), not inline on the stream: scattered multi-MiB segments into two registered
-// regions, byte exact, with one notification.
-TEST(DevmemEngineDouble, WriteVecByDevmem) {
-  DevmemPair p = connect_devmem();
-  constexpr uint64_t kSeg = (1u << 20) + 37;
-  Filled src = filled(kSim, 6 * kSeg);
-  Buffer d0 = poisoned(kSim, 4 * kSeg), d1 = poisoned(kSim, 4 * kSeg);
-  auto r0 = p.a.ctx.register_memory(d0.region());
-  auto r1 = p.a.ctx.register_memory(d1.region());
-  ASSERT_TRUE(r0.ok() && r1.ok());
-  MemRegion local[] = {src.buf.region()};
-  RemoteRegion remote[] = {r0->remote(), r1->remote()};
-  // Six segments, none adjacent to the next on both sides (no merging into one plain write).
-  std::vector<IoEntry> entries;
-  for (uint64_t i = 0; i < 6; ++i)
-    entries.push_back(IoEntry{0, static_cast<uint32_t>(i % 2), (5 - i) * kSeg, (i / 2) * kSeg + (i % 3), kSeg - 3});
-  uint64_t total = 0;
-  for (const auto& e : entries) total += e.length;
-  uint64_t before = devmem_bytes_received(p.server);
-  uint64_t stream_before = inline_bytes_received(p.server);
-  OpOptions notify;
-  notify.notify = true;
-  notify.notify_value = 0x5EC;
-  Request w = p.client.write_vec(local, remote, entries, notify);
-  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
-  auto note = p.server.next_notification(10s);
-  ASSERT_TRUE(note.ok()) << note.status().to_string();
-  EXPECT_EQ(note->value, 0x5ECu);
-  EXPECT_EQ(note->length, total);
-  std::vector<std::vector<unsigned char>> want = {std::vector<unsigned char>(4 * kSeg, 0xA5),
-                                                  std::vector<unsigned char>(4 * kSeg, 0xA5)};
-  for (const auto& e : entries)
-    std::copy_n(src.data.begin() + static_cast<std::ptrdiff_t>(e.local_offset), e.length,
-                want[e.remote].begin() + static_cast<std::ptrdiff_t>(e.remote_offset));
-  ASSERT_TRUE(read_back(d0.region()) == want[0]) << "remote region 0 differs";
-  ASSERT_TRUE(read_back(d1.region()) == want[1]) << "remote region 1 differs";
-  EXPECT_GE(devmem_bytes_received(p.server) - before, total) << "the vectored write did not come by devmem";
-  EXPECT_LT(inline_bytes_received(p.server) - stream_before, total / 2) << "the vectored write's bytes came inline";
-}
-
-// A gatherer that writes host memory only (as a GPU pool's writes only its device's): a write into
-// a sim region still goes by devmem, lands in the landing zone and is copied on; a write into a
-// host region is gathered straight into it. Sends and reads into sim buffers stay inline.
-TEST(DevmemEngineDouble, WriteIntoMemoryTheGathererCannotWriteLandsInTheLandingZone) {
-  SimNicOptions no;
-  no.gather_host_only = true;
-  DevmemPair p = connect_devmem(Wrap::kNone, devmem_options(), no);
-  ASSERT_TRUE(p.client.valid() && p.server.valid());
-  for (size_t n : {size_t{1}, size_t{4097}, (size_t{40} << 20) + 3}) {  // 40 MiB: three chunks, one zone
-    SCOPED_TRACE(n);
-    Buffer target = poisoned(kSim, n + 20);
-    auto reg = p.a.ctx.register_memory(target.region());
-    ASSERT_TRUE(reg.ok()) << reg.status().to_string();
-    Filled src = filled(kSim, n);
-    uint64_t before = devmem_bytes_received(p.server);
-    OpOptions notify;
-    notify.notify = true;
-    notify.notify_value = n;
-    Request w = p.client.write(src.buf.region(), reg->remote(), 11, notify);
-    ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
-    auto note = p.server.next_notification(10s);
-    ASSERT_TRUE(note.ok()) << note.status().to_string();
-    EXPECT_EQ(note->value, n);
-    auto got = read_back(target.region());
-    ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), got.begin() + 11));
-    EXPECT_EQ(got[10], 0xA5);
-    EXPECT_EQ(got[11 + n], 0xA5);
-    EXPECT_GE(devmem_bytes_received(p.server) - before, n) << "the write did not come by devmem";
-  }
-  std::string detail = devmem_detail(p.server);
-  EXPECT_NE(detail.find("landing zone a buffer in"), std::string::npos) << detail;
-  // Host memory is gathered into directly (no landing), and a host source is not devmem's.
-  size_t n = (3u << 20) + 5;
-  Buffer host_target = poisoned(kHost, n);
-  auto reg = p.a.ctx.register_memory(host_target.region());
-  ASSERT_TRUE(reg.ok());
-  Filled src = filled(kSim, n);
-  uint64_t before = devmem_bytes_received(p.server);
-  ASSERT_TRUE(p.client.write(src.buf.region(), reg->remote(), 0).wait(kEventually).ok());
-  EXPECT_EQ(read_back(host_target.region()), src.data);
-  EXPECT_GE(devmem_bytes_received(p.server) - before, n);
-  // A send into a sim buffer: the receiver does not name devmem for it, so it goes inline.
-  Buffer sim_dst = poisoned(kSim, n);
-  uint64_t sent = devmem_bytes_sent(p.client);
-  Request r = p.server.recv(sim_dst.region(), 3);
-  ASSERT_TRUE(p.client.send(src.buf.region(), 3).wait(kEventually).ok());
-  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
-  EXPECT_EQ(read_back(sim_dst.region()), src.data);
-  EXPECT_EQ(devmem_bytes_sent(p.client), sent);
-}
-
-TEST(DevmemEngineDouble, DestinationTheGathererCannotWriteGoesInline) {
-  DevmemPair p = connect_devmem(Wrap::kSimOnly);
-  size_t n = (3u << 20) + 7;
-  Filled src = filled(kSim, n);
-  Buffer host_dst = poisoned(kHost, n);
-  uint64_t before = devmem_bytes_sent(p.client);
-  Request r = p.server.recv(host_dst.region(), 1);
-  ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(kEventually).ok());
-  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
-  EXPECT_EQ(read_back(host_dst.region()), src.data);
-  EXPECT_EQ(devmem_bytes_sent(p.client), before) << "a buffer that does not accept devmem got devmem chunks";
-
-  Buffer sim_dst = poisoned(kSim, n);
-  Request r2 = p.server.recv(sim_dst.region(), 2);
-  ASSERT_TRUE(p.client.send(src.buf.region(), 2).wait(kEventually).ok());
-  ASSERT_TRUE(r2.wait(kEventually).ok()) << r2.status().to_string();
-  EXPECT_EQ(read_back(sim_dst.region()), src.data);
-  EXPECT_GE(devmem_bytes_sent(p.client) - before, n);
-
-  // A read into host memory: the reader's READ_REQ does not flag devmem either.
-  auto reg = p.a.ctx.register_memory(sim_dst.region());
-  ASSERT_TRUE(reg.ok());
-  Buffer back = poisoned(kHost, n);
-  uint64_t rb = devmem_bytes_received(p.client);
-  ASSERT_TRUE(p.client.read(back.region(), reg->remote(), 0).wait(kEventually).ok());
-  EXPECT_EQ(read_back(back.region()), src.data);
-  EXPECT_EQ(devmem_bytes_received(p.client), rb);
-}
-
 TEST(DevmemEngineDouble, CancelMidway) {
   DevmemPair p = connect_devmem();
   size_t n = 256u << 20;
@@ -583,44 +235,12 @@ TEST(DevmemEngineDouble, PeerContextDestroyedMidTransfer) {
   (void)r.wait(1s);
 }
 
-// A placement of the dual-socket-icelake fixture whose GPU pools are page-aligned host memory
-// (standing for cudaMalloc's arenas: the double's RX pool and ring are host memory), counted.
-struct HostArenas {
-  std::atomic<int> allocated{0}, freed{0};
-  topo::DeviceMemory hook() {
-    return topo::DeviceMemory{[this](int, uint64_t bytes) -> Result<void*> {
-                                ++allocated;
-                                void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-                                if (p == nullptr) return Status(Code::kResourceExhausted, "aligned_alloc");
-                                return p;
-                              },
-                              [this](int, void* p, uint64_t) {
-                                ++freed;
-                                std::free(p);
-                              }};
-  }
-  std::shared_ptr<topo::Placement> machine() {
-    return topo::Placement::create(
-        std::make_shared<const topo::Topology>(topo::testing::load("dual-socket-icelake")),
-        std::make_shared<topo::testing::P2pmemDouble>(), hook(), 64 << 20);
-  }
-};
-
-// What the placement's books hold for owners starting with `prefix`.
-uint64_t held(const topo::Placement& p, const std::string& prefix) {
-  uint64_t n = 0;
-  for (const auto& u : p.usage())
-    for (const auto& [owner, bytes] : u.owners)
-      if (owner.starts_with(prefix)) n += bytes;
-  return n;
-}
-
 // The path's RX pool and TX ring come from the machine's placement (the GPU pool nearest the NIC,
 // here ens1 of the fixture, and cuda:0; the 64 MiB pool grows by an extent for the ring), booked
 // to the NIC and peer while the path lives, and go back when the endpoint closes. The bytes still
 // move by devmem, through that memory.
 TEST(DevmemEngineDouble, PathMemoryComesFromThePlacementAndGoesBackAtClose) {
-  HostArenas arenas_a, arenas_b;
+  devmem::testing::HostArenas arenas_a, arenas_b;
   auto pa = arenas_a.machine(), pb = arenas_b.machine();
   SimNicOptions no;
   no.ifname = "ens1";

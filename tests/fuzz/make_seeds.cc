@@ -257,6 +257,8 @@ void mqueue_header_seeds() {
   Bytes shrt = seed(1024, 1, 0, kRequestMagic, 0, 0);
   shrt.resize(9 + 15);
   put("mqueue_header", "udp-15-bytes", shrt);
+}
+
 // Requests to the metrics port: plain text, one for each verdict and edge of the head parser.
 void metrics_request_seeds() {
   const std::pair<const char*, std::string> seeds[] = {

@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -22,7 +21,6 @@
 #include <random>
 #include <thread>
 
-#include "core/config.h"
 #include "transport/rdma/device.h"
 #include "transport/rdma/p2pmem.h"
 #include "transport/rdma/rdma_path.h"
@@ -35,46 +33,22 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct Side {
-  std::unique_ptr<PayloadPath> path;
-  Recorder events;
-};
-
 struct Options {
   Depths a, b;  // a sends, b receives (each path can do both)
   void (*a_hostile)(ConnInfo*) = nullptr;
   const WriteTamper* a_tamper = nullptr;
 };
 
-class RdmaPathTest : public ::testing::Test {
+class RdmaPathTest : public RdmaDeviceTest {
  protected:
-  void SetUp() override {
-    auto config = Config::resolve();
-    ASSERT_TRUE(config.ok());
-    auto d = open_device(*config);
-    if (!d.ok() && std::getenv("DMX_RXE_GUEST")) FAIL() << "DMX_RXE_GUEST is set, but " << d.status().message();
-    if (!d.ok()) DMX_SKIP(test::kNoRdma) << d.status().message();
-    dev_ = *d;
-  }
-  void TearDown() override {
-    for (Side* s : {&a_, &b_})
-      if (s->path) {
-        s->path->stop();
-        s->events.wait([](Recorder& r) { return r.stopped; });
-      }
-  }
+  void TearDown() override { stop({&a_, &b_}); }
 
   void connect(Options o = {}) {
-    int fds[2];
-    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-    Result<std::unique_ptr<Connection>> ca = Status(Code::kInternal, "not run");
-    std::thread t([&] { ca = connect_qps(dev_, fds[0], o.a, "side b", Deadline::after(30s), o.a_hostile); });
-    auto cb = connect_qps(dev_, fds[1], o.b, "side a", Deadline::after(30s));
-    t.join();
-    ASSERT_TRUE(ca.ok()) << ca.status().to_string();
-    ASSERT_TRUE(cb.ok()) << cb.status().to_string();
-    a_.path = make_rdma_path(setup(std::move(*ca), fds[0], "side b", o.a_tamper));
-    b_.path = make_rdma_path(setup(std::move(*cb), fds[1], "side a", nullptr));
+    ConnectedPair p = connect_pair(dev_, o.a, "side b", o.b, "side a", 30s, o.a_hostile);
+    ASSERT_TRUE(p.a.ok()) << p.a.status().to_string();
+    ASSERT_TRUE(p.b.ok()) << p.b.status().to_string();
+    a_.path = make_rdma_path(setup(std::move(*p.a), p.a_fd, "side b", o.a_tamper));
+    b_.path = make_rdma_path(setup(std::move(*p.b), p.b_fd, "side a", nullptr));
     a_.path->start(&a_.events, nullptr);
     b_.path->start(&b_.events, nullptr);
   }
@@ -106,7 +80,6 @@ class RdmaPathTest : public ::testing::Test {
 
   void write_outside(int64_t delta);
 
-  std::shared_ptr<Device> dev_;
   std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
   Side a_, b_;
 };

@@ -15,11 +15,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
-#include "core/config.h"
 #include "rdma_test_util.h"
 #include "stream/conduit.h"
 #include "transport/rdma/control_conduit.h"
@@ -100,43 +98,19 @@ struct RawPeer {
   std::vector<ibv_wc> stash;  // receives seen while waiting for a send
 };
 
-class RdmaRawPeer : public ::testing::Test {
+class RdmaRawPeer : public RdmaDeviceTest {
  protected:
-  void SetUp() override {
-    auto config = Config::resolve();
-    ASSERT_TRUE(config.ok());
-    auto d = open_device(*config);
-    if (!d.ok() && std::getenv("DMX_RXE_GUEST")) FAIL() << "DMX_RXE_GUEST is set, but " << d.status().message();
-    if (!d.ok()) DMX_SKIP(test::kNoRdma) << d.status().message();
-    dev_ = *d;
-  }
-  void TearDown() override {
-    for (auto* p : {&dmx_, &other_a_, &other_b_})
-      if (p->path) {
-        p->path->stop();
-        p->events.wait([](Recorder& r) { return r.stopped; });
-      }
-  }
-
-  struct Side {
-    std::unique_ptr<PayloadPath> path;
-    Recorder events;
-  };
+  void TearDown() override { stop({&dmx_, &other_a_, &other_b_}); }
 
   // Connects `raw` to a dmx side made by `make` on the other end of a socket pair.
   template <class Make>
   void pair(Depths dmx_depths, Depths raw_depths, Make make) {
-    int fds[2];
-    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-    Result<std::unique_ptr<Connection>> rc = Status(Code::kInternal, "not run");
-    std::thread t([&] { rc = connect_qps(dev_, fds[1], raw_depths, "dmx side", Deadline::after(60s)); });
-    auto dc = connect_qps(dev_, fds[0], dmx_depths, kRaw, Deadline::after(60s));
-    t.join();
-    ASSERT_TRUE(rc.ok()) << rc.status().to_string();
-    ASSERT_TRUE(dc.ok()) << dc.status().to_string();
-    raw_.c = std::move(*rc);
-    raw_.socket = UniqueFd(fds[1]);
-    make(std::move(*dc), UniqueFd(fds[0]));
+    ConnectedPair p = connect_pair(dev_, dmx_depths, kRaw, raw_depths, "dmx side", 60s);
+    ASSERT_TRUE(p.b.ok()) << p.b.status().to_string();
+    ASSERT_TRUE(p.a.ok()) << p.a.status().to_string();
+    raw_.c = std::move(*p.b);
+    raw_.socket = UniqueFd(p.b_fd);
+    make(std::move(*p.a), UniqueFd(p.a_fd));
   }
 
   void path_and_raw() {
@@ -166,15 +140,10 @@ class RdmaRawPeer : public ::testing::Test {
 
   // Another endpoint's path of this process goes on: a large and a small chunk land byte-exact.
   void others_go_on() {
-    int fds[2];
-    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-    Result<std::unique_ptr<Connection>> ca = Status(Code::kInternal, "not run");
-    std::thread t([&] { ca = connect_qps(dev_, fds[0], Depths{}, "other b", Deadline::after(60s)); });
-    auto cb = connect_qps(dev_, fds[1], Depths{}, "other a", Deadline::after(60s));
-    t.join();
-    ASSERT_TRUE(ca.ok() && cb.ok());
-    other_a_.path = make_path(std::move(*ca), UniqueFd(fds[0]), "other b");
-    other_b_.path = make_path(std::move(*cb), UniqueFd(fds[1]), "other a");
+    ConnectedPair p = connect_pair(dev_, Depths{}, "other b", Depths{}, "other a", 60s);
+    ASSERT_TRUE(p.a.ok() && p.b.ok());
+    other_a_.path = make_path(std::move(*p.a), UniqueFd(p.a_fd), "other b");
+    other_b_.path = make_path(std::move(*p.b), UniqueFd(p.b_fd), "other a");
     other_a_.path->start(&other_a_.events, nullptr);
     other_b_.path->start(&other_b_.events, nullptr);
     for (size_t n : {size_t{100 << 10}, size_t{100}}) {
@@ -191,7 +160,6 @@ class RdmaRawPeer : public ::testing::Test {
 
   void write_outside(bool other_key);
 
-  std::shared_ptr<Device> dev_;
   RawPeer raw_;
   Side dmx_, other_a_, other_b_;
 };
@@ -305,15 +273,10 @@ class RdmaControl : public RdmaRawPeer {
 // the credits (the reader lags, the writer waits), and the end mark comes after the last byte.
 TEST_F(RdmaControl, BytesArriveInOrderThroughTheCreditsThenTheEnd) {
   std::unique_ptr<stream::Conduit> a, b;
-  int fds[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  Result<std::unique_ptr<Connection>> ca = Status(Code::kInternal, "not run");
-  std::thread t([&] { ca = connect_qps(dev_, fds[0], control_depths(), "b", Deadline::after(60s)); });
-  auto cb = connect_qps(dev_, fds[1], control_depths(), "a", Deadline::after(60s));
-  t.join();
-  ASSERT_TRUE(ca.ok() && cb.ok());
-  a = make_control_conduit(std::move(*ca), UniqueFd(fds[0]), "b");
-  b = make_control_conduit(std::move(*cb), UniqueFd(fds[1]), "a");
+  ConnectedPair p = connect_pair(dev_, control_depths(), "b", control_depths(), "a", 60s);
+  ASSERT_TRUE(p.a.ok() && p.b.ok());
+  a = make_control_conduit(std::move(*p.a), UniqueFd(p.a_fd), "b");
+  b = make_control_conduit(std::move(*p.b), UniqueFd(p.b_fd), "a");
   const auto src = fresh(1 << 20);
   std::vector<unsigned char> got;
   Status wrote;

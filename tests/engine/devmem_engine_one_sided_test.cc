@@ -1,0 +1,176 @@
+// One-sided operations by the devmem payload path through the engine, over the socket-pair double
+// (see devmem_engine_test.cc): writes and reads by devmem, vectored writes, a destination the
+// gatherer cannot write (the landing zone, or inline). Helpers in devmem_engine_util.h.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "engine/devmem_engine_util.h"
+
+namespace dmx::test {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace devmem_engine;
+
+// A one-sided write goes by devmem (not inline on the stream), lands with its notification, and
+// a read comes back by devmem too.
+TEST(DevmemEngineDouble, WriteAndReadByDevmem) {
+  DevmemPair p = connect_devmem();
+  size_t n = 5 * (1 << 20) + 1;
+  Buffer target = poisoned(kSim, n + 100);
+  auto reg = p.a.ctx.register_memory(target.region());
+  ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+  Filled src = filled(kSim, n);
+  uint64_t before = devmem_bytes_received(p.server);
+  uint64_t stream_before = inline_bytes_received(p.server);
+  OpOptions notify;
+  notify.notify = true;
+  notify.notify_value = 0xD1CE;
+  Request w = p.client.write(src.buf.region(), reg->remote(), 33, notify);
+  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
+  auto note = p.server.next_notification(10s);
+  ASSERT_TRUE(note.ok()) << note.status().to_string();
+  EXPECT_EQ(note->value, 0xD1CEu);
+  EXPECT_EQ(note->length, n);
+  auto got = read_back(target.region());
+  ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), got.begin() + 33));
+  EXPECT_EQ(got[32], 0xA5);
+  EXPECT_EQ(got[33 + n], 0xA5);
+  EXPECT_GE(devmem_bytes_received(p.server) - before, n) << "the write did not come by devmem";
+  EXPECT_LT(inline_bytes_received(p.server) - stream_before, n / 2) << "the write's bytes came inline";
+
+  Buffer back = poisoned(kSim, n + 7);
+  uint64_t read_before = devmem_bytes_received(p.client);
+  Request r = p.client.read(back.region().sub(7, n), reg->remote(), 33);
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
+  auto again = read_back(back.region());
+  ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), again.begin() + 7));
+  EXPECT_GE(devmem_bytes_received(p.client) - read_before, n) << "the read did not come by devmem";
+}
+
+// A vectored write's segments go by devmem like a plain write's (the Transfer gets the paths that
+// land writes), not inline on the stream: scattered multi-MiB segments into two registered
+// regions, byte exact, with one notification.
+TEST(DevmemEngineDouble, WriteVecByDevmem) {
+  DevmemPair p = connect_devmem();
+  constexpr uint64_t kSeg = (1u << 20) + 37;
+  Filled src = filled(kSim, 6 * kSeg);
+  Buffer d0 = poisoned(kSim, 4 * kSeg), d1 = poisoned(kSim, 4 * kSeg);
+  auto r0 = p.a.ctx.register_memory(d0.region());
+  auto r1 = p.a.ctx.register_memory(d1.region());
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  MemRegion local[] = {src.buf.region()};
+  RemoteRegion remote[] = {r0->remote(), r1->remote()};
+  // Six segments, none adjacent to the next on both sides (no merging into one plain write).
+  std::vector<IoEntry> entries;
+  for (uint64_t i = 0; i < 6; ++i)
+    entries.push_back(IoEntry{0, static_cast<uint32_t>(i % 2), (5 - i) * kSeg, (i / 2) * kSeg + (i % 3), kSeg - 3});
+  uint64_t total = 0;
+  for (const auto& e : entries) total += e.length;
+  uint64_t before = devmem_bytes_received(p.server);
+  uint64_t stream_before = inline_bytes_received(p.server);
+  OpOptions notify;
+  notify.notify = true;
+  notify.notify_value = 0x5EC;
+  Request w = p.client.write_vec(local, remote, entries, notify);
+  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
+  auto note = p.server.next_notification(10s);
+  ASSERT_TRUE(note.ok()) << note.status().to_string();
+  EXPECT_EQ(note->value, 0x5ECu);
+  EXPECT_EQ(note->length, total);
+  std::vector<std::vector<unsigned char>> want = {std::vector<unsigned char>(4 * kSeg, 0xA5),
+                                                  std::vector<unsigned char>(4 * kSeg, 0xA5)};
+  for (const auto& e : entries)
+    std::copy_n(src.data.begin() + static_cast<std::ptrdiff_t>(e.local_offset), e.length,
+                want[e.remote].begin() + static_cast<std::ptrdiff_t>(e.remote_offset));
+  ASSERT_TRUE(read_back(d0.region()) == want[0]) << "remote region 0 differs";
+  ASSERT_TRUE(read_back(d1.region()) == want[1]) << "remote region 1 differs";
+  EXPECT_GE(devmem_bytes_received(p.server) - before, total) << "the vectored write did not come by devmem";
+  EXPECT_LT(inline_bytes_received(p.server) - stream_before, total / 2) << "the vectored write's bytes came inline";
+}
+
+// A gatherer that writes host memory only (as a GPU pool's writes only its device's): a write into
+// a sim region still goes by devmem, lands in the landing zone and is copied on; a write into a
+// host region is gathered straight into it. Sends and reads into sim buffers stay inline.
+TEST(DevmemEngineDouble, WriteIntoMemoryTheGathererCannotWriteLandsInTheLandingZone) {
+  SimNicOptions no;
+  no.gather_host_only = true;
+  DevmemPair p = connect_devmem(Wrap::kNone, devmem_options(), no);
+  ASSERT_TRUE(p.client.valid() && p.server.valid());
+  for (size_t n : {size_t{1}, size_t{4097}, (size_t{40} << 20) + 3}) {  // 40 MiB: three chunks, one zone
+    SCOPED_TRACE(n);
+    Buffer target = poisoned(kSim, n + 20);
+    auto reg = p.a.ctx.register_memory(target.region());
+    ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+    Filled src = filled(kSim, n);
+    uint64_t before = devmem_bytes_received(p.server);
+    OpOptions notify;
+    notify.notify = true;
+    notify.notify_value = n;
+    Request w = p.client.write(src.buf.region(), reg->remote(), 11, notify);
+    ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
+    auto note = p.server.next_notification(10s);
+    ASSERT_TRUE(note.ok()) << note.status().to_string();
+    EXPECT_EQ(note->value, n);
+    auto got = read_back(target.region());
+    ASSERT_TRUE(std::equal(src.data.begin(), src.data.end(), got.begin() + 11));
+    EXPECT_EQ(got[10], 0xA5);
+    EXPECT_EQ(got[11 + n], 0xA5);
+    EXPECT_GE(devmem_bytes_received(p.server) - before, n) << "the write did not come by devmem";
+  }
+  std::string detail = devmem_detail(p.server);
+  EXPECT_NE(detail.find("landing zone a buffer in"), std::string::npos) << detail;
+  // Host memory is gathered into directly (no landing), and a host source is not devmem's.
+  size_t n = (3u << 20) + 5;
+  Buffer host_target = poisoned(kHost, n);
+  auto reg = p.a.ctx.register_memory(host_target.region());
+  ASSERT_TRUE(reg.ok());
+  Filled src = filled(kSim, n);
+  uint64_t before = devmem_bytes_received(p.server);
+  ASSERT_TRUE(p.client.write(src.buf.region(), reg->remote(), 0).wait(kEventually).ok());
+  EXPECT_EQ(read_back(host_target.region()), src.data);
+  EXPECT_GE(devmem_bytes_received(p.server) - before, n);
+  // A send into a sim buffer: the receiver does not name devmem for it, so it goes inline.
+  Buffer sim_dst = poisoned(kSim, n);
+  uint64_t sent = devmem_bytes_sent(p.client);
+  Request r = p.server.recv(sim_dst.region(), 3);
+  ASSERT_TRUE(p.client.send(src.buf.region(), 3).wait(kEventually).ok());
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
+  EXPECT_EQ(read_back(sim_dst.region()), src.data);
+  EXPECT_EQ(devmem_bytes_sent(p.client), sent);
+}
+
+TEST(DevmemEngineDouble, DestinationTheGathererCannotWriteGoesInline) {
+  DevmemPair p = connect_devmem(Wrap::kSimOnly);
+  size_t n = (3u << 20) + 7;
+  Filled src = filled(kSim, n);
+  Buffer host_dst = poisoned(kHost, n);
+  uint64_t before = devmem_bytes_sent(p.client);
+  Request r = p.server.recv(host_dst.region(), 1);
+  ASSERT_TRUE(p.client.send(src.buf.region(), 1).wait(kEventually).ok());
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
+  EXPECT_EQ(read_back(host_dst.region()), src.data);
+  EXPECT_EQ(devmem_bytes_sent(p.client), before) << "a buffer that does not accept devmem got devmem chunks";
+
+  Buffer sim_dst = poisoned(kSim, n);
+  Request r2 = p.server.recv(sim_dst.region(), 2);
+  ASSERT_TRUE(p.client.send(src.buf.region(), 2).wait(kEventually).ok());
+  ASSERT_TRUE(r2.wait(kEventually).ok()) << r2.status().to_string();
+  EXPECT_EQ(read_back(sim_dst.region()), src.data);
+  EXPECT_GE(devmem_bytes_sent(p.client) - before, n);
+
+  // A read into host memory: the reader's READ_REQ does not flag devmem either.
+  auto reg = p.a.ctx.register_memory(sim_dst.region());
+  ASSERT_TRUE(reg.ok());
+  Buffer back = poisoned(kHost, n);
+  uint64_t rb = devmem_bytes_received(p.client);
+  ASSERT_TRUE(p.client.read(back.region(), reg->remote(), 0).wait(kEventually).ok());
+  EXPECT_EQ(read_back(back.region()), src.data);
+  EXPECT_EQ(devmem_bytes_received(p.client), rb);
+}
+
+}  // namespace
+}  // namespace dmx::test
