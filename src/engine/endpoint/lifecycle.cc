@@ -255,6 +255,7 @@ bool EndpointImpl::evict_if_idle(const Status& why) {
   }
   wake_streams();
   notes_cv_.notify_all();
+  reconnect_cv_.notify_all();
   return true;
 }
 

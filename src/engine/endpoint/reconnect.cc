@@ -77,7 +77,8 @@ void EndpointImpl::reconnect_loop() {
     if (!reconnecting_) {
       backoff = std::chrono::milliseconds(50);
       next_dial = Clock::time_point{};
-      reconnect_cv_.wait(lock);
+      // Woken when an outage begins or the endpoint ends; the bound is a safety net only.
+      reconnect_cv_.wait_for(lock, std::chrono::seconds(1));
       continue;
     }
     auto now = Clock::now();
