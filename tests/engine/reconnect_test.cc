@@ -134,10 +134,10 @@ struct Traffic {
 
 void traffic_with_cuts(int cuts) {
   test::LogLines log;
+  Traffic t;  // outlives the endpoints: a failed check leaves no operation on freed buffers
   test::Pair p = test::connect_pair(reconnect_options("30s"));
   uint16_t port = port_of(p.listener.address());
   ASSERT_EQ(client_sockets(port).size(), 5u) << "stream 0 and 4 data streams";
-  Traffic t;
   t.wsrc = filled(MemSpec{}, Traffic::kWrites * t.wlen);
   t.target = filled(MemSpec{}, 2 * Traffic::kWrites * t.wlen);
   t.rdst = poisoned(MemSpec{}, Traffic::kWrites * t.wlen);
