@@ -73,6 +73,9 @@ struct EndpointStats {
   uint64_t checksum_errors = 0;  // chunks whose landed bytes did not match (each failed its operation)
   std::string peer;
   uint32_t streams = 0;  // TCP streams, the control stream included (beside more than one data stream)
+  // reconnect_timeout: outages (every stream lost) ended by a rejoin; the streams above count the
+  // replaced ones too
+  uint64_t reconnects = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;  // payload bytes on the wire
   uint64_t messages_sent = 0, messages_received = 0;
   uint64_t eager_sends = 0, rendezvous_sends = 0;

@@ -127,6 +127,11 @@ constexpr ConfigEntry kTable[] = {
     {"multilink", ConfigType::kString, "auto",
      "acknowledge each data stream's chunks so that a dead link's chunks move to the other streams: auto "
      "(when the server lists other addresses), on, off; both sides must allow it"},
+    {"reconnect_timeout", ConfigType::kDuration, "0",
+     "with several links agreed: how long an endpoint that lost every stream (not its peer) waits for them "
+     "back; the side that connected dials the peer again with backoff, rejoins the session and every message "
+     "still lands exactly once; past it, or when the peer restarted, pending operations fail with the "
+     "reason. Set it on both sides; 0: off, the endpoint fails at once (docs/reliability.md, \"Reconnect\")"},
     {"devmem_ifname", ConfigType::kString, "", "NIC whose queues receive into GPU memory (devmem TCP); empty: devmem off"},
     {"devmem_queues", ConfigType::kString, "", "RX queues bound to the devmem pool, A-B (as given to dmx devmem setup)"},
     {"devmem_rx_pool", ConfigType::kSize, "256M", "GPU memory bound to the devmem RX queues (the NIC's landing pool)"},

@@ -108,6 +108,8 @@ Result<EngineParams> params_from(const Config& c) {
   else if (multilink == "on") p.multilink = static_cast<uint8_t>(wire::Multilink::kOn);
   else return Status(Code::kInvalidArgument, fmt::format("multilink must be auto, on or off (got '{}')", multilink));
   p.nics = c.get_string("nics");
+  p.reconnect_timeout = c.get_duration("reconnect_timeout");
+  if (p.reconnect_timeout.count() < 0) return Status(Code::kInvalidArgument, "reconnect_timeout must not be negative");
   p.busy_poll = c.get_duration("busy_poll");
   for (const auto& item : c.items())  // an explicit value is always honoured; the default adapts
     if (item.entry->name == "busy_poll" && item.source == "default" && std::thread::hardware_concurrency() < 8)
@@ -571,6 +573,22 @@ Result<RemoteRegion> RemoteRegion::parse(const unsigned char* data, size_t len) 
     r.size = (r.size << 8) | data[8 + i];
   }
   return r;
+}
+
+void ContextImpl::add_rejoinable(uint64_t session, std::weak_ptr<EndpointImpl> ep) {
+  std::lock_guard<std::mutex> lock(rejoin_mu_);
+  rejoinable_[session] = std::move(ep);
+}
+
+void ContextImpl::remove_rejoinable(uint64_t session) {
+  std::lock_guard<std::mutex> lock(rejoin_mu_);
+  rejoinable_.erase(session);
+}
+
+std::shared_ptr<EndpointImpl> ContextImpl::find_rejoinable(uint64_t session) const {
+  std::lock_guard<std::mutex> lock(rejoin_mu_);
+  auto it = rejoinable_.find(session);
+  return it == rejoinable_.end() ? nullptr : it->second.lock();
 }
 
 // --- Endpoint handle ---

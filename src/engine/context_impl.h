@@ -28,6 +28,7 @@
 namespace dmx {
 
 struct Registered;
+class EndpointImpl;
 
 // An endpoint that serves peers' operations on registered memory: deregistration asks it to end
 // the operations that use a region, and closes it if they do not end in time.
@@ -98,6 +99,7 @@ struct EngineParams {
   // slot, and pinned slot -> device.
   topo::PushPlan push_tx, push_rx;
   uint8_t multilink = 1;  // wire::Multilink
+  std::chrono::microseconds reconnect_timeout{0};  // 0: off (endpoint/reconnect.cc)
   std::string nics;       // interfaces the streams may use (engine/links.h); empty: all
 };
 
@@ -230,6 +232,11 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   // evicted); `ep`: the endpoint, for evict_idle_endpoint.
   void endpoint_started(const std::string& peer_key, const std::shared_ptr<EvictableEndpoint>& ep);
   void endpoint_stopped(const std::string& peer_key, const EvictableEndpoint* ep);
+  // Reconnect (endpoint/reconnect.cc): endpoints this side accepted that take REJOINs, by session
+  // id; the listener routes a REJOIN to the live one. Any thread.
+  void add_rejoinable(uint64_t session, std::weak_ptr<EndpointImpl> ep);
+  void remove_rejoinable(uint64_t session);
+  std::shared_ptr<EndpointImpl> find_rejoinable(uint64_t session) const;
   // At max_endpoints (`full` says so), makes room for one endpoint of peer `newcomer`: evicts an
   // idle endpoint (EvictableEndpoint) of the peer that holds the most, oldest first, but only of a
   // peer that holds more than the newcomer would (its count + 1): a peer is never evicted below
@@ -288,6 +295,8 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   RegistrationCounts reg_counts_;
   TransportList transports_;
   std::atomic<int> endpoints_{0};
+  mutable std::mutex rejoin_mu_;  // guards rejoinable_ (a leaf)
+  std::unordered_map<uint64_t, std::weak_ptr<EndpointImpl>> rejoinable_;
   mutable std::mutex peers_mu_;  // guards per_peer_ (a leaf: taken under EndpointImpl::mu_)
   struct PeerEndpoints {
     int count = 0;

@@ -318,11 +318,47 @@ Result<std::shared_ptr<EndpointImpl>> connect_once(const std::shared_ptr<Context
                                           std::move(local_listener), SideChannels{}, std::move(data_sockets), peer,
                                           overall));
   agreed.routes = stream_routes(fds);
+  agreed.session_id = session;
+  agreed.client_nonce = mine.nonce;
+  agreed.server_nonce = theirs->nonce;
+  agreed.my_epoch = ctx->epoch();
+  agreed.is_client = true;
+  agreed.redial.push_back(peer);
+  for (const std::string& a : theirs->addresses) {
+    std::string to = a.find(':') != std::string::npos ? fmt::format("[{}]:{}", a, addr.port) : fmt::format("{}:{}", a, addr.port);
+    if (to != peer && agreed.redial.size() < 1 + wire::kMaxAddresses) agreed.redial.push_back(to);
+  }
   return EndpointImpl::create(ctx, std::move(agreed), stream_conduits(std::move(fds), std::move(links.control)),
                               std::move(links.paths));
 }
 
 }  // namespace
+
+wire::Proof rejoin_proof(const AuthKey& key, const Session& s, uint16_t first, uint16_t index) {
+  return make_proof(key, kRejoinLabel, s.client_nonce, s.server_nonce, s.session_id ^ (uint64_t{first} << 48), index);
+}
+
+Result<UniqueFd> rejoin_stream(const ContextImpl& ctx, const Session& s, const std::string& address, uint16_t first,
+                               uint16_t index, Deadline deadline, RejoinOutcome* out) {
+  DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));
+  DMX_ASSIGN_OR_RETURN(UniqueFd fd, open_stream(addr, ctx.params(), deadline, {}, &out->refused));
+  wire::Rejoin r;
+  r.session = s.session_id;
+  r.client_epoch = s.my_epoch;
+  r.server_epoch = s.peer_epoch;
+  r.first = first;
+  r.index = index;
+  if (!ctx.auth().insecure) r.proof = rejoin_proof(ctx.auth(), s, first, index);
+  DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kRejoin, wire::encode_rejoin(r), deadline, address));
+  out->sent = true;
+  DMX_ASSIGN_OR_RETURN(Frame reply, recv_frame(fd.get(), deadline, address));
+  if (reply.header.type != wire::FrameType::kWelcome) {
+    out->sent = false;  // answered: it did not take the stream
+    out->rejected = true;
+    return unexpected_reply(reply, "WELCOME", address);
+  }
+  return fd;
+}
 
 // Attempts until connect_timeout: a reset connection, a handshake step past handshake_timeout or an
 // EOF in the handshake is retried after a backoff (50 ms doubling to 1 s); the peer's answer

@@ -20,6 +20,10 @@ namespace dmx {
 inline constexpr std::string_view kServerLabel = "dmx1 server proof";
 inline constexpr std::string_view kClientLabel = "dmx1 client proof";
 inline constexpr std::string_view kJoinLabel = "dmx1 join proof";
+inline constexpr std::string_view kRejoinLabel = "dmx1 rejoin proof";
+
+// A REJOIN's proof: the session's nonces, its id and round (`first`), and the stream's index.
+wire::Proof rejoin_proof(const AuthKey& key, const Session& s, uint16_t first, uint16_t index);
 
 wire::Hello make_hello(const ContextImpl& ctx, wire::Role role);
 // Chooses the data paths and fills the agreed session; the same rule on both sides, from the two
@@ -52,6 +56,17 @@ Result<Frame> recv_frame(int fd, Deadline deadline, const std::string& peer);
 // (the same bound the listener gives an accepted connection); transient failures are retried with
 // backoff until connect_timeout; a REJECT or an authentication failure returns at once, and so does
 // a refused connection (nobody listens) unless connect_retry_refused asks to wait for a listener.
+// Reconnect (endpoint/reconnect.cc): one new stream of the live session `s` to `address`
+// ("host:port"): connects, sends REJOIN (stream `index` of the round from `first`) and waits for
+// WELCOME, within `deadline`.
+struct RejoinOutcome {
+  bool refused = false;   // nobody listens there
+  bool sent = false;      // the REJOIN went out (no answer: the peer may have taken the stream)
+  bool rejected = false;  // the peer's REJECT: final
+};
+Result<UniqueFd> rejoin_stream(const ContextImpl& ctx, const Session& s, const std::string& address, uint16_t first,
+                               uint16_t index, Deadline deadline, RejoinOutcome* out);
+
 Result<std::shared_ptr<EndpointImpl>> connect_endpoint(const std::shared_ptr<ContextImpl>& ctx,
                                                        const std::string& address);
 

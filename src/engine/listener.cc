@@ -79,6 +79,7 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
   Next on_hello(Conn& c);
   Next on_auth(Conn& c);
   Next on_join(Conn& c);
+  Next on_rejoin(Conn& c);  // reconnect: a new stream of a live endpoint (endpoint/reconnect.cc)
   Next reject(Conn& c, const Status& why);
   // Best effort, no log line: tells the peer why it is dropped (a REJECT frame).
   static void tell(Conn& c, const Status& why);
@@ -497,6 +498,8 @@ ListenerImpl::Next ListenerImpl::handle(Conn& c) {
     case wire::FrameType::kHello: return c.awaiting_auth ? reject(c, Status(Code::kProtocol, "second HELLO")) : on_hello(c);
     case wire::FrameType::kAuth: return on_auth(c);
     case wire::FrameType::kJoin: return c.awaiting_auth ? reject(c, Status(Code::kProtocol, "JOIN before AUTH")) : on_join(c);
+    case wire::FrameType::kRejoin:
+      return c.awaiting_auth ? reject(c, Status(Code::kProtocol, "REJOIN before AUTH")) : on_rejoin(c);
     default:
       return reject(c, Status(Code::kProtocol, fmt::format("{} frame during the handshake",
                                                            wire::frame_type_name(c.h.type))));
@@ -642,6 +645,41 @@ ListenerImpl::Next ListenerImpl::on_join(Conn& c) {
   return Next::kTaken;
 }
 
+// Routes a REJOIN to the live endpoint of its session; every refusal is logged (rate-limited) and
+// told to the peer, and the connection dropped.
+ListenerImpl::Next ListenerImpl::on_rejoin(Conn& c) {
+  auto r = wire::decode_rejoin(c.payload.data(), c.payload.size());
+  if (!r.ok()) return reject(c, r.status());
+  std::shared_ptr<EndpointImpl> ep = ctx_->find_rejoinable(r->session);
+  if (!ep && r->server_epoch != ctx_->epoch())
+    return reject(c, Status(Code::kAuth, fmt::format("REJOIN for epoch {} of this peer, which runs epoch {}: it "
+                                                     "restarted, and the session is gone",
+                                                     r->server_epoch, ctx_->epoch())));
+  if (!ep)
+    return reject(c, Status(Code::kAuth, "REJOIN for a session this process does not hold: it restarted, or the "
+                                         "endpoint ended"));
+  const Session& s = ep->session();
+  if (r->server_epoch != s.my_epoch)
+    return reject(c, Status(Code::kAuth, fmt::format("REJOIN for epoch {} of this peer, but the session began in "
+                                                     "epoch {}",
+                                                     r->server_epoch, s.my_epoch)));
+  if (r->client_epoch != s.peer_epoch)
+    return reject(c, Status(Code::kAuth, fmt::format("REJOIN from epoch {} of the client, but the session began "
+                                                     "with epoch {}: the client restarted",
+                                                     r->client_epoch, s.peer_epoch)));
+  if (!ctx_->auth().insecure && !proofs_equal(rejoin_proof(ctx_->auth(), s, r->first, r->index), r->proof))
+    return reject(c, Status(Code::kAuth, "authentication failed for a REJOIN"));
+  Status fits = ep->rejoin_fits(r->first, r->index);
+  if (!fits.ok()) return reject(c, fits.code() == Code::kClosed ? Status(Code::kAuth, fits.message()) : fits);
+  if (!send_frame(c.fd.get(), wire::FrameType::kWelcome, {}, Deadline::after(std::chrono::seconds(1)), c.peer).ok())
+    return Next::kDrop;
+  Status added = ep->add_stream(r->first, r->index, std::move(c.fd));
+  if (!added.ok())
+    DMX_LOG_LIMITED(log_, warn, "refused", "listener {}: peer {}: rejoined stream {} dropped: {}", address_, c.peer,
+                    r->index, added.message());
+  return Next::kTaken;
+}
+
 // Creates the endpoint once every stream has joined.
 void ListenerImpl::complete(uint64_t session) {
   auto it = pending_.find(session);
@@ -714,6 +752,10 @@ void ListenerImpl::build(Pending p, Session agreed, std::shared_ptr<SetupState> 
   // max_endpoints may admit one more.
   building_.fetch_sub(1, std::memory_order_acq_rel);
   agreed.routes = stream_routes(p.fds);
+  agreed.session_id = p.server.session;
+  agreed.client_nonce = p.client.nonce;
+  agreed.server_nonce = p.server.nonce;
+  agreed.my_epoch = ctx_->epoch();
   auto ep = EndpointImpl::create(ctx_, std::move(agreed), stream_conduits(std::move(p.fds), std::move(links->control)),
                                  std::move(links->paths));
   {

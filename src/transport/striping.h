@@ -22,6 +22,9 @@ struct StripingSetup {
   // wrote() reports the peer's acknowledgement of a chunk, not its write (several links): the
   // striping may then time each stream's completions.
   bool acked = false;
+  // Room for streams added later (up(): a reconnect's new streams); 0: `streams`. Those beyond
+  // `streams` start down.
+  size_t capacity = 0;
 };
 
 class Striping {
@@ -38,6 +41,8 @@ class Striping {
   // Under the endpoint's lock: `stream` is gone for good (one of several links died); the others
   // take what it would have.
   virtual void down(int stream) { (void)stream; }
+  // Under the endpoint's lock: `stream` (below the setup's capacity) joined; it takes chunks now.
+  virtual void up(int stream) { (void)stream; }
   // Under the endpoint's lock: a transfer of `total` bytes of `where` with `remaining` bytes to
   // send was queued; wakes the streams that should pull it.
   virtual void wake_for(uint64_t total, uint64_t remaining, const MemSpec& where) = 0;

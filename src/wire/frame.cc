@@ -27,6 +27,7 @@ std::string_view frame_type_name(FrameType t) {
     case FrameType::kHello: return "HELLO";
     case FrameType::kAuth: return "AUTH";
     case FrameType::kJoin: return "JOIN";
+    case FrameType::kRejoin: return "REJOIN";
     case FrameType::kWelcome: return "WELCOME";
     case FrameType::kReject: return "REJECT";
     case FrameType::kEager: return "EAGER";
@@ -55,6 +56,7 @@ Result<uint32_t> max_payload(FrameType t, const Limits& limits) {
   switch (t) {
     case FrameType::kHello:
     case FrameType::kJoin:
+    case FrameType::kRejoin:
     case FrameType::kReject:
     case FrameType::kAck:
     case FrameType::kClose:

@@ -26,7 +26,7 @@
 namespace dmx::wire {
 
 inline constexpr uint32_t kMagic = 0x31584d44;  // bytes 'D' 'M' 'X' '1'
-inline constexpr uint16_t kProtocolVersion = 7;  // 7: LINK_ACK/LINK_DOWN count control frames
+inline constexpr uint16_t kProtocolVersion = 8;  // 8: REJOIN (reconnect_timeout)
 inline constexpr size_t kHeaderSize = 56;
 inline constexpr uint32_t kMaxControlPayload = 4096;  // handshake, ack texts, reject reasons
 
@@ -37,6 +37,7 @@ enum class FrameType : uint8_t {
   kJoin = 3,     // payload: Join (an extra stream of an existing endpoint)
   kWelcome = 4,  // handshake accepted; no payload
   kReject = 5,   // handshake refused; payload: reason text
+  kRejoin = 6,   // payload: Rejoin (a new stream of a live endpoint that lost its streams)
   // Two-sided messages.
   kEager = 16,     // id=msg seq, a0=tag; payload = the whole message (or a path's descriptor of it)
   kRts = 17,       // id=msg seq, a0=tag, a1=size

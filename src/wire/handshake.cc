@@ -238,4 +238,32 @@ Result<Join> decode_join(const unsigned char* data, size_t len) {
   return j;
 }
 
+std::vector<unsigned char> encode_rejoin(const Rejoin& r) {
+  Writer w;
+  w.u64(r.session);
+  w.u64(r.client_epoch);
+  w.u64(r.server_epoch);
+  w.u16(r.first);
+  w.u16(r.index);
+  w.bytes(r.proof.data(), r.proof.size());
+  return w.take();
+}
+
+Result<Rejoin> decode_rejoin(const unsigned char* data, size_t len) {
+  Reader r(data, len);
+  Rejoin j;
+  j.session = r.u64();
+  j.client_epoch = r.u64();
+  j.server_epoch = r.u64();
+  j.first = r.u16();
+  j.index = r.u16();
+  r.bytes(j.proof.data(), j.proof.size());
+  DMX_RETURN_IF_ERROR(r.finish("REJOIN"));
+  // Whether the index is the next of the endpoint's streams is the endpoint's check.
+  if (j.session == 0 || j.first < 1 || j.index < j.first)
+    return Status(Code::kProtocol, fmt::format("REJOIN: stream {} of a round from {} is not a valid rejoin", j.index,
+                                               j.first));
+  return j;
+}
+
 }  // namespace dmx::wire

@@ -86,9 +86,23 @@ struct Join {
   Proof proof{};
 };
 
+// A new stream of a live endpoint whose streams all died (reconnect_timeout; docs/reliability.md,
+// "Reconnect"): the client's index for it (the next one both sides use: the original streams,
+// then every rejoined one in order) and the first of its round (streams below it are replaced),
+// the session and both epochs (0: no store), and a proof bound to the session's nonces, the
+// round and the index.
+struct Rejoin {
+  uint64_t session = 0;
+  uint64_t client_epoch = 0, server_epoch = 0;
+  uint16_t first = 0, index = 0;  // 1 <= first <= index
+  Proof proof{};
+};
+
 std::vector<unsigned char> encode_hello(const Hello& h);
 Result<Hello> decode_hello(const unsigned char* data, size_t len);
 std::vector<unsigned char> encode_join(const Join& j);
 Result<Join> decode_join(const unsigned char* data, size_t len);
+std::vector<unsigned char> encode_rejoin(const Rejoin& r);
+Result<Rejoin> decode_rejoin(const unsigned char* data, size_t len);
 
 }  // namespace dmx::wire

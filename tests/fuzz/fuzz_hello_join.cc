@@ -1,5 +1,5 @@
 // Fuzzes the handshake payloads a listener decodes before any authentication: wire::decode_hello
-// and wire::decode_join. Whatever decodes must re-encode to exactly the input bytes (the format
+// wire::decode_join and wire::decode_rejoin. Whatever decodes must re-encode to exactly the input bytes (the format
 // has one encoding per value; a decoder that accepts two spellings of one HELLO would let a peer
 // smuggle bytes past the proof, which covers the encoding) and satisfy the documented bounds.
 #include <cstdint>
@@ -44,6 +44,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (j->streams < 1 || j->streams > stream_sockets(kMaxStreams) || j->index < 1 || j->index >= j->streams + kMaxOffers) std::abort();
     check_round_trip(encode_join(*j), data, size);
   } else if (j.status().code() != dmx::Code::kProtocol) {
+    std::abort();
+  }
+  auto r = decode_rejoin(data, size);
+  if (r.ok()) {
+    if (r->session == 0 || r->first < 1 || r->index < r->first) std::abort();
+    check_round_trip(encode_rejoin(*r), data, size);
+  } else if (r.status().code() != dmx::Code::kProtocol) {
     std::abort();
   }
   return 0;

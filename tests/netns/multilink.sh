@@ -8,6 +8,8 @@
 #     moves to link 2 and the transfer completes, verified;
 #  3. one link (nics=ml0 on A) cut mid-transfer: A fails cleanly, naming B, within a bound;
 #  4. B frozen (SIGSTOP) mid-transfer: A fails naming B; prints how long it took.
+#  5. reconnect_timeout on both sides, both links down for 3 s mid-transfer, then up: A dials B
+#     again until a link is back, rejoins, and the transfer completes, verified.
 # Bounds are generous (a loaded 2-core machine runs this); scripts/multinic-bench.sh measures.
 # Prints "SKIPPED: reason" and exits 0 where namespaces cannot be made (not root).
 set -uo pipefail
@@ -107,6 +109,24 @@ if [[ $rc -eq 0 ]] || ! grep -q "$addr_b" "$log" || (( $(echo "$took > 15" | bc)
   echo "FAIL: frozen peer: exit $rc after ${took}s"; grep -v '^{' "$log" | tail -5; fail=1
 else
   echo "ok: frozen peer noticed after ${took}s: $(grep -o 'lost the peer[^]]*' "$log" | head -1)"
+fi
+# Reconnect: every link down for 3 s, then up; the endpoint rejoins and the transfer completes.
+DMX_RECONNECT_TIMEOUT=60s ip netns exec "$B" "$DMX" bench --listen "tcp://0.0.0.0:7501" > /tmp/dmx-ml-$$-server5.log 2>&1 &
+server5=$!
+sleep 1
+log=/tmp/dmx-ml-$$-5.log
+DMX_NICS=ml0 DMX_RECONNECT_TIMEOUT=60s timeout 180 ip netns exec "$A" "$DMX" bench --connect "tcp://$addr_b:7501" \
+  --mem host --verify --json --sizes 4097,256M --streams 4 --iters 2 > "$log" 2>&1 & pid=$!
+links_wait_rx "$B" $((64 << 20))
+ip -n "$A" link set ml0 down; ip -n "$A" link set ml1 down
+sleep 3
+ip -n "$A" link set ml0 up; ip -n "$A" link set ml1 up
+wait $pid; rc=$?
+kill $server5 2>/dev/null
+if [[ $rc -ne 0 ]] || ! verified "$log" || ! grep -q "reconnected after" "$log"; then
+  echo "FAIL: reconnect after 3 s without links (exit $rc)"; grep -v '^{' "$log" | tail -5; fail=1
+else
+  echo "ok: reconnect: $(grep -c '"verified":true' "$log") verified rows; $(grep -o 'reconnected after [0-9]* ms' "$log" | head -1)"
 fi
 [[ $fail -eq 0 ]] && echo "PASS" || echo "FAIL"
 exit $fail

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "stream/stream.h"
 #include "transport/path.h"
 #include "transport/striping.h"
+#include "wire/handshake.h"
 
 namespace dmx {
 
@@ -58,6 +60,35 @@ struct Session {
   std::vector<std::string> routes;  // per stream: "local -> remote" of its socket (empty: unknown)
   std::string peer_name;  // the peer's name and epoch in the store (its HELLO); "" and 0: none
   uint64_t peer_epoch = 0;
+  // Reconnect (endpoint/reconnect.cc): what a REJOIN is bound to, and where the client dials.
+  uint64_t session_id = 0;
+  wire::Nonce client_nonce{}, server_nonce{};
+  uint64_t my_epoch = 0;             // this side's epoch when the session began (0: no store)
+  bool is_client = false;            // this side connected: it dials again
+  std::vector<std::string> redial;  // client: the peer's addresses, "host:port", the first the one it reached
+};
+
+// An endpoint's streams: room for every stream it may ever have (reconnects add some) made once,
+// appended to under the endpoint's mu_, read by anyone without a lock.
+class StreamTable {
+ public:
+  using Ptr = std::unique_ptr<stream::Stream>;
+  void reserve(size_t n) { slots_.resize(n); }
+  size_t capacity() const { return slots_.size(); }
+  size_t size() const { return size_.load(std::memory_order_acquire); }
+  bool empty() const { return size() == 0; }
+  const Ptr& operator[](size_t i) const { return slots_[i]; }
+  const Ptr* begin() const { return slots_.data(); }
+  const Ptr* end() const { return slots_.data() + size(); }
+  void push_back(Ptr s) {
+    size_t n = size_.load(std::memory_order_relaxed);
+    slots_[n] = std::move(s);
+    size_.store(n + 1, std::memory_order_release);
+  }
+
+ private:
+  std::vector<Ptr> slots_;
+  std::atomic<size_t> size_{0};
 };
 
 struct DeviceLink;  // endpoint/device.cc
@@ -121,6 +152,14 @@ class EndpointImpl final : public stream::StreamHost,
   // RegistrationUser
   void withdraw(Registered& reg) override;
   void abandon(const Status& why) override { fail(why.with_peer(session_.peer)); }
+
+  // Reconnect (endpoint/reconnect.cc). The listener: whether a REJOIN for stream `index` fits this
+  // endpoint (alive, reconnect on, the next index, room left); the reason when not.
+  Status rejoin_fits(uint16_t first, uint16_t index);
+  // Both sides: a rejoined stream (its handshake done) joins as stream `index`, a new link; the
+  // streams below `first` (its round's first) are replaced: the client rejoins only once all of
+  // its own are gone.
+  Status add_stream(uint16_t first, uint16_t index, UniqueFd fd);
 
   // EvictableEndpoint: the peer gets a CLOSE with `why`; the streams stop when it answers, or
   // kEvictedCloseWait later.
@@ -305,6 +344,30 @@ class EndpointImpl final : public stream::StreamHost,
   void stop_paths();
   static EndpointStats::PathUse path_use(const PayloadPath& p);
 
+  // Reconnect (endpoint/reconnect.cc). When the last data stream stops and reconnect_timeout is set,
+  // the endpoint waits (an outage) instead of failing: the client dials the peer again, the
+  // server waits for its REJOIN; both go on by the new streams, or fail with the reason.
+  bool reconnect_on() const;
+  static constexpr size_t kMaxReconnects = 16;  // per endpoint: each adds its data streams anew
+  // The last data stream stopped: starts an outage; false when no reconnect is left (the
+  // endpoint fails). Caller holds mu_.
+  bool begin_outage(const Status& why);
+  void reconnect_loop();  // the reconnect thread: outages, while the endpoint lives
+  // Client: dials the peer once for each new data stream; the reason of the last failure.
+  // Sets *final when the failure ends the outage (the peer's answer, a dead peer, an ambiguous rejoin).
+  Status dial_round(std::unique_lock<std::mutex>& lock, Clock::time_point until, bool* final);
+  Status fits_locked(uint16_t first, uint16_t index) const;  // caller holds mu_
+  std::unique_ptr<stream::Stream> make_stream(int index, std::unique_ptr<stream::Conduit> conduit);
+  void all_stopped();  // the last stream (or the reconnect thread) is done: everything left fails
+  bool reconnecting_ = false;  // mu_: in an outage
+  bool reconnect_thread_started_ = false;  // mu_
+  Clock::time_point outage_since_{};       // mu_
+  Status outage_why_, last_dial_;          // mu_: what ended the last stream; the last dial's failure
+  uint64_t reconnects_ = 0;                // mu_: outages ended by a rejoin
+  int dial_attempts_ = 0;                  // mu_: in this outage
+  std::condition_variable reconnect_cv_;   // reconnecting_ and status_ changes
+  std::thread reconnect_thread_;           // joined (or reaped) by the destructor
+
   // Several links (endpoint/links.cc; Session::multilink). A data chunk this side pulled: kept
   // until the peer acknowledges it (LINK_ACK), sent again by another stream when its stream died
   // before that (LINK_DOWN). Shared with the TxItem (its ctx), which may be written after the ACK.
@@ -428,7 +491,7 @@ class EndpointImpl final : public stream::StreamHost,
   const std::shared_ptr<ContextImpl> ctx_;
   const Session session_;
   const EngineParams params_;
-  std::vector<std::unique_ptr<stream::Stream>> streams_;  // fixed after create()
+  StreamTable streams_;  // appended to only by add_stream (reconnect)
   std::unique_ptr<stream::Workers> own_workers_;          // stream_worker_scope=endpoint
   std::vector<PathState> paths_;  // paths_[k - 1]: path id k; fixed after create() but for stop_paths
   uint32_t paths_running_ = 0;    // path bits: started, not yet on_path_stopped (mu_)

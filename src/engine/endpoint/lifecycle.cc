@@ -6,6 +6,7 @@
 
 #include "core/crc32c.h"
 #include "core/log.h"
+#include "core/reaper.h"
 #include "core/trace.h"
 #include "core/units.h"
 #include "engine/endpoint/endpoint_impl.h"
@@ -30,23 +31,9 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
     ep->has_paths_ = ep->has_paths_ || ps.path != nullptr;
   }
   const EngineParams& p = ep->params_;
-  for (size_t i = 0; i < conduits.size(); ++i) {
-    stream::StreamConfig sc;
-    sc.index = static_cast<int>(i);
-    sc.chunk_size = ep->session_.chunk_size;
-    sc.slots = p.staging_slots;
-    sc.limits = wire::Limits{ep->session_.chunk_size, p.eager_limit};
-    sc.keepalive = ep->session_.keepalive;
-    sc.peer_timeout = p.peer_timeout;
-    sc.busy_peer_timeout = p.busy_peer_timeout;
-    sc.peer = ep->session_.peer;
-    sc.busy_poll = p.busy_poll;
-    sc.checksum = ep->session_.checksum;
-    sc.push_tx_max = p.push_tx.max;
-    sc.push_rx_max = p.push_rx.max;
-    ep->streams_.push_back(
-        std::make_unique<stream::Stream>(sc, std::move(conduits[i]), ep.get(), &ep->ctx_->staging()));
-  }
+  ep->streams_.reserve(conduits.size() + (ep->reconnect_on() ? kMaxReconnects * (conduits.size() - 1) : 0));
+  for (size_t i = 0; i < conduits.size(); ++i)
+    ep->streams_.push_back(ep->make_stream(static_cast<int>(i), std::move(conduits[i])));
   // More than one stream: the streams' transport stripes the inline chunks over them.
   if (ep->streams_.size() > 1) {
     auto wake = [e = ep.get()](int i) { e->streams_[static_cast<size_t>(i)]->wake(); };
@@ -54,7 +41,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
       if (t->gives() == Gives::kStreams)
         ep->striping_ =
             t->striping(StripingSetup{ep->streams_.size(), ep->session_.chunk_size, p.host_chunk_size, wake,
-                                      ep->session_.multilink});
+                                      ep->session_.multilink, ep->streams_.capacity()});
     assert(ep->striping_ && "more than one stream: the agreed kStreams transport stripes them");
   }
   assert((!ep->has_paths_ || ep->streams_.size() == 1) && "negotiate() opens one stream with a payload path");
@@ -81,6 +68,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   ep->ctx_->endpoint_started(ep->session_.peer_key, ep);
   ep->ctx_->watch_peer(ep->session_.peer_name, ep->session_.peer_epoch, ep);
   ep->slot_held_ = true;
+  if (!ep->session_.is_client && ep->reconnect_on()) ep->ctx_->add_rejoinable(ep->session_.session_id, ep);
   ep->running_ = static_cast<int>(ep->streams_.size());
   ep->holders_->count = ep->running_;
   stream::Workers* workers = &ep->ctx_->workers();
@@ -101,12 +89,32 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   return ep;
 }
 
+std::unique_ptr<stream::Stream> EndpointImpl::make_stream(int index, std::unique_ptr<stream::Conduit> conduit) {
+  const EngineParams& p = params_;
+  stream::StreamConfig sc;
+  sc.index = index;
+  sc.chunk_size = session_.chunk_size;
+  sc.slots = p.staging_slots;
+  sc.limits = wire::Limits{session_.chunk_size, p.eager_limit};
+  sc.keepalive = session_.keepalive;
+  sc.peer_timeout = p.peer_timeout;
+  sc.busy_peer_timeout = p.busy_peer_timeout;
+  sc.peer = session_.peer;
+  sc.busy_poll = p.busy_poll;
+  sc.checksum = session_.checksum;
+  sc.push_tx_max = p.push_tx.max;
+  sc.push_rx_max = p.push_rx.max;
+  return std::make_unique<stream::Stream>(sc, std::move(conduit), this, &ctx_->staging());
+}
+
 EndpointImpl::EndpointImpl(std::shared_ptr<ContextImpl> ctx, Session session)
     : ctx_(std::move(ctx)), session_(std::move(session)), params_(ctx_->params()) {
   peer_credit_ = static_cast<int64_t>(session_.peer_unexpected_budget);
 }
 
 EndpointImpl::~EndpointImpl() {
+  join_or_reap(reconnect_thread_);  // done: it held this endpoint until it returned
+  if (!session_.is_client && reconnect_on()) ctx_->remove_rejoinable(session_.session_id);
   release_slot();  // a stream that never ran (nothing else can hold mu_ now)
   ctx_->metrics().remove_endpoint(this, stats());  // when no stream stopped it (see on_stream_stopped)
   // A path that missed stop_timeout may still call our events: destroying it (joining its thread)
@@ -210,6 +218,7 @@ void EndpointImpl::end(Status s) {
     for (auto& st : streams_) st->stop();  // one stream down ends them all
   }
   notes_cv_.notify_all();
+  reconnect_cv_.notify_all();
 }
 
 void EndpointImpl::release_slot() {
@@ -246,6 +255,7 @@ bool EndpointImpl::evict_if_idle(const Status& why) {
   }
   wake_streams();
   notes_cv_.notify_all();
+  reconnect_cv_.notify_all();
   return true;
 }
 
@@ -255,6 +265,10 @@ void EndpointImpl::on_stream_stopped(int stream) {
     std::lock_guard<std::mutex> lock(mu_);
     if (--running_ > 0) return;
   }
+  all_stopped();
+}
+
+void EndpointImpl::all_stopped() {
   // The last stream is gone; the paths stop too (each waits until its copies no longer use user
   // memory) before everything left fails.
   stop_paths();
@@ -320,6 +334,7 @@ Status EndpointImpl::close() {
     }
   }
   notes_cv_.notify_all();
+  reconnect_cv_.notify_all();
   if (on_worker_thread()) {  // a callback closing its own endpoint: no waiting on ourselves
     for (auto& st : streams_) st->stop();
     return Status();
@@ -428,6 +443,7 @@ EndpointStats EndpointImpl::stats() const {
   s.host_copy_bytes = counters_.host_copy_bytes;
   s.checksum = session_.checksum;
   s.checksum_errors = counters_.checksum_errors;
+  s.reconnects = reconnects_;
   return s;
 }
 

@@ -8,7 +8,8 @@
 // for that stream beyond the peer's count. Frames on one stream land in order, so the count says
 // exactly which landed: none lands twice, none is lost. A header whose payload had not landed when
 // the stream stopped gives back its reservation. The control stream (stream 0 first) moves the same
-// way (endpoint/control.cc); when the last data stream is gone, the endpoint fails.
+// way (endpoint/control.cc); when the last data stream is gone, the endpoint fails, or with
+// reconnect_timeout waits for new streams (endpoint/reconnect.cc).
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -80,7 +81,7 @@ bool EndpointImpl::link_failed(int stream, const Status& s) {
   if (!session_.multilink) return false;
   if (s.code() != Code::kPeerFailed && s.code() != Code::kIo && s.code() != Code::kClosed) return false;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!status_.ok() || links_alive_ == 0) return false;
+  if (!status_.ok() || (links_alive_ == 0 && !reconnecting_)) return false;
   LinkState& l = links_[static_cast<size_t>(stream)];
   l.why = s;
   const std::string& route = static_cast<size_t>(stream) < session_.routes.size() ? session_.routes[stream] : "";
@@ -135,6 +136,18 @@ void EndpointImpl::link_stopped(int stream) {
       ctl_resend_if_ready(stream);
     } else {
       last = l.why.ok() ? Status(Code::kPeerFailed, "the peer ended its last data stream") : l.why;
+      if (reconnecting_ || (stream != 0 && reconnect_on() && begin_outage(last))) {
+        // An outage (endpoint/reconnect.cc): the LINK_DOWN goes by the stream a rejoin brings.
+        (void)ctl_stream_stopped(stream);
+        FrameHeader down;
+        down.type = FrameType::kLinkDown;
+        down.a0 = static_cast<uint64_t>(stream);
+        down.a1 = l.landed;
+        down.a2 = ctl_landed_;
+        downs_sent_.push_back(down);
+        if (l.down_got && stream != 0) link_requeue(stream);
+        last = Status();
+      }
     }
   }
   if (!last.ok()) {

@@ -19,9 +19,10 @@ constexpr uint32_t kStreamSlack = 1;
 class TcpStriping final : public Striping {
  public:
   explicit TcpStriping(StripingSetup s)
-      : setup_(std::move(s)), load_(setup_.streams), down_(setup_.streams), last_done_(setup_.streams),
-        ns_per_chunk_(setup_.streams) {
+      : setup_(std::move(s)), load_(room()), down_(room()), last_done_(room()), ns_per_chunk_(room()),
+        end_(setup_.streams) {
     assert(setup_.streams > 1 && "one stream needs no striping");
+    for (size_t i = setup_.streams; i < down_.size(); ++i) down_[i].store(true, std::memory_order_relaxed);
   }
 
   // A 1 MiB message on 8 streams would otherwise ride one of them. Device memory keeps
@@ -39,7 +40,7 @@ class TcpStriping final : public Striping {
     if (stream == 0) return false;
     if (setup_.acked) return pulls_by_completion(static_cast<size_t>(stream));
     size_t least = static_cast<size_t>(stream);
-    for (size_t i = 1; i < load_.size(); ++i)
+    for (size_t i = 1; i < end(); ++i)
       if (!is_down(i) && load(i) < load(least)) least = i;
     if (load(static_cast<size_t>(stream)) <= load(least) + kStreamSlack) return true;
     setup_.wake(static_cast<int>(least));
@@ -47,6 +48,12 @@ class TcpStriping final : public Striping {
   }
 
   void down(int stream) override { down_[static_cast<size_t>(stream)].store(true, std::memory_order_relaxed); }
+  void up(int stream) override {
+    auto i = static_cast<size_t>(stream);
+    if (i >= down_.size()) return;
+    down_[i].store(false, std::memory_order_relaxed);
+    if (i + 1 > end_.load(std::memory_order_relaxed)) end_.store(i + 1, std::memory_order_release);
+  }
 
   // Acknowledged completions: the chunk goes to the stream expected to finish it first, by each
   // stream's time per chunk while it was busy (a slow link gets less, and at the end of a
@@ -55,7 +62,7 @@ class TcpStriping final : public Striping {
     size_t best = stream;
     uint64_t best_at = finish_at(stream);
     bool measured = best_at != 0;
-    for (size_t i = 1; i < load_.size() && measured; ++i) {
+    for (size_t i = 1; i < end() && measured; ++i) {
       if (is_down(i) || i == stream) continue;
       uint64_t at = finish_at(i);
       measured = at != 0;
@@ -63,7 +70,7 @@ class TcpStriping final : public Striping {
     }
     if (!measured) {
       size_t least = stream;
-      for (size_t i = 1; i < load_.size(); ++i)
+      for (size_t i = 1; i < end(); ++i)
         if (!is_down(i) && load(i) < load(least)) least = i;
       if (load(stream) <= load(least) + kStreamSlack) return true;
       setup_.wake(static_cast<int>(least));
@@ -101,10 +108,10 @@ class TcpStriping final : public Striping {
 
   // Waking them all for a one-chunk message had every parked stream race for it.
   void wake_for(uint64_t total, uint64_t remaining, const MemSpec& where) override {
-    std::array<std::pair<uint32_t, uint8_t>, wire::stream_sockets(wire::kMaxStreams)> by_load;
+    std::array<std::pair<uint32_t, uint16_t>, wire::stream_sockets(wire::kMaxStreams)> by_load;
     size_t n = 0;
-    for (size_t i = 1; i < load_.size(); ++i)
-      if (!is_down(i)) by_load[n++] = {load(i), static_cast<uint8_t>(i)};
+    for (size_t i = 1; i < end() && n < by_load.size(); ++i)
+      if (!is_down(i)) by_load[n++] = {static_cast<uint32_t>(load(i)), static_cast<uint16_t>(i)};
     uint64_t c = chunk(total, where);
     uint64_t chunks = std::max<uint64_t>(1, (remaining + c - 1) / c);
     size_t wake = static_cast<size_t>(std::min<uint64_t>(chunks, n));
@@ -113,6 +120,8 @@ class TcpStriping final : public Striping {
   }
 
  private:
+  size_t room() const { return std::max(setup_.streams, setup_.capacity); }
+  size_t end() const { return end_.load(std::memory_order_acquire); }  // streams in use: [0, end)
   uint32_t load(size_t i) const { return load_[i].load(std::memory_order_relaxed); }
   bool is_down(size_t i) const { return down_[i].load(std::memory_order_relaxed); }
 
@@ -122,6 +131,7 @@ class TcpStriping final : public Striping {
   // Acknowledged completions (StripingSetup::acked), per stream: when the last came, and the
   // average time per chunk while busy (0: not measured yet). Written under the endpoint's lock.
   std::vector<std::atomic<uint64_t>> last_done_, ns_per_chunk_;
+  std::atomic<size_t> end_;  // up() raises it
 };
 
 }  // namespace

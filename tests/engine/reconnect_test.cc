@@ -1,0 +1,307 @@
+// Reconnect (reconnect_timeout, endpoint/reconnect.cc) over loopback: every socket of an endpoint
+// is shut down mid-transfer (as a dead network ends them) while many messages, writes and reads of
+// fresh random data are in flight. With reconnect on, the client dials again, rejoins the session
+// and every operation completes byte-exact, each message delivered exactly once; with it off they
+// fail as before. A peer that restarted (a new process: no such session) or is gone (nobody
+// listens) fails the pending operations at once with the reason; a forged or malformed REJOIN is
+// refused and the endpoint goes on.
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include "../hostile/log_lines.h"
+#include "test_util.h"
+#include "engine/handshake.h"
+#include "stream/socket.h"
+#include "wire/frame.h"
+#include "wire/handshake.h"
+
+namespace dmx {
+namespace {
+
+using test::filled;
+using test::poisoned;
+using test::read_back;
+
+uint16_t port_of(const std::string& address) {
+  return static_cast<uint16_t>(std::atoi(address.substr(address.rfind(':') + 1).c_str()));
+}
+
+// This process's TCP sockets connected to `port` (the client's streams).
+std::vector<int> client_sockets(uint16_t port) {
+  std::vector<int> fds;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return fds;
+  while (dirent* e = ::readdir(d)) {
+    int fd = std::atoi(e->d_name);
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (fd <= 2 || ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
+    if (ss.ss_family == AF_INET && ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port) == port) fds.push_back(fd);
+  }
+  ::closedir(d);
+  std::sort(fds.begin(), fds.end());
+  return fds;
+}
+
+// Every socket the client holds to the listener, both directions: the endpoint has no stream left.
+void cut_all(uint16_t port) {
+  for (int fd : client_sockets(port)) ::shutdown(fd, SHUT_RDWR);
+}
+
+Options reconnect_options(const std::string& timeout) {
+  return test::test_options(4).set("multilink", "on").set("transport", "tcp").set("reconnect_timeout", timeout);
+}
+
+void wait_sent(const Endpoint& ep, uint64_t bytes) {
+  auto until = std::chrono::steady_clock::now() + test::kEventually;
+  while (ep.stats().bytes_sent < bytes && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// What a test keeps in flight: messages both ways (small ones eager, on the control stream; large
+// ones rendezvous, on the data streams), writes that notify the target, and reads.
+struct Traffic {
+  static constexpr int kMessages = 48, kWrites = 8;
+  std::vector<test::Filled> out_c, out_s;
+  std::vector<Buffer> in_s, in_c;
+  test::Filled target, wsrc;
+  Buffer rdst;
+  std::vector<Request> reqs;
+  size_t wlen = (4 << 20) + 17;
+
+  void start(test::Pair& p, Registration& reg) {
+    for (int i = 0; i < kMessages; ++i) {
+      size_t n = i % 3 == 0 ? (6 << 20) + 1000 * i : 1 + (i * 977) % 6000;
+      out_c.push_back(filled(MemSpec{}, n));
+      out_s.push_back(filled(MemSpec{}, n + 5));
+      in_s.push_back(poisoned(MemSpec{}, out_c.back().data.size()));
+      in_c.push_back(poisoned(MemSpec{}, out_s.back().data.size()));
+    }
+    // Every message of a tag is received in order: a duplicate, or one missing, shifts the rest.
+    for (int i = 0; i < kMessages; ++i) {
+      reqs.push_back(p.server.recv(in_s[i].region(), 1));
+      reqs.push_back(p.client.recv(in_c[i].region(), 2));
+    }
+    for (int i = 0; i < kMessages; ++i) {
+      reqs.push_back(p.client.send(out_c[i].buf.region(), 1));
+      reqs.push_back(p.server.send(out_s[i].buf.region(), 2));
+    }
+    for (int w = 0; w < kWrites; ++w) {
+      OpOptions o;
+      o.notify = true;
+      o.notify_value = static_cast<uint64_t>(w) + 1;
+      reqs.push_back(p.client.write(wsrc.buf.region().sub(w * wlen, wlen), reg.remote(), w * wlen, o));
+    }
+    reqs.push_back(p.client.read(rdst.region(), reg.remote(), kWrites * wlen));
+  }
+
+  void check(test::Pair& p) {
+    for (size_t i = 0; i < reqs.size(); ++i) ASSERT_TRUE(reqs[i].wait(test::kEventually).ok()) << i << ": " << reqs[i].status().to_string();
+    for (int i = 0; i < kMessages; ++i) {
+      EXPECT_EQ(read_back(in_s[i].region()), out_c[i].data) << "message " << i << " client -> server";
+      EXPECT_EQ(read_back(in_c[i].region()), out_s[i].data) << "message " << i << " server -> client";
+    }
+    EXPECT_EQ(read_back(target.buf.region().sub(0, kWrites * wlen)), wsrc.data);
+    std::vector<unsigned char> tail(target.data.begin() + static_cast<long>(kWrites * wlen), target.data.end());
+    EXPECT_EQ(read_back(rdst.region()), tail);
+    // Each write notified once: no more, no fewer.
+    std::vector<uint64_t> notes;
+    for (;;) {
+      auto n = p.server.next_notification(std::chrono::milliseconds(notes.size() < kWrites ? 10000 : 300));
+      if (!n.ok()) break;
+      notes.push_back(n->value);
+    }
+    std::sort(notes.begin(), notes.end());
+    std::vector<uint64_t> expect;
+    for (int w = 1; w <= kWrites; ++w) expect.push_back(static_cast<uint64_t>(w));
+    EXPECT_EQ(notes, expect);
+    // One more message per tag: it is that one that lands, not a copy of an earlier one.
+    auto last_c = filled(MemSpec{}, 3333), last_s = filled(MemSpec{}, 4444);
+    Buffer last_in_s = poisoned(MemSpec{}, 3333), last_in_c = poisoned(MemSpec{}, 4444);
+    Request r1 = p.server.recv(last_in_s.region(), 1), r2 = p.client.recv(last_in_c.region(), 2);
+    Request s1 = p.client.send(last_c.buf.region(), 1), s2 = p.server.send(last_s.buf.region(), 2);
+    for (Request* r : {&r1, &r2, &s1, &s2}) ASSERT_TRUE(r->wait(test::kEventually).ok()) << r->status().to_string();
+    EXPECT_EQ(r1.bytes(), 3333u);
+    EXPECT_EQ(read_back(last_in_s.region()), last_c.data);
+    EXPECT_EQ(read_back(last_in_c.region()), last_s.data);
+  }
+};
+
+void traffic_with_cuts(int cuts) {
+  test::LogLines log;
+  Traffic t;  // outlives the endpoints: a failed check leaves no operation on freed buffers
+  test::Pair p = test::connect_pair(reconnect_options("30s"));
+  uint16_t port = port_of(p.listener.address());
+  ASSERT_EQ(client_sockets(port).size(), 5u) << "stream 0 and 4 data streams";
+  t.wsrc = filled(MemSpec{}, Traffic::kWrites * t.wlen);
+  t.target = filled(MemSpec{}, 2 * Traffic::kWrites * t.wlen);
+  t.rdst = poisoned(MemSpec{}, Traffic::kWrites * t.wlen);
+  auto reg = p.ctx.register_memory(t.target.buf.region());
+  ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+  t.start(p, *reg);
+  uint64_t at = 8 << 20;
+  for (int c = 0; c < cuts; ++c) {
+    wait_sent(p.client, at);
+    cut_all(port);
+    at = p.client.stats().bytes_sent + (16 << 20);
+  }
+  t.check(p);
+  EXPECT_GE(p.client.stats().reconnects, 1u);
+  EXPECT_GE(p.server.stats().reconnects, 1u);
+  EXPECT_TRUE(p.client.health().ok()) << p.client.health().to_string();
+  EXPECT_TRUE(p.server.health().ok()) << p.server.health().to_string();
+  EXPECT_FALSE(log.with("reconnected after").empty()) << "the client's log says it reconnected";
+}
+
+TEST(MultilinkReconnect, EverySocketCutMidTransferReconnectsAndDeliversEachMessageOnce) { traffic_with_cuts(1); }
+
+TEST(MultilinkReconnect, ThreeOutagesInARow) { traffic_with_cuts(3); }
+
+TEST(MultilinkReconnect, WithReconnectOffEverySocketCutFailsTheOperations) {
+  test::Pair p = test::connect_pair(reconnect_options("0"));
+  uint16_t port = port_of(p.listener.address());
+  const size_t n = 256 << 20;
+  auto out = filled(MemSpec{}, n);
+  Buffer in = poisoned(MemSpec{}, n);
+  Request r = p.server.recv(in.region(), 1);
+  Request s = p.client.send(out.buf.region(), 1);
+  wait_sent(p.client, 4 << 20);
+  cut_all(port);
+  Status ss = s.wait(test::kEventually), rs = r.wait(test::kEventually);
+  if (ss.ok() && rs.ok()) GTEST_SKIP() << "the transfer finished before the cut (a very fast machine)";
+  EXPECT_EQ(ss.code(), Code::kPeerFailed) << ss.to_string();
+  EXPECT_EQ(p.client.stats().reconnects, 0u);
+}
+
+// The server's process is replaced by a new one on the same port (a new context: it holds no such
+// session) while the client's streams are down: the client's rejoin is refused and its pending
+// operations fail at once, saying the peer restarted, long before reconnect_timeout.
+TEST(MultilinkReconnect, APeerThatRestartedFailsPendingOperationsWithTheReason) {
+  test::Pair p = test::connect_pair(reconnect_options("60s"));
+  std::string address = p.listener.address();
+  uint16_t port = port_of(address);
+  Buffer in = poisoned(MemSpec{}, 1 << 20);
+  Request r = p.client.recv(in.region(), 9);  // nothing will come
+  // A new process listens there in place of the old one (whose endpoint, cut off, then waits in
+  // vain: it ends when the test does, closed during its outage).
+  p.listener = Listener();
+  auto ctx2 = Context::create(reconnect_options("60s"));
+  ASSERT_TRUE(ctx2.ok());
+  Result<Listener> l2 = Status(Code::kUnavailable, "not yet");
+  auto until = std::chrono::steady_clock::now() + test::kEventually;
+  while (!(l2 = ctx2->listen(address)).ok() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(l2.ok()) << l2.status().to_string();
+  cut_all(port);
+  auto t0 = std::chrono::steady_clock::now();
+  Status rs = r.wait(test::kEventually);
+  EXPECT_EQ(rs.code(), Code::kPeerFailed) << rs.to_string();
+  EXPECT_NE(rs.to_string().find("restarted"), std::string::npos) << rs.to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << "not at reconnect_timeout";
+}
+
+// Nobody listens any more (the peer's process is gone): the dials are refused and the pending
+// operations fail with that reason, not at reconnect_timeout.
+TEST(MultilinkReconnect, APeerThatIsGoneFailsPendingOperationsWithTheReason) {
+  test::Pair p = test::connect_pair(reconnect_options("60s"));
+  uint16_t port = port_of(p.listener.address());
+  Buffer in = poisoned(MemSpec{}, 1 << 20);
+  Request r = p.client.recv(in.region(), 9);
+  p.listener = Listener();
+  cut_all(port);
+  Status rs = r.wait(test::kEventually);
+  EXPECT_EQ(rs.code(), Code::kPeerFailed) << rs.to_string();
+  EXPECT_NE(rs.to_string().find("refuses connections"), std::string::npos) << rs.to_string();
+}
+
+// The server side waits for the rejoin up to reconnect_timeout, then fails with the reason; the
+// client (reconnect off here) failed at once.
+TEST(MultilinkReconnect, NoRejoinWithinTheTimeoutFailsWithTheTimeWaited) {
+  auto ctx_s = Context::create(reconnect_options("1500ms"));
+  auto ctx_c = Context::create(reconnect_options("0"));
+  ASSERT_TRUE(ctx_s.ok() && ctx_c.ok());
+  auto l = ctx_s->listen("tcp://127.0.0.1:0");
+  ASSERT_TRUE(l.ok());
+  auto c = ctx_c->connect(l->address());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto s = l->accept(test::kEventually);
+  ASSERT_TRUE(s.ok());
+  Buffer in = poisoned(MemSpec{}, 1 << 20);
+  Request r = s->recv(in.region(), 9);
+  cut_all(port_of(l->address()));
+  Status rs = r.wait(test::kEventually);
+  EXPECT_EQ(rs.code(), Code::kPeerFailed) << rs.to_string();
+  EXPECT_NE(rs.to_string().find("did not rejoin within"), std::string::npos) << rs.to_string();
+}
+
+// A cancel during the outage completes (the streams are gone: the reconnect thread runs deadlines
+// and cancels), and the endpoint goes on once reconnected.
+TEST(MultilinkReconnect, ACancelDuringTheOutageCompletes) {
+  test::Pair p = test::connect_pair(reconnect_options("30s"));
+  uint16_t port = port_of(p.listener.address());
+  Buffer in = poisoned(MemSpec{}, 1 << 20);
+  Request r = p.client.recv(in.region(), 9);
+  cut_all(port);
+  r.cancel();
+  Status rs = r.wait(test::kEventually);
+  EXPECT_EQ(rs.code(), Code::kCancelled) << rs.to_string();
+  auto out = filled(MemSpec{}, (3 << 20) + 1);
+  Buffer got = poisoned(MemSpec{}, out.data.size());
+  Request rr = p.server.recv(got.region(), 4), ss = p.client.send(out.buf.region(), 4);
+  ASSERT_TRUE(ss.wait(test::kEventually).ok()) << ss.status().to_string();
+  ASSERT_TRUE(rr.wait(test::kEventually).ok()) << rr.status().to_string();
+  EXPECT_EQ(read_back(got.region()), out.data);
+}
+
+// Sends a REJOIN with `payload` on a fresh connection; returns the listener's answer frame type.
+Result<wire::FrameType> send_rejoin(const std::string& address, const std::vector<unsigned char>& payload) {
+  DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));
+  Deadline d = Deadline::after(std::chrono::seconds(10));
+  DMX_ASSIGN_OR_RETURN(UniqueFd fd, stream::connect_to(addr, d));
+  DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kRejoin, payload, d, "test"));
+  DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(fd.get(), d, "test"));
+  return f.header.type;
+}
+
+// Forged REJOINs (an unknown session, a wrong proof, a bad index, a truncated one) are refused and
+// logged; the endpoint, in an outage or not, goes on and reconnects.
+TEST(MultilinkReconnect, AForgedOrMalformedRejoinIsRefused) {
+  test::LogLines log;
+  test::Pair p = test::connect_pair(reconnect_options("30s"));
+  std::string address = p.listener.address();
+  wire::Rejoin forged;
+  forged.session = 0x1234567890abcdefull;
+  forged.first = forged.index = 5;
+  forged.proof.fill(0x5a);
+  auto a = send_rejoin(address, wire::encode_rejoin(forged));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(*a, wire::FrameType::kReject);
+  std::vector<unsigned char> bad = wire::encode_rejoin(forged);
+  bad[24] = 0;  // first = 0 (little-endian u16 at 24)
+  bad[25] = 0;
+  auto b = send_rejoin(address, bad);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(*b, wire::FrameType::kReject);
+  bad.resize(10);
+  auto c = send_rejoin(address, bad);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(*c, wire::FrameType::kReject);
+  EXPECT_FALSE(log.with("REJOIN").empty()) << "the refusals are logged";
+  // The endpoint goes on, through an outage too.
+  cut_all(port_of(address));
+  auto out = filled(MemSpec{}, (5 << 20) + 3);
+  Buffer got = poisoned(MemSpec{}, out.data.size());
+  Request rr = p.server.recv(got.region(), 4), ss = p.client.send(out.buf.region(), 4);
+  ASSERT_TRUE(ss.wait(test::kEventually).ok()) << ss.status().to_string();
+  ASSERT_TRUE(rr.wait(test::kEventually).ok()) << rr.status().to_string();
+  EXPECT_EQ(read_back(got.region()), out.data);
+  EXPECT_EQ(p.client.stats().reconnects, 1u);
+}
+
+}  // namespace
+}  // namespace dmx
