@@ -127,6 +127,11 @@ void hello_join_seeds() {
   put("hello_join", "join-data-socket", encode_join(j));
   j.index = 5;
   put("hello_join", "join-index-over", encode_join(j));
+  Rejoin r{0x1234567890abcdefull, 7, 9, 5, 6, {}};
+  r.proof.fill(0x44);
+  put("hello_join", "rejoin-second-stream", encode_rejoin(r));
+  r.index = 4;  // before the round's first
+  put("hello_join", "rejoin-index-under", encode_rejoin(r));
 }
 
 void descriptor_seeds() {
