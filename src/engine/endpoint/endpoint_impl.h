@@ -514,6 +514,15 @@ class EndpointImpl final : public stream::StreamHost,
     std::mutex mu;
     std::condition_variable cv;
     int count = 0;
+    void add() {
+      std::lock_guard<std::mutex> g(mu);
+      ++count;
+    }
+    void release() {
+      std::lock_guard<std::mutex> g(mu);
+      --count;
+      cv.notify_all();  // under the lock: the waiter may release this right after
+    }
   };
   std::shared_ptr<Holders> holders_ = std::make_shared<Holders>();
   bool stopped_ = false;  // every worker and path has stopped and fail_all() ran

@@ -80,11 +80,7 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   // the one stream carries control frames and the paths' chunk headers only.
   for (size_t i = 0; i < ep->streams_.size(); ++i) {
     bool bulk = !ep->has_paths_ && (i > 0 || ep->streams_.size() == 1);
-    workers->add(ep->streams_[i].get(), bulk, ep, [h = ep->holders_] {
-      std::lock_guard<std::mutex> g(h->mu);
-      --h->count;
-      h->cv.notify_all();  // under the lock: the waiter may release `h` right after
-    });
+    workers->add(ep->streams_[i].get(), bulk, ep, [h = ep->holders_] { h->release(); });
   }
   return ep;
 }

@@ -59,10 +59,7 @@ bool EndpointImpl::begin_outage(const Status& why) {
   if (!reconnect_thread_started_) {
     reconnect_thread_started_ = true;
     ++running_;
-    {
-      std::lock_guard<std::mutex> g(holders_->mu);
-      ++holders_->count;
-    }
+    holders_->add();
     reconnect_thread_ = std::thread([self = shared_from_this()] { self->reconnect_loop(); });
   }
   reconnect_cv_.notify_all();
@@ -124,10 +121,8 @@ void EndpointImpl::reconnect_loop() {
   bool last = --running_ == 0;
   lock.unlock();
   if (last) all_stopped();
-  std::shared_ptr<Holders> h = holders_;
-  std::lock_guard<std::mutex> g(h->mu);
-  --h->count;
-  h->cv.notify_all();
+  std::shared_ptr<Holders> h = holders_;  // the endpoint may go with the last holder
+  h->release();
 }
 
 // Caller holds `lock` (mu_); released while dialing.
@@ -233,10 +228,7 @@ Status EndpointImpl::add_stream(uint16_t first, uint16_t index, UniqueFd fd) {
     links_.emplace_back();
     ++links_alive_;
     ++running_;
-    {
-      std::lock_guard<std::mutex> g(holders_->mu);
-      ++holders_->count;
-    }
+    holders_->add();
     if (striping_) striping_->up(index);
     if (index == first) {
       // The older streams are dead to the peer: they go (their LINK_DOWNs follow), and the
@@ -267,11 +259,7 @@ Status EndpointImpl::add_stream(uint16_t first, uint16_t index, UniqueFd fd) {
       reconnect_cv_.notify_all();
     }
   }
-  workers->add(added, /*bulk=*/true, self, [h = holders_] {
-    std::lock_guard<std::mutex> g(h->mu);
-    --h->count;
-    h->cv.notify_all();
-  });
+  workers->add(added, /*bulk=*/true, self, [h = holders_] { h->release(); });
   wake_streams();
   return Status();
 }
