@@ -28,10 +28,10 @@ import json
 import os
 import re
 import statistics
-import struct
 import sys
 
-REC = struct.Struct("<QI20s")
+import trace_records
+
 NAMED = re.compile(r"^(.+)([+@-])([0-9a-f]{6})$")
 STAGES = [
     ("d2h", "tx: D2H copy issue"),
@@ -49,14 +49,7 @@ LATENCY = {"d2h.ok": "d2h", "h2d.ok": "h2d"}  # point -> the span whose end it f
 
 def load(path):
     """Records in file (append) order: (ns, tid, name)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    out = []
-    for off in range(REC.size, len(data) - REC.size + 1, REC.size):
-        ns, tid, name = REC.unpack_from(data, off)
-        if ns:
-            out.append((ns, tid, name.split(b"\0", 1)[0].decode(errors="replace")))
-    return out
+    return trace_records.read(path, "stage-times")
 
 
 def pct(v, q):

@@ -12,29 +12,18 @@ at a time; the per-thread view says what each thread spends between its own poin
 import collections
 import os
 import re
-import struct
 import sys
 
+import trace_records
+
 STAGE = re.compile(r"[+@-][0-9a-f]{6}$")
-REC = struct.Struct("<QI20s")
 
 
 def load(path):
-    out = []
-    with open(path, "rb") as f:
-        data = f.read()
     pid = path.rsplit(".", 1)[-1]
-    whole = len(data) // REC.size
-    tail = len(data) - whole * REC.size
-    if tail:  # trace.cc sizes its file in whole records: this one was cut short (a partial copy)
-        print(f"trace-report: {path}: {len(data)} bytes, not a multiple of the {REC.size}-byte record: "
-              f"read {whole} records, ignored the trailing {tail} bytes", file=sys.stderr)
-    for off in range(REC.size, whole * REC.size, REC.size):
-        ns, tid, name = REC.unpack_from(data, off)
-        name = name.split(b"\0", 1)[0].decode(errors="replace")
-        if ns and not STAGE.search(name):  # the per-stream stage records of scripts/stage-times.py
-            out.append((ns, f"{pid}/{tid}", name))
-    return out
+    # Not the per-stream stage records of scripts/stage-times.py.
+    return [(ns, f"{pid}/{tid}", name) for ns, tid, name in trace_records.read(path, "trace-report")
+            if not STAGE.search(name)]
 
 
 def pct(xs, q):

@@ -2,14 +2,16 @@
 """scripts/stage-times.py on synthetic trace files (the layout of src/core/trace.cc and the stage
 records of DMX_TRACE_SPAN/DMX_TRACE_AT): spans pair with their adjacent end, the *.ok latencies
 pair with their copies' issues in order per stream, only the throughput phase counts, and each
-run's GB/s comes from its JSON line. Runs without a DMX_TRACE build."""
+run's GB/s comes from its JSON line. A file cut inside a record (a partial copy) gives the same
+table from its whole records and says on stderr what it ignored. Runs without a DMX_TRACE build."""
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
 
-from trace_files import ROOT, write
+from trace_files import REC, ROOT, write
 
 
 def span(recs, name, sid, tid, t0, ns):
@@ -17,7 +19,7 @@ def span(recs, name, sid, tid, t0, ns):
     recs.append((t0 + ns, tid, f"{name}-{sid}"))
 
 
-def run(d):
+def run(d, cut=0):
     t = 1_000_000
     host = [(t, 9, "bench.throughput")]
     gpu = [(t, 9, "bench.throughput")]
@@ -50,9 +52,12 @@ def run(d):
         with open(os.path.join(d, f"stage-{label}.json"), "w") as f:
             f.write(json.dumps({"size_bytes": 256 << 20, "iters": 8, "gb_per_s": gbs, "transport": "tcp",
                                 "mem": mem, "peer_mem": mem, "streams": 8, "window": 4}) + "\n")
+    if cut:  # random bytes of a record that never finished
+        with open(os.path.join(d, "stage-gpu.200"), "ab") as f:
+            f.write(random.randbytes(cut))
     return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "stage-times.py"),
                            "host=" + os.path.join(d, "stage-host"), "gpu=" + os.path.join(d, "stage-gpu")],
-                          capture_output=True, text=True, check=True).stdout
+                          capture_output=True, text=True, check=True)
 
 
 def row(out, title):
@@ -63,7 +68,10 @@ def row(out, title):
 
 def main():
     with tempfile.TemporaryDirectory() as d:
-        out = run(d)
+        out = run(d).stdout
+    cut = random.randrange(1, REC.size)
+    with tempfile.TemporaryDirectory() as d:
+        partial = run(d, cut)
     print(out)
     fails = []
 
@@ -84,6 +92,8 @@ def main():
     check("h2d.ok", row(out, "rx: H2D issued -> done")[1][:2], ["10", "7.0"])
     check("slot", row(out, "rx: wait for a staging slot")[1][:4], ["5", "50.0", "50.0", "0.2"])
     check("threads", "1: 0.2 ms (20%)" in out and "4: 0.4 ms (38%)" in out, True)
+    check("cut file's table", partial.stdout, out)
+    check("cut file said", f"ignored the trailing {cut} bytes" in partial.stderr, True)
     for f in fails:
         print("FAIL", f)
     return 1 if fails else 0
