@@ -18,7 +18,7 @@ uint32_t independent_limit(const FrameHeader& h, const Limits& l) {
   if (h.path != 0) return kMaxPathDescriptor;
   switch (h.type) {
     case FrameType::kHello: case FrameType::kJoin: case FrameType::kReject: case FrameType::kAck:
-    case FrameType::kClose: return kMaxControlPayload;
+    case FrameType::kClose: case FrameType::kRejoin: return kMaxControlPayload;
     case FrameType::kAuth: return 32;
     case FrameType::kEager: return l.max_eager;
     case FrameType::kSendData: case FrameType::kWriteData: case FrameType::kReadData: return l.max_chunk;

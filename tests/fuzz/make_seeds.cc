@@ -63,13 +63,22 @@ void frame_seeds() {
                {FrameType::kCancel, 0, 0, 0},     {FrameType::kAck, 0, 5, 0},        {FrameType::kCredit, 0, 0, 0},
                {FrameType::kWriteData, kFlagNotify, 100, 0}, {FrameType::kWriteData, 0, 8, 2},
                {FrameType::kReadReq, 0, 0, 0},    {FrameType::kReadData, 0, 144, 1},
-               {FrameType::kPathDone, 0, 0, 0},   {FrameType::kKeepalive, 0, 0, 0},  {FrameType::kClose, 0, 6, 0}};
+               {FrameType::kPathDone, 0, 0, 0},   {FrameType::kKeepalive, 0, 0, 0},  {FrameType::kClose, 0, 6, 0},
+               {FrameType::kRejoin, 0, 60, 0},    {FrameType::kLinkAck, 0, 0, 0},    {FrameType::kLinkDown, 0, 0, 0}};
   int i = 0;
   for (const auto& c : cases) {
     FrameHeader h{c.t, c.flags, c.len, 7, 1, 2, 3, 4, c.path};
     HeaderBytes b = encode_header(h);
     put("frame", "valid-" + std::string(frame_type_name(c.t)) + "-" + std::to_string(i++),
         cat(limits, Bytes(b.begin(), b.end())));
+  }
+  // Every type the wire knows, at the largest control payload: a type added later gets a seed
+  // here without anyone remembering to, and the harness meets it on its first run.
+  for (int t = 0; t < 256; ++t) {
+    auto type = static_cast<FrameType>(t);
+    if (frame_type_name(type) == "?") continue;
+    HeaderBytes b = encode_header(FrameHeader{type, 0, kMaxControlPayload});
+    put("frame", "max-control-" + std::string(frame_type_name(type)), cat(limits, Bytes(b.begin(), b.end())));
   }
   FrameHeader far{FrameType::kSendData, 0, 8};
   far.path = kMaxPathId + 1;
