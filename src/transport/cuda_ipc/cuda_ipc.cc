@@ -1,6 +1,6 @@
 // cuda_ipc with CUDA: legacy IPC handles (cudaIpcGetMemHandle / cudaIpcOpenMemHandle with lazy
-// peer access) for cudaMalloc memory, POSIX fds for cuMem allocations (exported, imported and
-// mapped through the driver wrapper in src/memory/cuda/driver.h), copies with cudaMemcpyAsync on
+// peer access) for cudaMalloc memory, POSIX fds for cuMem allocations (exported here, imported
+// and mapped by openers.cc through the driver wrapper in src/memory/cuda/driver.h), copies with cudaMemcpyAsync on
 // the lanes of the local GPU from the copy-queue cache (memory/copy_queues.h: non-blocking streams
 // on the copy engines), completion by a fence (a pooled event) per copy.
 #include <cuda_runtime_api.h>
@@ -8,12 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
-#include <unordered_map>
 
 #include "core/log.h"
 #include "core/sys.h"
@@ -24,199 +22,17 @@
 #include "memory/cuda/driver.h"
 #include "memory/cuda/runtime.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
+#include "transport/cuda_ipc/openers.h"
 
 namespace dmx::cuda_ipc {
 namespace {
 
 using cuda::DeviceGuard;
-using cuda::error_status;
 
 static_assert(sizeof(cudaIpcMemHandle_t) == IpcDescriptor::kHandleSize);
 
 // How long an engine being destroyed waits for its copies in flight.
 constexpr auto kDrainOnDestroy = std::chrono::seconds(10);
-
-// One mapping per IPC handle per process. CUDA refuses to open a handle that this process has
-// open already (UCX saw "Element already exists", openucx/ucx#3192, #4599), which two copy
-// engines of one path (two local GPUs) or two paths to one peer process would otherwise do.
-// So every opener shares this table: the first open maps (under its device), later ones count a
-// reference and get the same base, and the last close unmaps (under the device that mapped).
-class Mappings {
- public:
-  static Mappings& get() {
-    static Mappings* m = new Mappings;  // never destroyed: closes may run during static destruction
-    return *m;
-  }
-  Result<void*> open(const IpcDescriptor& desc, int device) {
-    std::lock_guard lock(mu_);
-    auto it = by_handle_.find(desc.handle);
-    if (it != by_handle_.end()) {
-      if (it->second.size != 0 && it->second.size < desc.alloc_size)
-        return Status(Code::kProtocol, fmt::format("cuda_ipc: pid {} described allocation {} as {} B, but its handle "
-                                                   "maps {} B", desc.owner_pid, desc.alloc_id, desc.alloc_size,
-                                                   it->second.size));
-      ++it->second.refs;
-      return it->second.base;
-    }
-    DeviceGuard guard(device);
-    DMX_RETURN_IF_ERROR(guard.status());
-    cudaIpcMemHandle_t h;
-    std::memcpy(&h, desc.handle.data(), sizeof h);
-    void* base = nullptr;
-    cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
-      Status s = error_status(fmt::format("cudaIpcOpenMemHandle(alloc {} of pid {}, {} B)", desc.alloc_id,
-                                          desc.owner_pid, desc.alloc_size),
-                              device, err);
-      if (desc.owner_pid == ::getpid())
-        s = Status(s.code(), s.message() + " (the descriptor names this process: CUDA IPC cannot open a handle in the "
-                                           "process that made it)");
-      return s;
-    }
-    // The descriptor is the peer's word: check its allocation size against what was mapped, or a
-    // lie would make our copies fault (a sticky error that breaks every copy of this process).
-    // Only a size the driver does report is held against it.
-    auto range = cuda::driver::allocation_range(base);
-    if (range.ok() && range->size < desc.alloc_size) {
-      (void)cudaIpcCloseMemHandle(base);
-      return Status(Code::kProtocol, fmt::format("cuda_ipc: pid {} described allocation {} as {} B, but its handle maps "
-                                                 "{} B", desc.owner_pid, desc.alloc_id, desc.alloc_size, range->size));
-    }
-    by_handle_.emplace(desc.handle, Mapping{base, device, 1, range.ok() ? range->size : 0});
-    by_base_.emplace(base, desc.handle);
-    return base;
-  }
-  void close(void* base) {
-    std::lock_guard lock(mu_);
-    auto b = by_base_.find(base);
-    if (b == by_base_.end()) {
-      assert(false && "closing an IPC mapping that is not open");
-      return;
-    }
-    auto it = by_handle_.find(b->second);
-    if (--it->second.refs > 0) return;
-    int device = it->second.device;
-    by_handle_.erase(it);
-    by_base_.erase(b);
-    DeviceGuard guard(device);
-    cudaError_t err = cudaIpcCloseMemHandle(base);
-    if (err != cudaSuccess)
-      DMX_LOG_WARN("cudaIpcCloseMemHandle({}) on cuda:{}: {}", base, device, cuda::error_text(err));
-  }
-
- private:
-  struct Mapping {
-    void* base;
-    int device;  // whose context mapped it
-    uint32_t refs;
-    size_t size;  // as the driver reports it; 0: unknown
-  };
-  std::mutex mu_;  // guards both maps
-  std::map<std::array<uint8_t, IpcDescriptor::kHandleSize>, Mapping> by_handle_;
-  std::map<void*, std::array<uint8_t, IpcDescriptor::kHandleSize>> by_base_;
-};
-
-// This process's exports, for peers in this process (Options::in_process): allocation id -> the
-// exporter's pointer. Ids come from one process-wide counter, so they are unique here.
-std::atomic<uint64_t> g_next_alloc_id{1};
-
-class InProcessExports {
- public:
-  static InProcessExports& get() {
-    static InProcessExports* t = new InProcessExports;  // never destroyed, like Mappings
-    return *t;
-  }
-  void add(uint64_t id, uintptr_t base, uint64_t size, uint64_t buffer_id) {
-    std::lock_guard lock(mu_);
-    by_id_[id] = Entry{base, size, buffer_id};
-  }
-  void remove(uint64_t id) {
-    std::lock_guard lock(mu_);
-    by_id_.erase(id);
-  }
-  Result<void*> resolve(const IpcDescriptor& d) {
-    Entry e;
-    {
-      std::lock_guard lock(mu_);
-      auto it = by_id_.find(d.alloc_id);
-      if (it == by_id_.end())
-        return Status(Code::kNotFound, fmt::format("cuda_ipc in one process: allocation {} is not exported here (freed "
-                                                   "meanwhile?)",
-                                                   d.alloc_id));
-      e = it->second;
-    }
-    if (e.size != d.alloc_size)
-      return Status(Code::kProtocol, fmt::format("cuda_ipc in one process: allocation {} described as {} B, exported "
-                                                 "as {} B",
-                                                 d.alloc_id, d.alloc_size, e.size));
-    // Still the allocation that was exported, not memory freed and allocated again at its address.
-    auto id = cuda::driver::buffer_id(reinterpret_cast<void*>(e.base));
-    if (!id.ok() || *id != e.buffer_id)
-      return Status(Code::kNotFound, fmt::format("cuda_ipc in one process: allocation {} was freed", d.alloc_id));
-    return reinterpret_cast<void*>(e.base);
-  }
-
- private:
-  struct Entry {
-    uintptr_t base = 0;
-    uint64_t size = 0, buffer_id = 0;
-  };
-  std::mutex mu_;
-  std::unordered_map<uint64_t, Entry> by_id_;
-};
-
-class InProcessOpener final : public ImportCache::Opener {
- public:
-  Result<void*> open(const IpcDescriptor& desc) override {
-    if (desc.owner_pid != ::getpid())
-      return Status(Code::kProtocol, fmt::format("cuda_ipc in one process: the descriptor names pid {}, not this "
-                                                 "process ({})",
-                                                 desc.owner_pid, ::getpid()));
-    return InProcessExports::get().resolve(desc);
-  }
-  void close(void*) override {}  // nothing was mapped
-};
-
-// Legacy handles through the process-wide Mappings; cuMem allocations from their fds, mapped once
-// per opener (a cuMem import may be mapped any number of times, so no process-wide table).
-class CudaOpener final : public ImportCache::Opener {
- public:
-  CudaOpener(int device, FdSource* fds) : device_(device), fds_(fds) {}
-  ~CudaOpener() override {
-    for (auto& [base, m] : cumem_) cuda::driver::unmap_cumem(m);
-  }
-  Result<void*> open(const IpcDescriptor& desc) override {
-    if (desc.kind == IpcDescriptor::Kind::kIpcHandle) return Mappings::get().open(desc, device_);
-    if (fds_ == nullptr)
-      return Status(Code::kUnavailable, fmt::format("cuda_ipc: pid {} described a cuMem allocation, and no side "
-                                                    "channel brings its fd",
-                                                    desc.owner_pid));
-    DMX_ASSIGN_OR_RETURN(int fd, fds_->fd_for(desc.alloc_id));
-    DeviceGuard guard(device_);
-    DMX_RETURN_IF_ERROR(guard.status());
-    auto m = cuda::driver::import_cumem_fd(fd, desc.alloc_size, device_);
-    if (!m.ok())
-      return Status(m.status().code(),
-                    fmt::format("cuda_ipc: mapping cuMem allocation {} of pid {} ({} B): {}", desc.alloc_id,
-                                desc.owner_pid, desc.alloc_size, m.status().message()));
-    cumem_.emplace(reinterpret_cast<void*>(m->base), *m);
-    return reinterpret_cast<void*>(m->base);
-  }
-  void close(void* base) override {
-    auto it = cumem_.find(base);
-    if (it == cumem_.end()) {
-      Mappings::get().close(base);
-      return;
-    }
-    cuda::driver::unmap_cumem(it->second);
-    cumem_.erase(it);
-  }
-
- private:
-  int device_;
-  FdSource* fds_;
-  std::map<void*, cuda::driver::CuMemMapping> cumem_;  // what open() mapped from fds, by base
-};
 
 class CopyEngineImpl final : public CopyEngine {
  public:
@@ -543,8 +359,8 @@ class CopyEngineImpl final : public CopyEngine {
   }
 
   Options options_;
-  CudaOpener opener_;
-  InProcessOpener in_process_opener_;
+  detail::CudaOpener opener_;
+  detail::InProcessOpener in_process_opener_;
   ImportCache cache_;
   // After cache_: the lanes are destroyed (their streams) before the mappings close.
   CopyQueues queues_;                       // lanes 0..streams-1 of (cuda, options_.device)
@@ -620,7 +436,7 @@ Result<IpcDescriptor> Exporter::export_region(const MemRegion& region) {
   if (it == by_base_.end()) {
     DMX_ASSIGN_OR_RETURN(IpcDescriptor d, describe_new(range.base, range.size, range.device));
     it = by_base_.emplace(range.base, Entry{d, buffer_id}).first;
-    InProcessExports::get().add(d.alloc_id, range.base, range.size, buffer_id);
+    detail::add_in_process_export(d.alloc_id, range.base, range.size, buffer_id);
   }
   // Entries stay where they are in the map until retired or forgotten, which invalidate them here.
   gtlb_.fill(GtlbEntry{range.base, range.size, buffer_id, reinterpret_cast<uint64_t>(&it->second)}, addr,
@@ -646,7 +462,7 @@ void Exporter::retire(std::map<uintptr_t, Entry>::iterator it) {
     retired_.erase(retired_.begin());
   }
   retired_.push_back(it->second.desc.alloc_id);
-  InProcessExports::get().remove(it->second.desc.alloc_id);
+  detail::remove_in_process_export(it->second.desc.alloc_id);
   gtlb_.invalidate(it->first, it->second.desc.alloc_size);
   by_base_.erase(it);
 }
@@ -694,7 +510,7 @@ Result<IpcDescriptor> Exporter::describe_new(uintptr_t base, uint64_t size, int 
     std::memcpy(d.device_uuid.data(), &prop.uuid, d.device_uuid.size());
   d.device = device;
   d.owner_pid = ::getpid();
-  d.alloc_id = g_next_alloc_id.fetch_add(1, std::memory_order_relaxed);
+  d.alloc_id = detail::next_alloc_id();
   d.alloc_size = size;
   return d;
 }
@@ -719,14 +535,14 @@ Result<uint64_t> Exporter::forget(const void* ptr) {
   if (addr - it->first >= it->second.desc.alloc_size)
     return Status(Code::kNotFound, fmt::format("cuda_ipc forget: {} was never exported", ptr));
   uint64_t id = it->second.desc.alloc_id;
-  InProcessExports::get().remove(id);
+  detail::remove_in_process_export(id);
   gtlb_.invalidate(it->first, it->second.desc.alloc_size);
   by_base_.erase(it);
   return id;
 }
 
 Exporter::~Exporter() {
-  for (auto& [base, e] : by_base_) InProcessExports::get().remove(e.desc.alloc_id);
+  for (auto& [base, e] : by_base_) detail::remove_in_process_export(e.desc.alloc_id);
 }
 
 Result<std::unique_ptr<CopyEngine>> CopyEngine::create(const Options& options) {
@@ -743,10 +559,10 @@ Result<std::unique_ptr<MappedWindow>> MappedWindow::open(const IpcDescriptor& de
   if (desc.owner_pid == ::getpid())
     return Status(Code::kUnavailable, "a device window names this process: CUDA IPC cannot map it here (a kernel of "
                                       "this process can store to the memory itself)");
-  DMX_ASSIGN_OR_RETURN(void* base, Mappings::get().open(desc, device));
+  DMX_ASSIGN_OR_RETURN(void* base, detail::open_ipc_mapping(desc, device));
   return std::unique_ptr<MappedWindow>(new MappedWindow(base, desc.offset, desc.length));
 }
 
-MappedWindow::~MappedWindow() { Mappings::get().close(base_); }
+MappedWindow::~MappedWindow() { detail::close_ipc_mapping(base_); }
 
 }  // namespace dmx::cuda_ipc
