@@ -15,6 +15,7 @@
 
 #include "../hostile/log_lines.h"
 #include "client_sockets.h"
+#include "proc_threads.h"
 #include "test_util.h"
 #include "engine/handshake.h"
 #include "stream/socket.h"
@@ -238,6 +239,73 @@ TEST(MultilinkReconnect, ACancelDuringTheOutageCompletes) {
   ASSERT_TRUE(ss.wait(test::kEventually).ok()) << ss.status().to_string();
   ASSERT_TRUE(rr.wait(test::kEventually).ok()) << rr.status().to_string();
   EXPECT_EQ(read_back(got.region()), out.data);
+}
+
+// A message of fresh random data each way, checked byte for byte.
+void exchange(test::Pair& p, size_t n, uint64_t tag) {
+  auto out_c = filled(MemSpec{}, n), out_s = filled(MemSpec{}, n + 7);
+  Buffer in_s = poisoned(MemSpec{}, n), in_c = poisoned(MemSpec{}, n + 7);
+  Request r1 = p.server.recv(in_s.region(), tag), r2 = p.client.recv(in_c.region(), tag);
+  Request s1 = p.client.send(out_c.buf.region(), tag), s2 = p.server.send(out_s.buf.region(), tag);
+  for (Request* r : {&r1, &r2, &s1, &s2}) ASSERT_TRUE(r->wait(test::kEventually).ok()) << r->status().to_string();
+  EXPECT_EQ(read_back(in_s.region()), out_c.data);
+  EXPECT_EQ(read_back(in_c.region()), out_s.data);
+}
+
+// Every socket cut and the session healed: both sides counted reconnect `n`, and a transfer after it
+// delivers.
+void outage_healed(test::Pair& p, uint64_t n = 1) {
+  cut_all(port_of(p.listener.address()));
+  exchange(p, (3 << 20) + 11, 77);
+  auto until = std::chrono::steady_clock::now() + test::kEventually;
+  while ((p.client.stats().reconnects < n || p.server.stats().reconnects < n) &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(p.client.stats().reconnects, n);
+  ASSERT_EQ(p.server.stats().reconnects, n);
+}
+
+// The reconnect thread of an endpoint that had an outage sleeps until the next outage or the
+// endpoint's end: idle, it costs no wake-up (it used to wake once a second, forever).
+TEST(MultilinkReconnect, AfterAnOutageTheIdleReconnectThreadsNeverWake) {
+  test::Pair p = test::connect_pair(reconnect_options("30s"));
+  ASSERT_NO_FATAL_FAILURE(outage_healed(p));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // back from the outage's last tick
+  ThreadWakeups before = thread_wakeups("dmx-reconnect");
+  ASSERT_EQ(before.threads, 2) << "one reconnect thread per side";
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  ThreadWakeups after = thread_wakeups("dmx-reconnect");
+  ASSERT_EQ(after.threads, 2);
+  EXPECT_LE(after.wakeups - before.wakeups, 1) << "wake-ups of the two idle reconnect threads in 4 s";
+  EXPECT_TRUE(p.client.health().ok()) << p.client.health().to_string();
+  exchange(p, (2 << 20) + 5, 78);  // still woken by the next outage, and healed by it
+  ASSERT_NO_FATAL_FAILURE(outage_healed(p, 2));
+}
+
+// Closed after an outage, either side first, the endpoints end with their reconnect threads: the
+// close is not held up by an idle reconnect thread.
+TEST(MultilinkReconnect, AnEndpointThatHadAnOutageClosesAndItsReconnectThreadEnds) {
+  for (bool client_first : {true, false}) {
+    test::Pair p = test::connect_pair(reconnect_options("30s"));
+    ASSERT_NO_FATAL_FAILURE(outage_healed(p));
+    ASSERT_EQ(thread_wakeups("dmx-reconnect").threads, 2);
+    Endpoint& first = client_first ? p.client : p.server;
+    Endpoint& second = client_first ? p.server : p.client;
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(first.close().ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, test::kLoadSlack) << "close waited on the reconnect thread";
+    // The peer learns of the close, and goes without an outage.
+    auto until = std::chrono::steady_clock::now() + test::kEventually;
+    while (second.health().ok() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(second.health().code(), Code::kClosed) << second.health().to_string();
+    second = Endpoint();  // destroyed
+    first = Endpoint();
+    until = std::chrono::steady_clock::now() + test::kEventually;
+    while (thread_wakeups("dmx-reconnect").threads > 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(thread_wakeups("dmx-reconnect").threads, 0) << "the reconnect threads ended";
+  }
 }
 
 // Sends a REJOIN with `payload` on a fresh connection; returns the listener's answer frame type.

@@ -15,6 +15,7 @@
 // of running_ (so the endpoint does not finish while it waits) and one of holders_. While the
 // streams are gone it calls on_tick itself: deadlines and cancels still complete.
 #include <fmt/format.h>
+#include <pthread.h>
 
 #include "core/log.h"
 #include "engine/endpoint/endpoint_impl.h"
@@ -67,6 +68,7 @@ bool EndpointImpl::begin_outage(const Status& why) {
 }
 
 void EndpointImpl::reconnect_loop() {
+  pthread_setname_np(pthread_self(), "dmx-reconnect");
   std::unique_lock<std::mutex> lock(mu_);
   auto backoff = std::chrono::milliseconds(50);
   Clock::time_point next_dial{};
@@ -74,8 +76,9 @@ void EndpointImpl::reconnect_loop() {
     if (!reconnecting_) {
       backoff = std::chrono::milliseconds(50);
       next_dial = Clock::time_point{};
-      // Woken when an outage begins or the endpoint ends; the bound is a safety net only.
-      reconnect_cv_.wait_for(lock, std::chrono::seconds(1));
+      // Idle until an outage begins or the endpoint ends: no wake-up in between. Every change of
+      // either is made under mu_ and notifies (begin_outage; end, close, evict_if_idle).
+      reconnect_cv_.wait(lock, [&] { return reconnecting_ || !status_.ok(); });
       continue;
     }
     auto now = Clock::now();
