@@ -308,6 +308,45 @@ TEST(MultilinkReconnect, AnEndpointThatHadAnOutageClosesAndItsReconnectThreadEnd
   }
 }
 
+// A socket listening on `port` of 127.0.0.1 that nobody accepts on: the kernel completes the TCP
+// handshake and takes the bytes, and nothing ever answers (a hung process behind the port).
+UniqueFd silent_listener(uint16_t port) {
+  auto until = std::chrono::steady_clock::now() + test::kEventually;
+  for (;;) {
+    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd.get(), 64) == 0) return fd;
+    if (std::chrono::steady_clock::now() > until) return UniqueFd();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// The peer's port is taken by a process that accepts the connection and never answers: the
+// client's REJOIN goes unanswered. The dial gives up at its deadline (here reconnect_timeout,
+// shorter than handshake_timeout) and the endpoint fails with the reason and the time waited;
+// nothing hangs, and the endpoint's close returns.
+TEST(MultilinkReconnect, ARejoinThatIsNeverAnsweredFailsAtItsDeadline) {
+  test::Pair p = test::connect_pair(reconnect_options("3s").set("handshake_timeout", "60s"));
+  uint16_t port = port_of(p.listener.address());
+  Buffer in = poisoned(MemSpec{}, 1 << 20);
+  Request r = p.client.recv(in.region(), 9);  // nothing will come
+  p.listener = Listener();
+  UniqueFd silent = silent_listener(port);
+  ASSERT_TRUE(silent.valid()) << "could not listen on port " << port << " again";
+  cut_all(port);
+  Status rs = r.wait(test::kEventually);
+  EXPECT_EQ(rs.code(), Code::kPeerFailed) << rs.to_string();
+  EXPECT_NE(rs.to_string().find("got no answer"), std::string::npos) << rs.to_string();
+  EXPECT_NE(rs.to_string().find("reconnect_timeout 3000 ms"), std::string::npos) << rs.to_string();
+  EXPECT_EQ(p.client.health().code(), Code::kPeerFailed) << p.client.health().to_string();
+  EXPECT_TRUE(p.client.close().ok());
+}
+
 // Sends a REJOIN with `payload` on a fresh connection; returns the listener's answer frame type.
 Result<wire::FrameType> send_rejoin(const std::string& address, const std::vector<unsigned char>& payload) {
   DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));

@@ -141,6 +141,7 @@ Status EndpointImpl::dial_round(std::unique_lock<std::mutex>& lock, Clock::time_
     // The first stream: each address in turn until one answers; then the rest of the round.
     const std::string& address = to[(static_cast<size_t>(attempt) + k) % to.size()];
     Deadline deadline = Deadline::at(until).earlier(Deadline::after(params_.handshake_timeout));
+    const auto dialed = Clock::now();
     RejoinOutcome out;
     auto fd = rejoin_stream(*ctx_, session_, address, first, first, deadline, &out);
     if (!fd.ok()) {
@@ -155,10 +156,13 @@ Status EndpointImpl::dial_round(std::unique_lock<std::mutex>& lock, Clock::time_
       }
       if (out.sent) {  // it may hold the stream or not: the two sides could disagree on the streams
         *final = true;
+        auto now = Clock::now();
         last = Status(Code::kPeerFailed,
-                      fmt::format("every stream was lost ({}), and the rejoin of stream {} got no answer ({}): the "
+                      fmt::format("every stream was lost ({}), and the rejoin of stream {} got no answer in {} ms, "
+                                  "{} ms into the outage (reconnect_timeout {} ms, handshake_timeout {} ms; {}): the "
                                   "endpoint cannot tell whether the peer took it",
-                                  outage_why_.message(), first, last.message()));
+                                  outage_why_.message(), first, ms_of(now - dialed), ms_of(now - outage_since_),
+                                  ms_of(params_.reconnect_timeout), ms_of(params_.handshake_timeout), last.message()));
         break;
       }
       continue;
