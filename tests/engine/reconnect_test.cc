@@ -16,6 +16,7 @@
 #include "../hostile/log_lines.h"
 #include "client_sockets.h"
 #include "proc_threads.h"
+#include "raw_peer.h"
 #include "test_util.h"
 #include "engine/handshake.h"
 #include "stream/socket.h"
@@ -355,6 +356,58 @@ Result<wire::FrameType> send_rejoin(const std::string& address, const std::vecto
   DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kRejoin, payload, d, "test"));
   DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(fd.get(), d, "test"));
   return f.header.type;
+}
+
+// The listener's answer to a REJOIN as a Status: ok for WELCOME, else the REJECT's code and text.
+Status answer_of(const Frame& f) {
+  if (f.header.type == wire::FrameType::kWelcome) return Status();
+  if (f.header.type != wire::FrameType::kReject) return Status(Code::kInternal, "neither WELCOME nor REJECT");
+  return Status(static_cast<Code>(f.header.a0), std::string(f.payload.begin(), f.payload.end()));
+}
+
+// An endpoint takes 16 reconnects (rounds of at most `streams` - 1 rejoined streams); a client that
+// rejoins once more is refused with kResourceExhausted, and the endpoint and everyone else go on.
+// The client here is raw: it sends each REJOIN as dmx would, one stream a round.
+TEST(MultilinkReconnect, ARejoinPastTheSixteenthReconnectIsRefused) {
+  test::LogLines log;
+  test::Pair p = test::connect_pair(reconnect_options("30s"));  // another endpoint of the same listener
+  auto raw = test::RawPeer::connect(p.listener.address(), "dmx-test-key-0123456789", 4, /*multilink=*/true);
+  ASSERT_TRUE(raw.ok()) << raw.status().to_string();
+  auto ep = p.listener.accept(test::kEventually);
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  std::vector<UniqueFd> kept;  // the rejoined streams stay open
+  // Streams 0..4 are the session's; 16 rounds of one stream each: 5, 6, ..., 20.
+  for (uint16_t i = 5; i < 5 + 16; ++i) {
+    UniqueFd fd;
+    auto f = raw->rejoin(i, i, &fd);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    ASSERT_TRUE(answer_of(*f).ok()) << "reconnect " << i - 4 << ": " << answer_of(*f).to_string();
+    kept.push_back(std::move(fd));
+  }
+  auto until = std::chrono::steady_clock::now() + test::kEventually;
+  while (ep->stats().reconnects < 16 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(ep->stats().reconnects, 16u);
+  // A 17th round is refused, with the documented code and reason.
+  auto refused = raw->rejoin(21, 21);
+  ASSERT_TRUE(refused.ok()) << refused.status().to_string();
+  Status why = answer_of(*refused);
+  EXPECT_EQ(why.code(), Code::kResourceExhausted) << why.to_string();
+  EXPECT_NE(why.to_string().find("reconnected 16 times"), std::string::npos) << why.to_string();
+  // The last round may still fill up (its streams are part of the 16th reconnect); no new one.
+  UniqueFd fd;
+  auto more = raw->rejoin(20, 21, &fd);
+  ASSERT_TRUE(more.ok()) << more.status().to_string();
+  EXPECT_TRUE(answer_of(*more).ok()) << answer_of(*more).to_string();
+  auto again = raw->rejoin(22, 22);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(answer_of(*again).code(), Code::kResourceExhausted) << answer_of(*again).to_string();
+  EXPECT_FALSE(log.with("reconnected 16 times").empty()) << "the refusal is logged";
+  EXPECT_TRUE(ep->health().ok()) << ep->health().to_string();
+  EXPECT_EQ(ep->stats().reconnects, 16u);
+  // Everyone else goes on.
+  exchange(p, (4 << 20) + 9, 5);
+  EXPECT_TRUE(p.server.health().ok()) << p.server.health().to_string();
 }
 
 // Forged REJOINs (an unknown session, a wrong proof, a bad index, a truncated one) are refused and

@@ -38,7 +38,7 @@ bool EndpointImpl::reconnect_on() const {
 bool EndpointImpl::begin_outage(const Status& why) {
   if (!status_.ok()) return false;
   size_t data = static_cast<size_t>(session_.streams) - 1;
-  if (streams_.size() + data > streams_.capacity()) {
+  if (reconnects_ >= kMaxReconnects || streams_.size() + data > streams_.capacity()) {
     DMX_LOG_WARN("endpoint to {}: every stream is down and no reconnect is left ({} made, the most per endpoint)",
                  session_.peer, reconnects_);
     return false;
@@ -212,9 +212,14 @@ Status EndpointImpl::fits_locked(uint16_t first, uint16_t index) const {
   if (index != streams_.size() || first > index || (first != index && first + session_.streams - 1 <= index))
     return Status(Code::kProtocol, fmt::format("REJOIN for stream {} (round from {}), but the next is {}", index,
                                                first, streams_.size()));
-  if (index >= streams_.capacity())
+  // At most kMaxReconnects rounds, each of at most streams - 1 streams: the table has room for them.
+  if (first == index && reconnects_ >= kMaxReconnects)
     return Status(Code::kResourceExhausted,
                   fmt::format("REJOIN: the endpoint has reconnected {} times, the most it does", reconnects_));
+  if (index >= streams_.capacity())
+    return Status(Code::kResourceExhausted,
+                  fmt::format("REJOIN for stream {}: the endpoint has room for {} streams, the most it takes", index,
+                              streams_.capacity()));
   return Status();
 }
 
