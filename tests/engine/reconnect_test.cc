@@ -17,6 +17,7 @@
 #include "client_sockets.h"
 #include "proc_threads.h"
 #include "raw_peer.h"
+#include "relay.h"
 #include "test_util.h"
 #include "engine/handshake.h"
 #include "stream/socket.h"
@@ -408,6 +409,58 @@ TEST(MultilinkReconnect, ARejoinPastTheSixteenthReconnectIsRefused) {
   // Everyone else goes on.
   exchange(p, (4 << 20) + 9, 5);
   EXPECT_TRUE(p.server.health().ok()) << p.server.health().to_string();
+}
+
+// The exact bytes of a REJOIN that was taken (recorded on the way by a relay between client and
+// server), sent again on a new connection once the session has healed, are refused: the stream is
+// not the next one any more. The live endpoint is not disturbed: it transfers byte-exact after.
+TEST(MultilinkReconnect, AReplayedRejoinIsRefusedAndTheEndpointGoesOn) {
+  test::LogLines log;
+  auto ctx = Context::create(reconnect_options("30s"));
+  ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
+  auto l = ctx->listen("tcp://127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  test::Relay relay(port_of(l->address()));
+  ASSERT_NE(relay.port(), 0) << "the relay could not listen";
+  test::Pair p;
+  p.ctx = *ctx;
+  p.listener = std::move(*l);
+  auto c = p.ctx.connect(relay.address());  // by the relay: it dials there again too
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  p.client = std::move(*c);
+  auto s = p.listener.accept(test::kEventually);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  p.server = std::move(*s);
+  ASSERT_NO_FATAL_FAILURE(outage_healed(p));
+  // The REJOIN that began the round (stream 5, the first after the session's 0..4).
+  std::vector<unsigned char> taken;
+  for (const auto& bytes : relay.first_bytes()) {
+    if (bytes.size() < wire::kHeaderSize) continue;
+    auto h = wire::decode_header(bytes.data(), wire::Limits{1 << 20, 1 << 20});
+    if (!h.ok() || h->type != wire::FrameType::kRejoin || bytes.size() != wire::kHeaderSize + h->payload_len) continue;
+    auto r = wire::decode_rejoin(bytes.data() + wire::kHeaderSize, h->payload_len);
+    if (r.ok() && r->first == 5 && r->index == 5) taken = bytes;
+  }
+  ASSERT_FALSE(taken.empty()) << "the relay saw the REJOIN of stream 5";
+  for (int replay = 0; replay < 2; ++replay) {
+    auto addr = stream::parse_address(p.listener.address());
+    ASSERT_TRUE(addr.ok());
+    Deadline d = Deadline::after(std::chrono::seconds(30));
+    auto fd = stream::connect_to(*addr, d);
+    ASSERT_TRUE(fd.ok()) << fd.status().to_string();
+    ASSERT_TRUE(stream::send_exact(fd->get(), taken.data(), taken.size(), d, "server").ok());
+    auto answer = recv_frame(fd->get(), d, "server");
+    ASSERT_TRUE(answer.ok()) << answer.status().to_string();
+    Status why = answer_of(*answer);
+    EXPECT_EQ(why.code(), Code::kProtocol) << why.to_string();
+    EXPECT_NE(why.to_string().find("but the next is"), std::string::npos) << why.to_string();
+  }
+  EXPECT_FALSE(log.with("but the next is").empty()) << "the refusals are logged";
+  exchange(p, (5 << 20) + 13, 6);
+  EXPECT_TRUE(p.client.health().ok()) << p.client.health().to_string();
+  EXPECT_TRUE(p.server.health().ok()) << p.server.health().to_string();
+  EXPECT_EQ(p.client.stats().reconnects, 1u);
+  EXPECT_EQ(p.server.stats().reconnects, 1u);
 }
 
 // Forged REJOINs (an unknown session, a wrong proof, a bad index, a truncated one) are refused and
