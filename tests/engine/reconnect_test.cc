@@ -117,7 +117,8 @@ struct Traffic {
   }
 };
 
-void traffic_with_cuts(int cuts) {
+// `cuts` outages mid-transfer; with `data_only` (one cut) stream 0, the control stream, stays up.
+void traffic_with_cuts(int cuts, bool data_only = false) {
   test::LogLines log;
   Traffic t;  // outlives the endpoints: a failed check leaves no operation on freed buffers
   test::Pair p = test::connect_pair(reconnect_options("30s"));
@@ -132,7 +133,12 @@ void traffic_with_cuts(int cuts) {
   uint64_t at = 8 << 20;
   for (int c = 0; c < cuts; ++c) {
     wait_sent(p.client, at);
-    cut_all(port);
+    if (data_only) {
+      std::vector<int> fds = client_sockets(port);  // fd order: stream 0 first (no stream was replaced yet)
+      for (size_t i = 1; i < fds.size(); ++i) ::shutdown(fds[i], SHUT_RDWR);
+    } else {
+      cut_all(port);
+    }
     at = p.client.stats().bytes_sent + (16 << 20);
   }
   t.check(p);
@@ -146,6 +152,11 @@ void traffic_with_cuts(int cuts) {
 TEST(MultilinkReconnect, EverySocketCutMidTransferReconnectsAndDeliversEachMessageOnce) { traffic_with_cuts(1); }
 
 TEST(MultilinkReconnect, ThreeOutagesInARow) { traffic_with_cuts(3); }
+
+// Every data stream cut while the control stream lives: the endpoint has no link left for chunks,
+// so it is an outage like any other; the rejoined round replaces stream 0 too (the control frames
+// move to the round's first stream), and everything is delivered once, byte-exact.
+TEST(MultilinkReconnect, EveryDataStreamCutWhileTheControlStreamLivesReconnects) { traffic_with_cuts(1, true); }
 
 TEST(MultilinkReconnect, WithReconnectOffEverySocketCutFailsTheOperations) {
   test::Pair p = test::connect_pair(reconnect_options("0"));
