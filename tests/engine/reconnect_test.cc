@@ -370,6 +370,35 @@ Result<wire::FrameType> send_rejoin(const std::string& address, const std::vecto
   return f.header.type;
 }
 
+// Closed while its dial waits on a peer that never answers (dial deadlines of 60 s), the client's
+// endpoint ends at once: the close cuts the dial short rather than wait it out.
+TEST(MultilinkReconnect, ACloseDuringAnUnansweredDialEndsTheDial) {
+  test::Pair p = test::connect_pair(reconnect_options("60s").set("handshake_timeout", "60s"));
+  uint16_t port = port_of(p.listener.address());
+  Buffer in = poisoned(MemSpec{}, 1 << 20);
+  Request r = p.client.recv(in.region(), 9);  // nothing will come
+  p.listener = Listener();
+  UniqueFd silent = silent_listener(port);
+  ASSERT_TRUE(silent.valid()) << "could not listen on port " << port << " again";
+  test::LogLines log;
+  cut_all(port);
+  auto until = std::chrono::steady_clock::now() + test::kEventually;
+  while (log.with("dialing the peer again").empty() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the REJOIN went out, unanswered
+  auto t0 = std::chrono::steady_clock::now();
+  Status closed = p.client.close();
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(closed.ok()) << closed.to_string();
+  EXPECT_LT(took, std::chrono::seconds(30)) << "close waited out the 60 s dial";
+  EXPECT_EQ(r.wait(test::kEventually).code(), Code::kClosed) << r.status().to_string();
+  p.client = Endpoint();
+  until = std::chrono::steady_clock::now() + test::kEventually;
+  while (thread_wakeups("dmx-reconnect").threads > 1 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_LE(thread_wakeups("dmx-reconnect").threads, 1) << "the client's reconnect thread ended";
+}
+
 // The listener's answer to a REJOIN as a Status: ok for WELCOME, else the REJECT's code and text.
 Status answer_of(const Frame& f) {
   if (f.header.type == wire::FrameType::kWelcome) return Status();

@@ -13,14 +13,18 @@
 //
 // The reconnect thread starts at the first outage and runs until the endpoint ends; it holds one
 // of running_ (so the endpoint does not finish while it waits) and one of holders_. While the
-// streams are gone it calls on_tick itself: deadlines and cancels still complete.
+// streams are gone it calls on_tick itself: deadlines and cancels still complete. Between outages
+// it sleeps until the next one or the endpoint's end; the end also cuts a dial short (dial_cancel_).
 #include <fmt/format.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
 #include "engine/handshake.h"
+#include "stream/cancel.h"
 #include "stream/conduit.h"
 
 namespace dmx {
@@ -59,12 +63,19 @@ bool EndpointImpl::begin_outage(const Status& why) {
                ms_of(params_.reconnect_timeout));
   if (!reconnect_thread_started_) {
     reconnect_thread_started_ = true;
+    dial_cancel_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));  // none: a dial runs to its deadline
     ++running_;
     holders_->add();
     reconnect_thread_ = std::thread([self = shared_from_this()] { self->reconnect_loop(); });
   }
   reconnect_cv_.notify_all();
   return true;
+}
+
+void EndpointImpl::cancel_dial_locked() {
+  if (!dial_cancel_.valid()) return;
+  uint64_t one = 1;
+  (void)!::write(dial_cancel_.get(), &one, sizeof one);  // stays readable: later dials end at once too
 }
 
 void EndpointImpl::reconnect_loop() {
@@ -136,6 +147,7 @@ Status EndpointImpl::dial_round(std::unique_lock<std::mutex>& lock, Clock::time_
   const std::vector<std::string>& to = session_.redial;
   Status last;
   size_t refused = 0;
+  stream::CancelWaits cancel(dial_cancel_.get());  // the endpoint's end ends the dial's waits
   lock.unlock();
   for (size_t k = 0; k < to.size(); ++k) {
     // The first stream: each address in turn until one answers; then the rest of the round.
