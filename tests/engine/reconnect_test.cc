@@ -3,8 +3,9 @@
 // fresh random data are in flight. With reconnect on, the client dials again, rejoins the session
 // and every operation completes byte-exact, each message delivered exactly once; with it off they
 // fail as before. A peer that restarted (a new process: no such session) or is gone (nobody
-// listens) fails the pending operations at once with the reason; a forged or malformed REJOIN is
-// refused and the endpoint goes on.
+// listens) fails the pending operations at once with the reason, one that never answers at the
+// dial's deadline; a forged, malformed, replayed or 17th-round REJOIN is refused and the endpoint
+// goes on. Idle between outages, the reconnect threads never wake; a close ends them, mid-dial too.
 #include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -284,12 +285,13 @@ TEST(MultilinkReconnect, AfterAnOutageTheIdleReconnectThreadsNeverWake) {
   test::Pair p = test::connect_pair(reconnect_options("30s"));
   ASSERT_NO_FATAL_FAILURE(outage_healed(p));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // back from the outage's last tick
+  // The client's, and the server's unless the rejoin came before it saw its streams go.
   ThreadWakeups before = thread_wakeups("dmx-reconnect");
-  ASSERT_EQ(before.threads, 2) << "one reconnect thread per side";
+  ASSERT_GE(before.threads, 1) << "the client's reconnect thread";
   std::this_thread::sleep_for(std::chrono::seconds(4));
   ThreadWakeups after = thread_wakeups("dmx-reconnect");
-  ASSERT_EQ(after.threads, 2);
-  EXPECT_LE(after.wakeups - before.wakeups, 1) << "wake-ups of the two idle reconnect threads in 4 s";
+  ASSERT_EQ(after.threads, before.threads);
+  EXPECT_LE(after.wakeups - before.wakeups, 1) << "wake-ups of the idle reconnect threads in 4 s";
   EXPECT_TRUE(p.client.health().ok()) << p.client.health().to_string();
   exchange(p, (2 << 20) + 5, 78);  // still woken by the next outage, and healed by it
   ASSERT_NO_FATAL_FAILURE(outage_healed(p, 2));
@@ -301,7 +303,7 @@ TEST(MultilinkReconnect, AnEndpointThatHadAnOutageClosesAndItsReconnectThreadEnd
   for (bool client_first : {true, false}) {
     test::Pair p = test::connect_pair(reconnect_options("30s"));
     ASSERT_NO_FATAL_FAILURE(outage_healed(p));
-    ASSERT_EQ(thread_wakeups("dmx-reconnect").threads, 2);
+    ASSERT_GE(thread_wakeups("dmx-reconnect").threads, 1);
     Endpoint& first = client_first ? p.client : p.server;
     Endpoint& second = client_first ? p.server : p.client;
     auto t0 = std::chrono::steady_clock::now();

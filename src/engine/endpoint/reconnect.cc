@@ -67,6 +67,7 @@ bool EndpointImpl::begin_outage(const Status& why) {
     ++running_;
     holders_->add();
     reconnect_thread_ = std::thread([self = shared_from_this()] { self->reconnect_loop(); });
+    pthread_setname_np(reconnect_thread_.native_handle(), "dmx-reconnect");  // seen from here on
   }
   reconnect_cv_.notify_all();
   return true;
@@ -79,7 +80,6 @@ void EndpointImpl::cancel_dial_locked() {
 }
 
 void EndpointImpl::reconnect_loop() {
-  pthread_setname_np(pthread_self(), "dmx-reconnect");
   std::unique_lock<std::mutex> lock(mu_);
   auto backoff = std::chrono::milliseconds(50);
   Clock::time_point next_dial{};
