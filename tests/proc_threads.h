@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <string_view>
@@ -27,6 +28,34 @@ inline int process_threads(std::string_view prefix = {}) {
   }
   ::closedir(d);
   return n;
+}
+
+// The threads whose name starts with `prefix`: how many, and their voluntary context switches
+// summed (each one a sleep of the thread that ended: its wake-ups). threads is -1 when /proc cannot
+// be read.
+struct ThreadWakeups {
+  int threads = 0;
+  long wakeups = 0;
+};
+inline ThreadWakeups thread_wakeups(std::string_view prefix) {
+  ThreadWakeups w;
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return ThreadWakeups{-1, 0};
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string dir = std::string("/proc/self/task/") + e->d_name;
+    std::ifstream comm(dir + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (!name.starts_with(prefix)) continue;
+    ++w.threads;
+    std::ifstream status(dir + "/status");
+    std::string line;
+    while (std::getline(status, line))
+      if (line.starts_with("voluntary_ctxt_switches:")) w.wakeups += std::atol(line.c_str() + 24);
+  }
+  ::closedir(d);
+  return w;
 }
 
 }  // namespace dmx

@@ -10,8 +10,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "core/units.h"
+#include "stream/cancel.h"
 
 namespace dmx::stream {
 
@@ -87,11 +89,16 @@ Status set_nonblocking(int fd) {
   return Status();
 }
 
-// Waits for `events` on fd until the deadline.
+thread_local int t_cancel_fd = -1;  // CancelWaits (cancel.h): -1, or readable when the waits should end
+
+// Waits for `events` on fd until the deadline, or until this thread's waits are cancelled.
+
 Status wait_fd(int fd, short events, Deadline deadline, std::string_view what, const std::string& peer) {
   for (;;) {
-    pollfd p{fd, events, 0};
-    int rc = ::poll(&p, 1, deadline.poll_timeout_ms());
+    pollfd p[2] = {{fd, events, 0}, {t_cancel_fd, POLLIN, 0}};  // poll skips a negative fd
+    int rc = ::poll(p, 2, deadline.poll_timeout_ms());
+    if (rc > 0 && p[1].revents != 0)
+      return Status(Code::kCancelled, fmt::format("{} was cancelled: its owner ended", what)).with_peer(peer);
     if (rc > 0) return Status();
     if (rc == 0 || deadline.expired())
       return Status(Code::kTimeout, fmt::format("{} did not finish before the deadline", what)).with_peer(peer);
@@ -100,6 +107,9 @@ Status wait_fd(int fd, short events, Deadline deadline, std::string_view what, c
 }
 
 }  // namespace
+
+CancelWaits::CancelWaits(int fd) : previous_(std::exchange(t_cancel_fd, fd)) {}
+CancelWaits::~CancelWaits() { t_cancel_fd = previous_; }
 
 Result<UniqueFd> listen_on(const Address& addr, int backlog) {
   DMX_ASSIGN_OR_RETURN(addrinfo * res, resolve(addr, true));

@@ -49,6 +49,12 @@ class RawPeer {
     DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(p.fd_.get(), d, peer));
     if (f.header.type != wire::FrameType::kHello) return Status(Code::kProtocol, "raw peer: no HELLO back");
     DMX_ASSIGN_OR_RETURN(wire::Hello s, wire::decode_hello(f.payload.data(), f.payload.size()));
+    p.address_ = address;
+    p.auth_ = auth;
+    p.session_.session_id = s.session;
+    p.session_.client_nonce = h.nonce;
+    p.session_.server_nonce = s.nonce;
+    p.server_epoch_ = s.epoch;
     if (!key.empty()) {
       wire::Proof proof = make_proof(auth, kClientLabel, h.nonce, s.nonce, s.session);
       DMX_RETURN_IF_ERROR(send_frame(p.fd_.get(), wire::FrameType::kAuth,
@@ -96,10 +102,35 @@ class RawPeer {
   Status send_bytes(const void* p, size_t n) {
     return stream::send_exact(fd_.get(), p, n, Deadline::after(std::chrono::seconds(10)), "server");
   }
+  // Reconnect (endpoint/reconnect.cc): the REJOIN of this session for stream `index` (in the round
+  // from `first`), as the client's dmx would send it, and the listener's answer to it on a new
+  // connection; the connection is kept in `*kept` when given.
+  std::vector<unsigned char> rejoin_bytes(uint16_t first, uint16_t index) const {
+    wire::Rejoin r;
+    r.session = session_.session_id;
+    r.server_epoch = server_epoch_;
+    r.first = first;
+    r.index = index;
+    if (!auth_.insecure) r.proof = rejoin_proof(auth_, session_, first, index);
+    return wire::encode_rejoin(r);
+  }
+  Result<Frame> rejoin(uint16_t first, uint16_t index, UniqueFd* kept = nullptr) const {
+    DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address_));
+    Deadline d = Deadline::after(std::chrono::seconds(10));
+    DMX_ASSIGN_OR_RETURN(UniqueFd fd, stream::connect_to(addr, d));
+    DMX_RETURN_IF_ERROR(send_frame(fd.get(), wire::FrameType::kRejoin, rejoin_bytes(first, index), d, "server"));
+    DMX_ASSIGN_OR_RETURN(Frame f, recv_frame(fd.get(), d, "server"));
+    if (kept != nullptr) *kept = std::move(fd);
+    return f;
+  }
   int fd() const { return fd_.get(); }
   int fd(size_t stream) const { return stream == 0 ? fd_.get() : more_.at(stream - 1).get(); }
 
  private:
+  std::string address_;
+  AuthKey auth_;
+  Session session_;  // its id and both nonces: what a REJOIN's proof is bound to
+  uint64_t server_epoch_ = 0;
   UniqueFd fd_;                 // stream 0
   std::vector<UniqueFd> more_;  // the other stream sockets
 };

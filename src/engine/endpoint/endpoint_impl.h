@@ -366,6 +366,10 @@ class EndpointImpl final : public stream::StreamHost,
   uint64_t reconnects_ = 0;                // mu_: outages ended by a rejoin
   int dial_attempts_ = 0;                  // mu_: in this outage
   std::condition_variable reconnect_cv_;   // reconnecting_ and status_ changes
+  // mu_ (made with the thread): an eventfd, readable once the endpoint ends, that cuts the reconnect
+  // thread's dial short (stream::CancelWaits), so a close does not wait out a dial to a silent peer.
+  UniqueFd dial_cancel_;
+  void cancel_dial_locked();               // the endpoint ends; caller holds mu_
   std::thread reconnect_thread_;           // joined (or reaped) by the destructor
 
   // Several links (endpoint/links.cc; Session::multilink). A data chunk this side pulled: kept

@@ -212,6 +212,7 @@ void EndpointImpl::end(Status s) {
     }
     release_slot();  // the peer is gone or we are: the slot is free now, not once the threads are
     for (auto& st : streams_) st->stop();  // one stream down ends them all
+    cancel_dial_locked();
   }
   notes_cv_.notify_all();
   reconnect_cv_.notify_all();
@@ -242,6 +243,7 @@ bool EndpointImpl::evict_if_idle(const Status& why) {
     status_ = why.with_peer(session_.peer);
     DMX_LOG_WARN("endpoint to {}: {}", session_.peer, why.message());
     release_slot();
+    cancel_dial_locked();
     FrameHeader h;
     h.type = FrameType::kClose;
     std::string reason = why.message().substr(0, wire::kMaxControlPayload);
@@ -322,6 +324,7 @@ Status EndpointImpl::close() {
     if (status_.ok()) {
       status_ = Status(Code::kClosed, "the endpoint was closed by this side");
       release_slot();
+      cancel_dial_locked();
       FrameHeader h;
       h.type = FrameType::kClose;
       std::string reason = "closed by the application";

@@ -13,13 +13,18 @@
 //
 // The reconnect thread starts at the first outage and runs until the endpoint ends; it holds one
 // of running_ (so the endpoint does not finish while it waits) and one of holders_. While the
-// streams are gone it calls on_tick itself: deadlines and cancels still complete.
+// streams are gone it calls on_tick itself: deadlines and cancels still complete. Between outages
+// it sleeps until the next one or the endpoint's end; the end also cuts a dial short (dial_cancel_).
 #include <fmt/format.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
 #include "engine/handshake.h"
+#include "stream/cancel.h"
 #include "stream/conduit.h"
 
 namespace dmx {
@@ -37,7 +42,7 @@ bool EndpointImpl::reconnect_on() const {
 bool EndpointImpl::begin_outage(const Status& why) {
   if (!status_.ok()) return false;
   size_t data = static_cast<size_t>(session_.streams) - 1;
-  if (streams_.size() + data > streams_.capacity()) {
+  if (reconnects_ >= kMaxReconnects || streams_.size() + data > streams_.capacity()) {
     DMX_LOG_WARN("endpoint to {}: every stream is down and no reconnect is left ({} made, the most per endpoint)",
                  session_.peer, reconnects_);
     return false;
@@ -58,12 +63,20 @@ bool EndpointImpl::begin_outage(const Status& why) {
                ms_of(params_.reconnect_timeout));
   if (!reconnect_thread_started_) {
     reconnect_thread_started_ = true;
+    dial_cancel_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));  // none: a dial runs to its deadline
     ++running_;
     holders_->add();
     reconnect_thread_ = std::thread([self = shared_from_this()] { self->reconnect_loop(); });
+    pthread_setname_np(reconnect_thread_.native_handle(), "dmx-reconnect");  // seen from here on
   }
   reconnect_cv_.notify_all();
   return true;
+}
+
+void EndpointImpl::cancel_dial_locked() {
+  if (!dial_cancel_.valid()) return;
+  uint64_t one = 1;
+  (void)!::write(dial_cancel_.get(), &one, sizeof one);  // stays readable: later dials end at once too
 }
 
 void EndpointImpl::reconnect_loop() {
@@ -74,8 +87,9 @@ void EndpointImpl::reconnect_loop() {
     if (!reconnecting_) {
       backoff = std::chrono::milliseconds(50);
       next_dial = Clock::time_point{};
-      // Woken when an outage begins or the endpoint ends; the bound is a safety net only.
-      reconnect_cv_.wait_for(lock, std::chrono::seconds(1));
+      // Idle until an outage begins or the endpoint ends: no wake-up in between. Every change of
+      // either is made under mu_ and notifies (begin_outage; end, close, evict_if_idle).
+      reconnect_cv_.wait(lock, [&] { return reconnecting_ || !status_.ok(); });
       continue;
     }
     auto now = Clock::now();
@@ -133,11 +147,13 @@ Status EndpointImpl::dial_round(std::unique_lock<std::mutex>& lock, Clock::time_
   const std::vector<std::string>& to = session_.redial;
   Status last;
   size_t refused = 0;
+  stream::CancelWaits cancel(dial_cancel_.get());  // the endpoint's end ends the dial's waits
   lock.unlock();
   for (size_t k = 0; k < to.size(); ++k) {
     // The first stream: each address in turn until one answers; then the rest of the round.
     const std::string& address = to[(static_cast<size_t>(attempt) + k) % to.size()];
     Deadline deadline = Deadline::at(until).earlier(Deadline::after(params_.handshake_timeout));
+    const auto dialed = Clock::now();
     RejoinOutcome out;
     auto fd = rejoin_stream(*ctx_, session_, address, first, first, deadline, &out);
     if (!fd.ok()) {
@@ -152,10 +168,13 @@ Status EndpointImpl::dial_round(std::unique_lock<std::mutex>& lock, Clock::time_
       }
       if (out.sent) {  // it may hold the stream or not: the two sides could disagree on the streams
         *final = true;
+        auto now = Clock::now();
         last = Status(Code::kPeerFailed,
-                      fmt::format("every stream was lost ({}), and the rejoin of stream {} got no answer ({}): the "
+                      fmt::format("every stream was lost ({}), and the rejoin of stream {} got no answer in {} ms, "
+                                  "{} ms into the outage (reconnect_timeout {} ms, handshake_timeout {} ms; {}): the "
                                   "endpoint cannot tell whether the peer took it",
-                                  outage_why_.message(), first, last.message()));
+                                  outage_why_.message(), first, ms_of(now - dialed), ms_of(now - outage_since_),
+                                  ms_of(params_.reconnect_timeout), ms_of(params_.handshake_timeout), last.message()));
         break;
       }
       continue;
@@ -205,9 +224,14 @@ Status EndpointImpl::fits_locked(uint16_t first, uint16_t index) const {
   if (index != streams_.size() || first > index || (first != index && first + session_.streams - 1 <= index))
     return Status(Code::kProtocol, fmt::format("REJOIN for stream {} (round from {}), but the next is {}", index,
                                                first, streams_.size()));
-  if (index >= streams_.capacity())
+  // At most kMaxReconnects rounds, each of at most streams - 1 streams: the table has room for them.
+  if (first == index && reconnects_ >= kMaxReconnects)
     return Status(Code::kResourceExhausted,
                   fmt::format("REJOIN: the endpoint has reconnected {} times, the most it does", reconnects_));
+  if (index >= streams_.capacity())
+    return Status(Code::kResourceExhausted,
+                  fmt::format("REJOIN for stream {}: the endpoint has room for {} streams, the most it takes", index,
+                              streams_.capacity()));
   return Status();
 }
 
