@@ -92,7 +92,6 @@ Status set_nonblocking(int fd) {
 thread_local int t_cancel_fd = -1;  // CancelWaits (cancel.h): -1, or readable when the waits should end
 
 // Waits for `events` on fd until the deadline, or until this thread's waits are cancelled.
-
 Status wait_fd(int fd, short events, Deadline deadline, std::string_view what, const std::string& peer) {
   for (;;) {
     pollfd p[2] = {{fd, events, 0}, {t_cancel_fd, POLLIN, 0}};  // poll skips a negative fd
