@@ -179,7 +179,7 @@ Result<UniqueFd> open_stream(const stream::Address& addr, const EngineParams& p,
   DMX_ASSIGN_OR_RETURN(UniqueFd fd, stream::connect_to(addr, deadline, bind_device, refused));
   stream::StreamOptions so;
   so.socket_buffer = p.socket_buffer;
-  so.user_timeout_ms = static_cast<unsigned>(p.peer_timeout.count() / 1000);
+  so.user_timeout_ms = stream::user_timeout_ms(p.peer_timeout);
   DMX_RETURN_IF_ERROR(stream::configure_stream(fd.get(), so));
   return fd;
 }

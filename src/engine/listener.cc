@@ -306,7 +306,7 @@ void ListenerImpl::accept_new() {
     const EngineParams& p = ctx_->params();
     stream::StreamOptions so;
     so.socket_buffer = p.socket_buffer;
-    so.user_timeout_ms = static_cast<unsigned>(p.peer_timeout.count() / 1000);
+    so.user_timeout_ms = stream::user_timeout_ms(p.peer_timeout);
     if (Status s = stream::configure_stream(raw, so); !s.ok()) {
       DMX_LOG_LIMITED(log_, warn, "configure", "listener {}: peer {}: {}", address_, peer, s.message());
       continue;

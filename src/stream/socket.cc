@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -203,6 +204,10 @@ Result<UniqueFd> connect_to(const Address& addr, Deadline deadline, const std::s
   ::freeaddrinfo(res);
   if (refused != nullptr) *refused = last_refused;
   return last;
+}
+
+unsigned user_timeout_ms(std::chrono::microseconds peer_timeout) {
+  return static_cast<unsigned>(std::clamp<int64_t>(2 * (peer_timeout.count() / 1000), 0, UINT32_MAX));
 }
 
 Status configure_stream(int fd, const StreamOptions& o) {

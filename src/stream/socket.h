@@ -3,6 +3,7 @@
 
 #include <sys/socket.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -39,6 +40,11 @@ struct StreamOptions {
   unsigned user_timeout_ms = 0;          // TCP_USER_TIMEOUT; 0 leaves the default
 };
 Status configure_stream(int fd, const StreamOptions& o);
+// TCP_USER_TIMEOUT for a stream whose own checks use `peer_timeout` (from the last byte it wrote
+// or read): a backstop behind them, as they name the cause. Twice peer_timeout: the kernel counts
+// from when the peer's receive window closed, which can come seconds before the stream's last
+// write into a send buffer still filling (a peer that floods us and reads none of the replies).
+unsigned user_timeout_ms(std::chrono::microseconds peer_timeout);
 
 // Blocking-with-deadline exact I/O for the handshake (sockets are non-blocking).
 Status send_exact(int fd, const void* data, size_t n, Deadline deadline, const std::string& peer);

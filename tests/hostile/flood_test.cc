@@ -52,6 +52,12 @@ TEST(Flood, PeerThatNeverReadsItsRepliesIsThrottledThenClosed) {
   LogCounter log;
   Options o = test_options();
   o.set("peer_timeout", "2s").set("keepalive_interval", "500ms").set("log_level", "info");
+  // The stream counts the peer's silence from its own last write, the kernel's TCP_USER_TIMEOUT
+  // (twice peer_timeout) from when the peer's window closed: a small send buffer fills at once
+  // after that, so the first stays well ahead of the second however slow the server (a sanitizer
+  // build), and the close checked below is the stream's. The replies still back up to
+  // max_reply_backlog in the server, which is what stops its reading.
+  o.set("socket_buffer", "64K");
   Server s = make_server(o);
   Buffer target = poisoned(MemSpec{}, 4096);
   auto reg = s.ctx.register_memory(target.region());

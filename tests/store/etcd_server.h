@@ -3,8 +3,10 @@
 // /usr/bin/etcd is absent.
 #pragma once
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,21 +48,27 @@ class EtcdServer {
   }
   std::string url() const { return "etcd://127.0.0.1:" + std::to_string(client_port_); }
 
-  // Starts it (keeping the data folder of an earlier start) and waits until it answers.
+  // Starts it (keeping the data folder of an earlier start) and waits until it answers. The child
+  // dies with the thread that forked it (PR_SET_PDEATHSIG) and writes to a log file, never to the
+  // test's stdout or stderr: a test process that dies without its destructor (an assertion, a
+  // sanitizer's report) leaves no etcd behind holding ctest's output pipe open.
   bool start() {
     std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
     std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+    std::string log = dir_.string() + ".log";
+    std::string data = dir_.string();
+    std::string cluster = "default=" + peer;
+    const char* argv[] = {kBinary, "--data-dir", data.c_str(), "--listen-client-urls", client.c_str(),
+                          "--advertise-client-urls", client.c_str(), "--listen-peer-urls", peer.c_str(),
+                          "--initial-advertise-peer-urls", peer.c_str(), "--initial-cluster", cluster.c_str(),
+                          "--log-level", "error", "--logger", "zap", nullptr};
+    const pid_t parent = ::getpid();
     pid_ = ::fork();
-    if (pid_ == 0) {
-      std::string log = dir_.string() + ".log";
-      FILE* f = std::freopen(log.c_str(), "a", stderr);
-      (void)f;
-      std::string data = dir_.string();
-      std::string cluster = "default=" + peer;
-      ::execl(kBinary, kBinary, "--data-dir", data.c_str(), "--listen-client-urls", client.c_str(),
-              "--advertise-client-urls", client.c_str(), "--listen-peer-urls", peer.c_str(),
-              "--initial-advertise-peer-urls", peer.c_str(), "--initial-cluster", cluster.c_str(), "--log-level",
-              "error", "--logger", "zap", (char*)nullptr);
+    if (pid_ == 0) {  // async-signal-safe calls only: the test has threads
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(126);
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+      if (fd < 0 || ::dup2(fd, STDOUT_FILENO) < 0 || ::dup2(fd, STDERR_FILENO) < 0) ::_exit(126);
+      ::execv(kBinary, const_cast<char* const*>(argv));
       ::_exit(127);
     }
     auto s = store::open_store(url(), std::chrono::milliseconds(1000));

@@ -3,6 +3,9 @@
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -73,6 +76,55 @@ TEST(EtcdStore, UnreachableStoreSaysSoWithinTheDeadline) {
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), Code::kUnavailable);
   EXPECT_NE(g.status().message().find("etcd http://127.0.0.1"), std::string::npos) << g.status().message();
+}
+
+// A test process that dies without its destructors (a failed assertion's abort, a sanitizer's
+// report) takes its etcd with it, and etcd never held the test's output: ctest, which reads that
+// output until every holder has closed it, returns at once instead of at its timeout.
+TEST(EtcdServer, DiesWithItsTestProcessAndLeavesItsOutputClosed) {
+  if (!EtcdServer::available()) DMX_SKIP("no etcd") << EtcdServer::kBinary << " is absent (apt-get install etcd-server)";
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  // Forked with this test's one thread (ctest runs it alone); the child is the "test process".
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(out[0]);
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(out[1], STDERR_FILENO);
+    auto* etcd = new EtcdServer;  // never destroyed: the process dies as an aborted test does
+    if (!etcd->start()) ::_exit(3);
+    std::string url = etcd->url() + "\n";
+    (void)!::write(out[1], url.data(), url.size());
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  std::string said;
+  bool closed = false;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);  // etcd's start, on a busy machine
+  while (!closed && std::chrono::steady_clock::now() < until) {
+    pollfd p{out[0], POLLIN, 0};
+    if (::poll(&p, 1, 500) <= 0) continue;
+    char buf[256];
+    ssize_t n = ::read(out[0], buf, sizeof buf);
+    if (n > 0) said.append(buf, static_cast<size_t>(n));
+    closed = n == 0;
+  }
+  ::close(out[0]);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "etcd did not start in the child: " << said;
+  EXPECT_TRUE(closed) << "the test process's output is still held open after it died (by etcd)";
+  ASSERT_EQ(said.rfind("etcd://127.0.0.1:", 0), 0u) << said;
+  // And etcd itself is gone, not only its output.
+  auto s = store::open_store(said.substr(0, said.find('\n')), std::chrono::milliseconds(500));
+  ASSERT_TRUE(s.ok());
+  Status answer;
+  for (int i = 0; i < 40 && answer.ok(); ++i) {  // SIGKILL is prompt; the bound is for a busy machine
+    answer = (*s)->get("dmx-test/ping").status();
+    if (answer.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  EXPECT_EQ(answer.code(), Code::kUnavailable) << "etcd outlived the process that started it";
 }
 
 TEST(Directory, AnnounceLookupAndNewEpochOnRestart) {
