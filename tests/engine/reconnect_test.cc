@@ -375,6 +375,7 @@ Result<wire::FrameType> send_rejoin(const std::string& address, const std::vecto
 // Closed while its dial waits on a peer that never answers (dial deadlines of 60 s), the client's
 // endpoint ends at once: the close cuts the dial short rather than wait it out.
 TEST(MultilinkReconnect, ACloseDuringAnUnansweredDialEndsTheDial) {
+  test::LogLines log;
   test::Pair p = test::connect_pair(reconnect_options("60s").set("handshake_timeout", "60s"));
   uint16_t port = port_of(p.listener.address());
   Buffer in = poisoned(MemSpec{}, 1 << 20);
@@ -382,7 +383,6 @@ TEST(MultilinkReconnect, ACloseDuringAnUnansweredDialEndsTheDial) {
   p.listener = Listener();
   UniqueFd silent = silent_listener(port);
   ASSERT_TRUE(silent.valid()) << "could not listen on port " << port << " again";
-  test::LogLines log;
   cut_all(port);
   auto until = std::chrono::steady_clock::now() + test::kEventually;
   while (log.with("dialing the peer again").empty() && std::chrono::steady_clock::now() < until)
