@@ -21,14 +21,15 @@ class Reaper {
     // the reaper joins at exit may still log.
     (void)logger();
   }
-  ~Reaper() {
+  // At static destruction (ShutdownAtExit): joins every thread handed over so far, then its own.
+  void shutdown() {
     {
       std::lock_guard lock(mu_);
+      quit_ = true;  // a thread handed over from now on is detached (adopt)
       if (pid_ != ::getpid()) {  // never used, or a forked child: those threads are not ours
         forget_locked();
         return;
       }
-      quit_ = true;
     }
     cv_.notify_all();
     if (thread_) thread_->join();  // run() joins everything handed over first
@@ -37,6 +38,13 @@ class Reaper {
   void adopt(std::thread t) {
     {
       std::lock_guard lock(mu_);
+      if (quit_) {
+        // The process is exiting and the reaper has stopped: a dmx thread that finishes now (an
+        // endpoint closed just before main returned) cannot be joined by anyone, and a handle
+        // left joinable would end the process in std::terminate. The process ends it.
+        t.detach();
+        return;
+      }
       if (pid_ != ::getpid()) {  // first use, or first use in a forked child (no reaper thread here)
         forget_locked();
         pid_ = ::getpid();
@@ -86,9 +94,16 @@ class Reaper {
   std::unique_ptr<std::thread> thread_;
 };
 
+// Never destroyed, so that a thread may still hand itself over after the shutdown (it is then
+// detached); the shutdown runs at static destruction, before the logger's (Reaper's constructor).
 Reaper& reaper() {
-  static Reaper r;
-  return r;
+  static Reaper* r = new Reaper;
+  struct ShutdownAtExit {
+    Reaper* r;
+    ~ShutdownAtExit() { r->shutdown(); }
+  };
+  static ShutdownAtExit at_exit{r};
+  return *r;
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 // steps, and touches nothing of the destroyed owner afterwards — so a join by the reaper waits
 // only for those steps. Thread-safe. The reaper thread starts when first handed a thread (again
 // in a forked child); at process exit (static destruction) it joins every thread handed to it and
-// then itself, before the logger is destroyed, so no dmx thread outlives main's statics.
+// then itself, before the logger is destroyed, so no dmx thread outlives main's statics. A thread
+// handed over after that (one that finished while the process was already exiting) is detached:
+// nothing is left to join it, and a joinable handle would end the process in std::terminate.
 #pragma once
 
 #include <cstddef>
