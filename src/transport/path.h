@@ -59,6 +59,8 @@
 namespace dmx {
 
 inline constexpr size_t kMaxPathDescriptor = 256;
+// A list chunk's descriptor (post_tx_list): room for 128 pieces of 16 bytes and a header.
+inline constexpr size_t kMaxListDescriptor = 2560;
 
 // The chunk descriptor of the shm and devmem paths: the chunk length, 8 bytes little-endian.
 // Untrusted input: kProtocol naming `path` and `peer` when the size is not 8 or the length is
@@ -136,6 +138,26 @@ class PayloadPath {
   }
   // True when the receiver copies out of the sender's memory (see the top of this file).
   virtual bool receiver_releases() const = 0;
+
+  // Lists (a vectored write's small segments, docs/wire.md "Tables"): one chunk of several pieces,
+  // one descriptor, one completion, so that thousands of KV-cache blocks do not each pay a chunk's
+  // costs. The endpoint sends the pieces' destinations in its own table beside the descriptor.
+  // max_list(): the most pieces one chunk takes (0: no lists, the default).
+  virtual size_t max_list() const { return 0; }
+  // Sender: moves srcs[0, *taken) as one chunk (*taken >= 1: the path may take a prefix; cuda_ipc,
+  // the pieces of one allocation). Each source stays valid until the chunk's completion. Returns
+  // the descriptor (<= kMaxListDescriptor bytes). kUnavailable: not these sources, send them one by one.
+  virtual Result<std::vector<unsigned char>> post_tx_list(uint64_t seq, std::span<const MemRegion> srcs,
+                                                          size_t* taken) {
+    return Status(Code::kUnavailable, "this path takes no lists");
+  }
+  // Receiver: moves the chunk's pieces into `dsts`, whose sizes are the pieces' as the endpoint's
+  // table gave them (the descriptor is untrusted: kProtocol when it disagrees with them or is
+  // malformed). All ptrs null: consume the chunk and drop it. One event for `seq`, as post_rx.
+  virtual Status post_rx_list(uint64_t seq, std::span<const unsigned char> descriptor,
+                              std::span<const MemRegion> dsts) {
+    return Status(Code::kProtocol, "this path takes no lists");
+  }
 
   // Stops the progress thread without waiting for pending chunks (they complete with an error);
   // waits until nothing of the user's memory is in use. Idempotent; any thread but the path's.

@@ -103,7 +103,7 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   h.a3 = get_u64(b + 48);
   DMX_ASSIGN_OR_RETURN(uint32_t max, max_payload(h.type, limits));
   bool data = is_chunk(h.type);
-  auto allowed_flags = static_cast<uint8_t>(h.type == FrameType::kWriteData ? kFlagNotify | kFlagVector
+  auto allowed_flags = static_cast<uint8_t>(h.type == FrameType::kWriteData ? kFlagNotify | kFlagVector | kFlagTable
                                             : h.type == FrameType::kReadReq  ? kFlagVector | kFlagMore
                                                                              : 0);
   if (carries_data(h.type)) allowed_flags |= kFlagChecksum;
@@ -116,6 +116,18 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
     return Status(Code::kProtocol, fmt::format("{} frame names payload path {} (at most {})", frame_type_name(h.type),
                                                h.path, kMaxPathId));
   if (h.path != 0) max = kMaxPathDescriptor;
+  if (h.flags & kFlagTable) {
+    // The table's own frame: a vectored write's pieces by a path, no checksum (docs/wire.md).
+    if ((h.flags & kFlagVector) == 0 || h.path == 0 || (h.flags & kFlagChecksum) != 0)
+      return Status(Code::kProtocol, "a TABLE chunk must be VECTOR, name a path and carry no CHECKSUM");
+    if (h.a0 == 0 || h.a0 > kMaxTableEntries || h.a1 != 0)
+      return Status(Code::kProtocol,
+                    fmt::format("a TABLE chunk of {} pieces (1 to {}; a1 {} must be 0)", h.a0, kMaxTableEntries, h.a1));
+    if (h.payload_len <= h.a0 * kTableEntrySize)
+      return Status(Code::kProtocol, fmt::format("a TABLE chunk of {} pieces carries {} bytes, no room for a descriptor",
+                                                 h.a0, h.payload_len));
+    max = static_cast<uint32_t>(h.a0) * kTableEntrySize + kMaxTableDescriptor;
+  }
   if (h.payload_len > max)
     return Status(Code::kProtocol, fmt::format("{} frame carries {} payload bytes; the limit is {}",
                                                frame_type_name(h.type), h.payload_len, max));

@@ -26,7 +26,7 @@
 namespace dmx::wire {
 
 inline constexpr uint32_t kMagic = 0x31584d44;  // bytes 'D' 'M' 'X' '1'
-inline constexpr uint16_t kProtocolVersion = 8;  // 8: REJOIN (reconnect_timeout)
+inline constexpr uint16_t kProtocolVersion = 9;  // 8: REJOIN (reconnect_timeout); 9: TABLE
 inline constexpr size_t kHeaderSize = 56;
 inline constexpr uint32_t kMaxControlPayload = 4096;  // handshake, ack texts, reject reasons
 
@@ -66,11 +66,19 @@ enum FrameFlags : uint8_t {
   kFlagVector = 4,    // kWriteData: a vectored write's chunk (each names its own key; docs/wire.md);
                       // kReadReq: one segment of a vectored read
   kFlagMore = 8,      // kReadReq with kFlagVector: more segments of the read follow
+  kFlagTable = 16,    // kWriteData with kFlagVector and a path: a0 pieces, their table, then the
+                      // path's list descriptor (docs/wire.md "Tables")
 };
 // kCts a1 (receiver) and kReadReq a3 (reader): bit k set = path k may carry chunks into the buffer
 // being filled. Only paths that reach some destinations and not others (devmem) are named; the
 // rest reach any buffer.
 inline constexpr uint32_t kMaxPathDescriptor = 256;
+// A table chunk: at most kMaxTableEntries pieces, each (key u64, offset u64, length u32), then
+// the path's list descriptor (at most kMaxTableDescriptor bytes).
+inline constexpr uint32_t kMaxTableEntries = 128;
+inline constexpr uint32_t kTableEntrySize = 20;
+inline constexpr uint32_t kMaxTableDescriptor = 2560;
+inline constexpr uint32_t kMaxTablePayload = kMaxTableEntries * kTableEntrySize + kMaxTableDescriptor;
 inline constexpr uint8_t kMaxPathId = 16;
 
 // Operation kinds named in kAck / kCancel.

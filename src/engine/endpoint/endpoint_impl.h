@@ -254,6 +254,8 @@ class EndpointImpl final : public stream::StreamHost,
   // Copies `len` bytes at `src` (host memory) into bytes [at, at + len) of a receive's buffer,
   // over its pieces when vectored.
   static Status copy_into(const OpState& op, uint64_t at, const void* src, uint64_t len);
+  // A vectored write's state, opened by its first chunk; kProtocol when a chunk changes its form.
+  Result<InWrite*> open_vec_write(const wire::FrameHeader& h);
   // A vectored write's chunk at the target, and the regions it holds. Caller holds mu_.
   Result<stream::RxPlan> plan_vec_write(InWrite& w, const wire::FrameHeader& h, uint64_t len);
   static void release_write(InWrite& w);
@@ -311,6 +313,12 @@ class EndpointImpl final : public stream::StreamHost,
   Status check_accepts(uint64_t bits, std::string_view what) const;
   // Hands the next chunk of `t` to `ps`; fills the header frame to write. Caller holds mu_.
   Status post_path_chunk(PathState& ps, Transfer& t, uint64_t len, stream::TxItem* out);
+  // Table chunks (endpoint/tables.cc): how many of a vectored write's next segments go to `ps` as
+  // one list (0 or 1: none); hands them over as post_path_chunk does one chunk; and the target's
+  // side, a TABLE header on stream 0. Caller holds mu_.
+  size_t list_pieces(const PathState& ps, const Transfer& t) const;
+  Status post_path_list(PathState& ps, Transfer& t, size_t n, stream::TxItem* out);
+  Status on_table_header(PathState& ps, const wire::FrameHeader& h, const std::vector<unsigned char>& payload);
   void wake_for(const Transfer& t);  // the streams a new transfer needs
   uint64_t inline_chunk(const Transfer& t) const;  // the chunk of a transfer sent inline
   void note_fallback(const PathState& ps, const Status& why);  // once per path: why it was passed over
@@ -409,6 +417,7 @@ class EndpointImpl final : public stream::StreamHost,
   Status on_link_down(int stream, const wire::FrameHeader& h);
   void link_requeue(int k);  // both sides are done with stream k: its unlanded chunks go again
   void link_acked(int k, uint64_t upto);
+  std::vector<MemRegion> list_srcs_, list_dsts_;     // table chunks' scratch (endpoint/tables.cc)
   std::vector<LinkState> links_;                    // multilink only: per stream (0: the control frames' LINK_DOWN)
   std::deque<std::shared_ptr<SentChunk>> resend_;  // chunks to send again, before tx_
   int links_alive_ = 0;                             // data streams not stopped

@@ -31,6 +31,12 @@ inline constexpr size_t kPathWindow = 8;
 // path's receiver takes max(max_inflight_ops, kSmallPathWindow) chunks in flight.
 inline constexpr uint64_t kSmallPathChunk = 1 << 20;
 inline constexpr size_t kSmallPathWindow = 256;
+// Table chunks (endpoint/tables.cc): segments up to kListPieceMax go as pieces of one list, lists
+// of up to kListBytes (and the path's max_chunk).
+inline constexpr uint64_t kListPieceMax = 1 << 20;
+inline constexpr uint64_t kListBytes = 8 << 20;
+// Lists one path may have in flight when its receiver copies out of the sender's memory (cuda_ipc).
+inline constexpr size_t kListWindow = 32;
 // RxPlan::host_tag: what a landed frame's bytes were for.
 // kTagBounced: counted, its bytes in a bounce buffer (ctx) to scatter over a vectored recv's pieces.
 // kTagEagerHeld: an eager message read whole into a buffer of its own (ctx) before it is matched.

@@ -14,10 +14,11 @@ using wire::FrameHeader;
 using wire::FrameType;
 using namespace endpoint;
 
-Result<stream::RxPlan> EndpointImpl::plan_write(const FrameHeader& h, uint64_t len) {
+// A vectored write's state at its first chunk (or the first after an early CANCEL), and every
+// later chunk's check that the write keeps its form and length.
+Result<EndpointImpl::InWrite*> EndpointImpl::open_vec_write(const FrameHeader& h) {
   auto it = in_writes_.find(h.id);
-  const bool vec = (h.flags & wire::kFlagVector) != 0;
-  if (it == in_writes_.end() && vec) {
+  if (it == in_writes_.end()) {
     if (in_writes_.size() >= static_cast<size_t>(params_.max_inflight_ops))
       return protocol(fmt::format("the peer has more than {} writes in flight", params_.max_inflight_ops));
     InWrite w;
@@ -34,15 +35,26 @@ Result<stream::RxPlan> EndpointImpl::plan_write(const FrameHeader& h, uint64_t l
       w.refused = true;
     }
     it = in_writes_.emplace(h.id, std::move(w)).first;
-  } else if (it != in_writes_.end() && it->second.total == kUnknownTotal) {  // created by an early CANCEL
+  } else if (it->second.total == kUnknownTotal) {  // created by an early CANCEL
     it->second.total = h.a2;
     it->second.rkey = h.a0;
-    it->second.vec = vec;
+    it->second.vec = true;
   }
-  if (it != in_writes_.end() && it->second.vec) {
-    if (!vec || h.a2 != it->second.total)
-      return protocol(fmt::format("WRITE_DATA for op {} changed its form or length mid-transfer", h.id));
-    return plan_vec_write(it->second, h, len);
+  InWrite& w = it->second;
+  if (!w.vec || (h.flags & wire::kFlagVector) == 0 || h.a2 != w.total)
+    return protocol(fmt::format("WRITE_DATA for op {} changed its form or length mid-transfer", h.id));
+  return &w;
+}
+
+Result<stream::RxPlan> EndpointImpl::plan_write(const FrameHeader& h, uint64_t len) {
+  auto it = in_writes_.find(h.id);
+  if ((h.flags & wire::kFlagVector) != 0 || (it != in_writes_.end() && it->second.vec)) {
+    DMX_ASSIGN_OR_RETURN(InWrite * w, open_vec_write(h));
+    return plan_vec_write(*w, h, len);
+  }
+  if (it != in_writes_.end() && it->second.total == kUnknownTotal) {  // created by an early CANCEL
+    it->second.total = h.a2;
+    it->second.rkey = h.a0;
   }
   if (it == in_writes_.end()) {
     if (in_writes_.size() >= static_cast<size_t>(params_.max_inflight_ops))
@@ -78,7 +90,6 @@ Result<stream::RxPlan> EndpointImpl::plan_write(const FrameHeader& h, uint64_t l
     it = in_writes_.emplace(h.id, std::move(w)).first;
   }
   InWrite& w = it->second;
-  if (vec) return protocol(fmt::format("WRITE_DATA for op {} changed its form mid-transfer", h.id));
   if (h.a2 != w.total || h.a0 != w.rkey)
     return protocol(fmt::format("WRITE_DATA for op {} changed its key or length mid-transfer", h.id));
   if (len > w.expected - w.reserved)

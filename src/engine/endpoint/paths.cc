@@ -149,6 +149,7 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
   if (ps.path->receiver_releases()) rx_bound = std::max(rx_bound, kSmallPathWindow);
   if (ps.rx.size() >= rx_bound)
     return Status(Code::kProtocol, fmt::format("the peer has more than {} {} chunks in flight", rx_bound, name));
+  if (h.flags & wire::kFlagTable) return on_table_header(ps, h, desc);
   auto len = ps.path->chunk_length(desc);
   if (!len.ok()) return Status(Code::kProtocol, fmt::format("{}: {}", wire::describe(h), len.status().message()));
   if (eager && (*len == 0 || *len > params_.eager_limit))

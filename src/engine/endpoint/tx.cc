@@ -47,8 +47,12 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
                           ? path_for(t.where, t.accepts, t.skip_paths)
                           : nullptr;
     uint64_t len = std::min<uint64_t>(path ? path->path->max_chunk() : inline_chunk(t), room);
+    // A vectored write's run of small segments goes as one table chunk (endpoint/tables.cc).
+    size_t pieces = path != nullptr ? list_pieces(*path, t) : 0;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
-    if (path != nullptr && path->tx.size() >= kPathWindow &&
+    if (path != nullptr && pieces > 1 && path->tx.size() >= (path->path->receiver_releases() ? kListWindow : kPathWindow))
+      return false;
+    if (path != nullptr && pieces <= 1 && path->tx.size() >= kPathWindow &&
         !(len <= kSmallPathChunk && path->path->receiver_releases() &&
           path->tx.size() < std::min<size_t>(kSmallPathWindow, static_cast<size_t>(params_.max_inflight_ops))))
       return false;
@@ -85,6 +89,21 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
         h.a0 = t.next;
         h.a1 = op.total;
         break;
+    }
+    if (path != nullptr && pieces > 1) {
+      Status st = post_path_list(*path, t, pieces, out);
+      if (st.ok()) {
+        bool last = t.next == op.total;
+        streams_[0]->push_control(std::move(*out));
+        *out = stream::TxItem{};
+        if (last) tx_.pop_front();
+        continue;
+      }
+      if (st.code() != Code::kUnavailable) {
+        stop(t.op, st);
+        continue;
+      }
+      len = std::min<uint64_t>(path->path->max_chunk(), room);  // the path says why, chunk by chunk
     }
     if (path != nullptr) {
       if (Status st = post_path_chunk(*path, t, len, out); !st.ok()) {

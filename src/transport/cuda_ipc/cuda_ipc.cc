@@ -108,25 +108,38 @@ class CopyEngineImpl final : public CopyEngine {
   }
 
   Status read_batch(std::span<const BatchRead> items, const std::string& peer) override {
-    if (items.empty()) return Status();
+    batch_lists_.clear();
+    batch_pieces_.clear();
+    batch_pieces_.reserve(items.size());  // the lists' spans point into it
+    for (const BatchRead& it : items) {
+      batch_pieces_.push_back(ListPiece{it.remote_offset, it.local});
+      batch_lists_.push_back(ListRead{it.op, it.remote, std::span<const ListPiece>(&batch_pieces_.back(), 1)});
+    }
+    return read_lists(batch_lists_, peer);
+  }
+
+  Status read_lists(std::span<const ListRead> lists, const std::string& peer) override {
+    if (lists.empty()) return Status();
     // gpu_push asks for each small copy to be pushed on its lane (ordered with that lane's copy-engine
     // copies): the batch kernel is not asked to take them.
     if (options_.push_max > 0) return Status(Code::kUnavailable, "cuda_ipc batch: gpu push copies each small chunk");
-    for (const BatchRead& it : items) {
-      if (it.local.size > 0 && (it.local.where.kind != MemKind::kCuda || !can_access_peer(it.local.where.device)))
-        return Status(Code::kUnavailable, fmt::format("cuda_ipc batch: cuda:{} cannot write {} memory",
-                                                      options_.device, to_string(it.local.where)));
-      if (it.remote_offset > it.remote->length || it.local.size > it.remote->length - it.remote_offset)
-        return Status(Code::kOutOfRange, fmt::format("cuda_ipc: [{}, +{}) is outside the peer's {} B region",
-                                                     it.remote_offset, it.local.size, it.remote->length))
-            .with_peer(peer);
+    size_t pieces = 0;
+    for (const ListRead& l : lists) {
       // The kernel loads the source itself: its GPU must be this one or a peer this one reaches (a
       // copy engine would stage through the host where P2P is off).
-      if (it.local.size > 0) {
-        Result<int> source = device_by_uuid(it.remote->device_uuid);
-        if (!source.ok() || !can_access_peer(*source))
-          return Status(Code::kUnavailable, fmt::format("cuda_ipc batch: cuda:{} cannot load the source's memory",
-                                                        options_.device));
+      Result<int> source = device_by_uuid(l.remote->device_uuid);
+      if (!source.ok() || !can_access_peer(*source))
+        return Status(Code::kUnavailable, fmt::format("cuda_ipc batch: cuda:{} cannot load the source's memory",
+                                                      options_.device));
+      for (const ListPiece& p : l.pieces) {
+        if (p.local.size > 0 && (p.local.where.kind != MemKind::kCuda || !can_access_peer(p.local.where.device)))
+          return Status(Code::kUnavailable, fmt::format("cuda_ipc batch: cuda:{} cannot write {} memory",
+                                                        options_.device, to_string(p.local.where)));
+        if (p.remote_offset > l.remote->length || p.local.size > l.remote->length - p.remote_offset)
+          return Status(Code::kOutOfRange, fmt::format("cuda_ipc: [{}, +{}) is outside the peer's {} B region",
+                                                       p.remote_offset, p.local.size, l.remote->length))
+              .with_peer(peer);
+        pieces += (p.local.size + cuda::kSegmentPiece - 1) / cuda::kSegmentPiece;
       }
     }
     DeviceGuard guard(options_.device);
@@ -144,8 +157,6 @@ class CopyEngineImpl final : public CopyEngine {
       x.copies.clear();
       spare_batches_.push_back(std::move(x));
     };
-    size_t pieces = 0;
-    for (const BatchRead& it : items) pieces += (it.local.size + cuda::kSegmentPiece - 1) / cuda::kSegmentPiece;
     if (b.cap < pieces) {  // pinned and mapped: the kernel reads the descriptors from host memory
       if (b.descs != nullptr) (void)cudaFreeHost(b.descs);
       b.descs = nullptr;
@@ -170,17 +181,20 @@ class CopyEngineImpl final : public CopyEngine {
     }
     size_t n = 0;
     uint64_t bytes = 0;
-    for (const BatchRead& it : items) {
-      Result<void*> base = cache_.acquire(peer, *it.remote);
+    for (const ListRead& l : lists) {
+      Result<void*> base = cache_.acquire(peer, *l.remote);  // once per list
       if (!base.ok()) {
         give_back(b);
         return base.status();
       }
-      b.copies.push_back(Copy{it.op, 0, peer, it.remote->alloc_id});
-      auto src = reinterpret_cast<uint64_t>(static_cast<char*>(*base) + it.remote->offset + it.remote_offset);
-      n += cuda::split_segment(src, reinterpret_cast<uint64_t>(it.local.ptr), it.local.size, b.descs + n);
-      bytes += it.local.size;
-      if (it.local.size > 0 && it.local.where.device != it.remote->device) ++stats_.peer_copies;
+      b.copies.push_back(Copy{l.op, 0, peer, l.remote->alloc_id});
+      auto from = reinterpret_cast<uint64_t>(static_cast<char*>(*base) + l.remote->offset);
+      for (const ListPiece& p : l.pieces) {
+        n += cuda::split_segment(from + p.remote_offset, reinterpret_cast<uint64_t>(p.local.ptr), p.local.size,
+                                 b.descs + n);
+        bytes += p.local.size;
+        if (p.local.size > 0 && p.local.where.device != l.remote->device) ++stats_.peer_copies;
+      }
     }
     void* on_device = nullptr;
     cudaError_t e = cudaHostGetDevicePointer(&on_device, b.descs, 0);
@@ -192,10 +206,10 @@ class CopyEngineImpl final : public CopyEngine {
       s = Status(Code::kInternal, fmt::format("cuda_ipc batch: cudaEventRecord: {}", cuda::error_text(e)));
     if (!s.ok()) {
       give_back(b);
-      return Status(s.code(), fmt::format("cuda_ipc batched read of {} chunks, peer {}: {}", items.size(), peer,
+      return Status(s.code(), fmt::format("cuda_ipc batched read of {} lists, peer {}: {}", lists.size(), peer,
                                           s.message()));
     }
-    stats_.reads += items.size();
+    stats_.reads += lists.size();
     stats_.bytes += bytes;
     batches_.push_back(std::move(b));
     return Status();
@@ -367,6 +381,8 @@ class CopyEngineImpl final : public CopyEngine {
   std::vector<CopyQueue*> lanes_;           // from queues_, in lane order
   std::vector<std::deque<Copy>> inflight_;  // per lane, in submission order
   cudaStream_t batch_stream_ = nullptr;     // read_batch's kernels (made on first use)
+  std::vector<ListRead> batch_lists_;    // read_batch's scratch
+  std::vector<ListPiece> batch_pieces_;
   std::deque<Batch> batches_;               // in flight, in submission order
   std::vector<Batch> spare_batches_;
   std::vector<bool> can_peer_;

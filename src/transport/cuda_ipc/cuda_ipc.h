@@ -271,6 +271,20 @@ class CopyEngine {
   virtual Status read_batch(std::span<const BatchRead> items, const std::string& peer) {
     return Status(Code::kUnavailable, "cuda_ipc: this copy engine has no batched reads");
   }
+  // The same for lists (a table chunk's pieces, issue 44): each list is pieces of one region of
+  // the peer's, mapped once, and completes once (its `op`); all lists with one launch.
+  struct ListPiece {
+    uint64_t remote_offset;
+    MemRegion local;
+  };
+  struct ListRead {
+    uint64_t op;
+    const IpcDescriptor* remote;
+    std::span<const ListPiece> pieces;
+  };
+  virtual Status read_lists(std::span<const ListRead> lists, const std::string& peer) {
+    return Status(Code::kUnavailable, "cuda_ipc: this copy engine has no batched reads");
+  }
   // Appends completed copies (in order per stream) to `out`; returns how many.
   virtual size_t progress(std::vector<CopyCompletion>* out) = 0;
   // Polls until a copy completes or the deadline (kTimeout); returns at once when none is pending.

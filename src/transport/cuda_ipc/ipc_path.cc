@@ -49,10 +49,14 @@ class CudaIpcPath final : public PathBase {
     uint64_t seq;
     IpcDescriptor source;
     std::vector<uint64_t> retired;
-    MemRegion dst;  // ptr == nullptr: drop
+    MemRegion dst;  // ptr == nullptr: drop; a list's: its first piece's, size the list's bytes
+    std::vector<CopyEngine::ListPiece> pieces;  // a table chunk's (post_rx_list); empty otherwise
   };
   struct Inflight {
+    explicit Inflight(uint64_t b, size_t p = 1) : bytes(b), parts(p) {}
     uint64_t bytes;
+    size_t parts;   // copies still to complete (a list copied piece by piece has one each)
+    Status failed;  // the first of its copies that failed
   };
 
  public:
@@ -123,6 +127,94 @@ class CudaIpcPath final : public PathBase {
     return d.encode();
   }
 
+  size_t max_list() const override { return kCudaIpcMaxList; }
+
+  // The pieces of one allocation, from the first: one export (its cached handle), the rest found
+  // by address inside that allocation.
+  Result<std::vector<unsigned char>> post_tx_list(uint64_t /*seq*/, std::span<const MemRegion> srcs,
+                                                  size_t* taken) override {
+    if (srcs.empty() || !carries(srcs[0].where))
+      return Status(Code::kInvalidArgument, "cuda_ipc lists carry CUDA device memory only");
+    if (stopping() || failed()) return gate();
+    IpcListDescriptor d;
+    {
+      std::lock_guard lock(tx_mu_);
+      if (auto now = Clock::now(); now >= next_sweep_) {
+        exporter_.sweep(kSweepMax);
+        next_sweep_ = now + kSweepEvery;
+      }
+      auto e = exporter_.export_region(srcs[0]);
+      if (!e.ok() && e.status().code() != Code::kOutOfRange)
+        return Status(Code::kUnavailable, fmt::format("cuda_ipc cannot export this memory: {}", e.status().message()))
+            .with_peer(peer_);
+      if (!e.ok()) return e.status().with_peer(peer_);
+      if (e->length < srcs[0].size)  // runs into the next cuMem block: chunk by chunk
+        return Status(Code::kUnavailable, "cuda_ipc: a list's piece spans two cuMem allocations").with_peer(peer_);
+      if (e->kind == IpcDescriptor::Kind::kCuMemFd && !in_process_) DMX_RETURN_IF_ERROR(send_fd_once(e->alloc_id));
+      auto base = reinterpret_cast<uintptr_t>(srcs[0].ptr) - e->offset;
+      uint64_t lo = e->offset, hi = e->offset + srcs[0].size;
+      size_t n = 1;
+      d.offsets.push_back(e->offset);
+      for (; n < std::min(srcs.size(), kCudaIpcMaxList); ++n) {
+        auto at = reinterpret_cast<uintptr_t>(srcs[n].ptr);
+        if (srcs[n].where != srcs[0].where || at < base || at - base > e->alloc_size ||
+            srcs[n].size > e->alloc_size - (at - base))
+          break;  // another allocation: the next list
+        d.offsets.push_back(at - base);
+        lo = std::min<uint64_t>(lo, at - base);
+        hi = std::max<uint64_t>(hi, at - base + srcs[n].size);
+      }
+      for (uint64_t& o : d.offsets) o -= lo;
+      d.source = *e;
+      d.source.offset = lo;
+      d.source.length = hi - lo;
+      d.retired = exporter_.take_retired(kCudaIpcMaxRetired);
+      if (fds_) fds_->retire_sent(d.retired);
+      *taken = n;
+    }
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < *taken; ++k) bytes += srcs[k].size;
+    PathCounters::add(counters_.chunks_sent);
+    PathCounters::add(counters_.bytes_sent, bytes);
+    return d.encode();
+  }
+
+  Status post_rx_list(uint64_t seq, std::span<const unsigned char> descriptor,
+                      std::span<const MemRegion> dsts) override {
+    auto d = IpcListDescriptor::decode(descriptor);
+    if (!d.ok()) return d.status().with_peer(peer_);
+    if (d->offsets.size() != dsts.size())
+      return Status(Code::kProtocol, fmt::format("cuda_ipc list {}: the descriptor names {} pieces, the table {}", seq,
+                                                 d->offsets.size(), dsts.size()))
+          .with_peer(peer_);
+    if (in_process_ && d->source.owner_pid != ::getpid())
+      return Status(Code::kProtocol, fmt::format("cuda_ipc list {} in one process: the descriptor names pid {}", seq,
+                                                 d->source.owner_pid))
+          .with_peer(peer_);
+    RxItem item{seq, d->source, std::move(d->retired), MemRegion{nullptr, 0, {}}, {}};
+    bool drop = dsts.empty() || dsts[0].ptr == nullptr;
+    if (!drop) item.pieces.reserve(dsts.size());
+    for (size_t k = 0; k < dsts.size(); ++k) {
+      const MemRegion& dst = dsts[k];
+      uint64_t off = d->offsets[k];
+      if (off > d->source.length || dst.size > d->source.length - off)
+        return Status(Code::kProtocol, fmt::format("cuda_ipc list {}: piece {} [{}, +{}) lies outside the {} B region",
+                                                   seq, k, off, dst.size, d->source.length))
+            .with_peer(peer_);
+      if (!drop && (dst.ptr == nullptr || dst.where.kind == MemKind::kSim))
+        return Status(Code::kInvalidArgument, fmt::format("cuda_ipc list {}: piece {} cannot receive CUDA copies", seq,
+                                                          k))
+            .with_peer(peer_);
+      item.dst.size += dst.size;
+      if (!drop) item.pieces.push_back(CopyEngine::ListPiece{off, dst});
+    }
+    if (!drop) {
+      item.dst.ptr = dsts[0].ptr;
+      item.dst.where = dsts[0].where;
+    }
+    return enqueue(std::move(item));
+  }
+
   Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) override {
     auto d = IpcChunkDescriptor::decode(descriptor);
     if (!d.ok()) return d.status().with_peer(peer_);
@@ -174,7 +266,7 @@ class CudaIpcPath final : public PathBase {
     completions_.clear();
     while (engine->progress(&completions_) == 0) {
       if (deadline.expired()) {  // hand it over: the progress thread polls it from now on
-        inflight_.emplace(seq, Inflight{dst.size});
+        inflight_.emplace(seq, Inflight(dst.size));
         needs_thread_.store(true, std::memory_order_release);
         handed_over_.fetch_add(1, std::memory_order_relaxed);
         // Copies this slow (a GPU shared without MPS, a busy copy engine) would keep the caller
@@ -254,7 +346,7 @@ class CudaIpcPath final : public PathBase {
         return Status(Code::kInvalidArgument, "cuda_ipc: simulated device memory cannot receive CUDA copies")
             .with_peer(peer_);
     }
-    return RxItem{seq, std::move(d->source), std::move(d->retired), dst};
+    return RxItem{seq, std::move(d->source), std::move(d->retired), dst, {}};
   }
 
   // Hands a chunk to the progress thread.
@@ -345,7 +437,7 @@ class CudaIpcPath final : public PathBase {
       return false;
     }
     count_pushes();
-    inflight_.emplace(item.seq, Inflight{item.dst.size});
+    inflight_.emplace(item.seq, Inflight(item.dst.size));
     return true;
   }
 
@@ -363,6 +455,19 @@ class CudaIpcPath final : public PathBase {
     while (i < batch_.size()) {
       size_t j = i + 1;
       std::optional<int> device;
+      if (!batch_[i].pieces.empty()) {  // a run of lists that one GPU copies: one launch
+        device = device_for(batch_[i], /*make=*/true);
+        size_t pieces = batch_[i].pieces.size();
+        while (j < batch_.size() && !batch_[j].pieces.empty() && batch_[j].retired.empty() &&
+               pieces + batch_[j].pieces.size() <= kBatchMax && device_for(batch_[j], /*make=*/true) == device) {
+          pieces += batch_[j].pieces.size();
+          ++j;
+        }
+        if (!issue_lists(i, j, *device, done))
+          for (size_t k = i; k < j; ++k) issue_pieces(batch_[k], done);
+        i = j;
+        continue;
+      }
       if (small(batch_[i])) {
         device = device_for(batch_[i], /*make=*/true);
         while (j < batch_.size() && j - i < kBatchMax && small(batch_[j]) && batch_[j].retired.empty() &&
@@ -387,11 +492,58 @@ class CudaIpcPath final : public PathBase {
     Status s = (*engine)->read_batch(batch_reads_, peer_);
     if (s.code() == Code::kUnavailable) return false;
     for (size_t k = i; k < j; ++k) {
-      if (s.ok()) inflight_.emplace(batch_[k].seq, Inflight{batch_[k].dst.size});
+      if (s.ok()) inflight_.emplace(batch_[k].seq, Inflight(batch_[k].dst.size));
       else done->push_back({false, batch_[k].seq, s.with_peer(peer_)});
     }
     if (!s.ok()) note_failure(**engine, s);
     return true;
+  }
+
+  // Issues batch_[i, j), lists all, as one read_lists on `device`'s engine; false (nothing issued)
+  // when the engine cannot (a destination it cannot write, gpu push).
+  bool issue_lists(size_t i, size_t j, int device, std::vector<Done>* done) {
+    invalidate_retired(batch_[i]);  // only the first of a run may retire allocations
+    if (!failure_.ok()) return false;  // issue_pieces settles them
+    Result<CopyEngine*> engine = engine_for(device);
+    if (!engine.ok()) return false;
+    list_reads_.clear();
+    for (size_t k = i; k < j; ++k)
+      list_reads_.push_back(CopyEngine::ListRead{batch_[k].seq, &batch_[k].source, batch_[k].pieces});
+    Status s = (*engine)->read_lists(list_reads_, peer_);
+    if (s.code() == Code::kUnavailable) return false;
+    for (size_t k = i; k < j; ++k) {
+      if (s.ok()) inflight_.emplace(batch_[k].seq, Inflight(batch_[k].dst.size));
+      else done->push_back({false, batch_[k].seq, s.with_peer(peer_)});
+    }
+    if (!s.ok()) note_failure(**engine, s);
+    return true;
+  }
+
+  // A list copied piece by piece (each a copy of its own, one completion for them all).
+  void issue_pieces(RxItem& item, std::vector<Done>* done) {
+    invalidate_retired(item);
+    if (!failure_.ok()) {
+      done->push_back({false, item.seq, failure_});
+      return;
+    }
+    Result<CopyEngine*> engine = engine_for(*device_for(item, /*make=*/true));
+    if (!engine.ok()) {
+      done->push_back({false, item.seq, engine.status().with_peer(peer_)});
+      return;
+    }
+    Inflight f(item.dst.size, 0);
+    for (const CopyEngine::ListPiece& p : item.pieces) {
+      Status s = (*engine)->read(item.seq, p.local, peer_, item.source, p.remote_offset);
+      if (!s.ok()) {
+        f.failed = s.with_peer(peer_);
+        note_failure(**engine, s);
+        break;
+      }
+      ++f.parts;
+    }
+    count_pushes();
+    if (f.parts == 0) done->push_back({false, item.seq, f.failed});
+    else inflight_.emplace(item.seq, std::move(f));
   }
 
   void poll(std::vector<Done>* done) {
@@ -410,7 +562,10 @@ class CudaIpcPath final : public PathBase {
       auto it = inflight_.find(c.op);
       assert(it != inflight_.end());
       if (it == inflight_.end()) continue;
+      if (!c.status.ok() && it->second.failed.ok()) it->second.failed = c.status;
+      if (--it->second.parts > 0) continue;
       uint64_t bytes = it->second.bytes;
+      if (!it->second.failed.ok()) c.status = std::move(it->second.failed);
       inflight_.erase(it);
       if (c.status.ok() && failure_.ok()) {
         count_received(bytes);
@@ -553,6 +708,7 @@ class CudaIpcPath final : public PathBase {
   std::deque<RxItem> queue_;   // under the post lock (PathBase::post)
   std::vector<RxItem> batch_;  // the thread's: posts taken for this round
   std::vector<CopyEngine::BatchRead> batch_reads_;  // issue_batch's scratch (engine_mu_)
+  std::vector<CopyEngine::ListRead> list_reads_;    // issue_lists' scratch (engine_mu_)
 
   mutable std::mutex note_mu_;  // guards report_, shared_note_
   std::string report_;
@@ -594,6 +750,48 @@ Result<IpcChunkDescriptor> IpcChunkDescriptor::decode(std::span<const unsigned c
     uint64_t id = 0;
     std::memcpy(&id, in.data() + at, 8);
     if (id == 0) return Status(Code::kProtocol, "cuda_ipc chunk descriptor: retired allocation id 0");
+    d.retired.push_back(id);
+  }
+  return d;
+}
+
+static_assert(IpcDescriptor::kWireSize + 8 + 8 * (kCudaIpcMaxList + kCudaIpcMaxRetired) <= kMaxListDescriptor);
+
+std::vector<unsigned char> IpcListDescriptor::encode() const {
+  assert(!offsets.empty() && offsets.size() <= kCudaIpcMaxList && retired.size() <= kCudaIpcMaxRetired);
+  std::vector<std::byte> ipc = source.encode();
+  std::vector<unsigned char> out(ipc.size() + 8 + 8 * (offsets.size() + retired.size()));
+  std::memcpy(out.data(), ipc.data(), ipc.size());
+  unsigned char* p = out.data() + ipc.size();
+  auto n = static_cast<uint32_t>(offsets.size()), r = static_cast<uint32_t>(retired.size());
+  std::memcpy(p, &n, 4);
+  std::memcpy(p + 4, &r, 4);
+  p += 8;
+  for (uint64_t o : offsets) std::memcpy(std::exchange(p, p + 8), &o, 8);
+  for (uint64_t id : retired) std::memcpy(std::exchange(p, p + 8), &id, 8);
+  return out;
+}
+
+Result<IpcListDescriptor> IpcListDescriptor::decode(std::span<const unsigned char> in) {
+  constexpr size_t kBase = IpcDescriptor::kWireSize + 8;
+  if (in.size() < kBase)
+    return Status(Code::kProtocol, fmt::format("cuda_ipc list descriptor of {} B (at least {})", in.size(), kBase));
+  uint32_t n = 0, r = 0;
+  std::memcpy(&n, in.data() + IpcDescriptor::kWireSize, 4);
+  std::memcpy(&r, in.data() + IpcDescriptor::kWireSize + 4, 4);
+  if (n == 0 || n > kCudaIpcMaxList || r > kCudaIpcMaxRetired || in.size() != kBase + 8 * (size_t{n} + r))
+    return Status(Code::kProtocol, fmt::format("cuda_ipc list descriptor of {} B for {} pieces and {} retired ids "
+                                               "(1 to {} pieces, at most {} ids)",
+                                               in.size(), n, r, kCudaIpcMaxList, kCudaIpcMaxRetired));
+  IpcListDescriptor d;
+  DMX_ASSIGN_OR_RETURN(d.source, IpcDescriptor::decode(std::as_bytes(in.first(IpcDescriptor::kWireSize))));
+  const unsigned char* p = in.data() + kBase;
+  d.offsets.resize(n);
+  for (uint32_t k = 0; k < n; ++k, p += 8) std::memcpy(&d.offsets[k], p, 8);
+  for (uint32_t k = 0; k < r; ++k, p += 8) {
+    uint64_t id = 0;
+    std::memcpy(&id, p, 8);
+    if (id == 0) return Status(Code::kProtocol, "cuda_ipc list descriptor: retired allocation id 0");
     d.retired.push_back(id);
   }
   return d;

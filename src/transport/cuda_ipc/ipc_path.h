@@ -61,6 +61,22 @@ struct IpcChunkDescriptor {
   static Result<IpcChunkDescriptor> decode(std::span<const unsigned char> bytes);
 };
 
+// What a cuda_ipc table chunk's header carries (PayloadPath::post_tx_list): the IpcDescriptor of
+// one region of one allocation that holds every piece, the count of pieces n and of retired ids r
+// (u32 each), each piece's offset in that region (u64; the lengths are in the endpoint's table),
+// then r retired allocation ids (u64, none zero). At most kCudaIpcMaxList pieces, kCudaIpcMaxRetired ids.
+inline constexpr size_t kCudaIpcMaxList = 128;
+struct IpcListDescriptor {
+  cuda_ipc::IpcDescriptor source;
+  std::vector<uint64_t> offsets;
+  std::vector<uint64_t> retired;
+
+  std::vector<unsigned char> encode() const;
+  // Untrusted input: kProtocol when malformed (sizes, counts, IpcDescriptor::decode, zero ids).
+  // The pieces' bounds need their lengths: the path checks them against the destinations.
+  static Result<IpcListDescriptor> decode(std::span<const unsigned char> bytes);
+};
+
 // Whether this process can offer cuda_ipc (CUDA build, driver, a GPU), or why not. Calls CUDA.
 Status cuda_ipc_path_available();
 

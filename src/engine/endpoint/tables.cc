@@ -1,0 +1,159 @@
+// Endpoint: table chunks (docs/wire.md "Tables"). A vectored write's run of small segments goes to
+// a path that takes lists (PayloadPath::max_list) as one chunk: the header, a table of the
+// pieces' destinations (key, offset, length each) and the path's list descriptor. One chunk, one
+// completion and one PATH_DONE for up to kMaxTableEntries pieces, where a chunk each cost a
+// KV-cache write of 16 KiB blocks ~3.7 us per block (docs/performance.md).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/checked.h"
+#include "engine/endpoint/endpoint_impl.h"
+#include "engine/endpoint/internal.h"
+#include "wire/le.h"
+
+namespace dmx {
+
+using wire::FrameHeader;
+using wire::FrameType;
+using namespace endpoint;
+
+static_assert(wire::kMaxTableDescriptor == kMaxListDescriptor);
+
+size_t EndpointImpl::list_pieces(const PathState& ps, const Transfer& t) const {
+  const OpState& op = *t.op;
+  // Checksummed endpoints send segments one by one: a chunk's CRC covers one run of bytes.
+  if (!op.vec || t.type != FrameType::kWriteData || session_.checksum) return 0;
+  size_t max = std::min<size_t>(ps.path->max_list(), wire::kMaxTableEntries);
+  const auto& segs = op.vec->segs;
+  if (max < 2 || t.seg >= segs.size() || segs[t.seg].at != t.next) return 0;  // mid-segment: chunk by chunk
+  uint64_t cap = std::min(ps.path->max_chunk(), kListBytes), bytes = 0;
+  size_t n = 0;
+  for (size_t k = t.seg; k < segs.size() && n < max; ++k, ++n) {
+    uint64_t len = segs[k].length;
+    if (len > kListPieceMax || len > cap - bytes) break;
+    bytes += len;
+  }
+  return n;
+}
+
+Status EndpointImpl::post_path_list(PathState& ps, Transfer& t, size_t n, stream::TxItem* out) {
+  OpState& op = *t.op;
+  const auto& segs = op.vec->segs;
+  list_srcs_.clear();
+  for (size_t k = t.seg; k < t.seg + n; ++k) list_srcs_.push_back(MemRegion{segs[k].local, segs[k].length, t.where});
+  uint64_t seq = ps.tx_seq;
+  size_t taken = 0;
+  DMX_ASSIGN_OR_RETURN(std::vector<unsigned char> desc, ps.path->post_tx_list(seq, list_srcs_, &taken));
+  if (taken == 0 || taken > n || desc.empty() || desc.size() > kMaxListDescriptor)
+    return Status(Code::kInternal, fmt::format("{} path took {} of {} pieces with a {}-byte descriptor",
+                                               ps.path->name(), taken, n, desc.size()));
+  std::vector<unsigned char> payload(taken * wire::kTableEntrySize + desc.size());
+  uint64_t len = 0;
+  unsigned char* p = payload.data();
+  for (size_t k = t.seg; k < t.seg + taken; ++k, p += wire::kTableEntrySize) {
+    wire::put_u64(p, segs[k].rkey);
+    wire::put_u64(p + 8, segs[k].roffset);
+    wire::put_u32(p + 16, static_cast<uint32_t>(segs[k].length));  // <= kListPieceMax
+    len += segs[k].length;
+  }
+  std::memcpy(p, desc.data(), desc.size());
+  FrameHeader& h = out->header;
+  h.flags |= wire::kFlagTable;
+  h.a0 = taken;
+  h.a1 = 0;
+  h.path = ps.id;
+  h.payload_len = static_cast<uint32_t>(payload.size());
+  ++ps.tx_seq;
+  ps.tx[seq] = PathState::Tx{t.op, len};
+  out->owned = std::move(payload);
+  out->src = out->owned.data();
+  out->where = MemSpec{};
+  out->len = out->owned.size();
+  out->ctx = nullptr;  // done when the path says so
+  t.next += len;
+  t.emitted = true;
+  op.handed += len;
+  op.via |= path_bit(ps.id);
+  ++op.inflight;
+  return Status();
+}
+
+// Every entry is the peer's word, checked as a vectored write's chunk is (plan_vec_write): a key
+// registered here, the piece inside its region, the pieces' sum within what the write announced.
+Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const std::vector<unsigned char>& payload) {
+  if (h.type != FrameType::kWriteData) return protocol(fmt::format("{} carries a table", wire::describe(h)));
+  size_t n = h.a0;  // 1..kMaxTableEntries, room for the table (frame.cc)
+  if (n > ps.path->max_list())
+    return protocol(fmt::format("{}: {} pieces by {}, which takes {} at most", wire::describe(h), n, ps.path->name(),
+                                ps.path->max_list()));
+  auto it = in_writes_.find(h.id);
+  if (it == in_writes_.end() || it->second.total == kUnknownTotal) {
+    // The write's first chunk (or one after an early CANCEL): opened as any vectored chunk would.
+    auto opened = plan_write(h, 0);
+    if (!opened.ok()) return opened.status();
+    it = in_writes_.find(h.id);
+  } else if (!it->second.vec || h.a2 != it->second.total) {
+    return protocol(fmt::format("WRITE_DATA for op {} changed its form or length mid-transfer", h.id));
+  }
+  InWrite& w = it->second;
+  bool drop = w.refused || w.cancelled || w.withdrawn;
+  list_dsts_.clear();
+  uint64_t len = 0, last_key = 0;
+  Registered* reg = nullptr;
+  const unsigned char* p = payload.data();
+  for (size_t k = 0; k < n; ++k, p += wire::kTableEntrySize) {
+    uint64_t key = wire::get_u64(p), offset = wire::get_u64(p + 8);
+    uint32_t piece = wire::get_u32(p + 16);
+    if (piece == 0 || piece > w.expected - w.reserved - len)
+      return protocol(fmt::format("write op {}: table piece {} of {} bytes (the write has {} bytes left)", h.id, k,
+                                  piece, w.expected - w.reserved - len));
+    len += piece;
+    if (drop) {
+      list_dsts_.push_back(MemRegion{nullptr, piece, {}});
+      continue;
+    }
+    if (reg == nullptr || key != last_key) {
+      auto r = w.regs.find(key);
+      if (r != w.regs.end()) {
+        reg = r->second.get();
+      } else if (auto got = ctx_->acquire_registration(key, weak_from_this())) {
+        if (w.regs.size() >= static_cast<size_t>(params_.max_inflight_ops)) {
+          ContextImpl::release_registration(*got);
+          return protocol(fmt::format("write op {} names more than {} regions", h.id, params_.max_inflight_ops));
+        }
+        reg = got.get();
+        w.regs.emplace(key, std::move(got));
+      } else {
+        Status refused(Code::kNotFound, fmt::format("write refused: unknown remote key 0x{:x}", key));
+        DMX_RETURN_IF_ERROR(note_refusal(refused));
+        send_ack(h.id, wire::OpKind::kWrite, refused);
+        w.refused = drop = true;
+        for (MemRegion& d : list_dsts_) d.ptr = nullptr;
+        list_dsts_.push_back(MemRegion{nullptr, piece, {}});
+        continue;
+      }
+      last_key = key;
+    }
+    const MemRegion& r = reg->region;
+    if (!range_fits(offset, piece, r.size))
+      return protocol(fmt::format("vectored write op {}: table piece {} of {} bytes at offset {} lies outside the "
+                                  "{}-byte region of key 0x{:x}",
+                                  h.id, k, piece, offset, r.size, key));
+    list_dsts_.push_back(r.sub(offset, piece));
+  }
+  w.reserved += len;
+  uint64_t seq = ps.rx_seq++;
+  ps.rx[seq] = PathState::Rx{h, len, 0, nullptr, MemRegion{nullptr, len, {}}};
+  std::span<const unsigned char> desc(payload.data() + n * wire::kTableEntrySize,
+                                      payload.size() - n * wire::kTableEntrySize);
+  if (Status s = ps.path->post_rx_list(seq, desc, list_dsts_); !s.ok()) {
+    ps.rx.erase(seq);
+    if (s.code() == Code::kProtocol) return protocol(fmt::format("{}: {}", wire::describe(h), s.message()));
+    land_write(h, len, s);  // arrived but failed, as a failed copy
+  }
+  return Status();
+}
+
+}  // namespace dmx
