@@ -59,8 +59,8 @@
 namespace dmx {
 
 inline constexpr size_t kMaxPathDescriptor = 256;
-// A list chunk's descriptor (post_tx_list): room for 128 pieces of 16 bytes and a header.
-inline constexpr size_t kMaxListDescriptor = 2560;
+// A list chunk's descriptor (post_tx_list): room for 1,024 pieces of 8 bytes and a header.
+inline constexpr size_t kMaxListDescriptor = 8704;
 
 // The chunk descriptor of the shm and devmem paths: the chunk length, 8 bytes little-endian.
 // Untrusted input: kProtocol naming `path` and `peer` when the size is not 8 or the length is

@@ -75,9 +75,9 @@ enum FrameFlags : uint8_t {
 inline constexpr uint32_t kMaxPathDescriptor = 256;
 // A table chunk: at most kMaxTableEntries pieces, each (key u64, offset u64, length u32), then
 // the path's list descriptor (at most kMaxTableDescriptor bytes).
-inline constexpr uint32_t kMaxTableEntries = 128;
+inline constexpr uint32_t kMaxTableEntries = 1024;
 inline constexpr uint32_t kTableEntrySize = 20;
-inline constexpr uint32_t kMaxTableDescriptor = 2560;
+inline constexpr uint32_t kMaxTableDescriptor = 8704;
 inline constexpr uint32_t kMaxTablePayload = kMaxTableEntries * kTableEntrySize + kMaxTableDescriptor;
 inline constexpr uint8_t kMaxPathId = 16;
 

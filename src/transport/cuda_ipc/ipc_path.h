@@ -65,7 +65,7 @@ struct IpcChunkDescriptor {
 // one region of one allocation that holds every piece, the count of pieces n and of retired ids r
 // (u32 each), each piece's offset in that region (u64; the lengths are in the endpoint's table),
 // then r retired allocation ids (u64, none zero). At most kCudaIpcMaxList pieces, kCudaIpcMaxRetired ids.
-inline constexpr size_t kCudaIpcMaxList = 128;
+inline constexpr size_t kCudaIpcMaxList = 1024;
 struct IpcListDescriptor {
   cuda_ipc::IpcDescriptor source;
   std::vector<uint64_t> offsets;
