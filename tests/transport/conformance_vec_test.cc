@@ -310,6 +310,50 @@ TEST_P(ConformanceVec, BadListsAreRefusedWholeNamingTheEntry) {
   EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](unsigned char c) { return c == kPoison; }));
 }
 
+// A KV-cache shaped list (thousands of equal blocks at multiples of their size: the check's bitmap,
+// no sort) with one block named twice is refused naming the later entry; so is one whose overlap
+// is not block-aligned (sorted after all); the distinct list lands.
+TEST_P(ConformanceVec, ManyEqualBlocksNamedTwiceAreRefused) {
+  constexpr uint64_t kBlocks = 8192, kS = 64, kN = 4096;  // kN: the bitmap's least
+  Filled src = filled(mem(), kN * kS);
+  Buffer dst = poisoned(mem(), kBlocks * kS);
+  auto reg = server_ctx_.register_memory(dst.region());
+  ASSERT_TRUE(reg.ok());
+  MemRegion local[] = {src.buf.region()};
+  RemoteRegion remote[] = {reg->remote()};
+  std::vector<uint64_t> ids = pick(kBlocks, kN);
+  std::vector<IoEntry> good;
+  for (uint64_t i = 0; i < kN; ++i) good.push_back(IoEntry{0, 0, i * kS, ids[i] * kS, kS});
+  std::uniform_int_distribution<uint64_t> at(0, kN - 1);
+  uint64_t j = at(rng()), k = at(rng());
+  while (k == j) k = at(rng());
+  auto twice = good;
+  twice[k].remote_offset = twice[j].remote_offset;
+  Request r = client_.write_vec(local, remote, twice);
+  Status s = r.wait(kEventually);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+  EXPECT_EQ(r.failed_entry(), static_cast<int64_t>(std::max(j, k))) << s.to_string();
+  // Not block-aligned: k straddles j's block and a neighbour, which another entry may name too;
+  // the refusal names the smallest later index of the pairs k is in.
+  auto skewed = good;
+  uint64_t start = ids[j] + 1 < kBlocks ? ids[j] * kS + 1 : ids[j] * kS - 1;
+  skewed[k].remote_offset = start;
+  int64_t expect = -1;
+  for (uint64_t m = 0; m < kN; ++m)
+    if (m != k && skewed[m].remote_offset < start + kS && start < skewed[m].remote_offset + kS) {
+      auto later = static_cast<int64_t>(std::max(m, k));
+      if (expect < 0 || later < expect) expect = later;
+    }
+  Request r2 = client_.write_vec(local, remote, skewed);
+  EXPECT_EQ(r2.wait(kEventually).code(), Code::kInvalidArgument);
+  EXPECT_EQ(r2.failed_entry(), expect);
+  Request ok = client_.write_vec(local, remote, good);
+  ASSERT_TRUE(ok.wait(kEventually).ok()) << ok.status().to_string();
+  std::vector<unsigned char> want(kBlocks * kS, kPoison);
+  apply(want, {src.data}, good, true);
+  EXPECT_TRUE(read_back(dst.region()) == want) << "the distinct list landed the wrong bytes";
+}
+
 // Cancel a large list midway and let another pass its deadline: each completes once, the endpoint
 // goes on, and a later list lands byte-exact.
 TEST_P(ConformanceVec, CancelMidwayAndDeadline) {

@@ -84,10 +84,39 @@ void sort_spans(std::vector<Span>& spans) {
   release_scratch(tmp);
 }
 
+// The KV-cache list: every range in one space, of one length L, at a multiple of L. Then two
+// overlap exactly when they start at one block, which a bitmap of the blocks finds without
+// sorting (65,536 ranges: ~0.1 ms, where the sort took ~2). False when the list is not of that
+// shape, or has such a pair (the caller then sorts, to name it).
+bool distinct_blocks(const std::vector<Span>& spans) {
+  if (spans.size() < 4096) return false;  // the sort is cheap enough
+  const uint64_t space = spans[0].space, len = spans[0].end - spans[0].begin;
+  uint64_t top = 0;
+  for (const Span& s : spans) {
+    if (s.space != space || s.end - s.begin != len || s.begin % len != 0) return false;
+    top = std::max(top, s.begin / len);
+  }
+  if (top / 64 > spans.size()) return false;  // a sparse bitmap: at most a word per range
+  thread_local std::vector<uint64_t> seen;
+  seen.assign(top / 64 + 1, 0);
+  bool distinct = true;
+  for (const Span& s : spans) {
+    uint64_t b = s.begin / len, bit = uint64_t{1} << (b % 64);
+    if (seen[b / 64] & bit) {
+      distinct = false;
+      break;
+    }
+    seen[b / 64] |= bit;
+  }
+  if (seen.capacity() > (size_t{1} << 20)) std::vector<uint64_t>().swap(seen);
+  return distinct;
+}
+
 // The entry of the first overlapping pair found (the later index of the pair), or -1. Sorted by
 // (space, begin): a range overlaps an earlier one exactly when it begins before the furthest end
 // seen so far in its space.
 int64_t find_overlap(std::vector<Span>& spans, uint32_t* other) {
+  if (distinct_blocks(spans)) return -1;
   bool sorted = true;
   for (size_t k = 1; k < spans.size() && sorted; ++k)
     sorted = spans[k - 1].space < spans[k].space ||
