@@ -269,6 +269,7 @@ bool EndpointImpl::path_chunk_sent(uint8_t path, uint64_t seq, const Status& s) 
   if (it == ps.tx.end()) return false;
   auto tx = std::move(it->second);
   ps.tx.erase(it);
+  DMX_TRACE_POINT("path.sent");
   chunk_sent(tx.op, tx.len, s);
   streams_[0]->wake();  // the window has room again
   return true;

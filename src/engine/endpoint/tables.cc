@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/checked.h"
+#include "core/trace.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
 #include "wire/le.h"
@@ -77,12 +78,14 @@ Status EndpointImpl::post_path_list(PathState& ps, Transfer& t, size_t n, stream
   op.handed += len;
   op.via |= path_bit(ps.id);
   ++op.inflight;
+  DMX_TRACE_POINT("tbl.tx");
   return Status();
 }
 
 // Every entry is the peer's word, checked as a vectored write's chunk is (plan_vec_write): a key
 // registered here, the piece inside its region, the pieces' sum within what the write announced.
 Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const std::vector<unsigned char>& payload) {
+  DMX_TRACE_POINT("tbl.rx");
   if (h.type != FrameType::kWriteData) return protocol(fmt::format("{} carries a table", wire::describe(h)));
   size_t n = h.a0;  // 1..kMaxTableEntries, room for the table (frame.cc)
   if (n > ps.path->max_list())
@@ -145,6 +148,7 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
     if (s.code() == Code::kProtocol) return protocol(fmt::format("{}: {}", wire::describe(h), s.message()));
     land_write(h, len, s);  // arrived but failed, as a failed copy
   }
+  DMX_TRACE_POINT("tbl.posted");
   return Status();
 }
 

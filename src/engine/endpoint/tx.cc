@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "core/log.h"
+#include "core/trace.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
 
@@ -50,8 +51,11 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
     // A vectored write's run of small segments goes as one table chunk (endpoint/tables.cc).
     size_t pieces = path != nullptr ? list_pieces(*path, t) : 0;
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
-    if (path != nullptr && pieces > 1 && path->tx.size() >= (path->path->receiver_releases() ? kListWindow : kPathWindow))
+    if (path != nullptr && pieces > 1 &&
+        path->tx.size() >= (path->path->receiver_releases() ? kListWindow : kPathWindow)) {
+      DMX_TRACE_POINT("tbl.window");
       return false;
+    }
     if (path != nullptr && pieces <= 1 && path->tx.size() >= kPathWindow &&
         !(len <= kSmallPathChunk && path->path->receiver_releases() &&
           path->tx.size() < std::min<size_t>(kSmallPathWindow, static_cast<size_t>(params_.max_inflight_ops))))

@@ -509,7 +509,9 @@ class CudaIpcPath final : public PathBase {
     list_reads_.clear();
     for (size_t k = i; k < j; ++k)
       list_reads_.push_back(CopyEngine::ListRead{batch_[k].seq, &batch_[k].source, batch_[k].pieces});
+    DMX_TRACE_POINT("ipc.lists");
     Status s = (*engine)->read_lists(list_reads_, peer_);
+    DMX_TRACE_POINT("ipc.listed");
     if (s.code() == Code::kUnavailable) return false;
     for (size_t k = i; k < j; ++k) {
       if (s.ok()) inflight_.emplace(batch_[k].seq, Inflight(batch_[k].dst.size));
