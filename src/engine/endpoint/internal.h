@@ -36,9 +36,10 @@ inline constexpr size_t kSmallPathWindow = 256;
 // (128 pieces of 16 KiB moved at 82 GB/s, of 64 KiB at 236): few large lists, then.
 inline constexpr uint64_t kListPieceMax = 1 << 20;
 inline constexpr uint64_t kListBytes = 32 << 20;
-// Lists one path may have in flight when its receiver copies out of the sender's memory (cuda_ipc):
-// at most 512 MiB.
-inline constexpr size_t kListWindow = 16;
+// Lists one path may have in flight when its receiver copies out of the sender's memory (cuda_ipc;
+// the sender holds nothing but their table entries): at most 2 GiB, so that the PATH_DONEs' round
+// trip (~200 us on 1xH200 while the receiver's stream is busy reading lists) does not stall it.
+inline constexpr size_t kListWindow = 64;
 // RxPlan::host_tag: what a landed frame's bytes were for.
 // kTagBounced: counted, its bytes in a bounce buffer (ctx) to scatter over a vectored recv's pieces.
 // kTagEagerHeld: an eager message read whole into a buffer of its own (ctx) before it is matched.

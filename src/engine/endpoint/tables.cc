@@ -43,6 +43,7 @@ Status EndpointImpl::post_path_list(PathState& ps, Transfer& t, size_t n, stream
   OpState& op = *t.op;
   const auto& segs = op.vec->segs;
   list_srcs_.clear();
+  list_srcs_.reserve(n);
   for (size_t k = t.seg; k < t.seg + n; ++k) list_srcs_.push_back(MemRegion{segs[k].local, segs[k].length, t.where});
   uint64_t seq = ps.tx_seq;
   size_t taken = 0;
@@ -95,6 +96,7 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
   InWrite& w = *opened;
   bool drop = w.refused || w.cancelled || w.withdrawn;
   list_dsts_.clear();
+  list_dsts_.reserve(n);
   uint64_t len = 0, last_key = 0;
   Registered* reg = nullptr;
   const unsigned char* p = payload.data();

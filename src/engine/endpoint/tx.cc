@@ -101,7 +101,9 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
         streams_[0]->push_control(std::move(*out));
         *out = stream::TxItem{};
         if (last) tx_.pop_front();
-        continue;
+        // A list took microseconds to make: stream 0 writes it before the next is made, so that
+        // the peer works on it meanwhile (its turn pulls again).
+        return false;
       }
       if (st.code() != Code::kUnavailable) {
         stop(t.op, st);

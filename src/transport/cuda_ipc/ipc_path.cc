@@ -154,6 +154,7 @@ class CudaIpcPath final : public PathBase {
       auto base = reinterpret_cast<uintptr_t>(srcs[0].ptr) - e->offset;
       uint64_t lo = e->offset, hi = e->offset + srcs[0].size;
       size_t n = 1;
+      d.offsets.reserve(std::min(srcs.size(), kCudaIpcMaxList));
       d.offsets.push_back(e->offset);
       for (; n < std::min(srcs.size(), kCudaIpcMaxList); ++n) {
         auto at = reinterpret_cast<uintptr_t>(srcs[n].ptr);
