@@ -107,17 +107,6 @@ class CopyEngineImpl final : public CopyEngine {
     return copy(op, local, peer, remote, remote_offset, /*to_remote=*/false);
   }
 
-  Status read_batch(std::span<const BatchRead> items, const std::string& peer) override {
-    batch_lists_.clear();
-    batch_pieces_.clear();
-    batch_pieces_.reserve(items.size());  // the lists' spans point into it
-    for (const BatchRead& it : items) {
-      batch_pieces_.push_back(ListPiece{it.remote_offset, it.local});
-      batch_lists_.push_back(ListRead{it.op, it.remote, std::span<const ListPiece>(&batch_pieces_.back(), 1)});
-    }
-    return read_lists(batch_lists_, peer);
-  }
-
   Status read_lists(std::span<const ListRead> lists, const std::string& peer) override {
     if (lists.empty()) return Status();
     // gpu_push asks for each small copy to be pushed on its lane (ordered with that lane's copy-engine
@@ -286,7 +275,7 @@ class CopyEngineImpl final : public CopyEngine {
     std::string peer;
     uint64_t alloc_id;
   };
-  // One read_batch: its descriptors (pinned, mapped), the event after its kernel, its copies.
+  // One read_lists: its descriptors (pinned, mapped), the event after its kernel, its copies.
   // Kept for reuse once done (spare_batches_).
   struct Batch {
     cudaEvent_t done = nullptr;
@@ -380,9 +369,7 @@ class CopyEngineImpl final : public CopyEngine {
   CopyQueues queues_;                       // lanes 0..streams-1 of (cuda, options_.device)
   std::vector<CopyQueue*> lanes_;           // from queues_, in lane order
   std::vector<std::deque<Copy>> inflight_;  // per lane, in submission order
-  cudaStream_t batch_stream_ = nullptr;     // read_batch's kernels (made on first use)
-  std::vector<ListRead> batch_lists_;    // read_batch's scratch
-  std::vector<ListPiece> batch_pieces_;
+  cudaStream_t batch_stream_ = nullptr;     // read_lists' kernels (made on first use)
   std::deque<Batch> batches_;               // in flight, in submission order
   std::vector<Batch> spare_batches_;
   std::vector<bool> can_peer_;

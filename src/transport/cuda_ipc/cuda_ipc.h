@@ -255,24 +255,14 @@ class CopyEngine {
                        size_t remote_offset) = 0;
   virtual Status read(uint64_t op, const MemRegion& local, const std::string& peer, const IpcDescriptor& remote,
                       size_t remote_offset) = 0;
-  // Many reads as one operation: each item's [remote_offset, +local.size) of its region into its
-  // `local`, all with one launch of the segment copy kernel (src/cuda/segment_copy.h) on this
-  // engine's device, its descriptors read by the kernel from pinned memory; one completion per
-  // item, all at once. For many small chunks into device memory, where a copy-engine copy each
-  // costs more than the bytes (issue 44). kUnavailable, nothing started, when the kernel cannot
-  // do it (a local buffer that is not device memory this GPU reaches); the caller then reads the
-  // items one by one. Any other error: no item started.
-  struct BatchRead {
-    uint64_t op;
-    MemRegion local;
-    const IpcDescriptor* remote;
-    size_t remote_offset;
-  };
-  virtual Status read_batch(std::span<const BatchRead> items, const std::string& peer) {
-    return Status(Code::kUnavailable, "cuda_ipc: this copy engine has no batched reads");
-  }
-  // The same for lists (a table chunk's pieces, issue 44): each list is pieces of one region of
-  // the peer's, mapped once, and completes once (its `op`); all lists with one launch.
+  // Many reads as one operation: lists of pieces, each piece's [remote_offset, +local.size) of
+  // its list's region into its `local`, all with one launch of the segment copy kernel
+  // (src/cuda/segment_copy.h) on this engine's device, its descriptors read by the kernel from
+  // pinned memory; a list's region is mapped once, and each list completes once (its `op`), all
+  // at once. For many small chunks or a table chunk's pieces into device memory, where a
+  // copy-engine copy each costs more than the bytes (issue 44). kUnavailable, nothing started,
+  // when the kernel cannot do it (a local buffer that is not device memory this GPU reaches, gpu
+  // push); the caller then reads the pieces one by one. Any other error: no list started.
   struct ListPiece {
     uint64_t remote_offset;
     MemRegion local;

@@ -464,7 +464,7 @@ class CudaIpcPath final : public PathBase {
           pieces += batch_[j].pieces.size();
           ++j;
         }
-        if (!issue_lists(i, j, *device, done))
+        if (!issue_run(i, j, *device, done))
           for (size_t k = i; k < j; ++k) issue_pieces(batch_[k], done);
         i = j;
         continue;
@@ -475,41 +475,32 @@ class CudaIpcPath final : public PathBase {
                device_for(batch_[j], /*make=*/true) == device)
           ++j;
       }
-      if (j - i < 2 || !issue_batch(i, j, *device, done))
+      if (j - i < 2 || !issue_run(i, j, *device, done))
         for (size_t k = i; k < j; ++k) issue(batch_[k], done);
       i = j;
     }
   }
 
-  // Issues batch_[i, j) as one batched read on `device`'s engine; false (nothing issued) when the
-  // engine cannot batch it. A failure settles every chunk of the run.
-  bool issue_batch(size_t i, size_t j, int device, std::vector<Done>* done) {
+  // Issues batch_[i, j) — all lists, or all small chunks (a list of one piece each) — as one
+  // read_lists on `device`'s engine; false (nothing issued) when the engine cannot batch them (a
+  // destination it cannot write, gpu push): the caller issues them one by one, and says why. A
+  // failure settles every item of the run.
+  bool issue_run(size_t i, size_t j, int device, std::vector<Done>* done) {
     invalidate_retired(batch_[i]);  // only the first of a run may retire allocations
-    Result<CopyEngine*> engine = engine_for(device);
-    if (!engine.ok()) return false;  // issue() says why, per chunk
-    batch_reads_.clear();
-    for (size_t k = i; k < j; ++k)
-      batch_reads_.push_back(CopyEngine::BatchRead{batch_[k].seq, batch_[k].dst, &batch_[k].source, 0});
-    Status s = (*engine)->read_batch(batch_reads_, peer_);
-    if (s.code() == Code::kUnavailable) return false;
-    for (size_t k = i; k < j; ++k) {
-      if (s.ok()) inflight_.emplace(batch_[k].seq, Inflight(batch_[k].dst.size));
-      else done->push_back({false, batch_[k].seq, s.with_peer(peer_)});
-    }
-    if (!s.ok()) note_failure(**engine, s);
-    return true;
-  }
-
-  // Issues batch_[i, j), lists all, as one read_lists on `device`'s engine; false (nothing issued)
-  // when the engine cannot (a destination it cannot write, gpu push).
-  bool issue_lists(size_t i, size_t j, int device, std::vector<Done>* done) {
-    invalidate_retired(batch_[i]);  // only the first of a run may retire allocations
-    if (!failure_.ok()) return false;  // issue_pieces settles them
+    if (!failure_.ok()) return false;
     Result<CopyEngine*> engine = engine_for(device);
     if (!engine.ok()) return false;
     list_reads_.clear();
-    for (size_t k = i; k < j; ++k)
-      list_reads_.push_back(CopyEngine::ListRead{batch_[k].seq, &batch_[k].source, batch_[k].pieces});
+    single_pieces_.clear();
+    single_pieces_.reserve(j - i);  // the lists' spans point into it
+    for (size_t k = i; k < j; ++k) {
+      std::span<const CopyEngine::ListPiece> pieces = batch_[k].pieces;
+      if (pieces.empty()) {
+        single_pieces_.push_back(CopyEngine::ListPiece{0, batch_[k].dst});
+        pieces = std::span<const CopyEngine::ListPiece>(&single_pieces_.back(), 1);
+      }
+      list_reads_.push_back(CopyEngine::ListRead{batch_[k].seq, &batch_[k].source, pieces});
+    }
     DMX_TRACE_POINT("ipc.lists");
     Status s = (*engine)->read_lists(list_reads_, peer_);
     DMX_TRACE_POINT("ipc.listed");
@@ -710,8 +701,8 @@ class CudaIpcPath final : public PathBase {
 
   std::deque<RxItem> queue_;   // under the post lock (PathBase::post)
   std::vector<RxItem> batch_;  // the thread's: posts taken for this round
-  std::vector<CopyEngine::BatchRead> batch_reads_;  // issue_batch's scratch (engine_mu_)
-  std::vector<CopyEngine::ListRead> list_reads_;    // issue_lists' scratch (engine_mu_)
+  std::vector<CopyEngine::ListRead> list_reads_;        // issue_run's scratch (engine_mu_)
+  std::vector<CopyEngine::ListPiece> single_pieces_;  // its one-piece lists' pieces
 
   mutable std::mutex note_mu_;  // guards report_, shared_note_
   std::string report_;
