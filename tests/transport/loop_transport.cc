@@ -1,8 +1,10 @@
 #include "transport/loop_transport.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -56,17 +58,50 @@ class LoopPath final : public PathBase {
     DMX_ASSIGN_OR_RETURN(uint64_t n, chunk_length(d));
     uintptr_t addr = 0;
     std::memcpy(&addr, d.data(), 8);
-    return post([&] { jobs_.push_back(Job{seq, reinterpret_cast<const void*>(addr), n, dst}); });
+    return post([&] { jobs_.push_back(Job{seq, {Piece{reinterpret_cast<const void*>(addr), n, dst}}}); });
+  }
+  // Lists (table chunks): the descriptor is each piece's address and length, 16 bytes each.
+  size_t max_list() const override { return kMaxListDescriptor / 16; }
+  Result<std::vector<unsigned char>> post_tx_list(uint64_t, std::span<const MemRegion> srcs, size_t* taken) override {
+    if (stopping() || failed()) return gate();
+    *taken = std::min<size_t>(srcs.size(), max_list());
+    std::vector<unsigned char> d(16 * *taken);
+    for (size_t k = 0; k < *taken; ++k) {
+      auto addr = reinterpret_cast<uintptr_t>(srcs[k].ptr);
+      std::memcpy(d.data() + 16 * k, &addr, 8);
+      std::memcpy(d.data() + 16 * k + 8, &srcs[k].size, 8);
+      PathCounters::add(counters_.bytes_sent, srcs[k].size);
+    }
+    PathCounters::add(counters_.chunks_sent);
+    return d;
+  }
+  Status post_rx_list(uint64_t seq, std::span<const unsigned char> d, std::span<const MemRegion> dsts) override {
+    if (d.size() != 16 * dsts.size())
+      return Status(Code::kProtocol, fmt::format("loop path: a {}-byte descriptor for {} pieces", d.size(), dsts.size()));
+    Job job{seq, {}};
+    for (size_t k = 0; k < dsts.size(); ++k) {
+      uintptr_t addr = 0;
+      uint64_t n = 0;
+      std::memcpy(&addr, d.data() + 16 * k, 8);
+      std::memcpy(&n, d.data() + 16 * k + 8, 8);
+      if (n != dsts[k].size)
+        return Status(Code::kProtocol, fmt::format("loop path: piece {} of {} B, the table says {}", k, n, dsts[k].size));
+      job.pieces.push_back(Piece{reinterpret_cast<const void*>(addr), n, dsts[k]});
+    }
+    return post([&] { jobs_.push_back(std::move(job)); });
   }
   bool receiver_releases() const override { return true; }
   std::string describe() const override { return "loop (test transport: copies from the sender's pointer)"; }
 
  private:
-  struct Job {
-    uint64_t seq;
+  struct Piece {
     const void* src;
     uint64_t len;
     MemRegion dst;
+  };
+  struct Job {
+    uint64_t seq;
+    std::vector<Piece> pieces;  // a chunk's one, or a list's
   };
 
   // PathBase: each round copies what was posted; stop() waits for the thread (the default).
@@ -75,15 +110,17 @@ class LoopPath final : public PathBase {
     take_posts([&] { jobs.swap(jobs_); });
     for (const Job& j : jobs) {
       Status s;
-      if (j.dst.ptr != nullptr && !host_memory(j.dst.where))
-        s = Status(Code::kUnavailable, "loop path: reaches host memory only");
-      else if (j.dst.ptr != nullptr)
-        copy_from_peer(j.dst.ptr, j.src, j.len);
-      if (j.dst.ptr != nullptr && j.len > 0 && corrupt_next.load() > 0 && corrupt_next.fetch_sub(1) > 0)
-        static_cast<unsigned char*>(j.dst.ptr)[j.len / 2] ^= 0x40;
+      for (const Piece& p : j.pieces) {
+        if (p.dst.ptr != nullptr && !host_memory(p.dst.where))
+          s = Status(Code::kUnavailable, "loop path: reaches host memory only");
+        else if (p.dst.ptr != nullptr)
+          copy_from_peer(p.dst.ptr, p.src, p.len);
+        if (p.dst.ptr != nullptr && p.len > 0 && corrupt_next.load() > 0 && corrupt_next.fetch_sub(1) > 0)
+          static_cast<unsigned char*>(p.dst.ptr)[p.len / 2] ^= 0x40;
+        PathCounters::add(counters_.bytes_received, p.len);
+        PathCounters::add(counters_.host_copies);
+      }
       PathCounters::add(counters_.chunks_received);
-      PathCounters::add(counters_.bytes_received, j.len);
-      PathCounters::add(counters_.host_copies);
       done->push_back({false, j.seq, s});
     }
     return !jobs.empty();

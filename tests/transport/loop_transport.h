@@ -1,5 +1,6 @@
 // A test-only transport, "loop": between two endpoints of one process, the receiver copies each
-// chunk straight out of the sender's host memory (the descriptor carries the address). It lives
+// chunk straight out of the sender's host memory (the descriptor carries the address); it takes
+// lists too, so the conformance suite's vectored writes go as table chunks over it. It lives
 // only here and is registered from the tests (ContextImpl::register_transport): adding a
 // transport takes its own files and one registration, and the conformance suite then runs over
 // it like over any other.

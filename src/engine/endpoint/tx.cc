@@ -39,17 +39,16 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
     Transfer& t = tx_.front();
     OpState& op = *t.op;
     // An empty transfer (one empty chunk) always goes inline: no path has anything to move. So
-    // does a vectored transfer's small segment of host memory: a path's chunk costs a descriptor
-    // and a hand-off to its thread each way, more than the stream's copy of a few KiB.
+    // does a vectored transfer's small segment of host memory, unless a list takes it: a path's
+    // chunk costs a descriptor and a hand-off to its thread each way, more than the stream's copy
+    // of a few KiB. A vectored write's run of small segments goes as one table chunk to a path
+    // that takes lists (endpoint/tables.cc).
     uint64_t room = 0;  // vectored: a chunk ends at its segment's end
     const char* src = chunk_src(t, &room);
-    bool small_host_segment = op.vec && !t.where.is_device() && room < kVecInlineSegment;
-    PathState* path = has_paths_ && op.total > 0 && !small_host_segment
-                          ? path_for(t.where, t.accepts, t.skip_paths)
-                          : nullptr;
-    uint64_t len = std::min<uint64_t>(path ? path->path->max_chunk() : inline_chunk(t), room);
-    // A vectored write's run of small segments goes as one table chunk (endpoint/tables.cc).
+    PathState* path = has_paths_ && op.total > 0 ? path_for(t.where, t.accepts, t.skip_paths) : nullptr;
     size_t pieces = path != nullptr ? list_pieces(*path, t) : 0;
+    if (pieces <= 1 && op.vec && !t.where.is_device() && room < kVecInlineSegment) path = nullptr;
+    uint64_t len = std::min<uint64_t>(path ? path->path->max_chunk() : inline_chunk(t), room);
     // A window per path keeps cancel effective and memory bounded; completions wake stream 0.
     if (path != nullptr && pieces > 1 &&
         path->tx.size() >= (path->path->receiver_releases() ? kListWindow : kPathWindow)) {
