@@ -88,16 +88,10 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
   if (n > ps.path->max_list())
     return protocol(fmt::format("{}: {} pieces by {}, which takes {} at most", wire::describe(h), n, ps.path->name(),
                                 ps.path->max_list()));
-  auto it = in_writes_.find(h.id);
-  if (it == in_writes_.end() || it->second.total == kUnknownTotal) {
-    // The write's first chunk (or one after an early CANCEL): opened as any vectored chunk would.
-    auto opened = plan_write(h, 0);
-    if (!opened.ok()) return opened.status();
-    it = in_writes_.find(h.id);
-  } else if (!it->second.vec || h.a2 != it->second.total) {
-    return protocol(fmt::format("WRITE_DATA for op {} changed its form or length mid-transfer", h.id));
-  }
-  InWrite& w = it->second;
+  // The write's first chunk (or one after an early CANCEL) opens it; a later one keeps its form.
+  // Not plan_write: that plans a chunk of bytes, and refuses an empty one of a non-empty write.
+  DMX_ASSIGN_OR_RETURN(InWrite * opened, open_vec_write(h));
+  InWrite& w = *opened;
   bool drop = w.refused || w.cancelled || w.withdrawn;
   list_dsts_.clear();
   uint64_t len = 0, last_key = 0;
