@@ -44,6 +44,7 @@ enum class MemcpyLie : int {
 struct MemcpyHooks {
   std::atomic<size_t> max_list{128};      // what max_list() says (0: no lists)
   std::atomic<size_t> take_at_most{0};    // post_tx_list takes at most this many (0: all it may)
+  std::atomic<bool> refuse_lists{false};  // post_tx_list says kUnavailable (send them one by one)
   std::atomic<int> lie{0};                // a MemcpyLie for the next list descriptor, then kNone
   std::atomic<int> copy_delay_us{0};      // each chunk or list copy takes at least this long
   std::atomic<uint64_t> lists_sent{0}, pieces_sent{0}, chunks_sent{0};
@@ -137,7 +138,8 @@ class MemcpyPath final : public PathBase {
                                                   size_t* taken) override {
     if (stopping() || failed()) return gate();
     size_t max = hooks_->max_list.load();
-    if (max == 0) return Status(Code::kUnavailable, "memcpy path: lists are off (test hook)");
+    if (max == 0 || hooks_->refuse_lists.load())
+      return Status(Code::kUnavailable, "memcpy path: lists are off (test hook)");
     if (srcs.empty() || !carries(srcs[0].where))
       return Status(Code::kInvalidArgument, fmt::format("memcpy path post_tx_list(seq {}): no sources it carries", seq));
     size_t n = std::min(srcs.size(), max);

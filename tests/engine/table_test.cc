@@ -98,6 +98,19 @@ TEST(TableChunks, APathThatTakesAPrefix) {
   EXPECT_EQ(p.hooks->lists_sent, 200u);
 }
 
+// A path that turns a list down (kUnavailable: not these sources) gets its pieces one by one.
+TEST(TableChunks, APathThatTurnsAListDown) {
+  TablePair p;
+  table_pair(p);
+  p.hooks->refuse_lists = true;
+  WriteRun w;
+  prepare(p, w, random_sizes(300, 1, 5000), 2, kSim);
+  Request req = start_write(p, w);
+  expect_write_lands(p, w, req);
+  EXPECT_EQ(p.hooks->lists_sent, 0u);
+  EXPECT_EQ(p.hooks->chunks_sent, 300u);
+}
+
 // With checksums on, a chunk's CRC covers one run of bytes: no table is sent, the bytes still come.
 TEST(TableChunks, ChecksummedEndpointsSendNoTables) {
   TablePair p;
