@@ -47,6 +47,8 @@ struct MemcpyHooks {
   std::atomic<bool> refuse_lists{false};  // post_tx_list says kUnavailable (send them one by one)
   std::atomic<int> lie{0};                // a MemcpyLie for the next list descriptor, then kNone
   std::atomic<int> copy_delay_us{0};      // each chunk or list copy takes at least this long
+  std::atomic<int> rx_refuse{0};          // the next this many post_rx_list calls fail (kUnavailable)
+  std::atomic<int> rx_refuse_chunks{0};   // the same for post_rx
   std::atomic<uint64_t> lists_sent{0}, pieces_sent{0}, chunks_sent{0};
   std::atomic<uint64_t> lists_received{0}, pieces_received{0}, chunks_received{0}, dropped{0};
   std::atomic<uint64_t> bytes_copied{0};
@@ -187,6 +189,8 @@ class MemcpyPath final : public PathBase {
     DMX_ASSIGN_OR_RETURN(Decoded got, decode(d));
     if (got.pieces.size() != 1)
       return Status(Code::kProtocol, fmt::format("memcpy path: a chunk's descriptor of {} pieces", got.pieces.size()));
+    if (hooks_->rx_refuse_chunks.load() > 0 && hooks_->rx_refuse_chunks.fetch_sub(1) > 0)
+      return Status(Code::kUnavailable, fmt::format("memcpy path chunk {}: refused (test hook)", seq));
     if (dst.ptr != nullptr && dst.size != got.pieces[0].len)
       return Status(Code::kInvalidArgument, fmt::format("memcpy path post_rx(seq {}): a {} B destination for {} B",
                                                         seq, dst.size, got.pieces[0].len));
@@ -202,6 +206,8 @@ class MemcpyPath final : public PathBase {
                                                  seq, got.pieces.size(), dsts.size()));
     if (dsts.size() > hooks_->max_list.load())
       return Status(Code::kProtocol, fmt::format("memcpy path list {}: {} pieces", seq, dsts.size()));
+    if (hooks_->rx_refuse.load() > 0 && hooks_->rx_refuse.fetch_sub(1) > 0)
+      return Status(Code::kUnavailable, fmt::format("memcpy path list {}: refused (test hook)", seq));
     bool drop = dsts[0].ptr == nullptr;
     Job j{seq, true, {}};
     for (size_t k = 0; k < dsts.size(); ++k) {

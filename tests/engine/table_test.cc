@@ -145,6 +145,64 @@ bool drain_notifications(Endpoint& e, uint64_t value) {
   return seen;
 }
 
+// The target's path cannot take a list it was handed (not the peer's fault): that write fails
+// with the path's reason, its other lists and the endpoint go on, the sender's window is not lost.
+TEST(TableChunks, ATargetPathThatCannotTakeAList) {
+  TablePair p;
+  table_pair(p);
+  p.hooks->rx_refuse = 1;
+  WriteRun w;
+  prepare(p, w, random_sizes(1000, 1, 3000), 2, kSim);
+  Request req = start_write(p, w);
+  Status st = req.wait(kEventually);
+  EXPECT_NE(st.code(), Code::kTimeout) << "the write hung: " << st.to_string();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("refused (test hook)"), std::string::npos) << st.to_string();
+  EXPECT_FALSE(drain_notifications(p.server, w.value)) << "a failed write notified";
+  for (int k = 0; k < 3; ++k) expect_next_write_lands(p);  // more lists than a window's worth
+}
+
+// The same for a single chunk of a path whose receiver releases (cuda_ipc's kind): a write and a
+// message whose chunk the target's path cannot take fail, and do not wait for ever for the chunk.
+TEST(PathRefusal, AWriteWhoseChunkTheTargetPathCannotTake) {
+  TablePair p;
+  table_pair(p);
+  p.hooks->rx_refuse_chunks = 1;
+  Filled src = filled(MemSpec{}, (3 << 20) + 5);
+  Buffer dst = poisoned(MemSpec{}, src.data.size());
+  auto reg = p.a.register_memory(dst.region());
+  ASSERT_TRUE(reg.ok());
+  Status st = p.client.write(src.buf.region(), reg->remote(), 0).wait(kEventually);
+  EXPECT_NE(st.code(), Code::kTimeout) << "the write hung: " << st.to_string();
+  EXPECT_NE(st.message().find("refused (test hook)"), std::string::npos) << st.to_string();
+  for (int k = 0; k < 2; ++k) {
+    Filled again = filled(MemSpec{}, (3 << 20) + 5);
+    ASSERT_TRUE(p.client.write(again.buf.region(), reg->remote(), 0).wait(kEventually).ok());
+    EXPECT_EQ(read_back(dst.region()), again.data);
+  }
+  EXPECT_GT(p.hooks->chunks_received, 0u) << "not by the path";
+}
+
+TEST(PathRefusal, AMessageWhoseChunkTheReceiversPathCannotTake) {
+  TablePair p;
+  table_pair(p);
+  p.hooks->rx_refuse_chunks = 1;
+  Filled src = filled(MemSpec{}, (3 << 20) + 5);
+  Buffer dst = poisoned(MemSpec{}, src.data.size());
+  Request r = p.server.recv(dst.region(), 1);
+  Request s = p.client.send(src.buf.region(), 1);
+  Status rs = r.wait(kEventually), ss = s.wait(kEventually);
+  EXPECT_NE(rs.code(), Code::kTimeout) << "the recv hung: " << rs.to_string();
+  EXPECT_NE(ss.code(), Code::kTimeout) << "the send hung: " << ss.to_string();
+  EXPECT_FALSE(rs.ok());
+  if (!p.server.health().ok()) return;  // the endpoint failed: nothing more to send on it
+  Filled again = filled(MemSpec{}, (3 << 20) + 5);
+  Request r2 = p.server.recv(dst.region(), 2);
+  ASSERT_TRUE(p.client.send(again.buf.region(), 2).wait(kEventually).ok());
+  ASSERT_TRUE(r2.wait(kEventually).ok());
+  EXPECT_EQ(read_back(dst.region()), again.data);
+}
+
 TEST(TableChunks, CancelMidway) {
   TablePair p;
   table_pair(p);

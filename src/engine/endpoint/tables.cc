@@ -146,6 +146,8 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
     ps.rx.erase(seq);
     if (s.code() == Code::kProtocol) return protocol(fmt::format("{}: {}", wire::describe(h), s.message()));
     land_write(h, len, s);  // arrived but failed, as a failed copy
+    // The path never took the list: the sender's pieces are free again, and its window slot.
+    if (ps.path->receiver_releases()) send_path_done(ps.id, seq);
   }
   return Status();
 }
