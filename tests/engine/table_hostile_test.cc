@@ -55,8 +55,7 @@ struct Target {
   Filled src;  // the raw peer's memory its descriptors name
 };
 
-void make_target(Target& t) {
-  Options o = table_options();
+void make_target(Target& t, Options o = table_options()) {
   t.s = make_server(o);
   t.s.ctx.impl()->register_transport(make_memcpy_transport(t.hooks, kTableTransport));
   t.a = poisoned(MemSpec{}, 4096);
@@ -241,6 +240,18 @@ TEST(TableHostile, TableFrameTheDecoderRefuses) {  // a0 = 129: frame.cc, before
     f.first.payload_len = static_cast<uint32_t>(f.second.size());
     return std::vector{f};
   }, "129 pieces");
+}
+
+// A checksummed session (the server asks for it): a table, which carries no CRC, is refused.
+TEST(TableHostile, TableInAChecksummedSession) {
+  Target t;
+  Options o = table_options();
+  o.set("checksum", "crc32c");
+  make_target(t, o);
+  expect_closed(t, [&](uint8_t path, uint8_t) {
+    return std::vector{table_frame(path, 1, 20, {{t.key_a, 0, 10}, {t.key_a, 100, 10}},
+                                   {src_at(t, 0, 10), src_at(t, 10, 10)})};
+  }, "lacks a checksum, but the handshake agreed crc32c");
 }
 
 // A changed form mid-write: a plain vectored chunk's write continued by a table of another length.
