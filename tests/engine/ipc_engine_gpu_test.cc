@@ -73,8 +73,17 @@ struct Trial {
 // A server child's exit code for "cannot test this here" (it prints why): the test is skipped.
 constexpr int kChildSkip = 77;
 
+// The same with each side's Context (to register memory).
+using Side = std::function<int(Context&, Endpoint&)>;
+void run_engine_pair_ctx(const Side& server, const Side& client, const Options& o = test::test_options(2));
+
 void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::function<int(Endpoint&)>& client,
                      const Options& o = test::test_options(2)) {
+  run_engine_pair_ctx([&](Context&, Endpoint& ep) { return server(ep); },
+                      [&](Context&, Endpoint& ep) { return client(ep); }, o);
+}
+
+void run_engine_pair_ctx(const Side& server, const Side& client, const Options& o) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   pid_t s = testing::fork_child([&] {
@@ -88,7 +97,7 @@ void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::fun
     ::close(fds[1]);
     auto ep = l->accept(20s);
     CHILD_CHECK(ep.ok(), 13);
-    int r = server(*ep);
+    int r = server(*ctx, *ep);
     (void)ep->close();
     return r;
   });
@@ -106,7 +115,7 @@ void run_engine_pair(const std::function<int(Endpoint&)>& server, const std::fun
     fprintf(stderr, "client: transport %s (%s)\n", st.transport.c_str(), st.reason.c_str());
     CHILD_CHECK(st.transport.find("cuda_ipc") != std::string::npos, 23);
     CHILD_CHECK(st.reason.find("control stream on an shm pipe") != std::string::npos, 24);
-    int r = client(*ep);
+    int r = client(*ctx, *ep);
     (void)ep->close();
     return r;
   });
@@ -572,6 +581,85 @@ TEST(CudaIpcEngineGpu, CuMemMemoryMovesByCudaIpc) {
         CHILD_CHECK(ipc >= kRounds * 13, 133);
         CHILD_CHECK(st.d2h_copies >= kRounds, 134);  // the straddling eager messages, staged
         CHILD_CHECK(detail.find("cuMem allocations shared by fd") != std::string::npos, 135);
+        return 0;
+      });
+}
+
+// A vectored write of 1,000 blocks of 4 KiB (a KV cache's) from device memory goes in table
+// chunks (docs/wire.md "Tables"): a list of up to 128 blocks a cuda_ipc chunk, so at most
+// ceil(1000 / 128) chunks a write. Round 0 from cudaMalloc memory, round 1 from cuMem memory of
+// 2 MiB allocations (a list ends where an allocation does). The blocks land permuted, every other
+// slot of the target left alone; every byte is checked at the notification.
+TEST(CudaIpcEngineGpu, VectoredWriteOfSmallBlocksGoesInTables) {
+  REQUIRE_GPUS(gpus);
+  Trial run;
+  run.gpus = gpus;
+  constexpr size_t kBlock = 4096, kBlocks = 1000, kRegion = 2 * kBlocks * kBlock;
+  constexpr int kRounds = 2;
+  auto slot = [](size_t i) { return (i * 7) % kBlocks * 2 * kBlock; };  // 7 and 1000 are coprime
+  run_engine_pair_ctx(
+      [&](Context& ctx, Endpoint& ep) {
+        std::vector<unsigned char> poison(kRegion, 0xA5);
+        auto dst = device_with(run.server_mem(), poison, 0);
+        CHILD_CHECK(dst.ok(), 140);
+        auto reg = ctx.register_memory(dst->region());
+        CHILD_CHECK(reg.ok(), 141);
+        std::vector<unsigned char> key = reg->remote().serialize();
+        CHILD_CHECK(ep.send(MemRegion{key.data(), key.size(), {}}, 90).wait(60s).ok(), 142);
+        for (int round = 0; round < kRounds; ++round) {
+          auto note = ep.next_notification(60s);
+          if (!note.ok()) fprintf(stderr, "server: round %d: %s\n", round, note.status().to_string().c_str());
+          CHILD_CHECK(note.ok(), 143);
+          CHILD_CHECK(note->value == static_cast<uint64_t>(round + 1), 144);
+          CHILD_CHECK(note->length == kBlocks * kBlock, 145);
+          auto data = message(run.seed, 600 + round, kBlocks * kBlock);
+          std::vector<unsigned char> want = poison;
+          for (size_t i = 0; i < kBlocks; ++i)
+            std::copy_n(data.begin() + static_cast<long>(i * kBlock), kBlock, want.begin() + static_cast<long>(slot(i)));
+          std::vector<unsigned char> got(kRegion);
+          CHILD_CHECK(copy_memory(MemRegion{got.data(), got.size(), {}}, dst->region()).ok(), 146);
+          for (size_t i = 0; i < kRegion; ++i)
+            if (got[i] != want[i]) {
+              fprintf(stderr, "server: round %d: byte %zu differs\n", round, i);
+              return 147;
+            }
+          CHILD_CHECK(copy_memory(dst->region(), MemRegion{poison.data(), poison.size(), {}}).ok(), 148);
+          CHILD_CHECK(ep.send(MemRegion{key.data(), 1, {}}, 91).wait(60s).ok(), 149);  // the next round may go
+        }
+        uint64_t ipc = 0;
+        for (const auto& p : ep.stats().paths)
+          if (p.name == "cuda_ipc") ipc = p.chunks_received;
+        fprintf(stderr, "server: %llu cuda_ipc chunks received for %d writes of %zu blocks\n",
+                static_cast<unsigned long long>(ipc), kRounds, kBlocks);
+        CHILD_CHECK(ipc > 0 && ipc <= kRounds * ((kBlocks + 127) / 128), 150);
+        return 0;
+      },
+      [&](Context&, Endpoint& ep) {
+        std::vector<unsigned char> key(512), go(8);
+        Request r = ep.recv(MemRegion{key.data(), key.size(), {}}, 90);
+        CHILD_CHECK(r.wait(60s).ok(), 160);
+        auto remote = RemoteRegion::parse(key.data(), r.bytes());
+        CHILD_CHECK(remote.ok(), 161);
+        std::vector<IoEntry> entries;
+        for (size_t i = 0; i < kBlocks; ++i) entries.push_back(IoEntry{0, 0, i * kBlock, slot(i), kBlock});
+        for (int round = 0; round < kRounds; ++round) {
+          auto data = message(run.seed, 600 + round, kBlocks * kBlock);
+          Result<Buffer> src = round == 0 ? device_with(run.client_mem(), data, 0)
+                                          : Buffer::allocate_cumem(0, 4 << 20, 2 << 20);
+          if (!src.ok()) fprintf(stderr, "client: %s\n", src.status().to_string().c_str());
+          CHILD_CHECK(src.ok(), 162);
+          if (round == 1)
+            CHILD_CHECK(copy_memory(src->region().sub(0, data.size()), MemRegion{data.data(), data.size(), {}}).ok(), 163);
+          MemRegion local[] = {src->region()};
+          RemoteRegion rem[] = {*remote};
+          OpOptions o;
+          o.notify = true;
+          o.notify_value = static_cast<uint64_t>(round + 1);
+          Status st = ep.write_vec(local, rem, entries, o).wait(60s);
+          if (!st.ok()) fprintf(stderr, "client: round %d: %s\n", round, st.to_string().c_str());
+          CHILD_CHECK(st.ok(), 164);
+          CHILD_CHECK(ep.recv(MemRegion{go.data(), go.size(), {}}, 91).wait(60s).ok(), 165);
+        }
         return 0;
       });
 }

@@ -286,5 +286,186 @@ TEST(CudaIpcPath, LastOwnerReleasedOnThePathsOwnThread) {
   EXPECT_EQ(rec.rx_count[1], 1);
 }
 
+// ---- lists (table chunks, docs/wire.md "Tables"), CUDA-free ----
+
+std::vector<unsigned char> list_bytes(std::vector<uint64_t> offsets, std::vector<uint64_t> retired = {}) {
+  IpcListDescriptor d;
+  d.source = sample_descriptor();
+  d.offsets = std::move(offsets);
+  d.retired = std::move(retired);
+  return d.encode();
+}
+
+// The header of a list descriptor: IpcDescriptor, then n and r (u32 each).
+void set_counts(std::vector<unsigned char>& b, uint32_t n, uint32_t r) {
+  std::memcpy(b.data() + IpcDescriptor::kWireSize, &n, 4);
+  std::memcpy(b.data() + IpcDescriptor::kWireSize + 4, &r, 4);
+}
+
+TEST(CudaIpcPath, ListDescriptorRoundTrip) {
+  for (size_t n : {size_t(1), size_t(2), size_t(127), kCudaIpcMaxList}) {
+    for (size_t r : {size_t(0), size_t(1), kCudaIpcMaxRetired}) {
+      std::vector<uint64_t> offsets, ids;
+      for (size_t i = 0; i < n; ++i) offsets.push_back(i * 4099 + (i % 3));
+      for (size_t i = 0; i < r; ++i) ids.push_back(1000 + i);
+      auto bytes = list_bytes(offsets, ids);
+      EXPECT_EQ(bytes.size(), IpcDescriptor::kWireSize + 8 + 8 * (n + r));
+      EXPECT_LE(bytes.size(), kMaxListDescriptor);
+      auto d = IpcListDescriptor::decode(bytes);
+      ASSERT_TRUE(d.ok()) << d.status().to_string();
+      EXPECT_EQ(d->offsets, offsets);
+      EXPECT_EQ(d->retired, ids);
+      EXPECT_EQ(d->source.handle, sample_descriptor().handle);
+      EXPECT_EQ(d->source.offset, sample_descriptor().offset);
+      EXPECT_EQ(d->source.length, sample_descriptor().length);
+      EXPECT_EQ(d->source.owner_pid, 4242);
+    }
+  }
+}
+
+TEST(CudaIpcPath, ListDescriptorRejectsMalformed) {
+  auto good = list_bytes({0, 100, 4096}, {7});
+  ASSERT_TRUE(IpcListDescriptor::decode(good).ok());
+  auto bad = [](const std::vector<unsigned char>& b) {
+    auto d = IpcListDescriptor::decode(b);
+    return !d.ok() && d.status().code() == Code::kProtocol;
+  };
+  EXPECT_TRUE(bad({}));
+  // Shorter than its header, one byte short, one byte long.
+  EXPECT_TRUE(bad(std::vector<unsigned char>(good.begin(), good.begin() + IpcDescriptor::kWireSize + 7)));
+  EXPECT_TRUE(bad(std::vector<unsigned char>(good.begin(), good.end() - 1)));
+  auto longer = good;
+  longer.push_back(1);
+  EXPECT_TRUE(bad(longer));
+  // Counts: n = 0, n over kCudaIpcMaxList (with the bytes to match), r over kCudaIpcMaxRetired,
+  // and counts that disagree with the size.
+  auto zero = good;
+  set_counts(zero, 0, 4);  // 4 retired ids of 8 B: the size would fit
+  EXPECT_TRUE(bad(zero));
+  std::vector<uint64_t> many(kCudaIpcMaxList, 8);
+  auto over = list_bytes(many);
+  over.resize(over.size() + 8, 0);
+  set_counts(over, kCudaIpcMaxList + 1, 0);
+  EXPECT_TRUE(bad(over));
+  auto huge = good;
+  set_counts(huge, 0xffffffffu, 0xffffffffu);  // far over both limits
+  EXPECT_TRUE(bad(huge));
+  std::vector<uint64_t> ids(kCudaIpcMaxRetired + 1, 9);
+  std::vector<unsigned char> retired = list_bytes({1});
+  for (uint64_t id : ids)
+    retired.insert(retired.end(), reinterpret_cast<unsigned char*>(&id), reinterpret_cast<unsigned char*>(&id) + 8);
+  set_counts(retired, 1, static_cast<uint32_t>(ids.size()));
+  EXPECT_TRUE(bad(retired));
+  auto mismatch = good;
+  set_counts(mismatch, 4, 1);  // one piece more than the bytes hold
+  EXPECT_TRUE(bad(mismatch));
+  set_counts(mismatch, 3, 0);  // the retired id's bytes left over
+  EXPECT_TRUE(bad(mismatch));
+  // A retired id of zero.
+  auto zero_id = good;
+  std::memset(zero_id.data() + zero_id.size() - 8, 0, 8);
+  EXPECT_TRUE(bad(zero_id));
+  // The inner IpcDescriptor: bad magic, and a region past its allocation (offset at byte 112).
+  auto magic = good;
+  magic[0] ^= 1;
+  EXPECT_TRUE(bad(magic));
+  auto past = good;
+  uint64_t off = (8 << 20) - 10;
+  std::memcpy(past.data() + 112, &off, 8);
+  EXPECT_TRUE(bad(past));
+}
+
+TEST(CudaIpcPath, ListDescriptorFuzzNeverCrashes) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<uint64_t> offsets;
+  for (uint64_t i = 0; i < 40; ++i) offsets.push_back(i * 512);
+  auto good = list_bytes(offsets, {7, 8, 9});
+  size_t accepted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<unsigned char> b;
+    if (i % 2 == 0) {
+      b = good;
+      for (int k = 0; k < 1 + int(rng() % 4); ++k) b[rng() % b.size()] ^= static_cast<unsigned char>(1u << (rng() % 8));
+      if (rng() % 8 == 0) b.resize(rng() % (kMaxListDescriptor + 40));
+    } else {
+      b.resize(rng() % (kMaxListDescriptor + 40));
+      for (auto& c : b) c = static_cast<unsigned char>(rng());
+    }
+    auto d = IpcListDescriptor::decode(b);
+    if (!d.ok()) {
+      EXPECT_EQ(d.status().code(), Code::kProtocol);
+      continue;
+    }
+    ++accepted;
+    EXPECT_GE(d->offsets.size(), 1u);
+    EXPECT_LE(d->offsets.size(), kCudaIpcMaxList);
+    EXPECT_LE(d->retired.size(), kCudaIpcMaxRetired);
+    EXPECT_EQ(b.size(), IpcDescriptor::kWireSize + 8 + 8 * (d->offsets.size() + d->retired.size()));
+    for (uint64_t id : d->retired) EXPECT_NE(id, 0u);
+  }
+  EXPECT_GT(accepted, 0u);  // flips in the handle, uuid, pid, offsets still decode
+}
+
+// post_rx_list checks the descriptor against the endpoint's table before any copy (no CUDA call).
+TEST(CudaIpcPath, PostRxListValidates) {
+  Recorder rec;
+  auto p = new_cuda_ipc_path(config(), "peer-x");
+  p->start(&rec, nullptr);
+  EXPECT_EQ(p->max_list(), kCudaIpcMaxList);
+  std::vector<MemRegion> two = {{nullptr, 10, {}}, {nullptr, 20, {}}};
+  // Three pieces in the descriptor, two in the table (and the other way round).
+  Status s = p->post_rx_list(1, list_bytes({0, 10, 30}), two);
+  EXPECT_EQ(s.code(), Code::kProtocol) << s.to_string();
+  EXPECT_EQ(s.peer(), "peer-x");
+  EXPECT_EQ(p->post_rx_list(1, list_bytes({0}), two).code(), Code::kProtocol);
+  // A piece past the source region (its length (1 MiB + 3) from sample_descriptor), and one whose
+  // offset + length would wrap.
+  const uint64_t region = sample_descriptor().length;
+  s = p->post_rx_list(1, list_bytes({0, region - 19}), two);
+  EXPECT_EQ(s.code(), Code::kProtocol) << s.to_string();
+  EXPECT_NE(s.message().find("outside"), std::string::npos) << s.to_string();
+  EXPECT_EQ(p->post_rx_list(1, list_bytes({0, region + 1}), two).code(), Code::kProtocol);
+  EXPECT_EQ(p->post_rx_list(1, list_bytes({0, UINT64_MAX - 5}), two).code(), Code::kProtocol);
+  // Malformed bytes.
+  std::vector<unsigned char> junk(IpcDescriptor::kWireSize + 16, 0x5a);
+  EXPECT_EQ(p->post_rx_list(1, junk, two).code(), Code::kProtocol);
+  // Simulated device memory cannot receive CUDA copies: the caller's error, not the peer's.
+  std::vector<char> host(64);
+  std::vector<MemRegion> sim = {{host.data(), 10, {MemKind::kSim, 0}}, {host.data() + 10, 20, {MemKind::kSim, 0}}};
+  EXPECT_EQ(p->post_rx_list(1, list_bytes({0, 10}), sim).code(), Code::kInvalidArgument);
+  p->stop();
+  std::lock_guard lock(rec.mu_);
+  EXPECT_EQ(rec.rx_total, 0u) << "a refused list has no event";
+}
+
+// All destinations null (a refused or cancelled write): consumed without a copy, one completion
+// per list.
+TEST(CudaIpcPath, DroppedListsCompleteWithoutCopies) {
+  Recorder rec;
+  auto p = new_cuda_ipc_path(config(), "peer-x");
+  p->start(&rec, nullptr);
+  for (uint64_t seq = 0; seq < 5; ++seq) {
+    std::vector<uint64_t> offsets;
+    std::vector<MemRegion> dsts;
+    for (uint64_t k = 0; k <= seq * 31; ++k) {
+      offsets.push_back(k * 100);
+      dsts.push_back({nullptr, 100, {}});
+    }
+    ASSERT_TRUE(p->post_rx_list(seq, list_bytes(offsets), dsts).ok()) << seq;
+  }
+  ASSERT_TRUE(rec.wait_rx(5, 5000ms));
+  p->stop();
+  std::lock_guard lock(rec.mu_);
+  for (uint64_t seq = 0; seq < 5; ++seq) {
+    EXPECT_EQ(rec.rx_count[seq], 1);
+    EXPECT_TRUE(rec.rx[seq].ok()) << rec.rx[seq].to_string();
+  }
+  EXPECT_EQ(rec.failed, 0);
+  EXPECT_EQ(rec.stopped, 1);
+  PathStats s = p->stats();
+  EXPECT_EQ(s.device_copies, 0u);
+  EXPECT_EQ(s.bytes_received, 0u);
+}
+
 }  // namespace
 }  // namespace dmx

@@ -19,8 +19,10 @@ class RawPeer {
   // beside more than one, socket 0 is the control stream and sockets 1..streams the data streams.
   // `multilink`: asks for several links (wire::Multilink::kOn; a server left at auto agrees), so
   // data frames are counted per stream and LINK_ACK / LINK_DOWN apply (endpoint/links.cc).
+  // `offers`: the transports it offers (empty: tcp alone, chunks inline on the streams); the
+  // server's choice is agreed(), whose position + 1 is a path's id on the wire.
   static Result<RawPeer> connect(const std::string& address, const std::string& key, uint16_t streams = 1,
-                                 bool multilink = false) {
+                                 bool multilink = false, std::vector<wire::Offer> offers = {}) {
     RawPeer p;
     DMX_ASSIGN_OR_RETURN(stream::Address addr, stream::parse_address(address));
     Deadline d = Deadline::after(std::chrono::seconds(10));
@@ -43,6 +45,7 @@ class RawPeer {
     h.hostname = "raw-peer";
     h.peer_timeout_ms = 10000;
     h.offers = {wire::Offer{"tcp", {1}}};  // chunks inline on the streams
+    if (!offers.empty()) h.offers = std::move(offers);
     if (multilink) h.multilink = static_cast<uint8_t>(wire::Multilink::kOn);
     std::string peer = "test-server";
     DMX_RETURN_IF_ERROR(send_frame(p.fd_.get(), wire::FrameType::kHello, wire::encode_hello(h), d, peer));
@@ -50,6 +53,7 @@ class RawPeer {
     if (f.header.type != wire::FrameType::kHello) return Status(Code::kProtocol, "raw peer: no HELLO back");
     DMX_ASSIGN_OR_RETURN(wire::Hello s, wire::decode_hello(f.payload.data(), f.payload.size()));
     p.address_ = address;
+    for (const wire::Offer& o : s.offers) p.agreed_.push_back(o.name);
     p.auth_ = auth;
     p.session_.session_id = s.session;
     p.session_.client_nonce = h.nonce;
@@ -123,11 +127,18 @@ class RawPeer {
     if (kept != nullptr) *kept = std::move(fd);
     return f;
   }
+  // The transports the server agreed, in its order: path ids 1, 2, ...; 0 when `name` is not there.
+  uint8_t path_id(const std::string& name) const {
+    for (size_t i = 0; i < agreed_.size(); ++i)
+      if (agreed_[i] == name) return static_cast<uint8_t>(i + 1);
+    return 0;
+  }
   int fd() const { return fd_.get(); }
   int fd(size_t stream) const { return stream == 0 ? fd_.get() : more_.at(stream - 1).get(); }
 
  private:
   std::string address_;
+  std::vector<std::string> agreed_;
   AuthKey auth_;
   Session session_;  // its id and both nonces: what a REJOIN's proof is bound to
   uint64_t server_epoch_ = 0;

@@ -46,6 +46,18 @@ void fuzz_ipc_chunk(std::span<const unsigned char> in) {
   if (again.size() != in.size() || std::memcmp(again.data(), in.data(), in.size()) != 0) std::abort();
 }
 
+void fuzz_ipc_list(std::span<const unsigned char> in) {
+  auto d = IpcListDescriptor::decode(in);
+  if (!d.ok()) return expect_protocol(d.status());
+  if (d->offsets.empty() || d->offsets.size() > kCudaIpcMaxList || d->retired.size() > kCudaIpcMaxRetired ||
+      in.size() > kMaxListDescriptor)
+    std::abort();
+  for (uint64_t id : d->retired)
+    if (id == 0) std::abort();
+  std::vector<unsigned char> again = d->encode();
+  if (again.size() != in.size() || std::memcmp(again.data(), in.data(), in.size()) != 0) std::abort();
+}
+
 void fuzz_length(std::span<const unsigned char> in) {
   for (uint64_t max : {kShmMaxChunk, kDevmemMaxChunk}) {
     auto n = decode_length_descriptor(in, max, "fuzz", "fuzz peer");
@@ -94,12 +106,13 @@ void fuzz_fd_channel(std::span<const unsigned char> in) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::span<const unsigned char> in(data + 1, size - 1);
-  switch (data[0] % 5) {
+  switch (data[0] % 6) {
     case 0: fuzz_ipc(in); break;
     case 1: fuzz_ipc_chunk(in); break;
     case 2: fuzz_length(in); break;
     case 3: fuzz_remote_region(in); break;
     case 4: fuzz_fd_channel(in); break;
+    case 5: fuzz_ipc_list(in); break;
   }
   return 0;
 }

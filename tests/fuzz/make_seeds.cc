@@ -91,6 +91,19 @@ void frame_seeds() {
   b = encode_header(FrameHeader{});
   b[4] = 99;
   put("frame", "bad-type", cat(limits, Bytes(b.begin(), b.end())));
+  // TABLE chunks (docs/wire.md "Tables"): 3 pieces and a descriptor, the most pieces with the
+  // largest descriptor, and a1 not 0.
+  FrameHeader table{FrameType::kWriteData, static_cast<uint8_t>(kFlagNotify | kFlagVector | kFlagTable),
+                    3 * kTableEntrySize + 100, 7, 3, 0, 4096, 4, 1};
+  b = encode_header(table);
+  put("frame", "valid-WRITE_DATA-table", cat(limits, Bytes(b.begin(), b.end())));
+  table.a0 = kMaxTableEntries;
+  table.payload_len = kMaxTablePayload;
+  b = encode_header(table);
+  put("frame", "max-table", cat(limits, Bytes(b.begin(), b.end())));
+  table.a1 = 1;
+  b = encode_header(table);
+  put("frame", "bad-table-a1", cat(limits, Bytes(b.begin(), b.end())));
 }
 
 void hello_join_seeds() {
@@ -171,6 +184,12 @@ void descriptor_seeds() {
   c.source = m;
   c.retired.assign(kCudaIpcMaxRetired, 7);
   put("descriptors", "ipc-chunk-retired-max", cat({1}, c.encode()));
+  IpcListDescriptor list{d, {0, 4096, 65536}, {}};
+  put("descriptors", "ipc-list", cat({5}, list.encode()));
+  list.source = m;
+  list.offsets.assign(kCudaIpcMaxList, 512);
+  list.retired.assign(kCudaIpcMaxRetired, 7);
+  put("descriptors", "ipc-list-max", cat({5}, list.encode()));
   put("descriptors", "length-1mib", cat({2}, le64(1 << 20)));
   put("descriptors", "length-4mib", cat({2}, le64(4 << 20)));
   put("descriptors", "length-over", cat({2}, le64((16 << 20) + 1)));

@@ -105,7 +105,7 @@ TEST(Frame, PayloadPathByte) {
   h.flags = kFlagMore;  // only a vectored READ_REQ says more segments follow
   EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("unknown flags"),
             std::string::npos);
-  h.flags = 16;
+  h.flags = 32;
   EXPECT_NE(decode_header(encode_header(h).data(), kLimits).status().message().find("unknown flags"),
             std::string::npos);
   h.flags = 0;
@@ -127,6 +127,72 @@ TEST(Frame, PayloadPathByte) {
   EXPECT_TRUE(decode_header(encode_header(pd).data(), kLimits).ok());
   pd.payload_len = 1;
   EXPECT_FALSE(decode_header(encode_header(pd).data(), kLimits).ok());
+}
+
+// A TABLE chunk (docs/wire.md "Tables"): a vectored WRITE_DATA by a path, a0 pieces (1 to 128), a1
+// 0, the table (20 B a piece) and a descriptor of at most kMaxTableDescriptor bytes; no CHECKSUM.
+TEST(Frame, TableChunk) {
+  auto table = [](uint64_t n, uint32_t payload) {
+    FrameHeader h;
+    h.type = FrameType::kWriteData;
+    h.flags = kFlagVector | kFlagTable | kFlagNotify;
+    h.path = 3;
+    h.id = 77;
+    h.a0 = n;
+    h.a2 = 1 << 20;
+    h.a3 = 5;
+    h.payload_len = payload;
+    return h;
+  };
+  auto decode = [](const FrameHeader& h) { return decode_header(encode_header(h).data(), kLimits); };
+  for (uint64_t n : {1u, 2u, 127u, kMaxTableEntries}) {
+    for (uint32_t payload : {static_cast<uint32_t>(n) * kTableEntrySize + 1,
+                             static_cast<uint32_t>(n) * kTableEntrySize + kMaxTableDescriptor}) {
+      auto d = decode(table(n, payload));
+      ASSERT_TRUE(d.ok()) << n << " " << payload << ": " << d.status().to_string();
+      EXPECT_EQ(d->flags, kFlagVector | kFlagTable | kFlagNotify);
+      EXPECT_EQ(d->a0, n);
+      EXPECT_EQ(d->path, 3);
+      EXPECT_EQ(d->payload_len, payload);
+    }
+  }
+  EXPECT_EQ(kMaxTablePayload, kMaxTableEntries * kTableEntrySize + kMaxTableDescriptor);
+  EXPECT_TRUE(decode(table(kMaxTableEntries, kMaxTablePayload)).ok());
+  auto refused = [&](const FrameHeader& h, const char* words) {
+    auto d = decode(h);
+    if (d.ok()) return ::testing::AssertionFailure() << "accepted: " << describe(h);
+    if (d.status().code() != Code::kProtocol || d.status().message().find(words) == std::string::npos)
+      return ::testing::AssertionFailure() << d.status().to_string();
+    return ::testing::AssertionSuccess();
+  };
+  FrameHeader h = table(4, 100);
+  h.flags = kFlagTable;  // not VECTOR
+  EXPECT_TRUE(refused(h, "must be VECTOR"));
+  h = table(4, 100);
+  h.path = 0;  // inline: no path to carry the pieces
+  EXPECT_TRUE(refused(h, "name a path"));
+  h = table(4, 100);
+  h.flags |= kFlagChecksum;
+  h.crc = 0x1234;
+  EXPECT_TRUE(refused(h, "no CHECKSUM"));
+  EXPECT_TRUE(refused(table(0, 100), "a TABLE chunk of 0 pieces"));
+  EXPECT_TRUE(refused(table(kMaxTableEntries + 1, 5000), "129 pieces"));
+  EXPECT_TRUE(refused(table(UINT64_MAX, 5000), "pieces"));  // a0 * 20 must not wrap
+  h = table(4, 100);
+  h.a1 = 1;
+  EXPECT_TRUE(refused(h, "a1 1 must be 0"));
+  EXPECT_TRUE(refused(table(4, 80), "no room for a descriptor"));  // the table alone
+  EXPECT_TRUE(refused(table(4, 79), "no room for a descriptor"));
+  EXPECT_TRUE(refused(table(4, 0), "no room for a descriptor"));
+  EXPECT_TRUE(refused(table(4, 4 * kTableEntrySize + kMaxTableDescriptor + 1), "the limit is"));
+  EXPECT_TRUE(refused(table(kMaxTableEntries, kMaxTablePayload + 1), "the limit is"));
+  // TABLE belongs to WRITE_DATA only.
+  for (FrameType t : {FrameType::kSendData, FrameType::kReadData, FrameType::kEager, FrameType::kReadReq}) {
+    h = table(4, 100);
+    h.type = t;
+    h.flags = kFlagVector | kFlagTable;
+    EXPECT_TRUE(refused(h, "unknown flags")) << frame_type_name(t);
+  }
 }
 
 // Bytes 12-15 carry a chunk's CRC32C exactly when the checksum flag is set, on data frames and
@@ -279,7 +345,7 @@ TEST(Handshake, FieldValidation) {
     ASSERT_FALSE(d.ok()) << expect;
     EXPECT_NE(d.status().message().find(expect), std::string::npos) << d.status().message();
   };
-  check([](Hello& h) { h.version = 9; }, "protocol 9");
+  check([](Hello& h) { h.version = kProtocolVersion + 1; }, ("protocol " + std::to_string(kProtocolVersion + 1)).c_str());
   check([](Hello& h) { h.streams = 0; }, "stream count");
   check([](Hello& h) { h.streams = 65; }, "stream count");
   check([](Hello& h) { h.chunk_size = 100; }, "chunk size");

@@ -183,9 +183,13 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
     // counts as arrived-but-failed, like a failed copy.
     if (eager)
       return Status(s.code(), fmt::format("an eager message by {} could not be taken: {}", name, s.message()));
+    Status landed;
     if (h.type == FrameType::kWriteData) land_write(h, *len, s);
-    else return land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h, *len, plan->host_tag != 0, s);
-    return Status();
+    else landed = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h, *len, plan->host_tag != 0, s);
+    // The path never took the chunk: the sender's memory is free again, and its window slot
+    // (without PATH_DONE its operation would wait for the chunk for ever).
+    if (landed.ok() && ps.path->receiver_releases()) send_path_done(ps.id, seq);
+    return landed;
   }
   if (*now) {  // moved already (the small-chunk lane): settle it here, as on_path_rx_done would
     DMX_TRACE_POINT("rx.inline");

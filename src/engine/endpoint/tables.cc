@@ -92,6 +92,7 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
   if (n > ps.path->max_list())
     return protocol(fmt::format("{}: {} pieces by {}, which takes {} at most", wire::describe(h), n, ps.path->name(),
                                 ps.path->max_list()));
+  // The write's first chunk (or one after an early CANCEL) opens it; a later one keeps its form.
   DMX_ASSIGN_OR_RETURN(InWrite * opened, open_vec_write(h));
   InWrite& w = *opened;
   bool drop = w.refused || w.cancelled || w.withdrawn;
@@ -149,6 +150,8 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
     ps.rx.erase(seq);
     if (s.code() == Code::kProtocol) return protocol(fmt::format("{}: {}", wire::describe(h), s.message()));
     land_write(h, len, s);  // arrived but failed, as a failed copy
+    // The path never took the list: the sender's pieces are free again, and its window slot.
+    if (ps.path->receiver_releases()) send_path_done(ps.id, seq);
   }
   DMX_TRACE_POINT("tbl.posted");
   return Status();
