@@ -16,6 +16,7 @@
 #endif
 
 #include "engine/test_util.h"
+#include "transport/cuda_ipc/ipc_path.h"
 #include "transport/gpu_children.h"
 #include "transport/transport_test_util.h"
 
@@ -586,9 +587,10 @@ TEST(CudaIpcEngineGpu, CuMemMemoryMovesByCudaIpc) {
 }
 
 // A vectored write of 1,000 blocks of 4 KiB (a KV cache's) from device memory goes in table
-// chunks (docs/wire.md "Tables"): a list of up to 128 blocks a cuda_ipc chunk, so at most
-// ceil(1000 / 128) chunks a write. Round 0 from cudaMalloc memory, round 1 from cuMem memory of
-// 2 MiB allocations (a list ends where an allocation does). The blocks land permuted, every other
+// chunks (docs/wire.md "Tables"): a list of up to kCudaIpcMaxList blocks a cuda_ipc chunk, and a
+// list ends where a source allocation does, so at most ceil(1000 / kCudaIpcMaxList) + 2 chunks a
+// write (the 4,000,000 source bytes span at most three allocations). Round 0 from cudaMalloc
+// memory, round 1 from cuMem memory of 2 MiB allocations. The blocks land permuted, every other
 // slot of the target left alone; every byte is checked at the notification.
 TEST(CudaIpcEngineGpu, VectoredWriteOfSmallBlocksGoesInTables) {
   REQUIRE_GPUS(gpus);
@@ -631,7 +633,7 @@ TEST(CudaIpcEngineGpu, VectoredWriteOfSmallBlocksGoesInTables) {
           if (p.name == "cuda_ipc") ipc = p.chunks_received;
         fprintf(stderr, "server: %llu cuda_ipc chunks received for %d writes of %zu blocks\n",
                 static_cast<unsigned long long>(ipc), kRounds, kBlocks);
-        CHILD_CHECK(ipc > 0 && ipc <= kRounds * ((kBlocks + 127) / 128), 150);
+        CHILD_CHECK(ipc > 0 && ipc <= kRounds * ((kBlocks + kCudaIpcMaxList - 1) / kCudaIpcMaxList + 2), 150);
         return 0;
       },
       [&](Context&, Endpoint& ep) {
