@@ -32,8 +32,9 @@ inline constexpr size_t kPathWindow = 8;
 inline constexpr uint64_t kSmallPathChunk = 1 << 20;
 inline constexpr size_t kSmallPathWindow = 256;
 // Table chunks (endpoint/tables.cc): segments up to kListPieceMax go as pieces of one list, lists
-// of up to kListBytes (and the path's max_chunk). A list costs ~25 us of fixed work on 1xH200
-// (128 pieces of 16 KiB moved at 82 GB/s, of 64 KiB at 236): few large lists, then.
+// of up to kListBytes (and the path's max_chunk). Large lists: on 1xH200, lists of 128 pieces and
+// 8 MiB moved 16 KiB blocks at 82 GB/s and 64 KiB ones at 236; of 1,024 and 32 MiB at 105 and 378
+// (docs/performance.md).
 inline constexpr uint64_t kListPieceMax = 1 << 20;
 inline constexpr uint64_t kListBytes = 32 << 20;
 // Lists one path may have in flight when its receiver copies out of the sender's memory (cuda_ipc;
