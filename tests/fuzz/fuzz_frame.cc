@@ -16,7 +16,7 @@ namespace {
 // The payload limit restated from docs/wire.md, independently of frame.cc's table.
 uint32_t independent_limit(const FrameHeader& h, const Limits& l) {
   // A TABLE chunk: a0 pieces of 20 B, then a list descriptor (a0 checked by the caller first).
-  if (h.flags & kFlagTable) return static_cast<uint32_t>(h.a0) * 20 + 2560;
+  if (h.flags & kFlagTable) return static_cast<uint32_t>(h.a0) * 20 + 8704;
   if (h.path != 0) return kMaxPathDescriptor;
   switch (h.type) {
     case FrameType::kHello: case FrameType::kJoin: case FrameType::kReject: case FrameType::kAck:
@@ -47,11 +47,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)frame_type_name(h->type);
     HeaderBytes again = encode_header(*h);
     if (std::memcmp(again.data(), bytes, kHeaderSize) != 0) std::abort();
-    // TABLE (docs/wire.md "Tables"): a vectored WRITE_DATA by a path, no CHECKSUM, 1 to 128
+    // TABLE (docs/wire.md "Tables"): a vectored WRITE_DATA by a path, no CHECKSUM, 1 to 1,024
     // pieces, a1 0, room for the table and a descriptor.
     if (h->flags & kFlagTable) {
       if (h->type != FrameType::kWriteData || (h->flags & kFlagVector) == 0 || h->path == 0 ||
-          (h->flags & kFlagChecksum) != 0 || h->a0 == 0 || h->a0 > 128 || h->a1 != 0 || h->payload_len <= h->a0 * 20)
+          (h->flags & kFlagChecksum) != 0 || h->a0 == 0 || h->a0 > 1024 || h->a1 != 0 || h->payload_len <= h->a0 * 20)
         std::abort();
     }
     if (h->payload_len > independent_limit(*h, l)) std::abort();
