@@ -96,29 +96,9 @@ class CudaIpcPath final : public PathBase {
     IpcChunkDescriptor d;
     {
       std::lock_guard lock(tx_mu_);
-      // Now and then, find exported allocations the user has freed, so that the peer unmaps them
-      // with this chunk's retired ids (at most kSweepMax driver calls).
-      if (auto now = Clock::now(); now >= next_sweep_) {
-        exporter_.sweep(kSweepMax);
-        next_sweep_ = now + kSweepEvery;
-      }
-      auto e = exporter_.export_region(src);
-      // A region past its allocation is the caller's error; any other refusal (managed memory,
-      // stream-ordered pools, cuMem allocations without fds, no driver) means another path must
-      // carry it.
-      if (!e.ok() && e.status().code() != Code::kOutOfRange)
-        return Status(Code::kUnavailable, fmt::format("cuda_ipc cannot export this memory: {}", e.status().message()))
-            .with_peer(peer_);
-      if (!e.ok()) return e.status().with_peer(peer_);
       // A cuMem region that runs into the next block goes in parts, one per block; a message that
       // must go whole cannot.
-      if (e->length < src.size && whole)
-        return Status(Code::kUnavailable, fmt::format("cuda_ipc: this {} B message spans two cuMem allocations (one "
-                                                      "copy reads one)",
-                                                      src.size))
-            .with_peer(peer_);
-      if (e->kind == IpcDescriptor::Kind::kCuMemFd && !in_process_) DMX_RETURN_IF_ERROR(send_fd_once(e->alloc_id));
-      d.source = *e;
+      DMX_ASSIGN_OR_RETURN(d.source, export_locked(src, whole, "message"));
       d.retired = exporter_.take_retired(kCudaIpcMaxRetired);
       if (fds_) fds_->retire_sent(d.retired);
     }
@@ -139,18 +119,9 @@ class CudaIpcPath final : public PathBase {
     IpcListDescriptor d;
     {
       std::lock_guard lock(tx_mu_);
-      if (auto now = Clock::now(); now >= next_sweep_) {
-        exporter_.sweep(kSweepMax);
-        next_sweep_ = now + kSweepEvery;
-      }
-      auto e = exporter_.export_region(srcs[0]);
-      if (!e.ok() && e.status().code() != Code::kOutOfRange)
-        return Status(Code::kUnavailable, fmt::format("cuda_ipc cannot export this memory: {}", e.status().message()))
-            .with_peer(peer_);
-      if (!e.ok()) return e.status().with_peer(peer_);
-      if (e->length < srcs[0].size)  // runs into the next cuMem block: chunk by chunk
-        return Status(Code::kUnavailable, "cuda_ipc: a list's piece spans two cuMem allocations").with_peer(peer_);
-      if (e->kind == IpcDescriptor::Kind::kCuMemFd && !in_process_) DMX_RETURN_IF_ERROR(send_fd_once(e->alloc_id));
+      // A piece that runs into the next cuMem block: the list goes chunk by chunk.
+      auto e = export_locked(srcs[0], /*whole=*/true, "list's piece");
+      if (!e.ok()) return e.status();
       auto base = reinterpret_cast<uintptr_t>(srcs[0].ptr) - e->offset;
       uint64_t lo = e->offset, hi = e->offset + srcs[0].size;
       size_t n = 1;
@@ -308,6 +279,30 @@ class CudaIpcPath final : public PathBase {
   }
 
  private:
+  // Exports `src` for a chunk's descriptor (tx_mu_ held). Now and then it first finds exported
+  // allocations the user has freed, so that the peer unmaps them with this chunk's retired ids (at
+  // most kSweepMax driver calls). A region past its allocation is the caller's error; any other
+  // refusal (managed memory, stream-ordered pools, cuMem allocations without fds, no driver), or a
+  // `whole` region that runs into the next cuMem block, is kUnavailable: another path carries it.
+  Result<IpcDescriptor> export_locked(const MemRegion& src, bool whole, std::string_view what) {
+    if (auto now = Clock::now(); now >= next_sweep_) {
+      exporter_.sweep(kSweepMax);
+      next_sweep_ = now + kSweepEvery;
+    }
+    auto e = exporter_.export_region(src);
+    if (!e.ok() && e.status().code() != Code::kOutOfRange)
+      return Status(Code::kUnavailable, fmt::format("cuda_ipc cannot export this memory: {}", e.status().message()))
+          .with_peer(peer_);
+    if (!e.ok()) return e.status().with_peer(peer_);
+    if (e->length < src.size && whole)
+      return Status(Code::kUnavailable,
+                    fmt::format("cuda_ipc: this {} B {} spans two cuMem allocations (one copy reads one)", src.size,
+                                what))
+          .with_peer(peer_);
+    if (e->kind == IpcDescriptor::Kind::kCuMemFd && !in_process_) DMX_RETURN_IF_ERROR(send_fd_once(e->alloc_id));
+    return e;
+  }
+
   // The peer gets a cuMem allocation's fd before the first descriptor naming it (tx_mu_ held).
   // kUnavailable (the chunk goes by another path) when it cannot.
   Status send_fd_once(uint64_t alloc_id) {
@@ -723,73 +718,6 @@ class CudaIpcPath final : public PathBase {
 };
 
 }  // namespace
-
-std::vector<unsigned char> IpcChunkDescriptor::encode() const {
-  assert(retired.size() <= kCudaIpcMaxRetired);
-  std::vector<std::byte> ipc = source.encode();
-  std::vector<unsigned char> out(ipc.size() + 8 * retired.size());
-  std::memcpy(out.data(), ipc.data(), ipc.size());
-  for (size_t i = 0; i < retired.size(); ++i) std::memcpy(out.data() + ipc.size() + 8 * i, &retired[i], 8);
-  return out;
-}
-
-Result<IpcChunkDescriptor> IpcChunkDescriptor::decode(std::span<const unsigned char> in) {
-  constexpr size_t kBase = IpcDescriptor::kWireSize;
-  if (in.size() < kBase || (in.size() - kBase) % 8 != 0 || (in.size() - kBase) / 8 > kCudaIpcMaxRetired)
-    return Status(Code::kProtocol, fmt::format("cuda_ipc chunk descriptor of {} B (expected {} + 8 x [0, {}])",
-                                               in.size(), kBase, kCudaIpcMaxRetired));
-  IpcChunkDescriptor d;
-  DMX_ASSIGN_OR_RETURN(d.source, IpcDescriptor::decode(std::as_bytes(in.first(kBase))));
-  for (size_t at = kBase; at < in.size(); at += 8) {
-    uint64_t id = 0;
-    std::memcpy(&id, in.data() + at, 8);
-    if (id == 0) return Status(Code::kProtocol, "cuda_ipc chunk descriptor: retired allocation id 0");
-    d.retired.push_back(id);
-  }
-  return d;
-}
-
-static_assert(IpcDescriptor::kWireSize + 8 + 8 * (kCudaIpcMaxList + kCudaIpcMaxRetired) <= kMaxListDescriptor);
-
-std::vector<unsigned char> IpcListDescriptor::encode() const {
-  assert(!offsets.empty() && offsets.size() <= kCudaIpcMaxList && retired.size() <= kCudaIpcMaxRetired);
-  std::vector<std::byte> ipc = source.encode();
-  std::vector<unsigned char> out(ipc.size() + 8 + 8 * (offsets.size() + retired.size()));
-  std::memcpy(out.data(), ipc.data(), ipc.size());
-  unsigned char* p = out.data() + ipc.size();
-  auto n = static_cast<uint32_t>(offsets.size()), r = static_cast<uint32_t>(retired.size());
-  std::memcpy(p, &n, 4);
-  std::memcpy(p + 4, &r, 4);
-  p += 8;
-  for (uint64_t o : offsets) std::memcpy(std::exchange(p, p + 8), &o, 8);
-  for (uint64_t id : retired) std::memcpy(std::exchange(p, p + 8), &id, 8);
-  return out;
-}
-
-Result<IpcListDescriptor> IpcListDescriptor::decode(std::span<const unsigned char> in) {
-  constexpr size_t kBase = IpcDescriptor::kWireSize + 8;
-  if (in.size() < kBase)
-    return Status(Code::kProtocol, fmt::format("cuda_ipc list descriptor of {} B (at least {})", in.size(), kBase));
-  uint32_t n = 0, r = 0;
-  std::memcpy(&n, in.data() + IpcDescriptor::kWireSize, 4);
-  std::memcpy(&r, in.data() + IpcDescriptor::kWireSize + 4, 4);
-  if (n == 0 || n > kCudaIpcMaxList || r > kCudaIpcMaxRetired || in.size() != kBase + 8 * (size_t{n} + r))
-    return Status(Code::kProtocol, fmt::format("cuda_ipc list descriptor of {} B for {} pieces and {} retired ids "
-                                               "(1 to {} pieces, at most {} ids)",
-                                               in.size(), n, r, kCudaIpcMaxList, kCudaIpcMaxRetired));
-  IpcListDescriptor d;
-  DMX_ASSIGN_OR_RETURN(d.source, IpcDescriptor::decode(std::as_bytes(in.first(IpcDescriptor::kWireSize))));
-  const unsigned char* p = in.data() + kBase;
-  d.offsets.resize(n);
-  for (uint32_t k = 0; k < n; ++k, p += 8) std::memcpy(&d.offsets[k], p, 8);
-  for (uint32_t k = 0; k < r; ++k, p += 8) {
-    uint64_t id = 0;
-    std::memcpy(&id, p, 8);
-    if (id == 0) return Status(Code::kProtocol, "cuda_ipc list descriptor: retired allocation id 0");
-    d.retired.push_back(id);
-  }
-  return d;
-}
 
 Status cuda_ipc_path_available() { return cuda_ipc::available(); }
 
