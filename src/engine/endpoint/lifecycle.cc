@@ -53,15 +53,9 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
                ep->session_.reason, ep->streams_.size(), format_size(ep->session_.chunk_size));
   for (auto& ps : ep->paths_)
     if (ps.path) DMX_LOG_INFO("endpoint to {}: {}", ep->session_.peer, ps.path->describe());
-  // Paths first, streams last: once a stream runs it may stop the paths (stop_paths) at any time,
-  // so nothing here touches them after that. No keep-alive for paths: stop_paths() waits for every
-  // on_path_stopped, so the endpoint is never destroyed on a path's own thread.
-  for (auto& ps : ep->paths_)
-    if (ps.path) {
-      ep->paths_running_ |= path_bit(ps.id);
-      ps.path->start(ps.events.get(), nullptr);
-    }
-  // Stream 0's bytes and inline operations count under the transport that made its conduit.
+  // All set before the first thread starts: a path that fails at once ends the endpoint on its own
+  // thread, and end() releases the slot. Stream 0's bytes and inline operations count under the
+  // transport that made its conduit.
   for (const auto& t : ep->session_.agreed)
     if (t->gives() == Gives::kControl) ep->stream_transport_ = ep->ctx_->metrics().index_of(t->name());
   ep->ctx_->metrics().add_endpoint(ep.get(), ep->stream_transport_);  // before a stream can stop
@@ -69,6 +63,13 @@ std::shared_ptr<EndpointImpl> EndpointImpl::create(std::shared_ptr<ContextImpl> 
   ep->ctx_->watch_peer(ep->session_.peer_name, ep->session_.peer_epoch, ep);
   ep->slot_held_ = true;
   if (!ep->session_.is_client && ep->reconnect_on()) ep->ctx_->add_rejoinable(ep->session_.session_id, ep);
+  // Paths first, streams last: once a stream runs it may stop the paths (stop_paths) at any time,
+  // so nothing here touches them after that. No keep-alive for paths: stop_paths() waits for every
+  // on_path_stopped, so the endpoint is never destroyed on a path's own thread.
+  for (auto& ps : ep->paths_)
+    if (ps.path) ep->paths_running_ |= path_bit(ps.id);
+  for (auto& ps : ep->paths_)
+    if (ps.path) ps.path->start(ps.events.get(), nullptr);
   ep->running_ = static_cast<int>(ep->streams_.size());
   ep->holders_->count = ep->running_;
   stream::Workers* workers = &ep->ctx_->workers();
