@@ -347,8 +347,16 @@ TEST_P(ConformanceVec, ManyEqualBlocksNamedTwiceAreRefused) {
   Request r2 = client_.write_vec(local, remote, skewed);
   EXPECT_EQ(r2.wait(kEventually).code(), Code::kInvalidArgument);
   EXPECT_EQ(r2.failed_entry(), expect);
-  Request ok = client_.write_vec(local, remote, good);
+  // Notified, then read back: the notification orders the target's stores before the reads here
+  // (the write's completion comes over the shm pipe, which ThreadSanitizer cannot see through).
+  OpOptions notify;
+  notify.notify = true;
+  notify.notify_value = 0x5EE;
+  Request ok = client_.write_vec(local, remote, good, notify);
   ASSERT_TRUE(ok.wait(kEventually).ok()) << ok.status().to_string();
+  auto note = server_.next_notification(10s);
+  ASSERT_TRUE(note.ok()) << note.status().to_string();
+  EXPECT_EQ(note->value, 0x5EEu);
   std::vector<unsigned char> want(kBlocks * kS, kPoison);
   apply(want, {src.data}, good, true);
   EXPECT_TRUE(read_back(dst.region()) == want) << "the distinct list landed the wrong bytes";
