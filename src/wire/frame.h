@@ -79,6 +79,10 @@ inline constexpr uint32_t kMaxTableEntries = 1024;
 inline constexpr uint32_t kTableEntrySize = 20;
 inline constexpr uint32_t kMaxTableDescriptor = 8704;
 inline constexpr uint32_t kMaxTablePayload = kMaxTableEntries * kTableEntrySize + kMaxTableDescriptor;
+// A table's pieces are at most kMaxTablePiece bytes each and kMaxTableBytes together; the target
+// refuses more (the decoder cannot see them: they are in the payload).
+inline constexpr uint64_t kMaxTablePiece = 1 << 20;
+inline constexpr uint64_t kMaxTableBytes = 32 << 20;
 inline constexpr uint8_t kMaxPathId = 16;
 
 // Operation kinds named in kAck / kCancel.

@@ -206,6 +206,40 @@ TEST(TableHostile, MorePiecesThanThePathTakes) {
   }, "5 pieces by rdma, which takes 4 at most");
 }
 
+// The wire's limits on a table's bytes (docs/wire.md "Tables"), which the decoder cannot see.
+TEST(TableHostile, PieceOverTheWiresLimit) {
+  Target t;
+  make_target(t);
+  Buffer big = poisoned(MemSpec{}, 2 * wire::kMaxTablePiece);
+  auto reg = t.s.ctx.register_memory(big.region());
+  ASSERT_TRUE(reg.ok());
+  Filled src = filled(MemSpec{}, 2 * wire::kMaxTablePiece);
+  uint64_t key = reg->remote().key;
+  auto len = static_cast<uint32_t>(wire::kMaxTablePiece + 1);
+  expect_closed(t, [&](uint8_t path, uint8_t) {
+    return std::vector{table_frame(path, 1, 10 + len, {{t.key_a, 0, 10}, {key, 0, len}},
+                                   {src_at(t, 0, 10), src.buf.region().sub(0, len)})};
+  }, "table piece 1 of 1048577 bytes makes 1048587 in the table (at most 1048576 a piece, 33554432 a table)");
+  for (unsigned char c : read_back(big.region())) ASSERT_EQ(c, 0xA5) << "a piece over the limit landed";
+}
+
+TEST(TableHostile, TableOverTheWiresLimit) {  // 33 pieces of 1 MiB, each one the path would take
+  Target t;
+  make_target(t);
+  Buffer big = poisoned(MemSpec{}, wire::kMaxTablePiece);
+  auto reg = t.s.ctx.register_memory(big.region());
+  ASSERT_TRUE(reg.ok());
+  Filled src = filled(MemSpec{}, wire::kMaxTablePiece);
+  uint64_t key = reg->remote().key;
+  size_t n = wire::kMaxTableBytes / wire::kMaxTablePiece + 1;
+  expect_closed(t, [&](uint8_t path, uint8_t) {
+    std::vector<Piece> pieces(n, Piece{key, 0, static_cast<uint32_t>(wire::kMaxTablePiece)});
+    std::vector<MemRegion> srcs(n, src.buf.region());
+    return std::vector{table_frame(path, 1, n * wire::kMaxTablePiece, pieces, srcs)};
+  }, "table piece 32 of 1048576 bytes makes 34603008 in the table");
+  for (unsigned char c : read_back(big.region())) ASSERT_EQ(c, 0xA5) << "a table over the limit landed";
+}
+
 TEST(TableHostile, TableOnAPathThatTakesNoLists) {
   Target t;
   make_target(t);

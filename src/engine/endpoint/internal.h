@@ -31,12 +31,10 @@ inline constexpr size_t kPathWindow = 8;
 // path's receiver takes max(max_inflight_ops, kSmallPathWindow) chunks in flight.
 inline constexpr uint64_t kSmallPathChunk = 1 << 20;
 inline constexpr size_t kSmallPathWindow = 256;
-// Table chunks (endpoint/tables.cc): segments up to kListPieceMax go as pieces of one list, lists
-// of up to kListBytes (and the path's max_chunk). Large lists: on 1xH200, lists of 128 pieces and
-// 8 MiB moved 16 KiB blocks at 82 GB/s and 64 KiB ones at 236; of 1,024 and 32 MiB at 105 and 378
-// (docs/performance.md).
-inline constexpr uint64_t kListPieceMax = 1 << 20;
-inline constexpr uint64_t kListBytes = 32 << 20;
+// Table chunks (endpoint/tables.cc) take the wire's largest lists: segments up to
+// wire::kMaxTablePiece, lists of up to wire::kMaxTableBytes (and the path's max_chunk). On 1xH200,
+// lists of 128 pieces and 8 MiB moved 16 KiB blocks at 82 GB/s and 64 KiB ones at 236; of 1,024
+// and 32 MiB at 105 and 378 (docs/performance.md).
 // Lists one path may have in flight when its receiver copies out of the sender's memory (cuda_ipc;
 // the sender holds nothing but their table entries): at most 2 GiB, so that the PATH_DONEs' round
 // trip (~200 us on 1xH200 while the receiver's stream is busy reading lists) does not stall it.

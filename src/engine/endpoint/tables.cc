@@ -29,11 +29,11 @@ size_t EndpointImpl::list_pieces(const PathState& ps, const Transfer& t) const {
   size_t max = std::min<size_t>(ps.path->max_list(), wire::kMaxTableEntries);
   const auto& segs = op.vec->segs;
   if (max < 2 || t.seg >= segs.size() || segs[t.seg].at != t.next) return 0;  // mid-segment: chunk by chunk
-  uint64_t cap = std::min(ps.path->max_chunk(), kListBytes), bytes = 0;
+  uint64_t cap = std::min(ps.path->max_chunk(), wire::kMaxTableBytes), bytes = 0;
   size_t n = 0;
   for (size_t k = t.seg; k < segs.size() && n < max; ++k, ++n) {
     uint64_t len = segs[k].length;
-    if (len > kListPieceMax || len > cap - bytes) break;
+    if (len > wire::kMaxTablePiece || len > cap - bytes) break;
     bytes += len;
   }
   return n;
@@ -57,7 +57,7 @@ Status EndpointImpl::post_path_list(PathState& ps, Transfer& t, size_t n, stream
   for (size_t k = t.seg; k < t.seg + taken; ++k, p += wire::kTableEntrySize) {
     wire::put_u64(p, segs[k].rkey);
     wire::put_u64(p + 8, segs[k].roffset);
-    wire::put_u32(p + 16, static_cast<uint32_t>(segs[k].length));  // <= kListPieceMax
+    wire::put_u32(p + 16, static_cast<uint32_t>(segs[k].length));  // <= kMaxTablePiece
     len += segs[k].length;
   }
   std::memcpy(p, desc.data(), desc.size());
@@ -107,6 +107,10 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
     if (piece == 0 || piece > w.expected - w.reserved - len)
       return protocol(fmt::format("write op {}: table piece {} of {} bytes (the write has {} bytes left)", h.id, k,
                                   piece, w.expected - w.reserved - len));
+    if (piece > wire::kMaxTablePiece || piece > wire::kMaxTableBytes - len)
+      return protocol(fmt::format("write op {}: table piece {} of {} bytes makes {} in the table (at most {} a "
+                                  "piece, {} a table)",
+                                  h.id, k, piece, len + piece, wire::kMaxTablePiece, wire::kMaxTableBytes));
     len += piece;
     if (drop) {
       list_dsts_.push_back(MemRegion{nullptr, piece, {}});
