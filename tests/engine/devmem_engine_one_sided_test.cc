@@ -92,6 +92,52 @@ TEST(DevmemEngineDouble, WriteVecByDevmem) {
   EXPECT_LT(inline_bytes_received(p.server) - stream_before, total / 2) << "the vectored write's bytes came inline";
 }
 
+// A KV-cache shaped write (3,000 blocks of 4 KiB and a few odd ones, scattered over two regions)
+// goes by devmem as table chunks: a few lists of up to 1,024 pieces, not a chunk per block.
+TEST(DevmemEngineDouble, WriteVecOfSmallBlocksGoesAsLists) {
+  DevmemPair p = connect_devmem();
+  constexpr uint64_t kBlocks = 3000, kS = 4096;
+  Filled src = filled(kSim, (kBlocks + 2) * kS);
+  Buffer d0 = poisoned(kSim, kBlocks * kS), d1 = poisoned(kSim, kBlocks * kS);
+  auto r0 = p.a.ctx.register_memory(d0.region());
+  auto r1 = p.a.ctx.register_memory(d1.region());
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  MemRegion local[] = {src.buf.region()};
+  RemoteRegion remote[] = {r0->remote(), r1->remote()};
+  std::vector<IoEntry> entries;
+  for (uint64_t i = 0; i < kBlocks; ++i) {  // block i from slot i + 1, to the other end of a region
+    uint64_t len = i % 500 == 7 ? kS - 1 - i % 3 : kS;
+    entries.push_back(IoEntry{0, static_cast<uint32_t>(i % 2), (i + 1) * kS + i % 5, (kBlocks - 1 - i) * kS, len});
+  }
+  uint64_t total = 0;
+  for (const auto& e : entries) total += e.length;
+  auto chunks = [](const Endpoint& e) {
+    for (const auto& u : e.stats().paths)
+      if (u.name == "devmem") return u.chunks_received;
+    return uint64_t{0};
+  };
+  uint64_t chunks_before = chunks(p.server), bytes_before = devmem_bytes_received(p.server);
+  OpOptions notify;
+  notify.notify = true;
+  notify.notify_value = 0x7AB;
+  Request w = p.client.write_vec(local, remote, entries, notify);
+  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
+  auto note = p.server.next_notification(10s);
+  ASSERT_TRUE(note.ok()) << note.status().to_string();
+  EXPECT_EQ(note->length, total);
+  std::vector<std::vector<unsigned char>> want = {std::vector<unsigned char>(kBlocks * kS, 0xA5),
+                                                  std::vector<unsigned char>(kBlocks * kS, 0xA5)};
+  for (const auto& e : entries)
+    std::copy_n(src.data.begin() + static_cast<std::ptrdiff_t>(e.local_offset), e.length,
+                want[e.remote].begin() + static_cast<std::ptrdiff_t>(e.remote_offset));
+  ASSERT_TRUE(read_back(d0.region()) == want[0]) << "remote region 0 differs";
+  ASSERT_TRUE(read_back(d1.region()) == want[1]) << "remote region 1 differs";
+  EXPECT_EQ(devmem_bytes_received(p.server) - bytes_before, total) << "not every block came by devmem";
+  uint64_t got = chunks(p.server) - chunks_before;
+  EXPECT_GE(got, 3u);
+  EXPECT_LE(got, 8u) << "the blocks went chunk by chunk, not as lists";
+}
+
 // A gatherer that writes host memory only (as a GPU pool's writes only its device's): a write into
 // a sim region still goes by devmem, lands in the landing zone and is copied on; a write into a
 // host region is gathered straight into it. Sends and reads into sim buffers stay inline.

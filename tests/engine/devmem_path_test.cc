@@ -47,10 +47,10 @@ std::unique_ptr<PayloadPath> make_path(UniqueFd fd, SimNic& nic, const std::stri
 // Two paths over one TCP pair, each over its own SimNic ("host").
 struct PathPair {
   SimNic nic_a{SimNicOptions{"simdev0", 11}};
-  SimNic nic_b{SimNicOptions{"simdev0", 22, 512, 9000, 0.05}};
+  SimNic nic_b;
   Recorder ev_a, ev_b;
   std::unique_ptr<PayloadPath> a, b;
-  PathPair() {
+  explicit PathPair(SimNicOptions b_options = SimNicOptions{"simdev0", 22, 512, 9000, 0.05}) : nic_b(b_options) {
     auto [x, y] = tcp_pair();
     a = make_path(std::move(x), nic_a, "host-b");
     b = make_path(std::move(y), nic_b, "host-a");
@@ -168,6 +168,145 @@ TEST(DevmemPathDouble, DropThenIntactChunk) {
   ASSERT_TRUE(pp.ev_b.rx(0).ok());
   ASSERT_TRUE(pp.ev_b.rx(1).ok());
   EXPECT_TRUE(read_back(d1.region()) == s1.data);
+  pp.expect_clean();
+}
+
+// A list: `sizes` pieces at scattered offsets of one source, for scattered places (in reverse
+// order) of two destinations; what the destinations must hold afterwards.
+struct ListCase {
+  test::Filled src;
+  Buffer d0, d1;
+  std::vector<MemRegion> srcs, dsts;
+  std::vector<unsigned char> want0, want1;
+  uint64_t total = 0;
+  ListCase(const std::vector<size_t>& sizes, MemSpec d0_mem, MemSpec d1_mem) {
+    uint64_t span = 0;
+    for (size_t n : sizes) span += n + 13;
+    src = filled(kSimMem, span);
+    d0 = poisoned(d0_mem, span);
+    d1 = poisoned(d1_mem, span);
+    want0.assign(span, 0xA5);
+    want1.assign(span, 0xA5);
+    uint64_t from = 5, to = span;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      to -= sizes[k] + 13;
+      srcs.push_back(src.buf.region().sub(from, sizes[k]));
+      dsts.push_back((k % 2 ? d1 : d0).region().sub(to, sizes[k]));
+      std::copy_n(src.data.begin() + static_cast<ptrdiff_t>(from), sizes[k],
+                  (k % 2 ? want1 : want0).begin() + static_cast<ptrdiff_t>(to));
+      from += sizes[k] + 13;
+      total += sizes[k];
+    }
+  }
+  void expect_landed() {
+    EXPECT_TRUE(read_back(d0.region()) == want0) << "a list landed the wrong bytes in its first destination";
+    EXPECT_TRUE(read_back(d1.region()) == want1) << "a list landed the wrong bytes in its second destination";
+  }
+};
+
+TEST(DevmemPathDouble, ListOfScatteredPiecesIsOneChunk) {
+  PathPair pp;
+  ListCase lc({1, 4097, 777, 1u << 20, 3, 65539, 12345, 4096}, kSimMem, kHostMem);
+  size_t taken = 0;
+  auto d = pp.a->post_tx_list(0, lc.srcs, &taken);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(taken, lc.srcs.size());
+  EXPECT_EQ(*pp.b->chunk_length(*d), lc.total);
+  // A plain chunk behind it: the byte order on the socket is the posts' order.
+  auto s1 = filled(kSimMem, 70001);
+  Buffer d1 = poisoned(kHostMem, s1.data.size());
+  ASSERT_TRUE(pp.a->post_tx(1, s1.buf.region(), true).ok());
+  ASSERT_TRUE(pp.b->post_rx_list(0, *d, lc.dsts).ok());
+  ASSERT_TRUE(pp.b->post_rx(1, desc(s1.data.size()), d1.region()).ok());
+  for (uint64_t seq : {0, 1}) {
+    Status t = pp.ev_a.tx(seq), r = pp.ev_b.rx(seq);
+    ASSERT_TRUE(t.ok()) << t.to_string();
+    ASSERT_TRUE(r.ok()) << r.to_string();
+  }
+  lc.expect_landed();
+  EXPECT_TRUE(read_back(d1.region()) == s1.data);
+  EXPECT_EQ(pp.a->stats().chunks_sent, 2u) << "the list went as one send";
+  EXPECT_EQ(pp.b->stats().chunks_received, 2u);
+  pp.expect_clean();
+}
+
+// A list takes at most kDevmemMaxList pieces, kDevmemMaxChunk bytes and one kind of memory; what
+// it leaves goes in the next list. A list whose destinations are all null is consumed and dropped.
+TEST(DevmemPathDouble, ListTakesAPrefixWithinItsLimits) {
+  PathPair pp;
+  auto src = filled(kSimMem, 2 * kDevmemMaxChunk);
+  auto host = filled(kHostMem, 64);
+  std::vector<MemRegion> many(kDevmemMaxList + 6, src.buf.region().sub(0, 1));
+  std::vector<MemRegion> big(20, src.buf.region().sub(0, 1u << 20));
+  std::vector<MemRegion> mixed = {src.buf.region().sub(0, 10), src.buf.region().sub(10, 10), host.buf.region()};
+  uint64_t seq = 0;
+  for (auto [list, want] : {std::pair{&many, kDevmemMaxList}, std::pair{&big, size_t{16}}, std::pair{&mixed, size_t{2}}}) {
+    size_t taken = 0;
+    auto d = pp.a->post_tx_list(seq, *list, &taken);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    EXPECT_EQ(taken, want);
+    std::vector<MemRegion> dsts;
+    for (size_t k = 0; k < taken; ++k) dsts.push_back(MemRegion{nullptr, (*list)[k].size, kHostMem});
+    ASSERT_TRUE(pp.b->post_rx_list(seq, *d, dsts).ok());
+    ASSERT_TRUE(pp.ev_a.tx(seq).ok());
+    ASSERT_TRUE(pp.ev_b.rx(seq).ok());
+    ++seq;
+  }
+  size_t taken = 0;
+  EXPECT_EQ(pp.a->post_tx_list(seq, std::vector<MemRegion>{host.buf.region()}, &taken).status().code(),
+            Code::kUnavailable) << "host sources stay inline on the streams";
+  ListCase lc({100, 200, 300}, kSimMem, kSimMem);  // after three lists, one that lands
+  auto d = pp.a->post_tx_list(seq, lc.srcs, &taken);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  ASSERT_TRUE(pp.b->post_rx_list(seq, *d, lc.dsts).ok());
+  ASSERT_TRUE(pp.ev_b.rx(seq).ok());
+  lc.expect_landed();
+  pp.expect_clean();
+}
+
+// Destinations the gatherer cannot write (as a GPU pool's other memory): the whole list lands in
+// the landing zone and each piece is copied on.
+TEST(DevmemPathDouble, ListLandsWhereTheGathererCannotWrite) {
+  SimNicOptions o{"simdev0", 22, 512, 9000, 0.05};
+  o.gather_host_only = true;
+  PathPair pp(o);
+  ListCase lc({4097, 1, 65536, 999, 3}, kSimMem, kHostMem);  // sim: landed; host: the gatherer could
+  size_t taken = 0;
+  auto d = pp.a->post_tx_list(0, lc.srcs, &taken);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  ASSERT_TRUE(pp.b->post_rx_list(0, *d, lc.dsts).ok());
+  ASSERT_TRUE(pp.ev_a.tx(0).ok());
+  Status r = pp.ev_b.rx(0);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  lc.expect_landed();
+  DevmemPathCounters c;
+  ASSERT_TRUE(devmem_path_counters(*pp.b, &c));
+  EXPECT_EQ(c.landed_chunks, 1u);
+  EXPECT_EQ(c.landed_bytes, lc.total);
+  pp.expect_clean();
+}
+
+// The descriptor is the peer's word: a length that is not the table's sum is a protocol error,
+// and so are more pieces than a list takes. Nothing is posted, and the path goes on.
+TEST(DevmemPathDouble, ListDescriptorThatDisagreesIsRefused) {
+  PathPair pp;
+  Buffer d = poisoned(kHostMem, 64);
+  std::vector<MemRegion> dsts = {d.region().sub(0, 10), d.region().sub(20, 30)};
+  Status s = pp.b->post_rx_list(0, desc(41), dsts);
+  EXPECT_EQ(s.code(), Code::kProtocol) << s.to_string();
+  EXPECT_NE(s.message().find("a list descriptor of 41 bytes for pieces of 40 bytes"), std::string::npos) << s.to_string();
+  EXPECT_EQ(pp.b->post_rx_list(0, desc(kDevmemMaxChunk + 1), dsts).code(), Code::kProtocol);
+  std::vector<MemRegion> many(kDevmemMaxList + 1, d.region().sub(0, 1));
+  EXPECT_EQ(pp.b->post_rx_list(0, desc(many.size()), many).code(), Code::kProtocol);
+  std::vector<MemRegion> half = {d.region().sub(0, 10), MemRegion{nullptr, 30, kHostMem}};
+  EXPECT_EQ(pp.b->post_rx_list(0, desc(40), half).code(), Code::kInvalidArgument);
+  ListCase lc({10, 30}, kHostMem, kSimMem);
+  size_t taken = 0;
+  auto good = pp.a->post_tx_list(0, lc.srcs, &taken);
+  ASSERT_TRUE(good.ok());
+  ASSERT_TRUE(pp.b->post_rx_list(0, *good, lc.dsts).ok());
+  ASSERT_TRUE(pp.ev_b.rx(0).ok());
+  lc.expect_landed();
   pp.expect_clean();
 }
 

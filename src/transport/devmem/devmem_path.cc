@@ -39,6 +39,12 @@ constexpr int kZcrxPollMs = 20;                          // longest sleep on the
 
 bool host_memory(const MemSpec& m) { return m.kind == MemKind::kHost || m.kind == MemKind::kPinned; }
 
+std::vector<unsigned char> length_descriptor(uint64_t len) {
+  std::vector<unsigned char> d(kDevmemDescriptorSize);
+  for (size_t i = 0; i < 8; ++i) d[i] = static_cast<unsigned char>(len >> (8 * i));
+  return d;
+}
+
 class DevmemPath final : public PathBase {
  public:
   struct Parts {
@@ -80,9 +86,29 @@ class DevmemPath final : public PathBase {
       return Status(Code::kInvalidArgument,
                     fmt::format("devmem path: chunk of {} bytes above the {}-byte maximum", src.size, kDevmemMaxChunk));
     DMX_RETURN_IF_ERROR(post([&] { tx_posts_.push_back(TxSeg{seq, src}); }));
-    std::vector<unsigned char> d(kDevmemDescriptorSize);
-    for (size_t i = 0; i < 8; ++i) d[i] = static_cast<unsigned char>(src.size >> (8 * i));
-    return d;
+    return length_descriptor(src.size);
+  }
+
+  size_t max_list() const override { return kDevmemMaxList; }
+
+  Result<std::vector<unsigned char>> post_tx_list(uint64_t seq, std::span<const MemRegion> srcs,
+                                                  size_t* taken) override {
+    if (srcs.empty() || !carries(srcs[0].where))
+      return Status(Code::kUnavailable, "devmem path: a list of sources it does not carry");
+    size_t n = 0;
+    uint64_t total = 0;
+    for (; n < srcs.size() && n < kDevmemMaxList; ++n) {  // one kind of memory: one stager queue
+      const MemRegion& r = srcs[n];
+      if (r.where != srcs[0].where || r.size == 0 || r.size > kDevmemMaxChunk - total) break;
+      total += r.size;
+    }
+    if (n == 0)
+      return Status(Code::kInvalidArgument, fmt::format("devmem path: a list whose first piece is {} bytes", srcs[0].size));
+    TxSeg t{seq, MemRegion{srcs[0].ptr, total, srcs[0].where}};
+    t.pieces.assign(srcs.begin(), srcs.begin() + static_cast<ptrdiff_t>(n));
+    DMX_RETURN_IF_ERROR(post([&] { tx_posts_.push_back(std::move(t)); }));
+    *taken = n;
+    return length_descriptor(total);
   }
 
   Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) override {
@@ -97,6 +123,29 @@ class DevmemPath final : public PathBase {
                     fmt::format("devmem path: destination of {} bytes for a {}-byte chunk", dst.size, len));
     RxItem item{seq, len, dst};
     item.land = dst.ptr != nullptr && len > 0 && !gatherable(dst.where);
+    return post([&] { rx_posts_.push_back(std::move(item)); });
+  }
+
+  Status post_rx_list(uint64_t seq, std::span<const unsigned char> descriptor,
+                      std::span<const MemRegion> dsts) override {
+    DMX_ASSIGN_OR_RETURN(uint64_t len, chunk_length(descriptor));
+    if (dsts.empty() || dsts.size() > kDevmemMaxList)
+      return Status(Code::kProtocol, fmt::format("devmem path: a list of {} pieces", dsts.size())).with_peer(p_.peer);
+    bool drop = dsts[0].ptr == nullptr, land = false;
+    uint64_t sum = 0;
+    for (const MemRegion& d : dsts) {
+      if ((d.ptr == nullptr) != drop)
+        return Status(Code::kInvalidArgument, "devmem path: a list with some destinations null");
+      sum += d.size;  // each at most the wire's 1 MiB piece: no overflow
+      land = land || !gatherable(d.where);
+    }
+    if (sum != len)
+      return Status(Code::kProtocol, fmt::format("devmem path: a list descriptor of {} bytes for pieces of {} bytes",
+                                                 len, sum))
+          .with_peer(p_.peer);
+    RxItem item{seq, len, drop ? MemRegion{nullptr, len, {}} : MemRegion{dsts[0].ptr, len, dsts[0].where}};
+    if (!drop) item.pieces.assign(dsts.begin(), dsts.end());
+    item.land = !drop && land;
     return post([&] { rx_posts_.push_back(std::move(item)); });
   }
 
@@ -140,6 +189,7 @@ class DevmemPath final : public PathBase {
     std::shared_ptr<devmem::TxRegion> region{};
     devmem::TxBindingInfo direct{};
     uint64_t direct_off = 0;
+    std::vector<MemRegion> pieces{};  // a list (post_tx_list), gathered into the ring; src spans its total
   };
   // RX chunk: queued -> receiving (bytes read, gathers enqueued) -> finished (gathers complete,
   // tokens back: on_path_rx_done).
@@ -150,13 +200,16 @@ class DevmemPath final : public PathBase {
     Status status{};  // a chunk-only error (dropped): reported at its completion
     size_t got = 0;
     bool land = false;  // dst is memory the gatherer cannot write: gathered into the landing zone first
+    // A list (post_rx_list): dst marks it (ptr and kind of the first piece, the total length); the
+    // bytes go into pieces[piece] from piece_got on.
+    std::vector<MemRegion> pieces{};
+    size_t piece = 0, piece_got = 0;
   };
   // A landed chunk on its way from the landing zone to its destination: complete at the fence.
   struct LandingCopy {
     uint64_t seq;
-    Status status;        // a failed enqueue: the chunk completes with it
-    CopyQueue* queue;     // null: copied already (host to host)
-    uint64_t fence;
+    Status status;                                    // a failed enqueue: the chunk completes with it
+    std::vector<std::pair<CopyQueue*, uint64_t>> fences;  // empty: copied already (host to host)
   };
   bool gatherable(const MemSpec& dst) const {
     if (p_.seams.gathers_into) return p_.seams.gathers_into(dst);
@@ -308,11 +361,16 @@ class DevmemPath final : public PathBase {
           events.push_back({true, t.seq, Status()});
           continue;
         }
-        if (try_direct(t)) continue;
+        if (t.pieces.empty() && try_direct(t)) continue;
         auto off = ring_alloc(t.src.size);
         if (!off) break;  // ring full: later chunks wait (order is kept)
         t.ring_off = *off;
-        DMX_ASSIGN_OR_RETURN(t.fence, p_.stager->enqueue(t.src, p_.ring.region.sub(t.ring_off, t.src.size)));
+        MemRegion slot = p_.ring.region.sub(t.ring_off, t.src.size);
+        if (t.pieces.empty()) {
+          DMX_ASSIGN_OR_RETURN(t.fence, p_.stager->enqueue(t.src, slot));
+        } else {
+          DMX_ASSIGN_OR_RETURN(t.fence, p_.stager->enqueue_list(t.pieces, slot));
+        }
         t.state = TxState::kStaging;
         ++stagings_;
       }
@@ -432,11 +490,15 @@ class DevmemPath final : public PathBase {
         }
         bool discard = r.dst.ptr == nullptr || !r.status.ok();
         p_.gatherer->discard = discard;
-        MemRegion dst = discard  ? MemRegion{nullptr, r.len, p_.seams.memory}
-                        : r.land ? landing_->region.sub(0, r.len)
-                                 : r.dst;
         size_t before = r.got;
-        DMX_RETURN_IF_ERROR(p_.rx->receive_some(dst, &r.got, Deadline::after(kDeviceWait)));
+        if (!discard && !r.land && !r.pieces.empty()) {
+          DMX_RETURN_IF_ERROR(receive_piece(r));
+        } else {
+          MemRegion dst = discard  ? MemRegion{nullptr, r.len, p_.seams.memory}
+                          : r.land ? landing_->region.sub(0, r.len)
+                                   : r.dst;
+          DMX_RETURN_IF_ERROR(p_.rx->receive_some(dst, &r.got, Deadline::after(kDeviceWait)));
+        }
         ++calls;
         if (r.got == before) break;  // nothing ready: poll for POLLIN
         if (r.got < r.len) continue;
@@ -453,6 +515,20 @@ class DevmemPath final : public PathBase {
       }
       events.push_back({false, r.seq, r.status});
       rx_.pop_front();
+    }
+    return Status();
+  }
+
+  // A list's bytes go into its pieces in order; the gathers of them all are waited for once, in
+  // finish().
+  Status receive_piece(RxItem& r) {
+    const MemRegion& d = r.pieces[r.piece];
+    size_t from = r.piece_got;
+    DMX_RETURN_IF_ERROR(p_.rx->receive_some(d, &r.piece_got, Deadline::after(kDeviceWait)));
+    r.got += r.piece_got - from;
+    if (r.piece_got == d.size) {
+      ++r.piece;
+      r.piece_got = 0;
     }
     return Status();
   }
@@ -481,44 +557,56 @@ class DevmemPath final : public PathBase {
     return Status();
   }
 
-  // Enqueues the copy of a landed chunk from the zone to its destination.
+  // Enqueues the copies of a landed chunk from the zone to its destination (a list: to each of its
+  // pieces, each by its own device's queue; one fence per queue used).
   LandingCopy copy_on(const RxItem& r) {
-    LandingCopy c{r.seq, Status(), nullptr, 0};
-    MemRegion from = landing_->region.sub(0, r.len);
+    LandingCopy c{r.seq, Status(), {}};
     ++landed_chunks_;
     landed_bytes_ += r.len;
-    if (host_memory(from.where) && host_memory(r.dst.where)) {
-      std::memcpy(r.dst.ptr, from.ptr, r.len);
-      return c;
+    std::span<const MemRegion> dsts = r.pieces.empty() ? std::span<const MemRegion>(&r.dst, 1) : r.pieces;
+    uint64_t at = 0;
+    for (const MemRegion& d : dsts) {
+      MemRegion from = landing_->region.sub(at, d.size);
+      at += d.size;
+      if (host_memory(from.where) && host_memory(d.where)) {
+        std::memcpy(d.ptr, from.ptr, d.size);
+        continue;
+      }
+      if (Status s = enqueue_copy_on(from, d, &c); !s.ok()) {
+        c.status = Status(s.code(), fmt::format("devmem path: copying a landed chunk of {} bytes from {} to {}: {}",
+                                                d.size, to_string(from.where), to_string(d.where), s.message()))
+                       .with_peer(p_.peer);
+        break;  // what was enqueued is waited for (landing_round), then the chunk fails
+      }
     }
-    auto enqueue = [&]() -> Status {
-      // A device zone: its device's queue (to the host, or to another device's memory it reaches);
-      // a host zone: the destination device's queue.
-      MemSpec dev = host_memory(from.where) ? r.dst.where : from.where;
-      DMX_ASSIGN_OR_RETURN(c.queue, landing_queues_.get(dev));
-      if (host_memory(from.where)) DMX_RETURN_IF_ERROR(c.queue->to_device(r.dst.ptr, from.ptr, r.len));
-      else if (host_memory(r.dst.where)) DMX_RETURN_IF_ERROR(c.queue->to_host(r.dst.ptr, from.ptr, r.len));
-      else DMX_RETURN_IF_ERROR(c.queue->copy(r.dst.ptr, from.ptr, r.len));
-      DMX_ASSIGN_OR_RETURN(c.fence, c.queue->record());
-      return Status();
-    };
-    if (Status s = enqueue(); !s.ok()) {
-      c.queue = nullptr;
-      c.status = Status(s.code(), fmt::format("devmem path: copying a landed chunk of {} bytes from {} to {}: {}", r.len,
-                                              to_string(from.where), to_string(r.dst.where), s.message()))
-                     .with_peer(p_.peer);
-    }
+    for (auto& [queue, fence] : c.fences)
+      if (Result<uint64_t> f = queue->record(); f.ok()) fence = *f;
+      else if (c.status.ok()) c.status = f.status().with_peer(p_.peer);
     return c;
+  }
+
+  Status enqueue_copy_on(const MemRegion& from, const MemRegion& d, LandingCopy* c) {
+    // A device zone: its device's queue (to the host, or to another device's memory it reaches);
+    // a host zone: the destination device's queue.
+    MemSpec dev = host_memory(from.where) ? d.where : from.where;
+    DMX_ASSIGN_OR_RETURN(CopyQueue * q, landing_queues_.get(dev));
+    if (host_memory(from.where)) DMX_RETURN_IF_ERROR(q->to_device(d.ptr, from.ptr, d.size));
+    else if (host_memory(d.where)) DMX_RETURN_IF_ERROR(q->to_host(d.ptr, from.ptr, d.size));
+    else DMX_RETURN_IF_ERROR(q->copy(d.ptr, from.ptr, d.size));
+    if (std::none_of(c->fences.begin(), c->fences.end(), [q](const auto& f) { return f.first == q; }))
+      c->fences.emplace_back(q, 0);
+    return Status();
   }
 
   // Completes the landed chunk whose copy on has finished; the zone is free again.
   void landing_round(std::vector<Done>& events) {
     if (!landing_copy_) return;
     Status s = landing_copy_->status;
-    if (landing_copy_->queue != nullptr && s.ok()) {
-      Result<bool> done = landing_copy_->queue->done(landing_copy_->fence);
+    for (auto& [queue, fence] : landing_copy_->fences) {
+      if (fence == 0) continue;  // its record failed (status says so): nothing to wait for
+      Result<bool> done = queue->done(fence);
       if (done.ok() && !*done) return;
-      if (!done.ok()) s = done.status().with_peer(p_.peer);
+      if (!done.ok() && s.ok()) s = done.status().with_peer(p_.peer);
     }
     events.push_back({false, landing_copy_->seq, s});
     landing_copy_.reset();
@@ -545,8 +633,9 @@ class DevmemPath final : public PathBase {
     for (auto& t : tx_)
       if (t.state == TxState::kInFlight || t.state == TxState::kSending)  // user memory (direct): the full bound
         (void)p_.tx->wait(t.ticket, t.region ? d : Deadline::after(std::chrono::milliseconds(200)));
-    if (landing_copy_ && landing_copy_->queue != nullptr)  // writing into user memory
-      (void)landing_copy_->queue->wait(landing_copy_->fence, d);
+    if (landing_copy_)  // writing into user memory
+      for (auto& [queue, fence] : landing_copy_->fences)
+        if (fence != 0) (void)queue->wait(fence, d);
     publish_stats();
     p_.rx.reset();  // waits (bounded) for its gathers and returns every token
     p_.tx.reset();

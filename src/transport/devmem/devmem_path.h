@@ -48,6 +48,12 @@
 //                kUnavailable and the reason (that chunk only).
 //   discard      post_rx with dst.ptr == nullptr consumes the bytes without copying (tokens are
 //                still returned).
+//   lists        post_tx_list: up to kDevmemMaxList pieces of one kind of memory, within
+//                kDevmemMaxChunk bytes, go as one chunk: gathered into one range of the ring (one
+//                gather launch on a device ring), one send, one completion; the descriptor is the
+//                total length. post_rx_list receives the bytes into the pieces in order (a receive
+//                call at least per piece), or lands the whole list and copies each piece on; a
+//                descriptor whose length is not the table's sum is a protocol error.
 //   failures     a bad cmsg (unknown dmabuf id, fragment outside the pool, token beyond 31 bits,
 //                byte counts that do not add up), a peer that closed or reset the data socket, a
 //                failed sendmsg, or bytes the peer sent beyond what it announced (detected when the
@@ -86,6 +92,8 @@ namespace dmx {
 // setting, so that both sides agree on it.
 inline constexpr uint64_t kDevmemMaxChunk = 16ull << 20;
 inline constexpr uint64_t kDevmemTxRing = 64ull << 20;
+// The most pieces of a list chunk (post_tx_list): the wire's most, within kDevmemMaxChunk bytes.
+inline constexpr size_t kDevmemMaxList = 1024;
 inline constexpr size_t kDevmemDescriptorSize = kLengthDescriptorSize;
 // How long unclaimed bytes may sit on a data socket whose peer has shut down its sending side.
 inline constexpr int kDevmemExtraGraceMs = 500;
