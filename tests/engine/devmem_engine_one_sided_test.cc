@@ -51,6 +51,34 @@ TEST(DevmemEngineDouble, WriteAndReadByDevmem) {
   EXPECT_GE(devmem_bytes_received(p.client) - read_before, n) << "the read did not come by devmem";
 }
 
+// Writes `entries` from `src` into the two regions d0 and d1 (registered at the server) with a
+// notification, and checks it: the notified length, every byte of both regions (poison around the
+// entries). Returns the bytes written.
+uint64_t write_vec_and_check(DevmemPair& p, const Filled& src, const Buffer& d0, const Buffer& d1,
+                             const RemoteRegion (&remote)[2], const std::vector<IoEntry>& entries) {
+  MemRegion local[] = {src.buf.region()};
+  uint64_t total = 0;
+  for (const auto& e : entries) total += e.length;
+  OpOptions notify;
+  notify.notify = true;
+  notify.notify_value = 0x5EC;
+  Request w = p.client.write_vec(local, remote, entries, notify);
+  EXPECT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
+  auto note = p.server.next_notification(10s);
+  EXPECT_TRUE(note.ok()) << note.status().to_string();
+  if (!note.ok()) return total;
+  EXPECT_EQ(note->value, 0x5ECu);
+  EXPECT_EQ(note->length, total);
+  std::vector<std::vector<unsigned char>> want = {std::vector<unsigned char>(d0.size(), 0xA5),
+                                                  std::vector<unsigned char>(d1.size(), 0xA5)};
+  for (const auto& e : entries)
+    std::copy_n(src.data.begin() + static_cast<std::ptrdiff_t>(e.local_offset), e.length,
+                want[e.remote].begin() + static_cast<std::ptrdiff_t>(e.remote_offset));
+  EXPECT_TRUE(read_back(d0.region()) == want[0]) << "remote region 0 differs";
+  EXPECT_TRUE(read_back(d1.region()) == want[1]) << "remote region 1 differs";
+  return total;
+}
+
 // A vectored write's segments go by devmem like a plain write's (the Transfer gets the paths that
 // land writes), not inline on the stream: scattered multi-MiB segments into two registered
 // regions, byte exact, with one notification.
@@ -62,32 +90,14 @@ TEST(DevmemEngineDouble, WriteVecByDevmem) {
   auto r0 = p.a.ctx.register_memory(d0.region());
   auto r1 = p.a.ctx.register_memory(d1.region());
   ASSERT_TRUE(r0.ok() && r1.ok());
-  MemRegion local[] = {src.buf.region()};
   RemoteRegion remote[] = {r0->remote(), r1->remote()};
   // Six segments, none adjacent to the next on both sides (no merging into one plain write).
   std::vector<IoEntry> entries;
   for (uint64_t i = 0; i < 6; ++i)
     entries.push_back(IoEntry{0, static_cast<uint32_t>(i % 2), (5 - i) * kSeg, (i / 2) * kSeg + (i % 3), kSeg - 3});
-  uint64_t total = 0;
-  for (const auto& e : entries) total += e.length;
   uint64_t before = devmem_bytes_received(p.server);
   uint64_t stream_before = inline_bytes_received(p.server);
-  OpOptions notify;
-  notify.notify = true;
-  notify.notify_value = 0x5EC;
-  Request w = p.client.write_vec(local, remote, entries, notify);
-  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
-  auto note = p.server.next_notification(10s);
-  ASSERT_TRUE(note.ok()) << note.status().to_string();
-  EXPECT_EQ(note->value, 0x5ECu);
-  EXPECT_EQ(note->length, total);
-  std::vector<std::vector<unsigned char>> want = {std::vector<unsigned char>(4 * kSeg, 0xA5),
-                                                  std::vector<unsigned char>(4 * kSeg, 0xA5)};
-  for (const auto& e : entries)
-    std::copy_n(src.data.begin() + static_cast<std::ptrdiff_t>(e.local_offset), e.length,
-                want[e.remote].begin() + static_cast<std::ptrdiff_t>(e.remote_offset));
-  ASSERT_TRUE(read_back(d0.region()) == want[0]) << "remote region 0 differs";
-  ASSERT_TRUE(read_back(d1.region()) == want[1]) << "remote region 1 differs";
+  uint64_t total = write_vec_and_check(p, src, d0, d1, remote, entries);
   EXPECT_GE(devmem_bytes_received(p.server) - before, total) << "the vectored write did not come by devmem";
   EXPECT_LT(inline_bytes_received(p.server) - stream_before, total / 2) << "the vectored write's bytes came inline";
 }
@@ -102,36 +112,19 @@ TEST(DevmemEngineDouble, WriteVecOfSmallBlocksGoesAsLists) {
   auto r0 = p.a.ctx.register_memory(d0.region());
   auto r1 = p.a.ctx.register_memory(d1.region());
   ASSERT_TRUE(r0.ok() && r1.ok());
-  MemRegion local[] = {src.buf.region()};
   RemoteRegion remote[] = {r0->remote(), r1->remote()};
   std::vector<IoEntry> entries;
   for (uint64_t i = 0; i < kBlocks; ++i) {  // block i from slot i + 1, to the other end of a region
     uint64_t len = i % 500 == 7 ? kS - 1 - i % 3 : kS;
     entries.push_back(IoEntry{0, static_cast<uint32_t>(i % 2), (i + 1) * kS + i % 5, (kBlocks - 1 - i) * kS, len});
   }
-  uint64_t total = 0;
-  for (const auto& e : entries) total += e.length;
   auto chunks = [](const Endpoint& e) {
     for (const auto& u : e.stats().paths)
       if (u.name == "devmem") return u.chunks_received;
     return uint64_t{0};
   };
   uint64_t chunks_before = chunks(p.server), bytes_before = devmem_bytes_received(p.server);
-  OpOptions notify;
-  notify.notify = true;
-  notify.notify_value = 0x7AB;
-  Request w = p.client.write_vec(local, remote, entries, notify);
-  ASSERT_TRUE(w.wait(kEventually).ok()) << w.status().to_string();
-  auto note = p.server.next_notification(10s);
-  ASSERT_TRUE(note.ok()) << note.status().to_string();
-  EXPECT_EQ(note->length, total);
-  std::vector<std::vector<unsigned char>> want = {std::vector<unsigned char>(kBlocks * kS, 0xA5),
-                                                  std::vector<unsigned char>(kBlocks * kS, 0xA5)};
-  for (const auto& e : entries)
-    std::copy_n(src.data.begin() + static_cast<std::ptrdiff_t>(e.local_offset), e.length,
-                want[e.remote].begin() + static_cast<std::ptrdiff_t>(e.remote_offset));
-  ASSERT_TRUE(read_back(d0.region()) == want[0]) << "remote region 0 differs";
-  ASSERT_TRUE(read_back(d1.region()) == want[1]) << "remote region 1 differs";
+  uint64_t total = write_vec_and_check(p, src, d0, d1, remote, entries);
   EXPECT_EQ(devmem_bytes_received(p.server) - bytes_before, total) << "not every block came by devmem";
   uint64_t got = chunks(p.server) - chunks_before;
   EXPECT_GE(got, 3u);
