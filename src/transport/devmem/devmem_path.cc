@@ -365,12 +365,8 @@ class DevmemPath final : public PathBase {
         auto off = ring_alloc(t.src.size);
         if (!off) break;  // ring full: later chunks wait (order is kept)
         t.ring_off = *off;
-        MemRegion slot = p_.ring.region.sub(t.ring_off, t.src.size);
-        if (t.pieces.empty()) {
-          DMX_ASSIGN_OR_RETURN(t.fence, p_.stager->enqueue(t.src, slot));
-        } else {
-          DMX_ASSIGN_OR_RETURN(t.fence, p_.stager->enqueue_list(t.pieces, slot));
-        }
+        auto srcs = t.pieces.empty() ? std::span<const MemRegion>(&t.src, 1) : std::span<const MemRegion>(t.pieces);
+        DMX_ASSIGN_OR_RETURN(t.fence, p_.stager->enqueue(srcs, p_.ring.region.sub(t.ring_off, t.src.size)));
         t.state = TxState::kStaging;
         ++stagings_;
       }

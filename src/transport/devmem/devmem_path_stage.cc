@@ -15,21 +15,7 @@ Result<uint64_t> SwitchGatherer::enqueue(MemRegion pool, std::span<const Fragmen
   return inner_->enqueue(pool, frags, linear_host, linear, dst);
 }
 
-Result<Stager::Fence> Stager::enqueue(MemRegion src, MemRegion slot) {
-  if (gatherer_) {
-    pieces_.clear();
-    for (uint64_t at = 0; at < src.size; at += kStagePiece)
-      pieces_.push_back({at, at, static_cast<uint32_t>(std::min<uint64_t>(kStagePiece, src.size - at))});
-    DMX_ASSIGN_OR_RETURN(uint64_t f, gatherer_->enqueue(src, pieces_, nullptr, {}, slot));
-    return Fence{nullptr, f};
-  }
-  DMX_ASSIGN_OR_RETURN(CopyQueue * q, queues_.get(src.where));
-  DMX_RETURN_IF_ERROR(q->to_host(slot.ptr, src.ptr, src.size));
-  DMX_ASSIGN_OR_RETURN(uint64_t f, q->record());
-  return Fence{q, f};
-}
-
-Result<Stager::Fence> Stager::enqueue_list(std::span<const MemRegion> srcs, MemRegion slot) {
+Result<Stager::Fence> Stager::enqueue(std::span<const MemRegion> srcs, MemRegion slot) {
   if (gatherer_) {  // the pieces as fragments of the span of device memory that holds them all
     auto at = [](const MemRegion& r) { return reinterpret_cast<uintptr_t>(r.ptr); };
     uintptr_t lo = UINTPTR_MAX, hi = 0;

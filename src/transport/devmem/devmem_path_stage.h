@@ -39,10 +39,9 @@ class Stager {
   // `gatherer` null: a host ring.
   explicit Stager(std::unique_ptr<Gatherer> gatherer) : gatherer_(std::move(gatherer)) {}
 
-  Result<Fence> enqueue(MemRegion src, MemRegion slot);
-  // A list's pieces (one kind of memory), back to back from slot's start: one gather launch on a
-  // device ring, one fence either way.
-  Result<Fence> enqueue_list(std::span<const MemRegion> srcs, MemRegion slot);
+  // Copies srcs (a chunk, or a list's pieces of one kind of memory) back to back from slot's
+  // start: one gather launch on a device ring, one fence either way.
+  Result<Fence> enqueue(std::span<const MemRegion> srcs, MemRegion slot);
   Result<bool> done(Fence f) { return f.queue ? f.queue->done(f.id) : gatherer_->done(f.id); }
   Status wait(Fence f, Deadline d) { return f.queue ? f.queue->wait(f.id, d) : gatherer_->wait(f.id, d); }
 
