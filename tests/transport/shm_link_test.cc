@@ -112,6 +112,57 @@ TEST(ShmLink, TruncatedMessageFailsAloneAndTheNextArrives) {
   EXPECT_TRUE(lp.b->error().ok());
 }
 
+// Lists: a message gathered from pieces (empty ones too) and scattered over pieces cut elsewhere
+// lands byte-exact; a recv list shorter than the message fails alone (kTruncated) and the next
+// arrives; lists with no pieces, null pieces or (to send) device pieces are refused.
+TEST(ShmLink, ListsGatherScatterAndTruncate) {
+  LinkPair lp = make_threaded_pair({.slot_size = 4096, .slots = 4});
+  ASSERT_TRUE(lp.a && lp.b);
+  std::vector<uint8_t> src(30000), dst(30000, 0xEE), small(100);
+  fill_pattern(src.data(), src.size(), std::random_device{}());
+  std::vector<MemRegion> srcs = {{src.data() + 1, 5000, {}}, {src.data() + 6000, 0, {}}, {src.data() + 7001, 9999, {}}};
+  std::vector<MemRegion> dsts = {{dst.data() + 20000, 7, {}}, {dst.data(), 14992, {}}};
+  ASSERT_TRUE(lp.b->post_recv_list(1, dsts).ok());
+  ASSERT_TRUE(lp.b->post_recv_list(2, {{small.data(), 60, {}}, {small.data() + 70, 30, {}}}).ok());
+  ASSERT_TRUE(lp.b->post_recv(3, {dst.data() + 25000, 10, {}}).ok());
+  ASSERT_TRUE(lp.a->post_send_list(1, srcs).ok());
+  ASSERT_TRUE(lp.a->post_send_list(2, {{src.data(), 101, {}}}).ok());
+  ASSERT_TRUE(lp.a->post_send(3, {src.data() + 29000, 10, {}}).ok());
+  auto tx = std::async(std::launch::async, [&] {
+    Pump p(lp.a.get());
+    Status s;
+    for (MsgId id : {1, 2, 3})
+      if (s.ok()) s = p.finish(kSend, id, secs(10));
+    return s;
+  });
+  Pump p(lp.b.get());
+  size_t bytes = 0;
+  Status s = p.finish(kRecv, 1, secs(10), &bytes);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(bytes, 14999u);
+  EXPECT_EQ(p.finish(kRecv, 2, secs(10), &bytes).code(), Code::kTruncated);
+  EXPECT_EQ(bytes, 101u);
+  ASSERT_TRUE(p.finish(kRecv, 3, secs(10)).ok());
+  ASSERT_TRUE(tx.get().ok());
+  std::vector<uint8_t> sent(src.begin() + 1, src.begin() + 5001);
+  sent.insert(sent.end(), src.begin() + 7001, src.begin() + 17000);
+  EXPECT_TRUE(std::equal(sent.begin(), sent.begin() + 7, dst.begin() + 20000));
+  EXPECT_TRUE(std::equal(sent.begin() + 7, sent.end(), dst.begin()));
+  EXPECT_EQ(dst[14992], 0xEE);
+  EXPECT_EQ(dst[20007], 0xEE);
+  EXPECT_TRUE(std::equal(src.begin() + 29000, src.begin() + 29010, dst.begin() + 25000));
+  EXPECT_TRUE(lp.b->error().ok());
+
+  auto sim = Buffer::allocate({MemKind::kSim, 0}, 64);
+  ASSERT_TRUE(sim.ok());
+  EXPECT_EQ(lp.a->post_send_list(4, {}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(lp.a->post_send_list(4, {{nullptr, 5, {}}}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(lp.a->post_send_list(4, {{src.data(), 5, {}}, sim->region()}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(lp.b->post_recv_list(4, {}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(lp.b->post_recv_list(4, {{nullptr, 5, {}}}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(lp.b->pending(), 0u);
+}
+
 TEST(ShmLink, DuplicateRecvIdIsRejected) {
   LinkPair lp = make_threaded_pair();
   ASSERT_TRUE(lp.a && lp.b);

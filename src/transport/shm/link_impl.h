@@ -25,6 +25,8 @@ class LinkImpl final : public ShmLink {
 
   Status post_send(MsgId id, MemRegion src) override;
   Status post_recv(MsgId id, MemRegion dst) override;
+  Status post_send_list(MsgId id, std::vector<MemRegion> srcs) override;
+  Status post_recv_list(MsgId id, std::vector<MemRegion> dsts) override;
   Status post_discard(MsgId id, size_t bytes) override;
   Status check_peer(std::vector<Completion>* out) override;
   size_t progress(std::vector<Completion>* out) override;
@@ -46,8 +48,12 @@ class LinkImpl final : public ShmLink {
   // assigned (last chunk record in tx_chunks_ carries last=true) -> published -> completed.
   struct SendOp {
     MsgId id;
-    MemRegion src;
+    MemRegion src;        // a list: its total size and kind (ptr unused)
     size_t assigned = 0;  // bytes given to slots so far
+    // A list (post_send_list): the next byte comes from pieces[at] at off.
+    std::vector<MemRegion> pieces{};
+    size_t at = 0;
+    size_t off = 0;
   };
   // Pinned bounce buffers (memory/bounce_pool.h) that a device copy of one chunk goes through.
   struct Bounce {
@@ -78,6 +84,10 @@ class LinkImpl final : public ShmLink {
     uint64_t total = 0;
     size_t received = 0;
     size_t outstanding = 0;  // device copies not finished
+    // A list (post_recv_list): dst holds its total; the next byte goes to pieces[at] at off.
+    std::vector<MemRegion> pieces{};
+    size_t at = 0;
+    size_t off = 0;
   };
   // A chunk copied out of its slot (released at once) into bounce buffers, on its way to device
   // memory: the buffers go back when the fence completes.
@@ -109,6 +119,11 @@ class LinkImpl final : public ShmLink {
   Result<SlotCopy> copy_slot(void* dst, const void* src, size_t len, MemSpec user, bool to_slot, bool bulk);
   void host_copy(void* dst, const void* src, size_t len, bool bulk);
   void copy_from_bounce(char* slot, const Bounce& b, size_t len);
+  // A list's slot: gathers `len` bytes of host pieces into it.
+  void gather(SendOp& op, char* slot, size_t len);
+  // Scatters a slot's bytes [done, len) over a list recv's pieces; returns how far it got (less
+  // than len when a device piece found the bounce pool empty: the rest on a later pass).
+  Result<size_t> scatter(MsgId id, RecvOp& op, const char* slot, size_t len, size_t done, bool bulk);
   // Gives the buffers back to their pool once no copy uses them (`copies_over`); else keeps them
   // from the pool for good (a device that did not finish may still write them).
   void give_back(Bounce& b, bool copies_over);
@@ -135,6 +150,7 @@ class LinkImpl final : public ShmLink {
   uint64_t tx_head_ = 0, tx_reserved_ = 0, peer_tail_ = 0;
   // Consumer counters (ours; the peer's head is read and validated into peer_head_).
   uint64_t rx_tail_ = 0, rx_read_ = 0, peer_head_ = 0;
+  size_t rx_slot_done_ = 0;  // bytes of slot rx_read_ a list recv has taken (scatter stopped midway)
 
   std::deque<SendOp> sends_;
   std::deque<TxChunk> tx_chunks_;

@@ -117,6 +117,11 @@ class ShmLink {
   // message is longer than `dst`, with the message length otherwise.
   virtual Status post_send(MsgId id, MemRegion src) = 0;
   virtual Status post_recv(MsgId id, MemRegion dst) = 0;
+  // Lists: one message whose bytes are the pieces' in order, gathered into the slots from several
+  // regions and scattered out of them into several. A send list's pieces are host memory (host,
+  // pinned); a recv list's may be of any kind. Empty pieces are allowed; a list holds at least one.
+  virtual Status post_send_list(MsgId id, std::vector<MemRegion> srcs) = 0;
+  virtual Status post_recv_list(MsgId id, std::vector<MemRegion> dsts) = 0;
   // Consumes message `id` without copying it anywhere (a cancelled or refused transfer): its
   // chunks are released from the ring as they arrive. Completes as a recv (kRecv) with `bytes`.
   // The message must be exactly `bytes` long: any other length fails the link with kProtocol (the

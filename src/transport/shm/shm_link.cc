@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/checked.h"
 #include "core/log.h"
 #include "core/stream_copy.h"
 #include "core/sys.h"
@@ -122,6 +123,46 @@ void LinkImpl::copy_from_bounce(char* slot, const Bounce& b, size_t len) {
     host_copy(slot + off, b.pieces[i], std::min(BouncePool::kPiece, len - off), /*bulk=*/false);
 }
 
+void LinkImpl::gather(SendOp& op, char* slot, size_t len) {
+  for (size_t done = 0; done < len;) {
+    const MemRegion& r = op.pieces[op.at];
+    size_t n = std::min(len - done, r.size - op.off);
+    host_copy(slot + done, static_cast<const char*>(r.ptr) + op.off, n, /*bulk=*/false);
+    done += n;
+    op.off += n;
+    if (op.off == r.size) {
+      ++op.at;
+      op.off = 0;
+    }
+  }
+  ++stats_.host_copies;
+}
+
+Result<size_t> LinkImpl::scatter(MsgId id, RecvOp& op, const char* slot, size_t len, size_t done, bool bulk) {
+  while (done < len) {
+    // The message's total is the pieces' sum (checked at its first chunk): a piece is left.
+    const MemRegion& r = op.pieces[op.at];
+    size_t n = std::min(len - done, r.size - op.off);
+    if (n > 0) {
+      DMX_ASSIGN_OR_RETURN(SlotCopy c, copy_slot(static_cast<char*>(r.ptr) + op.off, slot + done, n, r.where,
+                                                 /*to_slot=*/false, bulk));
+      if (c.waiting) break;
+      if (c.queue != nullptr) {
+        ++op.outstanding;
+        rx_copies_.push_back(RxCopy{c.queue, c.fence, id, std::move(c.bounce)});
+      }
+      done += n;
+      op.off += n;
+      op.received += n;
+    }
+    if (op.off == r.size) {
+      ++op.at;
+      op.off = 0;
+    }
+  }
+  return done;
+}
+
 void LinkImpl::give_back(Bounce& b, bool copies_over) {
   if (b.pool == nullptr || b.pieces.empty()) return;
   if (copies_over) {
@@ -155,6 +196,49 @@ Status LinkImpl::post_recv(MsgId id, MemRegion dst) {
     return Status();
   }
   recvs_.emplace(id, RecvOp{dst});
+  return Status();
+}
+
+// A list's total, or why it is not one.
+static Result<size_t> list_total(std::span<const MemRegion> pieces, std::string_view what) {
+  if (pieces.empty()) return Status(Code::kInvalidArgument, fmt::format("shm {}: an empty list", what));
+  uint64_t total = 0;
+  for (const MemRegion& r : pieces) {
+    if (r.ptr == nullptr && r.size != 0) return Status(Code::kInvalidArgument, fmt::format("shm {}: null piece", what));
+    auto sum = checked_add(total, r.size);
+    if (!sum) return Status(Code::kInvalidArgument, fmt::format("shm {}: pieces over 2^64 bytes", what));
+    total = *sum;
+  }
+  return static_cast<size_t>(total);
+}
+
+Status LinkImpl::post_send_list(MsgId id, std::vector<MemRegion> srcs) {
+  DMX_ASSIGN_OR_RETURN(size_t total, list_total(srcs, "post_send_list"));
+  for (const MemRegion& r : srcs)
+    if (r.where.is_device())
+      return Status(Code::kInvalidArgument, fmt::format("shm post_send_list: a piece of {}: lists gather host memory",
+                                                        to_string(r.where)));
+  if (!error_.ok()) {
+    failed_.push_back(Completion{id, Completion::kSend, error_, 0});
+    return Status();
+  }
+  sends_.push_back(SendOp{id, MemRegion{nullptr, total, srcs[0].where}, 0, std::move(srcs)});
+  return Status();
+}
+
+Status LinkImpl::post_recv_list(MsgId id, std::vector<MemRegion> dsts) {
+  DMX_ASSIGN_OR_RETURN(size_t total, list_total(dsts, "post_recv_list"));
+  for (const MemRegion& r : dsts)
+    if (r.where.is_device()) DMX_RETURN_IF_ERROR(mem_available(r.where));
+  if (recvs_.count(id) != 0)
+    return Status(Code::kInvalidArgument, fmt::format("shm post_recv_list: message id {} is already posted", id));
+  if (!error_.ok()) {
+    failed_.push_back(Completion{id, Completion::kRecv, error_, 0});
+    return Status();
+  }
+  RecvOp op{MemRegion{nullptr, total, dsts[0].where}};
+  op.pieces = std::move(dsts);
+  recvs_.emplace(id, std::move(op));
   return Status();
 }
 
@@ -218,9 +302,13 @@ bool LinkImpl::tx_step(std::vector<Completion>* out) {
     SendOp& op = sends_.front();
     size_t len = std::min(layout_.slot_size, op.src.size - op.assigned);
     char* data = slot_data(side_, tx_reserved_);
-    const char* src = static_cast<const char*>(op.src.ptr) + op.assigned;
     TxChunk chunk{nullptr, 0, op.id, len, op.assigned + len == op.src.size, op.src.size, nullptr, {}};
-    auto copied = copy_slot(data, src, len, op.src.where, /*to_slot=*/true, /*bulk=*/false);
+    Result<SlotCopy> copied = SlotCopy{};
+    if (op.pieces.empty())
+      copied = copy_slot(data, static_cast<const char*>(op.src.ptr) + op.assigned, len, op.src.where,
+                         /*to_slot=*/true, /*bulk=*/false);
+    else
+      gather(op, data, len);
     if (!copied.ok()) {
       fail(copied.status(), out);
       return true;
@@ -376,7 +464,7 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
           if (total - len > 0) discarding_[id] = total - len;
           discard = true;
         }
-      } else if (total != op.total || offset != op.received) {
+      } else if (total != op.total || offset + rx_slot_done_ != op.received) {
         fail(corrupt(fmt::format("message {}: chunk at {} of {} B, expected at {} of {} B", id, offset, total,
                                  op.received, op.total)),
              out);
@@ -385,6 +473,18 @@ bool LinkImpl::rx_step(std::vector<Completion>* out) {
       if (!discard && op.discard) {  // (op is gone when the recv was truncated above)
         // Validated above like any chunk; nothing to copy: the slot is released below.
         op.received += len;
+        maybe_complete_recv(id, out);
+      } else if (!discard && !op.pieces.empty()) {
+        auto done = scatter(id, op, data, len, rx_slot_done_, total >= options_.nt_receive_min);
+        if (!done.ok()) {
+          fail(done.status(), out);
+          return true;
+        }
+        if (*done < len) {  // the bounce pool ran dry: the rest of this slot on a later pass
+          rx_slot_done_ = *done;
+          break;
+        }
+        rx_slot_done_ = 0;
         maybe_complete_recv(id, out);
       } else if (!discard) {
         char* dst = static_cast<char*>(op.dst.ptr) + offset;
@@ -467,6 +567,7 @@ void LinkImpl::fail(Status status, std::vector<Completion>* out) {
   for (auto& b : orphans_) give_back(b, over);
   orphans_.clear();
   discarding_.clear();
+  rx_slot_done_ = 0;
   while (!failed_.empty()) {
     out->push_back(std::move(failed_.front()));
     failed_.pop_front();

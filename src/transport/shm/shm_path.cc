@@ -45,16 +45,22 @@ class ShmPath final : public PathBase {
   Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool whole) override;
   Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) override;
   Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override;
+  size_t max_list() const override { return kShmMaxList; }
+  Result<std::vector<unsigned char>> post_tx_list(uint64_t seq, std::span<const MemRegion> srcs,
+                                                  size_t* taken) override;
+  Status post_rx_list(uint64_t seq, std::span<const unsigned char> descriptor,
+                      std::span<const MemRegion> dsts) override;
   bool receiver_releases() const override { return false; }
   std::string describe() const override { return describe_; }
 
  private:
   // A post as the engine made it, queued until the thread hands it to the link. rx with a null
-  // region.ptr: discard region.size bytes.
+  // region.ptr and no pieces: discard region.size bytes. A list: its pieces, region its total.
   struct Post {
     bool tx;
     uint64_t seq;
     MemRegion region;
+    std::vector<MemRegion> pieces{};
   };
 
   // PathBase's hooks. stop() destroys the link itself (quiesce): it waits for the thread's current
@@ -68,7 +74,7 @@ class ShmPath final : public PathBase {
   }
 
   // The thread's work, link_mu_ held. `apply_locked` and `take_completions_locked` may end the link.
-  void apply_locked(const Post& p, std::vector<Done>* done);
+  void apply_locked(Post& p, std::vector<Done>* done);
   void take_completions_locked(std::vector<Done>* done);
   // Destroys the link (waiting for device copies in flight: after this no user memory is touched).
   // Idempotent.
@@ -136,6 +142,60 @@ Status ShmPath::post_rx(uint64_t seq, std::span<const unsigned char> descriptor,
   return post([&] { queue_.push_back(Post{false, seq, r}); });
 }
 
+Result<std::vector<unsigned char>> ShmPath::post_tx_list(uint64_t seq, std::span<const MemRegion> srcs,
+                                                         size_t* taken) {
+  // Gathered into the slots by this thread's memcpy: device memory goes chunk by chunk.
+  if (srcs.empty() || srcs[0].where.is_device() || !carries(srcs[0].where))
+    return Status(Code::kUnavailable, "shm path: lists gather host memory only");
+  size_t n = 0;
+  uint64_t total = 0;
+  for (; n < srcs.size() && n < kShmMaxList; ++n) {
+    const MemRegion& r = srcs[n];
+    if (r.where.is_device() || !carries(r.where) || r.ptr == nullptr || r.size == 0 || r.size > kShmMaxChunk - total)
+      break;
+    total += r.size;
+  }
+  if (n == 0)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("shm path post_tx_list(seq {}): a first piece of {} bytes", seq, srcs[0].size));
+  Post p{true, seq, MemRegion{nullptr, total, srcs[0].where}};
+  p.pieces.assign(srcs.begin(), srcs.begin() + static_cast<ptrdiff_t>(n));
+  DMX_RETURN_IF_ERROR(post([&] { queue_.push_back(std::move(p)); }));
+  *taken = n;
+  return encode_length(total);
+}
+
+Status ShmPath::post_rx_list(uint64_t seq, std::span<const unsigned char> descriptor,
+                             std::span<const MemRegion> dsts) {
+  DMX_ASSIGN_OR_RETURN(uint64_t len, chunk_length(descriptor));
+  if (dsts.empty() || dsts.size() > kShmMaxList)
+    return Status(Code::kProtocol, fmt::format("shm path: a list of {} pieces from peer {}", dsts.size(), peer_))
+        .with_peer(peer_);
+  const bool drop = dsts[0].ptr == nullptr;
+  uint64_t sum = 0;
+  for (const MemRegion& d : dsts) {
+    if ((d.ptr == nullptr) != drop)
+      return Status(Code::kInvalidArgument, "shm path post_rx_list: a list with some destinations null");
+    if (!drop && !carries(d.where))
+      return Status(Code::kInvalidArgument, fmt::format("shm path post_rx_list(seq {}): memory kind {} not carried",
+                                                        seq, to_string(d.where)));
+    if (d.size > len - sum)  // the pieces' sum within the descriptor's length, which is bounded
+      return Status(Code::kProtocol, fmt::format("shm path: a list descriptor of {} bytes from peer {} for more "
+                                                 "bytes of pieces",
+                                                 len, peer_))
+          .with_peer(peer_);
+    sum += d.size;
+  }
+  if (sum != len)
+    return Status(Code::kProtocol, fmt::format("shm path: a list descriptor of {} bytes from peer {} for pieces of {} "
+                                               "bytes",
+                                               len, peer_, sum))
+        .with_peer(peer_);
+  Post p{false, seq, MemRegion{nullptr, len, {}}};
+  if (!drop) p.pieces.assign(dsts.begin(), dsts.end());
+  return post([&] { queue_.push_back(std::move(p)); });
+}
+
 void ShmPath::shutdown_locked() {
   if (link_ == nullptr) return;
   link_stats_ = link_->stats();
@@ -161,7 +221,7 @@ void ShmPath::publish_stats_locked() {
                  .device_copies = link_stats_.device_copies});
 }
 
-void ShmPath::apply_locked(const Post& p, std::vector<Done>* done) {
+void ShmPath::apply_locked(Post& p, std::vector<Done>* done) {
   auto& pending = p.tx ? tx_pending_ : rx_pending_;
   if (!pending.emplace(p.seq, p.region.size).second) {
     done->push_back({p.tx, p.seq,
@@ -169,9 +229,15 @@ void ShmPath::apply_locked(const Post& p, std::vector<Done>* done) {
                                                                 p.tx ? "tx" : "rx", p.seq))});
     return;
   }
-  Status s = p.tx                       ? link_->post_send(p.seq, p.region)
-             : p.region.ptr == nullptr ? link_->post_discard(p.seq, p.region.size)
-                                       : link_->post_recv(p.seq, p.region);
+  Status s;
+  if (!p.pieces.empty())
+    s = p.tx ? link_->post_send_list(p.seq, std::move(p.pieces)) : link_->post_recv_list(p.seq, std::move(p.pieces));
+  else if (p.tx)
+    s = link_->post_send(p.seq, p.region);
+  else if (p.region.ptr == nullptr)
+    s = link_->post_discard(p.seq, p.region.size);
+  else
+    s = link_->post_recv(p.seq, p.region);
   if (!s.ok()) {  // this chunk only (e.g. device memory this process cannot use)
     pending.erase(p.seq);
     done->push_back({p.tx, p.seq, s.with_peer(peer_).with_origin("shm")});
@@ -213,7 +279,7 @@ bool ShmPath::progress(std::vector<Done>* done) {
   if (link_ == nullptr) return false;  // stopped
   std::vector<Post> posts;
   take_posts([&] { posts.swap(queue_); });
-  for (const Post& p : posts) apply_locked(p, done);
+  for (Post& p : posts) apply_locked(p, done);
   shm::LinkStats before = link_->stats();
   link_->progress(&out_);
   shm::LinkStats after = link_->stats();

@@ -7,6 +7,9 @@
 //                memory through its slots with the device's copy queue)
 //   discard      post_rx with dst.ptr == nullptr consumes the chunk from the ring without copying
 //                (ShmLink::post_discard; the message must still be exactly the announced length)
+//   lists        post_tx_list: up to kShmMaxList host pieces within kShmMaxChunk, one link message
+//                gathered into the slots; the receiver scatters it over its pieces (any memory
+//                kind); the descriptor is the total length, checked against the pieces' sum
 //
 // Threading: one progress thread per path (PathBase, transport/path_base.h) owns the link.
 // post_tx/post_rx queue under the post lock and wake the thread (eventfd) only when it sleeps. The thread spins for `shm_spin` after
@@ -40,6 +43,9 @@ namespace dmx {
 inline constexpr uint64_t kShmMaxChunk = 4ull << 20;
 // Each chunk is a link message: the largest must reach the link's bulk copy (shm::kBulkMessage).
 static_assert(kShmMaxChunk >= shm::kBulkMessage);
+// The most pieces of a list chunk (post_tx_list): the wire's most; a list is one link message of
+// host pieces within kShmMaxChunk, gathered into the slots and scattered out of them.
+inline constexpr size_t kShmMaxList = 1024;
 inline constexpr size_t kShmDescriptorSize = kLengthDescriptorSize;
 
 // `creator`: this side makes the shared region (ShmLink::create) — the side that accepted the
