@@ -58,12 +58,12 @@ bool CopyCrew::claim(uint32_t gen, uint32_t* piece) {
 }
 
 void CopyCrew::copy_piece(uint32_t piece) {
-  size_t at = size_t{piece} * piece_;
-  size_t len = n_ - at < piece_ ? n_ - at : piece_;
-  if (nt_)
-    stream_copy(dst_ + at, src_ + at, len);
-  else
-    std::memcpy(dst_ + at, src_ + at, len);
+  if (segments_ != nullptr) {
+    for (size_t k = runs_[piece]; k < runs_[piece + 1]; ++k) copy_alone(segments_[k], nt_);
+  } else {
+    size_t at = size_t{piece} * piece_;
+    copy_alone({dst_ + at, src_ + at, n_ - at < piece_ ? n_ - at : piece_}, nt_);
+  }
   done_.fetch_add(1, std::memory_order_release);
 }
 
@@ -71,19 +71,21 @@ void CopyCrew::copy(void* dst, const void* src, size_t n, bool nt) {
   if (n == 0) return;  // src and dst may then be null, which memcpy does not allow
   std::unique_lock<std::mutex> use(use_mu_, std::defer_lock);
   if (helpers_wanted_ == 0 || n < 2 * piece_ || !use.try_lock()) {
-    if (nt)
-      stream_copy(dst, src, n);
-    else
-      std::memcpy(dst, src, n);
+    copy_alone({dst, src, n}, nt);
     return;
   }
   std::call_once(started_, [this] { start_helpers(); });
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
   bool shared = false;
+  segments_ = nullptr;
+  nt_ = nt;
   while (n > 0) {
     size_t job = n < kMaxPieces * piece_ ? n : kMaxPieces * piece_;
-    shared |= run_job(d, s, job, nt);
+    dst_ = d;
+    src_ = s;
+    n_ = job;
+    shared |= run_job(static_cast<uint32_t>((job + piece_ - 1) / piece_));
     d += job;
     s += job;
     n -= job;
@@ -91,12 +93,40 @@ void CopyCrew::copy(void* dst, const void* src, size_t n, bool nt) {
   if (shared) shared_copies_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool CopyCrew::run_job(char* dst, const char* src, size_t n, bool nt) {
-  dst_ = dst;
-  src_ = src;
-  n_ = n;
+void CopyCrew::copy(std::span<const Segment> segments, bool nt) {
+  size_t total = 0;
+  for (const Segment& g : segments) total += g.n;
+  std::unique_lock<std::mutex> use(use_mu_, std::defer_lock);
+  if (helpers_wanted_ == 0 || total < 2 * piece_ || segments.size() > kMaxPieces || !use.try_lock()) {
+    for (const Segment& g : segments) copy_alone(g, nt);
+    return;
+  }
+  std::call_once(started_, [this] { start_helpers(); });
+  runs_.assign(1, 0);
+  size_t bytes = 0;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    bytes += segments[k].n;
+    if (bytes >= piece_ && k + 1 < segments.size()) {
+      runs_.push_back(k + 1);
+      bytes = 0;
+    }
+  }
+  runs_.push_back(segments.size());
+  segments_ = segments.data();
   nt_ = nt;
-  const auto pieces = static_cast<uint32_t>((n + piece_ - 1) / piece_);
+  if (run_job(static_cast<uint32_t>(runs_.size() - 1))) shared_copies_.fetch_add(1, std::memory_order_relaxed);
+  segments_ = nullptr;
+}
+
+void CopyCrew::copy_alone(const Segment& g, bool nt) {
+  if (g.n == 0) return;
+  if (nt)
+    stream_copy(g.dst, g.src, g.n);
+  else
+    std::memcpy(g.dst, g.src, g.n);
+}
+
+bool CopyCrew::run_job(uint32_t pieces) {
   done_.store(0, std::memory_order_relaxed);
   const uint32_t gen = gen_of(word_.load(std::memory_order_relaxed)) + 1;
   word_.store(pack(gen, pieces, 0), std::memory_order_release);

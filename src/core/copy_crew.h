@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -37,6 +38,14 @@ class CopyCrew {
   // Copies n bytes from src to dst (not overlapping), as memcpy, or as stream_copy (non-temporal
   // stores) when `nt`. Returns when every byte is copied and visible to the caller.
   void copy(void* dst, const void* src, size_t n, bool nt);
+  // Copies each segment (none overlapping another), as copy() does: a list of small copies (the
+  // pieces of a KV-cache list) shared out in runs of whole segments of about a piece each.
+  struct Segment {
+    void* dst;
+    const void* src;
+    size_t n;
+  };
+  void copy(std::span<const Segment> segments, bool nt);
 
   int threads() const { return helpers_wanted_ + 1; }
   // Copies shared with at least one helper piece, and pieces helpers copied (for tests, stats).
@@ -47,12 +56,13 @@ class CopyCrew {
 
  private:
   void start_helpers();
-  // One job of at most 0xffff pieces; true when a helper took part.
-  bool run_job(char* dst, const char* src, size_t n, bool nt);
+  // One job of `pieces` (at most 0xffff) pieces, its fields set; true when a helper took part.
+  bool run_job(uint32_t pieces);
   void helper();
   // Takes the next piece of job `gen`; false when the job has none left (or is another job).
   bool claim(uint32_t gen, uint32_t* piece);
   void copy_piece(uint32_t piece);
+  static void copy_alone(const Segment& g, bool nt);
 
   const int helpers_wanted_;
   const size_t piece_;
@@ -71,6 +81,9 @@ class CopyCrew {
   const char* src_ = nullptr;
   size_t n_ = 0;
   bool nt_ = false;
+  // A job of segments: piece i copies segments_[runs_[i], runs_[i + 1]) (null: dst_, src_, n_).
+  const Segment* segments_ = nullptr;
+  std::vector<size_t> runs_;
 
   std::atomic<uint64_t> shared_copies_{0}, helper_pieces_{0};
 };

@@ -1,6 +1,6 @@
 // CopyCrew: byte-exact like memcpy at odd sizes and offsets, with ordinary and non-temporal stores;
-// bytes around the destination untouched; callers at once; helpers start at the first shared copy,
-// take part, and are gone with the crew.
+// bytes around the destination untouched; lists of segments; callers at once; helpers start at the
+// first shared copy, take part, and are gone with the crew.
 #include "core/copy_crew.h"
 
 #include <gtest/gtest.h>
@@ -112,6 +112,50 @@ TEST(CopyCrew, HelpersStartAtTheFirstSharedCopyTakePartAndEndWithTheCrew) {
     EXPECT_EQ(process_threads("dmx-copy"), before + 2);
   }
   EXPECT_EQ(process_threads("dmx-copy"), before);
+}
+
+// A list of segments (a KV-cache list's pieces): odd sizes from 1 B to 1 MiB, empty ones, sources
+// and destinations scattered in reverse order, guard bytes between them untouched; lists below two
+// pieces stay the caller's, larger ones are shared until a helper took part.
+TEST(CopyCrew, SegmentsByteExactAndShared) {
+  for (int threads : {1, 3}) {
+    CopyCrew crew(threads);
+    std::mt19937_64 g(run_seed() + 200 + threads);
+    for (size_t count : {size_t{1}, size_t{7}, size_t{300}, size_t{1024}}) {
+      for (bool nt : {false, true}) {
+        std::vector<size_t> sizes(count);
+        size_t total = 0;
+        for (size_t& n : sizes) total += n = g() % 5 == 0 ? 0 : 1 + g() % (count < 300 ? (1u << 20) : 9000);
+        std::vector<unsigned char> src = fresh(total + 3 * count, g()), dst(total + 5 * count + 64, 0xEE);
+        std::vector<unsigned char> want = dst;
+        std::vector<CopyCrew::Segment> segs;
+        size_t s_at = 0, d_at = dst.size();
+        for (size_t n : sizes) {
+          s_at += 3;
+          d_at -= n + 5;
+          segs.push_back({dst.data() + d_at, src.data() + s_at, n});
+          std::memcpy(want.data() + d_at, src.data() + s_at, n);
+          s_at += n;
+        }
+        crew.copy(segs, nt);
+        ASSERT_TRUE(dst == want) << count << " segments, nt " << nt << ", threads " << threads;
+      }
+    }
+  }
+  CopyCrew crew(3);
+  std::vector<unsigned char> src = fresh(8u << 20, run_seed() + 300), dst(8u << 20);
+  std::vector<CopyCrew::Segment> segs;
+  for (size_t at = 0; at < src.size(); at += 16384) segs.push_back({dst.data() + at, src.data() + at, 16384});
+  crew.copy(std::span(segs).first(2 * kPiece / 16384 - 1), false);  // under two pieces: the caller's
+  EXPECT_EQ(crew.shared_copies(), 0u);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (crew.helper_pieces() == 0 && std::chrono::steady_clock::now() < until) {
+    std::fill(dst.begin(), dst.end(), 0);
+    crew.copy(std::span(segs).first(256), false);  // 4 MiB of 16 KiB segments
+    ASSERT_EQ(std::memcmp(dst.data(), src.data(), 4u << 20), 0);
+  }
+  EXPECT_GT(crew.helper_pieces(), 0u);
+  EXPECT_GT(crew.shared_copies(), 0u);
 }
 
 TEST(CopyCrew, OneThreadHasNoHelpers) {

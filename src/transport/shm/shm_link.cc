@@ -123,11 +123,20 @@ void LinkImpl::copy_from_bounce(char* slot, const Bounce& b, size_t len) {
     host_copy(slot + off, b.pieces[i], std::min(BouncePool::kPiece, len - off), /*bulk=*/false);
 }
 
+void LinkImpl::host_copy(std::span<const CopyCrew::Segment> segments, bool bulk) {
+  if (options_.crew != nullptr) {
+    options_.crew->copy(segments, bulk);
+    return;
+  }
+  for (const CopyCrew::Segment& g : segments) host_copy(g.dst, g.src, g.n, bulk);
+}
+
 void LinkImpl::gather(SendOp& op, char* slot, size_t len) {
+  segments_.clear();
   for (size_t done = 0; done < len;) {
     const MemRegion& r = op.pieces[op.at];
     size_t n = std::min(len - done, r.size - op.off);
-    host_copy(slot + done, static_cast<const char*>(r.ptr) + op.off, n, /*bulk=*/false);
+    segments_.push_back({slot + done, static_cast<const char*>(r.ptr) + op.off, n});
     done += n;
     op.off += n;
     if (op.off == r.size) {
@@ -135,31 +144,45 @@ void LinkImpl::gather(SendOp& op, char* slot, size_t len) {
       op.off = 0;
     }
   }
+  host_copy(segments_, /*bulk=*/false);
   ++stats_.host_copies;
 }
 
 Result<size_t> LinkImpl::scatter(MsgId id, RecvOp& op, const char* slot, size_t len, size_t done, bool bulk) {
+  // Host pieces are copied together at the end (by the crew, if any), device pieces as met.
+  segments_.clear();
+  Status failed;
   while (done < len) {
     // The message's total is the pieces' sum (checked at its first chunk): a piece is left.
     const MemRegion& r = op.pieces[op.at];
     size_t n = std::min(len - done, r.size - op.off);
-    if (n > 0) {
-      DMX_ASSIGN_OR_RETURN(SlotCopy c, copy_slot(static_cast<char*>(r.ptr) + op.off, slot + done, n, r.where,
-                                                 /*to_slot=*/false, bulk));
-      if (c.waiting) break;
-      if (c.queue != nullptr) {
-        ++op.outstanding;
-        rx_copies_.push_back(RxCopy{c.queue, c.fence, id, std::move(c.bounce)});
+    if (n > 0 && !r.where.is_device()) {
+      segments_.push_back({static_cast<char*>(r.ptr) + op.off, slot + done, n});
+    } else if (n > 0) {
+      auto c = copy_slot(static_cast<char*>(r.ptr) + op.off, slot + done, n, r.where, /*to_slot=*/false, bulk);
+      if (!c.ok()) {
+        failed = c.status();
+        break;
       }
-      done += n;
-      op.off += n;
-      op.received += n;
+      if (c->waiting) break;
+      if (c->queue != nullptr) {
+        ++op.outstanding;
+        rx_copies_.push_back(RxCopy{c->queue, c->fence, id, std::move(c->bounce)});
+      }
     }
+    done += n;
+    op.off += n;
+    op.received += n;
     if (op.off == r.size) {
       ++op.at;
       op.off = 0;
     }
   }
+  if (!segments_.empty()) {
+    host_copy(segments_, bulk);
+    ++stats_.host_copies;
+  }
+  if (!failed.ok()) return failed;
   return done;
 }
 
