@@ -105,6 +105,7 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   bool data = is_chunk(h.type);
   auto allowed_flags = static_cast<uint8_t>(h.type == FrameType::kWriteData ? kFlagNotify | kFlagVector | kFlagTable
                                             : h.type == FrameType::kReadReq  ? kFlagVector | kFlagMore
+                                            : h.type == FrameType::kReadData ? kFlagTable
                                                                              : 0);
   if (carries_data(h.type)) allowed_flags |= kFlagChecksum;
   if ((h.flags & ~allowed_flags) != 0)
@@ -117,16 +118,19 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
                                                h.path, kMaxPathId));
   if (h.path != 0) max = kMaxPathDescriptor;
   if (h.flags & kFlagTable) {
-    // The table's own frame: a vectored write's pieces by a path, no checksum (docs/wire.md).
-    if ((h.flags & kFlagVector) == 0 || h.path == 0 || (h.flags & kFlagChecksum) != 0)
-      return Status(Code::kProtocol, "a TABLE chunk must be VECTOR, name a path and carry no CHECKSUM");
-    if (h.a0 == 0 || h.a0 > kMaxTableEntries || h.a1 != 0)
+    // The table's own frame: a vectored write's or read's pieces by a path, no checksum
+    // (docs/wire.md).
+    bool write = h.type == FrameType::kWriteData;
+    if ((write && (h.flags & kFlagVector) == 0) || h.path == 0 || (h.flags & kFlagChecksum) != 0)
+      return Status(Code::kProtocol, "a TABLE chunk must name a path, carry no CHECKSUM, and be VECTOR if a write");
+    const uint64_t n = table_pieces(h);
+    if (n == 0 || n > kMaxTableEntries || (write && h.a1 != 0))
+      return Status(Code::kProtocol, fmt::format("a TABLE chunk of {} pieces (1 to {}{})", n, kMaxTableEntries,
+                                                 write ? fmt::format("; a1 {} must be 0", h.a1) : ""));
+    if (h.payload_len <= n * kTableEntrySize)
       return Status(Code::kProtocol,
-                    fmt::format("a TABLE chunk of {} pieces (1 to {}; a1 {} must be 0)", h.a0, kMaxTableEntries, h.a1));
-    if (h.payload_len <= h.a0 * kTableEntrySize)
-      return Status(Code::kProtocol, fmt::format("a TABLE chunk of {} pieces carries {} bytes, no room for a descriptor",
-                                                 h.a0, h.payload_len));
-    max = static_cast<uint32_t>(h.a0) * kTableEntrySize + kMaxTableDescriptor;
+                    fmt::format("a TABLE chunk of {} pieces carries {} bytes, no room for a descriptor", n, h.payload_len));
+    max = static_cast<uint32_t>(n) * kTableEntrySize + kMaxTableDescriptor;
   }
   if (h.payload_len > max)
     return Status(Code::kProtocol, fmt::format("{} frame carries {} payload bytes; the limit is {}",

@@ -26,7 +26,7 @@
 namespace dmx::wire {
 
 inline constexpr uint32_t kMagic = 0x31584d44;  // bytes 'D' 'M' 'X' '1'
-inline constexpr uint16_t kProtocolVersion = 9;  // 8: REJOIN (reconnect_timeout); 9: TABLE
+inline constexpr uint16_t kProtocolVersion = 10;  // 8: REJOIN (reconnect_timeout); 9: TABLE; 10: read tables
 inline constexpr size_t kHeaderSize = 56;
 inline constexpr uint32_t kMaxControlPayload = 4096;  // handshake, ack texts, reject reasons
 
@@ -67,7 +67,8 @@ enum FrameFlags : uint8_t {
                       // kReadReq: one segment of a vectored read
   kFlagMore = 8,      // kReadReq with kFlagVector: more segments of the read follow
   kFlagTable = 16,    // kWriteData with kFlagVector and a path: a0 pieces, their table, then the
-                      // path's list descriptor (docs/wire.md "Tables")
+                      // path's list descriptor (docs/wire.md "Tables"); kReadData with a path:
+                      // the same with a2 pieces
 };
 // kCts a1 (receiver) and kReadReq a3 (reader): bit k set = path k may carry chunks into the buffer
 // being filled. Only paths that reach some destinations and not others (devmem) are named; the
@@ -97,6 +98,10 @@ struct FrameHeader {
   uint8_t path = 0;  // 0: inline; k: the k-th agreed transport
   uint32_t crc = 0;  // with kFlagChecksum
 };
+
+// The pieces a TABLE frame announces: a0 for WRITE_DATA (a0 and a1 name no region then), a2 for
+// READ_DATA (whose a0 and a1 keep their meaning: the first piece's offset, the read's length).
+inline uint64_t table_pieces(const FrameHeader& h) { return h.type == FrameType::kReadData ? h.a2 : h.a0; }
 
 // The data frames: a chunk of a rendezvous message, a write or a read's reply.
 inline bool is_chunk(FrameType t) {

@@ -1,7 +1,7 @@
 // The shm payload path's lists (post_tx_list / post_rx_list): scattered host pieces gathered into
 // the slots as one chunk and scattered over pieces cut elsewhere, into host or simulated device
 // memory (with the bounce pool exhausted); the prefix a list takes; descriptors that disagree with
-// the pieces; and, through the engine, a vectored write of small blocks moving as a few lists.
+// the pieces; and, through the engine, a vectored write and read of small blocks as a few lists.
 // Helpers in shm_path_util.h; every wait has a deadline.
 #include <gtest/gtest.h>
 
@@ -240,6 +240,45 @@ TEST(ShmPathList, WriteVecOfSmallBlocksGoesAsLists) {
   EXPECT_EQ(after.second - before.second, total) << "not every block came by shm";
   EXPECT_GE(after.first - before.first, 3u);
   EXPECT_LE(after.first - before.first, 8u) << "the blocks went chunk by chunk, not as lists";
+}
+
+// Through the engine, the other way: a vectored read of 3,000 such blocks comes back as a few
+// lists the target sends (READ_DATA tables), byte-exact.
+TEST(ShmPathList, ReadVecOfSmallBlocksComesAsLists) {
+  Options o = test::test_options(1);
+  o.set("transport", "shm");
+  test::Pair p = test::connect_pair(o);
+  ASSERT_TRUE(p.client.valid() && p.server.valid());
+  constexpr uint64_t kBlocks = 3000, kS = 4096;
+  test::Filled remote_cache = test::filled({}, (kBlocks + 2) * kS);
+  Buffer dst = test::poisoned({}, kBlocks * kS + 64);
+  auto reg = p.ctx.register_memory(remote_cache.buf.region());
+  ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+  MemRegion local[] = {dst.region()};
+  RemoteRegion remote[] = {reg->remote()};
+  std::vector<IoEntry> entries;
+  std::vector<unsigned char> want(dst.size(), 0xA5);
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < kBlocks; ++i) {  // block i + 1 of the peer's cache into block kBlocks - 1 - i
+    uint64_t len = i % 500 == 7 ? kS - 1 - i % 3 : kS, to = (kBlocks - 1 - i) * kS + 3, from = (i + 1) * kS + i % 5;
+    entries.push_back(IoEntry{0, 0, to, from, len});
+    std::memcpy(want.data() + to, remote_cache.data.data() + from, len);
+    total += len;
+  }
+  auto path_chunks = [](const Endpoint& e) {
+    for (const auto& u : e.stats().paths)
+      if (u.name == "shm") return std::pair{u.chunks_received, u.bytes_received};
+    return std::pair{uint64_t{0}, uint64_t{0}};
+  };
+  auto before = path_chunks(p.client);
+  Request r = p.client.read_vec(local, remote, entries);
+  ASSERT_TRUE(r.wait(test::kEventually).ok()) << r.status().to_string();
+  EXPECT_EQ(r.bytes(), total);
+  EXPECT_TRUE(test::read_back(dst.region()) == want) << "the blocks landed wrong";
+  auto after = path_chunks(p.client);
+  EXPECT_EQ(after.second - before.second, total) << "not every block came by shm";
+  EXPECT_GE(after.first - before.first, 3u);
+  EXPECT_LE(after.first - before.first, 8u) << "the blocks came chunk by chunk, not as lists";
 }
 
 }  // namespace

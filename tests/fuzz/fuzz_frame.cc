@@ -15,8 +15,9 @@ namespace {
 
 // The payload limit restated from docs/wire.md, independently of frame.cc's table.
 uint32_t independent_limit(const FrameHeader& h, const Limits& l) {
-  // A TABLE chunk: a0 pieces of 20 B, then a list descriptor (a0 checked by the caller first).
-  if (h.flags & kFlagTable) return static_cast<uint32_t>(h.a0) * 20 + 8704;
+  // A TABLE chunk: a0 (a write's) or a2 (a read's) pieces of 20 B, then a list descriptor (the
+  // count checked by the caller first).
+  if (h.flags & kFlagTable) return static_cast<uint32_t>(h.type == FrameType::kReadData ? h.a2 : h.a0) * 20 + 8704;
   if (h.path != 0) return kMaxPathDescriptor;
   switch (h.type) {
     case FrameType::kHello: case FrameType::kJoin: case FrameType::kReject: case FrameType::kAck:
@@ -48,10 +49,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     HeaderBytes again = encode_header(*h);
     if (std::memcmp(again.data(), bytes, kHeaderSize) != 0) std::abort();
     // TABLE (docs/wire.md "Tables"): a vectored WRITE_DATA by a path, no CHECKSUM, 1 to 1,024
-    // pieces, a1 0, room for the table and a descriptor.
+    // pieces in a0, a1 0, room for the table and a descriptor; or a READ_DATA by a path, no
+    // CHECKSUM, 1 to 1,024 pieces in a2, room for both.
     if (h->flags & kFlagTable) {
-      if (h->type != FrameType::kWriteData || (h->flags & kFlagVector) == 0 || h->path == 0 ||
-          (h->flags & kFlagChecksum) != 0 || h->a0 == 0 || h->a0 > 1024 || h->a1 != 0 || h->payload_len <= h->a0 * 20)
+      bool write = h->type == FrameType::kWriteData;
+      uint64_t n = write ? h->a0 : h->a2;
+      if ((!write && h->type != FrameType::kReadData) || (write && ((h->flags & kFlagVector) == 0 || h->a1 != 0)) ||
+          h->path == 0 || (h->flags & kFlagChecksum) != 0 || n == 0 || n > 1024 || h->payload_len <= n * 20)
         std::abort();
     }
     if (h->payload_len > independent_limit(*h, l)) std::abort();

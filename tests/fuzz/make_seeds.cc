@@ -104,6 +104,9 @@ void frame_seeds() {
   table.a1 = 1;
   b = encode_header(table);
   put("frame", "bad-table-a1", cat(limits, Bytes(b.begin(), b.end())));
+  FrameHeader read_table{FrameType::kReadData, kFlagTable, 5 * kTableEntrySize + 100, 7, 4096, 1 << 20, 5, 0, 4};
+  b = encode_header(read_table);
+  put("frame", "valid-READ_DATA-table", cat(limits, Bytes(b.begin(), b.end())));
 }
 
 void hello_join_seeds() {

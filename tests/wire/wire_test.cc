@@ -129,8 +129,9 @@ TEST(Frame, PayloadPathByte) {
   EXPECT_FALSE(decode_header(encode_header(pd).data(), kLimits).ok());
 }
 
-// A TABLE chunk (docs/wire.md "Tables"): a vectored WRITE_DATA by a path, a0 pieces (1 to 128), a1
-// 0, the table (20 B a piece) and a descriptor of at most kMaxTableDescriptor bytes; no CHECKSUM.
+// A TABLE chunk (docs/wire.md "Tables"): a vectored WRITE_DATA by a path, a0 pieces (1 to 1,024),
+// a1 0, the table (20 B a piece) and a descriptor of at most kMaxTableDescriptor bytes; no
+// CHECKSUM. A READ_DATA by a path may be one too, with a2 pieces.
 TEST(Frame, TableChunk) {
   auto table = [](uint64_t n, uint32_t payload) {
     FrameHeader h;
@@ -167,7 +168,7 @@ TEST(Frame, TableChunk) {
   };
   FrameHeader h = table(4, 100);
   h.flags = kFlagTable;  // not VECTOR
-  EXPECT_TRUE(refused(h, "must be VECTOR"));
+  EXPECT_TRUE(refused(h, "be VECTOR if a write"));
   h = table(4, 100);
   h.path = 0;  // inline: no path to carry the pieces
   EXPECT_TRUE(refused(h, "name a path"));
@@ -186,8 +187,34 @@ TEST(Frame, TableChunk) {
   EXPECT_TRUE(refused(table(4, 0), "no room for a descriptor"));
   EXPECT_TRUE(refused(table(4, 4 * kTableEntrySize + kMaxTableDescriptor + 1), "the limit is"));
   EXPECT_TRUE(refused(table(kMaxTableEntries, kMaxTablePayload + 1), "the limit is"));
-  // TABLE belongs to WRITE_DATA only.
-  for (FrameType t : {FrameType::kSendData, FrameType::kReadData, FrameType::kEager, FrameType::kReadReq}) {
+  // READ_DATA: a2 pieces; a0 and a1 are the first piece's offset and the read's length.
+  auto read = [&](uint64_t n, uint32_t payload) {
+    FrameHeader r = table(0, payload);
+    r.type = FrameType::kReadData;
+    r.flags = kFlagTable;
+    r.a0 = 12345;
+    r.a1 = 1 << 30;
+    r.a2 = n;
+    r.a3 = 0;
+    return r;
+  };
+  for (uint64_t n : {1u, kMaxTableEntries}) {
+    auto d = decode(read(n, static_cast<uint32_t>(n) * kTableEntrySize + 9));
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    EXPECT_EQ(table_pieces(*d), n);
+    EXPECT_EQ(d->a0, 12345u);
+  }
+  EXPECT_TRUE(refused(read(0, 100), "a TABLE chunk of 0 pieces"));
+  EXPECT_TRUE(refused(read(kMaxTableEntries + 1, 5000), "pieces"));
+  EXPECT_TRUE(refused(read(4, 80), "no room for a descriptor"));
+  h = read(4, 100);
+  h.path = 0;
+  EXPECT_TRUE(refused(h, "name a path"));
+  h = read(4, 100);
+  h.flags |= kFlagVector;  // VECTOR is a write's and a READ_REQ's
+  EXPECT_TRUE(refused(h, "unknown flags"));
+  // No other frame carries a table.
+  for (FrameType t : {FrameType::kSendData, FrameType::kEager, FrameType::kReadReq}) {
     h = table(4, 100);
     h.type = t;
     h.flags = kFlagVector | kFlagTable;

@@ -319,6 +319,10 @@ class EndpointImpl final : public stream::StreamHost,
   size_t list_pieces(const PathState& ps, const Transfer& t) const;
   Status post_path_list(PathState& ps, Transfer& t, size_t n, stream::TxItem* out);
   Status on_table_header(PathState& ps, const wire::FrameHeader& h, const std::vector<unsigned char>& payload);
+  Status on_read_table(PathState& ps, const wire::FrameHeader& h, const std::vector<unsigned char>& payload);
+  // Hands a table chunk's pieces to the path (seq next); undoes and settles it when the path refuses.
+  Status post_table(PathState& ps, const wire::FrameHeader& h, const std::vector<unsigned char>& payload,
+                    uint64_t len, int host_tag);
   void wake_for(const Transfer& t);  // the streams a new transfer needs
   uint64_t inline_chunk(const Transfer& t) const;  // the chunk of a transfer sent inline
   void note_fallback(const PathState& ps, const Status& why);  // once per path: why it was passed over

@@ -1,8 +1,9 @@
-// Endpoint: table chunks (docs/wire.md "Tables"). A vectored write's run of small segments goes to
-// a path that takes lists (PayloadPath::max_list) as one chunk: the header, a table of the
-// pieces' destinations (key, offset, length each) and the path's list descriptor. One chunk, one
-// completion and one PATH_DONE for up to kMaxTableEntries pieces, where a chunk each cost a
-// KV-cache write of 16 KiB blocks ~3.7 us per block (docs/performance.md).
+// Endpoint: table chunks (docs/wire.md "Tables"). A vectored write's (or a vectored read's reply's)
+// run of small segments goes to a path that takes lists (PayloadPath::max_list) as one chunk: the
+// header, a table of the pieces' destinations (key, offset, length each; a read's: key 0 and the
+// offset in the read) and the path's list descriptor. One chunk, one completion and one PATH_DONE
+// for up to kMaxTableEntries pieces, where a chunk each cost a KV-cache write of 16 KiB blocks
+// ~3.7 us per block (docs/performance.md).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -25,7 +26,7 @@ static_assert(wire::kMaxTableDescriptor == kMaxListDescriptor);
 size_t EndpointImpl::list_pieces(const PathState& ps, const Transfer& t) const {
   const OpState& op = *t.op;
   // Checksummed endpoints send segments one by one: a chunk's CRC covers one run of bytes.
-  if (!op.vec || t.type != FrameType::kWriteData || session_.checksum) return 0;
+  if (!op.vec || (t.type != FrameType::kWriteData && t.type != FrameType::kReadData) || session_.checksum) return 0;
   size_t max = std::min<size_t>(ps.path->max_list(), wire::kMaxTableEntries);
   const auto& segs = op.vec->segs;
   if (max < 2 || t.seg >= segs.size() || segs[t.seg].at != t.next) return 0;  // mid-segment: chunk by chunk
@@ -54,17 +55,22 @@ Status EndpointImpl::post_path_list(PathState& ps, Transfer& t, size_t n, stream
   std::vector<unsigned char> payload(taken * wire::kTableEntrySize + desc.size());
   uint64_t len = 0;
   unsigned char* p = payload.data();
+  const bool read = t.type == FrameType::kReadData;  // a piece's place: the offset in the read
   for (size_t k = t.seg; k < t.seg + taken; ++k, p += wire::kTableEntrySize) {
-    wire::put_u64(p, segs[k].rkey);
-    wire::put_u64(p + 8, segs[k].roffset);
+    wire::put_u64(p, read ? 0 : segs[k].rkey);
+    wire::put_u64(p + 8, read ? segs[k].at : segs[k].roffset);
     wire::put_u32(p + 16, static_cast<uint32_t>(segs[k].length));  // <= kMaxTablePiece
     len += segs[k].length;
   }
   std::memcpy(p, desc.data(), desc.size());
   FrameHeader& h = out->header;
   h.flags |= wire::kFlagTable;
-  h.a0 = taken;
-  h.a1 = 0;
+  if (read) {  // a0 (this chunk's offset) and a1 (the read's length) as next_chunk set them
+    h.a2 = taken;
+  } else {
+    h.a0 = taken;
+    h.a1 = 0;
+  }
   h.path = ps.id;
   h.payload_len = static_cast<uint32_t>(payload.size());
   ++ps.tx_seq;
@@ -87,6 +93,7 @@ Status EndpointImpl::post_path_list(PathState& ps, Transfer& t, size_t n, stream
 // registered here, the piece inside its region, the pieces' sum within what the write announced.
 Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const std::vector<unsigned char>& payload) {
   DMX_TRACE_POINT("tbl.rx");
+  if (h.type == FrameType::kReadData) return on_read_table(ps, h, payload);
   if (h.type != FrameType::kWriteData) return protocol(fmt::format("{} carries a table", wire::describe(h)));
   size_t n = h.a0;  // 1..kMaxTableEntries, room for the table (frame.cc)
   if (n > ps.path->max_list())
@@ -146,14 +153,76 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
     list_dsts_.push_back(r.sub(offset, piece));
   }
   w.reserved += len;
+  return post_table(ps, h, payload, len, 0);
+}
+
+// A vectored read's reply by a path: each entry names where its piece goes in the read (key 0),
+// checked as a READ_DATA chunk is (plan_inbound): inside the read, inside one of its segments
+// (the reader cut them; the target serves them as cut), within what the target has left to send.
+Status EndpointImpl::on_read_table(PathState& ps, const FrameHeader& h, const std::vector<unsigned char>& payload) {
+  size_t n = wire::table_pieces(h);  // 1..kMaxTableEntries, room for the table (frame.cc)
+  if (n > ps.path->max_list())
+    return protocol(fmt::format("{}: {} pieces by {}, which takes {} at most", wire::describe(h), n, ps.path->name(),
+                                ps.path->max_list()));
+  auto it = reads_.find(h.id);
+  if (it == reads_.end()) return protocol(fmt::format("{} for unknown id {}", wire::describe(h), h.id));
+  Inbound& in = it->second;
+  if (h.a1 != in.total)
+    return protocol(fmt::format("{} announces a {}-byte read; {} bytes were asked", wire::describe(h), h.a1, in.total));
+  OpState* op = in.op.get();
+  const bool drop = op == nullptr || (op->phase != OpPhase::kActive && op->phase != OpPhase::kPosted);
+  if (!drop && !op->vec) return protocol(fmt::format("{}: a table for a read that is not vectored", wire::describe(h)));
+  list_dsts_.clear();
+  list_dsts_.reserve(n);
+  uint64_t len = 0;
+  const unsigned char* p = payload.data();
+  for (size_t k = 0; k < n; ++k, p += wire::kTableEntrySize) {
+    uint64_t key = wire::get_u64(p), offset = wire::get_u64(p + 8);
+    uint32_t piece = wire::get_u32(p + 16);
+    if (key != 0) return protocol(fmt::format("read {}: table piece {} names key 0x{:x}", h.id, k, key));
+    if (piece == 0 || piece > in.expected - in.reserved - len || piece > wire::kMaxTablePiece ||
+        piece > wire::kMaxTableBytes - len)
+      return protocol(fmt::format("read {}: table piece {} of {} bytes (the read has {} bytes left; at most {} a "
+                                  "piece, {} a table)",
+                                  h.id, k, piece, in.expected - in.reserved - len, wire::kMaxTablePiece,
+                                  wire::kMaxTableBytes));
+    if (!range_fits(offset, piece, in.total))
+      return protocol(fmt::format("read {}: table piece {} [{}, +{}) lies outside the {}-byte read", h.id, k, offset,
+                                  piece, in.total));
+    len += piece;
+    MemRegion dst{nullptr, piece, {}};
+    if (!drop) {
+      dst = op->vec->slice(offset, piece);
+      if (dst.ptr == nullptr)
+        return protocol(fmt::format("read {}: table piece {} [{}, +{}) spans segments of the vectored read", h.id, k,
+                                    offset, piece));
+    }
+    list_dsts_.push_back(dst);
+  }
+  in.reserved += len;
+  if (!drop) {
+    op->phase = OpPhase::kActive;
+    ++op->inflight;
+  }
+  return post_table(ps, h, payload, len, drop ? 0 : kTagCounted);
+}
+
+Status EndpointImpl::post_table(PathState& ps, const FrameHeader& h, const std::vector<unsigned char>& payload,
+                                uint64_t len, int host_tag) {
+  const size_t n = wire::table_pieces(h);
   uint64_t seq = ps.rx_seq++;
-  ps.rx[seq] = PathState::Rx{h, len, 0, nullptr, MemRegion{nullptr, len, {}}};
+  ps.rx[seq] = PathState::Rx{h, len, host_tag, nullptr, MemRegion{nullptr, len, {}}};
   std::span<const unsigned char> desc(payload.data() + n * wire::kTableEntrySize,
                                       payload.size() - n * wire::kTableEntrySize);
   if (Status s = ps.path->post_rx_list(seq, desc, list_dsts_); !s.ok()) {
     ps.rx.erase(seq);
     if (s.code() == Code::kProtocol) return protocol(fmt::format("{}: {}", wire::describe(h), s.message()));
-    land_write(h, len, s);  // arrived but failed, as a failed copy
+    // Arrived but failed, as a failed copy.
+    if (h.type == FrameType::kWriteData) {
+      land_write(h, len, s);
+    } else {
+      DMX_RETURN_IF_ERROR(land_inbound(reads_, h, len, host_tag != 0, s));
+    }
     // The path never took the list: the sender's pieces are free again, and its window slot.
     if (ps.path->receiver_releases()) send_path_done(ps.id, seq);
   }

@@ -1,0 +1,267 @@
+// Table chunks for vectored reads (docs/wire.md "Tables"): the target serves a read's run of small
+// segments as one READ_DATA table chunk on a path that takes lists. Over the memcpy test path
+// (memcpy_path.h) between two contexts: lists of every length, byte-exact. From a hostile target
+// (a raw peer that agreed the memcpy path): a table that names a key, spans the reader's segments,
+// runs past the read or past what is left, names another read or another length, or answers a
+// plain read. The reader closes that peer with a message naming it; no byte lands; the listener
+// goes on serving.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/table_util.h"
+#include "hostile/hostile_util.h"
+
+namespace dmx::test {
+namespace {
+
+using wire::FrameHeader;
+using wire::FrameType;
+
+const MemSpec kSim{MemKind::kSim, 0};
+
+// A read of `sizes` from `regions` sim regions of the target (filled with random bytes) into one
+// poisoned sim buffer: the layout's local side is the reader's.
+struct ReadRun {
+  Layout layout;
+  std::vector<Filled> sources;
+  std::vector<Registration> regs;
+  std::vector<RemoteRegion> remote;
+  Buffer dst;
+};
+
+void prepare_read(TablePair& p, ReadRun& r, const std::vector<uint64_t>& sizes, uint32_t regions) {
+  std::mt19937_64 rng(std::random_device{}());
+  r.layout = make_layout(sizes, regions, rng);
+  for (uint32_t k = 0; k < regions; ++k) {
+    r.sources.push_back(filled(kSim, r.layout.region_size[k]));
+    auto reg = p.a.register_memory(r.sources.back().buf.region());
+    ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+    r.remote.push_back(reg->remote());
+    r.regs.push_back(std::move(*reg));
+  }
+  r.dst = poisoned(kSim, r.layout.local_size);
+}
+
+void expect_read_lands(TablePair& p, ReadRun& r) {
+  MemRegion local[] = {r.dst.region()};
+  Request req = p.client.read_vec(local, r.remote, r.layout.entries);
+  Status st = req.wait(kEventually);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(req.bytes(), r.layout.total);
+  std::vector<unsigned char> want(r.layout.local_size, 0xA5);
+  for (const IoEntry& e : r.layout.entries)
+    std::copy_n(r.sources[e.remote].data.begin() + static_cast<ptrdiff_t>(e.remote_offset), e.length,
+                want.begin() + static_cast<ptrdiff_t>(e.local_offset));
+  std::vector<unsigned char> got = read_back(r.dst.region());
+  auto [w, g] = std::mismatch(want.begin(), want.end(), got.begin());
+  ASSERT_TRUE(w == want.end()) << "the read differs first at byte " << (w - want.begin());
+}
+
+// Lists of 0 to 100,000 small segments (1-300 B) from two regions: 128 a list (the memcpy path's
+// most), a last one alone a chunk; every byte checked.
+TEST(TableReads, ListsOfEveryLengthLandByteExact) {
+  TablePair p;
+  table_pair(p);
+  std::mt19937_64 rng(std::random_device{}());
+  for (size_t n : {size_t(0), size_t(1), size_t(2), size_t(128), size_t(129), size_t(1000), size_t(100000)}) {
+    SCOPED_TRACE(n);
+    uint64_t lists0 = p.hooks->lists_received, pieces0 = p.hooks->pieces_received, chunks0 = p.hooks->chunks_sent;
+    std::vector<uint64_t> sizes(n);
+    for (uint64_t& s : sizes) s = 1 + rng() % 300;
+    ReadRun r;
+    ASSERT_NO_FATAL_FAILURE(prepare_read(p, r, sizes, 2));
+    ASSERT_NO_FATAL_FAILURE(expect_read_lands(p, r));
+    EXPECT_EQ(p.hooks->lists_received - lists0, n / 128 + (n % 128 >= 2 ? 1 : 0));
+    EXPECT_EQ(p.hooks->pieces_received - pieces0, n - (n % 128 == 1 ? 1 : 0));
+    EXPECT_EQ(p.hooks->chunks_sent - chunks0, n % 128 == 1 ? 1u : 0u);
+  }
+  EXPECT_TRUE(p.client.health().ok() && p.server.health().ok());
+}
+
+// Odd sizes with segments over 1 MiB among them (those go chunk by chunk between the lists), and a
+// read whose target turns its lists down (they go one by one).
+TEST(TableReads, BigSegmentsBetweenListsAndAPathThatTurnsListsDown) {
+  TablePair p;
+  table_pair(p);
+  const std::vector<uint64_t> sizes = {65537, 1, 4095, (1 << 20) + 1, 70000, 4097, 1 << 20, 3, 100000, 2, 12345};
+  ReadRun r;
+  ASSERT_NO_FATAL_FAILURE(prepare_read(p, r, sizes, 3));
+  ASSERT_NO_FATAL_FAILURE(expect_read_lands(p, r));
+  EXPECT_GT(p.hooks->lists_received, 0u);
+  p.hooks->refuse_lists = true;
+  uint64_t lists0 = p.hooks->lists_received;
+  ReadRun again;
+  ASSERT_NO_FATAL_FAILURE(prepare_read(p, again, sizes, 2));
+  ASSERT_NO_FATAL_FAILURE(expect_read_lands(p, again));
+  EXPECT_EQ(p.hooks->lists_received, lists0);
+}
+
+// ---- a hostile target ------------------------------------------------------------------------
+
+struct Piece {
+  uint64_t key, offset;
+  uint32_t length;
+};
+
+// A READ_DATA table: `pieces`, then the memcpy path's descriptor of `srcs`.
+std::pair<FrameHeader, std::vector<unsigned char>> read_table(uint8_t path, uint64_t id, uint64_t offset,
+                                                              uint64_t total, const std::vector<Piece>& pieces,
+                                                              const std::vector<MemRegion>& srcs) {
+  FrameHeader h;
+  h.type = FrameType::kReadData;
+  h.flags = wire::kFlagTable;
+  h.path = path;
+  h.id = id;
+  h.a0 = offset;
+  h.a1 = total;
+  h.a2 = pieces.size();
+  std::vector<unsigned char> payload(pieces.size() * wire::kTableEntrySize);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    wire::put_u64(payload.data() + k * wire::kTableEntrySize, pieces[k].key);
+    wire::put_u64(payload.data() + k * wire::kTableEntrySize + 8, pieces[k].offset);
+    wire::put_u32(payload.data() + k * wire::kTableEntrySize + 16, pieces[k].length);
+  }
+  auto desc = memcpy_path::encode(MemSpec{}, srcs);
+  payload.insert(payload.end(), desc.begin(), desc.end());
+  h.payload_len = static_cast<uint32_t>(payload.size());
+  return {h, payload};
+}
+
+// The reader: an endpoint of a listener that agreed the memcpy path with a raw peer (the target).
+// Its read: three segments of 100, 50 and 30 bytes (the read's offsets 0, 100, 150; 180 in all)
+// from the peer's key 0x77 into a poisoned buffer, or a plain read of 180 bytes when !vectored.
+struct Reader {
+  std::shared_ptr<MemcpyHooks> hooks = std::make_shared<MemcpyHooks>();
+  Server s;
+  std::optional<RawPeer> peer;
+  Endpoint ep;
+  Buffer dst = poisoned(MemSpec{}, 1000);
+  Filled src = filled(MemSpec{}, 4096);  // the raw peer's memory its descriptors name
+  Request req;
+  uint64_t id = 0;
+  uint8_t path = 0;
+};
+
+void start_read(Reader& r, bool vectored = true) {
+  r.s = make_server(table_options());
+  r.s.ctx.impl()->register_transport(make_memcpy_transport(r.hooks, kTableTransport));
+  auto peer = RawPeer::connect(r.s.listener.address(), kHostileKey, 1, false,
+                               {wire::Offer{"tcp", {1}}, wire::Offer{kTableTransport, {1}}});
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  r.peer = std::move(*peer);
+  r.path = r.peer->path_id(kTableTransport);
+  ASSERT_NE(r.path, 0) << "the server did not agree the memcpy path";
+  auto ep = r.s.listener.accept(10s);
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  r.ep = std::move(*ep);
+  RemoteRegion remote{0x77, 4096};
+  if (vectored) {
+    MemRegion local[] = {r.dst.region()};
+    RemoteRegion remotes[] = {remote};
+    std::vector<IoEntry> entries = {{0, 0, 10, 0, 100}, {0, 0, 200, 500, 50}, {0, 0, 300, 1000, 30}};
+    r.req = r.ep.read_vec(local, remotes, entries);
+  } else {
+    r.req = r.ep.read(r.dst.region().sub(10, 180), remote, 0);
+  }
+  for (;;) {  // the READ_REQs: the last one has no MORE
+    auto f = r.peer->read(0);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    if (f->header.type != FrameType::kReadReq) continue;
+    r.id = f->header.id;
+    if ((f->header.flags & wire::kFlagMore) == 0) break;
+  }
+}
+
+MemRegion src_at(Reader& r, uint64_t offset, uint64_t len) { return r.src.buf.region().sub(offset, len); }
+
+void expect_closed(Reader& r, const std::vector<std::pair<FrameHeader, std::vector<unsigned char>>>& frames,
+                   const std::string& words) {
+  for (const auto& [h, payload] : frames) ASSERT_TRUE(r.peer->send(h, payload).ok());
+  Status st = wait_for_failure(r.ep, kEventually);
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find(words), std::string::npos) << st.to_string();
+  EXPECT_FALSE(st.peer().empty()) << "the error must name the peer: " << st.to_string();
+  EXPECT_FALSE(r.req.wait(kEventually).ok());
+  for (unsigned char c : read_back(r.dst.region())) ASSERT_EQ(c, 0xA5) << "a lying table touched the buffer";
+  expect_serves_a_good_client(r.s);
+}
+
+TEST(TableReadsHostile, AGoodTableFromTheRawPeerLands) {  // the seam itself works
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  auto f = read_table(r.path, r.id, 0, 180, {{0, 0, 100}, {0, 100, 50}, {0, 150, 30}},
+                      {src_at(r, 1, 100), src_at(r, 2001, 50), src_at(r, 3001, 30)});
+  ASSERT_TRUE(r.peer->send(f.first, f.second).ok());
+  Status st = r.req.wait(kEventually);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  auto got = read_back(r.dst.region());
+  EXPECT_TRUE(std::equal(r.src.data.begin() + 1, r.src.data.begin() + 101, got.begin() + 10));
+  EXPECT_TRUE(std::equal(r.src.data.begin() + 2001, r.src.data.begin() + 2051, got.begin() + 200));
+  EXPECT_TRUE(std::equal(r.src.data.begin() + 3001, r.src.data.begin() + 3031, got.begin() + 300));
+  EXPECT_EQ(got[9], 0xA5);
+  EXPECT_EQ(got[110], 0xA5);
+  EXPECT_EQ(got[330], 0xA5);
+  EXPECT_TRUE(r.ep.health().ok()) << r.ep.health().to_string();
+}
+
+TEST(TableReadsHostile, PieceNamesAKey) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {read_table(r.path, r.id, 0, 180, {{0, 0, 100}, {5, 100, 50}}, {src_at(r, 0, 100), src_at(r, 0, 50)})},
+                "names key 0x5");
+}
+
+TEST(TableReadsHostile, PieceSpansTheReadersSegments) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {read_table(r.path, r.id, 0, 180, {{0, 0, 120}}, {src_at(r, 0, 120)})}, "spans segments");
+}
+
+TEST(TableReadsHostile, PiecePastTheRead) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {read_table(r.path, r.id, 0, 180, {{0, 170, 20}}, {src_at(r, 0, 20)})}, "lies outside");
+  Reader r2;
+  ASSERT_NO_FATAL_FAILURE(start_read(r2));
+  expect_closed(r2, {read_table(r2.path, r2.id, 0, 180, {{0, UINT64_MAX - 5, 10}}, {src_at(r2, 0, 10)})},
+                "lies outside");
+}
+
+TEST(TableReadsHostile, MoreThanTheReadHasLeft) {  // the same pieces twice
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  auto once = read_table(r.path, r.id, 0, 180, {{0, 0, 100}, {0, 100, 50}}, {src_at(r, 0, 100), src_at(r, 0, 50)});
+  ASSERT_TRUE(r.peer->send(once.first, once.second).ok());  // this one may land: only the second lies
+  ASSERT_TRUE(r.peer->send(once.first, once.second).ok());
+  Status st = wait_for_failure(r.ep, kEventually);
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find("bytes left"), std::string::npos) << st.to_string();
+  EXPECT_FALSE(r.req.wait(kEventually).ok());
+  expect_serves_a_good_client(r.s);
+}
+
+TEST(TableReadsHostile, AnotherReadOrAnotherLength) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {read_table(r.path, r.id + 1, 0, 180, {{0, 0, 100}}, {src_at(r, 0, 100)})}, "unknown id");
+  Reader r2;
+  ASSERT_NO_FATAL_FAILURE(start_read(r2));
+  expect_closed(r2, {read_table(r2.path, r2.id, 0, 181, {{0, 0, 100}}, {src_at(r2, 0, 100)})}, "181-byte read");
+}
+
+TEST(TableReadsHostile, TableForAPlainRead) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r, /*vectored=*/false));
+  expect_closed(r, {read_table(r.path, r.id, 0, 180, {{0, 0, 100}}, {src_at(r, 0, 100)})}, "not vectored");
+}
+
+TEST(TableReadsHostile, DescriptorDisagreesWithTheTable) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {read_table(r.path, r.id, 0, 180, {{0, 0, 100}, {0, 100, 50}}, {src_at(r, 0, 100), src_at(r, 0, 49)})},
+                "READ_DATA");
+}
+
+}  // namespace
+}  // namespace dmx::test
