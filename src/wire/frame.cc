@@ -104,7 +104,7 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
   DMX_ASSIGN_OR_RETURN(uint32_t max, max_payload(h.type, limits));
   bool data = is_chunk(h.type);
   auto allowed_flags = static_cast<uint8_t>(h.type == FrameType::kWriteData ? kFlagNotify | kFlagVector | kFlagTable
-                                            : h.type == FrameType::kReadReq  ? kFlagVector | kFlagMore
+                                            : h.type == FrameType::kReadReq  ? kFlagVector | kFlagMore | kFlagTable
                                             : h.type == FrameType::kReadData ? kFlagTable
                                                                              : 0);
   if (carries_data(h.type)) allowed_flags |= kFlagChecksum;
@@ -117,7 +117,16 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
     return Status(Code::kProtocol, fmt::format("{} frame names payload path {} (at most {})", frame_type_name(h.type),
                                                h.path, kMaxPathId));
   if (h.path != 0) max = kMaxPathDescriptor;
-  if (h.flags & kFlagTable) {
+  if ((h.flags & kFlagTable) && h.type == FrameType::kReadReq) {
+    // A vectored read's segments, a table of them and nothing else (docs/wire.md).
+    if ((h.flags & kFlagVector) == 0 || h.a0 == 0 || h.a0 > kMaxTableEntries || h.a1 != 0 || h.a2 != 0)
+      return Status(Code::kProtocol, fmt::format("a READ_REQ table of {} segments (1 to {}, VECTOR, a1 {} and a2 {} 0)",
+                                                 h.a0, kMaxTableEntries, h.a1, h.a2));
+    if (h.payload_len != h.a0 * kTableEntrySize)
+      return Status(Code::kProtocol, fmt::format("a READ_REQ table of {} segments carries {} bytes, not {}", h.a0,
+                                                 h.payload_len, h.a0 * kTableEntrySize));
+    max = h.payload_len;
+  } else if (h.flags & kFlagTable) {
     // The table's own frame: a vectored write's or read's pieces by a path, no checksum
     // (docs/wire.md).
     bool write = h.type == FrameType::kWriteData;

@@ -26,7 +26,8 @@
 namespace dmx::wire {
 
 inline constexpr uint32_t kMagic = 0x31584d44;  // bytes 'D' 'M' 'X' '1'
-inline constexpr uint16_t kProtocolVersion = 10;  // 8: REJOIN (reconnect_timeout); 9: TABLE; 10: read tables
+inline constexpr uint16_t kProtocolVersion = 10;  // 8: REJOIN (reconnect_timeout); 9: TABLE; 10: read tables,
+                                                  // READ_REQ tables
 inline constexpr size_t kHeaderSize = 56;
 inline constexpr uint32_t kMaxControlPayload = 4096;  // handshake, ack texts, reject reasons
 
@@ -49,6 +50,7 @@ enum class FrameType : uint8_t {
   // One-sided operations.
   kWriteData = 24,  // id=op id, a0=remote key, a1=remote offset, a2=op length, a3=notify value
   kReadReq = 25,    // id=op id, a0=remote key, a1=remote offset, a2=length, a3=accepting paths
+                    // (with kFlagTable: a0 segments in the payload, a1=a2=0)
   kReadData = 26,   // id=op id, a0=offset in op, a1=op length; payload = chunk
   kPathDone = 27,   // id=path sequence number, a0=path id: the receiver is done with a chunk the
                     // sender lent through a path that releases at the receiver (cuda_ipc)
@@ -68,7 +70,8 @@ enum FrameFlags : uint8_t {
   kFlagMore = 8,      // kReadReq with kFlagVector: more segments of the read follow
   kFlagTable = 16,    // kWriteData with kFlagVector and a path: a0 pieces, their table, then the
                       // path's list descriptor (docs/wire.md "Tables"); kReadData with a path:
-                      // the same with a2 pieces
+                      // the same with a2 pieces; kReadReq with kFlagVector: a0 segments' (key,
+                      // offset, length) entries and nothing else
 };
 // kCts a1 (receiver) and kReadReq a3 (reader): bit k set = path k may carry chunks into the buffer
 // being filled. Only paths that reach some destinations and not others (devmem) are named; the

@@ -17,6 +17,7 @@ namespace {
 uint32_t independent_limit(const FrameHeader& h, const Limits& l) {
   // A TABLE chunk: a0 (a write's) or a2 (a read's) pieces of 20 B, then a list descriptor (the
   // count checked by the caller first).
+  if ((h.flags & kFlagTable) && h.type == FrameType::kReadReq) return static_cast<uint32_t>(h.a0) * 20;
   if (h.flags & kFlagTable) return static_cast<uint32_t>(h.type == FrameType::kReadData ? h.a2 : h.a0) * 20 + 8704;
   if (h.path != 0) return kMaxPathDescriptor;
   switch (h.type) {
@@ -51,7 +52,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // TABLE (docs/wire.md "Tables"): a vectored WRITE_DATA by a path, no CHECKSUM, 1 to 1,024
     // pieces in a0, a1 0, room for the table and a descriptor; or a READ_DATA by a path, no
     // CHECKSUM, 1 to 1,024 pieces in a2, room for both.
-    if (h->flags & kFlagTable) {
+    if ((h->flags & kFlagTable) && h->type == FrameType::kReadReq) {
+      // A READ_REQ table: VECTOR, 1 to 1,024 segments in a0, a1 and a2 0, exactly their entries.
+      if ((h->flags & kFlagVector) == 0 || h->a0 == 0 || h->a0 > 1024 || h->a1 != 0 || h->a2 != 0 ||
+          h->payload_len != h->a0 * 20)
+        std::abort();
+    } else if (h->flags & kFlagTable) {
       bool write = h->type == FrameType::kWriteData;
       uint64_t n = write ? h->a0 : h->a2;
       if ((!write && h->type != FrameType::kReadData) || (write && ((h->flags & kFlagVector) == 0 || h->a1 != 0)) ||

@@ -1,9 +1,13 @@
 // Vectored operations from a hostile peer: a vectored write's chunk outside its region, a vectored
-// read's segment outside its region, a read that announces segments without end. Each closes that
-// peer's endpoint with an error naming it and the reason; no byte lands outside; others go on.
+// read's segment outside its region (one READ_REQ per segment, or in a READ_REQ table), a read that
+// announces segments without end. Each closes that peer's endpoint with an error naming it and the
+// reason; no byte lands outside; others go on. And a good read that mixes both forms is served.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include "hostile/hostile_util.h"
+#include "wire/le.h"
 
 namespace dmx::test {
 namespace {
@@ -98,6 +102,85 @@ TEST(BadPeerVec, ReadSegmentOutsideItsRegion) {
   EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
   EXPECT_NE(st.message().find("outside"), std::string::npos) << st.to_string();
   expect_others_go_on(s);
+}
+
+// A READ_REQ table of `segs` (key, offset, length each).
+std::pair<FrameHeader, std::vector<unsigned char>> read_table(uint64_t id, const std::vector<std::array<uint64_t, 3>>& segs,
+                                                              bool more) {
+  FrameHeader h;
+  h.type = FrameType::kReadReq;
+  h.flags = static_cast<uint8_t>(wire::kFlagVector | wire::kFlagTable | (more ? wire::kFlagMore : 0));
+  h.id = id;
+  h.a0 = segs.size();
+  std::vector<unsigned char> table(segs.size() * wire::kTableEntrySize);
+  for (size_t k = 0; k < segs.size(); ++k) {
+    wire::put_u64(table.data() + k * wire::kTableEntrySize, segs[k][0]);
+    wire::put_u64(table.data() + k * wire::kTableEntrySize + 8, segs[k][1]);
+    wire::put_u32(table.data() + k * wire::kTableEntrySize + 16, static_cast<uint32_t>(segs[k][2]));
+  }
+  h.payload_len = static_cast<uint32_t>(table.size());
+  return {h, table};
+}
+
+TEST(BadPeerVec, ReadTableSegmentOutsideItsRegion) {
+  Server s = make_server();
+  Buffer a = filled(MemSpec{}, 1000).buf;
+  auto ra = s.ctx.register_memory(a.region());
+  ASSERT_TRUE(ra.ok());
+  uint64_t key = ra->remote().key;
+  Status st = provoke(s, {read_table(1, {{key, 0, 100}, {key, 200, 50}}, true),
+                          read_table(1, {{key, 300, 10}, {key, 999, 2}}, false)});
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find("outside"), std::string::npos) << st.to_string();
+  expect_others_go_on(s);
+}
+
+// A READ_REQ table whose header and payload disagree is refused by the frame decoder.
+TEST(BadPeerVec, ReadTableOfAnotherSize) {
+  Server s = make_server();
+  auto f = read_table(1, {{5, 0, 100}, {5, 200, 50}}, false);
+  f.second.pop_back();
+  f.first.payload_len = static_cast<uint32_t>(f.second.size());
+  Status st = provoke(s, {f});
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find("READ_REQ table of 2 segments carries 39 bytes"), std::string::npos) << st.to_string();
+  expect_others_go_on(s);
+}
+
+// Segments in a READ_REQ table, then one in a READ_REQ of its own (as a segment of 4 GiB or more
+// goes), then a table again: served as one read, in order, byte-exact.
+TEST(BadPeerVec, AReadMixingTablesAndPlainSegmentsIsServed) {
+  Server s = make_server();
+  Filled a = filled(MemSpec{}, 5000);
+  auto ra = s.ctx.register_memory(a.buf.region());
+  ASSERT_TRUE(ra.ok());
+  uint64_t key = ra->remote().key;
+  auto peer = RawPeer::connect(s.listener.address(), kHostileKey);
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  auto ep = s.listener.accept(10s);
+  ASSERT_TRUE(ep.ok());
+  auto first = read_table(7, {{key, 10, 100}, {key, 4000, 7}}, true);
+  ASSERT_TRUE(peer->send(first.first, first.second).ok());
+  ASSERT_TRUE(peer->send(vec_read(7, key, 2000, 1000, true)).ok());
+  auto last = read_table(7, {{key, 0, 1}}, false);
+  ASSERT_TRUE(peer->send(last.first, last.second).ok());
+  std::vector<unsigned char> want;
+  for (auto [at, n] : {std::pair<size_t, size_t>{10, 100}, {4000, 7}, {2000, 1000}, {0, 1}})
+    want.insert(want.end(), a.data.begin() + static_cast<ptrdiff_t>(at), a.data.begin() + static_cast<ptrdiff_t>(at + n));
+  std::vector<unsigned char> got(want.size(), 0);
+  size_t landed = 0;
+  while (landed < want.size()) {
+    auto f = peer->read(0);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    if (f->header.type != FrameType::kReadData) continue;
+    ASSERT_EQ(f->header.id, 7u);
+    ASSERT_EQ(f->header.a1, want.size());
+    ASSERT_LE(f->header.a0 + f->payload.size(), want.size());
+    std::copy(f->payload.begin(), f->payload.end(), got.begin() + static_cast<ptrdiff_t>(f->header.a0));
+    landed += f->payload.size();
+  }
+  EXPECT_TRUE(got == want);
+  EXPECT_TRUE(ep->health().ok()) << ep->health().to_string();
 }
 
 // A read whose segments never end is held in the peer_memory_budget: the peer is closed once its

@@ -213,8 +213,38 @@ TEST(Frame, TableChunk) {
   h = read(4, 100);
   h.flags |= kFlagVector;  // VECTOR is a write's and a READ_REQ's
   EXPECT_TRUE(refused(h, "unknown flags"));
+  // READ_REQ: a0 segments, their entries and nothing else; VECTOR; a1 and a2 0.
+  auto req = [&](uint64_t n, uint32_t payload) {
+    FrameHeader r;
+    r.type = FrameType::kReadReq;
+    r.flags = kFlagVector | kFlagTable | kFlagMore;
+    r.id = 9;
+    r.a0 = n;
+    r.a3 = 6;
+    r.payload_len = payload;
+    return r;
+  };
+  for (uint64_t n : {1u, 77u, kMaxTableEntries}) {
+    auto d = decode(req(n, static_cast<uint32_t>(n) * kTableEntrySize));
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    EXPECT_EQ(d->a0, n);
+    EXPECT_EQ(d->payload_len, n * kTableEntrySize);
+  }
+  EXPECT_TRUE(refused(req(0, 0), "READ_REQ table of 0 segments"));
+  EXPECT_TRUE(refused(req(kMaxTableEntries + 1, (kMaxTableEntries + 1) * kTableEntrySize), "segments"));
+  EXPECT_TRUE(refused(req(4, 81), "carries 81 bytes, not 80"));
+  EXPECT_TRUE(refused(req(4, 79), "carries 79 bytes"));
+  h = req(4, 80);
+  h.flags = kFlagTable;
+  EXPECT_TRUE(refused(h, "READ_REQ table"));
+  h = req(4, 80);
+  h.a2 = 1;
+  EXPECT_TRUE(refused(h, "READ_REQ table"));
+  h = req(4, 80);
+  h.flags &= static_cast<uint8_t>(~kFlagTable);  // a plain vectored READ_REQ carries nothing
+  EXPECT_TRUE(refused(h, "the limit is 0"));
   // No other frame carries a table.
-  for (FrameType t : {FrameType::kSendData, FrameType::kEager, FrameType::kReadReq}) {
+  for (FrameType t : {FrameType::kSendData, FrameType::kEager}) {
     h = table(4, 100);
     h.type = t;
     h.flags = kFlagVector | kFlagTable;

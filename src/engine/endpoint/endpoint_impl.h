@@ -260,7 +260,8 @@ class EndpointImpl final : public stream::StreamHost,
   Result<stream::RxPlan> plan_vec_write(InWrite& w, const wire::FrameHeader& h, uint64_t len);
   static void release_write(InWrite& w);
   // A vectored read's segment request (READ_REQ with kFlagVector): gathered until the last one.
-  Status on_read_vec_req(const wire::FrameHeader& h);
+  // `table`: a READ_REQ table's entries (kFlagTable), else empty.
+  Status on_read_vec_req(const wire::FrameHeader& h, const std::vector<unsigned char>& table);
   Request post_one_sided(OpType type, const MemRegion& local, const RemoteRegion& remote, uint64_t offset,
                          OpOptions o);
   std::shared_ptr<OpState> new_op(OpType type, const MemRegion& region, const OpOptions& o);
@@ -489,7 +490,7 @@ class EndpointImpl final : public stream::StreamHost,
   Status on_cts(const wire::FrameHeader& h);
   Result<stream::RxPlan> plan_write(const wire::FrameHeader& h, uint64_t len);
   void land_write(const wire::FrameHeader& h, uint64_t len, const Status& moved = Status());
-  Status on_read_req(const wire::FrameHeader& h);
+  Status on_read_req(const wire::FrameHeader& h, const std::vector<unsigned char>& table);
   Status on_ack(const wire::FrameHeader& h, const std::vector<unsigned char>& text);
   Status on_cancel(const wire::FrameHeader& h);
   void match_recv(const std::shared_ptr<OpState>& op, bool front);
@@ -585,6 +586,8 @@ class EndpointImpl final : public stream::StreamHost,
     std::vector<MemoryBudget::Charge> charges;  // one per kVecChargeSegs segments
   };
   std::unordered_map<uint64_t, VecReadReq> vec_reads_;
+  // One segment of read `id` (a READ_REQ's, or an entry of its table) into `v`.
+  Status add_read_segment(uint64_t id, VecReadReq& v, uint64_t key, uint64_t offset, uint64_t length);
   std::deque<Notification> notes_;  // at most params_.max_notifications
   Clock::time_point refusals_since_{};
   int refusals_ = 0;  // within the 10 s from refusals_since_

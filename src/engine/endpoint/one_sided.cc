@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
+#include "wire/le.h"
 
 namespace dmx {
 
@@ -187,8 +188,8 @@ void EndpointImpl::land_write(const FrameHeader& h, uint64_t len, const Status& 
   in_writes_.erase(it);
 }
 
-Status EndpointImpl::on_read_req(const FrameHeader& h) {
-  if (h.flags & wire::kFlagVector) return on_read_vec_req(h);
+Status EndpointImpl::on_read_req(const FrameHeader& h, const std::vector<unsigned char>& table) {
+  if (h.flags & wire::kFlagVector) return on_read_vec_req(h, table);
   if (vec_reads_.count(h.id)) return protocol(fmt::format("READ_REQ {} ends a vectored read unflagged", h.id));
   if (serving_.size() >= static_cast<size_t>(params_.max_inflight_ops))
     return protocol(fmt::format("the peer has more than {} reads in flight", params_.max_inflight_ops));
@@ -225,7 +226,7 @@ Status EndpointImpl::on_read_req(const FrameHeader& h) {
 // One segment of the peer's vectored read (READ_REQ with kFlagVector): checked against its region
 // now, gathered until the last one (no kFlagMore), then served as one read. The segments a peer
 // has announced are charged to the context's peer_memory_budget while they wait.
-Status EndpointImpl::on_read_vec_req(const FrameHeader& h) {
+Status EndpointImpl::on_read_vec_req(const FrameHeader& h, const std::vector<unsigned char>& table) {
   auto it = vec_reads_.find(h.id);
   if (it == vec_reads_.end()) {
     if (serving_.size() + vec_reads_.size() >= static_cast<size_t>(params_.max_inflight_ops))
@@ -236,44 +237,13 @@ Status EndpointImpl::on_read_vec_req(const FrameHeader& h) {
     it->second.accepts = h.a3;
   }
   VecReadReq& v = it->second;
-  VecLayout& l = *v.layout;
   if (h.a3 != v.accepts) return protocol(fmt::format("vectored READ_REQ {} changed its accepting paths", h.id));
-  if (++v.announced > kMaxIoEntries)
-    return protocol(fmt::format("vectored read {} announces more than {} segments", h.id, kMaxIoEntries));
-  if (v.refused.ok() && h.a2 > 0) {
-    if (l.segs.size() % kVecChargeSegs == 0) {
-      const std::string& peer = session_.peer_key.empty() ? session_.peer : session_.peer_key;
-      auto charge = MemoryBudget::take(ctx_->memory_budget(), kVecChargeSegs * sizeof(VecSeg), peer,
-                                       "a vectored read's segments");
-      if (!charge.ok()) return charge.status();
-      v.charges.push_back(std::move(*charge));
-    }
-    Registered* reg = nullptr;
-    if (auto r = v.by_key.find(h.a0); r != v.by_key.end()) {
-      reg = r->second;
-    } else if (auto got = ctx_->acquire_registration(h.a0, weak_from_this())) {
-      reg = got.get();
-      v.by_key.emplace(h.a0, reg);
-      v.regs.push_back(std::move(got));
-    } else {
-      v.refused = Status(Code::kNotFound, fmt::format("read refused: unknown remote key 0x{:x}", h.a0));
-    }
-    if (reg != nullptr) {
-      const MemRegion& r = reg->region;
-      if (!range_fits(h.a1, h.a2, r.size))
-        return protocol(fmt::format("vectored read {}: a segment of {} bytes at offset {} lies outside the {}-byte "
-                                    "region of key 0x{:x}",
-                                    h.id, h.a2, h.a1, r.size, h.a0));
-      auto total = checked_add(l.total, h.a2);
-      if (!total) return protocol(fmt::format("vectored read {} exceeds 2^64 bytes", h.id));
-      if (l.segs.empty()) l.where = r.where;
-      if (!(r.where == l.where))
-        v.refused = Status(Code::kInvalidArgument,
-                           fmt::format("read refused: its regions are of different memory kinds ({}, {})",
-                                       to_string(l.where), to_string(r.where)));
-      l.segs.push_back(VecSeg{l.total, static_cast<char*>(r.ptr) + h.a1, h.a2, 0, 0});
-      l.total = *total;
-    }
+  if (h.flags & wire::kFlagTable) {
+    const unsigned char* p = table.data();  // a0 entries: frame.cc checked the payload's size
+    for (uint64_t k = 0; k < h.a0; ++k, p += wire::kTableEntrySize)
+      DMX_RETURN_IF_ERROR(add_read_segment(h.id, v, wire::get_u64(p), wire::get_u64(p + 8), wire::get_u32(p + 16)));
+  } else {
+    DMX_RETURN_IF_ERROR(add_read_segment(h.id, v, h.a0, h.a1, h.a2));
   }
   if (h.flags & wire::kFlagMore) return Status();
   VecReadReq done = std::move(v);
@@ -297,6 +267,48 @@ Status EndpointImpl::on_read_vec_req(const FrameHeader& h) {
   tx_.back().accepts = done.accepts;
   has_tx_.store(true, std::memory_order_release);
   wake_for(tx_.back());
+  return Status();
+}
+
+Status EndpointImpl::add_read_segment(uint64_t id, VecReadReq& v, uint64_t key, uint64_t offset, uint64_t length) {
+  VecLayout& l = *v.layout;
+  if (++v.announced > kMaxIoEntries)
+    return protocol(fmt::format("vectored read {} announces more than {} segments", id, kMaxIoEntries));
+  if (v.refused.ok() && length > 0) {
+    if (l.segs.size() % kVecChargeSegs == 0) {
+      const std::string& peer = session_.peer_key.empty() ? session_.peer : session_.peer_key;
+      auto charge = MemoryBudget::take(ctx_->memory_budget(), kVecChargeSegs * sizeof(VecSeg), peer,
+                                       "a vectored read's segments");
+      if (!charge.ok()) return charge.status();
+      v.charges.push_back(std::move(*charge));
+    }
+    Registered* reg = nullptr;
+    if (auto r = v.by_key.find(key); r != v.by_key.end()) {
+      reg = r->second;
+    } else if (auto got = ctx_->acquire_registration(key, weak_from_this())) {
+      reg = got.get();
+      v.by_key.emplace(key, reg);
+      v.regs.push_back(std::move(got));
+    } else {
+      v.refused = Status(Code::kNotFound, fmt::format("read refused: unknown remote key 0x{:x}", key));
+    }
+    if (reg != nullptr) {
+      const MemRegion& r = reg->region;
+      if (!range_fits(offset, length, r.size))
+        return protocol(fmt::format("vectored read {}: a segment of {} bytes at offset {} lies outside the {}-byte "
+                                    "region of key 0x{:x}",
+                                    id, length, offset, r.size, key));
+      auto total = checked_add(l.total, length);
+      if (!total) return protocol(fmt::format("vectored read {} exceeds 2^64 bytes", id));
+      if (l.segs.empty()) l.where = r.where;
+      if (!(r.where == l.where))
+        v.refused = Status(Code::kInvalidArgument,
+                           fmt::format("read refused: its regions are of different memory kinds ({}, {})",
+                                       to_string(l.where), to_string(r.where)));
+      l.segs.push_back(VecSeg{l.total, static_cast<char*>(r.ptr) + offset, length, 0, 0});
+      l.total = *total;
+    }
+  }
   return Status();
 }
 

@@ -68,6 +68,7 @@ Result<stream::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h)
         if (plan.ok() && session_.multilink && stream != 0) link_planned(stream, h, *plan);
         return plan;
       }
+    case FrameType::kReadReq:  // a table's entries (frame.cc allows a payload only then)
     case FrameType::kAck:
     case FrameType::kClose: {
       stream::RxPlan p;
@@ -129,7 +130,7 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan&
           st = protocol(fmt::format("PATH_DONE for {} chunk {}, which is not in flight", ps->path->name(), h.id));
         break;
       }
-      case FrameType::kReadReq: st = on_read_req(h); break;
+      case FrameType::kReadReq: st = on_read_req(h, plan.control); break;
       case FrameType::kAck: st = on_ack(h, plan.control); break;
       case FrameType::kCancel: st = on_cancel(h); break;
       case FrameType::kCredit:  // saturating: a peer's number must not wrap our credit round

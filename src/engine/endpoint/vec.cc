@@ -12,6 +12,7 @@
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
 #include "engine/op.h"
+#include "wire/le.h"
 
 namespace dmx {
 
@@ -355,18 +356,41 @@ Request EndpointImpl::post_read_vec(std::span<const MemRegion> local, std::span<
     op->id = next_op_++;
     ++counters_.reads;
     reads_[op->id] = Inbound{op, 0, l.total, 0, l.total};
-    // One READ_REQ per segment, in order; the target starts serving at the last.
-    uint64_t accepts = accepts_for(l.where);
+    // The segments in order, in READ_REQ tables of up to 1,024 (a segment of 4 GiB or more, whose
+    // length a table entry cannot hold, in a READ_REQ of its own); the target serves at the last.
+    FrameHeader h;
+    h.type = FrameType::kReadReq;
+    h.id = op->id;
+    h.a3 = accepts_for(l.where);
+    std::vector<unsigned char> table;
+    auto flush = [&](bool more) {
+      if (table.empty()) return;
+      FrameHeader t = h;
+      t.flags = wire::kFlagVector | wire::kFlagTable | (more ? wire::kFlagMore : 0);
+      t.a0 = table.size() / wire::kTableEntrySize;
+      t.payload_len = static_cast<uint32_t>(table.size());
+      push_control(t, std::move(table));
+      table.clear();
+    };
     for (size_t k = 0; k < l.segs.size(); ++k) {
-      FrameHeader h;
-      h.type = FrameType::kReadReq;
-      h.flags = wire::kFlagVector | (k + 1 < l.segs.size() ? wire::kFlagMore : 0);
-      h.id = op->id;
-      h.a0 = l.segs[k].rkey;
-      h.a1 = l.segs[k].roffset;
-      h.a2 = l.segs[k].length;
-      h.a3 = accepts;
-      push_control(h);
+      const VecSeg& s = l.segs[k];
+      const bool last = k + 1 == l.segs.size();
+      if (s.length > UINT32_MAX) {
+        flush(/*more=*/true);
+        FrameHeader one = h;
+        one.flags = wire::kFlagVector | (last ? 0 : wire::kFlagMore);
+        one.a0 = s.rkey;
+        one.a1 = s.roffset;
+        one.a2 = s.length;
+        push_control(one);
+        continue;
+      }
+      size_t at = table.size();
+      table.resize(at + wire::kTableEntrySize);
+      wire::put_u64(table.data() + at, s.rkey);
+      wire::put_u64(table.data() + at + 8, s.roffset);
+      wire::put_u32(table.data() + at + 16, static_cast<uint32_t>(s.length));
+      if (last || table.size() == wire::kMaxTableEntries * wire::kTableEntrySize) flush(/*more=*/!last);
     }
   }
   lock.unlock();
