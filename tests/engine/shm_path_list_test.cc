@@ -201,6 +201,36 @@ TEST(ShmPathList, DescriptorThatDisagreesIsRefused) {
   ASSERT_NO_FATAL_FAILURE(transfer(*p->a, p->ra, *p->b, p->rb, &seq, 5000, 0, 0));
 }
 
+constexpr uint64_t kBlocks = 3000, kS = 4096;
+
+// KV-cache blocks: block i + 1 of a cache (about 4 KiB each, some of odd sizes, at odd offsets)
+// to block kBlocks - 1 - i of another, 3 bytes in. The entries (the cache local for a write,
+// remote for a read) and what the destination of `dst_size` bytes holds after them.
+struct KvBlocks {
+  std::vector<IoEntry> entries;
+  std::vector<unsigned char> want;
+  uint64_t total = 0;
+};
+
+KvBlocks kv_blocks(const std::vector<unsigned char>& cache, size_t dst_size, bool write) {
+  KvBlocks b;
+  b.want.assign(dst_size, 0xA5);
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    uint64_t len = i % 500 == 7 ? kS - 1 - i % 3 : kS, from = (i + 1) * kS + i % 5, to = (kBlocks - 1 - i) * kS + 3;
+    b.entries.push_back(write ? IoEntry{0, 0, from, to, len} : IoEntry{0, 0, to, from, len});
+    std::memcpy(b.want.data() + to, cache.data() + from, len);
+    b.total += len;
+  }
+  return b;
+}
+
+// The chunks and bytes an endpoint's shm path received.
+std::pair<uint64_t, uint64_t> shm_received(const Endpoint& e) {
+  for (const auto& u : e.stats().paths)
+    if (u.name == "shm") return {u.chunks_received, u.bytes_received};
+  return {0, 0};
+}
+
 // Through the engine: a KV-cache shaped write of 3,000 blocks of about 4 KiB over shm goes as a
 // few lists, not a chunk per block (nor inline on the stream), and lands byte-exact.
 TEST(ShmPathList, WriteVecOfSmallBlocksGoesAsLists) {
@@ -208,36 +238,22 @@ TEST(ShmPathList, WriteVecOfSmallBlocksGoesAsLists) {
   o.set("transport", "shm");
   test::Pair p = test::connect_pair(o);
   ASSERT_TRUE(p.client.valid() && p.server.valid());
-  constexpr uint64_t kBlocks = 3000, kS = 4096;
   test::Filled src = test::filled({}, (kBlocks + 2) * kS);
   Buffer dst = test::poisoned({}, kBlocks * kS + 64);
   auto reg = p.ctx.register_memory(dst.region());
   ASSERT_TRUE(reg.ok()) << reg.status().to_string();
   MemRegion local[] = {src.buf.region()};
   RemoteRegion remote[] = {reg->remote()};
-  std::vector<IoEntry> entries;
-  std::vector<unsigned char> want(dst.size(), 0xA5);
-  uint64_t total = 0;
-  for (uint64_t i = 0; i < kBlocks; ++i) {  // block i from slot i + 1, to the other end
-    uint64_t len = i % 500 == 7 ? kS - 1 - i % 3 : kS, from = (i + 1) * kS + i % 5, to = (kBlocks - 1 - i) * kS + 3;
-    entries.push_back(IoEntry{0, 0, from, to, len});
-    std::memcpy(want.data() + to, src.data.data() + from, len);
-    total += len;
-  }
-  auto path_chunks = [](const Endpoint& e) {
-    for (const auto& u : e.stats().paths)
-      if (u.name == "shm") return std::pair{u.chunks_received, u.bytes_received};
-    return std::pair{uint64_t{0}, uint64_t{0}};
-  };
-  auto before = path_chunks(p.server);
+  KvBlocks b = kv_blocks(src.data, dst.size(), /*write=*/true);
+  auto before = shm_received(p.server);
   OpOptions notify;
   notify.notify = true;
-  Request w = p.client.write_vec(local, remote, entries, notify);
+  Request w = p.client.write_vec(local, remote, b.entries, notify);
   ASSERT_TRUE(w.wait(test::kEventually).ok()) << w.status().to_string();
   ASSERT_TRUE(p.server.next_notification(std::chrono::seconds(10)).ok());
-  EXPECT_TRUE(test::read_back(dst.region()) == want) << "the blocks landed wrong";
-  auto after = path_chunks(p.server);
-  EXPECT_EQ(after.second - before.second, total) << "not every block came by shm";
+  EXPECT_TRUE(test::read_back(dst.region()) == b.want) << "the blocks landed wrong";
+  auto after = shm_received(p.server);
+  EXPECT_EQ(after.second - before.second, b.total) << "not every block came by shm";
   EXPECT_GE(after.first - before.first, 3u);
   EXPECT_LE(after.first - before.first, 8u) << "the blocks went chunk by chunk, not as lists";
 }
@@ -249,34 +265,20 @@ TEST(ShmPathList, ReadVecOfSmallBlocksComesAsLists) {
   o.set("transport", "shm");
   test::Pair p = test::connect_pair(o);
   ASSERT_TRUE(p.client.valid() && p.server.valid());
-  constexpr uint64_t kBlocks = 3000, kS = 4096;
   test::Filled remote_cache = test::filled({}, (kBlocks + 2) * kS);
   Buffer dst = test::poisoned({}, kBlocks * kS + 64);
   auto reg = p.ctx.register_memory(remote_cache.buf.region());
   ASSERT_TRUE(reg.ok()) << reg.status().to_string();
   MemRegion local[] = {dst.region()};
   RemoteRegion remote[] = {reg->remote()};
-  std::vector<IoEntry> entries;
-  std::vector<unsigned char> want(dst.size(), 0xA5);
-  uint64_t total = 0;
-  for (uint64_t i = 0; i < kBlocks; ++i) {  // block i + 1 of the peer's cache into block kBlocks - 1 - i
-    uint64_t len = i % 500 == 7 ? kS - 1 - i % 3 : kS, to = (kBlocks - 1 - i) * kS + 3, from = (i + 1) * kS + i % 5;
-    entries.push_back(IoEntry{0, 0, to, from, len});
-    std::memcpy(want.data() + to, remote_cache.data.data() + from, len);
-    total += len;
-  }
-  auto path_chunks = [](const Endpoint& e) {
-    for (const auto& u : e.stats().paths)
-      if (u.name == "shm") return std::pair{u.chunks_received, u.bytes_received};
-    return std::pair{uint64_t{0}, uint64_t{0}};
-  };
-  auto before = path_chunks(p.client);
-  Request r = p.client.read_vec(local, remote, entries);
+  KvBlocks b = kv_blocks(remote_cache.data, dst.size(), /*write=*/false);
+  auto before = shm_received(p.client);
+  Request r = p.client.read_vec(local, remote, b.entries);
   ASSERT_TRUE(r.wait(test::kEventually).ok()) << r.status().to_string();
-  EXPECT_EQ(r.bytes(), total);
-  EXPECT_TRUE(test::read_back(dst.region()) == want) << "the blocks landed wrong";
-  auto after = path_chunks(p.client);
-  EXPECT_EQ(after.second - before.second, total) << "not every block came by shm";
+  EXPECT_EQ(r.bytes(), b.total);
+  EXPECT_TRUE(test::read_back(dst.region()) == b.want) << "the blocks landed wrong";
+  auto after = shm_received(p.client);
+  EXPECT_EQ(after.second - before.second, b.total) << "not every block came by shm";
   EXPECT_GE(after.first - before.first, 3u);
   EXPECT_LE(after.first - before.first, 8u) << "the blocks came chunk by chunk, not as lists";
 }

@@ -16,11 +16,6 @@ namespace {
 using wire::FrameHeader;
 using wire::FrameType;
 
-struct Piece {
-  uint64_t key, offset;
-  uint32_t length;
-};
-
 // A TABLE frame: header, the table, and the memcpy path's descriptor of `srcs`.
 std::pair<FrameHeader, std::vector<unsigned char>> table_frame(uint8_t path, uint64_t id, uint64_t total,
                                                                const std::vector<Piece>& pieces,
@@ -34,12 +29,7 @@ std::pair<FrameHeader, std::vector<unsigned char>> table_frame(uint8_t path, uin
   h.a0 = n != 0 ? n : pieces.size();
   h.a2 = total;
   h.a3 = 99;
-  std::vector<unsigned char> payload(pieces.size() * wire::kTableEntrySize);
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    wire::put_u64(payload.data() + k * wire::kTableEntrySize, pieces[k].key);
-    wire::put_u64(payload.data() + k * wire::kTableEntrySize + 8, pieces[k].offset);
-    wire::put_u32(payload.data() + k * wire::kTableEntrySize + 16, pieces[k].length);
-  }
+  std::vector<unsigned char> payload = table_entries(pieces);
   auto desc = memcpy_path::encode(srcs.empty() ? MemSpec{} : srcs[0].where, srcs);
   payload.insert(payload.end(), desc.begin(), desc.end());
   h.payload_len = static_cast<uint32_t>(payload.size());

@@ -99,11 +99,6 @@ TEST(TableReads, BigSegmentsBetweenListsAndAPathThatTurnsListsDown) {
 
 // ---- a hostile target ------------------------------------------------------------------------
 
-struct Piece {
-  uint64_t key, offset;
-  uint32_t length;
-};
-
 // A READ_DATA table: `pieces`, then the memcpy path's descriptor of `srcs`.
 std::pair<FrameHeader, std::vector<unsigned char>> read_table(uint8_t path, uint64_t id, uint64_t offset,
                                                               uint64_t total, const std::vector<Piece>& pieces,
@@ -116,12 +111,7 @@ std::pair<FrameHeader, std::vector<unsigned char>> read_table(uint8_t path, uint
   h.a0 = offset;
   h.a1 = total;
   h.a2 = pieces.size();
-  std::vector<unsigned char> payload(pieces.size() * wire::kTableEntrySize);
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    wire::put_u64(payload.data() + k * wire::kTableEntrySize, pieces[k].key);
-    wire::put_u64(payload.data() + k * wire::kTableEntrySize + 8, pieces[k].offset);
-    wire::put_u32(payload.data() + k * wire::kTableEntrySize + 16, pieces[k].length);
-  }
+  std::vector<unsigned char> payload = table_entries(pieces);
   auto desc = memcpy_path::encode(MemSpec{}, srcs);
   payload.insert(payload.end(), desc.begin(), desc.end());
   h.payload_len = static_cast<uint32_t>(payload.size());

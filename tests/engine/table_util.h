@@ -12,6 +12,8 @@
 #include "engine/context_impl.h"
 #include "engine/memcpy_path.h"
 #include "engine/test_util.h"
+#include "wire/frame.h"
+#include "wire/le.h"
 
 namespace dmx::test {
 
@@ -151,6 +153,22 @@ inline void expect_write_lands(TablePair& p, WriteRun& w, Request& req) {
   ASSERT_TRUE(st.ok()) << st.to_string();
   auto again = p.server.next_notification(50ms);
   EXPECT_FALSE(again.ok()) << "a second notification, value " << again->value;
+}
+
+// A table's entries as a peer writes them (docs/wire.md "Tables"): key, offset, length.
+struct Piece {
+  uint64_t key, offset;
+  uint32_t length;
+};
+
+inline std::vector<unsigned char> table_entries(const std::vector<Piece>& pieces) {
+  std::vector<unsigned char> t(pieces.size() * wire::kTableEntrySize);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    wire::put_u64(t.data() + k * wire::kTableEntrySize, pieces[k].key);
+    wire::put_u64(t.data() + k * wire::kTableEntrySize + 8, pieces[k].offset);
+    wire::put_u32(t.data() + k * wire::kTableEntrySize + 16, pieces[k].length);
+  }
+  return t;
 }
 
 }  // namespace dmx::test
