@@ -151,8 +151,8 @@ class LinkImpl final : public ShmLink {
   uint64_t tx_head_ = 0, tx_reserved_ = 0, peer_tail_ = 0;
   // Consumer counters (ours; the peer's head is read and validated into peer_head_).
   uint64_t rx_tail_ = 0, rx_read_ = 0, peer_head_ = 0;
-  size_t rx_slot_done_ = 0;
-  std::vector<CopyCrew::Segment> segments_;  // a list's host copies of one slot (gather, scatter)  // bytes of slot rx_read_ a list recv has taken (scatter stopped midway)
+  size_t rx_slot_done_ = 0;  // bytes of slot rx_read_ a list recv has taken (scatter stopped midway)
+  std::vector<CopyCrew::Segment> segments_;  // a list's host copies of one slot (gather, scatter)
 
   std::deque<SendOp> sends_;
   std::deque<TxChunk> tx_chunks_;
