@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "dmx/status.h"
+#include "wire/le.h"
 
 namespace dmx::wire {
 
@@ -101,6 +102,19 @@ struct FrameHeader {
   uint8_t path = 0;  // 0: inline; k: the k-th agreed transport
   uint32_t crc = 0;  // with kFlagChecksum
 };
+
+// One entry of a table (WRITE_DATA, READ_DATA and READ_REQ tables; docs/wire.md "Tables"): a
+// write's remote key and offset, a read's key 0 and place in the read, a READ_REQ's segment.
+struct TableEntry {
+  uint64_t key, offset;
+  uint32_t length;
+};
+inline void put_table_entry(unsigned char* p, const TableEntry& e) {
+  put_u64(p, e.key);
+  put_u64(p + 8, e.offset);
+  put_u32(p + 16, e.length);
+}
+inline TableEntry get_table_entry(const unsigned char* p) { return {get_u64(p), get_u64(p + 8), get_u32(p + 16)}; }
 
 // The pieces a TABLE frame announces: a0 for WRITE_DATA (a0 and a1 name no region then), a2 for
 // READ_DATA (whose a0 and a1 keep their meaning: the first piece's offset, the read's length).

@@ -13,7 +13,6 @@
 #include "engine/memcpy_path.h"
 #include "engine/test_util.h"
 #include "wire/frame.h"
-#include "wire/le.h"
 
 namespace dmx::test {
 
@@ -155,19 +154,12 @@ inline void expect_write_lands(TablePair& p, WriteRun& w, Request& req) {
   EXPECT_FALSE(again.ok()) << "a second notification, value " << again->value;
 }
 
-// A table's entries as a peer writes them (docs/wire.md "Tables"): key, offset, length.
-struct Piece {
-  uint64_t key, offset;
-  uint32_t length;
-};
+// A table's entries as a peer writes them (docs/wire.md "Tables").
+using Piece = wire::TableEntry;
 
 inline std::vector<unsigned char> table_entries(const std::vector<Piece>& pieces) {
   std::vector<unsigned char> t(pieces.size() * wire::kTableEntrySize);
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    wire::put_u64(t.data() + k * wire::kTableEntrySize, pieces[k].key);
-    wire::put_u64(t.data() + k * wire::kTableEntrySize + 8, pieces[k].offset);
-    wire::put_u32(t.data() + k * wire::kTableEntrySize + 16, pieces[k].length);
-  }
+  for (size_t k = 0; k < pieces.size(); ++k) wire::put_table_entry(t.data() + k * wire::kTableEntrySize, pieces[k]);
   return t;
 }
 

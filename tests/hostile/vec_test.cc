@@ -4,10 +4,8 @@
 // reason; no byte lands outside; others go on. And a good read that mixes both forms is served.
 #include <gtest/gtest.h>
 
-#include <array>
 
 #include "hostile/hostile_util.h"
-#include "wire/le.h"
 
 namespace dmx::test {
 namespace {
@@ -105,7 +103,7 @@ TEST(BadPeerVec, ReadSegmentOutsideItsRegion) {
 }
 
 // A READ_REQ table of `segs` (key, offset, length each).
-std::pair<FrameHeader, std::vector<unsigned char>> read_table(uint64_t id, const std::vector<std::array<uint64_t, 3>>& segs,
+std::pair<FrameHeader, std::vector<unsigned char>> read_table(uint64_t id, const std::vector<wire::TableEntry>& segs,
                                                               bool more) {
   FrameHeader h;
   h.type = FrameType::kReadReq;
@@ -113,11 +111,7 @@ std::pair<FrameHeader, std::vector<unsigned char>> read_table(uint64_t id, const
   h.id = id;
   h.a0 = segs.size();
   std::vector<unsigned char> table(segs.size() * wire::kTableEntrySize);
-  for (size_t k = 0; k < segs.size(); ++k) {
-    wire::put_u64(table.data() + k * wire::kTableEntrySize, segs[k][0]);
-    wire::put_u64(table.data() + k * wire::kTableEntrySize + 8, segs[k][1]);
-    wire::put_u32(table.data() + k * wire::kTableEntrySize + 16, static_cast<uint32_t>(segs[k][2]));
-  }
+  for (size_t k = 0; k < segs.size(); ++k) wire::put_table_entry(table.data() + k * wire::kTableEntrySize, segs[k]);
   h.payload_len = static_cast<uint32_t>(table.size());
   return {h, table};
 }

@@ -7,7 +7,6 @@
 #include "core/log.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
-#include "wire/le.h"
 
 namespace dmx {
 
@@ -240,8 +239,10 @@ Status EndpointImpl::on_read_vec_req(const FrameHeader& h, const std::vector<uns
   if (h.a3 != v.accepts) return protocol(fmt::format("vectored READ_REQ {} changed its accepting paths", h.id));
   if (h.flags & wire::kFlagTable) {
     const unsigned char* p = table.data();  // a0 entries: frame.cc checked the payload's size
-    for (uint64_t k = 0; k < h.a0; ++k, p += wire::kTableEntrySize)
-      DMX_RETURN_IF_ERROR(add_read_segment(h.id, v, wire::get_u64(p), wire::get_u64(p + 8), wire::get_u32(p + 16)));
+    for (uint64_t k = 0; k < h.a0; ++k, p += wire::kTableEntrySize) {
+      wire::TableEntry e = wire::get_table_entry(p);
+      DMX_RETURN_IF_ERROR(add_read_segment(h.id, v, e.key, e.offset, e.length));
+    }
   } else {
     DMX_RETURN_IF_ERROR(add_read_segment(h.id, v, h.a0, h.a1, h.a2));
   }

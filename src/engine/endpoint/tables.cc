@@ -13,7 +13,6 @@
 #include "core/trace.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
-#include "wire/le.h"
 
 namespace dmx {
 
@@ -57,9 +56,8 @@ Status EndpointImpl::post_path_list(PathState& ps, Transfer& t, size_t n, stream
   unsigned char* p = payload.data();
   const bool read = t.type == FrameType::kReadData;  // a piece's place: the offset in the read
   for (size_t k = t.seg; k < t.seg + taken; ++k, p += wire::kTableEntrySize) {
-    wire::put_u64(p, read ? 0 : segs[k].rkey);
-    wire::put_u64(p + 8, read ? segs[k].at : segs[k].roffset);
-    wire::put_u32(p + 16, static_cast<uint32_t>(segs[k].length));  // <= kMaxTablePiece
+    wire::put_table_entry(p, {read ? 0 : segs[k].rkey, read ? segs[k].at : segs[k].roffset,
+                              static_cast<uint32_t>(segs[k].length)});  // <= kMaxTablePiece
     len += segs[k].length;
   }
   std::memcpy(p, desc.data(), desc.size());
@@ -109,8 +107,7 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
   Registered* reg = nullptr;
   const unsigned char* p = payload.data();
   for (size_t k = 0; k < n; ++k, p += wire::kTableEntrySize) {
-    uint64_t key = wire::get_u64(p), offset = wire::get_u64(p + 8);
-    uint32_t piece = wire::get_u32(p + 16);
+    auto [key, offset, piece] = wire::get_table_entry(p);
     if (piece == 0 || piece > w.expected - w.reserved - len)
       return protocol(fmt::format("write op {}: table piece {} of {} bytes (the write has {} bytes left)", h.id, k,
                                   piece, w.expected - w.reserved - len));
@@ -177,8 +174,7 @@ Status EndpointImpl::on_read_table(PathState& ps, const FrameHeader& h, const st
   uint64_t len = 0;
   const unsigned char* p = payload.data();
   for (size_t k = 0; k < n; ++k, p += wire::kTableEntrySize) {
-    uint64_t key = wire::get_u64(p), offset = wire::get_u64(p + 8);
-    uint32_t piece = wire::get_u32(p + 16);
+    auto [key, offset, piece] = wire::get_table_entry(p);
     if (key != 0) return protocol(fmt::format("read {}: table piece {} names key 0x{:x}", h.id, k, key));
     if (piece == 0 || piece > in.expected - in.reserved - len || piece > wire::kMaxTablePiece ||
         piece > wire::kMaxTableBytes - len)

@@ -12,7 +12,6 @@
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
 #include "engine/op.h"
-#include "wire/le.h"
 
 namespace dmx {
 
@@ -387,9 +386,7 @@ Request EndpointImpl::post_read_vec(std::span<const MemRegion> local, std::span<
       }
       size_t at = table.size();
       table.resize(at + wire::kTableEntrySize);
-      wire::put_u64(table.data() + at, s.rkey);
-      wire::put_u64(table.data() + at + 8, s.roffset);
-      wire::put_u32(table.data() + at + 16, static_cast<uint32_t>(s.length));
+      wire::put_table_entry(table.data() + at, {s.rkey, s.roffset, static_cast<uint32_t>(s.length)});
       if (last || table.size() == wire::kMaxTableEntries * wire::kTableEntrySize) flush(/*more=*/!last);
     }
   }
