@@ -145,13 +145,13 @@ Status ShmPath::post_rx(uint64_t seq, std::span<const unsigned char> descriptor,
 Result<std::vector<unsigned char>> ShmPath::post_tx_list(uint64_t seq, std::span<const MemRegion> srcs,
                                                          size_t* taken) {
   // Gathered into the slots by this thread's memcpy: device memory goes chunk by chunk.
-  if (srcs.empty() || srcs[0].where.is_device() || !carries(srcs[0].where))
+  if (srcs.empty() || srcs[0].where.is_device())
     return Status(Code::kUnavailable, "shm path: lists gather host memory only");
   size_t n = 0;
   uint64_t total = 0;
   for (; n < srcs.size() && n < kShmMaxList; ++n) {
     const MemRegion& r = srcs[n];
-    if (r.where.is_device() || !carries(r.where) || r.ptr == nullptr || r.size == 0 || r.size > kShmMaxChunk - total)
+    if (r.where.is_device() || r.ptr == nullptr || r.size == 0 || r.size > kShmMaxChunk - total)
       break;
     total += r.size;
   }
