@@ -190,7 +190,9 @@ class MemcpyPath final : public PathBase {
     if (got.pieces.size() != 1)
       return Status(Code::kProtocol, fmt::format("memcpy path: a chunk's descriptor of {} pieces", got.pieces.size()));
     if (hooks_->rx_refuse_chunks.load() > 0 && hooks_->rx_refuse_chunks.fetch_sub(1) > 0)
-      return Status(Code::kUnavailable, fmt::format("memcpy path chunk {}: refused (test hook)", seq));
+      // Named the path's own way, as shm names its peer "pid N": the endpoint must rename it.
+      return Status(Code::kUnavailable, fmt::format("memcpy path chunk {}: refused (test hook)", seq))
+          .with_peer("the memcpy twin");
     if (dst.ptr != nullptr && dst.size != got.pieces[0].len)
       return Status(Code::kInvalidArgument, fmt::format("memcpy path post_rx(seq {}): a {} B destination for {} B",
                                                         seq, dst.size, got.pieces[0].len));

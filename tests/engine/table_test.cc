@@ -195,6 +195,8 @@ TEST(PathRefusal, AMessageWhoseChunkTheReceiversPathCannotTake) {
   EXPECT_NE(rs.code(), Code::kTimeout) << "the recv hung: " << rs.to_string();
   EXPECT_NE(ss.code(), Code::kTimeout) << "the send hung: " << ss.to_string();
   EXPECT_FALSE(rs.ok());
+  // Named as every failed chunk is, whether the path refused it at once or failed it later.
+  EXPECT_NE(rs.peer().find("127.0.0.1"), std::string::npos) << rs.to_string();
   if (!p.server.health().ok()) return;  // the endpoint failed: nothing more to send on it
   Filled again = filled(MemSpec{}, (3 << 20) + 5);
   Request r2 = p.server.recv(dst.region(), 2);

@@ -177,12 +177,14 @@ Status EndpointImpl::on_path_header(int stream, const FrameHeader& h, const std:
     now = ps.path->post_rx_now(seq, desc, dst);
   }
   if (!now.ok()) {
-    const Status& s = now.status();
+    const Status& refused = now.status();
     ps.rx.erase(seq);
     // An eager message has no one to tell but this side: the endpoint fails. A chunk of a transfer
     // counts as arrived-but-failed, like a failed copy.
     if (eager)
-      return Status(s.code(), fmt::format("an eager message by {} could not be taken: {}", name, s.message()));
+      return Status(refused.code(),
+                    fmt::format("an eager message by {} could not be taken: {}", name, refused.message()));
+    const Status s = chunk_failure(refused);
     Status landed;
     if (h.type == FrameType::kWriteData) land_write(h, *len, s);
     else landed = land_inbound(h.type == FrameType::kSendData ? tokens_ : reads_, h, *len, plan->host_tag != 0, s);

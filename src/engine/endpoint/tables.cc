@@ -210,9 +210,11 @@ Status EndpointImpl::post_table(PathState& ps, const FrameHeader& h, const std::
   ps.rx[seq] = PathState::Rx{h, len, host_tag, nullptr, MemRegion{nullptr, len, {}}};
   std::span<const unsigned char> desc(payload.data() + n * wire::kTableEntrySize,
                                       payload.size() - n * wire::kTableEntrySize);
-  if (Status s = ps.path->post_rx_list(seq, desc, list_dsts_); !s.ok()) {
+  if (Status refused = ps.path->post_rx_list(seq, desc, list_dsts_); !refused.ok()) {
     ps.rx.erase(seq);
-    if (s.code() == Code::kProtocol) return protocol(fmt::format("{}: {}", wire::describe(h), s.message()));
+    if (refused.code() == Code::kProtocol)
+      return protocol(fmt::format("{}: {}", wire::describe(h), refused.message()));
+    const Status s = chunk_failure(refused);
     // Arrived but failed, as a failed copy.
     if (h.type == FrameType::kWriteData) {
       land_write(h, len, s);
