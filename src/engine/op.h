@@ -31,10 +31,12 @@ struct VecLayout {
   std::vector<VecSeg> segs;
   uint64_t total = 0;
   MemSpec where;  // every local region of a list is of one kind
-  // The segment holding byte `at` of the operation (at < total).
-  size_t find(uint64_t at) const;
-  // [at, at + len) as local memory when it lies in one segment; a null region otherwise.
-  MemRegion slice(uint64_t at, uint64_t len) const;
+  // The segment holding byte `at` of the operation (at < total). `hint`: where a caller that
+  // walks in order found the last one; that segment and the next are tried before a search.
+  size_t find(uint64_t at, size_t hint = 0) const;
+  // [at, at + len) as local memory when it lies in one segment; a null region otherwise. `hint`
+  // as for find; set to the segment found.
+  MemRegion slice(uint64_t at, uint64_t len, size_t* hint = nullptr) const;
 };
 
 enum class OpType : uint8_t {

@@ -20,6 +20,30 @@ using wire::FrameType;
 
 const MemSpec kSim{MemKind::kSim, 0};
 
+// A walk in order with a hint finds what the search finds, whatever the hint says; a slice past a
+// segment's end is refused with one.
+TEST(VecLayoutFind, HintsNeverChangeTheAnswer) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<char> bytes(500 * 300);
+  VecLayout l;
+  for (int k = 0; k < 500; ++k) {
+    uint64_t len = 1 + rng() % 300;
+    l.segs.push_back(VecSeg{l.total, bytes.data() + l.total, len});
+    l.total += len;
+  }
+  size_t hint = 0;
+  for (uint64_t at = 0; at < l.total; ++at) {
+    size_t want = l.find(at, 0);
+    ASSERT_TRUE(l.segs[want].at <= at && at < l.segs[want].at + l.segs[want].length) << at;
+    EXPECT_EQ(l.find(at, hint), want) << at << " from the last";
+    EXPECT_EQ(l.find(at, rng() % (l.segs.size() + 3)), want) << at << " from anywhere";
+    MemRegion one = l.slice(at, 1, &hint);
+    EXPECT_EQ(hint, want);
+    EXPECT_NE(one.ptr, nullptr);
+    EXPECT_EQ(l.slice(at, l.segs[want].at + l.segs[want].length - at + 1, &hint).ptr, nullptr) << "spans two";
+  }
+}
+
 // A read of `sizes` from `regions` sim regions of the target (filled with random bytes) into one
 // poisoned sim buffer: the layout's local side is the reader's.
 struct ReadRun {

@@ -172,6 +172,7 @@ Status EndpointImpl::on_read_table(PathState& ps, const FrameHeader& h, const st
   list_dsts_.clear();
   list_dsts_.reserve(n);
   uint64_t len = 0;
+  size_t seg = 0;  // a table's pieces come in the read's order: each found next to the last
   const unsigned char* p = payload.data();
   for (size_t k = 0; k < n; ++k, p += wire::kTableEntrySize) {
     auto [key, offset, piece] = wire::get_table_entry(p);
@@ -188,7 +189,7 @@ Status EndpointImpl::on_read_table(PathState& ps, const FrameHeader& h, const st
     len += piece;
     MemRegion dst{nullptr, piece, {}};
     if (!drop) {
-      dst = op->vec->slice(offset, piece);
+      dst = op->vec->slice(offset, piece, &seg);
       if (dst.ptr == nullptr)
         return protocol(fmt::format("read {}: table piece {} [{}, +{}) spans segments of the vectored read", h.id, k,
                                     offset, piece));

@@ -15,14 +15,18 @@
 
 namespace dmx {
 
-size_t VecLayout::find(uint64_t at) const {
+size_t VecLayout::find(uint64_t at, size_t hint) const {
+  for (size_t k = hint; k < segs.size() && k <= hint + 1 && segs[k].at <= at; ++k)
+    if (k + 1 == segs.size() || at < segs[k + 1].at) return k;
   auto it = std::upper_bound(segs.begin(), segs.end(), at, [](uint64_t a, const VecSeg& s) { return a < s.at; });
   return static_cast<size_t>(it - segs.begin()) - 1;  // segs[0].at == 0 <= at
 }
 
-MemRegion VecLayout::slice(uint64_t at, uint64_t len) const {
+MemRegion VecLayout::slice(uint64_t at, uint64_t len, size_t* hint) const {
   if (segs.empty() || at >= total) return MemRegion{nullptr, 0, where};
-  const VecSeg& s = segs[find(at)];
+  size_t k = find(at, hint != nullptr ? *hint : 0);
+  if (hint != nullptr) *hint = k;
+  const VecSeg& s = segs[k];
   uint64_t in = at - s.at;
   if (!range_fits(in, len, s.length)) return MemRegion{nullptr, 0, where};
   return MemRegion{s.local + in, len, where};
