@@ -10,6 +10,9 @@
 //               the source GPU (writing by P2P)
 // Each way starts from fresh random data and is checked block by block; a mismatch exits 1.
 // Usage: segment_copy_bench [--src 0] [--dst 1] [--blocks 16384] [--block-size 65536] [--reps 3]
+//                           [--per-launch N]
+// --per-launch N adds a way shaped like cuda_ipc's table chunks: launches of N descriptors each,
+// read by the kernel from mapped host memory, as ipc_path's receiver issues them.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,6 +44,7 @@ struct Args {
   int src = 0, dst = 1;
   uint64_t blocks = 16384, block_size = 65536;
   int reps = 3;
+  uint64_t per_launch = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -53,6 +57,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--blocks") a.blocks = v;
     else if (k == "--block-size") a.block_size = v;
     else if (k == "--reps") a.reps = static_cast<int>(v);
+    else if (k == "--per-launch") a.per_launch = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
@@ -221,6 +226,20 @@ int main(int argc, char** argv) {
   };
   run("kernel on dst (read)", true, a.dst, s_dst, kernel(desc_on_dst));
   run("kernel on src (write)", true, a.src, s_src, kernel(desc_on_src));
+  if (a.per_launch > 0) {
+    char name[64];
+    std::snprintf(name, sizeof name, "kernel, %lu a launch", static_cast<unsigned long>(a.per_launch));
+    run(name, true, a.dst, s_dst, [&](cudaStream_t s) {
+      const auto* all = static_cast<const dmx::cuda::SegmentCopy*>(pinned);  // mapped: UVA
+      for (uint64_t at = 0; at < host_descs.size(); at += a.per_launch) {
+        dmx::Status st = dmx::cuda::launch_segment_copy(all + at, std::min(a.per_launch, host_descs.size() - at), s);
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s\n", st.to_string().c_str());
+          std::exit(2);
+        }
+      }
+    });
+  }
   if (failures) {
     std::fprintf(stderr, "segment_copy_bench: %d ways moved wrong bytes\n", failures);
     return 1;
