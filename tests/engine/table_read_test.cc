@@ -9,6 +9,8 @@
 
 #include <random>
 
+#include <sys/mman.h>
+
 #include "engine/table_util.h"
 #include "hostile/hostile_util.h"
 
@@ -157,7 +159,7 @@ struct Reader {
   uint8_t path = 0;
 };
 
-void start_read(Reader& r, bool vectored = true) {
+void connect_reader(Reader& r) {
   r.s = make_server(table_options());
   r.s.ctx.impl()->register_transport(make_memcpy_transport(r.hooks, kTableTransport));
   auto peer = RawPeer::connect(r.s.listener.address(), kHostileKey, 1, false,
@@ -169,6 +171,10 @@ void start_read(Reader& r, bool vectored = true) {
   auto ep = r.s.listener.accept(10s);
   ASSERT_TRUE(ep.ok()) << ep.status().to_string();
   r.ep = std::move(*ep);
+}
+
+void start_read(Reader& r, bool vectored = true) {
+  ASSERT_NO_FATAL_FAILURE(connect_reader(r));
   RemoteRegion remote{0x77, 4096};
   if (vectored) {
     MemRegion local[] = {r.dst.region()};
@@ -199,6 +205,67 @@ void expect_closed(Reader& r, const std::vector<std::pair<FrameHeader, std::vect
   EXPECT_FALSE(r.req.wait(kEventually).ok());
   for (unsigned char c : read_back(r.dst.region())) ASSERT_EQ(c, 0xA5) << "a lying table touched the buffer";
   expect_serves_a_good_client(r.s);
+}
+
+// A segment of 4 GiB or more cannot be a table entry (32-bit lengths): the reader sends it in a
+// READ_REQ of its own, between the tables of the segments around it, all in order. (The target's
+// side of that mix: BadPeerVec.AReadMixingTablesAndPlainSegmentsIsServed.) The buffer is mapped,
+// never touched: the raw target refuses the read.
+TEST(TableReads, ASegmentOf4GiBGoesInAReadReqOfItsOwn) {
+  constexpr uint64_t kBig = (uint64_t{1} << 32) + 5;
+  const size_t size = kBig + 8192;
+  void* mem = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  struct Unmap {
+    void* p;
+    size_t n;
+    ~Unmap() { ::munmap(p, n); }
+  } unmap{mem, size};
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(connect_reader(r));
+  MemRegion local[] = {MemRegion{mem, size, {}}};
+  RemoteRegion remotes[] = {RemoteRegion{0x77, uint64_t{16} << 30}};
+  std::vector<IoEntry> entries = {{0, 0, 0, 7, 100}, {0, 0, 4096, 1000, kBig}, {0, 0, kBig + 4096 + 10, 20, 30}};
+  r.req = r.ep.read_vec(local, remotes, entries);
+  struct Want {
+    uint8_t flags;
+    uint64_t a0, a1, a2;
+    std::vector<wire::TableEntry> table;
+  };
+  const uint8_t v = wire::kFlagVector, t = wire::kFlagTable, more = wire::kFlagMore;
+  const Want want[] = {{static_cast<uint8_t>(v | t | more), 1, 0, 0, {{0x77, 7, 100}}},
+                       {static_cast<uint8_t>(v | more), 0x77, 1000, kBig, {}},
+                       {static_cast<uint8_t>(v | t), 1, 0, 0, {{0x77, 20, 30}}}};
+  uint64_t id = 0;
+  for (const Want& w : want) {
+    Result<Frame> f = Status(Code::kInternal, "none");
+    do f = r.peer->read(0);
+    while (f.ok() && f->header.type != FrameType::kReadReq);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    const FrameHeader& h = f->header;
+    if (id == 0) id = h.id;
+    EXPECT_EQ(h.id, id);
+    EXPECT_EQ(h.flags, w.flags);
+    EXPECT_EQ(h.a0, w.a0);
+    EXPECT_EQ(h.a1, w.a1);
+    EXPECT_EQ(h.a2, w.a2);
+    ASSERT_EQ(f->payload.size(), w.table.size() * wire::kTableEntrySize);
+    for (size_t k = 0; k < w.table.size(); ++k) {
+      wire::TableEntry e = wire::get_table_entry(f->payload.data() + k * wire::kTableEntrySize);
+      EXPECT_EQ(e.key, w.table[k].key);
+      EXPECT_EQ(e.offset, w.table[k].offset);
+      EXPECT_EQ(e.length, w.table[k].length);
+    }
+  }
+  FrameHeader ack;
+  ack.type = FrameType::kAck;
+  ack.id = id;
+  ack.a0 = static_cast<uint64_t>(Code::kNotFound);
+  ack.a1 = static_cast<uint64_t>(wire::OpKind::kRead);
+  ASSERT_TRUE(r.peer->send(ack).ok());
+  Status st = r.req.wait(kEventually);
+  EXPECT_EQ(st.code(), Code::kNotFound) << st.to_string();
+  EXPECT_TRUE(r.ep.health().ok()) << r.ep.health().to_string();
 }
 
 TEST(TableReadsHostile, AGoodTableFromTheRawPeerLands) {  // the seam itself works
