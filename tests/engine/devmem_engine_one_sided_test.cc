@@ -1,6 +1,7 @@
 // One-sided operations by the devmem payload path through the engine, over the socket-pair double
-// (see devmem_engine_test.cc): writes and reads by devmem, vectored writes, a destination the
-// gatherer cannot write (the landing zone, or inline). Helpers in devmem_engine_util.h.
+// (see devmem_engine_test.cc): writes and reads by devmem, vectored writes and reads, a
+// destination the gatherer cannot write (the landing zone, or inline). Helpers in
+// devmem_engine_util.h.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -129,6 +130,43 @@ TEST(DevmemEngineDouble, WriteVecOfSmallBlocksGoesAsLists) {
   uint64_t got = chunks(p.server) - chunks_before;
   EXPECT_GE(got, 3u);
   EXPECT_LE(got, 8u) << "the blocks went chunk by chunk, not as lists";
+}
+
+// The same blocks read back: the target serves them by devmem as READ_DATA table chunks.
+TEST(DevmemEngineDouble, ReadVecOfSmallBlocksComesAsLists) {
+  DevmemPair p = connect_devmem();
+  constexpr uint64_t kBlocks = 3000, kS = 4096;
+  Filled s0 = filled(kSim, kBlocks * kS), s1 = filled(kSim, kBlocks * kS);
+  auto r0 = p.a.ctx.register_memory(s0.buf.region());
+  auto r1 = p.a.ctx.register_memory(s1.buf.region());
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  RemoteRegion remote[] = {r0->remote(), r1->remote()};
+  Buffer dst = poisoned(kSim, (kBlocks + 2) * kS);
+  std::vector<unsigned char> want(dst.size(), 0xA5);
+  std::vector<IoEntry> entries;
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < kBlocks; ++i) {  // block i into slot i + 1 (never past it), from the other end
+    uint64_t len = (i % 500 == 7 ? kS - 1 - i % 3 : kS) - 4, at = (i + 1) * kS + i % 5, from = (kBlocks - 1 - i) * kS;
+    const Filled& src = i % 2 == 0 ? s0 : s1;
+    entries.push_back(IoEntry{0, static_cast<uint32_t>(i % 2), at, from, len});
+    std::copy_n(src.data.begin() + static_cast<std::ptrdiff_t>(from), len, want.begin() + static_cast<std::ptrdiff_t>(at));
+    total += len;
+  }
+  auto chunks = [](const Endpoint& e) {
+    for (const auto& u : e.stats().paths)
+      if (u.name == "devmem") return u.chunks_received;
+    return uint64_t{0};
+  };
+  uint64_t chunks_before = chunks(p.client), bytes_before = devmem_bytes_received(p.client);
+  MemRegion local[] = {dst.region()};
+  Request r = p.client.read_vec(local, remote, entries);
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
+  EXPECT_EQ(r.bytes(), total);
+  EXPECT_TRUE(read_back(dst.region()) == want) << "the blocks landed wrong";
+  EXPECT_EQ(devmem_bytes_received(p.client) - bytes_before, total) << "not every block came by devmem";
+  uint64_t got = chunks(p.client) - chunks_before;
+  EXPECT_GE(got, 3u);
+  EXPECT_LE(got, 8u) << "the blocks came chunk by chunk, not as lists";
 }
 
 // A gatherer that writes host memory only (as a GPU pool's writes only its device's): a write into
