@@ -119,15 +119,10 @@ TEST(DevmemEngineDouble, WriteVecOfSmallBlocksGoesAsLists) {
     uint64_t len = i % 500 == 7 ? kS - 1 - i % 3 : kS;
     entries.push_back(IoEntry{0, static_cast<uint32_t>(i % 2), (i + 1) * kS + i % 5, (kBlocks - 1 - i) * kS, len});
   }
-  auto chunks = [](const Endpoint& e) {
-    for (const auto& u : e.stats().paths)
-      if (u.name == "devmem") return u.chunks_received;
-    return uint64_t{0};
-  };
-  uint64_t chunks_before = chunks(p.server), bytes_before = devmem_bytes_received(p.server);
+  uint64_t chunks_before = devmem_chunks_received(p.server), bytes_before = devmem_bytes_received(p.server);
   uint64_t total = write_vec_and_check(p, src, d0, d1, remote, entries);
   EXPECT_EQ(devmem_bytes_received(p.server) - bytes_before, total) << "not every block came by devmem";
-  uint64_t got = chunks(p.server) - chunks_before;
+  uint64_t got = devmem_chunks_received(p.server) - chunks_before;
   EXPECT_GE(got, 3u);
   EXPECT_LE(got, 8u) << "the blocks went chunk by chunk, not as lists";
 }
@@ -152,19 +147,14 @@ TEST(DevmemEngineDouble, ReadVecOfSmallBlocksComesAsLists) {
     std::copy_n(src.data.begin() + static_cast<std::ptrdiff_t>(from), len, want.begin() + static_cast<std::ptrdiff_t>(at));
     total += len;
   }
-  auto chunks = [](const Endpoint& e) {
-    for (const auto& u : e.stats().paths)
-      if (u.name == "devmem") return u.chunks_received;
-    return uint64_t{0};
-  };
-  uint64_t chunks_before = chunks(p.client), bytes_before = devmem_bytes_received(p.client);
+  uint64_t chunks_before = devmem_chunks_received(p.client), bytes_before = devmem_bytes_received(p.client);
   MemRegion local[] = {dst.region()};
   Request r = p.client.read_vec(local, remote, entries);
   ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
   EXPECT_EQ(r.bytes(), total);
   EXPECT_TRUE(read_back(dst.region()) == want) << "the blocks landed wrong";
   EXPECT_EQ(devmem_bytes_received(p.client) - bytes_before, total) << "not every block came by devmem";
-  uint64_t got = chunks(p.client) - chunks_before;
+  uint64_t got = devmem_chunks_received(p.client) - chunks_before;
   EXPECT_GE(got, 3u);
   EXPECT_LE(got, 8u) << "the blocks came chunk by chunk, not as lists";
 }

@@ -198,6 +198,11 @@ inline uint64_t devmem_bytes_received(const Endpoint& e) {
     if (u.name == "devmem") return u.bytes_received;
   return 0;
 }
+inline uint64_t devmem_chunks_received(const Endpoint& e) {
+  for (const auto& u : e.stats().paths)
+    if (u.name == "devmem") return u.chunks_received;
+  return 0;
+}
 
 inline uint64_t inline_bytes_received(const Endpoint& e) {
   EndpointStats st = e.stats();
