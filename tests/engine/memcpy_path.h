@@ -49,6 +49,7 @@ struct MemcpyHooks {
   std::atomic<int> copy_delay_us{0};      // each chunk or list copy takes at least this long
   std::atomic<int> rx_refuse{0};          // the next this many post_rx_list calls fail (kUnavailable)
   std::atomic<int> rx_refuse_chunks{0};   // the same for post_rx
+  std::atomic<int> tx_fail{0};            // the next this many post_tx or post_tx_list calls fail (kIo)
   std::atomic<uint64_t> lists_sent{0}, pieces_sent{0}, chunks_sent{0};
   std::atomic<uint64_t> lists_received{0}, pieces_received{0}, chunks_received{0}, dropped{0};
   std::atomic<uint64_t> bytes_copied{0};
@@ -127,6 +128,7 @@ class MemcpyPath final : public PathBase {
 
   Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool) override {
     if (stopping() || failed()) return gate();
+    if (Status st = tx_hook(seq); !st.ok()) return st;
     if (!carries(src.where) || src.size == 0 || src.size > kMaxChunk)
       return Status(Code::kInvalidArgument, fmt::format("memcpy path post_tx(seq {}): {} B of {}", seq, src.size,
                                                         to_string(src.where)));
@@ -142,6 +144,7 @@ class MemcpyPath final : public PathBase {
     size_t max = hooks_->max_list.load();
     if (max == 0 || hooks_->refuse_lists.load())
       return Status(Code::kUnavailable, "memcpy path: lists are off (test hook)");
+    if (Status st = tx_hook(seq); !st.ok()) return st;
     if (srcs.empty() || !carries(srcs[0].where))
       return Status(Code::kInvalidArgument, fmt::format("memcpy path post_tx_list(seq {}): no sources it carries", seq));
     size_t n = std::min(srcs.size(), max);
@@ -225,6 +228,13 @@ class MemcpyPath final : public PathBase {
   }
 
  private:
+  // A send that fails on the path, named the path's own way (as shm names its peer "pid N").
+  Status tx_hook(uint64_t seq) {
+    if (hooks_->tx_fail.load() <= 0 || hooks_->tx_fail.fetch_sub(1) <= 0) return Status();
+    return Status(Code::kIo, fmt::format("memcpy path chunk {}: send failed (test hook)", seq))
+        .with_peer("the memcpy twin");
+  }
+
   struct Copy {
     MemRegion src, dst;  // dst.ptr null: dropped
   };

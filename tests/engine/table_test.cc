@@ -205,6 +205,54 @@ TEST(PathRefusal, AMessageWhoseChunkTheReceiversPathCannotTake) {
   EXPECT_EQ(read_back(dst.region()), again.data);
 }
 
+// A path that fails to send a chunk or a list at once (not kUnavailable) fails that operation,
+// named as the receiver's refusals are: the endpoint's peer, not the path's own name for it.
+TEST(PathRefusal, AChunkTheSendersPathFailsNamesTheEndpointsPeer) {
+  TablePair p;
+  table_pair(p);
+  p.hooks->tx_fail = 1;
+  Filled src = filled(MemSpec{}, (3 << 20) + 5);
+  Buffer dst = poisoned(MemSpec{}, src.data.size());
+  auto reg = p.a.register_memory(dst.region());
+  ASSERT_TRUE(reg.ok());
+  Status st = p.client.write(src.buf.region(), reg->remote(), 0).wait(kEventually);
+  EXPECT_NE(st.code(), Code::kTimeout) << "the write hung: " << st.to_string();
+  EXPECT_NE(st.message().find("send failed (test hook)"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.peer().find("127.0.0.1"), std::string::npos) << st.to_string();
+  Filled again = filled(MemSpec{}, (3 << 20) + 5);
+  ASSERT_TRUE(p.client.write(again.buf.region(), reg->remote(), 0).wait(kEventually).ok());
+  EXPECT_EQ(read_back(dst.region()), again.data);
+}
+
+TEST(PathRefusal, AListTheSendersPathFailsNamesTheEndpointsPeer) {
+  TablePair p;
+  table_pair(p);
+  p.hooks->tx_fail = 1;
+  WriteRun w;
+  prepare(p, w, random_sizes(1000, 1, 3000), 2, kSim);
+  Status st = start_write(p, w).wait(kEventually);
+  EXPECT_NE(st.code(), Code::kTimeout) << "the write hung: " << st.to_string();
+  EXPECT_NE(st.message().find("send failed (test hook)"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.peer().find("127.0.0.1"), std::string::npos) << st.to_string();
+  expect_next_write_lands(p);
+}
+
+TEST(PathRefusal, AnEagerMessageTheSendersPathFailsNamesTheEndpointsPeer) {
+  TablePair p;
+  table_pair(p);
+  p.hooks->tx_fail = 1;
+  Filled src = filled(MemSpec{}, 777);
+  Buffer dst = poisoned(MemSpec{}, src.data.size());
+  Request r = p.server.recv(dst.region(), 1);
+  Status ss = p.client.send(src.buf.region(), 1).wait(kEventually);
+  EXPECT_NE(ss.message().find("send failed (test hook)"), std::string::npos) << ss.to_string();
+  EXPECT_NE(ss.peer().find("127.0.0.1"), std::string::npos) << ss.to_string();
+  Request s2 = p.client.send(src.buf.region(), 1);  // the recv is still posted: this one fills it
+  ASSERT_TRUE(s2.wait(kEventually).ok());
+  ASSERT_TRUE(r.wait(kEventually).ok());
+  EXPECT_EQ(read_back(dst.region()), src.data);
+}
+
 TEST(TableChunks, CancelMidway) {
   TablePair p;
   table_pair(p);

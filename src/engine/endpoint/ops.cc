@@ -185,7 +185,7 @@ bool EndpointImpl::post_eager_by_path(const std::shared_ptr<OpState>& op, const 
     return false;
   }
   if (!st.ok()) {
-    finish(*op, st);
+    finish(*op, chunk_failure(st));
     return true;
   }
   streams_[0]->push_control(std::move(item));

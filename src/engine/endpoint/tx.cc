@@ -105,7 +105,7 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
         return false;
       }
       if (st.code() != Code::kUnavailable) {
-        stop(t.op, st);
+        stop(t.op, chunk_failure(st));
         continue;
       }
       len = std::min<uint64_t>(path->path->max_chunk(), room);  // the path says why, chunk by chunk
@@ -119,7 +119,7 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
           t.skip_paths |= path_bit(path->id);
           continue;
         }
-        stop(t.op, st);  // removes the transfer
+        stop(t.op, chunk_failure(st));  // removes the transfer
         continue;
       }
       // Path headers go in stream 0's control queue, in the order their sequence numbers were
