@@ -27,6 +27,10 @@ uint64_t ns_since(Clock::time_point t) {
 
 }  // namespace
 
+Result<RxPlan> StreamHost::on_prefix(int, const wire::FrameHeader& h, const std::vector<unsigned char>&) {
+  return Status(Code::kInternal, fmt::format("no plan for the rest of {}", wire::describe(h)));
+}
+
 Stream::Stream(StreamConfig config, std::unique_ptr<Conduit> conduit, StreamHost* host, StagingPool* pool)
     : config_(std::move(config)), conduit_(std::move(conduit)), host_(host), pool_(pool) {
   scratch_.resize(64 << 10);
@@ -118,11 +122,22 @@ Status Stream::fill_pipeline(bool* progress) {
         DMX_ASSIGN_OR_RETURN(item.crc_ticket, item.queue->checksum(item.src, item.len));
       }
       [[maybe_unused]] auto t0 = Clock::now();
-      DMX_RETURN_IF_ERROR(
-          staging_copy(item.queue, slots_.at(item.slot), item.src, item.len, config_.push_tx_max, true));
+      if (item.pieces.empty()) {
+        DMX_RETURN_IF_ERROR(
+            staging_copy(item.queue, slots_.at(item.slot), item.src, item.len, config_.push_tx_max, true));
+      } else {  // an inline table: the table, then each piece behind it, gathered into the slot
+        if (item.len > pool_->slot_size()) return Status(Code::kInternal, "an inline table larger than a staging slot");
+        auto* at = static_cast<char*>(slots_.at(item.slot));
+        std::memcpy(at, item.owned.data(), item.owned.size());
+        at += item.owned.size();
+        for (const Piece& p : item.pieces) {
+          DMX_RETURN_IF_ERROR(staging_copy(item.queue, at, p.at, p.len, config_.push_tx_max, true));
+          at += p.len;
+        }
+      }
       DMX_ASSIGN_OR_RETURN(item.fence, item.queue->record());
       DMX_TRACE_SPAN("d2h", this, t0);  // the chunk's device->host copy issued
-      stats_.d2h_copies.fetch_add(1, std::memory_order_relaxed);
+      stats_.d2h_copies.fetch_add(item.pieces.empty() ? 1 : item.pieces.size(), std::memory_order_relaxed);
       stats_.d2h_bytes.fetch_add(item.len, std::memory_order_relaxed);
     }
     chunks_.push_back(std::move(item));
@@ -246,19 +261,29 @@ Status Stream::step_tx(Io* io) {
 #endif
       return Status();
     }
-    iovec iov[2 * kMaxBatch];
-    int n = 0;
+    iov_.clear();
     size_t skip = out_written_;  // only the front frame is partly written
-    for (OutFrame& f : out_) {
-      const void* payload = f.item.slot >= 0 ? slots_.at(f.item.slot) : f.item.src;
-      if (skip < wire::kHeaderSize) iov[n++] = {f.header.data() + skip, wire::kHeaderSize - skip};
-      size_t off = skip > wire::kHeaderSize ? skip - wire::kHeaderSize : 0;
-      if (f.item.len > off) iov[n++] = {static_cast<char*>(const_cast<void*>(payload)) + off, f.item.len - off};
+    auto add = [&](const void* p, size_t len) {
+      if (skip >= len) {
+        skip -= len;
+        return;
+      }
+      // Past the limit the rest waits for the next write (the bytes written are counted per frame).
+      if (iov_.size() < kMaxIov) iov_.push_back({static_cast<char*>(const_cast<void*>(p)) + skip, len - skip});
       skip = 0;
+    };
+    for (OutFrame& f : out_) {
+      add(f.header.data(), wire::kHeaderSize);
+      if (f.item.slot >= 0 || f.item.pieces.empty()) {
+        add(f.item.slot >= 0 ? slots_.at(f.item.slot) : f.item.src, f.item.len);
+      } else {  // an inline table of host memory: the table, then the pieces where they are
+        add(f.item.owned.data(), f.item.owned.size());
+        for (const Piece& p : f.item.pieces) add(p.at, p.len);
+      }
     }
     if (config_.index == 0) DMX_TRACE_POINT("s0.write");
     auto t0 = Clock::now();
-    Result<size_t> k = conduit_->write(std::span<const iovec>(iov, static_cast<size_t>(n)));
+    Result<size_t> k = conduit_->write(std::span<const iovec>(iov_.data(), iov_.size()));
     stats_.ns_send.fetch_add(ns_since(t0), std::memory_order_relaxed);
     if (!k.ok()) return k.status();
     if (*k > 0) DMX_TRACE_SPAN("wr", this, t0);  // not the refused ones: a busy poll would fill the file
@@ -310,30 +335,84 @@ Status Stream::begin_payload() {
     case RxPlan::Kind::kNone:
       return Status(Code::kInternal, fmt::format("no destination for the payload of {}", wire::describe(h)));
     case RxPlan::Kind::kControl:
-      rx_plan_.control.resize(h.payload_len);
+      if (rx_plan_.prefix >= h.payload_len)
+        return Status(Code::kInternal, fmt::format("a {}-byte prefix of {}", rx_plan_.prefix, wire::describe(h)));
+      rx_plan_.control.resize(rx_plan_.prefix != 0 ? rx_plan_.prefix : h.payload_len);
       break;
-    case RxPlan::Kind::kDevice: {
-      DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));
-      (void)q;
-      DMX_RETURN_IF_ERROR(ensure_slots());
-      if (h.payload_len > pool_->slot_size())
-        return Status(Code::kProtocol, fmt::format("{} is larger than a staging slot", wire::describe(h)));
-      if (free_rx_slots_.empty()) {
-        bool progress = false;
-        auto t0 = Clock::now();
-        DMX_RETURN_IF_ERROR(reap_rx(/*block=*/true, &progress));
-        stats_.ns_copy_wait.fetch_add(ns_since(t0), std::memory_order_relaxed);
-        DMX_TRACE_SPAN("slot", this, t0);  // no free receive slot: waited for a host->device copy
-      }
-      rx_slot_ = free_rx_slots_.back();
-      free_rx_slots_.pop_back();
+    case RxPlan::Kind::kDevice:
+      DMX_RETURN_IF_ERROR(take_rx_slot(h.payload_len));
       break;
-    }
     case RxPlan::Kind::kHost:
     case RxPlan::Kind::kDiscard:
       break;
   }
+  rx_plan_at_ = rx_piece_ = rx_piece_got_ = 0;
   in_payload_ = true;
+  return Status();
+}
+
+// The prefix has landed: the host plans the rest of the payload.
+Status Stream::begin_rest() {
+  DMX_ASSIGN_OR_RETURN(RxPlan rest, host_->on_prefix(config_.index, rx_, rx_plan_.control));
+  const size_t left = rx_.payload_len - rx_payload_got_;
+  uint64_t sum = 0;
+  bool empty_piece = false;
+  for (const Piece& p : rest.pieces) {
+    sum += p.len;
+    empty_piece |= p.len == 0;
+  }
+  bool kind = rest.kind == RxPlan::Kind::kHost || rest.kind == RxPlan::Kind::kDevice ||
+              rest.kind == RxPlan::Kind::kDiscard;
+  if (!kind || rest.prefix != 0 || empty_piece || (!rest.pieces.empty() && sum != left) ||
+      (rest.kind != RxPlan::Kind::kDiscard && rest.pieces.empty()))
+    return Status(Code::kInternal, fmt::format("the host's plan for the rest of {} does not fit it", wire::describe(rx_)));
+  rx_plan_ = std::move(rest);
+  rx_plan_at_ = rx_payload_got_;
+  rx_piece_ = rx_piece_got_ = 0;
+  if (rx_plan_.kind == RxPlan::Kind::kDevice) return take_rx_slot(left);
+  return Status();
+}
+
+// A receive slot for `len` bytes bound for rx_plan_.where, once a copy in flight frees one.
+Status Stream::take_rx_slot(size_t len) {
+  DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));
+  (void)q;
+  DMX_RETURN_IF_ERROR(ensure_slots());
+  if (len > pool_->slot_size())
+    return Status(Code::kProtocol, fmt::format("{} is larger than a staging slot", wire::describe(rx_)));
+  if (free_rx_slots_.empty()) {
+    bool progress = false;
+    auto t0 = Clock::now();
+    DMX_RETURN_IF_ERROR(reap_rx(/*block=*/true, &progress));
+    stats_.ns_copy_wait.fetch_add(ns_since(t0), std::memory_order_relaxed);
+    DMX_TRACE_SPAN("slot", this, t0);  // no free receive slot: waited for a host->device copy
+  }
+  rx_slot_ = free_rx_slots_.back();
+  free_rx_slots_.pop_back();
+  return Status();
+}
+
+// An inline table's bytes, in a slot, go to their pieces: host ones copied now, device ones by
+// their device's queue, under one fence on `q` (the plan's). A table that spans two devices
+// (rare) waits here for the other devices' copies.
+Status Stream::scatter_from_slot(CopyQueue* q, uint64_t* fence) {
+  const auto* from = static_cast<const char*>(slots_.at(rx_slot_));
+  std::vector<CopyQueue*> others;
+  for (const Piece& p : rx_plan_.pieces) {
+    if (!p.where.is_device()) {
+      std::memcpy(p.at, from, p.len);
+    } else {
+      DMX_ASSIGN_OR_RETURN(CopyQueue * pq, queue_for(p.where));
+      DMX_RETURN_IF_ERROR(staging_copy(pq, p.at, from, p.len, config_.push_rx_max, false));
+      if (pq != q && std::find(others.begin(), others.end(), pq) == others.end()) others.push_back(pq);
+    }
+    from += p.len;
+  }
+  for (CopyQueue* other : others) {
+    DMX_ASSIGN_OR_RETURN(uint64_t f, other->record());
+    DMX_RETURN_IF_ERROR(other->wait(f, Deadline::after(std::chrono::seconds(30))));
+  }
+  DMX_ASSIGN_OR_RETURN(*fence, q->record());
   return Status();
 }
 
@@ -346,17 +425,21 @@ Status Stream::finish_payload() {
     DMX_TRACE_POINT("st.h2d");
     [[maybe_unused]] auto t0 = Clock::now();
     DMX_ASSIGN_OR_RETURN(CopyQueue * q, queue_for(rx_plan_.where));
-    DMX_RETURN_IF_ERROR(
-        staging_copy(q, rx_plan_.dst, slots_.at(rx_slot_), rx_.payload_len, config_.push_rx_max, false));
-    uint64_t ticket = 0;
-    if (checks(rx_) && (rx_.flags & wire::kFlagChecksum)) {
-      DMX_ASSIGN_OR_RETURN(ticket, q->checksum(rx_plan_.dst, rx_.payload_len));
+    const size_t len = rx_.payload_len - rx_plan_at_;  // after a prefix: the rest
+    uint64_t ticket = 0, fence = 0;
+    if (!rx_plan_.pieces.empty()) {
+      DMX_RETURN_IF_ERROR(scatter_from_slot(q, &fence));
+    } else {
+      DMX_RETURN_IF_ERROR(staging_copy(q, rx_plan_.dst, slots_.at(rx_slot_), len, config_.push_rx_max, false));
+      if (checks(rx_) && (rx_.flags & wire::kFlagChecksum)) {
+        DMX_ASSIGN_OR_RETURN(ticket, q->checksum(rx_plan_.dst, len));
+      }
+      DMX_ASSIGN_OR_RETURN(fence, q->record());
     }
-    DMX_ASSIGN_OR_RETURN(uint64_t fence, q->record());
     DMX_TRACE_POINT("st.h2d.issued");
     DMX_TRACE_SPAN("h2d", this, t0);
-    stats_.h2d_copies.fetch_add(1, std::memory_order_relaxed);
-    stats_.h2d_bytes.fetch_add(rx_.payload_len, std::memory_order_relaxed);
+    stats_.h2d_copies.fetch_add(rx_plan_.pieces.empty() ? 1 : rx_plan_.pieces.size(), std::memory_order_relaxed);
+    stats_.h2d_bytes.fetch_add(len, std::memory_order_relaxed);
     pending_rx_.push_back(PendingRx{rx_, std::move(rx_plan_), rx_slot_, fence, q, ticket});
     rx_slot_ = -1;
     rx_plan_ = RxPlan();
@@ -434,10 +517,22 @@ Status Stream::step_rx(Io* io) {
       want = wire::kHeaderSize - rx_header_got_;
     } else {
       size_t left = rx_.payload_len - rx_payload_got_;
+      const size_t at = rx_payload_got_ - rx_plan_at_;
       switch (rx_plan_.kind) {
-        case RxPlan::Kind::kHost: dst = static_cast<char*>(rx_plan_.dst) + rx_payload_got_; break;
-        case RxPlan::Kind::kDevice: dst = static_cast<char*>(slots_.at(rx_slot_)) + rx_payload_got_; break;
-        case RxPlan::Kind::kControl: dst = rx_plan_.control.data() + rx_payload_got_; break;
+        case RxPlan::Kind::kHost:
+          if (rx_plan_.pieces.empty()) {
+            dst = static_cast<char*>(rx_plan_.dst) + at;
+          } else {
+            const Piece& p = rx_plan_.pieces[rx_piece_];
+            dst = static_cast<char*>(p.at) + rx_piece_got_;
+            left = p.len - rx_piece_got_;
+          }
+          break;
+        case RxPlan::Kind::kDevice: dst = static_cast<char*>(slots_.at(rx_slot_)) + at; break;
+        case RxPlan::Kind::kControl:
+          dst = rx_plan_.control.data() + at;
+          left = rx_plan_.control.size() - at;
+          break;
         default:
           dst = scratch_.data();
           left = std::min(left, scratch_.size());
@@ -491,7 +586,15 @@ Status Stream::step_rx(Io* io) {
       DMX_RETURN_IF_ERROR(begin_payload());
     } else {
       rx_payload_got_ += got;
-      if (rx_payload_got_ == rx_.payload_len) DMX_RETURN_IF_ERROR(finish_payload());
+      if (rx_plan_.kind == RxPlan::Kind::kHost && !rx_plan_.pieces.empty() &&
+          (rx_piece_got_ += got) == rx_plan_.pieces[rx_piece_].len) {
+        ++rx_piece_;
+        rx_piece_got_ = 0;
+      }
+      if (rx_plan_.kind == RxPlan::Kind::kControl && rx_plan_.prefix != 0 && rx_payload_got_ == rx_plan_.prefix)
+        DMX_RETURN_IF_ERROR(begin_rest());
+      else if (rx_payload_got_ == rx_.payload_len)
+        DMX_RETURN_IF_ERROR(finish_payload());
     }
   }
   return Status();

@@ -42,6 +42,13 @@
 
 namespace dmx::stream {
 
+// One run of bytes a frame's payload gathers (TxItem::pieces) or scatters (RxPlan::pieces).
+struct Piece {
+  void* at;
+  size_t len;
+  MemSpec where;  // RxPlan only (TxItem's are all of the item's `where`)
+};
+
 // A frame to transmit.
 struct TxItem {
   wire::FrameHeader header;
@@ -49,6 +56,9 @@ struct TxItem {
   MemSpec where;
   size_t len = 0;
   std::vector<unsigned char> owned;  // for small payloads copied at post time
+  // An inline table chunk (docs/wire.md "Tables"): the payload is `owned` (the table), then these
+  // runs of `where` in order; `len` counts both.
+  std::vector<Piece> pieces;
   std::shared_ptr<void> ctx;         // the host's handle, given back in on_sent
   bool reply = false;                // a frame the peer's request caused (counted in reply_backlog)
   bool pulled = false;               // a data chunk the stream took with next_chunk
@@ -78,6 +88,12 @@ struct RxPlan {
   std::vector<unsigned char> control;
   std::shared_ptr<void> ctx;  // the host's handle, given back in on_landed
   int host_tag = 0;           // the host's own marker, given back in on_landed
+  // kControl: only the payload's first `prefix` bytes (0: all) land in `control`; the host's
+  // on_prefix then plans the rest (an inline table chunk: its table, then the pieces' bytes).
+  uint32_t prefix = 0;
+  // kHost, kDevice: the bytes scatter over these in order instead of landing at dst (kDevice:
+  // through one slot, a copy per piece under one fence).
+  std::vector<Piece> pieces;
   // kHost, a chunk of a large transfer (kBulkTransfer, nt_receive_min): read through a buffer
   // that stays in the worker's cache and stored into dst with non-temporal stores.
   bool bulk = false;
@@ -96,6 +112,8 @@ class StreamHost {
   virtual Result<RxPlan> on_header(int stream, const wire::FrameHeader& h) = 0;
   // The payload is in place (for kDevice, after the copy to the device has finished).
   virtual Status on_landed(int stream, const wire::FrameHeader& h, RxPlan& plan) = 0;
+  // A plan with a prefix: it has landed in `prefix`; where the rest of the payload goes.
+  virtual Result<RxPlan> on_prefix(int stream, const wire::FrameHeader& h, const std::vector<unsigned char>& prefix);
   virtual bool next_chunk(int stream, TxItem* out) = 0;
   virtual void on_sent(int stream, TxItem& item) = 0;
   virtual void on_stream_failed(int stream, const Status& s) = 0;
@@ -219,7 +237,10 @@ class Stream {
   Status fill_pipeline(bool* progress);
   Status reap_rx(bool block, bool* progress);
   Status begin_payload();
+  Status begin_rest();
+  Status take_rx_slot(size_t len);
   Status finish_payload();
+  Status scatter_from_slot(CopyQueue* q, uint64_t* fence);
   Result<CopyQueue*> queue_for(MemSpec where);
   Status ensure_slots();
   void drain();
@@ -269,8 +290,10 @@ class Stream {
     bool chunk;  // pulled from chunks_ (counts against the pipeline)
   };
   static constexpr size_t kMaxBatch = 8;  // frames per writev
+  static constexpr size_t kMaxIov = 1024;  // IOV_MAX
   std::deque<TxItem> chunks_;  // pulled data chunks, in order; staged ones carry fences
   std::deque<OutFrame> out_;   // frames being written, in order; the front may be partly out
+  std::vector<iovec> iov_;     // step_tx's, kept for its capacity
   size_t out_written_ = 0;     // bytes of out_.front() written
   size_t out_chunks_ = 0;      // frames in out_ with chunk set
 #if defined(DMX_TRACE_ENABLED)
@@ -291,6 +314,8 @@ class Stream {
   wire::FrameHeader rx_;
   RxPlan rx_plan_;
   size_t rx_payload_got_ = 0;
+  size_t rx_plan_at_ = 0;  // where in the payload rx_plan_ begins (after a prefix)
+  size_t rx_piece_ = 0, rx_piece_got_ = 0;  // the piece being filled (RxPlan::pieces)
   int rx_slot_ = -1;
   std::vector<unsigned char> scratch_;
   std::deque<PendingRx> pending_rx_;

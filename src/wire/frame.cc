@@ -127,19 +127,27 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
                                                  h.payload_len, h.a0 * kTableEntrySize));
     max = h.payload_len;
   } else if (h.flags & kFlagTable) {
-    // The table's own frame: a vectored write's or read's pieces by a path, no checksum
-    // (docs/wire.md).
+    // A vectored write's or read's pieces by a path (the path's descriptor follows the table), or
+    // a vectored write's pieces inline (their bytes follow it); no checksum (docs/wire.md).
     bool write = h.type == FrameType::kWriteData;
-    if ((write && (h.flags & kFlagVector) == 0) || h.path == 0 || (h.flags & kFlagChecksum) != 0)
-      return Status(Code::kProtocol, "a TABLE chunk must name a path, carry no CHECKSUM, and be VECTOR if a write");
+    if ((write && (h.flags & kFlagVector) == 0) || (h.path == 0 && !write) || (h.flags & kFlagChecksum) != 0)
+      return Status(Code::kProtocol,
+                    "a TABLE chunk must carry no CHECKSUM, be VECTOR if a write, and name a path if a read");
     const uint64_t n = table_pieces(h);
     if (n == 0 || n > kMaxTableEntries || (write && h.a1 != 0))
       return Status(Code::kProtocol, fmt::format("a TABLE chunk of {} pieces (1 to {}{})", n, kMaxTableEntries,
                                                  write ? fmt::format("; a1 {} must be 0", h.a1) : ""));
-    if (h.payload_len <= n * kTableEntrySize)
-      return Status(Code::kProtocol,
-                    fmt::format("a TABLE chunk of {} pieces carries {} bytes, no room for a descriptor", n, h.payload_len));
-    max = static_cast<uint32_t>(n) * kTableEntrySize + kMaxTableDescriptor;
+    if (h.path == 0) {  // inline: every piece has at least one byte; the chunk's limit holds
+      if (h.payload_len < n * (kTableEntrySize + 1))
+        return Status(Code::kProtocol, fmt::format("an inline TABLE chunk of {} pieces carries {} bytes", n,
+                                                   h.payload_len));
+    } else {
+      if (h.payload_len <= n * kTableEntrySize)
+        return Status(Code::kProtocol, fmt::format("a TABLE chunk of {} pieces carries {} bytes, no room for a "
+                                                   "descriptor",
+                                                   n, h.payload_len));
+      max = static_cast<uint32_t>(n) * kTableEntrySize + kMaxTableDescriptor;
+    }
   }
   if (h.payload_len > max)
     return Status(Code::kProtocol, fmt::format("{} frame carries {} payload bytes; the limit is {}",

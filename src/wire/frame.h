@@ -27,8 +27,8 @@
 namespace dmx::wire {
 
 inline constexpr uint32_t kMagic = 0x31584d44;  // bytes 'D' 'M' 'X' '1'
-inline constexpr uint16_t kProtocolVersion = 10;  // 8: REJOIN (reconnect_timeout); 9: TABLE; 10: read tables,
-                                                  // READ_REQ tables
+inline constexpr uint16_t kProtocolVersion = 11;  // 8: REJOIN (reconnect_timeout); 9: TABLE; 10: read tables,
+                                                  // READ_REQ tables; 11: inline write tables
 inline constexpr size_t kHeaderSize = 56;
 inline constexpr uint32_t kMaxControlPayload = 4096;  // handshake, ack texts, reject reasons
 
@@ -70,7 +70,8 @@ enum FrameFlags : uint8_t {
                       // kReadReq: one segment of a vectored read
   kFlagMore = 8,      // kReadReq with kFlagVector: more segments of the read follow
   kFlagTable = 16,    // kWriteData with kFlagVector and a path: a0 pieces, their table, then the
-                      // path's list descriptor (docs/wire.md "Tables"); kReadData with a path:
+                      // path's list descriptor (docs/wire.md "Tables"; inline, path 0: then the
+                      // pieces' bytes in the table's order); kReadData with a path:
                       // the same with a2 pieces; kReadReq with kFlagVector: a0 segments' (key,
                       // offset, length) entries and nothing else
 };

@@ -14,13 +14,6 @@ namespace {
 
 const MemSpec kSim{MemKind::kSim, 0};
 
-std::vector<uint64_t> random_sizes(size_t n, uint64_t lo, uint64_t hi) {
-  std::mt19937_64 rng(std::random_device{}());
-  std::vector<uint64_t> s(n);
-  for (uint64_t& x : s) x = lo + rng() % (hi - lo + 1);
-  return s;
-}
-
 // How many lists (and lone chunks) n small pieces make: 128 a list, a last piece alone a chunk.
 uint64_t lists_for(size_t n) { return n / 128 + (n % 128 >= 2 ? 1 : 0); }
 uint64_t lone_for(size_t n) { return n % 128 == 1 ? 1 : 0; }

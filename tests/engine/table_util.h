@@ -57,6 +57,14 @@ inline void table_pair(TablePair& p, const Options& o = table_options()) {
   ASSERT_NE(p.client.stats().transport.find(kTableTransport), std::string::npos) << p.client.stats().transport;
 }
 
+// n sizes drawn from [lo, hi], fresh each run.
+inline std::vector<uint64_t> random_sizes(size_t n, uint64_t lo, uint64_t hi) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<uint64_t> s(n);
+  for (uint64_t& x : s) x = lo + rng() % (hi - lo + 1);
+  return s;
+}
+
 // A vectored write's layout: entries over `regions` target regions (alternating entry by entry),
 // each destination after a gap of 1-7 bytes, each source at its own odd offset of one local buffer.
 struct Layout {

@@ -104,6 +104,10 @@ void frame_seeds() {
   table.a1 = 1;
   b = encode_header(table);
   put("frame", "bad-table-a1", cat(limits, Bytes(b.begin(), b.end())));
+  FrameHeader inline_table{FrameType::kWriteData, static_cast<uint8_t>(kFlagVector | kFlagTable),
+                           3 * (kTableEntrySize + 1000), 7, 3, 0, 4096, 4, 0};  // version 11: path 0
+  b = encode_header(inline_table);
+  put("frame", "valid-WRITE_DATA-inline-table", cat(limits, Bytes(b.begin(), b.end())));
   FrameHeader read_table{FrameType::kReadData, kFlagTable, 5 * kTableEntrySize + 100, 7, 4096, 1 << 20, 5, 0, 4};
   b = encode_header(read_table);
   put("frame", "valid-READ_DATA-table", cat(limits, Bytes(b.begin(), b.end())));

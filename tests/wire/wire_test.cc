@@ -169,9 +169,28 @@ TEST(Frame, TableChunk) {
   FrameHeader h = table(4, 100);
   h.flags = kFlagTable;  // not VECTOR
   EXPECT_TRUE(refused(h, "be VECTOR if a write"));
-  h = table(4, 100);
-  h.path = 0;  // inline: no path to carry the pieces
-  EXPECT_TRUE(refused(h, "name a path"));
+  // Inline (path 0, version 11): the table, then at least a byte a piece, within a chunk's limit.
+  auto inline_table = [&](uint64_t n, uint32_t payload) {
+    FrameHeader t = table(n, payload);
+    t.path = 0;
+    return t;
+  };
+  for (uint64_t n : {1u, 2u, kMaxTableEntries}) {
+    for (uint32_t payload : {static_cast<uint32_t>(n) * (kTableEntrySize + 1), kLimits.max_chunk}) {
+      auto d = decode(inline_table(n, payload));
+      ASSERT_TRUE(d.ok()) << n << " " << payload << ": " << d.status().to_string();
+      EXPECT_EQ(d->path, 0);
+      EXPECT_EQ(d->payload_len, payload);
+    }
+  }
+  EXPECT_TRUE(refused(inline_table(4, 4 * kTableEntrySize + 3), "an inline TABLE chunk of 4 pieces carries 83"));
+  EXPECT_TRUE(refused(inline_table(4, 80), "an inline TABLE chunk"));
+  EXPECT_TRUE(refused(inline_table(4, 0), "an inline TABLE chunk"));
+  EXPECT_TRUE(refused(inline_table(4, kLimits.max_chunk + 1), "the limit is"));
+  EXPECT_TRUE(refused(inline_table(UINT64_MAX, 5000), "pieces"));
+  h = inline_table(4, 100);
+  h.flags = kFlagTable;
+  EXPECT_TRUE(refused(h, "be VECTOR if a write"));
   h = table(4, 100);
   h.flags |= kFlagChecksum;
   h.crc = 0x1234;

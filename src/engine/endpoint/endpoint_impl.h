@@ -133,6 +133,8 @@ class EndpointImpl final : public stream::StreamHost,
   // stream::StreamHost
   Result<stream::RxPlan> on_header(int stream, const wire::FrameHeader& h) override;
   Status on_landed(int stream, const wire::FrameHeader& h, stream::RxPlan& plan) override;
+  Result<stream::RxPlan> on_prefix(int stream, const wire::FrameHeader& h,
+                                   const std::vector<unsigned char>& table) override;
   bool next_chunk(int stream, stream::TxItem* out) override;
   void on_sent(int stream, stream::TxItem& item) override;
   void on_stream_failed(int stream, const Status& s) override;
@@ -320,6 +322,10 @@ class EndpointImpl final : public stream::StreamHost,
   size_t list_pieces(const PathState& ps, const Transfer& t) const;
   Status post_path_list(PathState& ps, Transfer& t, size_t n, stream::TxItem* out);
   Status on_table_header(PathState& ps, const wire::FrameHeader& h, const std::vector<unsigned char>& payload);
+  Result<uint64_t> write_table_dsts(InWrite& w, const wire::FrameHeader& h, const unsigned char* p, size_t n);
+  // A vectored write's run of segments inline as one table chunk (0: not here; endpoint/tables.cc).
+  size_t inline_table_pieces(const Transfer& t, uint64_t chunk) const;
+  void post_inline_table(Transfer& t, size_t n, stream::TxItem* out);
   Status on_read_table(PathState& ps, const wire::FrameHeader& h, const std::vector<unsigned char>& payload);
   // Hands a table chunk's pieces to the path (seq next); undoes and settles it when the path refuses.
   Status post_table(PathState& ps, const wire::FrameHeader& h, const std::vector<unsigned char>& payload,

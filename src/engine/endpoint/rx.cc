@@ -61,6 +61,14 @@ Result<stream::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h)
         p.kind = stream::RxPlan::Kind::kControl;
         return p;
       }
+      if (h.flags & wire::kFlagTable) {  // an inline write table (frame.cc): the table first
+        if (session_.multilink)
+          return protocol(fmt::format("{}: an inline table on an endpoint of several links", wire::describe(h)));
+        stream::RxPlan p;
+        p.kind = stream::RxPlan::Kind::kControl;
+        p.prefix = static_cast<uint32_t>(h.a0 * wire::kTableEntrySize);  // < payload_len (frame.cc)
+        return p;
+      }
       {
         auto plan = h.type == FrameType::kSendData   ? plan_inbound(tokens_, h, h.a0, h.a1, h.payload_len, "SEND_DATA")
                     : h.type == FrameType::kReadData ? plan_inbound(reads_, h, h.a0, h.a1, h.payload_len, "READ_DATA")
@@ -114,8 +122,8 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan&
                             plan.host_tag == kTagBounced && integrity.ok() ? scatter(plan.ctx) : integrity);
         else if (h.type == FrameType::kReadData)
           st = land_inbound(reads_, h, h.payload_len, plan.host_tag == kTagCounted, integrity);
-        else {
-          land_write(h, h.payload_len, integrity);
+        else {  // an inline table's bytes are what follows its entries
+          land_write(h, h.payload_len - ((h.flags & wire::kFlagTable) ? h.a0 * wire::kTableEntrySize : 0), integrity);
           noted = h.flags & wire::kFlagNotify;
         }
         if (h.path == 0 && session_.multilink && stream != 0) link_landed(stream, h);

@@ -39,6 +39,54 @@ size_t EndpointImpl::list_pieces(const PathState& ps, const Transfer& t) const {
   return n;
 }
 
+// Inline, a table's entries and bytes travel in one frame of at most `chunk` bytes: worth it from
+// two pieces (a chunk each cost ~3 us of the endpoint's per-frame work on a 16 KiB block).
+size_t EndpointImpl::inline_table_pieces(const Transfer& t, uint64_t chunk) const {
+  const OpState& op = *t.op;
+  if (!op.vec || t.type != FrameType::kWriteData || session_.checksum || session_.multilink) return 0;
+  const auto& segs = op.vec->segs;
+  if (t.seg >= segs.size() || segs[t.seg].at != t.next) return 0;  // mid-segment: chunk by chunk
+  uint64_t bytes = 0;
+  size_t n = 0;
+  for (size_t k = t.seg; k < segs.size() && n < wire::kMaxTableEntries; ++k, ++n) {
+    uint64_t cost = segs[k].length + wire::kTableEntrySize;
+    if (segs[k].length > wire::kMaxTablePiece || cost > chunk - bytes) break;
+    bytes += cost;
+  }
+  return n;
+}
+
+void EndpointImpl::post_inline_table(Transfer& t, size_t n, stream::TxItem* out) {
+  OpState& op = *t.op;
+  const auto& segs = op.vec->segs;
+  out->owned.resize(n * wire::kTableEntrySize);
+  out->pieces.reserve(n);
+  uint64_t len = 0;
+  unsigned char* p = out->owned.data();
+  for (size_t k = t.seg; k < t.seg + n; ++k, p += wire::kTableEntrySize) {
+    wire::put_table_entry(p, {segs[k].rkey, segs[k].roffset, static_cast<uint32_t>(segs[k].length)});
+    out->pieces.push_back(stream::Piece{segs[k].local, segs[k].length, {}});
+    len += segs[k].length;
+  }
+  FrameHeader& h = out->header;
+  h.type = FrameType::kWriteData;
+  h.id = op.id;
+  h.flags = wire::kFlagVector | wire::kFlagTable | (op.notify ? wire::kFlagNotify : 0);
+  h.a0 = n;
+  h.a1 = 0;
+  h.a2 = op.total;
+  h.a3 = op.notify_value;
+  out->src = out->owned.data();
+  out->where = t.where;
+  out->len = out->owned.size() + len;
+  out->ctx = t.op;
+  t.next += len;
+  t.emitted = true;
+  op.handed += len;
+  ++op.inflight;
+  DMX_TRACE_POINT("tbl.inline");
+}
+
 Status EndpointImpl::post_path_list(PathState& ps, Transfer& t, size_t n, stream::TxItem* out) {
   OpState& op = *t.op;
   const auto& segs = op.vec->segs;
@@ -99,13 +147,18 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
                                 ps.path->max_list()));
   // The write's first chunk (or one after an early CANCEL) opens it; a later one keeps its form.
   DMX_ASSIGN_OR_RETURN(InWrite * opened, open_vec_write(h));
-  InWrite& w = *opened;
+  DMX_ASSIGN_OR_RETURN(uint64_t len, write_table_dsts(*opened, h, payload.data(), n));
+  return post_table(ps, h, payload, len, 0);
+}
+
+// A write table's n entries at `p`, checked; their destinations in list_dsts_ (all null when the
+// write is refused, cancelled or withdrawn: dropped). Returns the pieces' sum, reserved in `w`.
+Result<uint64_t> EndpointImpl::write_table_dsts(InWrite& w, const FrameHeader& h, const unsigned char* p, size_t n) {
   bool drop = w.refused || w.cancelled || w.withdrawn;
   list_dsts_.clear();
   list_dsts_.reserve(n);
   uint64_t len = 0, last_key = 0;
   Registered* reg = nullptr;
-  const unsigned char* p = payload.data();
   for (size_t k = 0; k < n; ++k, p += wire::kTableEntrySize) {
     auto [key, offset, piece] = wire::get_table_entry(p);
     if (piece == 0 || piece > w.expected - w.reserved - len)
@@ -150,7 +203,33 @@ Status EndpointImpl::on_table_header(PathState& ps, const FrameHeader& h, const 
     list_dsts_.push_back(r.sub(offset, piece));
   }
   w.reserved += len;
-  return post_table(ps, h, payload, len, 0);
+  return len;
+}
+
+// An inline table (path 0) has landed: its pieces' bytes follow it in the frame. Checked as a
+// path's table is; the bytes scatter straight into host memory, or through one staging slot into
+// device memory; all dropped when the write is.
+Result<stream::RxPlan> EndpointImpl::on_prefix(int, const FrameHeader& h, const std::vector<unsigned char>& table) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t n = h.a0;  // on_header let through only an inline write table
+  DMX_ASSIGN_OR_RETURN(InWrite * w, open_vec_write(h));
+  DMX_ASSIGN_OR_RETURN(uint64_t len, write_table_dsts(*w, h, table.data(), n));
+  if (len != h.payload_len - table.size())
+    return protocol(fmt::format("write op {}: an inline table's pieces sum to {} bytes; {} follow it", h.id, len,
+                                h.payload_len - table.size()));
+  stream::RxPlan plan;
+  plan.kind = stream::RxPlan::Kind::kDiscard;
+  if (list_dsts_.empty() || list_dsts_[0].ptr == nullptr) return plan;
+  plan.kind = stream::RxPlan::Kind::kHost;
+  plan.pieces.reserve(n);
+  for (const MemRegion& d : list_dsts_) {
+    if (d.where.is_device() && plan.kind == stream::RxPlan::Kind::kHost) {
+      plan.kind = stream::RxPlan::Kind::kDevice;
+      plan.where = d.where;
+    }
+    plan.pieces.push_back(stream::Piece{d.ptr, d.size, d.where});
+  }
+  return plan;
 }
 
 // A vectored read's reply by a path: each entry names where its piece goes in the read (key 0),

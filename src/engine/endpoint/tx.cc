@@ -63,6 +63,14 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
       tx_.pop_front();
       continue;
     }
+    if (path == nullptr) {  // a run of small segments: one inline table chunk
+      if (size_t n = inline_table_pieces(t, inline_chunk(t)); n > 1) {
+        post_inline_table(t, n, out);
+        if (striping_) striping_->took(stream);
+        if (t.next == op.total) tx_.pop_front();
+        return true;
+      }
+    }
     FrameHeader& h = out->header;
     h.type = t.type;
     h.id = op.id;
@@ -178,8 +186,8 @@ void EndpointImpl::on_sent(int stream, stream::TxItem& item) {
     if (op->eager) {
       op->done = op->total;
       finish(*op, Status());
-    } else {
-      chunk_sent(op, item.len, Status());
+    } else {  // an inline table's bytes are what follows its entries
+      chunk_sent(op, item.len - ((item.header.flags & wire::kFlagTable) ? item.owned.size() : 0), Status());
     }
   }
   deliver();
