@@ -37,6 +37,20 @@ Result<size_t> SocketConduit::read(void* dst, size_t n) {
   }
 }
 
+Result<size_t> SocketConduit::readv(std::span<const iovec> buffers) {
+  msghdr m{};
+  m.msg_iov = const_cast<iovec*>(buffers.data());
+  m.msg_iovlen = buffers.size();
+  for (;;) {
+    ssize_t k = ::recvmsg(fd_.get(), &m, MSG_DONTWAIT);
+    if (k > 0) return static_cast<size_t>(k);
+    if (k == 0) return Status(Code::kPeerFailed, "connection closed by the peer");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
+    return errno_status("recvmsg", errno, Code::kPeerFailed);
+  }
+}
+
 int SocketConduit::prepare_sleep(bool want_room, pollfd* fds) {
   fds[0] = {fd_.get(), static_cast<short>(POLLIN | (want_room ? POLLOUT : 0)), 0};
   return 1;

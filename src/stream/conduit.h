@@ -23,6 +23,11 @@ class Conduit {
   virtual Result<size_t> write(std::span<const iovec> buffers) = 0;
   // Bytes read (0: nothing there now). kPeerFailed once the peer has closed and all it sent was read.
   virtual Result<size_t> read(void* dst, size_t n) = 0;
+  // The same, scattered over `buffers` in order (an inline table's pieces); by default into the
+  // first alone.
+  virtual Result<size_t> readv(std::span<const iovec> buffers) {
+    return buffers.empty() ? Result<size_t>(size_t{0}) : read(buffers[0].iov_base, buffers[0].iov_len);
+  }
   // Before the worker sleeps: fills at most 2 pollfds to wait on for input (and for room when
   // `want_room`) and returns how many; -1 when there is something to do already (do not sleep).
   virtual int prepare_sleep(bool want_room, pollfd* fds) = 0;
@@ -42,6 +47,7 @@ class SocketConduit final : public Conduit {
   explicit SocketConduit(UniqueFd fd) : fd_(std::move(fd)) {}
   Result<size_t> write(std::span<const iovec> buffers) override;
   Result<size_t> read(void* dst, size_t n) override;
+  Result<size_t> readv(std::span<const iovec> buffers) override;
   int prepare_sleep(bool want_room, pollfd* fds) override;
   void after_sleep() override {}
   void shutdown() override;

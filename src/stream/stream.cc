@@ -549,9 +549,19 @@ Status Stream::step_rx(Io* io) {
       if (drained) return Status();
       bool read_ahead = !in_payload_;
       bool bounce = in_payload_ && rx_plan_.kind == RxPlan::Kind::kHost && rx_plan_.bulk;
+      bool scatter = in_payload_ && rx_plan_.kind == RxPlan::Kind::kHost && !rx_plan_.pieces.empty();
       size_t asked = read_ahead ? rx_ahead_.size() : bounce ? std::min(want, kBounceSize) : want;
+      if (scatter) {  // the rest of the table's pieces in one read
+        rx_iov_.clear();
+        rx_iov_.push_back({dst, want});
+        for (size_t i = rx_piece_ + 1; i < rx_plan_.pieces.size() && rx_iov_.size() < kMaxIov; ++i) {
+          rx_iov_.push_back({rx_plan_.pieces[i].at, rx_plan_.pieces[i].len});
+          asked += rx_plan_.pieces[i].len;
+        }
+      }
       auto t0 = Clock::now();
-      Result<size_t> k = conduit_->read(read_ahead ? rx_ahead_.data() : bounce ? bounce_buffer() : dst, asked);
+      Result<size_t> k = scatter ? conduit_->readv(rx_iov_)
+                                 : conduit_->read(read_ahead ? rx_ahead_.data() : bounce ? bounce_buffer() : dst, asked);
       stats_.ns_recv.fetch_add(ns_since(t0), std::memory_order_relaxed);
       if (!k.ok()) return k.status();
       if (*k > 0) DMX_TRACE_SPAN("rd", this, t0);  // not the empty ones (busy poll)
@@ -586,10 +596,15 @@ Status Stream::step_rx(Io* io) {
       DMX_RETURN_IF_ERROR(begin_payload());
     } else {
       rx_payload_got_ += got;
-      if (rx_plan_.kind == RxPlan::Kind::kHost && !rx_plan_.pieces.empty() &&
-          (rx_piece_got_ += got) == rx_plan_.pieces[rx_piece_].len) {
-        ++rx_piece_;
-        rx_piece_got_ = 0;
+      if (rx_plan_.kind == RxPlan::Kind::kHost && !rx_plan_.pieces.empty()) {
+        for (size_t left = got; left > 0;) {  // a read may fill several pieces
+          size_t take = std::min(left, rx_plan_.pieces[rx_piece_].len - rx_piece_got_);
+          left -= take;
+          if ((rx_piece_got_ += take) == rx_plan_.pieces[rx_piece_].len) {
+            ++rx_piece_;
+            rx_piece_got_ = 0;
+          }
+        }
       }
       if (rx_plan_.kind == RxPlan::Kind::kControl && rx_plan_.prefix != 0 && rx_payload_got_ == rx_plan_.prefix)
         DMX_RETURN_IF_ERROR(begin_rest());

@@ -316,6 +316,7 @@ class Stream {
   size_t rx_payload_got_ = 0;
   size_t rx_plan_at_ = 0;  // where in the payload rx_plan_ begins (after a prefix)
   size_t rx_piece_ = 0, rx_piece_got_ = 0;  // the piece being filled (RxPlan::pieces)
+  std::vector<iovec> rx_iov_;                // the pieces step_rx reads into at once
   int rx_slot_ = -1;
   std::vector<unsigned char> scratch_;
   std::deque<PendingRx> pending_rx_;
