@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "client_sockets.h"
+#include "engine/table_util.h"
 #include "test_util.h"
 
 namespace dmx {
@@ -75,6 +76,48 @@ TEST(Multilink, AWriteAndAReadSurviveACutToo) {
   EXPECT_EQ(landed, src.data);
   std::vector<unsigned char> expect(target.data.begin() + static_cast<long>(n), target.data.end());
   EXPECT_EQ(read_back(dst.region()), expect);
+}
+
+// A vectored write of many small blocks goes as inline tables (docs/wire.md "Tables"); a data
+// stream cut mid-write: the tables it had not landed go again by the other streams, each block
+// landing once, and the one notification comes after the last.
+TEST(Multilink, AVectoredWriteOfSmallBlocksSurvivesACut) {
+  test::Pair p = test::connect_pair(multilink_options());
+  std::vector<int> fds = client_sockets(port_of(p.listener.address()));
+  ASSERT_EQ(fds.size(), 5u);
+  std::mt19937_64 rng(std::random_device{}());
+  test::Layout l = test::make_layout(test::random_sizes(100000, 1, 4000), 3, rng);
+  auto src = filled(MemSpec{}, l.local_size);
+  std::vector<Buffer> targets;
+  std::vector<Registration> regs;
+  std::vector<RemoteRegion> remote;
+  for (uint64_t size : l.region_size) {
+    targets.push_back(poisoned(MemSpec{}, size));
+    auto reg = p.ctx.register_memory(targets.back().region());
+    ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+    remote.push_back(reg->remote());
+    regs.push_back(std::move(*reg));
+  }
+  uint64_t before = p.server.stats().bytes_received;
+  OpOptions o;
+  o.notify = true;
+  o.notify_value = 7;
+  MemRegion local[] = {src.buf.region()};
+  Request w = p.client.write_vec(local, remote, l.entries, o);
+  wait_sent(p.client, l.total / 8);
+  ::shutdown(fds[2], SHUT_RDWR);
+  uint64_t sent_at_cut = p.client.stats().bytes_sent;
+  ASSERT_TRUE(w.wait(test::kEventually).ok()) << w.status().to_string();
+  auto note = p.server.next_notification(test::kEventually);
+  ASSERT_TRUE(note.ok()) << note.status().to_string();
+  EXPECT_EQ(note->value, 7u);
+  std::vector<std::vector<unsigned char>> got;
+  for (const Buffer& b : targets) got.push_back(read_back(b.region()));
+  test::expect_landed(l, src.data, got);
+  EXPECT_LT(sent_at_cut, l.total) << "the cut came after the write";
+  EXPECT_GE(p.server.stats().bytes_received - before, l.total + 100000 * wire::kTableEntrySize)
+      << "the blocks did not come as inline tables";
+  EXPECT_FALSE(p.server.next_notification(std::chrono::milliseconds(50)).ok()) << "a second notification";
 }
 
 // Small messages both ways (eager, so their bytes ride the control stream), big ones beside them,

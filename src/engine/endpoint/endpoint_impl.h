@@ -401,6 +401,9 @@ class EndpointImpl final : public stream::StreamHost,
     MemSpec where;
     uint64_t len = 0;
     bool folded = false;  // its CRC went into the op's (checksums): once, however often it is sent
+    // An inline table (TxItem::pieces): its entries and where its pieces' bytes are.
+    std::vector<unsigned char> table;
+    std::vector<stream::Piece> pieces;
   };
   // Per data stream; index 0 unused. Caller holds mu_ for all below.
   struct LinkState {

@@ -30,6 +30,10 @@ void EndpointImpl::link_pulled(int stream, stream::TxItem* out, const Transfer* 
   c->src = static_cast<const char*>(out->src);
   c->where = out->where;
   c->len = out->len;
+  if (!out->pieces.empty()) {
+    c->table = out->owned;
+    c->pieces = out->pieces;
+  }
   out->ctx = c;
   links_[static_cast<size_t>(stream)].unacked.push_back(std::move(c));
 }
@@ -43,6 +47,11 @@ bool EndpointImpl::link_resend(int stream, stream::TxItem* out) {
   out->src = c->src;
   out->where = c->where;
   out->len = c->len;
+  if (!c->pieces.empty()) {
+    out->owned = c->table;
+    out->pieces = c->pieces;
+    out->src = out->owned.data();
+  }
   out->ctx = c;
   links_[static_cast<size_t>(stream)].unacked.push_back(std::move(c));
   if (striping_) striping_->took(stream);
@@ -105,7 +114,7 @@ void EndpointImpl::link_stopped(int stream) {
     }
     for (const LinkState::Arriving& a : l.arriving) {
       const FrameHeader& h = a.header;
-      uint64_t len = h.payload_len;
+      uint64_t len = h.payload_len - ((h.flags & wire::kFlagTable) ? h.a0 * wire::kTableEntrySize : 0);
       if (h.type == FrameType::kWriteData) {
         auto it = in_writes_.find(h.id);
         if (it != in_writes_.end() && it->second.reserved >= len) it->second.reserved -= len;
@@ -165,7 +174,7 @@ void EndpointImpl::link_acked(int k, uint64_t upto) {
     l.unacked.pop_front();
     ++l.acked;
     if (striping_) striping_->wrote(k);
-    chunk_sent(c->op, c->len, Status());
+    chunk_sent(c->op, c->len - c->table.size(), Status());
   }
 }
 

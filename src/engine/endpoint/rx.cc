@@ -61,9 +61,7 @@ Result<stream::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h)
         p.kind = stream::RxPlan::Kind::kControl;
         return p;
       }
-      if (h.flags & wire::kFlagTable) {  // an inline write table (frame.cc): the table first
-        if (session_.multilink)
-          return protocol(fmt::format("{}: an inline table on an endpoint of several links", wire::describe(h)));
+      if (h.flags & wire::kFlagTable) {  // an inline write table (frame.cc): the table first (on_prefix)
         stream::RxPlan p;
         p.kind = stream::RxPlan::Kind::kControl;
         p.prefix = static_cast<uint32_t>(h.a0 * wire::kTableEntrySize);  // < payload_len (frame.cc)

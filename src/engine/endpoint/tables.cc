@@ -43,7 +43,7 @@ size_t EndpointImpl::list_pieces(const PathState& ps, const Transfer& t) const {
 // two pieces (a chunk each cost ~3 us of the endpoint's per-frame work on a 16 KiB block).
 size_t EndpointImpl::inline_table_pieces(const Transfer& t, uint64_t chunk) const {
   const OpState& op = *t.op;
-  if (!op.vec || t.type != FrameType::kWriteData || session_.checksum || session_.multilink) return 0;
+  if (!op.vec || t.type != FrameType::kWriteData || session_.checksum) return 0;
   const auto& segs = op.vec->segs;
   if (t.seg >= segs.size() || segs[t.seg].at != t.next) return 0;  // mid-segment: chunk by chunk
   uint64_t bytes = 0;
@@ -209,7 +209,8 @@ Result<uint64_t> EndpointImpl::write_table_dsts(InWrite& w, const FrameHeader& h
 // An inline table (path 0) has landed: its pieces' bytes follow it in the frame. Checked as a
 // path's table is; the bytes scatter straight into host memory, or through one staging slot into
 // device memory; all dropped when the write is.
-Result<stream::RxPlan> EndpointImpl::on_prefix(int, const FrameHeader& h, const std::vector<unsigned char>& table) {
+Result<stream::RxPlan> EndpointImpl::on_prefix(int stream, const FrameHeader& h,
+                                               const std::vector<unsigned char>& table) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t n = h.a0;  // on_header let through only an inline write table
   DMX_ASSIGN_OR_RETURN(InWrite * w, open_vec_write(h));
@@ -217,6 +218,9 @@ Result<stream::RxPlan> EndpointImpl::on_prefix(int, const FrameHeader& h, const 
   if (len != h.payload_len - table.size())
     return protocol(fmt::format("write op {}: an inline table's pieces sum to {} bytes; {} follow it", h.id, len,
                                 h.payload_len - table.size()));
+  // Several links: counted from here, where its bytes are reserved (a stream lost before it lands
+  // gives them back, endpoint/links.cc).
+  if (session_.multilink && stream != 0) link_planned(stream, h, stream::RxPlan());
   stream::RxPlan plan;
   plan.kind = stream::RxPlan::Kind::kDiscard;
   if (list_dsts_.empty() || list_dsts_[0].ptr == nullptr) return plan;

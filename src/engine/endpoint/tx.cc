@@ -66,6 +66,7 @@ bool EndpointImpl::next_chunk(int stream, stream::TxItem* out) {
     if (path == nullptr) {  // a run of small segments: one inline table chunk
       if (size_t n = inline_table_pieces(t, inline_chunk(t)); n > 1) {
         post_inline_table(t, n, out);
+        if (session_.multilink) link_pulled(stream, out, &t);  // kept until the peer has it
         if (striping_) striping_->took(stream);
         if (t.next == op.total) tx_.pop_front();
         return true;
