@@ -263,14 +263,18 @@ Status Stream::step_tx(Io* io) {
     }
     iov_.clear();
     size_t skip = out_written_;  // only the front frame is partly written
-    auto add = [&](const void* p, size_t len) {
+    size_t pieces = 0, piece_bytes = 0;
+    bool full = false;
+    auto add = [&](const void* p, size_t len) {  // whether it went in this write
       if (skip >= len) {
         skip -= len;
-        return;
+        return false;
       }
       // Past the limit the rest waits for the next write (the bytes written are counted per frame).
-      if (iov_.size() < kMaxIov) iov_.push_back({static_cast<char*>(const_cast<void*>(p)) + skip, len - skip});
+      full |= iov_.size() == kMaxIov;
+      if (!full) iov_.push_back({static_cast<char*>(const_cast<void*>(p)) + skip, len - skip});
       skip = 0;
+      return !full;
     };
     for (OutFrame& f : out_) {
       add(f.header.data(), wire::kHeaderSize);
@@ -278,7 +282,11 @@ Status Stream::step_tx(Io* io) {
         add(f.item.slot >= 0 ? slots_.at(f.item.slot) : f.item.src, f.item.len);
       } else {  // an inline table of host memory: the table, then the pieces where they are
         add(f.item.owned.data(), f.item.owned.size());
-        for (const Piece& p : f.item.pieces) add(p.at, p.len);
+        for (const Piece& p : f.item.pieces) {
+          // A write the socket takes only part of costs the kernel every iovec it was given:
+          // a table's pieces go a bounded batch at a time (kScatterIov, kScatterBytes).
+          if (add(p.at, p.len)) full |= ++pieces >= kScatterIov || (piece_bytes += p.len) >= kScatterBytes;
+        }
       }
     }
     if (config_.index == 0) DMX_TRACE_POINT("s0.write");
@@ -554,7 +562,9 @@ Status Stream::step_rx(Io* io) {
       if (scatter) {  // the rest of the table's pieces in one read
         rx_iov_.clear();
         rx_iov_.push_back({dst, want});
-        for (size_t i = rx_piece_ + 1; i < rx_plan_.pieces.size() && rx_iov_.size() < kMaxIov; ++i) {
+        // Bounded: a read that finds less than asked costs the kernel every iovec it was given.
+        for (size_t i = rx_piece_ + 1;
+             i < rx_plan_.pieces.size() && rx_iov_.size() < kScatterIov && asked < kScatterBytes; ++i) {
           rx_iov_.push_back({rx_plan_.pieces[i].at, rx_plan_.pieces[i].len});
           asked += rx_plan_.pieces[i].len;
         }

@@ -291,6 +291,8 @@ class Stream {
   };
   static constexpr size_t kMaxBatch = 8;  // frames per writev
   static constexpr size_t kMaxIov = 1024;  // IOV_MAX
+  // An inline table's pieces per system call, at most (step_tx, step_rx).
+  static constexpr size_t kScatterIov = 256, kScatterBytes = 256 << 10;
   std::deque<TxItem> chunks_;  // pulled data chunks, in order; staged ones carry fences
   std::deque<OutFrame> out_;   // frames being written, in order; the front may be partly out
   std::vector<iovec> iov_;     // step_tx's, kept for its capacity
