@@ -12,7 +12,9 @@
 //  - receive: it reads a header, asks the host where the payload goes (host memory: straight
 //    into the destination; device memory: into a pinned slot, then an asynchronous copy to the
 //    destination; or discarded), and tells the host when the payload has landed. Headers are read
-//    through a 4 KiB read-ahead buffer, so a small frame costs one read (step_rx).
+//    through a 4 KiB read-ahead buffer, so a small frame costs one read (step_rx). An inline table
+//    (RxPlan::prefix) comes in two steps: its entries, which the host turns into a scatter list,
+//    then its pieces' bytes (host memory: in place, a recvmsg per batch of pieces).
 // Liveness: it sends a keepalive when idle and fails when the peer is silent for too long, or when
 // a frame it has begun does not finish within its budget (a trickling peer; check_frame_budget).
 //
