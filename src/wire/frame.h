@@ -121,6 +121,13 @@ inline TableEntry get_table_entry(const unsigned char* p) { return {get_u64(p), 
 // READ_DATA (whose a0 and a1 keep their meaning: the first piece's offset, the read's length).
 inline uint64_t table_pieces(const FrameHeader& h) { return h.type == FrameType::kReadData ? h.a2 : h.a0; }
 
+// The bytes of an inline table's entries (WRITE_DATA, TABLE, path 0), which precede its data in
+// the payload; 0 for any other frame.
+inline uint64_t inline_table_bytes(const FrameHeader& h) {
+  bool inline_table = h.type == FrameType::kWriteData && (h.flags & kFlagTable) && h.path == 0;
+  return inline_table ? h.a0 * kTableEntrySize : 0;
+}
+
 // The data frames: a chunk of a rendezvous message, a write or a read's reply.
 inline bool is_chunk(FrameType t) {
   return t == FrameType::kSendData || t == FrameType::kWriteData || t == FrameType::kReadData;

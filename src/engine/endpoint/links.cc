@@ -114,7 +114,7 @@ void EndpointImpl::link_stopped(int stream) {
     }
     for (const LinkState::Arriving& a : l.arriving) {
       const FrameHeader& h = a.header;
-      uint64_t len = h.payload_len - ((h.flags & wire::kFlagTable) ? h.a0 * wire::kTableEntrySize : 0);
+      uint64_t len = h.payload_len - wire::inline_table_bytes(h);
       if (h.type == FrameType::kWriteData) {
         auto it = in_writes_.find(h.id);
         if (it != in_writes_.end() && it->second.reserved >= len) it->second.reserved -= len;
@@ -174,7 +174,7 @@ void EndpointImpl::link_acked(int k, uint64_t upto) {
     l.unacked.pop_front();
     ++l.acked;
     if (striping_) striping_->wrote(k);
-    chunk_sent(c->op, c->len - c->table.size(), Status());
+    chunk_sent(c->op, c->len - wire::inline_table_bytes(c->header), Status());
   }
 }
 

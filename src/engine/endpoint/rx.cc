@@ -120,8 +120,8 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan&
                             plan.host_tag == kTagBounced && integrity.ok() ? scatter(plan.ctx) : integrity);
         else if (h.type == FrameType::kReadData)
           st = land_inbound(reads_, h, h.payload_len, plan.host_tag == kTagCounted, integrity);
-        else {  // an inline table's bytes are what follows its entries
-          land_write(h, h.payload_len - ((h.flags & wire::kFlagTable) ? h.a0 * wire::kTableEntrySize : 0), integrity);
+        else {
+          land_write(h, h.payload_len - wire::inline_table_bytes(h), integrity);
           noted = h.flags & wire::kFlagNotify;
         }
         if (h.path == 0 && session_.multilink && stream != 0) link_landed(stream, h);

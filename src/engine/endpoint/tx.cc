@@ -187,8 +187,8 @@ void EndpointImpl::on_sent(int stream, stream::TxItem& item) {
     if (op->eager) {
       op->done = op->total;
       finish(*op, Status());
-    } else {  // an inline table's bytes are what follows its entries
-      chunk_sent(op, item.len - ((item.header.flags & wire::kFlagTable) ? item.owned.size() : 0), Status());
+    } else {
+      chunk_sent(op, item.len - wire::inline_table_bytes(item.header), Status());
     }
   }
   deliver();
