@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/segment_copy.h"
+#include "memory/cuda/segment_copy.h"
 
 namespace {
 

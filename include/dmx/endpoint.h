@@ -83,6 +83,7 @@ struct EndpointStats {
   uint64_t d2h_copies = 0, d2h_bytes = 0;  // device -> pinned staging copies
   uint64_t h2d_copies = 0, h2d_bytes = 0;  // pinned staging -> device copies
   uint64_t gpu_pushes = 0;  // of those staging copies, made by the GPU's SMs (GPU push, docs/gpu-push.md)
+  uint64_t staging_lists = 0;  // inline tables' device pieces staged as one list (a kernel, one copy)
   std::string gpu_push;     // which staging copies are pushed, and why (a cuda_ipc path says its own in PathUse::detail)
   uint64_t device_direct_puts = 0, device_direct_bytes = 0;  // kernels' direct puts into imported windows
   uint64_t host_copies = 0, host_copy_bytes = 0;  // CPU copies: eager messages buffered before

@@ -95,6 +95,7 @@ py::dict stats_dict(const dmx::EndpointStats& s) {
   d["reads"] = s.reads;
   d["d2h_copies"] = s.d2h_copies;
   d["h2d_copies"] = s.h2d_copies;
+  d["staging_lists"] = s.staging_lists;
   d["host_copies"] = s.host_copies;
   return d;
 }

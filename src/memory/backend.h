@@ -37,6 +37,19 @@ class CopyQueue {
   virtual Status push(void* dst, const void* src, size_t n) {
     return Status(Code::kUnavailable, "this copy queue has no SM copy");
   }
+  // A list of copies between this queue's device memory and one pinned staging buffer (from
+  // allocate_staging), as one: an inline table's pieces gathered into a slot or scattered out of
+  // one (to_host: every src is device memory, every dst in the buffer; else the reverse). The
+  // buffer's bytes between the spans may be read (scatter) but are never written. kUnavailable,
+  // with nothing enqueued, when this queue cannot (the caller then copies each span).
+  struct Span {
+    void* dst;
+    const void* src;
+    size_t n;
+  };
+  virtual Status copy_list(const Span* spans, size_t n, bool to_host) {
+    return Status(Code::kUnavailable, "this copy queue copies a list one span at a time");
+  }
   // A fence after every copy enqueued so far. Fence ids increase by one from 1.
   virtual Result<uint64_t> record() = 0;
   // Whether the copies before `fence` have finished. An error means the device failed.

@@ -30,6 +30,7 @@
 #include "memory/cuda/crc32c.h"
 #include "memory/cuda/driver.h"
 #include "memory/cuda/event_pool.h"
+#include "memory/cuda/list_copy.h"
 #include "memory/cuda/push.h"
 #include "memory/cuda/runtime.h"
 
@@ -63,8 +64,13 @@ class CudaQueue final : public CopyQueue {
   ~CudaQueue() override {
     if (recorded_ > completed_ && error_.ok()) {
       Status s = wait(recorded_, Deadline::after(kDrainOnDestroy));
-      if (!s.ok()) DMX_LOG_WARN("cuda:{} copy queue destroyed with copies in flight: {}", device_, s.to_string());
+      if (!s.ok()) {
+        DMX_LOG_WARN("cuda:{} copy queue destroyed with copies in flight: {}", device_, s.to_string());
+        (void)lists_.release();  // its buffers may still be in use: leaked
+      }
     }
+    if (!error_.ok()) (void)lists_.release();  // a failed device: its buffers may be in use, leaked
+    lists_.reset();  // before the stream it frees on goes
     for (auto& [fence, ev] : pending_) pool_->release(ev);
     for (cudaEvent_t ev : spare_) pool_->release(ev);
     if (scratch_ != nullptr) {
@@ -97,6 +103,17 @@ class CudaQueue final : public CopyQueue {
     DMX_RETURN_IF_ERROR(reachable(src, "source"));
     Status s = cuda::launch_push_copy(dst, src, n, stream_);
     if (s.ok() || check_device().ok()) return s;
+    return fail(std::move(s));
+  }
+
+  Status copy_list(const Span* spans, size_t n, bool to_host) override {
+    if (!error_.ok()) return error_;
+    if (!kernels_.ok()) return Status(Code::kUnavailable, "copy_list: " + kernels_.message());
+    DeviceGuard guard(device_);  // the kernel launches on the current device
+    DMX_RETURN_IF_ERROR(guard.status());
+    if (lists_ == nullptr) lists_ = std::make_unique<cuda::ListCopier>(device_, stream_);
+    Status s = lists_->enqueue(spans, n, to_host, recorded_ + 1, completed_);
+    if (s.ok() || s.code() == Code::kUnavailable || check_device().ok()) return s;
     return fail(std::move(s));
   }
 
@@ -284,7 +301,7 @@ class CudaQueue final : public CopyQueue {
   void* const context_;  // device_'s primary context (CUcontext)
   const cudaStream_t stream_;
   cuda::EventPool* const pool_;
-  const Status kernels_;  // ok when the push kernel is loaded on this device (CudaBackend::init)
+  const Status kernels_;  // ok when the push and segment kernels are loaded (CudaBackend::init)
   std::deque<std::pair<uint64_t, cudaEvent_t>> pending_;  // recorded, not yet seen complete
   std::vector<cudaEvent_t> spare_;                        // idle, for the next fences
   uint64_t recorded_ = 0;
@@ -294,6 +311,7 @@ class CudaQueue final : public CopyQueue {
   std::array<uint64_t, kChecksumsKept> lengths_{};
   uint64_t tickets_ = 0;
   std::array<int8_t, 64> peer_ok_{};  // per device: 0 unknown, 1 the SMs reach it, -1 not
+  std::unique_ptr<cuda::ListCopier> lists_;  // made at the first copy_list
   Status error_;  // sticky: after a device error every call fails with it
 };
 
@@ -326,7 +344,8 @@ class CudaBackend final : public MemoryBackend {
     DeviceGuard guard(device_);
     DMX_RETURN_IF_ERROR(guard.status());
     kernels_ = cuda::preload_push_copy();
-    if (!kernels_.ok()) DMX_LOG_INFO("cuda:{}: {}; no GPU push", device_, kernels_.message());
+    if (kernels_.ok()) kernels_ = cuda::preload_segment_copy();
+    if (!kernels_.ok()) DMX_LOG_INFO("cuda:{}: {}; no GPU push, no list copies", device_, kernels_.message());
     if (Status crc = cuda::preload_crc32c(); !crc.ok()) DMX_LOG_INFO("cuda:{}: {}", device_, crc.message());
     return Status();
   }
@@ -366,7 +385,7 @@ class CudaBackend final : public MemoryBackend {
   const int device_;
   void* context_ = nullptr;  // the primary context, made current around copies
   cuda::EventPool events_;
-  Status kernels_;  // set by init(): whether the push kernel is loaded on device_
+  Status kernels_;  // set by init(): whether the push and segment kernels are loaded on device_
 };
 
 class PinnedBackend final : public MemoryBackend {

@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/sys.h"
 #include "core/crc32c.h"
@@ -117,6 +118,8 @@ class SimDriver {
   uint64_t idle_waits_ = 0;
 };
 
+std::atomic<bool> refuse_lists{false};  // sim_refuse_lists
+
 SimDriver& sim_driver() {
   static SimDriver* d = new SimDriver;
   return *d;
@@ -143,6 +146,28 @@ class SimQueue final : public CopyQueue {
     sim_driver().enter();
     DMX_ASSIGN_OR_RETURN(char* dst, sim_map().translate(dev_dst, n));
     return push(Task{dst, host_src, n, 0});
+  }
+  // As the CUDA queue's (one submission for the list): every device side translated first, so a
+  // refused list enqueues nothing.
+  Status copy_list(const Span* spans, size_t n, bool to_host) override {
+    sim_driver().enter();
+    if (refuse_lists.load(std::memory_order_relaxed))
+      return Status(Code::kUnavailable, "copy_list: sim lists refused (sim_refuse_lists)");
+    std::vector<Task> tasks;
+    tasks.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      const Span& s = spans[i];
+      if (s.n == 0) continue;
+      Result<char*> dev = sim_map().translate(to_host ? s.src : s.dst, s.n);
+      if (!dev.ok()) return Status(Code::kUnavailable, "copy_list: " + dev.status().message());
+      tasks.push_back(to_host ? Task{s.dst, *dev, s.n, 0} : Task{*dev, s.src, s.n, 0});
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.insert(tasks_.end(), tasks.begin(), tasks.end());
+    }
+    cv_.notify_one();
+    return Status();
   }
   Result<uint64_t> record() override {
     sim_driver().enter();
@@ -275,6 +300,8 @@ class SimBackend final : public MemoryBackend {
 void sim_hold_device_busy(bool busy) { sim_driver().set_busy(busy); }
 
 uint64_t sim_idle_waits() { return sim_driver().idle_waits(); }
+
+void sim_refuse_lists(bool refuse) { refuse_lists.store(refuse, std::memory_order_relaxed); }
 
 MemoryBackend* sim_backend(int device) {
   static std::mutex mu;

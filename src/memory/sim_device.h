@@ -12,5 +12,8 @@ namespace dmx {
 void sim_hold_device_busy(bool busy);
 // How many sim calls have waited for a busy device so far.
 uint64_t sim_idle_waits();
+// Sim queues refuse copy_list (kUnavailable, nothing enqueued) while set, as a CUDA queue whose
+// kernels cannot load on its device: callers must copy span by span.
+void sim_refuse_lists(bool refuse);
 
 }  // namespace dmx

@@ -73,6 +73,7 @@ StreamStats Stream::stats() const {
   s.h2d_copies = stats_.h2d_copies.load(std::memory_order_relaxed);
   s.h2d_bytes = stats_.h2d_bytes.load(std::memory_order_relaxed);
   s.pushes = stats_.pushes.load(std::memory_order_relaxed);
+  s.lists = stats_.lists.load(std::memory_order_relaxed);
   s.ns_send = stats_.ns_send.load(std::memory_order_relaxed);
   s.ns_recv = stats_.ns_recv.load(std::memory_order_relaxed);
   s.ns_copy_wait = stats_.ns_copy_wait.load(std::memory_order_relaxed);
@@ -130,10 +131,12 @@ Status Stream::fill_pipeline(bool* progress) {
         auto* at = static_cast<char*>(slots_.at(item.slot));
         std::memcpy(at, item.owned.data(), item.owned.size());
         at += item.owned.size();
+        spans_.clear();
         for (const Piece& p : item.pieces) {
-          DMX_RETURN_IF_ERROR(staging_copy(item.queue, at, p.at, p.len, config_.push_tx_max, true));
+          spans_.push_back(CopyQueue::Span{at, p.at, p.len});
           at += p.len;
         }
+        DMX_RETURN_IF_ERROR(staging_copy_list(item.queue, true));
       }
       DMX_ASSIGN_OR_RETURN(item.fence, item.queue->record());
       DMX_TRACE_SPAN("d2h", this, t0);  // the chunk's device->host copy issued
@@ -238,6 +241,26 @@ Status Stream::staging_copy(CopyQueue* q, void* dst, const void* src, size_t n, 
   Status s = to_host ? q->to_host(dst, src, n) : q->to_device(dst, src, n);
   DMX_TRACE_POINT("st.copied");  // the copy-engine copy issued
   return s;
+}
+
+Status Stream::staging_copy_list(CopyQueue* q, bool to_host) {
+  if (spans_.size() > 1) {  // one span: a list would add a kernel to its copy
+    Status s = q->copy_list(spans_.data(), spans_.size(), to_host);
+    if (s.ok()) {
+      stats_.lists.fetch_add(1, std::memory_order_relaxed);
+      return s;
+    }
+    if (s.code() != Code::kUnavailable) return s;
+    if (!list_refusal_logged_) {
+      list_refusal_logged_ = true;
+      DMX_LOG_INFO("stream {} to {}: an inline table's device pieces go a copy each, not as one list: {}",
+                   config_.index, config_.peer, s.message());
+    }
+  }
+  const uint64_t push_max = to_host ? config_.push_tx_max : config_.push_rx_max;
+  for (const CopyQueue::Span& sp : spans_)
+    DMX_RETURN_IF_ERROR(staging_copy(q, sp.dst, sp.src, sp.n, push_max, to_host));
+  return Status();
 }
 
 // The bytes' CRC: the device's, computed with the staging copy (its fence covers both), or the
@@ -404,21 +427,30 @@ Status Stream::take_rx_slot(size_t len) {
 // their device's queue, under one fence on `q` (the plan's). A table that spans two devices
 // (rare) waits here for the other devices' copies.
 Status Stream::scatter_from_slot(CopyQueue* q, uint64_t* fence) {
-  const auto* from = static_cast<const char*>(slots_.at(rx_slot_));
-  std::vector<CopyQueue*> others;
-  for (const Piece& p : rx_plan_.pieces) {
-    if (!p.where.is_device()) {
-      std::memcpy(p.at, from, p.len);
-    } else {
-      DMX_ASSIGN_OR_RETURN(CopyQueue * pq, queue_for(p.where));
-      DMX_RETURN_IF_ERROR(staging_copy(pq, p.at, from, p.len, config_.push_rx_max, false));
-      if (pq != q && std::find(others.begin(), others.end(), pq) == others.end()) others.push_back(pq);
-    }
-    from += p.len;
+  const auto* slot = static_cast<const char*>(slots_.at(rx_slot_));
+  std::vector<MemSpec> devices{rx_plan_.where};  // the plan's first: its fence covers its pieces
+  size_t at = 0;
+  for (const Piece& p : rx_plan_.pieces) {  // host pieces now
+    if (!p.where.is_device()) std::memcpy(p.at, slot + at, p.len);
+    else if (std::find(devices.begin(), devices.end(), p.where) == devices.end()) devices.push_back(p.where);
+    at += p.len;
   }
-  for (CopyQueue* other : others) {
-    DMX_ASSIGN_OR_RETURN(uint64_t f, other->record());
-    DMX_RETURN_IF_ERROR(other->wait(f, Deadline::after(std::chrono::seconds(30))));
+  for (size_t d = 0; d < devices.size(); ++d) {  // each device's pieces as one list
+    CopyQueue* each = q;
+    if (d > 0) {
+      DMX_ASSIGN_OR_RETURN(each, queue_for(devices[d]));
+    }
+    spans_.clear();
+    at = 0;
+    for (const Piece& p : rx_plan_.pieces) {
+      if (p.where == devices[d]) spans_.push_back(CopyQueue::Span{p.at, slot + at, p.len});
+      at += p.len;
+    }
+    DMX_RETURN_IF_ERROR(staging_copy_list(each, false));
+    if (d > 0) {
+      DMX_ASSIGN_OR_RETURN(uint64_t f, each->record());
+      DMX_RETURN_IF_ERROR(each->wait(f, Deadline::after(std::chrono::seconds(30))));
+    }
   }
   DMX_ASSIGN_OR_RETURN(*fence, q->record());
   return Status();

@@ -172,6 +172,7 @@ struct StreamStats {
   uint64_t frames_sent = 0, frames_received = 0;
   uint64_t d2h_copies = 0, d2h_bytes = 0, h2d_copies = 0, h2d_bytes = 0;
   uint64_t pushes = 0;  // of those copies, made by the SMs (GPU push)
+  uint64_t lists = 0;   // of those copies, made as one list (CopyQueue::copy_list): inline tables
   uint64_t ns_send = 0, ns_recv = 0, ns_copy_wait = 0;
 };
 
@@ -252,6 +253,9 @@ class Stream {
   // A staging copy: by the SMs when `n` is at most `push_max` and they reach both ends, else by
   // the copy engine (`to_host` picks the direction).
   Status staging_copy(CopyQueue* q, void* dst, const void* src, size_t n, uint64_t push_max, bool to_host);
+  // An inline table's device pieces (spans_) on q: as one list when the queue can, else each by
+  // staging_copy.
+  Status staging_copy_list(CopyQueue* q, bool to_host);
   // Sets the header's checksum of an inline data frame or EAGER (StreamConfig::checksum).
   void stamp(TxItem& item) const;
   bool checks(const wire::FrameHeader& h) const {
@@ -305,6 +309,8 @@ class Stream {
 #endif
   Status control_error_;  // staging of an inline device payload failed
   bool push_refusal_logged_ = false;  // staging_copy said once why a copy was not pushed
+  bool list_refusal_logged_ = false;  // staging_copy_list said once why a list went span by span
+  std::vector<CopyQueue::Span> spans_;  // staging_copy_list's, kept for their capacity
   Clock::time_point last_tx_;
 
   // Receive.
@@ -338,7 +344,7 @@ class Stream {
   // Statistics (written by the worker, read by anyone).
   struct AtomicStats {
     std::atomic<uint64_t> bytes_sent{0}, bytes_received{0}, frames_sent{0}, frames_received{0};
-    std::atomic<uint64_t> d2h_copies{0}, d2h_bytes{0}, h2d_copies{0}, h2d_bytes{0}, pushes{0};
+    std::atomic<uint64_t> d2h_copies{0}, d2h_bytes{0}, h2d_copies{0}, h2d_bytes{0}, pushes{0}, lists{0};
     std::atomic<uint64_t> ns_send{0}, ns_recv{0}, ns_copy_wait{0};
   } stats_;
 };

@@ -9,6 +9,7 @@
 
 #include "engine/table_util.h"
 #include "hostile/hostile_util.h"
+#include "memory/sim_device.h"
 
 namespace dmx::test {
 namespace {
@@ -97,6 +98,31 @@ TEST(InlineTables, SimDeviceBlocksScatterThroughASlot) {
   EXPECT_EQ(write_lands(p, random_sizes(2000, 1, 3000), 2, kSimMem, {kSimMem}), 2000u * wire::kTableEntrySize);
   EXPECT_GT(p.client.stats().d2h_copies, 0u) << "the sim source was not staged";
   EXPECT_GT(p.server.stats().h2d_copies, 0u) << "the sim destinations were not copied from a slot";
+  EXPECT_GT(p.client.stats().staging_lists, 0u) << "the pieces were not gathered as one list";
+  EXPECT_GT(p.server.stats().staging_lists, 0u) << "the pieces were not scattered as one list";
+}
+
+// A table whose pieces land on two devices: a list for each, the plan's fence after both.
+TEST(InlineTables, PiecesOnTwoDevicesScatterAsAListEach) {
+  TcpPair p;
+  tcp_pair(p);
+  EXPECT_EQ(write_lands(p, random_sizes(2000, 1, 3000), 4, kSimMem, {kSimMem, MemSpec{MemKind::kSim, 1}, MemSpec{}}),
+            2000u * wire::kTableEntrySize);
+  EXPECT_GT(p.server.stats().staging_lists, 0u);
+}
+
+// A queue that cannot copy a list (a CUDA device whose kernels do not load): the same bytes
+// land, a copy per piece.
+TEST(InlineTables, AQueueThatRefusesListsCopiesPieceByPiece) {
+  TcpPair p;
+  tcp_pair(p);
+  sim_refuse_lists(true);
+  uint64_t extra = write_lands(p, random_sizes(2000, 1, 3000), 2, kSimMem, {kSimMem, MemSpec{}});
+  sim_refuse_lists(false);
+  EXPECT_EQ(extra, 2000u * wire::kTableEntrySize);
+  EXPECT_EQ(p.client.stats().staging_lists + p.server.stats().staging_lists, 0u);
+  EXPECT_GE(p.client.stats().d2h_copies, 2000u);
+  EXPECT_GT(p.server.stats().h2d_copies, 100u);
 }
 
 TEST(InlineTables, OneTableOverHostAndDeviceRegions) {

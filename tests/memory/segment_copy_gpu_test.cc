@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cuda/gather.h"
-#include "cuda/segment_copy.h"
+#include "memory/cuda/segment_copy.h"
 #include "test_env.h"
 
 namespace dmx::cuda {

@@ -72,6 +72,7 @@ void print_row(const Result1& r, bool json, const ClientOptions& co, const Endpo
                      {"d2h_copies", st.d2h_copies},
                      {"h2d_copies", st.h2d_copies},
                      {"gpu_pushes", st.gpu_pushes},
+                     {"staging_lists", st.staging_lists},
                      {"gpu_push", st.gpu_push},
                      {"peer_path_chunks_received", r.peer_path_chunks_received},
                      {"peer_path_chunks_inline", r.peer_path_chunks_inline},

@@ -423,6 +423,7 @@ EndpointStats EndpointImpl::stats() const {
     s.h2d_copies += x.h2d_copies;
     s.h2d_bytes += x.h2d_bytes;
     s.gpu_pushes += x.pushes;
+    s.staging_lists += x.lists;
     s.send_seconds += static_cast<double>(x.ns_send) * 1e-9;
     s.recv_seconds += static_cast<double>(x.ns_recv) * 1e-9;
     s.copy_wait_seconds += static_cast<double>(x.ns_copy_wait) * 1e-9;

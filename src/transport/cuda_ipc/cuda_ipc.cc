@@ -16,7 +16,7 @@
 #include "core/log.h"
 #include "core/sys.h"
 #include "core/trace.h"
-#include "cuda/segment_copy.h"
+#include "memory/cuda/segment_copy.h"
 #include "memory/backend.h"
 #include "memory/copy_queues.h"
 #include "memory/cuda/driver.h"

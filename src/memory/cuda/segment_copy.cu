@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <string>
 
-#include "cuda/segment_copy.h"
+#include "memory/cuda/segment_copy.h"
 
 namespace dmx::cuda {
 namespace {
@@ -62,6 +62,17 @@ Status launch_segment_copy(const SegmentCopy* descs, uint64_t n, void* stream) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return Status(Code::kInternal, "segment copy launch (" + std::to_string(n) + " segments): " + cudaGetErrorString(e));
+  return Status();
+}
+
+Status preload_segment_copy() {
+  cudaFuncAttributes attr{};
+  cudaError_t e = cudaFuncGetAttributes(&attr, segment_copy_kernel);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status(Code::kUnavailable, std::string("the segment copy kernel cannot be loaded: ") + cudaGetErrorName(e) +
+                                          " (" + cudaGetErrorString(e) + ")");
+  }
   return Status();
 }
 

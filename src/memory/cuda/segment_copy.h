@@ -2,7 +2,7 @@
 // GPU's by P2P or a CUDA IPC mapping) in one kernel launch, for vectored transfers of thousands
 // of KV-cache blocks where one cudaMemcpyAsync per block costs more than the copy.
 //
-// No CUDA includes here (CPU code calls it); built only with CUDA (DMX_HAVE_CUDA_KERNELS). The
+// No CUDA includes here (CPU code calls it); built only with CUDA (in dmx_memory: CUDA copy queues gather and scatter with it). The
 // caller validates every segment against its regions before it launches: the kernel trusts the
 // descriptors.
 #pragma once
@@ -40,5 +40,8 @@ inline uint64_t split_segment(uint64_t src, uint64_t dst, uint64_t len, SegmentC
 // descriptors; each copies with the widest words its two addresses' alignment allows (16, 8, 4
 // or 1 bytes), four loads in flight per lane. Returns the launch status only.
 Status launch_segment_copy(const SegmentCopy* descs, uint64_t n, void* stream);
+
+// Loads the kernel on the current device now, not at its first launch (push.h says why).
+Status preload_segment_copy();
 
 }  // namespace dmx::cuda
