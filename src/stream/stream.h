@@ -262,6 +262,7 @@ class Stream {
     return config_.checksum && h.path == 0 && wire::carries_data(h.type);
   }
   Status check_frame_budget(Clock::time_point now) const;
+  static uint64_t ns_since(Clock::time_point t);
   // The silence that fails the stream now, and whether operations wait (awaiting()).
   std::chrono::microseconds silence_limit(bool busy) const;
   void push_keepalive(bool probe);
