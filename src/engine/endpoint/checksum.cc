@@ -1,7 +1,8 @@
 // Endpoint: end-to-end CRC32C of every data chunk (setting checksum=crc32c, docs/checksum.md).
-// Streams stamp and check inline chunks (stream/stream.cc, stream_rx.cc: the device computes the CRC of device
-// memory beside the staging copy); here the endpoint checks the flag, judges what landed, stamps
-// and checks chunks that payload paths move, and folds each operation's chunks into its CRC.
+// Streams stamp and check inline chunks (stream/stream.cc, stream_rx.cc: the device computes the
+// CRC of device memory beside the staging copy); here the endpoint checks the flag, judges what
+// landed, stamps and checks chunks that payload paths move, and folds each operation's chunks into
+// its CRC.
 #include <fmt/format.h>
 
 #include "core/crc32c.h"
