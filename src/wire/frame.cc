@@ -128,11 +128,10 @@ Result<FrameHeader> decode_header(const unsigned char* b, const Limits& limits) 
     max = h.payload_len;
   } else if (h.flags & kFlagTable) {
     // A vectored write's or read's pieces by a path (the path's descriptor follows the table), or
-    // a vectored write's pieces inline (their bytes follow it); no checksum (docs/wire.md).
+    // inline (their bytes follow it); no checksum (docs/wire.md).
     bool write = h.type == FrameType::kWriteData;
-    if ((write && (h.flags & kFlagVector) == 0) || (h.path == 0 && !write) || (h.flags & kFlagChecksum) != 0)
-      return Status(Code::kProtocol,
-                    "a TABLE chunk must carry no CHECKSUM, be VECTOR if a write, and name a path if a read");
+    if ((write && (h.flags & kFlagVector) == 0) || (h.flags & kFlagChecksum) != 0)
+      return Status(Code::kProtocol, "a TABLE chunk must carry no CHECKSUM and be VECTOR if a write");
     const uint64_t n = table_pieces(h);
     if (n == 0 || n > kMaxTableEntries || (write && h.a1 != 0))
       return Status(Code::kProtocol, fmt::format("a TABLE chunk of {} pieces (1 to {}{})", n, kMaxTableEntries,

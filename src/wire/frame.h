@@ -27,8 +27,9 @@
 namespace dmx::wire {
 
 inline constexpr uint32_t kMagic = 0x31584d44;  // bytes 'D' 'M' 'X' '1'
-inline constexpr uint16_t kProtocolVersion = 11;  // 8: REJOIN (reconnect_timeout); 9: TABLE; 10: read tables,
-                                                  // READ_REQ tables; 11: inline write tables
+inline constexpr uint16_t kProtocolVersion = 12;  // 8: REJOIN (reconnect_timeout); 9: TABLE; 10: read tables,
+                                                  // READ_REQ tables; 11: inline write tables; 12: inline
+                                                  // read tables
 inline constexpr size_t kHeaderSize = 56;
 inline constexpr uint32_t kMaxControlPayload = 4096;  // handshake, ack texts, reject reasons
 
@@ -69,11 +70,10 @@ enum FrameFlags : uint8_t {
   kFlagVector = 4,    // kWriteData: a vectored write's chunk (each names its own key; docs/wire.md);
                       // kReadReq: one segment of a vectored read
   kFlagMore = 8,      // kReadReq with kFlagVector: more segments of the read follow
-  kFlagTable = 16,    // kWriteData with kFlagVector and a path: a0 pieces, their table, then the
-                      // path's list descriptor (docs/wire.md "Tables"; inline, path 0: then the
-                      // pieces' bytes in the table's order); kReadData with a path:
-                      // the same with a2 pieces; kReadReq with kFlagVector: a0 segments' (key,
-                      // offset, length) entries and nothing else
+  kFlagTable = 16,    // kWriteData with kFlagVector: a0 pieces, their table, then the path's list
+                      // descriptor (docs/wire.md "Tables"; inline, path 0: then the pieces' bytes
+                      // in the table's order); kReadData: the same with a2 pieces; kReadReq with
+                      // kFlagVector: a0 segments' (key, offset, length) entries and nothing else
 };
 // kCts a1 (receiver) and kReadReq a3 (reader): bit k set = path k may carry chunks into the buffer
 // being filled. Only paths that reach some destinations and not others (devmem) are named; the
@@ -121,11 +121,11 @@ inline TableEntry get_table_entry(const unsigned char* p) { return {get_u64(p), 
 // READ_DATA (whose a0 and a1 keep their meaning: the first piece's offset, the read's length).
 inline uint64_t table_pieces(const FrameHeader& h) { return h.type == FrameType::kReadData ? h.a2 : h.a0; }
 
-// The bytes of an inline table's entries (WRITE_DATA, TABLE, path 0), which precede its data in
-// the payload; 0 for any other frame.
+// The bytes of an inline table's entries (WRITE_DATA or READ_DATA, TABLE, path 0), which precede
+// its data in the payload; 0 for any other frame.
 inline uint64_t inline_table_bytes(const FrameHeader& h) {
-  bool inline_table = h.type == FrameType::kWriteData && (h.flags & kFlagTable) && h.path == 0;
-  return inline_table ? h.a0 * kTableEntrySize : 0;
+  bool table = (h.type == FrameType::kWriteData || h.type == FrameType::kReadData) && (h.flags & kFlagTable);
+  return table && h.path == 0 ? table_pieces(h) * kTableEntrySize : 0;
 }
 
 // The data frames: a chunk of a rendezvous message, a write or a read's reply.

@@ -1,6 +1,7 @@
-// Inline table chunks (docs/wire.md "Tables", version 11): a vectored write's run of small
+// Inline table chunks (docs/wire.md "Tables", versions 11 and 12): a vectored write's run of small
 // segments on a TCP stream as one WRITE_DATA frame, its table and then the pieces' bytes, which
-// the target's stream scatters (host memory in place; device memory through one staging slot).
+// the target's stream scatters (host memory in place; device memory through one staging slot);
+// a vectored read's reply the same way, as READ_DATA (its hostile side: table_read_test.cc).
 //
 // Two real endpoints over TCP alone check delivery; a raw peer sends inline tables it made
 // itself, true and lying: a liar is closed with a message naming it, no byte lands, and the
@@ -147,12 +148,79 @@ TEST(InlineTables, LargeSegmentsBetweenSmallOnes) {
   EXPECT_EQ(extra % wire::kTableEntrySize, 0u);
 }
 
+// One vectored read of `sizes` from `regions` regions at the target (region r of kind
+// src_where[r % size]) into one buffer of kind `dst_where`; every byte checked, poison between.
+// Returns the bytes the reader received beyond the data: 20 a piece that came in a table.
+uint64_t read_lands(TcpPair& p, const std::vector<uint64_t>& sizes, uint32_t regions,
+                    const std::vector<MemSpec>& src_where, MemSpec dst_where) {
+  std::mt19937_64 rng(std::random_device{}());
+  Layout l = make_layout(sizes, regions, rng);
+  std::vector<Filled> sources;
+  std::vector<Registration> regs;
+  std::vector<RemoteRegion> remote;
+  for (uint32_t r = 0; r < regions; ++r) {
+    sources.push_back(filled(src_where[r % src_where.size()], l.region_size[r]));
+    auto reg = p.a.register_memory(sources.back().buf.region());
+    EXPECT_TRUE(reg.ok()) << reg.status().to_string();
+    if (!reg.ok()) return 0;
+    remote.push_back(reg->remote());
+    regs.push_back(std::move(*reg));
+  }
+  Buffer dst = poisoned(dst_where, l.local_size);
+  uint64_t before = p.client.stats().bytes_received;
+  MemRegion local[] = {dst.region()};
+  Request req = p.client.read_vec(local, remote, l.entries);
+  Status st = req.wait(kEventually);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(req.bytes(), l.total);
+  std::vector<unsigned char> want(l.local_size, 0xA5);
+  for (const IoEntry& e : l.entries)
+    std::copy_n(sources[e.remote].data.begin() + static_cast<ptrdiff_t>(e.remote_offset), e.length,
+                want.begin() + static_cast<ptrdiff_t>(e.local_offset));
+  std::vector<unsigned char> got = read_back(dst.region());
+  auto [w, g] = std::mismatch(want.begin(), want.end(), got.begin());
+  EXPECT_TRUE(w == want.end()) << "the read differs first at byte " << (w - want.begin());
+  return p.client.stats().bytes_received - before - l.total;
+}
+
+// Version 12: a vectored read's reply comes as inline tables too.
+TEST(InlineTables, SmallHostBlocksReadBackAsTables) {
+  TcpPair p;
+  tcp_pair(p);
+  EXPECT_EQ(read_lands(p, random_sizes(3000, 1, 5000), 3, {MemSpec{}}, MemSpec{}), 3000u * wire::kTableEntrySize);
+}
+
+TEST(InlineTables, SimDeviceBlocksReadBackThroughASlot) {
+  TcpPair p;
+  tcp_pair(p);
+  EXPECT_EQ(read_lands(p, random_sizes(2000, 1, 3000), 2, {kSimMem}, kSimMem), 2000u * wire::kTableEntrySize);
+  EXPECT_GT(p.server.stats().staging_lists, 0u) << "the target did not gather its pieces as one list";
+  EXPECT_GT(p.client.stats().staging_lists, 0u) << "the reader did not scatter its pieces as one list";
+}
+
+// Segments past a table's limits between small ones, a read of no entries and of one, and the
+// reader's host memory from the target's device memory and back (a read's regions are of one
+// kind: the target refuses a mix).
+TEST(InlineTables, ReadsOfOddShapes) {
+  TcpPair p;
+  tcp_pair(p);
+  std::vector<uint64_t> sizes = {1, 100, (1 << 20) + 1, 7, 9, 3 << 20, 1 << 20, (1 << 20) - 1, 4000, 1};
+  uint64_t extra = read_lands(p, sizes, 2, {kSimMem}, MemSpec{});
+  EXPECT_GE(extra, 2u * wire::kTableEntrySize);
+  EXPECT_EQ(extra % wire::kTableEntrySize, 0u);
+  EXPECT_EQ(read_lands(p, {}, 1, {MemSpec{}}, MemSpec{}), 0u);
+  EXPECT_EQ(read_lands(p, {4321}, 1, {kSimMem}, MemSpec{}), 0u);  // one segment: a plain chunk
+  EXPECT_EQ(read_lands(p, random_sizes(500, 1, 3000), 1, {MemSpec{}}, kSimMem), 500u * wire::kTableEntrySize);
+  EXPECT_TRUE(p.client.health().ok() && p.server.health().ok());
+}
+
 TEST(InlineTables, ChecksummedEndpointsSendNone) {
   TcpPair p;
   Options o = tcp_options();
   o.set("checksum", "crc32c");
   tcp_pair(p, o);
   EXPECT_EQ(write_lands(p, random_sizes(500, 1, 3000), 2, MemSpec{}, {MemSpec{}}), 0u);
+  EXPECT_EQ(read_lands(p, random_sizes(500, 1, 3000), 2, {MemSpec{}}, MemSpec{}), 0u);
 }
 
 // ---- a raw peer's inline tables ----

@@ -3,8 +3,9 @@
 // (memcpy_path.h) between two contexts: lists of every length, byte-exact. From a hostile target
 // (a raw peer that agreed the memcpy path): a table that names a key, spans the reader's segments,
 // runs past the read or past what is left, names another read or another length, or answers a
-// plain read. The reader closes that peer with a message naming it; no byte lands; the listener
-// goes on serving.
+// plain read; the same lies in inline read tables (version 12, TCP: the pieces' bytes follow).
+// The reader closes that peer with a message naming it; no byte lands; the listener goes on
+// serving.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -342,6 +343,111 @@ TEST(TableReadsHostile, DescriptorDisagreesWithTheTable) {
   ASSERT_NO_FATAL_FAILURE(start_read(r));
   expect_closed(r, {read_table(r.path, r.id, 0, 180, {{0, 0, 100}, {0, 100, 50}}, {src_at(r, 0, 100), src_at(r, 0, 49)})},
                 "READ_DATA");
+}
+
+// ---- inline read tables (version 12): the pieces' bytes follow the table on the stream ----
+
+std::pair<FrameHeader, std::vector<unsigned char>> inline_read_table(uint64_t id, uint64_t offset, uint64_t total,
+                                                                     const std::vector<Piece>& pieces,
+                                                                     const std::vector<unsigned char>& bytes) {
+  FrameHeader h;
+  h.type = FrameType::kReadData;
+  h.flags = wire::kFlagTable;
+  h.id = id;
+  h.a0 = offset;
+  h.a1 = total;
+  h.a2 = pieces.size();
+  std::vector<unsigned char> payload = table_entries(pieces);
+  payload.insert(payload.end(), bytes.begin(), bytes.end());
+  h.payload_len = static_cast<uint32_t>(payload.size());
+  return {h, payload};
+}
+
+std::vector<unsigned char> some_bytes(Reader& r, size_t n) {
+  return std::vector<unsigned char>(r.src.data.begin() + 7, r.src.data.begin() + 7 + static_cast<ptrdiff_t>(n));
+}
+
+TEST(InlineReadTableHostile, AGoodTableLands) {  // the seam itself works
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  std::vector<unsigned char> bytes = some_bytes(r, 180);
+  auto f = inline_read_table(r.id, 0, 180, {{0, 0, 100}, {0, 100, 50}, {0, 150, 30}}, bytes);
+  ASSERT_TRUE(r.peer->send(f.first, f.second).ok());
+  Status st = r.req.wait(kEventually);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  auto got = read_back(r.dst.region());
+  EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + 100, got.begin() + 10));
+  EXPECT_TRUE(std::equal(bytes.begin() + 100, bytes.begin() + 150, got.begin() + 200));
+  EXPECT_TRUE(std::equal(bytes.begin() + 150, bytes.end(), got.begin() + 300));
+  EXPECT_EQ(got[9], 0xA5);
+  EXPECT_EQ(got[110], 0xA5);
+  EXPECT_EQ(got[330], 0xA5);
+  EXPECT_TRUE(r.ep.health().ok()) << r.ep.health().to_string();
+}
+
+TEST(InlineReadTableHostile, PiecesSumToOtherThanTheBytesThatFollow) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {inline_read_table(r.id, 0, 180, {{0, 0, 100}, {0, 100, 50}}, some_bytes(r, 151))},
+                "an inline table's pieces sum to 150 bytes; 151 follow it");
+  Reader r2;
+  ASSERT_NO_FATAL_FAILURE(start_read(r2));
+  expect_closed(r2, {inline_read_table(r2.id, 0, 180, {{0, 0, 100}, {0, 100, 50}}, some_bytes(r2, 149))},
+                "an inline table's pieces sum to 150 bytes; 149 follow it");
+}
+
+TEST(InlineReadTableHostile, PieceNamesAKey) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {inline_read_table(r.id, 0, 180, {{0, 0, 100}, {5, 100, 50}}, some_bytes(r, 150))}, "names key 0x5");
+}
+
+TEST(InlineReadTableHostile, PieceSpansTheReadersSegments) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {inline_read_table(r.id, 0, 180, {{0, 0, 120}}, some_bytes(r, 120))}, "spans segments");
+}
+
+TEST(InlineReadTableHostile, PiecePastTheRead) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {inline_read_table(r.id, 0, 180, {{0, 170, 20}}, some_bytes(r, 20))}, "lies outside");
+  Reader r2;
+  ASSERT_NO_FATAL_FAILURE(start_read(r2));
+  expect_closed(r2, {inline_read_table(r2.id, 0, 180, {{0, UINT64_MAX - 5, 10}}, some_bytes(r2, 10))},
+                "lies outside");
+}
+
+TEST(InlineReadTableHostile, PieceOfLengthZero) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {inline_read_table(r.id, 0, 180, {{0, 0, 100}, {0, 100, 0}, {0, 150, 30}}, some_bytes(r, 130))},
+                "table piece 1 of 0 bytes");
+}
+
+TEST(InlineReadTableHostile, MoreThanTheReadHasLeft) {  // the same pieces twice
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  auto once = inline_read_table(r.id, 0, 180, {{0, 0, 100}, {0, 100, 50}}, some_bytes(r, 150));
+  ASSERT_TRUE(r.peer->send(once.first, once.second).ok());  // this one may land: only the second lies
+  ASSERT_TRUE(r.peer->send(once.first, once.second).ok());
+  Status st = wait_for_failure(r.ep, kEventually);
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.to_string();
+  EXPECT_NE(st.message().find("bytes left"), std::string::npos) << st.to_string();
+  EXPECT_FALSE(r.req.wait(kEventually).ok());
+  expect_serves_a_good_client(r.s);
+}
+
+TEST(InlineReadTableHostile, AnotherReadAnotherLengthOrAPlainRead) {
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r));
+  expect_closed(r, {inline_read_table(r.id + 1, 0, 180, {{0, 0, 100}}, some_bytes(r, 100))}, "unknown id");
+  Reader r2;
+  ASSERT_NO_FATAL_FAILURE(start_read(r2));
+  expect_closed(r2, {inline_read_table(r2.id, 0, 181, {{0, 0, 100}}, some_bytes(r2, 100))}, "181-byte read");
+  Reader r3;
+  ASSERT_NO_FATAL_FAILURE(start_read(r3, /*vectored=*/false));
+  expect_closed(r3, {inline_read_table(r3.id, 0, 180, {{0, 0, 100}}, some_bytes(r3, 100))}, "not vectored");
 }
 
 }  // namespace

@@ -111,6 +111,10 @@ void frame_seeds() {
   FrameHeader read_table{FrameType::kReadData, kFlagTable, 5 * kTableEntrySize + 100, 7, 4096, 1 << 20, 5, 0, 4};
   b = encode_header(read_table);
   put("frame", "valid-READ_DATA-table", cat(limits, Bytes(b.begin(), b.end())));
+  read_table.path = 0;  // version 12: inline, the pieces' bytes follow the table
+  read_table.payload_len = 5 * (kTableEntrySize + 300);
+  b = encode_header(read_table);
+  put("frame", "valid-READ_DATA-inline-table", cat(limits, Bytes(b.begin(), b.end())));
   FrameHeader req_table{FrameType::kReadReq, static_cast<uint8_t>(kFlagVector | kFlagTable | kFlagMore),
                         3 * kTableEntrySize, 8, 3, 0, 0, 2, 0};
   b = encode_header(req_table);

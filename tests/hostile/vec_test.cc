@@ -162,18 +162,36 @@ TEST(BadPeerVec, AReadMixingTablesAndPlainSegmentsIsServed) {
   for (auto [at, n] : {std::pair<size_t, size_t>{10, 100}, {4000, 7}, {2000, 1000}, {0, 1}})
     want.insert(want.end(), a.data.begin() + static_cast<ptrdiff_t>(at), a.data.begin() + static_cast<ptrdiff_t>(at + n));
   std::vector<unsigned char> got(want.size(), 0);
-  size_t landed = 0;
+  size_t landed = 0, tables = 0;
   while (landed < want.size()) {
     auto f = peer->read(0);
     ASSERT_TRUE(f.ok()) << f.status().to_string();
     if (f->header.type != FrameType::kReadData) continue;
     ASSERT_EQ(f->header.id, 7u);
     ASSERT_EQ(f->header.a1, want.size());
+    if (f->header.flags & wire::kFlagTable) {  // inline (version 12): the entries, then their bytes
+      ++tables;
+      size_t n = f->header.a2, at = n * wire::kTableEntrySize;
+      ASSERT_LE(at, f->payload.size());
+      for (size_t k = 0; k < n; ++k) {
+        wire::TableEntry e = wire::get_table_entry(f->payload.data() + k * wire::kTableEntrySize);
+        ASSERT_EQ(e.key, 0u);
+        ASSERT_LE(e.offset + e.length, want.size());
+        ASSERT_LE(at + e.length, f->payload.size());
+        std::copy_n(f->payload.begin() + static_cast<ptrdiff_t>(at), e.length,
+                    got.begin() + static_cast<ptrdiff_t>(e.offset));
+        at += e.length;
+        landed += e.length;
+      }
+      ASSERT_EQ(at, f->payload.size());
+      continue;
+    }
     ASSERT_LE(f->header.a0 + f->payload.size(), want.size());
     std::copy(f->payload.begin(), f->payload.end(), got.begin() + static_cast<ptrdiff_t>(f->header.a0));
     landed += f->payload.size();
   }
   EXPECT_TRUE(got == want);
+  EXPECT_GE(tables, 1u) << "the run of small segments did not come as an inline table";
   EXPECT_TRUE(ep->health().ok()) << ep->health().to_string();
 }
 

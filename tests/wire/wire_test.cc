@@ -226,9 +226,25 @@ TEST(Frame, TableChunk) {
   EXPECT_TRUE(refused(read(0, 100), "a TABLE chunk of 0 pieces"));
   EXPECT_TRUE(refused(read(kMaxTableEntries + 1, 5000), "pieces"));
   EXPECT_TRUE(refused(read(4, 80), "no room for a descriptor"));
-  h = read(4, 100);
-  h.path = 0;
-  EXPECT_TRUE(refused(h, "name a path"));
+  // Inline (path 0, version 12): as a write's, the table and at least a byte a piece.
+  auto inline_read = [&](uint64_t n, uint32_t payload) {
+    FrameHeader r = read(n, payload);
+    r.path = 0;
+    return r;
+  };
+  for (uint64_t n : {1u, kMaxTableEntries}) {
+    auto d = decode(inline_read(n, static_cast<uint32_t>(n) * (kTableEntrySize + 1)));
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    EXPECT_EQ(inline_table_bytes(*d), n * kTableEntrySize);
+  }
+  EXPECT_TRUE(refused(inline_read(4, 83), "an inline TABLE chunk of 4 pieces carries 83"));
+  EXPECT_TRUE(refused(inline_read(4, kLimits.max_chunk + 1), "the limit is"));
+  EXPECT_TRUE(refused(inline_read(UINT64_MAX, 5000), "pieces"));
+  h = inline_read(4, 100);
+  h.flags |= kFlagChecksum;
+  h.crc = 0x1234;
+  EXPECT_TRUE(refused(h, "no CHECKSUM"));
+  EXPECT_EQ(inline_table_bytes(read(4, 100)), 0u);  // by a path: the descriptor follows, no bytes
   h = read(4, 100);
   h.flags |= kFlagVector;  // VECTOR is a write's and a READ_REQ's
   EXPECT_TRUE(refused(h, "unknown flags"));

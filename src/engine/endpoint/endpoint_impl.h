@@ -316,17 +316,18 @@ class EndpointImpl final : public stream::StreamHost,
   Status check_accepts(uint64_t bits, std::string_view what) const;
   // Hands the next chunk of `t` to `ps`; fills the header frame to write. Caller holds mu_.
   Status post_path_chunk(PathState& ps, Transfer& t, uint64_t len, stream::TxItem* out);
-  // Table chunks (endpoint/tables.cc): how many of a vectored write's next segments go to `ps` as
+  // Table chunks (endpoint/tables.cc): how many of a vectored transfer's next segments go to `ps` as
   // one list (0 or 1: none); hands them over as post_path_chunk does one chunk; and the target's
   // side, a TABLE header on stream 0. Caller holds mu_.
   size_t list_pieces(const PathState& ps, const Transfer& t) const;
   Status post_path_list(PathState& ps, Transfer& t, size_t n, stream::TxItem* out);
   Status on_table_header(PathState& ps, const wire::FrameHeader& h, const std::vector<unsigned char>& payload);
   Result<uint64_t> write_table_dsts(InWrite& w, const wire::FrameHeader& h, const unsigned char* p, size_t n);
-  // A vectored write's run of segments inline as one table chunk (0: not here; endpoint/tables.cc).
+  // A vectored write's (or read reply's) run of segments inline as one table chunk (0: not here).
   size_t inline_table_pieces(const Transfer& t, uint64_t chunk) const;
   void post_inline_table(Transfer& t, size_t n, stream::TxItem* out);
   Status on_read_table(PathState& ps, const wire::FrameHeader& h, const std::vector<unsigned char>& payload);
+  Result<uint64_t> read_table_dsts(const wire::FrameHeader& h, const unsigned char* p, size_t n, bool* counted);
   // Hands a table chunk's pieces to the path (seq next); undoes and settles it when the path refuses.
   Status post_table(PathState& ps, const wire::FrameHeader& h, const std::vector<unsigned char>& payload,
                     uint64_t len, int host_tag);

@@ -61,10 +61,10 @@ Result<stream::RxPlan> EndpointImpl::on_header(int stream, const FrameHeader& h)
         p.kind = stream::RxPlan::Kind::kControl;
         return p;
       }
-      if (h.flags & wire::kFlagTable) {  // an inline write table (frame.cc): the table first (on_prefix)
+      if (h.flags & wire::kFlagTable) {  // an inline table (frame.cc): the table first (on_prefix)
         stream::RxPlan p;
         p.kind = stream::RxPlan::Kind::kControl;
-        p.prefix = static_cast<uint32_t>(h.a0 * wire::kTableEntrySize);  // < payload_len (frame.cc)
+        p.prefix = static_cast<uint32_t>(wire::inline_table_bytes(h));  // < payload_len (frame.cc)
         return p;
       }
       {
@@ -119,7 +119,8 @@ Status EndpointImpl::on_landed(int stream, const FrameHeader& h, stream::RxPlan&
           st = land_inbound(tokens_, h, h.payload_len, plan.host_tag == kTagCounted || plan.host_tag == kTagBounced,
                             plan.host_tag == kTagBounced && integrity.ok() ? scatter(plan.ctx) : integrity);
         else if (h.type == FrameType::kReadData)
-          st = land_inbound(reads_, h, h.payload_len, plan.host_tag == kTagCounted, integrity);
+          st = land_inbound(reads_, h, h.payload_len - wire::inline_table_bytes(h), plan.host_tag == kTagCounted,
+                            integrity);
         else {
           land_write(h, h.payload_len - wire::inline_table_bytes(h), integrity);
           noted = h.flags & wire::kFlagNotify;

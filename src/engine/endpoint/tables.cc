@@ -44,7 +44,7 @@ size_t EndpointImpl::list_pieces(const PathState& ps, const Transfer& t) const {
 // frame each, 0.85 as tables; docs/performance.md).
 size_t EndpointImpl::inline_table_pieces(const Transfer& t, uint64_t chunk) const {
   const OpState& op = *t.op;
-  if (!op.vec || t.type != FrameType::kWriteData || session_.checksum) return 0;
+  if (!op.vec || (t.type != FrameType::kWriteData && t.type != FrameType::kReadData) || session_.checksum) return 0;
   const auto& segs = op.vec->segs;
   if (t.seg >= segs.size() || segs[t.seg].at != t.next) return 0;  // mid-segment: chunk by chunk
   uint64_t bytes = 0;
@@ -64,19 +64,28 @@ void EndpointImpl::post_inline_table(Transfer& t, size_t n, stream::TxItem* out)
   out->pieces.reserve(n);
   uint64_t len = 0;
   unsigned char* p = out->owned.data();
+  const bool read = t.type == FrameType::kReadData;  // a piece's place: the offset in the read
   for (size_t k = t.seg; k < t.seg + n; ++k, p += wire::kTableEntrySize) {
-    wire::put_table_entry(p, {segs[k].rkey, segs[k].roffset, static_cast<uint32_t>(segs[k].length)});
+    wire::put_table_entry(p, {read ? 0 : segs[k].rkey, read ? segs[k].at : segs[k].roffset,
+                              static_cast<uint32_t>(segs[k].length)});  // <= kMaxTablePiece
     out->pieces.push_back(stream::Piece{segs[k].local, segs[k].length, {}});
     len += segs[k].length;
   }
   FrameHeader& h = out->header;
-  h.type = FrameType::kWriteData;
+  h.type = t.type;
   h.id = op.id;
-  h.flags = wire::kFlagVector | wire::kFlagTable | (op.notify ? wire::kFlagNotify : 0);
-  h.a0 = n;
-  h.a1 = 0;
-  h.a2 = op.total;
-  h.a3 = op.notify_value;
+  if (read) {  // a0 and a1 as any READ_DATA chunk's: the first piece's offset, the read's length
+    h.flags = wire::kFlagTable;
+    h.a0 = t.next;
+    h.a1 = op.total;
+    h.a2 = n;
+  } else {
+    h.flags = wire::kFlagVector | wire::kFlagTable | (op.notify ? wire::kFlagNotify : 0);
+    h.a0 = n;
+    h.a1 = 0;
+    h.a2 = op.total;
+    h.a3 = op.notify_value;
+  }
   out->src = out->owned.data();
   out->where = t.where;
   out->len = out->owned.size() + len;
@@ -209,21 +218,30 @@ Result<uint64_t> EndpointImpl::write_table_dsts(InWrite& w, const FrameHeader& h
 
 // An inline table (path 0) has landed: its pieces' bytes follow it in the frame. Checked as a
 // path's table is; the bytes scatter straight into host memory, or through one staging slot into
-// device memory; all dropped when the write is.
+// device memory; all dropped when the write (or read) is.
 Result<stream::RxPlan> EndpointImpl::on_prefix(int stream, const FrameHeader& h,
                                                const std::vector<unsigned char>& table) {
   std::lock_guard<std::mutex> lock(mu_);
-  const size_t n = h.a0;  // on_header let through only an inline write table
-  DMX_ASSIGN_OR_RETURN(InWrite * w, open_vec_write(h));
-  DMX_ASSIGN_OR_RETURN(uint64_t len, write_table_dsts(*w, h, table.data(), n));
+  const size_t n = wire::table_pieces(h);  // on_header let through only an inline table
+  uint64_t len = 0;
+  stream::RxPlan plan;
+  plan.kind = stream::RxPlan::Kind::kDiscard;
+  if (h.type == FrameType::kReadData) {
+    bool counted = false;
+    DMX_ASSIGN_OR_RETURN(len, read_table_dsts(h, table.data(), n, &counted));
+    plan.host_tag = counted ? kTagCounted : 0;
+  } else {
+    DMX_ASSIGN_OR_RETURN(InWrite * w, open_vec_write(h));
+    DMX_ASSIGN_OR_RETURN(len, write_table_dsts(*w, h, table.data(), n));
+  }
+  // Checked after the bytes were reserved: a protocol error fails the endpoint whatever was.
   if (len != h.payload_len - table.size())
-    return protocol(fmt::format("write op {}: an inline table's pieces sum to {} bytes; {} follow it", h.id, len,
+    return protocol(fmt::format("{} op {}: an inline table's pieces sum to {} bytes; {} follow it",
+                                h.type == FrameType::kReadData ? "read" : "write", h.id, len,
                                 h.payload_len - table.size()));
   // Several links: counted from here, where its bytes are reserved (a stream lost before it lands
   // gives them back, endpoint/links.cc).
-  if (session_.multilink && stream != 0) link_planned(stream, h, stream::RxPlan());
-  stream::RxPlan plan;
-  plan.kind = stream::RxPlan::Kind::kDiscard;
+  if (session_.multilink && stream != 0) link_planned(stream, h, plan);
   if (list_dsts_.empty() || list_dsts_[0].ptr == nullptr) return plan;
   plan.kind = stream::RxPlan::Kind::kHost;
   plan.pieces.reserve(n);
@@ -237,14 +255,23 @@ Result<stream::RxPlan> EndpointImpl::on_prefix(int stream, const FrameHeader& h,
   return plan;
 }
 
-// A vectored read's reply by a path: each entry names where its piece goes in the read (key 0),
-// checked as a READ_DATA chunk is (plan_inbound): inside the read, inside one of its segments
-// (the reader cut them; the target serves them as cut), within what the target has left to send.
+// A vectored read's reply by a path: its entries, checked (read_table_dsts), then the path's list.
 Status EndpointImpl::on_read_table(PathState& ps, const FrameHeader& h, const std::vector<unsigned char>& payload) {
   size_t n = wire::table_pieces(h);  // 1..kMaxTableEntries, room for the table (frame.cc)
   if (n > ps.path->max_list())
     return protocol(fmt::format("{}: {} pieces by {}, which takes {} at most", wire::describe(h), n, ps.path->name(),
                                 ps.path->max_list()));
+  bool counted = false;
+  DMX_ASSIGN_OR_RETURN(uint64_t len, read_table_dsts(h, payload.data(), n, &counted));
+  return post_table(ps, h, payload, len, counted ? kTagCounted : 0);
+}
+
+// A read table's n entries at `p`: each names where its piece goes in the read (key 0), checked as
+// a READ_DATA chunk is (plan_inbound): inside the read, inside one of its segments (the reader
+// cut them; the target serves them as cut), within what the target has left to send. Their
+// destinations in list_dsts_ (all null when the read is no longer wanted: dropped, and
+// `*counted` false). Returns the pieces' sum, reserved in the read.
+Result<uint64_t> EndpointImpl::read_table_dsts(const FrameHeader& h, const unsigned char* p, size_t n, bool* counted) {
   auto it = reads_.find(h.id);
   if (it == reads_.end()) return protocol(fmt::format("{} for unknown id {}", wire::describe(h), h.id));
   Inbound& in = it->second;
@@ -257,7 +284,6 @@ Status EndpointImpl::on_read_table(PathState& ps, const FrameHeader& h, const st
   list_dsts_.reserve(n);
   uint64_t len = 0;
   size_t seg = 0;  // a table's pieces come in the read's order: each found next to the last
-  const unsigned char* p = payload.data();
   for (size_t k = 0; k < n; ++k, p += wire::kTableEntrySize) {
     auto [key, offset, piece] = wire::get_table_entry(p);
     if (key != 0) return protocol(fmt::format("read {}: table piece {} names key 0x{:x}", h.id, k, key));
@@ -285,7 +311,8 @@ Status EndpointImpl::on_read_table(PathState& ps, const FrameHeader& h, const st
     op->phase = OpPhase::kActive;
     ++op->inflight;
   }
-  return post_table(ps, h, payload, len, drop ? 0 : kTagCounted);
+  *counted = !drop;
+  return len;
 }
 
 Status EndpointImpl::post_table(PathState& ps, const FrameHeader& h, const std::vector<unsigned char>& payload,
