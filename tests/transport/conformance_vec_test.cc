@@ -312,7 +312,7 @@ TEST_P(ConformanceVec, BadListsAreRefusedWholeNamingTheEntry) {
 
 // A KV-cache shaped list (thousands of equal blocks at multiples of their size: the check's bitmap,
 // no sort) with one block named twice is refused naming the later entry; so is one whose overlap
-// is not block-aligned (sorted after all); the distinct list lands.
+// is not block-aligned (sorted after all); the distinct list lands. The same for a read.
 TEST_P(ConformanceVec, ManyEqualBlocksNamedTwiceAreRefused) {
   constexpr uint64_t kBlocks = 8192, kS = 64, kN = 4096;  // kN: the bitmap's least
   Filled src = filled(mem(), kN * kS);
@@ -360,6 +360,25 @@ TEST_P(ConformanceVec, ManyEqualBlocksNamedTwiceAreRefused) {
   std::vector<unsigned char> want(kBlocks * kS, kPoison);
   apply(want, {src.data}, good, true);
   EXPECT_TRUE(read_back(dst.region()) == want) << "the distinct list landed the wrong bytes";
+  // A read's destinations are its own addresses, blocks at a multiple of kS from wherever the
+  // lowest is (here 3 bytes into the buffer): one block named twice is refused naming the later
+  // entry, and the distinct list reads the blocks back.
+  Buffer mine = poisoned(mem(), kBlocks * kS + 3);
+  MemRegion rlocal[] = {mine.region()};
+  std::vector<IoEntry> rd;
+  for (uint64_t i = 0; i < kN; ++i) rd.push_back(IoEntry{0, 0, 3 + ids[i] * kS, i * kS, kS});
+  auto rd_twice = rd;
+  rd_twice[k].local_offset = rd_twice[j].local_offset;
+  Request r3 = client_.read_vec(rlocal, remote, rd_twice);
+  EXPECT_EQ(r3.wait(kEventually).code(), Code::kInvalidArgument);
+  EXPECT_EQ(r3.failed_entry(), static_cast<int64_t>(std::max(j, k)));
+  Request r4 = client_.read_vec(rlocal, remote, rd);
+  ASSERT_TRUE(r4.wait(kEventually).ok()) << r4.status().to_string();
+  std::vector<unsigned char> got = read_back(mine.region()), want_rd(kBlocks * kS + 3, kPoison);
+  for (uint64_t i = 0; i < kN; ++i)
+    std::copy_n(want.begin() + static_cast<ptrdiff_t>(i * kS), kS,
+                want_rd.begin() + static_cast<ptrdiff_t>(3 + ids[i] * kS));
+  EXPECT_TRUE(got == want_rd) << "the distinct read landed the wrong bytes";
 }
 
 // Cancel a large list midway and let another pass its deadline: each completes once, the endpoint
