@@ -16,7 +16,7 @@ namespace {
 // The payload limit restated from docs/wire.md, independently of frame.cc's table.
 uint32_t independent_limit(const FrameHeader& h, const Limits& l) {
   // A TABLE chunk: a0 (a write's) or a2 (a read's) pieces of 20 B, then a list descriptor (the
-  // count checked by the caller first); inline (path 0, a write's): a chunk.
+  // count checked by the caller first); inline (path 0): a chunk.
   if ((h.flags & kFlagTable) && h.type == FrameType::kReadReq) return static_cast<uint32_t>(h.a0) * 20;
   if ((h.flags & kFlagTable) && h.path == 0) return l.max_chunk;
   if (h.flags & kFlagTable) return static_cast<uint32_t>(h.type == FrameType::kReadData ? h.a2 : h.a0) * 20 + 8704;
@@ -50,10 +50,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)frame_type_name(h->type);
     HeaderBytes again = encode_header(*h);
     if (std::memcmp(again.data(), bytes, kHeaderSize) != 0) std::abort();
-    // TABLE (docs/wire.md "Tables"): a vectored WRITE_DATA by a path, no CHECKSUM, 1 to 1,024
-    // pieces in a0, a1 0, room for the table and a descriptor, or inline (path 0) room for the
-    // table and a byte a piece; or a READ_DATA by a path, no CHECKSUM, 1 to 1,024 pieces in a2,
-    // room for both.
+    // TABLE (docs/wire.md "Tables"): a vectored WRITE_DATA, no CHECKSUM, 1 to 1,024 pieces in
+    // a0, a1 0; or a READ_DATA, no CHECKSUM, 1 to 1,024 pieces in a2. By a path: room for the
+    // table and a descriptor; inline (path 0, version 12 for reads): for the table and a byte a
+    // piece.
     if ((h->flags & kFlagTable) && h->type == FrameType::kReadReq) {
       // A READ_REQ table: VECTOR, 1 to 1,024 segments in a0, a1 and a2 0, exactly their entries.
       if ((h->flags & kFlagVector) == 0 || h->a0 == 0 || h->a0 > 1024 || h->a1 != 0 || h->a2 != 0 ||
@@ -63,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       bool write = h->type == FrameType::kWriteData;
       uint64_t n = write ? h->a0 : h->a2;
       if ((!write && h->type != FrameType::kReadData) || (write && ((h->flags & kFlagVector) == 0 || h->a1 != 0)) ||
-          (h->path == 0 && !write) || (h->flags & kFlagChecksum) != 0 || n == 0 || n > 1024 ||
+          (h->flags & kFlagChecksum) != 0 || n == 0 || n > 1024 ||
           (h->path != 0 && h->payload_len <= n * 20) || (h->path == 0 && h->payload_len < n * 21))
         std::abort();
     }
