@@ -8,6 +8,8 @@
 // listener's other endpoints go on.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+
 #include "engine/table_util.h"
 #include "hostile/hostile_util.h"
 #include "memory/sim_device.h"
@@ -310,6 +312,7 @@ TEST(InlineTableHostile, AGoodTableLandsInHostAndDeviceMemory) {  // the seam it
   EXPECT_EQ(a[110], 0xA5);
   EXPECT_EQ(b[4065], 0xA5);
   EXPECT_TRUE(ep->health().ok()) << ep->health().to_string();
+  ::shutdown(peer->fd(), SHUT_RDWR);  // the raw peer ends first: the endpoint's close waits for no CLOSE
 }
 
 TEST(InlineTableHostile, PiecesSumToLessThanTheBytesThatFollow) {
@@ -394,6 +397,7 @@ TEST(InlineTableHostile, UnknownKeyIsRefusedAndTheEndpointGoesOn) {
   auto a = read_back(t.a.region());
   EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + 10, a.begin() + 5));
   EXPECT_TRUE(std::equal(bytes.begin() + 10, bytes.end(), a.begin() + 50));
+  ::shutdown(peer->fd(), SHUT_RDWR);  // the raw peer ends first: the endpoint's close waits for no CLOSE
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <random>
 
 #include <sys/mman.h>
+#include <sys/socket.h>
 
 #include "engine/table_util.h"
 #include "hostile/hostile_util.h"
@@ -267,6 +268,7 @@ TEST(TableReads, ASegmentOf4GiBGoesInAReadReqOfItsOwn) {
   Status st = r.req.wait(kEventually);
   EXPECT_EQ(st.code(), Code::kNotFound) << st.to_string();
   EXPECT_TRUE(r.ep.health().ok()) << r.ep.health().to_string();
+  ::shutdown(r.peer->fd(), SHUT_RDWR);  // the raw peer ends first: the endpoint's close waits for no CLOSE
 }
 
 TEST(TableReadsHostile, AGoodTableFromTheRawPeerLands) {  // the seam itself works
@@ -285,6 +287,7 @@ TEST(TableReadsHostile, AGoodTableFromTheRawPeerLands) {  // the seam itself wor
   EXPECT_EQ(got[110], 0xA5);
   EXPECT_EQ(got[330], 0xA5);
   EXPECT_TRUE(r.ep.health().ok()) << r.ep.health().to_string();
+  ::shutdown(r.peer->fd(), SHUT_RDWR);  // the raw peer ends first: the endpoint's close waits for no CLOSE
 }
 
 TEST(TableReadsHostile, PieceNamesAKey) {
@@ -383,6 +386,7 @@ TEST(InlineReadTableHostile, AGoodTableLands) {  // the seam itself works
   EXPECT_EQ(got[110], 0xA5);
   EXPECT_EQ(got[330], 0xA5);
   EXPECT_TRUE(r.ep.health().ok()) << r.ep.health().to_string();
+  ::shutdown(r.peer->fd(), SHUT_RDWR);  // the raw peer ends first: the endpoint's close waits for no CLOSE
 }
 
 TEST(InlineReadTableHostile, PiecesSumToOtherThanTheBytesThatFollow) {
