@@ -161,8 +161,8 @@ struct Reader {
   uint8_t path = 0;
 };
 
-void connect_reader(Reader& r) {
-  r.s = make_server(table_options());
+void connect_reader(Reader& r, const Options& o = table_options()) {
+  r.s = make_server(o);
   r.s.ctx.impl()->register_transport(make_memcpy_transport(r.hooks, kTableTransport));
   auto peer = RawPeer::connect(r.s.listener.address(), kHostileKey, 1, false,
                                {wire::Offer{"tcp", {1}}, wire::Offer{kTableTransport, {1}}});
@@ -175,8 +175,8 @@ void connect_reader(Reader& r) {
   r.ep = std::move(*ep);
 }
 
-void start_read(Reader& r, bool vectored = true) {
-  ASSERT_NO_FATAL_FAILURE(connect_reader(r));
+void start_read(Reader& r, bool vectored = true, const Options& o = table_options()) {
+  ASSERT_NO_FATAL_FAILURE(connect_reader(r, o));
   RemoteRegion remote{0x77, 4096};
   if (vectored) {
     MemRegion local[] = {r.dst.region()};
@@ -440,6 +440,16 @@ TEST(InlineReadTableHostile, MoreThanTheReadHasLeft) {  // the same pieces twice
   EXPECT_NE(st.message().find("bytes left"), std::string::npos) << st.to_string();
   EXPECT_FALSE(r.req.wait(kEventually).ok());
   expect_serves_a_good_client(r.s);
+}
+
+// Tables never travel where the handshake agreed checksums (a chunk's CRC covers one run of bytes).
+TEST(InlineReadTableHostile, TableInAChecksummedSession) {
+  Options o = table_options();
+  o.set("checksum", "crc32c");
+  Reader r;
+  ASSERT_NO_FATAL_FAILURE(start_read(r, true, o));
+  expect_closed(r, {inline_read_table(r.id, 0, 180, {{0, 0, 100}, {0, 100, 50}}, some_bytes(r, 150))},
+                "lacks a checksum, but the handshake agreed crc32c");
 }
 
 TEST(InlineReadTableHostile, AnotherReadAnotherLengthOrAPlainRead) {
