@@ -175,13 +175,7 @@ uint64_t read_lands(TcpPair& p, const std::vector<uint64_t>& sizes, uint32_t reg
   Status st = req.wait(kEventually);
   EXPECT_TRUE(st.ok()) << st.to_string();
   EXPECT_EQ(req.bytes(), l.total);
-  std::vector<unsigned char> want(l.local_size, 0xA5);
-  for (const IoEntry& e : l.entries)
-    std::copy_n(sources[e.remote].data.begin() + static_cast<ptrdiff_t>(e.remote_offset), e.length,
-                want.begin() + static_cast<ptrdiff_t>(e.local_offset));
-  std::vector<unsigned char> got = read_back(dst.region());
-  auto [w, g] = std::mismatch(want.begin(), want.end(), got.begin());
-  EXPECT_TRUE(w == want.end()) << "the read differs first at byte " << (w - want.begin());
+  expect_read_landed(l, sources, read_back(dst.region()));
   return p.client.stats().bytes_received - before - l.total;
 }
 

@@ -77,13 +77,7 @@ void expect_read_lands(TablePair& p, ReadRun& r) {
   Status st = req.wait(kEventually);
   ASSERT_TRUE(st.ok()) << st.to_string();
   EXPECT_EQ(req.bytes(), r.layout.total);
-  std::vector<unsigned char> want(r.layout.local_size, 0xA5);
-  for (const IoEntry& e : r.layout.entries)
-    std::copy_n(r.sources[e.remote].data.begin() + static_cast<ptrdiff_t>(e.remote_offset), e.length,
-                want.begin() + static_cast<ptrdiff_t>(e.local_offset));
-  std::vector<unsigned char> got = read_back(r.dst.region());
-  auto [w, g] = std::mismatch(want.begin(), want.end(), got.begin());
-  ASSERT_TRUE(w == want.end()) << "the read differs first at byte " << (w - want.begin());
+  expect_read_landed(r.layout, r.sources, read_back(r.dst.region()));
 }
 
 // Lists of 0 to 100,000 small segments (1-300 B) from two regions: 128 a list (the memcpy path's

@@ -162,6 +162,18 @@ inline void expect_write_lands(TablePair& p, WriteRun& w, Request& req) {
   EXPECT_FALSE(again.ok()) << "a second notification, value " << again->value;
 }
 
+// Every byte of a vectored read's buffer: the entries' bytes from `sources` (one per remote
+// region) where they land, the poison elsewhere.
+inline void expect_read_landed(const Layout& l, const std::vector<Filled>& sources,
+                               const std::vector<unsigned char>& got) {
+  std::vector<unsigned char> want(got.size(), 0xA5);
+  for (const IoEntry& e : l.entries)
+    std::copy_n(sources[e.remote].data.begin() + static_cast<ptrdiff_t>(e.remote_offset), e.length,
+                want.begin() + static_cast<ptrdiff_t>(e.local_offset));
+  auto [w, g] = std::mismatch(want.begin(), want.end(), got.begin());
+  ASSERT_TRUE(w == want.end()) << "the read differs first at byte " << (w - want.begin());
+}
+
 // A table's entries as a peer writes them (docs/wire.md "Tables").
 using Piece = wire::TableEntry;
 
