@@ -381,6 +381,51 @@ TEST_P(ConformanceVec, ManyEqualBlocksNamedTwiceAreRefused) {
   EXPECT_TRUE(got == want_rd) << "the distinct read landed the wrong bytes";
 }
 
+// The same check at a block size that is not a power of two, for a write's remote blocks and a
+// vectored receive's pieces: one named twice is refused naming the later; a send may name one
+// twice (it only reads); the distinct receive lands byte-exact.
+TEST_P(ConformanceVec, ManyEqualBlocksOfAnOddSize) {
+  constexpr uint64_t kBlocks = 6000, kS = 48, kN = 4096;
+  Filled src = filled(mem(), kN * kS);
+  Buffer dst = poisoned(mem(), kBlocks * kS + 5);
+  auto reg = server_ctx_.register_memory(dst.region());
+  ASSERT_TRUE(reg.ok());
+  MemRegion local[] = {src.buf.region()};
+  RemoteRegion remote[] = {reg->remote()};
+  std::vector<uint64_t> ids = pick(kBlocks, kN);
+  std::uniform_int_distribution<uint64_t> at(0, kN - 1);
+  uint64_t j = at(rng()), k = at(rng());
+  while (k == j) k = at(rng());
+  std::vector<IoEntry> twice;
+  for (uint64_t i = 0; i < kN; ++i) twice.push_back(IoEntry{0, 0, i * kS, ids[i] * kS, kS});
+  twice[k].remote_offset = twice[j].remote_offset;
+  Request w = client_.write_vec(local, remote, twice);
+  EXPECT_EQ(w.wait(kEventually).code(), Code::kInvalidArgument) << w.status().to_string();
+  EXPECT_EQ(w.failed_entry(), static_cast<int64_t>(std::max(j, k)));
+  // Receives: pieces at 5 + a block each, the message's i-th piece into block ids[i].
+  MemRegion dreg[] = {dst.region()};
+  std::vector<IoPiece> in;
+  for (uint64_t i = 0; i < kN; ++i) in.push_back(IoPiece{0, 0, 5 + ids[i] * kS, kS});
+  auto in_twice = in;
+  in_twice[k].offset = in_twice[j].offset;
+  Request bad = server_.recv_vec(dreg, in_twice, 3);
+  EXPECT_EQ(bad.wait(kEventually).code(), Code::kInvalidArgument) << bad.status().to_string();
+  EXPECT_EQ(bad.failed_entry(), static_cast<int64_t>(std::max(j, k)));
+  // A send naming one source block twice, into the distinct receive.
+  std::vector<IoPiece> out;
+  for (uint64_t i = 0; i < kN; ++i) out.push_back(IoPiece{0, 0, i * kS, kS});
+  out[k].offset = out[j].offset;
+  Request r = server_.recv_vec(dreg, in, 4);
+  Request s = client_.send_vec(local, out, 4);
+  ASSERT_TRUE(s.wait(kEventually).ok()) << s.status().to_string();
+  ASSERT_TRUE(r.wait(kEventually).ok()) << r.status().to_string();
+  std::vector<unsigned char> want(kBlocks * kS + 5, kPoison);
+  for (uint64_t i = 0; i < kN; ++i)
+    std::copy_n(src.data.begin() + static_cast<ptrdiff_t>(out[i].offset), kS,
+                want.begin() + static_cast<ptrdiff_t>(in[i].offset));
+  EXPECT_TRUE(read_back(dst.region()) == want) << "the distinct receive landed the wrong bytes";
+}
+
 // Cancel a large list midway and let another pass its deadline: each completes once, the endpoint
 // goes on, and a later list lands byte-exact.
 TEST_P(ConformanceVec, CancelMidwayAndDeadline) {

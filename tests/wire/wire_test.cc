@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -16,6 +17,27 @@ namespace dmx::wire {
 namespace {
 
 const Limits kLimits{1 << 20, 16 << 10};
+
+// The wire is little-endian on every host, whatever the helpers compile to.
+TEST(Le, BytesAreLittleEndianAtAnyAlignment) {
+  unsigned char buf[16];
+  for (size_t at = 0; at < 8; ++at) {
+    std::memset(buf, 0xee, sizeof buf);
+    put_u64(buf + at, 0x0102030405060708ull);
+    for (size_t i = 0; i < 8; ++i) EXPECT_EQ(buf[at + i], 8 - i) << "at " << at;
+    EXPECT_EQ(buf[at + 8], 0xee);  // nothing past the value
+    EXPECT_EQ(get_u64(buf + at), 0x0102030405060708ull);
+    put_u32(buf + at, 0xa1b2c3d4u);
+    EXPECT_EQ(buf[at], 0xd4);
+    EXPECT_EQ(buf[at + 3], 0xa1);
+    EXPECT_EQ(buf[at + 4], 4);  // the u64's byte beyond, untouched
+    EXPECT_EQ(get_u32(buf + at), 0xa1b2c3d4u);
+    put_u16(buf + at, 0xbeef);
+    EXPECT_EQ(buf[at], 0xef);
+    EXPECT_EQ(buf[at + 1], 0xbe);
+    EXPECT_EQ(get_u16(buf + at), 0xbeef);
+  }
+}
 
 FrameHeader sample() {
   FrameHeader h;

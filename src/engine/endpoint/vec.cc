@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 
 #include <cstring>
 #include <unordered_map>
@@ -88,34 +89,45 @@ void sort_spans(std::vector<Span>& spans) {
   release_scratch(tmp);
 }
 
-// The KV-cache list: every range in one space, of one length L, at a multiple of L from the
-// lowest (a write's offsets in a region, a read's addresses in a paged cache). Then two overlap
-// exactly when they start at one block, which a bitmap of the blocks finds without sorting
-// (65,536 ranges: ~0.1 ms, where the sort took ~2). False when the list is not of that shape, or
-// has such a pair (the caller then sorts, to name it).
-bool distinct_blocks(const std::vector<Span>& spans) {
-  if (spans.size() < 4096) return false;  // the sort is cheap enough
-  const uint64_t space = spans[0].space, len = spans[0].end - spans[0].begin;
-  if (len == 0) return false;
-  uint64_t base = UINT64_MAX, top = 0;
-  for (const Span& s : spans) {
-    if (s.space != space || s.end - s.begin != len) return false;
-    base = std::min(base, s.begin);
+// The shape of a list's destinations, gathered while the list is checked. The KV-cache list has
+// every range in one space and of one length L.
+struct Shape {
+  bool uniform = true;
+  size_t count = 0;
+  uint64_t space = 0, len = 0, lo = UINT64_MAX, hi = 0;
+
+  void add(uint64_t sp, uint64_t begin, uint64_t length) {
+    if (count++ == 0) {
+      space = sp;
+      len = length;
+    } else if (sp != space || length != len) {
+      uniform = false;
+    }
+    lo = std::min(lo, begin);
+    hi = std::max(hi, begin);
   }
-  for (const Span& s : spans) {
-    if ((s.begin - base) % len != 0) return false;
-    top = std::max(top, (s.begin - base) / len);
-  }
-  if (top / 64 > spans.size()) return false;  // a sparse bitmap: at most a word per range
+};
+
+// A KV-cache list whose ranges also start at multiples of L from the lowest (a write's offsets in
+// a region, a read's addresses in a paged cache): two overlap exactly when they start at one block,
+// which a bitmap of the blocks finds without sorting (65,536 ranges: ~0.1 ms, where the sort took
+// ~2) and without copying the ranges out. False when the list is not of that shape, or has such a
+// pair (the caller then sorts, to name it). `dest(i, &span)` gives entry i's range, false for none.
+template <typename Dest>
+bool distinct_blocks(const Shape& shape, size_t n, const Dest& dest) {
+  if (shape.count < 4096 || !shape.uniform || shape.len == 0) return false;  // the sort is cheap enough
+  const uint64_t len = shape.len, top = (shape.hi - shape.lo) / len;
+  if (top / 64 > shape.count) return false;  // a sparse bitmap: at most a word per range
+  const bool pow2 = std::has_single_bit(len);
+  const int shift = std::countr_zero(len);
   thread_local std::vector<uint64_t> seen;
   seen.assign(top / 64 + 1, 0);
   bool distinct = true;
-  for (const Span& s : spans) {
-    uint64_t b = (s.begin - base) / len, bit = uint64_t{1} << (b % 64);
-    if (seen[b / 64] & bit) {
-      distinct = false;
-      break;
-    }
+  for (size_t i = 0; i < n && distinct; ++i) {
+    Span d;
+    if (!dest(i, &d)) continue;
+    uint64_t off = d.begin - shape.lo, b = pow2 ? off >> shift : off / len, bit = uint64_t{1} << (b % 64);
+    if (b * len != off || (seen[b / 64] & bit)) distinct = false;  // between two blocks, or named twice
     seen[b / 64] |= bit;
   }
   if (seen.capacity() > (size_t{1} << 20)) std::vector<uint64_t>().swap(seen);
@@ -125,8 +137,14 @@ bool distinct_blocks(const std::vector<Span>& spans) {
 // The entry of the first overlapping pair found (the later index of the pair), or -1. Sorted by
 // (space, begin): a range overlaps an earlier one exactly when it begins before the furthest end
 // seen so far in its space.
-int64_t find_overlap(std::vector<Span>& spans, uint32_t* other) {
-  if (distinct_blocks(spans)) return -1;
+template <typename Dest>
+int64_t find_overlap(const Shape& shape, size_t n, const Dest& dest, uint32_t* other) {
+  if (distinct_blocks(shape, n, dest)) return -1;
+  thread_local std::vector<Span> spans;  // kept between calls (page faults)
+  spans.clear();
+  spans.reserve(shape.count);
+  for (size_t i = 0; i < n; ++i)
+    if (Span d; dest(i, &d)) spans.push_back(d);
   bool sorted = true;
   for (size_t k = 1; k < spans.size() && sorted; ++k)
     sorted = spans[k - 1].space < spans[k].space ||
@@ -148,6 +166,7 @@ int64_t find_overlap(std::vector<Span>& spans, uint32_t* other) {
     }
     if (spans[k].end > spans[far].end) far = k;
   }
+  release_scratch(spans);
   return worst;
 }
 
@@ -187,9 +206,7 @@ VecBuild build_one_sided(std::span<const MemRegion> local, std::span<const Remot
   auto layout = std::make_shared<VecLayout>();
   std::vector<uint8_t> seen(local.size(), 0);
   bool have_where = false;
-  thread_local std::vector<Span> spans;  // kept between calls (page faults)
-  spans.clear();
-  spans.reserve(entries.size());
+  Shape shape;
   layout->segs.reserve(entries.size());
   uint64_t total = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -217,9 +234,8 @@ VecBuild build_one_sided(std::span<const MemRegion> local, std::span<const Remot
     auto sum = checked_add(total, e.length);
     if (!sum) return refuse(idx, Code::kOutOfRange, "the list's total length exceeds 2^64 bytes");
     char* p = static_cast<char*>(l.ptr) + e.local_offset;
-    if (write) spans.push_back(Span{r.key, e.remote_offset, e.remote_offset + e.length, static_cast<uint32_t>(i)});
-    else spans.push_back(Span{0, reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + e.length,
-                              static_cast<uint32_t>(i)});
+    if (write) shape.add(r.key, e.remote_offset, e.length);
+    else shape.add(0, reinterpret_cast<uintptr_t>(p), e.length);
     auto& segs = layout->segs;
     if (!segs.empty() && segs.back().local + segs.back().length == p && segs.back().rkey == r.key &&
         segs.back().roffset + segs.back().length == e.remote_offset) {
@@ -229,13 +245,20 @@ VecBuild build_one_sided(std::span<const MemRegion> local, std::span<const Remot
     }
     total = *sum;
   }
+  // Every entry is valid now: the destinations are read back from the list.
+  auto dest = [&](size_t i, Span* d) {
+    const IoEntry& e = entries[i];
+    if (e.length == 0) return false;
+    uint64_t begin = write ? e.remote_offset : reinterpret_cast<uintptr_t>(local[e.local].ptr) + e.local_offset;
+    *d = Span{write ? remote[e.remote].key : 0, begin, begin + e.length, static_cast<uint32_t>(i)};
+    return true;
+  };
   uint32_t other = 0;
-  if (int64_t bad = find_overlap(spans, &other); bad >= 0)
+  if (int64_t bad = find_overlap(shape, entries.size(), dest, &other); bad >= 0)
     return refuse(bad, Code::kInvalidArgument,
                   fmt::format("its {} range overlaps entry {}'s (destinations must not overlap)",
                               write ? "remote" : "local", other));
   layout->total = total;
-  release_scratch(spans);
   if (layout->segs.capacity() > 2 * layout->segs.size() + 64) layout->segs.shrink_to_fit();
   VecBuild b;
   b.layout = std::move(layout);
@@ -249,9 +272,7 @@ VecBuild build_pieces(std::span<const MemRegion> regions, std::span<const IoPiec
   auto layout = std::make_shared<VecLayout>();
   std::vector<uint8_t> seen(regions.size(), 0);
   bool have_where = false;
-  thread_local std::vector<Span> spans;
-  spans.clear();
-  if (recv) spans.reserve(pieces.size());
+  Shape shape;
   layout->segs.reserve(pieces.size());
   uint64_t total = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -271,20 +292,24 @@ VecBuild build_pieces(std::span<const MemRegion> regions, std::span<const IoPiec
     auto sum = checked_add(total, e.length);
     if (!sum) return refuse(idx, Code::kOutOfRange, "the list's total length exceeds 2^64 bytes");
     char* p = static_cast<char*>(l.ptr) + e.offset;
-    if (recv)
-      spans.push_back(Span{0, reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + e.length,
-                           static_cast<uint32_t>(i)});
+    shape.add(0, reinterpret_cast<uintptr_t>(p), e.length);
     auto& segs = layout->segs;
     if (!segs.empty() && segs.back().local + segs.back().length == p) segs.back().length += e.length;
     else segs.push_back(VecSeg{total, p, e.length, 0, 0});
     total = *sum;
   }
+  auto dest = [&](size_t i, Span* d) {  // a send's pieces may overlap: it only reads them
+    const IoPiece& e = pieces[i];
+    if (!recv || e.length == 0) return false;
+    uint64_t begin = reinterpret_cast<uintptr_t>(regions[e.region].ptr) + e.offset;
+    *d = Span{0, begin, begin + e.length, static_cast<uint32_t>(i)};
+    return true;
+  };
   uint32_t other = 0;
-  if (int64_t bad = find_overlap(spans, &other); bad >= 0)
+  if (int64_t bad = recv ? find_overlap(shape, pieces.size(), dest, &other) : -1; bad >= 0)
     return refuse(bad, Code::kInvalidArgument,
                   fmt::format("it overlaps piece {} (a receive's pieces must not overlap)", other));
   layout->total = total;
-  release_scratch(spans);
   if (layout->segs.capacity() > 2 * layout->segs.size() + 64) layout->segs.shrink_to_fit();
   VecBuild b;
   b.layout = std::move(layout);
@@ -353,6 +378,39 @@ Request EndpointImpl::post_read_vec(std::span<const MemRegion> local, std::span<
     return post_one_sided(OpType::kRead, MemRegion{s.local, s.length, l.where},
                           RemoteRegion{s.rkey, s.roffset + s.length}, s.roffset, std::move(o));
   }
+  // The segments in order, in READ_REQ tables of up to 1,024 (a segment of 4 GiB or more, whose
+  // length a table entry cannot hold, in a READ_REQ of its own); the target serves at the last.
+  // Built before the lock is taken: the frames need only the operation's id.
+  std::vector<std::pair<FrameHeader, std::vector<unsigned char>>> frames;
+  std::vector<unsigned char> table;
+  auto flush = [&](bool more) {
+    if (table.empty()) return;
+    FrameHeader t;
+    t.flags = wire::kFlagVector | wire::kFlagTable | (more ? wire::kFlagMore : 0);
+    t.a0 = table.size() / wire::kTableEntrySize;
+    t.payload_len = static_cast<uint32_t>(table.size());
+    frames.emplace_back(t, std::move(table));
+    table = {};
+  };
+  for (size_t k = 0; k < l.segs.size(); ++k) {
+    const VecSeg& s = l.segs[k];
+    const bool last = k + 1 == l.segs.size();
+    if (s.length > UINT32_MAX) {
+      flush(/*more=*/true);
+      FrameHeader one;
+      one.flags = wire::kFlagVector | (last ? 0 : wire::kFlagMore);
+      one.a0 = s.rkey;
+      one.a1 = s.roffset;
+      one.a2 = s.length;
+      frames.emplace_back(one, std::vector<unsigned char>());
+      continue;
+    }
+    if (table.empty()) table.reserve(std::min<size_t>(l.segs.size() - k, wire::kMaxTableEntries) * wire::kTableEntrySize);
+    size_t at = table.size();
+    table.resize(at + wire::kTableEntrySize);
+    wire::put_table_entry(table.data() + at, {s.rkey, s.roffset, static_cast<uint32_t>(s.length)});
+    if (last || table.size() == wire::kMaxTableEntries * wire::kTableEntrySize) flush(/*more=*/!last);
+  }
   auto op = new_op(OpType::kRead, MemRegion{nullptr, l.total, l.where}, o);
   op->vec = std::move(b.layout);
   std::unique_lock<std::mutex> lock(mu_);
@@ -365,39 +423,11 @@ Request EndpointImpl::post_read_vec(std::span<const MemRegion> local, std::span<
     op->id = next_op_++;
     ++counters_.reads;
     reads_[op->id] = Inbound{op, 0, l.total, 0, l.total};
-    // The segments in order, in READ_REQ tables of up to 1,024 (a segment of 4 GiB or more, whose
-    // length a table entry cannot hold, in a READ_REQ of its own); the target serves at the last.
-    FrameHeader h;
-    h.type = FrameType::kReadReq;
-    h.id = op->id;
-    h.a3 = accepts_for(l.where);
-    std::vector<unsigned char> table;
-    auto flush = [&](bool more) {
-      if (table.empty()) return;
-      FrameHeader t = h;
-      t.flags = wire::kFlagVector | wire::kFlagTable | (more ? wire::kFlagMore : 0);
-      t.a0 = table.size() / wire::kTableEntrySize;
-      t.payload_len = static_cast<uint32_t>(table.size());
-      push_control(t, std::move(table));
-      table.clear();
-    };
-    for (size_t k = 0; k < l.segs.size(); ++k) {
-      const VecSeg& s = l.segs[k];
-      const bool last = k + 1 == l.segs.size();
-      if (s.length > UINT32_MAX) {
-        flush(/*more=*/true);
-        FrameHeader one = h;
-        one.flags = wire::kFlagVector | (last ? 0 : wire::kFlagMore);
-        one.a0 = s.rkey;
-        one.a1 = s.roffset;
-        one.a2 = s.length;
-        push_control(one);
-        continue;
-      }
-      size_t at = table.size();
-      table.resize(at + wire::kTableEntrySize);
-      wire::put_table_entry(table.data() + at, {s.rkey, s.roffset, static_cast<uint32_t>(s.length)});
-      if (last || table.size() == wire::kMaxTableEntries * wire::kTableEntrySize) flush(/*more=*/!last);
+    for (auto& [h, payload] : frames) {
+      h.type = FrameType::kReadReq;
+      h.id = op->id;
+      h.a3 = accepts_for(l.where);
+      push_control(h, std::move(payload));
     }
   }
   lock.unlock();
