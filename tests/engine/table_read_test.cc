@@ -121,24 +121,6 @@ TEST(TableReads, BigSegmentsBetweenListsAndAPathThatTurnsListsDown) {
 
 // ---- a hostile target ------------------------------------------------------------------------
 
-// A READ_DATA table: `pieces`, then the memcpy path's descriptor of `srcs`.
-std::pair<FrameHeader, std::vector<unsigned char>> read_table(uint8_t path, uint64_t id, uint64_t offset,
-                                                              uint64_t total, const std::vector<Piece>& pieces,
-                                                              const std::vector<MemRegion>& srcs) {
-  FrameHeader h;
-  h.type = FrameType::kReadData;
-  h.flags = wire::kFlagTable;
-  h.path = path;
-  h.id = id;
-  h.a0 = offset;
-  h.a1 = total;
-  h.a2 = pieces.size();
-  std::vector<unsigned char> payload = table_entries(pieces);
-  auto desc = memcpy_path::encode(MemSpec{}, srcs);
-  payload.insert(payload.end(), desc.begin(), desc.end());
-  h.payload_len = static_cast<uint32_t>(payload.size());
-  return {h, payload};
-}
 
 // The reader: an endpoint of a listener that agreed the memcpy path with a raw peer (the target).
 // Its read: three segments of 100, 50 and 30 bytes (the read's offsets 0, 100, 150; 180 in all)
@@ -207,6 +189,15 @@ std::pair<FrameHeader, std::vector<unsigned char>> inline_read_table(uint64_t id
   payload.insert(payload.end(), bytes.begin(), bytes.end());
   h.payload_len = static_cast<uint32_t>(payload.size());
   return {h, payload};
+}
+
+// A READ_DATA table on `path`: `pieces`, then the memcpy path's descriptor of `srcs`.
+std::pair<FrameHeader, std::vector<unsigned char>> read_table(uint8_t path, uint64_t id, uint64_t offset,
+                                                              uint64_t total, const std::vector<Piece>& pieces,
+                                                              const std::vector<MemRegion>& srcs) {
+  auto t = inline_read_table(id, offset, total, pieces, memcpy_path::encode(MemSpec{}, srcs));
+  t.first.path = path;
+  return t;
 }
 
 // The raw target's answer in the reader's form: the pieces' bytes are the peer's memory from

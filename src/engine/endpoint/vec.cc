@@ -292,15 +292,15 @@ VecBuild build_pieces(std::span<const MemRegion> regions, std::span<const IoPiec
     auto sum = checked_add(total, e.length);
     if (!sum) return refuse(idx, Code::kOutOfRange, "the list's total length exceeds 2^64 bytes");
     char* p = static_cast<char*>(l.ptr) + e.offset;
-    shape.add(0, reinterpret_cast<uintptr_t>(p), e.length);
+    if (recv) shape.add(0, reinterpret_cast<uintptr_t>(p), e.length);  // a send's pieces may overlap
     auto& segs = layout->segs;
     if (!segs.empty() && segs.back().local + segs.back().length == p) segs.back().length += e.length;
     else segs.push_back(VecSeg{total, p, e.length, 0, 0});
     total = *sum;
   }
-  auto dest = [&](size_t i, Span* d) {  // a send's pieces may overlap: it only reads them
+  auto dest = [&](size_t i, Span* d) {
     const IoPiece& e = pieces[i];
-    if (!recv || e.length == 0) return false;
+    if (e.length == 0) return false;
     uint64_t begin = reinterpret_cast<uintptr_t>(regions[e.region].ptr) + e.offset;
     *d = Span{0, begin, begin + e.length, static_cast<uint32_t>(i)};
     return true;
@@ -423,10 +423,11 @@ Request EndpointImpl::post_read_vec(std::span<const MemRegion> local, std::span<
     op->id = next_op_++;
     ++counters_.reads;
     reads_[op->id] = Inbound{op, 0, l.total, 0, l.total};
+    const uint64_t accepts = accepts_for(l.where);
     for (auto& [h, payload] : frames) {
       h.type = FrameType::kReadReq;
       h.id = op->id;
-      h.a3 = accepts_for(l.where);
+      h.a3 = accepts;
       push_control(h, std::move(payload));
     }
   }
