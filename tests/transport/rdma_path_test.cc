@@ -383,6 +383,147 @@ TEST_F(RdmaPathTest, DestinationTheNicCannotReachIsStaged) {
   EXPECT_EQ(b_.path->stats().device_copies, 1u);
 }
 
+// A list of scattered pieces (a KV cache's blocks) as one chunk: `n` pieces of odd sizes from
+// src (a gap of 3 after each) into dst (a gap of 5 before each), or into `dkind` memory.
+struct ListCase {
+  std::vector<unsigned char> src;
+  std::vector<MemRegion> srcs, dsts;
+  std::vector<unsigned char> dst;  // host destinations, poisoned between the pieces
+  uint64_t total = 0;
+};
+ListCase make_list(size_t n, size_t base, unsigned char* dst_base = nullptr) {
+  ListCase c;
+  std::vector<size_t> sizes;
+  size_t src_len = 0, dst_len = 0;
+  for (size_t i = 0; i < n; ++i) {
+    size_t len = i == 7 ? 0 : base + (i * 37) % 613;  // one empty piece among them
+    sizes.push_back(len);
+    src_len += len + 3;
+    dst_len += len + 5;
+  }
+  c.src = fresh(src_len);
+  c.dst.assign(dst_len + 5, kPoison);
+  size_t s = 0, d = 5;
+  for (size_t len : sizes) {
+    c.srcs.push_back(MemRegion{c.src.data() + s, len, {}});
+    c.dsts.push_back(MemRegion{(dst_base ? dst_base : c.dst.data()) + d, len, {}});
+    s += len + 3;
+    d += len + 5;
+    c.total += len;
+  }
+  return c;
+}
+bool list_landed(const ListCase& c) {
+  for (size_t i = 0; i < c.srcs.size(); ++i) {
+    const auto* d = static_cast<const unsigned char*>(c.dsts[i].ptr);
+    if (!std::equal(d, d + c.dsts[i].size, static_cast<const unsigned char*>(c.srcs[i].ptr)) || d[-1] != kPoison)
+      return false;
+  }
+  return c.dst.back() == kPoison;
+}
+
+// Three lists of 300 pieces (over a MiB each: stripes on every queue pair, each stripe gathered by
+// several WRITEs of send_sge pieces) and one of 1,024 (the most): byte-exact, poison between, one
+// chunk and one event each, scattered by memcpy; unregistered sources registered piece by piece.
+TEST_F(RdmaPathTest, ListsLandByteExactAsOneChunk) {
+  connect();
+  EXPECT_EQ(a_.path->max_list(), kRdmaMaxList);
+  std::vector<ListCase> lists;
+  for (size_t n : {size_t{300}, size_t{300}, size_t{300}, kRdmaMaxList}) lists.push_back(make_list(n, 3500));
+  uint64_t pieces = 0;
+  for (size_t i = 0; i < lists.size(); ++i) {
+    size_t taken = 0;
+    auto d = a_.path->post_tx_list(i, lists[i].srcs, &taken);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    ASSERT_EQ(taken, lists[i].srcs.size());
+    auto len = b_.path->chunk_length(*d);
+    ASSERT_TRUE(len.ok());
+    EXPECT_EQ(*len, lists[i].total);
+    ASSERT_TRUE(b_.path->post_rx_list(i, *d, lists[i].dsts).ok());
+    pieces += taken;
+  }
+  ASSERT_TRUE(b_.events.wait([&](Recorder& r) { return r.rx.size() == lists.size(); }));
+  ASSERT_TRUE(a_.events.wait([&](Recorder& r) { return r.tx.size() == lists.size(); }));
+  for (size_t i = 0; i < lists.size(); ++i) {
+    EXPECT_TRUE(b_.events.rx[i].ok() && a_.events.tx[i].ok()) << b_.events.rx[i].to_string();
+    EXPECT_TRUE(list_landed(lists[i])) << "list " << i;
+  }
+  PathStats st = b_.path->stats();
+  EXPECT_EQ(st.chunks_received, lists.size());
+  EXPECT_EQ(st.host_copies, pieces - lists.size());  // one memcpy a piece but the empty one, out of staging
+  EXPECT_FALSE(a_.events.failure.has_value() || b_.events.failure.has_value());
+}
+
+// A list into memory the NIC cannot reach (simulated device memory) lands in the staging window
+// and is copied piece by piece; a list the receiver drops (all destinations null) lets the sender go.
+TEST_F(RdmaPathTest, ListsIntoDeviceMemoryAndDroppedLists) {
+  connect();
+  auto dev = Buffer::allocate(MemSpec{MemKind::kSim, 0}, 2 << 20);
+  ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+  ListCase c = make_list(100, 9000, static_cast<unsigned char*>(dev->data()));
+  for (auto& d : c.dsts) d.where = dev->where();
+  size_t taken = 0;
+  auto d = a_.path->post_tx_list(1, c.srcs, &taken);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  ASSERT_TRUE(b_.path->post_rx_list(1, *d, c.dsts).ok());
+  auto d2 = a_.path->post_tx_list(2, c.srcs, &taken);
+  ASSERT_TRUE(d2.ok());
+  std::vector<MemRegion> dropped(c.dsts.size());
+  for (size_t i = 0; i < dropped.size(); ++i) dropped[i].size = c.dsts[i].size;
+  ASSERT_TRUE(b_.path->post_rx_list(2, *d2, dropped).ok());
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.rx.size() == 2; }));
+  ASSERT_TRUE(a_.events.wait([](Recorder& r) { return r.tx.size() == 2; }));
+  EXPECT_TRUE(b_.events.rx[1].ok() && b_.events.rx[2].ok() && a_.events.tx[2].ok()) << b_.events.rx[1].to_string();
+  std::vector<unsigned char> back(dev->size());
+  ASSERT_TRUE(copy_memory(MemRegion{back.data(), back.size(), {}}, dev->region()).ok());
+  for (size_t i = 0; i < c.dsts.size(); ++i) {
+    size_t at = static_cast<size_t>(static_cast<unsigned char*>(c.dsts[i].ptr) - static_cast<unsigned char*>(dev->data()));
+    ASSERT_TRUE(std::equal(back.begin() + at, back.begin() + at + c.dsts[i].size,
+                           static_cast<const unsigned char*>(c.srcs[i].ptr)))
+        << "piece " << i;
+  }
+  EXPECT_EQ(b_.path->stats().device_copies, 99u);  // one a piece but the empty one
+}
+
+// What a list's descriptor claims is checked against the receiver's own table: a length that is
+// not the pieces' sum, a list "by SEND", too many pieces — each refused naming the peer, and the
+// path goes on.
+TEST_F(RdmaPathTest, ListDescriptorsThatDisagreeAreRefused) {
+  connect();
+  std::vector<unsigned char> dst(8192, kPoison);
+  std::vector<MemRegion> dsts{{dst.data(), 1000, {}}, {dst.data() + 2000, 3000, {}}};
+  auto refused = [&](ChunkDescriptor d, std::span<const MemRegion> list, const char* what) {
+    Status s = b_.path->post_rx_list(1, d.encode(), list);
+    EXPECT_EQ(s.code(), Code::kProtocol) << what << ": " << s.to_string();
+    EXPECT_NE(s.to_string().find("side a"), std::string::npos) << s.to_string();
+  };
+  refused(ChunkDescriptor{3999, 5, false}, dsts, "one byte short");
+  refused(ChunkDescriptor{4001, 5, false}, dsts, "one byte over");
+  refused(ChunkDescriptor{1000, 5, false}, dsts, "less than the pieces");
+  refused(ChunkDescriptor{4000, 5, true}, dsts, "by SEND");
+  std::vector<MemRegion> many(kRdmaMaxList + 1, MemRegion{dst.data(), 1, {}});
+  refused(ChunkDescriptor{kRdmaMaxList + 1, 5, false}, many, "too many pieces");
+  refused(ChunkDescriptor{0, 5, false}, {}, "no pieces");
+  EXPECT_FALSE(b_.events.failure.has_value());
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](unsigned char c) { return c == kPoison; }));
+}
+
+// A sender that writes a list outside the window it was given is refused by the NIC, and not a
+// byte of the list reaches its destinations: they are scattered only once every stripe landed.
+TEST_F(RdmaPathTest, ListWrittenOutsideItsWindowLandsNothing) {
+  WriteTamper t;
+  t.addr_delta = 1;
+  Options o;
+  o.a_tamper = &t;
+  connect(o);
+  ListCase c = make_list(200, 2000);
+  size_t taken = 0;
+  auto d = a_.path->post_tx_list(1, c.srcs, &taken);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(b_.path->post_rx_list(1, *d, c.dsts).ok());
+  expect_refused(a_, b_, c.dst);
+}
+
 TEST_F(RdmaPathTest, StopIsPromptWithWorkPending) {
   connect();
   auto src = fresh(8 << 20);

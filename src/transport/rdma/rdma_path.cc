@@ -27,12 +27,55 @@ Result<std::vector<unsigned char>> RdmaPath::post_tx(uint64_t seq, const MemRegi
   d.len = src.size;
   // Small chunks of host memory go by SEND (copied into a send slot); GPU memory always by WRITE.
   d.small = src.size <= kSmallMax && host_kind(src.where);
-  TxChunk c{seq, src, d.small, nullptr};
-  if (!d.small) {
-    auto mr = registration(src, 0, &c.owned);  // local access only: the peer gets no key to it
+  TxChunk c{seq, src, d.small};
+  if (!d.small && src.size > 0) {
+    std::shared_ptr<Mr> owned;
+    auto mr = registration(src, 0, &owned);  // local access only: the peer gets no key to it
     if (!mr.ok()) return mr.status().with_peer(peer_);
-    c.lkey = (*mr)->lkey();
+    if (owned) c.owned.push_back(std::move(owned));
+    c.from.push_back(ibv_sge{reinterpret_cast<uintptr_t>(src.ptr), static_cast<uint32_t>(src.size), (*mr)->lkey()});
   }
+  return add_tx(std::move(c));
+}
+
+Result<std::vector<unsigned char>> RdmaPath::post_tx_list(uint64_t seq, std::span<const MemRegion> srcs,
+                                                          size_t* taken) {
+  if (stopping() || failed()) return gate();
+  if (srcs.empty() || !carries(srcs[0].where))
+    return Status(Code::kUnavailable, fmt::format("rdma does not carry {} memory ({})",
+                                                  srcs.empty() ? "no" : to_string(srcs[0].where), gpu_.why))
+        .with_peer(peer_);
+  // The pieces of one kind, within a chunk: each registered for local access only (a lookup when
+  // the user registered its region), gathered by the WRITEs.
+  TxChunk c{seq, MemRegion{srcs[0].ptr, 0, srcs[0].where}, false};
+  size_t n = 0;
+  for (; n < srcs.size() && n < kRdmaMaxList; ++n) {
+    const MemRegion& r = srcs[n];
+    if (r.where != srcs[0].where || r.size > max_chunk_ - c.src.size) break;
+    if (r.size > 0) {
+      std::shared_ptr<Mr> owned;
+      auto mr = registration(r, 0, &owned);
+      if (!mr.ok()) {
+        if (n == 0) return mr.status().with_peer(peer_);
+        break;  // the pieces before it go; this one fails on its own in the next chunk
+      }
+      if (owned) c.owned.push_back(std::move(owned));
+      c.from.push_back(ibv_sge{reinterpret_cast<uintptr_t>(r.ptr), static_cast<uint32_t>(r.size), (*mr)->lkey()});
+    }
+    c.src.size += r.size;
+  }
+  if (n == 0)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("rdma list piece of {} B is over the path's {} B", srcs[0].size, max_chunk_));
+  auto d = add_tx(std::move(c));
+  if (d.ok()) *taken = n;
+  return d;
+}
+
+Result<std::vector<unsigned char>> RdmaPath::add_tx(TxChunk c) {
+  ChunkDescriptor d;
+  d.len = c.src.size;
+  d.small = c.small;
   {
     std::lock_guard lock(tx_mu_);
     for (int tries = 0; tx_.count(next_token_) || next_token_ == 0; ++tries) {
@@ -56,7 +99,7 @@ Result<std::vector<unsigned char>> RdmaPath::post_tx(uint64_t seq, const MemRegi
     return gate();
   }
   PathCounters::add(counters_.chunks_sent);
-  PathCounters::add(counters_.bytes_sent, src.size);
+  PathCounters::add(counters_.bytes_sent, d.len);
   return d.encode();
 }
 
@@ -72,6 +115,31 @@ Status RdmaPath::post_rx(uint64_t seq, std::span<const unsigned char> descriptor
   if (dst.ptr != nullptr && !accepts(dst.where))
     return Status(Code::kInvalidArgument, fmt::format("rdma cannot land in {} memory", to_string(dst.where)));
   return post([&] { jobs_.push_back(RxJob{seq, d, dst}); });
+}
+
+Status RdmaPath::post_rx_list(uint64_t seq, std::span<const unsigned char> descriptor,
+                              std::span<const MemRegion> dsts) {
+  DMX_ASSIGN_OR_RETURN(ChunkDescriptor d, ChunkDescriptor::decode(descriptor, max_chunk_, peer_));
+  if (d.small)
+    return Status(Code::kProtocol, fmt::format("rdma: a list of {} B announced by SEND", d.len)).with_peer(peer_);
+  if (dsts.empty() || dsts.size() > kRdmaMaxList)
+    return Status(Code::kProtocol, fmt::format("rdma: a list of {} pieces", dsts.size())).with_peer(peer_);
+  const bool drop = dsts[0].ptr == nullptr;
+  uint64_t sum = 0;
+  for (const MemRegion& r : dsts) {
+    if ((r.ptr == nullptr) != drop)
+      return Status(Code::kInvalidArgument, "rdma post_rx_list: a list with some destinations null");
+    if (r.size > d.len - sum)  // within the descriptor's length, which is bounded
+      return Status(Code::kProtocol, fmt::format("rdma: a list descriptor of {} B for more bytes of pieces", d.len))
+          .with_peer(peer_);
+    sum += r.size;
+  }
+  if (sum != d.len)
+    return Status(Code::kProtocol, fmt::format("rdma: a list descriptor of {} B for pieces of {} B", d.len, sum))
+        .with_peer(peer_);
+  RxJob j{seq, d, MemRegion{dsts[0].ptr, d.len, dsts[0].where}, {}};
+  if (!drop) j.pieces.assign(dsts.begin(), dsts.end());
+  return post([&] { jobs_.push_back(std::move(j)); });
 }
 
 std::string RdmaPath::describe() const {
@@ -159,19 +227,19 @@ void RdmaPath::start_rx(const RxJob& j, std::vector<Done>* done) {
     done->push_back({false, j.seq, Status()});
     return;
   }
-  // Where the NIC writes: the destination, or a staging buffer when it cannot reach it.
+  // Where the NIC writes: the destination, or a staging buffer when it cannot reach it or the
+  // chunk is a list (rdma_path.h).
   MemRegion land = j.dst;
-  std::optional<Buffer> staging;
-  if (!carries(j.dst.where)) {
-    auto b = Buffer::allocate(MemSpec{MemKind::kPinned, 0}, j.d.len);
-    if (!b.ok()) b = Buffer::allocate(MemSpec{}, j.d.len);
+  std::optional<Buffer> staged;
+  if (!j.pieces.empty() || !carries(j.dst.where)) {
+    auto b = staging(j.d.len);
     if (!b.ok()) {
       cts(j.d.token, Cts{0, 0, true});
       done->push_back({false, j.seq, b.status().with_peer(peer_)});
       return;
     }
-    staging = std::move(*b);
-    land = staging->region();
+    staged = std::move(*b);
+    land = MemRegion{staged->data(), j.d.len, staged->where()};  // the window: this chunk's bytes only
   }
   // Exactly this chunk, for exactly its life: the peer's only key to our memory.
   std::shared_ptr<Mr> window;
@@ -185,7 +253,7 @@ void RdmaPath::start_rx(const RxJob& j, std::vector<Done>* done) {
     fail_with(Status(Code::kProtocol, fmt::format("rdma: the peer sent chunk token {} twice", j.d.token)).with_peer(peer_));
     return;
   }
-  rx_[j.d.token] = RxOp{j.seq, j.d.len, pieces(j.d.len), window, std::move(staging), j.dst};
+  rx_[j.d.token] = RxOp{j.seq, j.d.len, pieces(j.d.len), window, std::move(staged), j.dst, j.pieces};
   cts(j.d.token, Cts{reinterpret_cast<uintptr_t>(land.ptr), window->rkey(), false});
 }
 
@@ -209,12 +277,12 @@ void RdmaPath::on_completion(const ibv_wc& wc, std::vector<Done>* done) {
     return;
   }
   if (kind == kWrWrite) {
-    std::shared_ptr<Mr> owned;  // deregistered outside the lock
+    std::vector<std::shared_ptr<Mr>> owned;  // deregistered outside the lock
     uint64_t seq = 0;
     {
       std::lock_guard lock(tx_mu_);
       auto it = tx_.find(id_token(wc.wr_id));
-      if (it == tx_.end() || --it->second.pieces_left > 0) return;
+      if (it == tx_.end() || --it->second.wrs_left > 0) return;
       seq = it->second.seq;
       owned = std::move(it->second.owned);
       tx_.erase(it);
@@ -236,13 +304,11 @@ void RdmaPath::on_completion(const ibv_wc& wc, std::vector<Done>* done) {
 // The sender: the receiver's clear-to-send for a large chunk.
 void RdmaPath::on_cts(uint32_t token, std::span<const unsigned char> body, std::vector<Done>* done) {
   uint64_t seq = 0, len = 0;
-  uintptr_t src = 0;
-  uint32_t lkey = 0;
-  std::shared_ptr<Mr> owned;
+  std::vector<std::shared_ptr<Mr>> owned;
   {
     std::lock_guard lock(tx_mu_);
     auto it = tx_.find(token);
-    if (it == tx_.end() || it->second.small || it->second.pieces_left > 0)
+    if (it == tx_.end() || it->second.small || it->second.wrs_left > 0)
       return protocol(fmt::format("a clear-to-send for chunk token {}, which awaits none", token));
     auto c = Cts::decode(body, it->second.src.size, peer_);
     if (!c.ok()) return fail_with(c.status());
@@ -254,32 +320,65 @@ void RdmaPath::on_cts(uint32_t token, std::span<const unsigned char> body, std::
       done->push_back({true, seq, Status()});
       return;
     }
-    src = reinterpret_cast<uintptr_t>(it->second.src.ptr);
-    lkey = it->second.lkey;
-    it->second.pieces_left = pieces(len);
     uint64_t remote = c->addr;
     uint32_t rkey = c->rkey;
     if (tamper_) remote += static_cast<uint64_t>(tamper_->addr_delta), rkey ^= tamper_->rkey_xor;
-    pending_writes_.push_back({token, src, len, lkey, remote, rkey});
+    auto plan = plan_writes(token, it->second.from, len, remote, rkey);
+    it->second.wrs_left = plan.size();
+    pending_writes_.insert(pending_writes_.end(), plan.begin(), plan.end());
   }
   post_writes();
 }
 
-void RdmaPath::post_writes() {
-  if (tamper_ && tamper_->hold && tamper_->hold->load()) return;
-  for (const auto& w : pending_writes_) {
-    const uint64_t piece = piece_size(w.len);
-    const int n = pieces(w.len);
-    const size_t nqp = conn_->qps.size();
-    for (int i = 0; i < n; ++i) {
-      uint64_t off = static_cast<uint64_t>(i) * piece;
-      uint64_t len = std::min(piece, w.len - off);
-      queue_wr(static_cast<int>((w.token + static_cast<uint64_t>(i)) % nqp),
-               Wr{send_id(kWrWrite, kNoSlot, w.token), IBV_WR_RDMA_WRITE_WITH_IMM,
-                  ibv_sge{w.src + off, static_cast<uint32_t>(len), w.lkey}, w.remote + off, w.rkey, htonl(w.token)});
+std::vector<std::pair<int, RdmaPath::Wr>> RdmaPath::plan_writes(uint32_t token, const std::vector<ibv_sge>& from,
+                                                                uint64_t len, uint64_t remote, uint32_t rkey) const {
+  std::vector<std::pair<int, Wr>> plan;
+  const uint64_t stripe = piece_size(len);
+  const int stripes = pieces(len);
+  const size_t nqp = conn_->qps.size();
+  size_t k = 0;     // the source piece
+  uint64_t in = 0;  // bytes of it already planned
+  for (int i = 0; i < stripes; ++i) {
+    const int qp = static_cast<int>((token + static_cast<uint64_t>(i)) % nqp);
+    uint64_t at = static_cast<uint64_t>(i) * stripe;
+    uint64_t left = std::min(stripe, len - at);
+    while (left > 0 && k < from.size()) {
+      Wr w{send_id(kWrWrite, kNoSlot, token), IBV_WR_RDMA_WRITE, remote + at, rkey};
+      while (left > 0 && k < from.size() && w.nsge < conn_->send_sge) {
+        const uint64_t take = std::min<uint64_t>(from[k].length - in, left);
+        w.sge[static_cast<size_t>(w.nsge++)] = ibv_sge{from[k].addr + in, static_cast<uint32_t>(take), from[k].lkey};
+        in += take;
+        left -= take;
+        at += take;
+        if (in == from[k].length) ++k, in = 0;
+      }
+      if (left == 0) {  // the stripe's last: the receiver counts these
+        w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        w.imm = htonl(token);
+      }
+      plan.emplace_back(qp, w);
     }
   }
+  return plan;
+}
+
+void RdmaPath::post_writes() {
+  if (tamper_ && tamper_->hold && tamper_->hold->load()) return;
+  for (const auto& [qp, w] : pending_writes_) sq_waiting_[static_cast<size_t>(qp)].push_back(w);
   pending_writes_.clear();
+  for (size_t q = 0; q < sq_waiting_.size(); ++q) flush_qp(static_cast<int>(q));
+}
+
+Result<Buffer> RdmaPath::staging(uint64_t len) {
+  for (auto it = spare_.begin(); it != spare_.end(); ++it)
+    if (it->size() >= len) {
+      Buffer b = std::move(*it);
+      spare_.erase(it);
+      return b;
+    }
+  auto b = Buffer::allocate(MemSpec{MemKind::kPinned, 0}, len);
+  if (!b.ok()) b = Buffer::allocate(MemSpec{}, len);
+  return b;
 }
 
 // The receiver: one piece of a large chunk is in place.
@@ -291,11 +390,24 @@ void RdmaPath::on_written(uint32_t word, std::vector<Done>* done) {
   if (--it->second.pieces_left > 0) return;
   RxOp op = std::move(it->second);
   rx_.erase(it);
-  op.window.reset();  // its rkey dies now
+  op.window.reset();  // its rkey dies now: what the peer wrote is final
   Status landed;
-  if (op.staging) {  // the copy engines take it the rest of the way
-    landed = copy_memory(op.dst, op.staging->region());
-    PathCounters::add(counters_.device_copies);
+  if (op.staging) {  // the copy engines (or memcpy, for a list's host pieces) take it the rest of the way
+    if (op.pieces.empty()) op.pieces.push_back(op.dst);
+    auto* from = static_cast<unsigned char*>(op.staging->data());
+    for (const MemRegion& p : op.pieces) {
+      if (p.size == 0) continue;
+      if (host_kind(p.where)) {
+        std::memcpy(p.ptr, from, p.size);
+        PathCounters::add(counters_.host_copies);
+      } else {
+        landed = copy_memory(p, MemRegion{from, p.size, op.staging->where()});
+        PathCounters::add(counters_.device_copies);
+        if (!landed.ok()) break;
+      }
+      from += p.size;
+    }
+    if (spare_.size() < kSpares) spare_.push_back(std::move(*op.staging));
   }
   PathCounters::add(counters_.chunks_received);
   PathCounters::add(counters_.bytes_received, op.len);

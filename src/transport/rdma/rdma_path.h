@@ -14,6 +14,13 @@
 //           it out, reposts the slot and answers kMsgDone, which returns the credit. Each side
 //           grants the other `credits` small chunks in flight per queue pair (ConnInfo): a sender
 //           out of credits waits (backpressure); a peer that sends past them is refused by name.
+//   lists:  (post_tx_list: up to kRdmaMaxList pieces within the chunk maximum, a KV cache's blocks)
+//           one large chunk whose descriptor is a single chunk's: the sender's WRITEs gather the
+//           pieces (send_sge a work request, chained into one post) into the receiver's window,
+//           which is always a staging buffer of the list's total length: the peer is granted
+//           nothing of the destinations (a window for each of a thousand scattered blocks would
+//           cost a registration each), and the receiver scatters the bytes once the last stripe
+//           landed and the window is gone.
 //
 // No registration ever grants a peer more than one chunk's window, for that chunk's life; a window
 // inside a region the user registered dies with the region (registration.h).
@@ -40,6 +47,9 @@
 #include "transport/rdma/wire.h"
 
 namespace dmx::rdma {
+
+// The most pieces of a list chunk (PayloadPath::max_list): the wire's most.
+inline constexpr size_t kRdmaMaxList = 1024;
 
 struct PathSetup {
   std::shared_ptr<Device> device;

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 
+#include <array>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -28,6 +29,8 @@ constexpr auto kIdleSleep = std::chrono::milliseconds(100);  // bound on one sle
 constexpr auto kDrain = std::chrono::seconds(5);             // flushed work after to_error(), at the end
 constexpr uint64_t kMinPiece = 64 << 10;                     // stripes of a chunk over the queue pairs
 constexpr int kPollBatch = 32;
+constexpr int kPostBatch = 32;  // work requests chained into one ibv_post_send
+constexpr size_t kSpares = 2;   // staging buffers kept for reuse
 // A region's registration serves as the local side only (the source of a WRITE, the landing of a
 // small chunk's copy): it never grants the peer anything.
 constexpr int kRegionAccess = IBV_ACCESS_LOCAL_WRITE;
@@ -55,7 +58,7 @@ inline uint32_t imm(QpMessage kind, uint32_t token) {
 inline const char* wr_text(uint64_t wr_id) {
   switch (wr_id & kWrKind) {
     case kWrWrite:
-      return "RDMA WRITE with immediate";
+      return "RDMA WRITE";
     case kWrSend:
       return "SEND";
     case 0:
@@ -70,31 +73,34 @@ inline bool host_kind(const MemSpec& m) {
 }
 
 // The state of one chunk on each side (the lifecycle beside each):
-//   sender, large:  registered -> (clear-to-send) -> WRITE pieces posted -> every piece completed: tx done
+//   sender, large:  registered -> (clear-to-send) -> WRITEs posted -> every WRITE completed: tx done
 //   sender, small:  queued -> a credit and a send slot: copied and SENT: tx done; the credit is back at kMsgDone
-//   receiver, large: queued -> window registered, clear-to-send SENT -> every piece's immediate: rx done
+//   receiver, large: queued -> window registered, clear-to-send SENT -> every stripe's immediate: rx done
+//                    (a list: scattered from its staging window first)
 //   receiver, small: the header (post_rx) and the SEND meet in either order -> copied, slot reposted, kMsgDone: rx done
 class RdmaPath final : public PathBase {
   struct TxChunk {
     uint64_t seq;
-    MemRegion src;
+    MemRegion src;  // a list's: its first piece's address and kind, and the pieces' total length
     bool small;
-    std::shared_ptr<Mr> owned;  // a large chunk's registration of this chunk alone; null: its region's
-    uint32_t lkey = 0;
-    int pieces_left = 0;  // WRITEs posted and not yet completed
+    std::vector<ibv_sge> from{};              // a large chunk's source: one piece, or a list's, each with its lkey
+    std::vector<std::shared_ptr<Mr>> owned{};  // registrations of this chunk alone (none: its regions')
+    size_t wrs_left = 0;                      // WRITEs posted and not yet completed
   };
   struct RxJob {
     uint64_t seq;
     ChunkDescriptor d;
-    MemRegion dst;
+    MemRegion dst;                  // a list's: its first piece's address and kind, the total length
+    std::vector<MemRegion> pieces{};  // a list's destinations (post_rx_list); empty for one chunk
   };
   struct RxOp {  // a large chunk being written
     uint64_t seq;
     uint64_t len;
     int pieces_left;
     std::shared_ptr<Mr> window;     // exactly where the peer may write, for exactly this chunk
-    std::optional<Buffer> staging;  // memory the NIC cannot reach lands here first
+    std::optional<Buffer> staging;  // memory the NIC cannot reach, and every list, lands here first
     MemRegion dst;                  // then is copied here
+    std::vector<MemRegion> pieces;  // or scattered into these (a list)
   };
   struct Held {  // a small chunk in its receive slot, waiting for its header
     int qp;
@@ -104,11 +110,18 @@ class RdmaPath final : public PathBase {
   struct Wr {
     uint64_t id;
     ibv_wr_opcode opcode;
-    ibv_sge sge;
-    uint64_t remote_addr;
-    uint32_t rkey;
-    uint32_t imm;
+    uint64_t remote_addr = 0;
+    uint32_t rkey = 0;
+    uint32_t imm = 0;
+    int nsge = 0;
+    std::array<ibv_sge, kMaxSendSge> sge{};
   };
+  // A SEND with immediate data and at most one piece (an empty `sge`: no bytes).
+  static Wr send_wr(uint64_t id, ibv_sge sge, uint32_t imm) {
+    Wr w{id, IBV_WR_SEND_WITH_IMM, 0, 0, imm, sge.length > 0 ? 1 : 0};
+    w.sge[0] = sge;
+    return w;
+  }
 
  public:
   explicit RdmaPath(PathSetup s)
@@ -143,10 +156,15 @@ class RdmaPath final : public PathBase {
   bool accepts_any() const override { return true; }
   uint64_t max_chunk() const override { return max_chunk_; }
   bool receiver_releases() const override { return false; }
+  size_t max_list() const override { return kRdmaMaxList; }
 
   Result<std::vector<unsigned char>> post_tx(uint64_t seq, const MemRegion& src, bool) override;
   Result<uint64_t> chunk_length(std::span<const unsigned char> descriptor) override;
   Status post_rx(uint64_t seq, std::span<const unsigned char> descriptor, const MemRegion& dst) override;
+  Result<std::vector<unsigned char>> post_tx_list(uint64_t seq, std::span<const MemRegion> srcs,
+                                                  size_t* taken) override;
+  Status post_rx_list(uint64_t seq, std::span<const unsigned char> descriptor,
+                      std::span<const MemRegion> dsts) override;
   std::string describe() const override;
 
  private:
@@ -154,6 +172,8 @@ class RdmaPath final : public PathBase {
   // `access` asks nothing remote, else one made for it alone (returned in `owned` too).
   Result<std::shared_ptr<Mr>> registration(const MemRegion& r, int access, std::shared_ptr<Mr>* owned);
   void remember(const std::shared_ptr<RegisteredRegion>& reg);
+  // Takes a token for `c` and queues it (a small chunk for its SEND); the chunk's descriptor.
+  Result<std::vector<unsigned char>> add_tx(TxChunk c);
   void forget_regions();
 
   // ---- the progress thread ----
@@ -189,22 +209,20 @@ class RdmaPath final : public PathBase {
 
   // The sender: the receiver's clear-to-send for a large chunk.
   void on_cts(uint32_t token, std::span<const unsigned char> body, std::vector<Done>* done);
+  // The WRITEs of a large chunk of `len` bytes from `from` into the receiver's window at `remote`:
+  // one stripe per pieces(len) on its queue pair, each stripe's WRITEs gathering up to send_sge
+  // pieces and its last carrying the token as immediate data (RC: the stripe is whole when it lands).
+  std::vector<std::pair<int, Wr>> plan_writes(uint32_t token, const std::vector<ibv_sge>& from, uint64_t len,
+                                              uint64_t remote, uint32_t rkey) const;
   void post_writes();
+  // A host buffer for a landing of `len` bytes (reused: a list's staging window).
+  Result<Buffer> staging(uint64_t len);
 
   // The receiver: one piece of a large chunk is in place.
   void on_written(uint32_t word, std::vector<Done>* done);
   void fail_with(Status s);
   bool idle() override;
   void release(const Status& why, std::vector<Done>* done) override;
-
-  struct PendingWrite {
-    uint32_t token;
-    uintptr_t src;
-    uint64_t len;
-    uint32_t lkey;
-    uint64_t remote;
-    uint32_t rkey;
-  };
 
   const std::shared_ptr<Device> device_;
   const std::shared_ptr<RegionTable> regions_;
@@ -232,7 +250,8 @@ class RdmaPath final : public PathBase {
   std::unordered_map<uint32_t, int> small_inflight_;  // sent small chunks awaiting kMsgDone: their queue pair
   std::deque<uint32_t> small_waiting_;                // small chunks waiting for a credit or a slot
   std::deque<std::pair<uint32_t, Cts>> cts_waiting_;
-  std::vector<PendingWrite> pending_writes_;
+  std::vector<std::pair<int, Wr>> pending_writes_;  // WRITEs for their queue pairs (a test may hold them)
+  std::vector<Buffer> spare_;                       // staging buffers to reuse (at most kSpares)
   std::vector<int> sq_inflight_;
   std::vector<std::deque<Wr>> sq_waiting_;
   std::vector<int> credits_;      // small chunks we may still send per queue pair

@@ -79,7 +79,7 @@ void RdmaPath::land_small(const RxJob& j, const Held& h, std::vector<Done>* done
   --held_per_qp_[static_cast<size_t>(h.qp)];
   repost(h.qp, h.slot);
   queue_wr(h.qp,
-           Wr{send_id(kWrSend, kNoSlot, j.d.token), IBV_WR_SEND_WITH_IMM, ibv_sge{}, 0, 0, imm(kMsgDone, j.d.token)});
+           send_wr(send_id(kWrSend, kNoSlot, j.d.token), ibv_sge{}, imm(kMsgDone, j.d.token)));
   PathCounters::add(counters_.chunks_received);
   PathCounters::add(counters_.bytes_received, h.len);
   done->push_back({false, j.seq, s});
@@ -118,10 +118,8 @@ bool RdmaPath::send_small(std::vector<Done>* done) {
     free_slots_.pop_front();
     --credits_[static_cast<size_t>(qp)];
     small_inflight_[token] = qp;
-    queue_wr(qp, Wr{send_id(kWrSend, slot, token), IBV_WR_SEND_WITH_IMM,
-                    ibv_sge{reinterpret_cast<uintptr_t>(conn_->send_slot(slot)), static_cast<uint32_t>(len),
-                            conn_->slots_mr->lkey()},
-                    0, 0, imm(kMsgSmall, token)});
+    queue_wr(qp, send_wr(send_id(kWrSend, slot, token), ibv_sge{reinterpret_cast<uintptr_t>(conn_->send_slot(slot)), static_cast<uint32_t>(len),
+                            conn_->slots_mr->lkey()}, imm(kMsgSmall, token)));
     done->push_back({true, seq, Status()});  // copied: the source is free
     any = true;
   }
@@ -139,10 +137,8 @@ void RdmaPath::cts(uint32_t token, const Cts& c) {
   std::vector<unsigned char> b = c.encode();
   std::memcpy(conn_->send_slot(slot), b.data(), b.size());
   queue_wr(static_cast<int>(token % conn_->qps.size()),
-           Wr{send_id(kWrSend, slot, token), IBV_WR_SEND_WITH_IMM,
-              ibv_sge{reinterpret_cast<uintptr_t>(conn_->send_slot(slot)), static_cast<uint32_t>(b.size()),
-                      conn_->slots_mr->lkey()},
-              0, 0, imm(kMsgCts, token)});
+           send_wr(send_id(kWrSend, slot, token), ibv_sge{reinterpret_cast<uintptr_t>(conn_->send_slot(slot)), static_cast<uint32_t>(b.size()),
+                      conn_->slots_mr->lkey()}, imm(kMsgCts, token)));
 }
 
 void RdmaPath::queue_wr(int qp, const Wr& w) {
@@ -164,32 +160,42 @@ bool RdmaPath::flush_waiting() {
 
 bool RdmaPath::flush_qp(int qp) {
   auto& waiting = sq_waiting_[static_cast<size_t>(qp)];
+  int& inflight = sq_inflight_[static_cast<size_t>(qp)];
+  ibv_qp* q = conn_->qps[static_cast<size_t>(qp)];
   bool any = false;
-  while (!waiting.empty() && sq_inflight_[static_cast<size_t>(qp)] < conn_->depths.send && !failed()) {
-    Wr& w = waiting.front();
-    ibv_send_wr wr{};
+  // Chained: one ibv_post_send (one doorbell) for up to kPostBatch work requests.
+  ibv_send_wr wrs[kPostBatch];
+  while (!waiting.empty() && inflight < conn_->depths.send && !failed()) {
+    int n = 0;
+    for (auto it = waiting.begin(); it != waiting.end() && n < kPostBatch && inflight + n < conn_->depths.send;
+         ++it, ++n) {
+      Wr& w = *it;
+      ibv_send_wr& wr = wrs[n];
+      wr = ibv_send_wr{};
+      wr.wr_id = w.id;
+      wr.opcode = w.opcode;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.imm_data = w.imm;
+      wr.sg_list = w.nsge > 0 ? w.sge.data() : nullptr;
+      wr.num_sge = w.nsge;
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE) {
+        wr.wr.rdma.remote_addr = w.remote_addr;
+        wr.wr.rdma.rkey = w.rkey;
+      }
+      if (n > 0) wrs[n - 1].next = &wr;
+    }
     ibv_send_wr* bad = nullptr;
-    wr.wr_id = w.id;
-    wr.opcode = w.opcode;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.imm_data = w.imm;
-    if (w.sge.length > 0) {
-      wr.sg_list = &w.sge;
-      wr.num_sge = 1;
-    }
-    if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-      wr.wr.rdma.remote_addr = w.remote_addr;
-      wr.wr.rdma.rkey = w.rkey;
-    }
-    if (int err = ibv_post_send(conn_->qps[static_cast<size_t>(qp)], &wr, &bad); err) {
-      fail_with(Status(Code::kIo, fmt::format("rdma: ibv_post_send on queue pair {:#x} failed: {}",
-                                              conn_->qps[static_cast<size_t>(qp)]->qp_num, errno_text(err)))
+    const int err = ibv_post_send(q, wrs, &bad);
+    const int posted = err == 0 ? n : (bad != nullptr ? static_cast<int>(bad - wrs) : 0);
+    inflight += posted;
+    waiting.erase(waiting.begin(), waiting.begin() + posted);
+    any = any || posted > 0;
+    if (err) {
+      fail_with(Status(Code::kIo, fmt::format("rdma: ibv_post_send on queue pair {:#x} failed: {}", q->qp_num,
+                                              errno_text(err)))
                     .with_peer(peer_));
       return true;
     }
-    ++sq_inflight_[static_cast<size_t>(qp)];
-    waiting.pop_front();
-    any = true;
   }
   return any;
 }

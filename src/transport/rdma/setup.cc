@@ -138,6 +138,7 @@ Result<std::unique_ptr<Connection>> connect_qps(const std::shared_ptr<Device>& d
   if (!c->cq) return verbs_error(fmt::format("ibv_create_cq({} entries)", c->cq_depth), errno, peer);
   // The slot pool: receive slots of every queue pair, then the send slots.
   c->qps_made = static_cast<size_t>(depths.qps);
+  c->send_sge = std::clamp(da.max_sge, 1, kMaxSendSge);
   c->send_slots = static_cast<uint32_t>(depths.qps) * 16;
   const size_t pool = (c->qps_made * static_cast<size_t>(depths.recv) + c->send_slots) * kSmallMax;
   c->slots.reset(new (std::nothrow) unsigned char[pool]);
@@ -152,7 +153,7 @@ Result<std::unique_ptr<Connection>> connect_qps(const std::shared_ptr<Device>& d
     ia.qp_type = IBV_QPT_RC;
     ia.cap.max_send_wr = static_cast<uint32_t>(depths.send);
     ia.cap.max_recv_wr = static_cast<uint32_t>(depths.recv);
-    ia.cap.max_send_sge = 1;
+    ia.cap.max_send_sge = static_cast<uint32_t>(c->send_sge);
     ia.cap.max_recv_sge = 1;
     ia.sq_sig_all = 1;
     ibv_qp* q = ibv_create_qp(c->pd->get(), &ia);

@@ -20,6 +20,10 @@
 
 namespace dmx::rdma {
 
+// Scatter-gather entries a send work request may carry (within the device's max_sge): a list's
+// WRITEs gather up to this many source pieces each.
+inline constexpr int kMaxSendSge = 16;
+
 struct Depths {
   int qps = 4;       // queue pairs this side proposes (the smaller count of the two is used)
   int send = 128;    // work requests per send queue
@@ -38,6 +42,7 @@ class Connection {
   std::vector<ibv_qp*> qps;  // the agreed count, connected
   ConnInfo mine, theirs;
   int max_rd_atomic = 1;  // RDMA READs in flight per queue pair (both sides' limits)
+  int send_sge = 1;       // scatter-gather entries per send work request (<= kMaxSendSge)
   int cq_depth = 0;
   Depths depths;
   // One registered pool of kSmallMax-byte slots: each queue pair's `depths.recv` receive slots,
