@@ -10,7 +10,11 @@
 #include "test_env.h"
 
 #if DMX_HAVE_RDMA
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include <algorithm>
 #include <condition_variable>
@@ -448,10 +452,43 @@ TEST_F(RdmaPathTest, ListsLandByteExactAsOneChunk) {
     EXPECT_TRUE(b_.events.rx[i].ok() && a_.events.tx[i].ok()) << b_.events.rx[i].to_string();
     EXPECT_TRUE(list_landed(lists[i])) << "list " << i;
   }
+  // Unregistered sources: one registration of each list's span, not one a piece.
+  EXPECT_NE(a_.path->describe().find("4 chunks registered alone"), std::string::npos) << a_.path->describe();
   PathStats st = b_.path->stats();
   EXPECT_EQ(st.chunks_received, lists.size());
   EXPECT_EQ(st.host_copies, pieces - lists.size());  // one memcpy a piece but the empty one, out of staging
   EXPECT_FALSE(a_.events.failure.has_value() || b_.events.failure.has_value());
+}
+
+// A list whose sources' span has a hole (an unmapped page between two pieces) cannot be
+// registered as one: each piece is registered alone, and the list lands as well.
+TEST_F(RdmaPathTest, ListSourcesAroundAHoleAreRegisteredPieceByPiece) {
+  connect();
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* m = ::mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* base = static_cast<unsigned char*>(m);
+  ASSERT_EQ(::munmap(base + page, page), 0);
+  auto bytes = fresh(2 * page);
+  std::memcpy(base, bytes.data(), page);
+  std::memcpy(base + 2 * page, bytes.data() + page, page);
+  std::vector<unsigned char> dst(2 * page + 10, kPoison);
+  std::vector<MemRegion> srcs{{base + 1, page - 1, {}}, {base + 2 * page, page - 3, {}}};
+  std::vector<MemRegion> dsts{{dst.data() + 5, page - 1, {}}, {dst.data() + 5 + page, page - 3, {}}};
+  size_t taken = 0;
+  auto d = a_.path->post_tx_list(1, srcs, &taken);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(taken, 2u);
+  ASSERT_TRUE(b_.path->post_rx_list(1, *d, dsts).ok());
+  ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.rx.count(1) > 0; }));
+  ASSERT_TRUE(a_.events.wait([](Recorder& r) { return r.tx.count(1) > 0; }));
+  EXPECT_TRUE(b_.events.rx[1].ok()) << b_.events.rx[1].to_string();
+  EXPECT_TRUE(std::equal(base + 1, base + page, dst.begin() + 5));
+  EXPECT_TRUE(std::equal(base + 2 * page, base + 3 * page - 3, dst.begin() + 5 + static_cast<ptrdiff_t>(page)));
+  EXPECT_EQ(dst[4], kPoison);
+  EXPECT_NE(a_.path->describe().find("2 chunks registered alone"), std::string::npos) << a_.path->describe();
+  ::munmap(base, page);
+  ::munmap(base + 2 * page, page);
 }
 
 // A list into memory the NIC cannot reach (simulated device memory) lands in the staging window

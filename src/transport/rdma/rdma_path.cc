@@ -45,28 +45,51 @@ Result<std::vector<unsigned char>> RdmaPath::post_tx_list(uint64_t seq, std::spa
     return Status(Code::kUnavailable, fmt::format("rdma does not carry {} memory ({})",
                                                   srcs.empty() ? "no" : to_string(srcs[0].where), gpu_.why))
         .with_peer(peer_);
-  // The pieces of one kind, within a chunk: each registered for local access only (a lookup when
-  // the user registered its region), gathered by the WRITEs.
+  // The pieces of one kind, within a chunk, gathered by the WRITEs.
   TxChunk c{seq, MemRegion{srcs[0].ptr, 0, srcs[0].where}, false};
   size_t n = 0;
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
   for (; n < srcs.size() && n < kRdmaMaxList; ++n) {
     const MemRegion& r = srcs[n];
     if (r.where != srcs[0].where || r.size > max_chunk_ - c.src.size) break;
-    if (r.size > 0) {
-      std::shared_ptr<Mr> owned;
-      auto mr = registration(r, 0, &owned);
-      if (!mr.ok()) {
-        if (n == 0) return mr.status().with_peer(peer_);
-        break;  // the pieces before it go; this one fails on its own in the next chunk
-      }
-      if (owned) c.owned.push_back(std::move(owned));
-      c.from.push_back(ibv_sge{reinterpret_cast<uintptr_t>(r.ptr), static_cast<uint32_t>(r.size), (*mr)->lkey()});
-    }
     c.src.size += r.size;
+    if (r.size == 0) continue;
+    lo = std::min(lo, reinterpret_cast<uintptr_t>(r.ptr));
+    hi = std::max(hi, reinterpret_cast<uintptr_t>(r.ptr) + r.size);
   }
   if (n == 0)
     return Status(Code::kInvalidArgument,
                   fmt::format("rdma list piece of {} B is over the path's {} B", srcs[0].size, max_chunk_));
+  // Registered for local access only. Memory the user did not register: one registration of the
+  // span that holds the pieces when it is not too large (a paged cache's blocks lie in one
+  // allocation), instead of one a piece; else (or when that fails: a hole in the span) each piece
+  // alone, or a lookup each when the user registered its region.
+  std::shared_ptr<Mr> span;
+  if (c.src.size > 0 && hi - lo <= kListSpanMax && !(regions_ && regions_->find(srcs[0].ptr, 1, srcs[0].where))) {
+    std::shared_ptr<Mr> owned;
+    auto mr = registration(MemRegion{reinterpret_cast<void*>(lo), hi - lo, srcs[0].where}, 0, &owned);
+    if (mr.ok()) span = *mr;
+    if (owned) c.owned.push_back(std::move(owned));
+  }
+  for (size_t k = 0; k < n; ++k) {
+    const MemRegion& r = srcs[k];
+    if (r.size == 0) continue;
+    std::shared_ptr<Mr> mr = span;
+    if (!mr) {
+      std::shared_ptr<Mr> owned;
+      auto one = registration(r, 0, &owned);
+      if (!one.ok()) {
+        if (k == 0) return one.status().with_peer(peer_);
+        n = k;  // the pieces before it go; this one fails on its own in the next chunk
+        c.src.size = 0;
+        for (const ibv_sge& g : c.from) c.src.size += g.length;
+        break;
+      }
+      if (owned) c.owned.push_back(std::move(owned));
+      mr = *one;
+    }
+    c.from.push_back(ibv_sge{reinterpret_cast<uintptr_t>(r.ptr), static_cast<uint32_t>(r.size), mr->lkey()});
+  }
   auto d = add_tx(std::move(c));
   if (d.ok()) *taken = n;
   return d;

@@ -31,6 +31,8 @@ constexpr uint64_t kMinPiece = 64 << 10;                     // stripes of a chu
 constexpr int kPollBatch = 32;
 constexpr int kPostBatch = 32;  // work requests chained into one ibv_post_send
 constexpr size_t kSpares = 2;   // staging buffers kept for reuse
+// A list's sources the user did not register are registered as one span up to this size.
+constexpr uint64_t kListSpanMax = 64 << 20;
 // A region's registration serves as the local side only (the source of a WRITE, the landing of a
 // small chunk's copy): it never grants the peer anything.
 constexpr int kRegionAccess = IBV_ACCESS_LOCAL_WRITE;
