@@ -14,10 +14,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstring>
-
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -25,6 +24,7 @@
 #include <random>
 #include <thread>
 
+#include "memory/sim_device.h"
 #include "transport/rdma/device.h"
 #include "transport/rdma/p2pmem.h"
 #include "transport/rdma/rdma_path.h"
@@ -83,6 +83,7 @@ class RdmaPathTest : public RdmaDeviceTest {
   }
 
   void write_outside(int64_t delta);
+  void list_into_device(bool queue_takes_lists);
 
   std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
   Side a_, b_;
@@ -491,12 +492,17 @@ TEST_F(RdmaPathTest, ListSourcesAroundAHoleAreRegisteredPieceByPiece) {
   ::munmap(base + 2 * page, page);
 }
 
-// A list into memory the NIC cannot reach (simulated device memory) lands in the staging window
-// and is copied piece by piece; a list the receiver drops (all destinations null) lets the sender go.
-TEST_F(RdmaPathTest, ListsIntoDeviceMemoryAndDroppedLists) {
+// A list into memory the NIC cannot register (simulated device memory) lands in the staging window
+// and goes out as one list on the device's copy queue, or — a queue that takes no lists — one copy
+// a piece on it, waited for once; a list the receiver drops (all destinations null) lets the
+// sender go.
+void RdmaPathTest::list_into_device(bool queue_takes_lists) {
   connect();
+  sim_refuse_lists(!queue_takes_lists);
   auto dev = Buffer::allocate(MemSpec{MemKind::kSim, 0}, 2 << 20);
   ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+  std::vector<unsigned char> poison(dev->size(), kPoison);
+  ASSERT_TRUE(copy_memory(dev->region(), MemRegion{poison.data(), poison.size(), {}}).ok());
   ListCase c = make_list(100, 9000, static_cast<unsigned char*>(dev->data()));
   for (auto& d : c.dsts) d.where = dev->where();
   size_t taken = 0;
@@ -510,6 +516,7 @@ TEST_F(RdmaPathTest, ListsIntoDeviceMemoryAndDroppedLists) {
   ASSERT_TRUE(b_.path->post_rx_list(2, *d2, dropped).ok());
   ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.rx.size() == 2; }));
   ASSERT_TRUE(a_.events.wait([](Recorder& r) { return r.tx.size() == 2; }));
+  sim_refuse_lists(false);
   EXPECT_TRUE(b_.events.rx[1].ok() && b_.events.rx[2].ok() && a_.events.tx[2].ok()) << b_.events.rx[1].to_string();
   std::vector<unsigned char> back(dev->size());
   ASSERT_TRUE(copy_memory(MemRegion{back.data(), back.size(), {}}, dev->region()).ok());
@@ -518,9 +525,13 @@ TEST_F(RdmaPathTest, ListsIntoDeviceMemoryAndDroppedLists) {
     ASSERT_TRUE(std::equal(back.begin() + at, back.begin() + at + c.dsts[i].size,
                            static_cast<const unsigned char*>(c.srcs[i].ptr)))
         << "piece " << i;
+    ASSERT_EQ(back[at - 1], kPoison) << "before piece " << i;  // untouched between the pieces
   }
   EXPECT_EQ(b_.path->stats().device_copies, 99u);  // one a piece but the empty one
 }
+
+TEST_F(RdmaPathTest, ListsIntoDeviceMemoryAndDroppedLists) { list_into_device(true); }
+TEST_F(RdmaPathTest, ListsIntoDeviceMemoryByACopyEachWhenTheQueueTakesNoLists) { list_into_device(false); }
 
 // What a list's descriptor claims is checked against the receiver's own table: a length that is
 // not the pieces' sum, a list "by SEND", too many pieces — each refused naming the peer, and the

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "memory/backend.h"
 #include "transport/rdma/rdma_path_impl.h"
 
 namespace dmx::rdma {
@@ -415,26 +416,50 @@ void RdmaPath::on_written(uint32_t word, std::vector<Done>* done) {
   rx_.erase(it);
   op.window.reset();  // its rkey dies now: what the peer wrote is final
   Status landed;
-  if (op.staging) {  // the copy engines (or memcpy, for a list's host pieces) take it the rest of the way
+  if (op.staging) {
     if (op.pieces.empty()) op.pieces.push_back(op.dst);
-    auto* from = static_cast<unsigned char*>(op.staging->data());
-    for (const MemRegion& p : op.pieces) {
-      if (p.size == 0) continue;
-      if (host_kind(p.where)) {
-        std::memcpy(p.ptr, from, p.size);
-        PathCounters::add(counters_.host_copies);
-      } else {
-        landed = copy_memory(p, MemRegion{from, p.size, op.staging->where()});
-        PathCounters::add(counters_.device_copies);
-        if (!landed.ok()) break;
-      }
-      from += p.size;
-    }
-    if (spare_.size() < kSpares) spare_.push_back(std::move(*op.staging));
+    landed = scatter(op.pieces, static_cast<const unsigned char*>(op.staging->data()));
+    if (!landed.ok()) orphans_.push_back(std::move(*op.staging));  // copies may still read it
+    else if (spare_.size() < kSpares) spare_.push_back(std::move(*op.staging));
   }
   PathCounters::add(counters_.chunks_received);
   PathCounters::add(counters_.bytes_received, op.len);
   done->push_back({false, op.seq, landed.ok() ? landed : landed.with_peer(peer_)});
+}
+
+// Host pieces by memcpy; a run of device pieces of one device as one list on its copy queue (for
+// CUDA a copy and a kernel, docs/architecture.md), or one copy each on it when the queue takes no
+// lists, then one wait: never a synchronous copy a piece.
+Status RdmaPath::scatter(std::span<const MemRegion> pieces, const unsigned char* from) {
+  std::vector<CopyQueue::Span> run;
+  MemSpec dev{};
+  auto flush = [&]() -> Status {
+    if (run.empty()) return Status();
+    DMX_ASSIGN_OR_RETURN(CopyQueue * q, queues_.get(dev));
+    Status s = q->copy_list(run.data(), run.size(), /*to_host=*/false);
+    if (s.code() == Code::kUnavailable) {
+      s = Status();
+      for (size_t i = 0; i < run.size() && s.ok(); ++i) s = q->to_device(run[i].dst, run[i].src, run[i].n);
+    }
+    DMX_RETURN_IF_ERROR(s);
+    DMX_ASSIGN_OR_RETURN(uint64_t fence, q->record());
+    PathCounters::add(counters_.device_copies, run.size());
+    run.clear();
+    return q->wait(fence, Deadline::after(kCopyWait));
+  };
+  for (const MemRegion& p : pieces) {
+    if (p.size == 0) continue;
+    if (host_kind(p.where)) {
+      std::memcpy(p.ptr, from, p.size);
+      PathCounters::add(counters_.host_copies);
+    } else {
+      if (!run.empty() && p.where != dev) DMX_RETURN_IF_ERROR(flush());
+      dev = p.where;
+      run.push_back(CopyQueue::Span{p.ptr, from, p.size});
+    }
+    from += p.size;
+  }
+  return flush();
 }
 
 void RdmaPath::fail_with(Status s) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "memory/copy_queues.h"
 #include "transport/path_base.h"
 #include "transport/rdma/rdma_path.h"
 
@@ -33,6 +34,7 @@ constexpr int kPostBatch = 32;  // work requests chained into one ibv_post_send
 constexpr size_t kSpares = 2;   // staging buffers kept for reuse
 // A list's sources the user did not register are registered as one span up to this size.
 constexpr uint64_t kListSpanMax = 64 << 20;
+constexpr auto kCopyWait = std::chrono::seconds(10);  // a staged chunk's device copies
 // A region's registration serves as the local side only (the source of a WRITE, the landing of a
 // small chunk's copy): it never grants the peer anything.
 constexpr int kRegionAccess = IBV_ACCESS_LOCAL_WRITE;
@@ -219,6 +221,8 @@ class RdmaPath final : public PathBase {
   void post_writes();
   // A host buffer for a landing of `len` bytes (reused: a list's staging window).
   Result<Buffer> staging(uint64_t len);
+  // A staged chunk's bytes, `from` its staging buffer, into its pieces (in order).
+  Status scatter(std::span<const MemRegion> pieces, const unsigned char* from);
 
   // The receiver: one piece of a large chunk is in place.
   void on_written(uint32_t word, std::vector<Done>* done);
@@ -254,6 +258,8 @@ class RdmaPath final : public PathBase {
   std::deque<std::pair<uint32_t, Cts>> cts_waiting_;
   std::vector<std::pair<int, Wr>> pending_writes_;  // WRITEs for their queue pairs (a test may hold them)
   std::vector<Buffer> spare_;                       // staging buffers to reuse (at most kSpares)
+  std::vector<Buffer> orphans_;  // staging a failed scatter's copies may still read: freed at the end
+  CopyQueues queues_;            // device pieces' copies (destroyed first: their copies end before the buffers go)
   std::vector<int> sq_inflight_;
   std::vector<std::deque<Wr>> sq_waiting_;
   std::vector<int> credits_;      // small chunks we may still send per queue pair
