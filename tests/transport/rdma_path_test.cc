@@ -533,6 +533,43 @@ void RdmaPathTest::list_into_device(bool queue_takes_lists) {
 TEST_F(RdmaPathTest, ListsIntoDeviceMemoryAndDroppedLists) { list_into_device(true); }
 TEST_F(RdmaPathTest, ListsIntoDeviceMemoryByACopyEachWhenTheQueueTakesNoLists) { list_into_device(false); }
 
+// A peer decides how many lists we stage at once: the receiver holds at most 64 MiB of staging
+// (kMaxStaged) and answers the rest when room comes back. Ten lists of 8 MiB, the sender's
+// WRITEs held: eight clear-to-sends (eight windows), then, released, every list lands.
+TEST_F(RdmaPathTest, StagingForListsInFlightIsBounded) {
+  std::atomic<bool> hold{true};
+  WriteTamper t;
+  t.hold = &hold;
+  Options o;
+  o.a_tamper = &t;
+  connect(o);
+  constexpr size_t kLists = 10, kPiece = 4 << 20;
+  std::vector<std::vector<unsigned char>> src, dst;
+  for (size_t i = 0; i < kLists; ++i) src.push_back(fresh(2 * kPiece)), dst.emplace_back(2 * kPiece + 64, kPoison);
+  for (size_t i = 0; i < kLists; ++i) {
+    std::vector<MemRegion> srcs{{src[i].data(), kPiece, {}}, {src[i].data() + kPiece, kPiece, {}}};
+    std::vector<MemRegion> dsts{{dst[i].data() + 64, kPiece, {}}, {dst[i].data() + 64 + kPiece, kPiece, {}}};
+    size_t taken = 0;
+    auto d = a_.path->post_tx_list(i, srcs, &taken);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    ASSERT_TRUE(b_.path->post_rx_list(i, *d, dsts).ok());
+  }
+  auto windows = [](size_t n) { return std::to_string(n) + " chunks registered alone"; };
+  auto until = std::chrono::steady_clock::now() + test::kEventually;
+  while (b_.path->describe().find(windows(8)) == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(200ms);  // time for more, were more let through
+  EXPECT_NE(b_.path->describe().find(windows(8)), std::string::npos) << b_.path->describe();
+  hold = false;
+  ASSERT_TRUE(b_.events.wait([&](Recorder& r) { return r.rx.size() == kLists; }, 120s));
+  for (size_t i = 0; i < kLists; ++i) {
+    EXPECT_TRUE(b_.events.rx[i].ok()) << b_.events.rx[i].to_string();
+    EXPECT_TRUE(std::equal(src[i].begin(), src[i].end(), dst[i].begin() + 64)) << "list " << i;
+    EXPECT_EQ(dst[i][63], kPoison);
+  }
+  EXPECT_NE(b_.path->describe().find(windows(kLists)), std::string::npos) << b_.path->describe();
+}
+
 // What a list's descriptor claims is checked against the receiver's own table: a length that is
 // not the pieces' sum, a list "by SEND", too many pieces — each refused naming the peer, and the
 // path goes on.

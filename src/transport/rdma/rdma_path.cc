@@ -222,6 +222,7 @@ bool RdmaPath::progress(std::vector<Done>* done) {
         small.swap(small_tx_);
       })) {
     for (RxJob& j : jobs) start_rx(j, done);
+    moved = admit_staged(done) || moved;
     for (uint32_t t : small) small_waiting_.push_back(t);
     moved = moved || !jobs.empty() || !small.empty();
   }
@@ -256,6 +257,11 @@ void RdmaPath::start_rx(const RxJob& j, std::vector<Done>* done) {
   MemRegion land = j.dst;
   std::optional<Buffer> staged;
   if (!j.pieces.empty() || !carries(j.dst.where)) {
+    // The peer decides how many chunks we stage at once: bounded, the rest wait their turn.
+    if (staged_bytes_ > 0 && j.d.len > kMaxStaged - std::min(kMaxStaged, staged_bytes_)) {
+      staged_waiting_.push_back(j);
+      return;
+    }
     auto b = staging(j.d.len);
     if (!b.ok()) {
       cts(j.d.token, Cts{0, 0, true});
@@ -277,8 +283,21 @@ void RdmaPath::start_rx(const RxJob& j, std::vector<Done>* done) {
     fail_with(Status(Code::kProtocol, fmt::format("rdma: the peer sent chunk token {} twice", j.d.token)).with_peer(peer_));
     return;
   }
+  if (staged) staged_bytes_ += j.d.len;
   rx_[j.d.token] = RxOp{j.seq, j.d.len, pieces(j.d.len), window, std::move(staged), j.dst, j.pieces};
   cts(j.d.token, Cts{reinterpret_cast<uintptr_t>(land.ptr), window->rkey(), false});
+}
+
+bool RdmaPath::admit_staged(std::vector<Done>* done) {
+  bool any = false;
+  while (!staged_waiting_.empty() && !failed() &&
+         (staged_bytes_ == 0 || staged_waiting_.front().d.len <= kMaxStaged - std::min(kMaxStaged, staged_bytes_))) {
+    RxJob j = std::move(staged_waiting_.front());
+    staged_waiting_.pop_front();
+    start_rx(j, done);
+    any = true;
+  }
+  return any;
 }
 
 void RdmaPath::on_completion(const ibv_wc& wc, std::vector<Done>* done) {
@@ -417,6 +436,7 @@ void RdmaPath::on_written(uint32_t word, std::vector<Done>* done) {
   op.window.reset();  // its rkey dies now: what the peer wrote is final
   Status landed;
   if (op.staging) {
+    staged_bytes_ -= op.len;
     if (op.pieces.empty()) op.pieces.push_back(op.dst);
     landed = scatter(op.pieces, static_cast<const unsigned char*>(op.staging->data()));
     if (!landed.ok()) orphans_.push_back(std::move(*op.staging));  // copies may still read it
@@ -425,6 +445,7 @@ void RdmaPath::on_written(uint32_t word, std::vector<Done>* done) {
   PathCounters::add(counters_.chunks_received);
   PathCounters::add(counters_.bytes_received, op.len);
   done->push_back({false, op.seq, landed.ok() ? landed : landed.with_peer(peer_)});
+  admit_staged(done);
 }
 
 // Host pieces by memcpy; a run of device pieces of one device as one list on its copy queue (for
@@ -530,6 +551,9 @@ void RdmaPath::release(const Status& why, std::vector<Done>* done) {
     small_tx_.clear();  // their chunks are in tx_
   });
   for (const RxJob& j : left) done->push_back({false, j.seq, why});
+  for (const RxJob& j : staged_waiting_) done->push_back({false, j.seq, why});
+  staged_waiting_.clear();
+  staged_bytes_ = 0;
   for (auto& [_, j] : small_rx_) done->push_back({false, j.seq, why});
   small_rx_.clear();
   held_.clear();

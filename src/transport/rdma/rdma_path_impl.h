@@ -35,6 +35,8 @@ constexpr size_t kSpares = 2;   // staging buffers kept for reuse
 // A list's sources the user did not register are registered as one span up to this size.
 constexpr uint64_t kListSpanMax = 64 << 20;
 constexpr auto kCopyWait = std::chrono::seconds(10);  // a staged chunk's device copies
+// Bytes of staging a receiver holds for chunks in flight (at least one chunk, however large).
+constexpr uint64_t kMaxStaged = 64 << 20;
 // A region's registration serves as the local side only (the source of a WRITE, the landing of a
 // small chunk's copy): it never grants the peer anything.
 constexpr int kRegionAccess = IBV_ACCESS_LOCAL_WRITE;
@@ -183,6 +185,8 @@ class RdmaPath final : public PathBase {
   // ---- the progress thread ----
   bool progress(std::vector<Done>* done) override;
   void start_rx(const RxJob& j, std::vector<Done>* done);
+  // Starts the staged chunks that waited for room (kMaxStaged), in order.
+  bool admit_staged(std::vector<Done>* done);
 
   // How many WRITEs a chunk of `len` bytes is striped into (both sides count alike).
   int pieces(uint64_t len) const { return static_cast<int>((len + piece_size(len) - 1) / piece_size(len)); }
@@ -258,6 +262,8 @@ class RdmaPath final : public PathBase {
   std::deque<std::pair<uint32_t, Cts>> cts_waiting_;
   std::vector<std::pair<int, Wr>> pending_writes_;  // WRITEs for their queue pairs (a test may hold them)
   std::vector<Buffer> spare_;                       // staging buffers to reuse (at most kSpares)
+  std::deque<RxJob> staged_waiting_;  // chunks to stage, waiting for room
+  uint64_t staged_bytes_ = 0;         // staging held by chunks in rx_
   std::vector<Buffer> orphans_;  // staging a failed scatter's copies may still read: freed at the end
   CopyQueues queues_;            // device pieces' copies (destroyed first: their copies end before the buffers go)
   std::vector<int> sq_inflight_;
