@@ -25,12 +25,12 @@
 #include <thread>
 
 #include "memory/sim_device.h"
+#include "rdma_test_util.h"
 #include "transport/rdma/device.h"
 #include "transport/rdma/p2pmem.h"
 #include "transport/rdma/rdma_path.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/rdma/setup.h"
-#include "rdma_test_util.h"
 
 namespace dmx::rdma {
 namespace {
@@ -521,7 +521,8 @@ void RdmaPathTest::list_into_device(bool queue_takes_lists) {
   std::vector<unsigned char> back(dev->size());
   ASSERT_TRUE(copy_memory(MemRegion{back.data(), back.size(), {}}, dev->region()).ok());
   for (size_t i = 0; i < c.dsts.size(); ++i) {
-    size_t at = static_cast<size_t>(static_cast<unsigned char*>(c.dsts[i].ptr) - static_cast<unsigned char*>(dev->data()));
+    size_t at =
+        static_cast<size_t>(static_cast<unsigned char*>(c.dsts[i].ptr) - static_cast<unsigned char*>(dev->data()));
     ASSERT_TRUE(std::equal(back.begin() + at, back.begin() + at + c.dsts[i].size,
                            static_cast<const unsigned char*>(c.srcs[i].ptr)))
         << "piece " << i;
@@ -530,8 +531,12 @@ void RdmaPathTest::list_into_device(bool queue_takes_lists) {
   EXPECT_EQ(b_.path->stats().device_copies, 99u);  // one a piece but the empty one
 }
 
-TEST_F(RdmaPathTest, ListsIntoDeviceMemoryAndDroppedLists) { list_into_device(true); }
-TEST_F(RdmaPathTest, ListsIntoDeviceMemoryByACopyEachWhenTheQueueTakesNoLists) { list_into_device(false); }
+TEST_F(RdmaPathTest, ListsIntoDeviceMemoryAndDroppedLists) {
+  list_into_device(true);
+}
+TEST_F(RdmaPathTest, ListsIntoDeviceMemoryByACopyEachWhenTheQueueTakesNoLists) {
+  list_into_device(false);
+}
 
 // A peer decides how many lists we stage at once: the receiver holds at most 64 MiB of staging
 // (kMaxStaged) and answers the rest when room comes back. Ten lists of 8 MiB, the sender's

@@ -439,8 +439,11 @@ void RdmaPath::on_written(uint32_t word, std::vector<Done>* done) {
     staged_bytes_ -= op.len;
     if (op.pieces.empty()) op.pieces.push_back(op.dst);
     landed = scatter(op.pieces, static_cast<const unsigned char*>(op.staging->data()));
-    if (!landed.ok()) orphans_.push_back(std::move(*op.staging));  // copies may still read it
-    else if (spare_.size() < kSpares) spare_.push_back(std::move(*op.staging));
+    if (!landed.ok()) {
+      orphans_.push_back(std::move(*op.staging));  // copies may still read it
+    } else if (spare_.size() < kSpares) {
+      spare_.push_back(std::move(*op.staging));
+    }
   }
   PathCounters::add(counters_.chunks_received);
   PathCounters::add(counters_.bytes_received, op.len);

@@ -89,14 +89,14 @@ class RdmaPath final : public PathBase {
     uint64_t seq;
     MemRegion src;  // a list's: its first piece's address and kind, and the pieces' total length
     bool small;
-    std::vector<ibv_sge> from{};              // a large chunk's source: one piece, or a list's, each with its lkey
+    std::vector<ibv_sge> from{};               // a large chunk's source: one piece, or a list's, each with its lkey
     std::vector<std::shared_ptr<Mr>> owned{};  // registrations of this chunk alone (none: its regions')
-    size_t wrs_left = 0;                      // WRITEs posted and not yet completed
+    size_t wrs_left = 0;                       // WRITEs posted and not yet completed
   };
   struct RxJob {
     uint64_t seq;
     ChunkDescriptor d;
-    MemRegion dst;                  // a list's: its first piece's address and kind, the total length
+    MemRegion dst;                    // a list's: its first piece's address and kind, the total length
     std::vector<MemRegion> pieces{};  // a list's destinations (post_rx_list); empty for one chunk
   };
   struct RxOp {  // a large chunk being written
@@ -262,8 +262,8 @@ class RdmaPath final : public PathBase {
   std::deque<std::pair<uint32_t, Cts>> cts_waiting_;
   std::vector<std::pair<int, Wr>> pending_writes_;  // WRITEs for their queue pairs (a test may hold them)
   std::vector<Buffer> spare_;                       // staging buffers to reuse (at most kSpares)
-  std::deque<RxJob> staged_waiting_;  // chunks to stage, waiting for room
-  uint64_t staged_bytes_ = 0;         // staging held by chunks in rx_
+  std::deque<RxJob> staged_waiting_;                // chunks to stage, waiting for room
+  uint64_t staged_bytes_ = 0;                       // staging held by chunks in rx_
   std::vector<Buffer> orphans_;  // staging a failed scatter's copies may still read: freed at the end
   CopyQueues queues_;            // device pieces' copies (destroyed first: their copies end before the buffers go)
   std::vector<int> sq_inflight_;

@@ -78,8 +78,7 @@ void RdmaPath::land_small(const RxJob& j, const Held& h, std::vector<Done>* done
   }
   --held_per_qp_[static_cast<size_t>(h.qp)];
   repost(h.qp, h.slot);
-  queue_wr(h.qp,
-           send_wr(send_id(kWrSend, kNoSlot, j.d.token), ibv_sge{}, imm(kMsgDone, j.d.token)));
+  queue_wr(h.qp, send_wr(send_id(kWrSend, kNoSlot, j.d.token), ibv_sge{}, imm(kMsgDone, j.d.token)));
   PathCounters::add(counters_.chunks_received);
   PathCounters::add(counters_.bytes_received, h.len);
   done->push_back({false, j.seq, s});
@@ -118,8 +117,10 @@ bool RdmaPath::send_small(std::vector<Done>* done) {
     free_slots_.pop_front();
     --credits_[static_cast<size_t>(qp)];
     small_inflight_[token] = qp;
-    queue_wr(qp, send_wr(send_id(kWrSend, slot, token), ibv_sge{reinterpret_cast<uintptr_t>(conn_->send_slot(slot)), static_cast<uint32_t>(len),
-                            conn_->slots_mr->lkey()}, imm(kMsgSmall, token)));
+    queue_wr(qp, send_wr(send_id(kWrSend, slot, token),
+                         ibv_sge{reinterpret_cast<uintptr_t>(conn_->send_slot(slot)), static_cast<uint32_t>(len),
+                                 conn_->slots_mr->lkey()},
+                         imm(kMsgSmall, token)));
     done->push_back({true, seq, Status()});  // copied: the source is free
     any = true;
   }
@@ -137,8 +138,10 @@ void RdmaPath::cts(uint32_t token, const Cts& c) {
   std::vector<unsigned char> b = c.encode();
   std::memcpy(conn_->send_slot(slot), b.data(), b.size());
   queue_wr(static_cast<int>(token % conn_->qps.size()),
-           send_wr(send_id(kWrSend, slot, token), ibv_sge{reinterpret_cast<uintptr_t>(conn_->send_slot(slot)), static_cast<uint32_t>(b.size()),
-                      conn_->slots_mr->lkey()}, imm(kMsgCts, token)));
+           send_wr(send_id(kWrSend, slot, token),
+                   ibv_sge{reinterpret_cast<uintptr_t>(conn_->send_slot(slot)), static_cast<uint32_t>(b.size()),
+                           conn_->slots_mr->lkey()},
+                   imm(kMsgCts, token)));
 }
 
 void RdmaPath::queue_wr(int qp, const Wr& w) {
@@ -191,8 +194,8 @@ bool RdmaPath::flush_qp(int qp) {
     waiting.erase(waiting.begin(), waiting.begin() + posted);
     any = any || posted > 0;
     if (err) {
-      fail_with(Status(Code::kIo, fmt::format("rdma: ibv_post_send on queue pair {:#x} failed: {}", q->qp_num,
-                                              errno_text(err)))
+      fail_with(Status(Code::kIo,
+                       fmt::format("rdma: ibv_post_send on queue pair {:#x} failed: {}", q->qp_num, errno_text(err)))
                     .with_peer(peer_));
       return true;
     }
