@@ -429,7 +429,7 @@ bool list_landed(const ListCase& c) {
 
 // Three lists of 300 pieces (over a MiB each: stripes on every queue pair, each stripe gathered by
 // several WRITEs of send_sge pieces) and one of 1,024 (the most): byte-exact, poison between, one
-// chunk and one event each, scattered by memcpy; unregistered sources registered piece by piece.
+// chunk and one event each, scattered by memcpy; unregistered sources registered as one span a list.
 TEST_F(RdmaPathTest, ListsLandByteExactAsOneChunk) {
   connect();
   EXPECT_EQ(a_.path->max_list(), kRdmaMaxList);
@@ -498,7 +498,10 @@ TEST_F(RdmaPathTest, ListSourcesAroundAHoleAreRegisteredPieceByPiece) {
 // sender go.
 void RdmaPathTest::list_into_device(bool queue_takes_lists) {
   connect();
-  sim_refuse_lists(!queue_takes_lists);
+  struct Refuse {  // process-wide: back to the default however the test ends
+    explicit Refuse(bool on) { sim_refuse_lists(on); }
+    ~Refuse() { sim_refuse_lists(false); }
+  } refuse(!queue_takes_lists);
   auto dev = Buffer::allocate(MemSpec{MemKind::kSim, 0}, 2 << 20);
   ASSERT_TRUE(dev.ok()) << dev.status().to_string();
   std::vector<unsigned char> poison(dev->size(), kPoison);
@@ -516,7 +519,6 @@ void RdmaPathTest::list_into_device(bool queue_takes_lists) {
   ASSERT_TRUE(b_.path->post_rx_list(2, *d2, dropped).ok());
   ASSERT_TRUE(b_.events.wait([](Recorder& r) { return r.rx.size() == 2; }));
   ASSERT_TRUE(a_.events.wait([](Recorder& r) { return r.tx.size() == 2; }));
-  sim_refuse_lists(false);
   EXPECT_TRUE(b_.events.rx[1].ok() && b_.events.rx[2].ok() && a_.events.tx[2].ok()) << b_.events.rx[1].to_string();
   std::vector<unsigned char> back(dev->size());
   ASSERT_TRUE(copy_memory(MemRegion{back.data(), back.size(), {}}, dev->region()).ok());
@@ -590,7 +592,8 @@ TEST_F(RdmaPathTest, ListDescriptorsThatDisagreeAreRefused) {
   refused(ChunkDescriptor{3999, 5, false}, dsts, "one byte short");
   refused(ChunkDescriptor{4001, 5, false}, dsts, "one byte over");
   refused(ChunkDescriptor{1000, 5, false}, dsts, "less than the pieces");
-  refused(ChunkDescriptor{4000, 5, true}, dsts, "by SEND");
+  std::vector<MemRegion> small{{dst.data(), 1000, {}}, {dst.data() + 2000, 1000, {}}};
+  refused(ChunkDescriptor{2000, 5, true}, small, "by SEND");  // a small chunk's length, and the pieces' sum
   std::vector<MemRegion> many(kRdmaMaxList + 1, MemRegion{dst.data(), 1, {}});
   refused(ChunkDescriptor{kRdmaMaxList + 1, 5, false}, many, "too many pieces");
   refused(ChunkDescriptor{0, 5, false}, {}, "no pieces");

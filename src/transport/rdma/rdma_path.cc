@@ -222,7 +222,6 @@ bool RdmaPath::progress(std::vector<Done>* done) {
         small.swap(small_tx_);
       })) {
     for (RxJob& j : jobs) start_rx(j, done);
-    moved = admit_staged(done) || moved;
     for (uint32_t t : small) small_waiting_.push_back(t);
     moved = moved || !jobs.empty() || !small.empty();
   }
@@ -245,7 +244,7 @@ bool RdmaPath::progress(std::vector<Done>* done) {
   return moved || !wcs.empty();
 }
 
-void RdmaPath::start_rx(const RxJob& j, std::vector<Done>* done) {
+void RdmaPath::start_rx(const RxJob& j, std::vector<Done>* done, bool admitted) {
   if (j.d.small) return start_small_rx(j, done);
   if (j.dst.ptr == nullptr || j.d.len == 0) {  // dropped, or nothing to write: the sender lets go at once
     cts(j.d.token, Cts{0, 0, true});
@@ -257,8 +256,9 @@ void RdmaPath::start_rx(const RxJob& j, std::vector<Done>* done) {
   MemRegion land = j.dst;
   std::optional<Buffer> staged;
   if (!j.pieces.empty() || !carries(j.dst.where)) {
-    // The peer decides how many chunks we stage at once: bounded, the rest wait their turn.
-    if (staged_bytes_ > 0 && j.d.len > kMaxStaged - std::min(kMaxStaged, staged_bytes_)) {
+    // The peer decides how many chunks we stage at once: bounded, the rest wait their turn, in
+    // order (a chunk larger than the bound waits for none in flight, and for nothing else).
+    if (!admitted && (!staged_waiting_.empty() || !staging_room(j.d.len))) {
       staged_waiting_.push_back(j);
       return;
     }
@@ -284,20 +284,20 @@ void RdmaPath::start_rx(const RxJob& j, std::vector<Done>* done) {
     return;
   }
   if (staged) staged_bytes_ += j.d.len;
-  rx_[j.d.token] = RxOp{j.seq, j.d.len, pieces(j.d.len), window, std::move(staged), j.dst, j.pieces};
+  rx_[j.d.token] = RxOp{j.seq, j.d.len, stripes(j.d.len), window, std::move(staged), j.dst, j.pieces};
   cts(j.d.token, Cts{reinterpret_cast<uintptr_t>(land.ptr), window->rkey(), false});
 }
 
-bool RdmaPath::admit_staged(std::vector<Done>* done) {
-  bool any = false;
-  while (!staged_waiting_.empty() && !failed() &&
-         (staged_bytes_ == 0 || staged_waiting_.front().d.len <= kMaxStaged - std::min(kMaxStaged, staged_bytes_))) {
+bool RdmaPath::staging_room(uint64_t len) const {
+  return staged_bytes_ == 0 || len <= kMaxStaged - std::min(kMaxStaged, staged_bytes_);
+}
+
+void RdmaPath::admit_staged(std::vector<Done>* done) {
+  while (!staged_waiting_.empty() && !failed() && staging_room(staged_waiting_.front().d.len)) {
     RxJob j = std::move(staged_waiting_.front());
     staged_waiting_.pop_front();
-    start_rx(j, done);
-    any = true;
+    start_rx(j, done, /*admitted=*/true);
   }
-  return any;
 }
 
 void RdmaPath::on_completion(const ibv_wc& wc, std::vector<Done>* done) {
@@ -330,7 +330,7 @@ void RdmaPath::on_completion(const ibv_wc& wc, std::vector<Done>* done) {
       owned = std::move(it->second.owned);
       tx_.erase(it);
     }
-    done->push_back({true, seq, Status()});  // RC: every piece is in the peer's memory
+    done->push_back({true, seq, Status()});  // RC: every stripe is in the peer's memory
     return;
   }
   if (kind != 0 || qp < 0) return;
@@ -376,12 +376,12 @@ void RdmaPath::on_cts(uint32_t token, std::span<const unsigned char> body, std::
 std::vector<std::pair<int, RdmaPath::Wr>> RdmaPath::plan_writes(uint32_t token, const std::vector<ibv_sge>& from,
                                                                 uint64_t len, uint64_t remote, uint32_t rkey) const {
   std::vector<std::pair<int, Wr>> plan;
-  const uint64_t stripe = piece_size(len);
-  const int stripes = pieces(len);
+  const uint64_t stripe = stripe_size(len);
+  const int n = stripes(len);
   const size_t nqp = conn_->qps.size();
   size_t k = 0;     // the source piece
   uint64_t in = 0;  // bytes of it already planned
-  for (int i = 0; i < stripes; ++i) {
+  for (int i = 0; i < n; ++i) {
     const int qp = static_cast<int>((token + static_cast<uint64_t>(i)) % nqp);
     uint64_t at = static_cast<uint64_t>(i) * stripe;
     uint64_t left = std::min(stripe, len - at);
@@ -413,24 +413,29 @@ void RdmaPath::post_writes() {
 }
 
 Result<Buffer> RdmaPath::staging(uint64_t len) {
+  auto best = spare_.end();
   for (auto it = spare_.begin(); it != spare_.end(); ++it)
-    if (it->size() >= len) {
-      Buffer b = std::move(*it);
-      spare_.erase(it);
-      return b;
-    }
+    if (it->size() >= len && (best == spare_.end() || it->size() < best->size())) best = it;
+  if (best != spare_.end()) {  // it holds only what this peer wrote before
+    Buffer b = std::move(*best);
+    spare_.erase(best);
+    return b;
+  }
   auto b = Buffer::allocate(MemSpec{MemKind::kPinned, 0}, len);
   if (!b.ok()) b = Buffer::allocate(MemSpec{}, len);
+  // Zeroed: a peer that sends every immediate but not every byte must not have us scatter (and
+  // then read back) what the allocator left there.
+  if (b.ok()) std::memset(b->data(), 0, b->size());
   return b;
 }
 
-// The receiver: one piece of a large chunk is in place.
+// The receiver: one stripe of a large chunk is in place.
 void RdmaPath::on_written(uint32_t word, std::vector<Done>* done) {
   const uint32_t token = word;
   auto it = rx_.find(token);
   if (it == rx_.end() || word > kMaxToken)
     return protocol(fmt::format("the peer wrote chunk token {:#x}, which is not in flight", word));
-  if (--it->second.pieces_left > 0) return;
+  if (--it->second.stripes_left > 0) return;
   RxOp op = std::move(it->second);
   rx_.erase(it);
   op.window.reset();  // its rkey dies now: what the peer wrote is final
@@ -441,7 +446,8 @@ void RdmaPath::on_written(uint32_t word, std::vector<Done>* done) {
     landed = scatter(op.pieces, static_cast<const unsigned char*>(op.staging->data()));
     if (!landed.ok()) {
       orphans_.push_back(std::move(*op.staging));  // copies may still read it
-    } else if (spare_.size() < kSpares) {
+      fail_with(landed.with_peer(peer_));          // the device failed or hung: no chunk is safe to land
+    } else if (spare_.size() < kSpares && op.staging->size() <= kSpareMax) {
       spare_.push_back(std::move(*op.staging));
     }
   }
@@ -460,7 +466,8 @@ Status RdmaPath::scatter(std::span<const MemRegion> pieces, const unsigned char*
   auto flush = [&]() -> Status {
     if (run.empty()) return Status();
     DMX_ASSIGN_OR_RETURN(CopyQueue * q, queues_.get(dev));
-    Status s = q->copy_list(run.data(), run.size(), /*to_host=*/false);
+    Status s = run.size() > 1 ? q->copy_list(run.data(), run.size(), /*to_host=*/false)
+                              : Status(Code::kUnavailable, "one piece: a plain copy");
     if (s.code() == Code::kUnavailable) {
       s = Status();
       for (size_t i = 0; i < run.size() && s.ok(); ++i) s = q->to_device(run[i].dst, run[i].src, run[i].n);

@@ -5,9 +5,10 @@
 //           chunk's descriptor. The receiver's post_rx registers exactly the destination (or a
 //           host staging buffer for memory the NIC cannot reach) for remote write and SENDs a
 //           clear-to-send {addr, rkey} with the token as immediate data. The sender WRITEs the chunk
-//           there, striped over the queue pairs, each piece with the token as immediate data: the
-//           receiver's landed notification. The sender's WRITE completions free its source; the
-//           receiver's last piece deregisters the window (its rkey dies) and completes the chunk.
+//           there, striped over the queue pairs, each stripe's (last) WRITE with the token as
+//           immediate data: the receiver's landed notification. The sender's WRITE completions free
+//           its source; the receiver's last stripe deregisters the window (its rkey dies) and
+//           completes the chunk.
 //   small:  (host memory, <= kSmallMax) the sender copies the bytes into a send slot and SENDs them
 //           into one of the receiver's posted receive slots; the source is free at the copy. The
 //           receiver holds the slot until the chunk's header meets it (either comes first), copies
@@ -20,7 +21,9 @@
 //           which is always a staging buffer of the list's total length: the peer is granted
 //           nothing of the destinations (a window for each of a thousand scattered blocks would
 //           cost a registration each), and the receiver scatters the bytes once the last stripe
-//           landed and the window is gone.
+//           landed and the window is gone. A fresh staging buffer is zeroed (a peer that sends
+//           every immediate but not every byte scatters zeros, not our heap); the staging held at
+//           once is bounded (kMaxStaged), later chunks waiting their turn in order.
 //
 // No registration ever grants a peer more than one chunk's window, for that chunk's life; a window
 // inside a region the user registered dies with the region (registration.h).

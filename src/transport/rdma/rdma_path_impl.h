@@ -28,10 +28,11 @@ namespace dmx::rdma::path_impl {
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kIdleSleep = std::chrono::milliseconds(100);  // bound on one sleep (the socket is watched too)
 constexpr auto kDrain = std::chrono::seconds(5);             // flushed work after to_error(), at the end
-constexpr uint64_t kMinPiece = 64 << 10;                     // stripes of a chunk over the queue pairs
+constexpr uint64_t kMinStripe = 64 << 10;                    // stripes of a chunk over the queue pairs
 constexpr int kPollBatch = 32;
 constexpr int kPostBatch = 32;  // work requests chained into one ibv_post_send
-constexpr size_t kSpares = 2;   // staging buffers kept for reuse
+constexpr size_t kSpares = 2;               // staging buffers kept for reuse,
+constexpr uint64_t kSpareMax = 16 << 20;    // each at most this large
 // A list's sources the user did not register are registered as one span up to this size.
 constexpr uint64_t kListSpanMax = 64 << 20;
 constexpr auto kCopyWait = std::chrono::seconds(10);  // a staged chunk's device copies
@@ -81,8 +82,8 @@ inline bool host_kind(const MemSpec& m) {
 // The state of one chunk on each side (the lifecycle beside each):
 //   sender, large:  registered -> (clear-to-send) -> WRITEs posted -> every WRITE completed: tx done
 //   sender, small:  queued -> a credit and a send slot: copied and SENT: tx done; the credit is back at kMsgDone
-//   receiver, large: queued -> window registered, clear-to-send SENT -> every stripe's immediate: rx done
-//                    (a list: scattered from its staging window first)
+//   receiver, large: queued -> (staged: room for its staging, in order) -> window registered,
+//                    clear-to-send SENT -> every stripe's immediate: rx done (staged: copied out first)
 //   receiver, small: the header (post_rx) and the SEND meet in either order -> copied, slot reposted, kMsgDone: rx done
 class RdmaPath final : public PathBase {
   struct TxChunk {
@@ -102,7 +103,7 @@ class RdmaPath final : public PathBase {
   struct RxOp {  // a large chunk being written
     uint64_t seq;
     uint64_t len;
-    int pieces_left;
+    int stripes_left;
     std::shared_ptr<Mr> window;     // exactly where the peer may write, for exactly this chunk
     std::optional<Buffer> staging;  // memory the NIC cannot reach, and every list, lands here first
     MemRegion dst;                  // then is copied here
@@ -184,15 +185,19 @@ class RdmaPath final : public PathBase {
 
   // ---- the progress thread ----
   bool progress(std::vector<Done>* done) override;
-  void start_rx(const RxJob& j, std::vector<Done>* done);
-  // Starts the staged chunks that waited for room (kMaxStaged), in order.
-  bool admit_staged(std::vector<Done>* done);
+  // `admitted`: a staged chunk let through by admit_staged (it waits no more).
+  void start_rx(const RxJob& j, std::vector<Done>* done, bool admitted = false);
+  // Whether a chunk of `len` bytes may be staged now (kMaxStaged; one chunk always may).
+  bool staging_room(uint64_t len) const;
+  // Starts the staged chunks that waited for room, in order.
+  void admit_staged(std::vector<Done>* done);
 
-  // How many WRITEs a chunk of `len` bytes is striped into (both sides count alike).
-  int pieces(uint64_t len) const { return static_cast<int>((len + piece_size(len) - 1) / piece_size(len)); }
-  uint64_t piece_size(uint64_t len) const {
+  // How many stripes a chunk of `len` bytes is cut into, each ending in one WRITE with immediate
+  // data (both sides count alike).
+  int stripes(uint64_t len) const { return static_cast<int>((len + stripe_size(len) - 1) / stripe_size(len)); }
+  uint64_t stripe_size(uint64_t len) const {
     const uint64_t nqp = conn_->qps.size();
-    return std::max(kMinPiece, (len + nqp - 1) / nqp);
+    return std::max(kMinStripe, (len + nqp - 1) / nqp);
   }
 
   // A small chunk's bytes met its header: into the destination, the slot back to the NIC, and the
@@ -218,7 +223,7 @@ class RdmaPath final : public PathBase {
   // The sender: the receiver's clear-to-send for a large chunk.
   void on_cts(uint32_t token, std::span<const unsigned char> body, std::vector<Done>* done);
   // The WRITEs of a large chunk of `len` bytes from `from` into the receiver's window at `remote`:
-  // one stripe per pieces(len) on its queue pair, each stripe's WRITEs gathering up to send_sge
+  // each of its stripes(len) stripes on its queue pair, the stripe's WRITEs gathering up to send_sge
   // pieces and its last carrying the token as immediate data (RC: the stripe is whole when it lands).
   std::vector<std::pair<int, Wr>> plan_writes(uint32_t token, const std::vector<ibv_sge>& from, uint64_t len,
                                               uint64_t remote, uint32_t rkey) const;
@@ -228,7 +233,7 @@ class RdmaPath final : public PathBase {
   // A staged chunk's bytes, `from` its staging buffer, into its pieces (in order).
   Status scatter(std::span<const MemRegion> pieces, const unsigned char* from);
 
-  // The receiver: one piece of a large chunk is in place.
+  // The receiver: one stripe of a large chunk is in place.
   void on_written(uint32_t word, std::vector<Done>* done);
   void fail_with(Status s);
   bool idle() override;
