@@ -168,10 +168,11 @@ Status RdmaPath::post_rx_list(uint64_t seq, std::span<const unsigned char> descr
 
 std::string RdmaPath::describe() const {
   return fmt::format("rdma {}, {} RC queue pairs, chunks <= {} B by RDMA WRITE with immediate, <= {} B by SEND "
-                     "({} in flight per queue pair); host memory by ibv_reg_mr, {}; "
-                     "{} chunks registered alone, {} by their registered region",
-                     device_->describe(), conn_->qps.size(), max_chunk_, kSmallMax, conn_->theirs.credits, gpu_.why,
-                     per_chunk_.load(std::memory_order_relaxed), by_region_.load(std::memory_order_relaxed));
+                     "({} in flight per queue pair), lists of <= {} pieces gathered into a staging window; "
+                     "host memory by ibv_reg_mr, {}; {} chunks registered alone, {} by their registered region",
+                     device_->describe(), conn_->qps.size(), max_chunk_, kSmallMax, conn_->theirs.credits,
+                     kRdmaMaxList, gpu_.why, per_chunk_.load(std::memory_order_relaxed),
+                     by_region_.load(std::memory_order_relaxed));
 }
 
 // The registration of [r.ptr, +r.size): its registered region's when the user registered one and
