@@ -492,6 +492,73 @@ TEST_F(RdmaPathTest, ListSourcesAroundAHoleAreRegisteredPieceByPiece) {
   ::munmap(base + 2 * page, page);
 }
 
+// A path takes a prefix of a list where it must, and the rest goes in the next list chunk: at the
+// chunk maximum (1 MiB here), at a change of memory kind, and at a piece it cannot register (an
+// unmapped page: the pieces before it go, then that piece alone is refused with the reason).
+TEST_F(RdmaPathTest, ListsAreCutWhereThePathMust) {
+  Options o;
+  o.a.max_chunk = o.b.max_chunk = 1 << 20;
+  connect(o);
+  uint64_t seq = 0;
+  auto send_all = [&](std::vector<MemRegion> srcs, std::vector<MemRegion> dsts, std::vector<size_t>* cuts) {
+    size_t at = 0;
+    while (at < srcs.size()) {
+      size_t taken = 0;
+      auto d = a_.path->post_tx_list(++seq, std::span(srcs).subspan(at), &taken);
+      ASSERT_TRUE(d.ok()) << d.status().to_string();
+      ASSERT_GE(taken, 1u);
+      ASSERT_TRUE(b_.path->post_rx_list(seq, *d, std::span(dsts).subspan(at, taken)).ok());
+      cuts->push_back(taken);
+      at += taken;
+    }
+    ASSERT_TRUE(b_.events.wait([&](Recorder& r) { return r.rx.size() == seq; }));
+  };
+  ListCase c = make_list(400, 3500);  // about 1.5 MiB
+  std::vector<size_t> cuts;
+  send_all(c.srcs, c.dsts, &cuts);
+  ASSERT_GE(cuts.size(), 2u) << "a list over the chunk maximum went whole";
+  for (size_t i = 0, at = 0; i < cuts.size(); at += cuts[i++]) {
+    uint64_t bytes = 0;
+    for (size_t k = at; k < at + cuts[i]; ++k) bytes += c.srcs[k].size;
+    EXPECT_LE(bytes, uint64_t{1} << 20) << "cut " << i;
+  }
+  EXPECT_TRUE(list_landed(c));
+
+  ListCase k = make_list(10, 5000);
+  for (size_t i = 4; i < 10; ++i) k.srcs[i].where = MemSpec{MemKind::kPinned, 0};  // host memory by another name
+  cuts.clear();
+  send_all(k.srcs, k.dsts, &cuts);
+  EXPECT_EQ(cuts, (std::vector<size_t>{4, 6}));
+  EXPECT_TRUE(list_landed(k));
+  for (auto& [i, st] : b_.events.rx) EXPECT_TRUE(st.ok()) << i << ": " << st.to_string();
+
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* m = ::mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* base = static_cast<unsigned char*>(m);
+  std::memset(base, 0x5C, page);
+  ASSERT_EQ(::munmap(base + page, page), 0);
+  std::vector<MemRegion> srcs{{base, 100, {}}, {base + page, 100, {}}, {base + 2 * page, 100, {}}};
+  size_t taken = 0;
+  auto d = a_.path->post_tx_list(++seq, srcs, &taken);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(taken, 1u) << "the piece in the hole must end the list";
+  auto len = b_.path->chunk_length(*d);
+  ASSERT_TRUE(len.ok());
+  EXPECT_EQ(*len, 100u);
+  std::vector<unsigned char> dst(100, kPoison);
+  ASSERT_TRUE(b_.path->post_rx_list(seq, *d, std::vector<MemRegion>{{dst.data(), 100, {}}}).ok());
+  auto bad = a_.path->post_tx_list(seq + 1, std::span(srcs).subspan(1), &taken);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().to_string().find("side b"), std::string::npos) << bad.status().to_string();
+  ASSERT_TRUE(b_.events.wait([&](Recorder& r) { return r.rx.count(seq) > 0; }));
+  EXPECT_TRUE(b_.events.rx[seq].ok()) << b_.events.rx[seq].to_string();
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](unsigned char x) { return x == 0x5C; }));
+  EXPECT_FALSE(a_.events.failure.has_value() || b_.events.failure.has_value());
+  ::munmap(base, page);
+  ::munmap(base + 2 * page, page);
+}
+
 // A list into memory the NIC cannot register (simulated device memory) lands in the staging window
 // and goes out as one list on the device's copy queue, or — a queue that takes no lists — one copy
 // a piece on it, waited for once; a list the receiver drops (all destinations null) lets the
