@@ -1,10 +1,13 @@
-// Helpers of the rdma tests that run over a verbs device (rdma_path_test.cc, rdma_raw_peer_test.cc):
-// their fixture's base, a recorder of a path's events, two queue-pair connections joined.
+// Helpers of the rdma tests that run over a verbs device (rdma_path_test.cc, rdma_list_test.cc,
+// rdma_raw_peer_test.cc): their fixtures, a recorder of a path's events, two queue-pair
+// connections joined.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -20,6 +23,7 @@
 #include "test_env.h"
 #include "transport/path.h"
 #include "transport/rdma/device.h"
+#include "transport/rdma/rdma_path.h"
 #include "transport/rdma/setup.h"
 
 namespace dmx::rdma {
@@ -119,5 +123,90 @@ class RdmaDeviceTest : public ::testing::Test {
 
   std::shared_ptr<Device> dev_;
 };
+
+struct Options {
+  Depths a, b;  // a sends, b receives (each path can do both)
+  void (*a_hostile)(ConnInfo*) = nullptr;
+  const WriteTamper* a_tamper = nullptr;
+};
+
+// Two rdma paths of one process, `a_` sending and `b_` receiving, over the verbs device
+// (rdma_path_test.cc, rdma_list_test.cc).
+class RdmaPathTest : public RdmaDeviceTest {
+ public:  // for the tests' helper functions too
+  void TearDown() override { stop({&a_, &b_}); }
+
+  void connect(Options o = {}) {
+    ConnectedPair p = connect_pair(dev_, o.a, "side b", o.b, "side a", std::chrono::seconds(30), o.a_hostile);
+    ASSERT_TRUE(p.a.ok()) << p.a.status().to_string();
+    ASSERT_TRUE(p.b.ok()) << p.b.status().to_string();
+    a_.path = make_rdma_path(setup(std::move(*p.a), p.a_fd, "side b", o.a_tamper));
+    b_.path = make_rdma_path(setup(std::move(*p.b), p.b_fd, "side a", nullptr));
+    a_.path->start(&a_.events, nullptr);
+    b_.path->start(&b_.events, nullptr);
+  }
+
+  PathSetup setup(std::unique_ptr<Connection> c, int fd, std::string peer, const WriteTamper* tamper) {
+    PathSetup s;
+    s.device = dev_;
+    s.regions = regions_;
+    s.gpu = gpu_registration("off");
+    s.connection = std::move(c);
+    s.socket = UniqueFd(fd);
+    s.peer = std::move(peer);
+    s.tamper = tamper;
+    return s;
+  }
+
+  // One chunk a -> b: src[3, 3+n) into dst[5, 5+n). Returns b's rx status.
+  Status move(uint64_t seq, const std::vector<unsigned char>& src, std::vector<unsigned char>& dst, size_t n) {
+    auto d = a_.path->post_tx(seq, MemRegion{const_cast<unsigned char*>(src.data()) + 3, n, {}}, true);
+    if (!d.ok()) return d.status();
+    auto len = b_.path->chunk_length(*d);
+    if (!len.ok() || *len != n) return Status(Code::kInternal, "chunk_length");
+    Status s = b_.path->post_rx(seq, *d, MemRegion{dst.data() + 5, n, {}});
+    if (!s.ok()) return s;
+    if (!b_.events.wait([&](Recorder& r) { return r.rx.count(seq) > 0; })) return Status(Code::kTimeout, "rx");
+    std::lock_guard l(b_.events.mu);
+    return b_.events.rx[seq];
+  }
+
+  // Connects with a sender whose WRITEs wait until the test sets hold_ to false (a write kept in
+  // flight). Both outlive the paths (members: TearDown stops the paths first).
+  void connect_holding() {
+    hold_ = true;
+    tamper_.hold = &hold_;
+    Options o;
+    o.a_tamper = &tamper_;
+    connect(o);
+  }
+
+
+  std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
+  std::atomic<bool> hold_{false};
+  WriteTamper tamper_;  // the sender's, when a test gives it (outlives the paths)
+  Side a_, b_;
+};
+
+inline bool lands(const std::vector<unsigned char>& src, const std::vector<unsigned char>& dst, size_t n) {
+  return std::equal(src.begin() + 3, src.begin() + 3 + static_cast<ptrdiff_t>(n), dst.begin() + 5) &&
+         dst[4] == kPoison && dst[5 + n] == kPoison;
+}
+
+// A sender that writes with a key or at an address the clear-to-send did not give is refused by
+// the receiver's NIC: the sender's path fails naming the peer and the WRITE, the receiver's chunk
+// and path fail (its queue pair is in error), and not a byte lands.
+inline void expect_refused(Side& a, Side& b, const std::vector<unsigned char>& dst) {
+  ASSERT_TRUE(a.events.wait([](Recorder& r) { return r.failure.has_value() && r.stopped; }));
+  std::string why = a.events.failure->to_string();
+  EXPECT_NE(why.find("side b"), std::string::npos) << why;
+  EXPECT_NE(why.find("RDMA WRITE"), std::string::npos) << why;
+  ASSERT_TRUE(b.events.wait([](Recorder& r) { return r.failure.has_value() && r.stopped; }));
+  EXPECT_NE(b.events.failure->to_string().find("side a"), std::string::npos) << b.events.failure->to_string();
+  ASSERT_FALSE(b.events.rx.empty());
+  EXPECT_FALSE(b.events.rx.begin()->second.ok());
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](unsigned char c) { return c == kPoison; }))
+      << "bytes landed from a refused write";
+}
 
 }  // namespace dmx::rdma
