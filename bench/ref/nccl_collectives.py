@@ -15,7 +15,9 @@ between the GPUs goes through the network transport:
   socket  NCCL_NET=Socket (NCCL's own)
 
 A mode may add NCCL settings to try them side by side in one run: `dmx+NCCL_NET_GDR_LEVEL=SYS`
-is the dmx mode with that variable set (several: `dmx+A=1+B=2`).
+is the dmx mode with that variable set (several: `dmx+A=1+B=2`). `+apart` gives each rank its own
+NCCL_HOSTID, so that NCCL sees one rank per host, as between hosts: channels and buffers are then
+NCCL's choice for a network peer (on one host it takes 2 channels per peer).
 
 NCCL_NVLS_ENABLE=0 and the other multicast-off variables are forced (refutil.SAFETY_ENV).
 
@@ -71,9 +73,9 @@ def ops_for(world: int) -> tuple[str, ...]:
 
 
 def mode_parts(mode: str) -> tuple[str, dict]:
-    """'dmx+NCCL_BUFFSIZE=8388608' -> ('dmx', {'NCCL_BUFFSIZE': '8388608'})."""
+    """'dmx+NCCL_BUFFSIZE=8388608+apart' -> ('dmx', {'NCCL_BUFFSIZE': '8388608', 'apart': ''})."""
     base, *extra = mode.split("+")
-    return base, dict(kv.split("=", 1) for kv in extra if "=" in kv)
+    return base, dict((kv.split("=", 1) if "=" in kv else (kv, "")) for kv in extra)
 
 
 def parse_args(argv):
@@ -97,9 +99,11 @@ def parse_args(argv):
     if args.ranks < 2:
         p.error("--ranks must be at least 2")
     for m in args.mode_list:
-        base, _ = mode_parts(m)
+        base, extra = mode_parts(m)
         if base not in MODES:
-            p.error(f"unknown mode {m!r} (have {', '.join(MODES)}, each optionally +NAME=VALUE...)")
+            p.error(f"unknown mode {m!r} (have {', '.join(MODES)}, each optionally +NAME=VALUE... or +apart)")
+        if any(k != "apart" and not k.startswith(("NCCL_", "DMX_")) for k in extra):
+            p.error(f"mode {m!r}: only NCCL_* and DMX_* settings, or apart")
     return args
 
 
@@ -240,6 +244,7 @@ def run_pair(args, mode: str, kill: bool) -> tuple[list[dict], str | None, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     env.update(COMMON_ENV)
     env.update(mode_env)
+    apart = extra.pop("apart", None) is not None
     env.update(extra)
     refutil.apply_safety_env(env)
     if args.plugin_dir:
@@ -259,8 +264,10 @@ def run_pair(args, mode: str, kill: bool) -> tuple[list[dict], str | None, str]:
     for rank in range(args.ranks):
         err = open(os.path.join(logdir, f"rank{rank}.stderr"), "w+")
         errs.append(err)
-        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank),
-                                                    WORLD_SIZE=str(args.ranks)),
+        rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.ranks))
+        if apart:
+            rank_env["NCCL_HOSTID"] = f"dmx-bench-host-{rank}"
+        procs.append(subprocess.Popen(cmd, env=rank_env,
                                       stdout=subprocess.PIPE, stderr=err, text=True))
     deadline = time.monotonic() + (150 if kill else args.timeout)
     outs, failed = [""] * args.ranks, None
