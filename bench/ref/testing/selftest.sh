@@ -52,6 +52,17 @@ for bad in ("1X", "", "-1"):
 # -- GPU references without torch: skip lines, exit 0
 no_torch() { env -u PYTHONPATH "$PY" -I "$@"; }  # -I: no user site, so no stray torch
 check "nccl_socket.py skips without torch" bash -c "$(declare -f no_torch); PY=$PY; no_torch bench/ref/nccl_socket.py > $tmp/s.json && grep -q '\"skipped\"' $tmp/s.json && [ \$(wc -l < $tmp/s.json) -eq 3 ]"
+check "nccl_collectives.py modes: settings and +apart" "$PY" -c '
+import sys; sys.path.insert(0, "bench/ref")
+import nccl_collectives as n
+assert n.mode_parts("dmx+apart+NCCL_MIN_NCHANNELS=8") == ("dmx", {"apart": "", "NCCL_MIN_NCHANNELS": "8"})
+assert n.mode_parts("socket") == ("socket", {})
+for bad in ("dmx+foo", "nccl+NCCL_X=1"):
+    try:
+        n.parse_args(["--modes", bad]); sys.exit(f"{bad} accepted")
+    except SystemExit as e:
+        assert e.code == 2, e.code
+'
 check "memcpy_peer.py skips without torch" bash -c "$(declare -f no_torch); PY=$PY; no_torch bench/ref/memcpy_peer.py > $tmp/m.json && grep -q '\"skipped\"' $tmp/m.json"
 
 # -- GPU references with the fake torch: control flow and output fields
