@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "plugins/nccl/handle.h"
 #include "plugins/nccl/log.h"
@@ -46,6 +47,18 @@ Options plugin_options(Plugin& p) {
   if (const char* t = env("DMX_NCCL_TIMEOUT")) p.op_timeout = std::chrono::milliseconds(std::llround(std::atof(t) * 1000));
   if (const char* l = env("DMX_NCCL_LATENCY_US")) p.latency_us = static_cast<float>(std::atof(l));
   return o;
+}
+
+// NCCL's settings under which the plugin moved most (docs/nccl-plugin.md): NCCL gives each peer 2
+// channels unless told, and each channel is a comm with its own streams.
+std::string unset_suggested_settings() {
+  std::string out;
+  for (const char* s : {"NCCL_MIN_NCHANNELS=8", "NCCL_NCHANNELS_PER_NET_PEER=8", "DMX_NCCL_STREAMS=1"}) {
+    if (env(std::string(s, std::strchr(s, '=')).c_str()) != nullptr) continue;
+    out += out.empty() ? "" : " ";
+    out += s;
+  }
+  return out;
 }
 
 void decide_ptr_support(Plugin& p) {
@@ -127,6 +140,9 @@ NcclResult init_plugin(Logger log) {
     info(kSubsysInit | kSubsysNet, "device {}: {} {} speed {} Mbps{} pci {}", i, n.name, n.host, n.speed_mbps,
          n.speed_known ? "" : " (not in sysfs: default)", n.pci_path.empty() ? "none (virtual)" : n.pci_path);
   }
+  if (std::string unset = unset_suggested_settings(); !unset.empty())
+    info(kSubsysInit | kSubsysNet, "suggested settings not set: {}; with NCCL's default of 2 channels per peer the "
+         "plugin moved 2-3x NCCL socket, with 8 channels 3-6x (docs/nccl-plugin.md, Settings)", unset);
   return kSuccess;
 }
 

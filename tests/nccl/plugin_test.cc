@@ -42,6 +42,10 @@ TEST_P(Nccl, ExportsTheVersionAndDescribesItsDevices) {
   EXPECT_EQ(d, 0);
   EXPECT_EQ(make(&d, &two), kInvalidUsage);
   EXPECT_TRUE(logged("device 0: lo")) << "init lists the devices through NCCL's logger";
+  if (std::getenv("NCCL_MIN_NCHANNELS") == nullptr && std::getenv("NCCL_NCHANNELS_PER_NET_PEER") == nullptr) {
+    EXPECT_TRUE(logged("suggested settings not set: NCCL_MIN_NCHANNELS=8 NCCL_NCHANNELS_PER_NET_PEER=8"))
+        << "init names the NCCL settings under which the plugin moved most";
+  }
   // NCCL calls irecvConsumed after every receive when it is set (seen with NCCL 2.28), whatever the
   // device type: a host-only plugin leaves both device-offload hooks null, as NCCL's own do.
   EXPECT_EQ(api_.v11 ? (void*)api_.v11->irecv_consumed : (void*)api_.v10->irecv_consumed, nullptr);
