@@ -16,8 +16,7 @@ between the GPUs goes through the network transport:
 
 A mode may add NCCL settings to try them side by side in one run: `dmx+NCCL_NET_GDR_LEVEL=SYS`
 is the dmx mode with that variable set (several: `dmx+A=1+B=2`). `+apart` gives each rank its own
-NCCL_HOSTID, so that NCCL sees one rank per host, as between hosts: channels and buffers are then
-NCCL's choice for a network peer (on one host it takes 2 channels per peer).
+NCCL_HOSTID, so that NCCL sees one rank per host, as between hosts ("nNodes 2" in its log).
 
 NCCL_NVLS_ENABLE=0 and the other multicast-off variables are forced (refutil.SAFETY_ENV).
 
