@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/units.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -27,15 +29,6 @@ void check(cudaError_t e, const char* what) {
     std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
   }
-}
-
-size_t parse_size(const char* s) {
-  char* end = nullptr;
-  size_t v = std::strtoull(s, &end, 10);
-  if (*end == 'K') v <<= 10;
-  if (*end == 'M') v <<= 20;
-  if (*end == 'G') v <<= 30;
-  return v;
 }
 
 struct Lane {
@@ -88,12 +81,20 @@ int main(int argc, char** argv) {
   size_t chunk = 1 << 20, total = 256 << 20;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (a == "--chunk") chunk = parse_size(argv[i + 1]);
-    else if (a == "--slots") slots = std::atoi(argv[i + 1]);
-    else if (a == "--total") total = parse_size(argv[i + 1]);
-    else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
-    else if (a == "--mode") only = argv[i + 1];
+    const char* v = argv[i + 1];
+    if (a == "--chunk" || a == "--total") {
+      auto n = dmx::parse_size(v);
+      if (!n.ok() || *n == 0) return std::fprintf(stderr, "stage_copy_probe: %s %s: not a size\n", a.c_str(), v), 2;
+      (a == "--chunk" ? chunk : total) = *n;
+    } else if (a == "--threads") {
+      threads = std::atoi(v);
+    } else if (a == "--slots") {
+      slots = std::atoi(v);
+    } else if (a == "--rounds") {
+      rounds = std::atoi(v);
+    } else if (a == "--mode") {
+      only = v;
+    }
   }
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
