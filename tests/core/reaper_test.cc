@@ -92,13 +92,20 @@ TEST(Reaper, DISABLED_ChildHandsAThreadOverDuringExit) {
   std::atexit(after_the_reapers_shutdown);
   std::thread early([] {});
   static std::atomic<bool> assigned{false};
+  static std::atomic<bool> handed{false};
   g_first = new std::thread;
   *g_first = std::thread([] {  // the reaper's first use: it starts
     while (!assigned) std::this_thread::sleep_for(1ms);
     join_or_reap(*g_first);
+    handed = true;
   });
   assigned = true;
   join_or_reap(early);
+  // The first use must come before main returns: made during exit, the reaper's shutdown would
+  // run after this handler, and the logger it builds would be built while spdlog's statics die
+  // (a crash seen under ASan on a loaded machine).
+  for (int i = 0; i < 10000 && !handed; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(handed);
   g_late = new std::thread([] {
     while (!g_go) std::this_thread::sleep_for(1ms);
     join_or_reap(*g_late);  // after the shutdown
