@@ -14,7 +14,9 @@
 #   references  bench/ref/iperf3.sh --streams 1 and 8 (if iperf3 is installed; else said once);
 #               tcp_ref N SIZE WINDOW 2 cold|bounce at 1 and 8 streams, 1 MiB (window 64) and
 #               256 MiB (window 4): kernel TCP moving the memory dmx bench moves, its best mode is
-#               the reference; bench/ref/memcpy_host.py 1M,256M (single-thread memcpy);
+#               the reference; bench/ref/memcpy_host.py 1M,256M (single-thread memcpy into one
+#               destination: the issue's reference; and, as memcpy_window, into dmx bench's
+#               window of destinations, 64 at 1 MiB and 4 at 256 MiB);
 #   dmx         tcp: dmx bench --loopback --mem host --transport tcp --streams 1|8 --sizes 1M,256M;
 #               shm: dmx bench --listen/--connect (two processes) --transport shm --sizes 1M,256M
 #               --verify; for old, new, and new with DMX_NT_RECEIVE_MIN=4M (the old threshold of
@@ -128,11 +130,14 @@ for ((r = 1; r <= ROUNDS; r++)); do
       done
     done
   done
-  python3 "$R/bench/ref/memcpy_host.py" --sizes 1M,256M | python3 -c '
+  for w in 1 64; do  # one destination (the issue's reference), and dmx bench's window of them
+    python3 "$R/bench/ref/memcpy_host.py" --sizes 1M,256M --window $w | python3 -c '
 import json, sys
 for l in sys.stdin:
     d = json.loads(l)
-    print(json.dumps(dict(round=int(sys.argv[1]), what="memcpy", size=d["size_bytes"], gbps=d["gb_per_s"])))' "$r" >> "$ROWS"
+    what = "memcpy" if sys.argv[2] == "1" else "memcpy_window"
+    print(json.dumps(dict(round=int(sys.argv[1]), what=what, size=d["size_bytes"], gbps=d["gb_per_s"])))' "$r" $w >> "$ROWS"
+  done
   order=(old new new-nt4M)
   (( r % 2 == 0 )) && order=(new-nt4M new old)
   for b in "${order[@]}"; do
@@ -171,12 +176,13 @@ cases = [("tcp", 8, 1 << 20, "tcp_ref", "≥ 0.95"), ("tcp", 8, 256 << 20, "tcp_
          ("tcp", 1, 1 << 20, "iperf3", "≥ 0.9"), ("tcp", 1, 256 << 20, "iperf3", "≥ 0.9"),
          ("tcp", 1, 1 << 20, "tcp_ref", ""), ("tcp", 1, 256 << 20, "tcp_ref", ""),
          ("tcp", 8, 1 << 20, "iperf3", ""), ("tcp", 8, 256 << 20, "iperf3", ""),
-         ("shm", 1, 1 << 20, "memcpy", "≥ 0.8"), ("shm", 1, 256 << 20, "memcpy", "")]
+         ("shm", 1, 1 << 20, "memcpy", "≥ 0.8"), ("shm", 1, 256 << 20, "memcpy", ""),
+         ("shm", 1, 1 << 20, "memcpy_window", ""), ("shm", 1, 256 << 20, "memcpy_window", "")]
 for path, n, size, rname, target in cases:
     def refv(rnd):
         if rname == "tcp_ref": return ref("tcp_ref", rnd, streams=n, size=size)
         if rname == "iperf3": return ref("iperf3", rnd, streams=n)
-        return ref("memcpy", rnd, size=size)
+        return ref(rname, rnd, size=size)
     refs = [refv(rnd) for rnd in rounds]
     if all(x is None for x in refs):
         continue

@@ -49,6 +49,14 @@ for bad in ("1X", "", "-1"):
     try: r.parse_sizes(bad); raise SystemExit(f"accepted {bad!r}")
     except ValueError: pass'
 
+# -- memcpy_host.py: one destination, or a window of them capped at 1 GiB as dmx bench's
+check "memcpy_host.py --window" bash -c "
+  $PY bench/ref/memcpy_host.py --sizes 4K,1M --iters 1 --window 3 > $tmp/w.json &&
+  [ \$(grep -c '\"window\": 3}' $tmp/w.json) -eq 2 ] &&
+  $PY bench/ref/memcpy_host.py --sizes 4K --iters 1 | grep -q '\"window\": 1}' &&
+  $PY bench/ref/memcpy_host.py --sizes 512M --iters 1 --window 64 | grep -q '\"window\": 2}' &&
+  ! $PY bench/ref/memcpy_host.py --window 65 2> $tmp/x && grep -q 'must be 1-64' $tmp/x"
+
 # -- GPU references without torch: skip lines, exit 0
 no_torch() { env -u PYTHONPATH "$PY" -I "$@"; }  # -I: no user site, so no stray torch
 check "nccl_socket.py skips without torch" bash -c "$(declare -f no_torch); PY=$PY; no_torch bench/ref/nccl_socket.py > $tmp/s.json && grep -q '\"skipped\"' $tmp/s.json && [ \$(wc -l < $tmp/s.json) -eq 3 ]"
