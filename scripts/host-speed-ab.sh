@@ -153,7 +153,7 @@ for l in sys.stdin:
 done
 say "done; table:"
 
-python3 - "$ROWS" > "$OUT/table.md" << 'EOF'
+python3 - "$ROWS" "${HS_OLD_BUILD:-$OLD}" > "$OUT/table.md" << 'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rounds = sorted({r["round"] for r in rows})
@@ -168,8 +168,8 @@ def f(x, d=2):
 def mib(n): return "%dM" % (n >> 20)
 builds = [b for b in ("old", "new", "new-nt4M") if any(r.get("build") == b for r in rows)]
 print("Medians over %d rounds (per round: dmx / its reference of the same round). tcp_ref: the better of cold and"
-      " bounce in that round. old = 6b614b1, new = this tree, new-nt4M = this tree with DMX_NT_RECEIVE_MIN=4M.\n"
-      % len(rounds))
+      " bounce in that round. old = %s, new = this tree, new-nt4M = this tree with DMX_NT_RECEIVE_MIN=4M.\n"
+      % (len(rounds), sys.argv[2]))
 print("| case | reference | ref GB/s | " + " | ".join("%s GB/s | %s ratio" % (b, b) for b in builds) + " | target |")
 print("|---|---|---:|" + "---:|---:|" * len(builds) + "---|")
 cases = [("tcp", 8, 1 << 20, "tcp_ref", "≥ 0.95"), ("tcp", 8, 256 << 20, "tcp_ref", "≥ 0.95"),
