@@ -467,13 +467,14 @@ Status RdmaPath::scatter(std::span<const MemRegion> pieces, const unsigned char*
   auto flush = [&]() -> Status {
     if (run.empty()) return Status();
     DMX_ASSIGN_OR_RETURN(CopyQueue * q, queues_.get(dev));
-    Status s = run.size() > 1 ? q->copy_list(run.data(), run.size(), /*to_host=*/false)
-                              : Status(Code::kUnavailable, "one piece: a plain copy");
-    if (s.code() == Code::kUnavailable) {
-      s = Status();
-      for (size_t i = 0; i < run.size() && s.ok(); ++i) s = q->to_device(run[i].dst, run[i].src, run[i].n);
+    bool listed = false;  // one piece is a plain copy, as is each piece where the queue takes no lists
+    if (run.size() > 1) {
+      Status s = q->copy_list(run.data(), run.size(), /*to_host=*/false);
+      if (s.code() != Code::kUnavailable) DMX_RETURN_IF_ERROR(s);
+      listed = s.ok();
     }
-    DMX_RETURN_IF_ERROR(s);
+    if (!listed)
+      for (const CopyQueue::Span& c : run) DMX_RETURN_IF_ERROR(q->to_device(c.dst, c.src, c.n));
     DMX_ASSIGN_OR_RETURN(uint64_t fence, q->record());
     PathCounters::add(counters_.device_copies, run.size());
     run.clear();
