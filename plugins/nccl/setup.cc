@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 #include <sys/random.h>
 
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -25,6 +27,32 @@ const char* env(const char* name) {
   return v != nullptr && *v != '\0' ? v : nullptr;
 }
 
+// A plugin-only number: all of `v` must parse and lie in [lo, hi]. A value that does not would
+// otherwise be read as 0 (no time-out, zero latency) without a word.
+Status read_number(const char* name, double lo, double hi, double* out) {
+  const char* v = env(name);
+  if (v == nullptr) return Status();
+  char* end = nullptr;
+  errno = 0;
+  double d = std::strtod(v, &end);
+  if (errno != 0 || end == v || *end != '\0' || !(d >= lo && d <= hi))
+    return Status(Code::kInvalidArgument, fmt::format("{}={:.40}: not a number in [{}, {}]", name, v, lo, hi));
+  *out = d;
+  return Status();
+}
+
+// The plugin-only variables with a number (docs/nccl-plugin.md, Settings).
+Status read_numbers(Plugin& p) {
+  double timeout_s = 0, latency = p.latency_us, speed = 0;
+  DMX_RETURN_IF_ERROR(read_number("DMX_NCCL_TIMEOUT", 0, 86400 * 365, &timeout_s));
+  DMX_RETURN_IF_ERROR(read_number("DMX_NCCL_LATENCY_US", 0, 1e6, &latency));
+  DMX_RETURN_IF_ERROR(read_number("DMX_NCCL_SPEED", 1, INT_MAX, &speed));
+  p.op_timeout = std::chrono::milliseconds(std::llround(timeout_s * 1000));
+  p.latency_us = static_cast<float>(latency);
+  p.speed_mbps = static_cast<int>(speed);
+  return Status();
+}
+
 // Plugin defaults for dmx settings the user did not set through DMX_<NAME>.
 Options plugin_options(Plugin& p) {
   Options o;
@@ -44,8 +72,6 @@ Options plugin_options(Plugin& p) {
   p.streams = streams ? std::atoi(streams) : 2;
   const char* max_ep = env("DMX_MAX_ENDPOINTS");
   p.max_comms = max_ep ? std::atoi(max_ep) : 4096;
-  if (const char* t = env("DMX_NCCL_TIMEOUT")) p.op_timeout = std::chrono::milliseconds(std::llround(std::atof(t) * 1000));
-  if (const char* l = env("DMX_NCCL_LATENCY_US")) p.latency_us = static_cast<float>(std::atof(l));
   return o;
 }
 
@@ -118,6 +144,10 @@ NcclResult init_plugin(Logger log) {
   Plugin& p = plugin();
   std::lock_guard<std::mutex> lock(p.mu);
   if (p.ready) return kSuccess;
+  if (Status s = read_numbers(p); !s.ok()) {
+    warn("init failed: {}", s.message());
+    return kInvalidArgument;
+  }
   Options o = plugin_options(p);
   auto ctx = Context::create(o);
   if (!ctx.ok()) {
@@ -128,6 +158,8 @@ NcclResult init_plugin(Logger log) {
   std::string note;
   p.nics = discover_nics(&note);
   if (!note.empty()) warn("{}", note);
+  for (Nic& n : p.nics)
+    if (p.speed_mbps > 0) n.speed_mbps = p.speed_mbps;
   decide_ptr_support(p);
   p.ready = true;
   const auto& b = build_info();
@@ -137,8 +169,10 @@ NcclResult init_plugin(Logger log) {
        p.cuda_reason.empty() ? "" : "; no CUDA pointers: ", p.cuda_reason);
   for (size_t i = 0; i < p.nics.size(); ++i) {
     const Nic& n = p.nics[i];
-    info(kSubsysInit | kSubsysNet, "device {}: {} {} speed {} Mbps{} pci {}", i, n.name, n.host, n.speed_mbps,
-         n.speed_known ? "" : " (not in sysfs: default)", n.pci_path.empty() ? "none (virtual)" : n.pci_path);
+    const char* source = n.speed_known ? "" : " (not in sysfs: default)";
+    if (p.speed_mbps > 0) source = " (DMX_NCCL_SPEED)";
+    info(kSubsysInit | kSubsysNet, "device {}: {} {} speed {} Mbps{} pci {}", i, n.name, n.host, n.speed_mbps, source,
+         n.pci_path.empty() ? "none (virtual)" : n.pci_path);
   }
   if (std::string unset = unset_suggested_settings(); !unset.empty())
     info(kSubsysInit | kSubsysNet, "suggested settings not set: {}; with NCCL's default of 2 channels per peer the "

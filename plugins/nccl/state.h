@@ -51,6 +51,7 @@ struct Plugin {
   int streams = 2;          // TCP streams (threads) per comm
   int max_comms = 4096;
   float latency_us = 20;
+  int speed_mbps = 0;                       // DMX_NCCL_SPEED: reported for every device; 0: each NIC's own
   std::chrono::milliseconds op_timeout{0};  // 0: none
   std::map<uint64_t, std::unique_ptr<ConnectJob>> jobs;  // by token: random, never 0
   std::atomic<bool> dmabuf_noted{false}, traffic_class_noted{false};

@@ -6,6 +6,8 @@
 //                     1 MiB messages until killed (sink)
 //   ROLE send | flood: reads "HANDLE <hex>" on stdin, connects, then sends the plan (send) or
 //                     1 MiB messages until killed (flood)
+//   ROLE props:       inits, prints "PROPS speed <Mbps> latency <us>" for device 0 and exits, or
+//                     "FAIL init <result> <the plugin's warning>"
 //   cuda: the plan's buffer is cudaMalloc memory on cuda:0; cumem:GPU: memory as NCCL allocates
 //   it on that GPU (made the thread's current device first, as NCCL's proxy thread does),
 //   registered by dma-buf
@@ -94,7 +96,18 @@ int main(int argc, char** argv) {
     if (auto e = use_gpu(gpu); !e.empty()) return fail(e);
   Api api;
   if (auto e = api.load(argv[1], std::atoi(argv[2])); !e.empty()) return fail(e);
-  if (api.init() != kSuccess) return fail("init");
+  if (NcclResult r = api.init(); r != kSuccess) {
+    std::string why;
+    for (const auto& l : logged_lines())
+      if (l.find("init failed") != std::string::npos) why = l;
+    return fail("init " + std::to_string(r) + " " + why);
+  }
+  if (role == "props") {
+    PropertiesV11 p;
+    if (api.properties(0, &p) != kSuccess) return fail("properties");
+    std::printf("PROPS speed %d latency %g\n", p.speed, p.latency);
+    return 0;
+  }
   const bool listens = role == "recv" || role == "sink";
   unsigned char handle[kHandleMaxSize] = {};
   void* comm = nullptr;

@@ -16,11 +16,12 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "dmx/dmx.h"
 #include "nccl/nccl_test_paths.h"
-#include "tests/nccl/harness.h"
 #include "test_env.h"
+#include "tests/nccl/harness.h"
 
 extern char** environ;
 
@@ -45,8 +46,10 @@ inline bool logged(const std::string& what) {
 class Peer {
  public:
   ~Peer() { kill(); }
-  // `mem`: "" (host), "cuda" (cudaMalloc on cuda:0) or "cumem:GPU" (nccl_peer.cc).
-  void start(int version, const std::string& role, uint64_t seed, const std::string& mem = "") {
+  // `mem`: "" (host), "cuda" (cudaMalloc on cuda:0) or "cumem:GPU" (nccl_peer.cc); `env`:
+  // NAME=VALUE entries that replace or add to this process's environment.
+  void start(int version, const std::string& role, uint64_t seed, const std::string& mem = "",
+             const std::vector<std::string>& env = {}) {
     int in[2], out[2];
     ASSERT_EQ(::pipe2(in, O_CLOEXEC), 0);
     ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
@@ -59,7 +62,15 @@ class Peer {
                                v.data(), const_cast<char*>(role.c_str()), s.data()};
     if (!mem.empty()) argv.push_back(const_cast<char*>(mem.c_str()));
     argv.push_back(nullptr);
-    ASSERT_EQ(::posix_spawn(&pid_, DMX_NCCL_PEER_PATH, &fa, nullptr, argv.data(), environ), 0);
+    std::vector<char*> envp;
+    for (char** e = environ; *e != nullptr; ++e) {
+      bool replaced = false;
+      for (const auto& x : env) replaced |= std::strncmp(*e, x.c_str(), x.find('=') + 1) == 0;
+      if (!replaced) envp.push_back(*e);
+    }
+    for (const auto& x : env) envp.push_back(const_cast<char*>(x.c_str()));
+    envp.push_back(nullptr);
+    ASSERT_EQ(::posix_spawn(&pid_, DMX_NCCL_PEER_PATH, &fa, nullptr, argv.data(), envp.data()), 0);
     posix_spawn_file_actions_destroy(&fa);
     ::close(in[0]);
     ::close(out[1]);

@@ -5,6 +5,31 @@
 namespace dmx::nccl::test {
 namespace {
 
+// ---- settings, each in a process of its own (init reads them once per process) ----
+
+// The plugin-only numbers are read whole: one that is not a number in its range fails init with a
+// warning that names it, where it used to be read as 0 (no time-out, zero latency) without a word.
+TEST_P(Nccl, SettingsAreReadWholeOrRefused) {
+  auto run = [&](const std::vector<std::string>& env) {
+    Peer peer;
+    peer.start(GetParam(), "props", 0, "", env);
+    std::string l = peer.line();
+    int rc = peer.wait_exit();
+    return l + (rc == 0 ? "" : " (exit " + std::to_string(rc) + ")");
+  };
+  // lo has no speed in sysfs: NCCL socket's default, 10 Gb/s.
+  EXPECT_EQ(run({}), "PROPS speed 10000 latency 20");
+  EXPECT_EQ(run({"DMX_NCCL_SPEED=400000", "DMX_NCCL_LATENCY_US=7.5", "DMX_NCCL_TIMEOUT=2.5"}),
+            "PROPS speed 400000 latency 7.5");
+  for (std::string bad :
+       {"DMX_NCCL_SPEED=40G", "DMX_NCCL_SPEED=0", "DMX_NCCL_SPEED=3000000000", "DMX_NCCL_TIMEOUT=abc",
+        "DMX_NCCL_TIMEOUT=-1", "DMX_NCCL_TIMEOUT=10s", "DMX_NCCL_LATENCY_US=nan", "DMX_NCCL_LATENCY_US=inf"}) {
+    std::string got = run({bad});
+    EXPECT_EQ(got.rfind("FAIL init 4 ", 0), 0u) << bad << ": " << got;  // ncclInvalidArgument
+    EXPECT_NE(got.find(bad + ": not a number in ["), std::string::npos) << got;
+  }
+}
+
 // ---- two processes ----
 
 // This process receives the plan and the peer sends it; then the other way round.
