@@ -23,8 +23,9 @@ NCCL_NVLS_ENABLE=0 and the other multicast-off variables are forced (refutil.SAF
 Per mode, op and size, one JSON line: all_reduce (float32 sum), all_gather, send/recv
 (rank 0 -> rank 1, the other ranks idle) and, with more than two ranks, ring (every rank sends
 to rank+1 and receives from rank-1 at once), each result checked against values every rank
-derives from fresh random seeds; time per op is the median over --iters samples (CUDA events
-between barriers, rank 0's); busbw as nccl-tests defines it (all_reduce: algbw * 2(n-1)/n;
+derives from fresh random seeds; time per op is the median over --iters samples, each the
+slowest rank's (CUDA events between barriers; a send can finish on its GPU before the last byte
+lands, so the sender's time alone flatters send/recv); busbw as nccl-tests defines it (all_reduce: algbw * 2(n-1)/n;
 all_gather: algbw * (n-1)/n; send/recv and ring: algbw, per rank). nccl_path lists the
 "via ..." transports NCCL logged, and a mode whose path is not its network (a silent fallback)
 fails.
@@ -202,7 +203,9 @@ def worker(args) -> int:
                 ok = rank != 1 or torch.equal(buf, data(0, n))
             else:
                 ok = torch.equal(buf, data(prv, n))
-            t = statistics.median(times)
+            slowest = torch.tensor(times, device=dev, dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            t = statistics.median(slowest.tolist())
             algbw = (world * size if op == "all_gather" else size) / t / 1e9
             busbw = algbw * {"all_reduce": 2 * (world - 1) / world,
                              "all_gather": (world - 1) / world, "send_recv": 1.0, "ring": 1.0}[op]
