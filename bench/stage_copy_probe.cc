@@ -5,8 +5,11 @@
 // issue-to-done time, to set beside the stage table of docs/performance.md (issue 46, item 3).
 //
 //   stage_copy_probe [--threads 8] [--chunk 1M] [--slots 4] [--total 256M] [--rounds 3] [--mode all]
+//                    [--rate GBPS]
 //
 // --mode d2h|h2d|both runs only that mode (as load beside another benchmark); all: the three.
+// --rate caps each direction at GBPS (10^9 B/s) in all, shared by the threads: the DMA load of a
+// staged transfer at that rate, not the engines' most.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -43,11 +46,14 @@ struct Lane {
 
 // One lane copies `total` bytes in chunks through its ring: at most `slots` copies in flight, the
 // oldest waited for before its slot is reused (the staged path's sender and receiver rings).
-void run_lane(Lane& l, size_t chunk, int slots, size_t total) {
+// With `gap` > 0, copy i is issued no earlier than i * gap after the start.
+void run_lane(Lane& l, size_t chunk, int slots, size_t total, Clock::duration gap) {
   check(cudaSetDevice(l.device), "cudaSetDevice");
   std::vector<Clock::time_point> issued(slots);
   size_t n = total / chunk;
+  const auto start = Clock::now();
   for (size_t i = 0; i < n; ++i) {
+    if (gap.count() > 0) std::this_thread::sleep_until(start + gap * static_cast<int64_t>(i));
     int s = static_cast<int>(i % slots);
     if (i >= static_cast<size_t>(slots)) {
       check(cudaEventSynchronize(l.done[s]), "cudaEventSynchronize");
@@ -77,24 +83,41 @@ double pct(std::vector<double> v, double p) {
 
 int main(int argc, char** argv) {
   int threads = 8, slots = 4, rounds = 3;
+  double rate = 0;  // GB/s per direction; 0: as fast as the engines go
   std::string only = "all";
   size_t chunk = 1 << 20, total = 256 << 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  auto count = [](const char* v, int lo, int hi, int* out) {
+    char* end = nullptr;
+    long n = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || n < lo || n > hi) return false;
+    *out = static_cast<int>(n);
+    return true;
+  };
+  for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
-    const char* v = argv[i + 1];
+    const char* v = i + 1 < argc ? argv[i + 1] : "";
+    bool ok = true;
     if (a == "--chunk" || a == "--total") {
       auto n = dmx::parse_size(v);
-      if (!n.ok() || *n == 0) return std::fprintf(stderr, "stage_copy_probe: %s %s: not a size\n", a.c_str(), v), 2;
-      (a == "--chunk" ? chunk : total) = *n;
+      ok = n.ok() && *n > 0;
+      if (ok) (a == "--chunk" ? chunk : total) = *n;
     } else if (a == "--threads") {
-      threads = std::atoi(v);
+      ok = count(v, 1, 64, &threads);
     } else if (a == "--slots") {
-      slots = std::atoi(v);
+      ok = count(v, 1, 64, &slots);
     } else if (a == "--rounds") {
-      rounds = std::atoi(v);
+      ok = count(v, 1, 100000, &rounds);
+    } else if (a == "--rate") {
+      char* end = nullptr;
+      rate = std::strtod(v, &end);
+      ok = end != v && *end == '\0' && rate > 0 && rate < 1e4;
     } else if (a == "--mode") {
       only = v;
+      ok = only == "all" || only == "d2h" || only == "h2d" || only == "both";
+    } else {
+      ok = false;
     }
+    if (!ok) return std::fprintf(stderr, "stage_copy_probe: %s %s: not understood\n", a.c_str(), v), 2;
   }
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
@@ -133,7 +156,11 @@ int main(int argc, char** argv) {
       for (auto* l : lanes) l->lat_us.clear();
       auto t0 = Clock::now();
       std::vector<std::thread> ts;
-      for (auto* l : lanes) ts.emplace_back(run_lane, std::ref(*l), chunk, slots, per_lane);
+      // Each lane's share of the rate: one chunk every threads * chunk / rate seconds.
+      Clock::duration gap{};
+      if (rate > 0)
+        gap = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(threads * chunk / (rate * 1e9)));
+      for (auto* l : lanes) ts.emplace_back(run_lane, std::ref(*l), chunk, slots, per_lane, gap);
       for (auto& t : ts) t.join();
       double s = std::chrono::duration<double>(Clock::now() - t0).count();
       std::vector<double> lat;
@@ -141,9 +168,9 @@ int main(int argc, char** argv) {
       // For "both", GB/s counts each byte once (one direction's bytes), as a transfer's rate does.
       double bytes = static_cast<double>(per_lane) * threads;
       std::printf(
-          "{\"round\": %d, \"mode\": \"%s\", \"threads\": %d, \"chunk\": %zu, \"slots\": %d, \"gb_per_s\": %.2f, "
-          "\"copy_p50_us\": %.1f, \"copy_p90_us\": %.1f, \"src_gpu\": 0, \"dst_gpu\": %d}\n",
-          r, mode, threads, chunk, slots, bytes / s / 1e9, pct(lat, 0.5), pct(lat, 0.9), dst_gpu);
+          "{\"round\": %d, \"mode\": \"%s\", \"threads\": %d, \"chunk\": %zu, \"slots\": %d, \"rate_cap\": %.2f, "
+          "\"gb_per_s\": %.2f, \"copy_p50_us\": %.1f, \"copy_p90_us\": %.1f, \"src_gpu\": 0, \"dst_gpu\": %d}\n",
+          r, mode, threads, chunk, slots, rate, bytes / s / 1e9, pct(lat, 0.5), pct(lat, 0.9), dst_gpu);
       std::fflush(stdout);
     }
   }
