@@ -25,10 +25,10 @@ Per mode, op and size, one JSON line: all_reduce (float32 sum), all_gather, send
 to rank+1 and receives from rank-1 at once), each result checked against values every rank
 derives from fresh random seeds; time per op is the median over --iters samples, each the
 slowest rank's (CUDA events between barriers; a send can finish on its GPU before the last byte
-lands, so the sender's time alone flatters send/recv); busbw as nccl-tests defines it (all_reduce: algbw * 2(n-1)/n;
-all_gather: algbw * (n-1)/n; send/recv and ring: algbw, per rank). nccl_path lists the
-"via ..." transports NCCL logged, and a mode whose path is not its network (a silent fallback)
-fails.
+lands, so the sender's time alone flatters send/recv); busbw as nccl-tests defines it
+(all_reduce: algbw * 2(n-1)/n; all_gather: algbw * (n-1)/n; send/recv and ring: algbw, per rank).
+nccl_path lists the "via ..." transports NCCL logged, and a mode whose path is not its network (a
+silent fallback) fails.
 
 --kill-test (dmx mode): rank 1 kills itself with SIGKILL in the middle of a run of 256 MiB
 all_reduces; rank 0 must end (an error, not a hang) within 150 s, and the plugin must have
