@@ -104,7 +104,9 @@ int main(int argc, char** argv) {
   }
   if (role == "props") {
     PropertiesV11 p;
-    if (api.properties(0, &p) != kSuccess) return fail("properties");
+    NcclResult r = api.properties(0, &p);
+    if (api.finalize() != kSuccess) return fail("finalize");
+    if (r != kSuccess) return fail("properties");
     std::printf("PROPS speed %d latency %g\n", p.speed, p.latency);
     return 0;
   }
