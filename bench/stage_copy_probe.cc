@@ -88,10 +88,9 @@ int main(int argc, char** argv) {
   std::string only = "all";
   size_t chunk = 1 << 20, total = 256 << 20;
   auto count = [](const char* v, int lo, int hi, int* out) {
-    char* end = nullptr;
-    long n = std::strtol(v, &end, 10);
-    if (end == v || *end != '\0' || n < lo || n > hi) return false;
-    *out = static_cast<int>(n);
+    auto n = dmx::parse_int(v);
+    if (!n.ok() || *n < lo || *n > hi) return false;
+    *out = static_cast<int>(*n);
     return true;
   };
   for (int i = 1; i < argc; i += 2) {
