@@ -8,12 +8,15 @@
 // first copy (a crew that never copies has no threads), spin briefly after each copy for the
 // next one (a large message is many copies back to back) and then sleep.
 //
-// Thread-safe: one copy at a time uses the helpers; a copy that finds them taken by another
+// The same helpers run any work cut in pieces (run()): checking and laying out a long list.
+//
+// Thread-safe: one copy or run at a time uses the helpers; one that finds them taken by another
 // caller runs on its caller alone.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -47,8 +50,15 @@ class CopyCrew {
   };
   void copy(std::span<const Segment> segments, bool nt);
 
+  // Calls work(i) for every i in [0, pieces), each once, on the caller and the helpers awake;
+  // returns when every call has returned. Calls run at once on different threads.
+  void run(size_t pieces, const std::function<void(size_t)>& work);
+
+  // The threads a crew gets on a machine of `cpus` CPUs: only where there are cores to spare.
+  static int automatic_threads(unsigned cpus);
+
   int threads() const { return helpers_wanted_ + 1; }
-  // Copies shared with at least one helper piece, and pieces helpers copied (for tests, stats).
+  // Copies and runs shared with at least one helper piece, and pieces helpers took (tests, stats).
   uint64_t shared_copies() const { return shared_copies_.load(std::memory_order_relaxed); }
   uint64_t helper_pieces() const { return helper_pieces_.load(std::memory_order_relaxed); }
 
@@ -83,6 +93,9 @@ class CopyCrew {
   bool nt_ = false;
   // A job of segments: piece i copies segments_[runs_[i], runs_[i + 1]) (null: dst_, src_, n_).
   const Segment* segments_ = nullptr;
+  // A run(): piece i is work_(first_ + i) (null: a copy).
+  const std::function<void(size_t)>* work_ = nullptr;
+  size_t first_ = 0;
   std::vector<size_t> runs_;
 
   std::atomic<uint64_t> shared_copies_{0}, helper_pieces_{0};

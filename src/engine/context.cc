@@ -119,6 +119,12 @@ Result<EngineParams> params_from(const Config& c) {
   p.stream_workers = workers > 0 ? static_cast<int>(workers)
                                  : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
   p.workers_per_endpoint = c.get_string("stream_worker_scope") == "endpoint";
+  int64_t list_threads = c.get_int("list_threads");
+  if (list_threads < 0 || list_threads > 8)
+    return Status(Code::kInvalidArgument, fmt::format("setting list_threads ({}): {} is not 0 (automatic) or 1-8",
+                                                      c.source("list_threads"), list_threads));
+  p.list_threads = list_threads > 0 ? static_cast<int>(list_threads)
+                                    : CopyCrew::automatic_threads(std::thread::hardware_concurrency());
   DMX_ASSIGN_OR_RETURN(topo::PushMode push, topo::parse_push_mode(c.get_string("gpu_push")));
   uint64_t push_max = c.get_size("gpu_push_max");
   p.push_tx = topo::plan_gpu_push(push, push_max, topo::push_facts(topo::PushLink::kHostWrite));
@@ -149,6 +155,7 @@ ContextImpl::ContextImpl(Config config, EngineParams params, AuthKey auth)
       transports_(default_transports()),
       metrics_(transports_),
       workers_(params_.stream_workers, "dmx-w"),
+      list_crew_(CopyCrew::make(params_.list_threads)),
       budget_(std::make_shared<MemoryBudget>(params_.peer_memory_budget)) {
   boot_id_ = read_boot_id();
   char host[256] = {};

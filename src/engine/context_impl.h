@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/config.h"
+#include "core/copy_crew.h"
 #include "core/sys.h"
 #include "dmx/context.h"
 #include "engine/auth.h"
@@ -92,6 +93,7 @@ struct EngineParams {
   int socket_buffer = 0;
   std::chrono::microseconds busy_poll{50};
   int stream_workers = 1;             // threads of the stream worker set (resolved from 0 = per CPU)
+  int list_threads = 1;               // resolved from 0 = automatic
   bool workers_per_endpoint = false;  // stream_worker_scope=endpoint
   std::string transport = "auto";
   bool checksum = false;  // ask for per-chunk CRC32C (wire::Checksum)
@@ -208,6 +210,8 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   MetricsRegistry& metrics() { return metrics_; }
   // The threads that run every endpoint's streams (stream_worker_scope=context).
   stream::Workers& workers() { return workers_; }
+  // The crew that checks and lays out long write and read lists (list_threads); null for one.
+  CopyCrew* list_crew() { return list_crew_.get(); }
   const MetricsRegistry& metrics() const { return metrics_; }
 
   // The transports new endpoints may offer, in registry order (engine/transports.h; the order a
@@ -306,6 +310,7 @@ class ContextImpl : public std::enable_shared_from_this<ContextImpl> {
   std::unordered_map<std::string, PeerEndpoints> per_peer_;
   MetricsRegistry metrics_;
   stream::Workers workers_;
+  std::shared_ptr<CopyCrew> list_crew_;
   std::shared_ptr<MemoryBudget> budget_;
   mutable std::mutex topo_mu_;  // guards topo_, topo_why_, topo_tried_ (a leaf)
   mutable std::shared_ptr<const topo::Topology> topo_;

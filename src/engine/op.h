@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/clock.h"
@@ -18,17 +19,36 @@ namespace dmx {
 class EndpointImpl;
 struct Registered;
 
-// A vectored operation's bytes (endpoint/vec.cc): segments in the operation's byte order, each
-// contiguous in local memory and, for a write or read, in one remote region. Adjacent entries are
-// merged; zero-length ones dropped. Fixed once built.
-struct VecSeg {
-  uint64_t at = 0;  // offset in the operation's bytes
-  char* local = nullptr;
-  uint64_t length = 0;
-  uint64_t rkey = 0, roffset = 0;  // write / read
+// A vectored operation's bytes (endpoint/vec_list.cc): segments in the operation's byte order,
+// each contiguous in local memory and, for a write or read, in one remote region. Adjacent entries
+// are merged; zero-length ones dropped. Fixed once built.
+struct VecSeg {  // no default values: a long list's layout is sized first and written in place
+  uint64_t at;   // offset in the operation's bytes
+  char* local;
+  uint64_t length;
+  uint64_t rkey, roffset;  // write / read
+};
+// An allocator whose resize() leaves trivial elements as they were (unwritten).
+template <typename T>
+struct NoInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = NoInitAllocator<U>;
+  };
+  NoInitAllocator() = default;
+  template <typename U>
+  NoInitAllocator(const NoInitAllocator<U>&) noexcept {}
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
 };
 struct VecLayout {
-  std::vector<VecSeg> segs;
+  std::vector<VecSeg, NoInitAllocator<VecSeg>> segs;
   uint64_t total = 0;
   MemSpec where;  // every local region of a list is of one kind
   // The segment holding byte `at` of the operation (at < total). `hint`: where a caller that

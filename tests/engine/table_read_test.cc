@@ -32,7 +32,7 @@ TEST(VecLayoutFind, HintsNeverChangeTheAnswer) {
   VecLayout l;
   for (int k = 0; k < 500; ++k) {
     uint64_t len = 1 + rng() % 300;
-    l.segs.push_back(VecSeg{l.total, bytes.data() + l.total, len});
+    l.segs.push_back(VecSeg{l.total, bytes.data() + l.total, len, 0, 0});
     l.total += len;
   }
   size_t hint = 0;

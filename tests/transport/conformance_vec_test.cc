@@ -25,9 +25,11 @@ using namespace std::chrono_literals;
 
 constexpr unsigned char kPoison = 0xA5;
 
+// list_threads 3: long lists are checked and laid out in parts by a crew, on any machine.
 Options vec_options() {
   Options o = test_options(2);
   o.set("chunk_size", "1M").set("keepalive_interval", "20s").set("peer_timeout", kPatientPeerTimeout);
+  o.set("list_threads", "3");
   return o;
 }
 
@@ -251,6 +253,15 @@ TEST_P(ConformanceVec, ListsOfZeroOneAndAHundredThousandEntries) {
   for (uint64_t i = 0; i < kN; ++i) perm[i] = runs[i / kRun] * kRun + i % kRun;
   std::vector<IoEntry> many(kN);
   for (uint64_t i = 0; i < kN; ++i) many[i] = IoEntry{0, 0, i * kS, 64 + perm[i] * kS, kS};
+  // The same list with one block named twice: refused whole, naming the later of the two.
+  std::uniform_int_distribution<uint64_t> at(0, kN - 1);
+  uint64_t a = at(rng()), b = at(rng());
+  while (b == a) b = at(rng());
+  auto twice = many;
+  twice[b].remote_offset = twice[a].remote_offset;
+  Request bad = client_.write_vec(local, remote, twice);
+  EXPECT_EQ(bad.wait(kEventually).code(), Code::kInvalidArgument) << bad.status().to_string();
+  EXPECT_EQ(bad.failed_entry(), static_cast<int64_t>(std::max(a, b)));
   notify.notify_value = 2;
   Request w = client_.write_vec(local, remote, many, notify);
   ASSERT_TRUE(w.wait(2 * kEventually).ok()) << w.status().to_string();

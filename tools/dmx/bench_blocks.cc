@@ -226,7 +226,9 @@ Status run_blocks(Endpoint& ep, const ClientOptions& o, uint64_t blocks, uint64_
   }
   if (!json) fmt::print("# every run's bytes checked where they arrived: all matched\n");
   if (!json)
-    fmt::print("# vectored post: {:.3f} ms of this thread's CPU ({} entries)\n", vectored.post_cpu_s * 1e3, blocks);
+    fmt::print(
+        "# vectored post: {:.3f} ms of the posting thread's CPU ({} entries; list_threads helpers not counted)\n",
+        vectored.post_cpu_s * 1e3, blocks);
   for (const Way* w : {&contiguous, &per_block, &vectored}) {
     double rate = total / w->done_s / 1e9;
     double ratio = contiguous.done_s / w->done_s;

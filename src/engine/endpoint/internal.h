@@ -12,6 +12,8 @@
 #include "dmx/status.h"
 
 namespace dmx {
+
+class CopyCrew;
 struct VecLayout;
 struct OpState;
 }
@@ -66,9 +68,10 @@ struct VecBuild {
   int64_t bad = -1;
   std::shared_ptr<VecLayout> layout;
 };
-// write: no two entries' remote ranges overlap; read: no two local ranges.
+// write: no two entries' remote ranges overlap; read: no two local ranges. A long list is done in
+// parts by `crew` (null: by the caller alone; the context's list_threads); the result is the same.
 VecBuild build_one_sided(std::span<const MemRegion> local, std::span<const RemoteRegion> remote,
-                         std::span<const IoEntry> entries, bool write);
+                         std::span<const IoEntry> entries, bool write, CopyCrew* crew);
 // recv: no two pieces overlap.
 VecBuild build_pieces(std::span<const MemRegion> regions, std::span<const IoPiece> pieces, bool recv);
 

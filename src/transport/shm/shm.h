@@ -70,9 +70,6 @@ struct LinkOptions {
 // is the caller's to add.
 Result<LinkOptions> link_options(const Config& config);
 
-// shm_copy_threads = 0 (automatic) on a machine of `cpus` CPUs.
-int automatic_copy_threads(unsigned cpus);
-
 // The message ids both sides agree on (the engine assigns them on its control channel); ids of
 // one direction must be unique among the messages in flight in that direction.
 using MsgId = uint64_t;

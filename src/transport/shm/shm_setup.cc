@@ -92,13 +92,6 @@ Result<Layout> compute_layout(uint32_t slots, size_t slot_size) {
   return l;
 }
 
-// A helper takes a core while a large message moves: only where there are cores to spare. On two
-// CPUs one took 1 MiB messages through the link alone from 38 to 16 GB/s; on 32 (2xH200), four a
-// side moved 1 MiB at 1.05-1.55x a memcpy where two moved 0.72-0.76x (docs/performance.md).
-int automatic_copy_threads(unsigned cpus) {
-  return cpus >= 32 ? 4 : cpus >= 4 ? 2 : 1;
-}
-
 Result<LinkOptions> link_options(const Config& config) {
   LinkOptions o;
   int64_t slots = config.get_int("shm_slots");
@@ -115,7 +108,7 @@ Result<LinkOptions> link_options(const Config& config) {
     return Status(Code::kInvalidArgument,
                   fmt::format("shm_copy_threads = {}: allowed 0 (automatic) or 1-{}", threads, kMaxCopyThreads));
   o.copy_threads =
-      threads != 0 ? static_cast<int>(threads) : automatic_copy_threads(std::thread::hardware_concurrency());
+      threads != 0 ? static_cast<int>(threads) : CopyCrew::automatic_threads(std::thread::hardware_concurrency());
   DMX_RETURN_IF_ERROR(compute_layout(o.slots, o.slot_size).status());
   return o;
 }
