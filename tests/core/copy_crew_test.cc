@@ -1,10 +1,11 @@
 // CopyCrew: byte-exact like memcpy at odd sizes and offsets, with ordinary and non-temporal stores;
 // bytes around the destination untouched; lists of segments; callers at once; helpers start at the
-// first shared copy, take part, and are gone with the crew.
+// first shared copy, take part, and are gone with the crew; run() calls every piece once.
 #include "core/copy_crew.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -156,6 +157,43 @@ TEST(CopyCrew, SegmentsByteExactAndShared) {
   }
   EXPECT_GT(crew.helper_pieces(), 0u);
   EXPECT_GT(crew.shared_copies(), 0u);
+}
+
+// run(): every piece once, at any count (more than one job's 65,535 included), from callers at
+// once; helpers take part.
+TEST(CopyCrew, RunCallsEveryPieceOnce) {
+  for (int threads : {1, 2, 4}) {
+    CopyCrew crew(threads);
+    for (size_t pieces : {0u, 1u, 2u, 100u, 70000u}) {
+      std::vector<std::atomic<int>> calls(pieces);
+      crew.run(pieces, [&](size_t i) { calls[i].fetch_add(1, std::memory_order_relaxed); });
+      for (size_t i = 0; i < pieces; ++i) ASSERT_EQ(calls[i].load(), 1) << "threads " << threads << " piece " << i;
+    }
+  }
+  CopyCrew crew(3);
+  std::vector<std::thread> callers;
+  std::atomic<int> wrong{0};
+  for (int c = 0; c < 4; ++c)
+    callers.emplace_back([&] {
+      for (int round = 0; round < 50; ++round) {
+        std::vector<std::atomic<int>> calls(300);
+        crew.run(calls.size(), [&](size_t i) { calls[i].fetch_add(1, std::memory_order_relaxed); });
+        for (auto& n : calls)
+          if (n.load() != 1) wrong.fetch_add(1);
+      }
+    });
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (crew.helper_pieces() == 0 && std::chrono::steady_clock::now() < until) {
+    std::atomic<int> sum{0};
+    crew.run(64, [&](size_t i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      sum.fetch_add(static_cast<int>(i));
+    });
+    ASSERT_EQ(sum.load(), 64 * 63 / 2);
+  }
+  EXPECT_GT(crew.helper_pieces(), 0u);
 }
 
 TEST(CopyCrew, OneThreadHasNoHelpers) {
