@@ -1,7 +1,5 @@
 // Endpoint: vectored operations posted. A list is checked and laid out first (vec_list.cc); its
 // segments then move as one operation.
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cstring>
 

@@ -6,13 +6,10 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstring>
-#include <thread>
 #include <unordered_map>
 
 #include "core/checked.h"
 #include "core/copy_crew.h"
-#include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
 #include "engine/op.h"
 
@@ -456,14 +453,6 @@ VecBuild build_in_parts(std::span<const MemRegion> local, std::span<const Remote
 }
 
 }  // namespace
-
-CopyCrew* list_crew() {
-  static const std::unique_ptr<CopyCrew> crew = [] {
-    int threads = CopyCrew::automatic_threads(std::thread::hardware_concurrency());
-    return threads > 1 ? std::make_unique<CopyCrew>(threads) : nullptr;
-  }();
-  return crew.get();
-}
 
 VecBuild build_one_sided(std::span<const MemRegion> local, std::span<const RemoteRegion> remote,
                          std::span<const IoEntry> entries, bool write, CopyCrew* crew) {
