@@ -10,9 +10,11 @@
 //               the source GPU (writing by P2P)
 // Each way starts from fresh random data and is checked block by block; a mismatch exits 1.
 // Usage: segment_copy_bench [--src 0] [--dst 1] [--blocks 16384] [--block-size 65536] [--reps 3]
-//                           [--per-launch N]
-// --per-launch N adds a way shaped like cuda_ipc's table chunks: launches of N descriptors each,
-// read by the kernel from mapped host memory, as ipc_path's receiver issues them.
+//                           [--per-launch N] [--piece P] [--launch-streams L]
+// --per-launch N adds a way shaped like cuda_ipc's table chunks: launches of N blocks each, their
+// descriptors read by the kernel from mapped host memory, as ipc_path's receiver issues them, on
+// L streams in turn (default 1). --piece P cuts blocks into descriptors of at most P bytes
+// (default kSegmentPiece: one warp copies one descriptor).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,6 +47,8 @@ struct Args {
   uint64_t blocks = 16384, block_size = 65536;
   int reps = 3;
   uint64_t per_launch = 0;
+  uint64_t piece = dmx::cuda::kSegmentPiece;
+  int launch_streams = 1;
 };
 
 Args parse(int argc, char** argv) {
@@ -58,13 +62,15 @@ Args parse(int argc, char** argv) {
     else if (k == "--block-size") a.block_size = v;
     else if (k == "--reps") a.reps = static_cast<int>(v);
     else if (k == "--per-launch") a.per_launch = v;
+    else if (k == "--piece") a.piece = v;
+    else if (k == "--launch-streams") a.launch_streams = static_cast<int>(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
     }
   }
-  if (a.blocks == 0 || a.block_size == 0 || a.reps <= 0) {
-    std::fprintf(stderr, "--blocks, --block-size and --reps must be > 0\n");
+  if (a.blocks == 0 || a.block_size == 0 || a.reps <= 0 || a.piece == 0 || a.launch_streams <= 0) {
+    std::fprintf(stderr, "--blocks, --block-size, --reps, --piece and --launch-streams must be > 0\n");
     std::exit(2);
   }
   return a;
@@ -133,10 +139,10 @@ int main(int argc, char** argv) {
   std::vector<dmx::cuda::SegmentCopy> host_descs;
   for (uint64_t i = 0; i < a.blocks; ++i) {
     uint64_t at = host_descs.size();
-    host_descs.resize(at + (a.block_size + dmx::cuda::kSegmentPiece - 1) / dmx::cuda::kSegmentPiece);
+    host_descs.resize(at + (a.block_size + a.piece - 1) / a.piece);
     dmx::cuda::split_segment(reinterpret_cast<uint64_t>(src + from[i] * a.block_size),
                              reinterpret_cast<uint64_t>(dst + to[i] * a.block_size), a.block_size,
-                             host_descs.data() + at);
+                             host_descs.data() + at, a.piece);
   }
   const size_t desc_bytes = host_descs.size() * sizeof(dmx::cuda::SegmentCopy);
   void* pinned = nullptr;
@@ -156,9 +162,12 @@ int main(int argc, char** argv) {
 
   std::vector<unsigned char> src_img(bytes), dst_img(bytes);
   int failures = 0;
-  std::printf("# segment_copy_bench: %lu x %lu B (%.1f MiB) cuda:%d -> cuda:%d, %zu descriptors, best of %d\n",
-              static_cast<unsigned long>(a.blocks), static_cast<unsigned long>(a.block_size),
-              static_cast<double>(moved) / (1 << 20), a.src, a.dst, host_descs.size(), a.reps);
+  std::printf(
+      "# segment_copy_bench: %lu x %lu B (%.1f MiB) cuda:%d -> cuda:%d, %zu descriptors of <= %lu B, %d launch "
+      "stream(s), best of %d\n",
+      static_cast<unsigned long>(a.blocks), static_cast<unsigned long>(a.block_size),
+      static_cast<double>(moved) / (1 << 20), a.src, a.dst, host_descs.size(), static_cast<unsigned long>(a.piece),
+      a.launch_streams, a.reps);
   std::printf("# %-20s %10s %10s %10s\n", "way", "ms", "GB/s", "vs_contig");
   double contiguous_s = 0;
   auto run = [&](const char* name, bool blocked, int device, cudaStream_t stream, auto&& issue) {
@@ -227,16 +236,31 @@ int main(int argc, char** argv) {
   run("kernel on dst (read)", true, a.dst, s_dst, kernel(desc_on_dst));
   run("kernel on src (write)", true, a.src, s_src, kernel(desc_on_src));
   if (a.per_launch > 0) {
+    // The launches go to L streams in turn, each joined to the timed stream by events.
+    CHECK(cudaSetDevice(a.dst));
+    std::vector<cudaStream_t> lanes(a.launch_streams);
+    std::vector<cudaEvent_t> joins(a.launch_streams + 1);
+    for (cudaStream_t& l : lanes) CHECK(cudaStreamCreateWithFlags(&l, cudaStreamNonBlocking));
+    for (cudaEvent_t& e : joins) CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    const uint64_t per_launch = a.per_launch * ((a.block_size + a.piece - 1) / a.piece);  // descriptors
     char name[64];
     std::snprintf(name, sizeof name, "kernel, %lu a launch", static_cast<unsigned long>(a.per_launch));
     run(name, true, a.dst, s_dst, [&](cudaStream_t s) {
       const auto* all = static_cast<const dmx::cuda::SegmentCopy*>(pinned);  // mapped: UVA
-      for (uint64_t at = 0; at < host_descs.size(); at += a.per_launch) {
-        dmx::Status st = dmx::cuda::launch_segment_copy(all + at, std::min(a.per_launch, host_descs.size() - at), s);
+      CHECK(cudaEventRecord(joins[0], s));
+      for (cudaStream_t l : lanes) CHECK(cudaStreamWaitEvent(l, joins[0], 0));
+      size_t k = 0;
+      for (uint64_t at = 0; at < host_descs.size(); at += per_launch, ++k) {
+        dmx::Status st = dmx::cuda::launch_segment_copy(all + at, std::min(per_launch, host_descs.size() - at),
+                                                        lanes[k % lanes.size()]);
         if (!st.ok()) {
           std::fprintf(stderr, "%s\n", st.to_string().c_str());
           std::exit(2);
         }
+      }
+      for (size_t i = 0; i < lanes.size(); ++i) {
+        CHECK(cudaEventRecord(joins[i + 1], lanes[i]));
+        CHECK(cudaStreamWaitEvent(s, joins[i + 1], 0));
       }
     });
   }

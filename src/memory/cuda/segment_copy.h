@@ -24,14 +24,13 @@ static_assert(sizeof(SegmentCopy) == 24);
 // segment is cut into pieces of this size by split_segment (the warps then share it).
 inline constexpr uint64_t kSegmentPiece = 64 << 10;
 
-// Appends [src, +len) -> [dst, +len) to `out` as pieces of at most kSegmentPiece; returns how
-// many it wrote (out must have room for (len + kSegmentPiece - 1) / kSegmentPiece).
-inline uint64_t split_segment(uint64_t src, uint64_t dst, uint64_t len, SegmentCopy* out) {
+// Appends [src, +len) -> [dst, +len) to `out` as pieces of at most `piece` bytes (> 0); returns
+// how many it wrote (out must have room for (len + piece - 1) / piece).
+inline uint64_t split_segment(uint64_t src, uint64_t dst, uint64_t len, SegmentCopy* out,
+                              uint64_t piece = kSegmentPiece) {
   uint64_t n = 0;
-  for (uint64_t at = 0; at < len; at += kSegmentPiece, ++n) {
-    uint64_t piece = len - at < kSegmentPiece ? len - at : kSegmentPiece;
-    out[n] = SegmentCopy{src + at, dst + at, piece};
-  }
+  for (uint64_t at = 0; at < len; at += piece, ++n)
+    out[n] = SegmentCopy{src + at, dst + at, len - at < piece ? len - at : piece};
   return n;
 }
 
