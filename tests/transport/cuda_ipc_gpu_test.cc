@@ -305,5 +305,64 @@ TEST(CudaIpcGpu, GtlbTranslatesExportsAndNeverAStaleOne) {
   EXPECT_EQ(testing::wait_child(c, std::chrono::seconds(60)), 0);
 }
 
+// Batched reads (read_lists) move every byte of lists of every size, several in flight at once, and
+// reuse their pinned descriptor buffers: once a round of sizes has run, later rounds in any order
+// allocate none (a buffer freed to make room for a larger one made the next launch wait for the
+// whole device).
+TEST(CudaIpcGpu, BatchedReadsReuseTheirDescriptorBuffers) {
+  std::string why;
+  int n = probe_gpus(&why);
+  if (n < 1) DMX_SKIP(::dmx::test::kNoGpu) << why;
+  pid_t c = testing::fork_child([&] {
+    constexpr size_t kSize = 64 << 20;
+    auto src = Buffer::allocate({MemKind::kCuda, 0}, kSize);
+    auto dst = Buffer::allocate({MemKind::kCuda, 0}, kSize);
+    CHILD_CHECK(src.ok() && dst.ok(), 10);
+    std::mt19937_64 rng(std::random_device{}());
+    std::vector<uint8_t> from(kSize), want(kSize), got(kSize);
+    for (auto& b : from) b = static_cast<uint8_t>(rng());
+    CHILD_CHECK(host_to(src->region(), from).ok(), 11);
+    Exporter ex;
+    auto d = ex.export_region(src->region());
+    CHILD_CHECK(d.ok(), 12);
+    auto engine = CopyEngine::create({.device = 0, .in_process = true});
+    CHILD_CHECK(engine.ok(), 13);
+    CopyEngine& e = **engine;
+    // Pieces per read: 5,000 and 9,000 pass the smallest buffer's 4,096 descriptors; the runs of 7
+    // and 1 have pieces of several MiB, each cut into many descriptors.
+    std::vector<size_t> sizes = {3000, 7, 5000, 1, 4096, 300, 9000};
+    const size_t slot = kSize / sizes.size();  // each read writes its own part of dst
+    uint64_t op = 0, buffers = 0;
+    for (int round = 0; round < 4; ++round) {
+      for (auto& b : want) b = static_cast<uint8_t>(rng());
+      CHILD_CHECK(host_to(dst->region(), want).ok(), 14);
+      std::shuffle(sizes.begin(), sizes.end(), rng);
+      std::vector<std::vector<CopyEngine::ListPiece>> lists(sizes.size());
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        const size_t room = slot / sizes[k], base = k * slot;
+        for (size_t i = 0; i < sizes[k]; ++i) {
+          size_t len = std::min<size_t>(room, sizes[k] > 64 ? 64 << 10 : kSize) / 2 + rng() % 4;
+          size_t at = base + i * room + rng() % (room - len), off = rng() % (kSize - len);
+          lists[k].push_back({off, dst->region().sub(at, len)});
+          std::copy_n(from.begin() + static_cast<ptrdiff_t>(off), len, want.begin() + static_cast<ptrdiff_t>(at));
+        }
+      }
+      for (size_t k = 0; k < lists.size(); ++k) {
+        CopyEngine::ListRead read{op + k, &*d, lists[k]};
+        CHILD_CHECK(e.read_lists({&read, 1}, "in-process").ok(), 15);
+      }
+      int failures = 0;
+      CHILD_CHECK(finish_all(e, op, op + lists.size() - 1, secs(60), &failures) == 0 && failures == 0, 16);
+      op += lists.size();
+      CHILD_CHECK(copy_memory({got.data(), kSize, {}}, dst->region()).ok(), 17);
+      CHILD_CHECK(got == want, 18);
+      if (round == 0) buffers = e.stats().list_buffers;
+      CHILD_CHECK(buffers == sizes.size() && e.stats().list_buffers == buffers, 19);
+    }
+    return 0;
+  });
+  EXPECT_EQ(testing::wait_child(c, std::chrono::seconds(120)), 0);
+}
+
 }  // namespace
 }  // namespace dmx::cuda_ipc

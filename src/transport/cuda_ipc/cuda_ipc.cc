@@ -33,6 +33,10 @@ static_assert(sizeof(cudaIpcMemHandle_t) == IpcDescriptor::kHandleSize);
 
 // How long an engine being destroyed waits for its copies in flight.
 constexpr auto kDrainOnDestroy = std::chrono::seconds(10);
+// A batch's smallest descriptor buffer: the cuda_ipc path's runs of up to 4,096 pieces of 64 KiB
+// (ipc_path.cc kBatchMax) fit, 96 KiB pinned.
+constexpr size_t kBatchDescriptors = 4096;
+constexpr size_t kBatchStreams = 2;  // streams batched reads take in turn (CopyEngineImpl::batch_streams_)
 
 class CopyEngineImpl final : public CopyEngine {
  public:
@@ -133,33 +137,27 @@ class CopyEngineImpl final : public CopyEngine {
     }
     DeviceGuard guard(options_.device);
     DMX_RETURN_IF_ERROR(guard.status());
-    if (batch_stream_ == nullptr)
+    cudaStream_t& stream = batch_streams_[next_batch_stream_];
+    if (stream == nullptr)
       DMX_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags(batch)", options_.device,
-                               cudaStreamCreateWithFlags(&batch_stream_, cudaStreamNonBlocking));
-    Batch b;
-    if (!spare_batches_.empty()) {
-      b = std::move(spare_batches_.back());
-      spare_batches_.pop_back();
-    }
+                               cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    Batch b = take_spare_batch(pieces);
     auto give_back = [&](Batch& x) {
       for (Copy& c : x.copies) cache_.release(c.peer, c.alloc_id);
       x.copies.clear();
       spare_batches_.push_back(std::move(x));
     };
-    if (b.cap < pieces) {  // pinned and mapped: the kernel reads the descriptors from host memory
-      if (b.descs != nullptr) (void)cudaFreeHost(b.descs);
-      b.descs = nullptr;
-      b.cap = 0;
-      size_t cap = 256;  // doubled: cudaFreeHost waits for the device, so it should happen rarely
+    if (b.cap < pieces) {  // a new one, pinned and mapped: the kernel reads the descriptors from host memory
+      DMX_TRACE_POINT("ipc.b.grow");
+      size_t cap = kBatchDescriptors;
       while (cap < pieces) cap *= 2;
       cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&b.descs), cap * sizeof(cuda::SegmentCopy),
                                     cudaHostAllocPortable | cudaHostAllocMapped);
-      if (e != cudaSuccess) {
-        spare_batches_.push_back(std::move(b));
-        return Status(Code::kResourceExhausted, fmt::format("cuda_ipc batch: cudaHostAlloc of {} descriptors: {}", cap,
-                                                            cuda::error_text(e)));
-      }
+      if (e != cudaSuccess)
+        return Status(Code::kResourceExhausted,
+                      fmt::format("cuda_ipc batch: cudaHostAlloc of {} descriptors: {}", cap, cuda::error_text(e)));
       b.cap = cap;
+      ++stats_.list_buffers;
     }
     if (b.done == nullptr) {
       cudaError_t e = cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming);
@@ -168,6 +166,7 @@ class CopyEngineImpl final : public CopyEngine {
         return Status(Code::kInternal, fmt::format("cuda_ipc batch: cudaEventCreate: {}", cuda::error_text(e)));
       }
     }
+    DMX_TRACE_POINT("ipc.b.ready");
     size_t n = 0;
     uint64_t bytes = 0;
     for (const ListRead& l : lists) {
@@ -185,13 +184,15 @@ class CopyEngineImpl final : public CopyEngine {
         if (p.local.size > 0 && p.local.where.device != l.remote->device) ++stats_.peer_copies;
       }
     }
+    DMX_TRACE_POINT("ipc.b.filled");
     void* on_device = nullptr;
     cudaError_t e = cudaHostGetDevicePointer(&on_device, b.descs, 0);
     Status s = e == cudaSuccess ? Status()
                                 : Status(Code::kInternal, fmt::format("cuda_ipc batch: cudaHostGetDevicePointer: {}",
                                                                       cuda::error_text(e)));
-    if (s.ok()) s = cuda::launch_segment_copy(static_cast<const cuda::SegmentCopy*>(on_device), n, batch_stream_);
-    if (s.ok() && (e = cudaEventRecord(b.done, batch_stream_)) != cudaSuccess)
+    if (s.ok()) s = cuda::launch_segment_copy(static_cast<const cuda::SegmentCopy*>(on_device), n, stream);
+    DMX_TRACE_POINT("ipc.b.launched");
+    if (s.ok() && (e = cudaEventRecord(b.done, stream)) != cudaSuccess)
       s = Status(Code::kInternal, fmt::format("cuda_ipc batch: cudaEventRecord: {}", cuda::error_text(e)));
     if (!s.ok()) {
       give_back(b);
@@ -201,6 +202,7 @@ class CopyEngineImpl final : public CopyEngine {
     stats_.reads += lists.size();
     stats_.bytes += bytes;
     batches_.push_back(std::move(b));
+    next_batch_stream_ = (next_batch_stream_ + 1) % kBatchStreams;
     return Status();
   }
 
@@ -284,13 +286,31 @@ class CopyEngineImpl final : public CopyEngine {
     std::vector<Copy> copies;
   };
 
+  // The smallest spare batch that holds `pieces` descriptors, or an empty one (no buffer yet). A
+  // spare is never freed to make room for a larger one: cudaFreeHost waits for the whole device,
+  // so the next launch waited for the kernels in flight (13-157 us a batch on one H200,
+  // docs/performance.md). Spares stay until the engine goes: as many as were ever in flight.
+  Batch take_spare_batch(size_t pieces) {
+    auto fit = spare_batches_.end();
+    for (auto it = spare_batches_.begin(); it != spare_batches_.end(); ++it)
+      if (it->cap >= pieces && (fit == spare_batches_.end() || it->cap < fit->cap)) fit = it;
+    if (fit == spare_batches_.end()) return Batch{};
+    std::swap(*fit, spare_batches_.back());
+    Batch b = std::move(spare_batches_.back());
+    spare_batches_.pop_back();
+    return b;
+  }
+
   // The destructor's: waits (bounded) for batches in flight, whose kernels use the mappings and
   // the pinned descriptors, then frees what they hold; a hung device's are leaked.
   void end_batches() {
     Deadline deadline = Deadline::after(kDrainOnDestroy);
-    while (!batches_.empty() && cudaEventQuery(batches_.back().done) == cudaErrorNotReady && !deadline.expired())
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    if (!batches_.empty() && cudaEventQuery(batches_.back().done) == cudaErrorNotReady) {
+    auto running = [&] {  // the streams run side by side: any batch may be the last to finish
+      return std::any_of(batches_.begin(), batches_.end(),
+                         [](const Batch& b) { return cudaEventQuery(b.done) == cudaErrorNotReady; });
+    };
+    while (running() && !deadline.expired()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (running()) {
       DMX_LOG_ERROR("cuda_ipc copy engine of cuda:{} destroyed with {} batched reads in flight", options_.device,
                     batches_.size());
       return;  // leaked, as the lanes' streams are
@@ -305,7 +325,8 @@ class CopyEngineImpl final : public CopyEngine {
       if (b.done != nullptr) (void)cudaEventDestroy(b.done);
     }
     spare_batches_.clear();
-    if (batch_stream_ != nullptr) (void)cudaStreamDestroy(batch_stream_);
+    for (cudaStream_t stream : batch_streams_)
+      if (stream != nullptr) (void)cudaStreamDestroy(stream);
   }
 
   Status copy(uint64_t op, const MemRegion& local, const std::string& peer, const IpcDescriptor& remote,
@@ -369,7 +390,12 @@ class CopyEngineImpl final : public CopyEngine {
   CopyQueues queues_;                       // lanes 0..streams-1 of (cuda, options_.device)
   std::vector<CopyQueue*> lanes_;           // from queues_, in lane order
   std::vector<std::deque<Copy>> inflight_;  // per lane, in submission order
-  cudaStream_t batch_stream_ = nullptr;     // read_lists' kernels (made on first use)
+  // read_lists' kernels, a batch on each stream in turn (made on first use): a batch's kernel
+  // starts while the one before drains its last warps, where one stream runs them back to back
+  // (segment_copy_bench, 64 KiB blocks a table a launch on one H200: 0.50 of contiguous on one
+  // stream, 0.70 on two).
+  cudaStream_t batch_streams_[kBatchStreams] = {};
+  size_t next_batch_stream_ = 0;
   std::deque<Batch> batches_;               // in flight, in submission order
   std::vector<Batch> spare_batches_;
   std::vector<bool> can_peer_;

@@ -226,6 +226,7 @@ struct CopyStats {
   uint64_t writes = 0, reads = 0, bytes = 0;
   uint64_t peer_copies = 0;  // between two different GPUs (NVLink / PCIe P2P)
   uint64_t pushes = 0;       // of those copies, made by the SMs (GPU push), not a copy engine
+  uint64_t list_buffers = 0;  // pinned descriptor buffers batched reads allocated (kept for reuse)
 };
 
 // Copies between local memory and peers' exported device memory.
