@@ -213,5 +213,59 @@ TEST(VecListParts, ABadEntryAnywhereIsNamedAsByTheCallerAlone) {
   EXPECT_EQ(b.status.code(), Code::kOutOfRange) << b.status.message();
 }
 
+// A read's READ_REQ frames carry every segment once, in order: tables of at most 1,024 entries,
+// a segment of 4 GiB or more alone, every frame but the last marked "more"; the crew's frames
+// are the caller's, byte for byte.
+TEST(VecListParts, ReadRequestTablesCarryEverySegmentInOrder) {
+  std::mt19937_64 rng(run_seed() + 3);
+  CopyCrew crew(3);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1024}, size_t{1025}, size_t{16383}, size_t{16384}, size_t{100000}}) {
+    for (int big : {0, 1, 7}) {  // segments too long for a table entry
+      VecLayout l;
+      l.segs.resize(n);
+      uint64_t at = 0;
+      for (VecSeg& s : l.segs) {
+        s = VecSeg{at, fake(at), 1 + rng() % 70000, rng() % 5, rng()};
+        at += s.length;
+      }
+      for (int k = 0; k < big && n > 0; ++k) l.segs[rng() % n].length = UINT32_MAX + 1 + rng() % 1000;
+      if (big == 1 && n > 1) l.segs[n - 1].length = uint64_t{1} << 33;  // the last alone
+      std::vector<ControlFrame> a = read_req_frames(l, nullptr), b = read_req_frames(l, &crew);
+      ASSERT_EQ(a.size(), b.size());
+      size_t k = 0;
+      for (size_t f = 0; f < a.size(); ++f) {
+        const wire::FrameHeader &h = a[f].first, &g = b[f].first;
+        ASSERT_TRUE(h.flags == g.flags && h.a0 == g.a0 && h.a1 == g.a1 && h.a2 == g.a2 &&
+                    h.payload_len == g.payload_len && a[f].second == b[f].second)
+            << "frame " << f << " of " << a.size() << ", " << n << " segments";
+        ASSERT_EQ((h.flags & wire::kFlagMore) != 0, f + 1 < a.size()) << "frame " << f;
+        ASSERT_NE(h.flags & wire::kFlagVector, 0u);
+        if ((h.flags & wire::kFlagTable) == 0) {  // one segment, too long for an entry
+          ASSERT_LT(k, n);
+          const VecSeg& s = l.segs[k++];
+          ASSERT_GT(s.length, UINT32_MAX);
+          ASSERT_TRUE(h.a0 == s.rkey && h.a1 == s.roffset && h.a2 == s.length && a[f].second.empty()) << "frame " << f;
+          continue;
+        }
+        ASSERT_TRUE(h.a0 >= 1 && h.a0 <= wire::kMaxTableEntries) << h.a0;
+        ASSERT_EQ(a[f].second.size(), h.a0 * wire::kTableEntrySize);
+        ASSERT_EQ(h.payload_len, a[f].second.size());
+        // A table is full unless a long segment or the list's end follows it.
+        if (h.a0 < wire::kMaxTableEntries && k + h.a0 < n) {
+          ASSERT_GT(l.segs[k + h.a0].length, UINT32_MAX);
+        }
+        for (size_t e = 0; e < h.a0; ++e) {
+          ASSERT_LT(k, n);
+          const VecSeg& s = l.segs[k++];
+          wire::TableEntry t = wire::get_table_entry(a[f].second.data() + e * wire::kTableEntrySize);
+          ASSERT_TRUE(t.key == s.rkey && t.offset == s.roffset && t.length == s.length)
+              << "frame " << f << " entry " << e << ", segment " << k - 1;
+        }
+      }
+      EXPECT_EQ(k, n) << "segments carried";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dmx::endpoint

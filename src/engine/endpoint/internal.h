@@ -6,10 +6,13 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dmx/endpoint.h"
 #include "dmx/memory.h"
 #include "dmx/status.h"
+#include "wire/frame.h"
 
 namespace dmx {
 
@@ -74,5 +77,15 @@ VecBuild build_one_sided(std::span<const MemRegion> local, std::span<const Remot
                          std::span<const IoEntry> entries, bool write, CopyCrew* crew);
 // recv: no two pieces overlap.
 VecBuild build_pieces(std::span<const MemRegion> regions, std::span<const IoPiece> pieces, bool recv);
+// A list of at least this many entries is checked and laid out by the crew (vec_list.cc), and a
+// read's READ_REQ tables are filled by it.
+inline constexpr size_t kCrewEntries = 16384;
+
+// A vectored read's READ_REQ frames, but for type, id and accepts (set under the endpoint's
+// lock): the segments in order, in tables of up to kMaxTableEntries (a segment of 4 GiB or more,
+// whose length an entry cannot hold, in a READ_REQ of its own); every frame but the last says
+// more follow. A long list's tables are filled by `crew`, each on its own (null: by the caller).
+using ControlFrame = std::pair<wire::FrameHeader, std::vector<unsigned char>>;
+std::vector<ControlFrame> read_req_frames(const VecLayout& l, CopyCrew* crew);
 
 }  // namespace dmx::endpoint

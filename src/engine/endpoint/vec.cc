@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/checked.h"
+#include "core/copy_crew.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "engine/endpoint/internal.h"
 #include "engine/op.h"
@@ -70,39 +71,8 @@ Request EndpointImpl::post_read_vec(std::span<const MemRegion> local, std::span<
     return post_one_sided(OpType::kRead, MemRegion{s.local, s.length, l.where},
                           RemoteRegion{s.rkey, s.roffset + s.length}, s.roffset, std::move(o));
   }
-  // The segments in order, in READ_REQ tables of up to 1,024 (a segment of 4 GiB or more, whose
-  // length a table entry cannot hold, in a READ_REQ of its own); the target serves at the last.
   // Built before the lock is taken: the frames need only the operation's id.
-  std::vector<std::pair<FrameHeader, std::vector<unsigned char>>> frames;
-  std::vector<unsigned char> table;
-  auto flush = [&](bool more) {
-    if (table.empty()) return;
-    FrameHeader t;
-    t.flags = wire::kFlagVector | wire::kFlagTable | (more ? wire::kFlagMore : 0);
-    t.a0 = table.size() / wire::kTableEntrySize;
-    t.payload_len = static_cast<uint32_t>(table.size());
-    frames.emplace_back(t, std::move(table));
-    table = {};
-  };
-  for (size_t k = 0; k < l.segs.size(); ++k) {
-    const VecSeg& s = l.segs[k];
-    const bool last = k + 1 == l.segs.size();
-    if (s.length > UINT32_MAX) {
-      flush(/*more=*/true);
-      FrameHeader one;
-      one.flags = wire::kFlagVector | (last ? 0 : wire::kFlagMore);
-      one.a0 = s.rkey;
-      one.a1 = s.roffset;
-      one.a2 = s.length;
-      frames.emplace_back(one, std::vector<unsigned char>());
-      continue;
-    }
-    if (table.empty()) table.reserve(std::min<size_t>(l.segs.size() - k, wire::kMaxTableEntries) * wire::kTableEntrySize);
-    size_t at = table.size();
-    table.resize(at + wire::kTableEntrySize);
-    wire::put_table_entry(table.data() + at, {s.rkey, s.roffset, static_cast<uint32_t>(s.length)});
-    if (last || table.size() == wire::kMaxTableEntries * wire::kTableEntrySize) flush(/*more=*/!last);
-  }
+  std::vector<ControlFrame> frames = read_req_frames(l, ctx_->list_crew());
   auto op = new_op(OpType::kRead, MemRegion{nullptr, l.total, l.where}, o);
   op->vec = std::move(b.layout);
   std::unique_lock<std::mutex> lock(mu_);
@@ -126,6 +96,46 @@ Request EndpointImpl::post_read_vec(std::span<const MemRegion> local, std::span<
   lock.unlock();
   deliver();
   return r;
+}
+
+std::vector<ControlFrame> endpoint::read_req_frames(const VecLayout& l, CopyCrew* crew) {
+  struct Span {
+    size_t first, n;  // n == 0: the segment at `first`, too long for an entry, alone
+  };
+  std::vector<Span> spans;
+  for (size_t k = 0; k < l.segs.size();) {
+    size_t end = k;
+    while (end < l.segs.size() && end - k < wire::kMaxTableEntries && l.segs[end].length <= UINT32_MAX) ++end;
+    spans.push_back({k, end - k});
+    k = end == k ? k + 1 : end;
+  }
+  std::vector<ControlFrame> frames(spans.size());
+  auto fill = [&](size_t i) {
+    const Span& s = spans[i];
+    FrameHeader& h = frames[i].first;
+    h.flags = wire::kFlagVector | (i + 1 < spans.size() ? wire::kFlagMore : 0);
+    if (s.n == 0) {
+      const VecSeg& g = l.segs[s.first];
+      h.a0 = g.rkey;
+      h.a1 = g.roffset;
+      h.a2 = g.length;
+      return;
+    }
+    h.flags |= wire::kFlagTable;
+    h.a0 = s.n;
+    std::vector<unsigned char>& table = frames[i].second;
+    table.resize(s.n * wire::kTableEntrySize);
+    h.payload_len = static_cast<uint32_t>(table.size());
+    unsigned char* p = table.data();
+    for (size_t k = s.first; k < s.first + s.n; ++k, p += wire::kTableEntrySize)
+      wire::put_table_entry(p, {l.segs[k].rkey, l.segs[k].roffset, static_cast<uint32_t>(l.segs[k].length)});
+  };
+  if (crew != nullptr && crew->threads() >= 2 && l.segs.size() >= kCrewEntries) {
+    crew->run(frames.size(), fill);
+  } else {
+    for (size_t i = 0; i < frames.size(); ++i) fill(i);
+  }
+  return frames;
 }
 
 Request EndpointImpl::post_send_vec(std::span<const MemRegion> regions, std::span<const IoPiece> pieces,

@@ -396,7 +396,7 @@ void lay_part(std::span<const MemRegion> local, std::span<const RemoteRegion> re
 // the segments in place while one thread checks the destinations' blocks. A list the first pass
 // refuses is checked again alone, which names its first bad entry as build_alone does.
 constexpr size_t kPartEntries = 4096;
-constexpr size_t kCrewEntries = 4 * kPartEntries;
+static_assert(kCrewEntries >= 2 * kPartEntries);
 
 VecBuild build_in_parts(std::span<const MemRegion> local, std::span<const RemoteRegion> remote,
                         std::span<const IoEntry> entries, bool write, CopyCrew& crew) {
