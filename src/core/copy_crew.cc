@@ -59,9 +59,10 @@ bool CopyCrew::claim(uint32_t gen, uint32_t* piece) {
 }
 
 int CopyCrew::automatic_threads(unsigned cpus) {
-  // On two CPUs a helper took 1 MiB shm messages from 38 to 16 GB/s; on 32 (2xH200), four a side
-  // moved 1 MiB at 1.05-1.55x a memcpy where two moved 0.72-0.76x (docs/performance.md).
-  return cpus >= 32 ? 4 : cpus >= 4 ? 2 : 1;
+  // On two CPUs a helper took 1 MiB shm messages from 38 to 16 GB/s. Four a side moved 1 MiB at
+  // 1.05-1.55x a memcpy on 32 CPUs (2xH200) and 1.33-2.17x on 16 (1xH200), where two moved
+  // 0.72-0.76x and 0.66-0.87x (docs/performance.md).
+  return cpus >= 16 ? 4 : cpus >= 4 ? 2 : 1;
 }
 
 void CopyCrew::copy_piece(uint32_t piece) {
