@@ -174,7 +174,8 @@ constexpr ConfigEntry kTable[] = {
      "own thread alone; 0: 4 on a machine of 16 CPUs or more, 2 on one of 4 or more, else 1); the helpers "
      "are one set per context, shared by its shm links"},
     {"list_threads", ConfigType::kInt, "0",
-     "threads that check and lay out a vectored write or read list of 16,384 entries or more (1-8; 1: the "
+     "threads that check and lay out a vectored write or read list of 16,384 entries or more, and fill a "
+     "read's request tables (1-8; 1: the "
      "posting thread alone; 0: 4 on a machine of 16 CPUs or more, 2 on one of 4 or more, else 1); one set "
      "per context"},
     {"cuda_ipc_streams", ConfigType::kInt, "2", "cuda_ipc: copy streams per local GPU (1-16), used round-robin"},
