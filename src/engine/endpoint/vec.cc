@@ -130,7 +130,7 @@ std::vector<ControlFrame> endpoint::read_req_frames(const VecLayout& l, CopyCrew
     for (size_t k = s.first; k < s.first + s.n; ++k, p += wire::kTableEntrySize)
       wire::put_table_entry(p, {l.segs[k].rkey, l.segs[k].roffset, static_cast<uint32_t>(l.segs[k].length)});
   };
-  if (crew != nullptr && crew->threads() >= 2 && l.segs.size() >= kCrewEntries) {
+  if (crew != nullptr && l.segs.size() >= kCrewEntries) {  // run() alone when it has no helpers
     crew->run(frames.size(), fill);
   } else {
     for (size_t i = 0; i < frames.size(); ++i) fill(i);
