@@ -175,9 +175,8 @@ constexpr ConfigEntry kTable[] = {
      "are one set per context, shared by its shm links"},
     {"list_threads", ConfigType::kInt, "0",
      "threads that check and lay out a vectored write or read list of 16,384 entries or more, and fill a "
-     "read's request tables (1-8; 1: the "
-     "posting thread alone; 0: 4 on a machine of 16 CPUs or more, 2 on one of 4 or more, else 1); one set "
-     "per context"},
+     "read's request tables (1-8; 1: the posting thread alone; 0: 4 on a machine of 16 CPUs or more, 2 on "
+     "one of 4 or more, else 1); one set per context"},
     {"cuda_ipc_streams", ConfigType::kInt, "2", "cuda_ipc: copy streams per local GPU (1-16), used round-robin"},
     {"cuda_ipc_chunk", ConfigType::kSize, "256M",
      "cuda_ipc: largest chunk one copy moves (1M-1G); larger transfers are cut and copied pipelined"},
