@@ -3,11 +3,14 @@
 // and mapped by openers.cc through the driver wrapper in src/memory/cuda/driver.h), copies with cudaMemcpyAsync on
 // the lanes of the local GPU from the copy-queue cache (memory/copy_queues.h: non-blocking streams
 // on the copy engines), completion by a fence (a pooled event) per copy.
+#include "transport/cuda_ipc/cuda_ipc.h"
+
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -16,12 +19,11 @@
 #include "core/log.h"
 #include "core/sys.h"
 #include "core/trace.h"
-#include "memory/cuda/segment_copy.h"
 #include "memory/backend.h"
 #include "memory/copy_queues.h"
 #include "memory/cuda/driver.h"
 #include "memory/cuda/runtime.h"
-#include "transport/cuda_ipc/cuda_ipc.h"
+#include "memory/cuda/segment_copy.h"
 #include "transport/cuda_ipc/openers.h"
 
 namespace dmx::cuda_ipc {
@@ -149,8 +151,7 @@ class CopyEngineImpl final : public CopyEngine {
     };
     if (b.cap < pieces) {  // a new one, pinned and mapped: the kernel reads the descriptors from host memory
       DMX_TRACE_POINT("ipc.b.grow");
-      size_t cap = kBatchDescriptors;
-      while (cap < pieces) cap *= 2;
+      const size_t cap = std::bit_ceil(std::max(pieces, kBatchDescriptors));
       cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&b.descs), cap * sizeof(cuda::SegmentCopy),
                                     cudaHostAllocPortable | cudaHostAllocMapped);
       if (e != cudaSuccess)
@@ -286,9 +287,10 @@ class CopyEngineImpl final : public CopyEngine {
     std::vector<Copy> copies;
   };
 
-  // The smallest spare batch that holds `pieces` descriptors, or an empty one (no buffer yet). A
-  // spare is never freed to make room for a larger one: cudaFreeHost waits for the whole device,
-  // so the next launch waited for the kernels in flight (13-157 us a batch on one H200,
+  // The smallest spare batch that holds `pieces` descriptors, or an empty one (no buffer yet);
+  // sizes rounded up and kept, as the CUDA queue's list buffers are (ListCopier::take). A spare is
+  // never freed to make room for a larger one: cudaFreeHost waits for the whole device, so the
+  // next launch waited for the kernels in flight (13-157 us a batch on one H200,
   // docs/performance.md). Spares stay until the engine goes: as many as were ever in flight.
   Batch take_spare_batch(size_t pieces) {
     auto fit = spare_batches_.end();
@@ -393,7 +395,8 @@ class CopyEngineImpl final : public CopyEngine {
   // read_lists' kernels, a batch on each stream in turn (made on first use): a batch's kernel
   // starts while the one before drains its last warps, where one stream runs them back to back
   // (segment_copy_bench, 64 KiB blocks a table a launch on one H200: 0.50 of contiguous on one
-  // stream, 0.70 on two).
+  // stream, 0.70 on two). In the engine it gained nothing on one GPU; two GPUs are not measured
+  // (docs/performance.md).
   cudaStream_t batch_streams_[kBatchStreams] = {};
   size_t next_batch_stream_ = 0;
   std::deque<Batch> batches_;               // in flight, in submission order
