@@ -105,11 +105,11 @@ constexpr ConfigEntry kTable[] = {
     {"staging_slots", ConfigType::kInt, "4", "pinned staging slots per stream for device memory (2-64)"},
     {"busy_poll", ConfigType::kDuration, "50us",
      "after activity, stream workers poll this long before sleeping (latency vs. idle CPU), except after "
-     "32 KiB or more of bulk data; the default applies on machines with 8 or more CPUs, below that it is 0 "
-     "(spinning starves the other threads)"},
+     "32 KiB or more of bulk data; the default applies with 8 or more usable CPUs (the affinity mask, "
+     "capped by a cgroup v2 CPU quota: dmx probe's cpus), below that it is 0 (spinning starves the other threads)"},
     {"stream_workers", ConfigType::kInt, "0",
      "threads that run the streams of this context's endpoints, each an event loop over many streams "
-     "(docs/threading.md); 0: one per CPU, at most 16"},
+     "(docs/threading.md); 0: one per usable CPU, at most 16"},
     {"stream_worker_scope", ConfigType::kString, "context",
      "context: one set of stream_workers for all endpoints (threads do not grow with endpoints); endpoint: "
      "each endpoint runs its streams on one thread of its own",
@@ -171,12 +171,12 @@ constexpr ConfigEntry kTable[] = {
     {"shm_spin", ConfigType::kDuration, "50us", "shm link: how long a waiter spins before sleeping on its eventfd"},
     {"shm_copy_threads", ConfigType::kInt, "0",
      "shm link: threads that share each copy of 512 KiB or more into or out of a slot (1-8; 1: the path's "
-     "own thread alone; 0: 4 on a machine of 16 CPUs or more, 2 on one of 4 or more, else 1); the helpers "
+     "own thread alone; 0: 4 with 16 usable CPUs or more, 2 with 4 or more, else 1); the helpers "
      "are one set per context, shared by its shm links"},
     {"list_threads", ConfigType::kInt, "0",
      "threads that check and lay out a vectored write or read list of 16,384 entries or more, and fill a "
-     "read's request tables (1-8; 1: the posting thread alone; 0: 4 on a machine of 16 CPUs or more, 2 on "
-     "one of 4 or more, else 1); one set per context"},
+     "read's request tables (1-8; 1: the posting thread alone; 0: 4 with 16 usable CPUs or more, 2 with 4 or "
+     "more, else 1); one set per context"},
     {"cuda_ipc_streams", ConfigType::kInt, "2", "cuda_ipc: copy streams per local GPU (1-16), used round-robin"},
     {"cuda_ipc_chunk", ConfigType::kSize, "256M",
      "cuda_ipc: largest chunk one copy moves (1M-1G); larger transfers are cut and copied pipelined"},

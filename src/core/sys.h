@@ -1,4 +1,4 @@
-// Small operating-system helpers: owned file descriptors, errno text, random bytes.
+// Small operating-system helpers: owned file descriptors, errno text, random bytes, usable CPUs.
 #pragma once
 
 #include <unistd.h>
@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "dmx/status.h"
@@ -56,5 +57,19 @@ std::string errno_text(int err);
 // Cryptographically strong random bytes (getrandom).
 Status random_bytes(void* out, size_t n);
 uint64_t random_u64();
+
+// The CPUs this process may run on: its affinity mask (taskset, a cpuset), capped by the CPU
+// quota of its cgroup v2 and every parent's (cpu.max, rounded up). Sizes thread counts and
+// spinning, where std::thread::hardware_concurrency counts every CPU of the host. `why`, when
+// given, gets how the number was found: "4 (affinity 16 of 128; cgroup cpu.max 3.5 CPUs at /x)".
+unsigned usable_cpus(std::string* why = nullptr);
+
+// The seams of usable_cpus, for tests. The cgroup v2 mount in /proc/self/mountinfo's text: its
+// mount point and the cgroup path it shows as its root ("" and "" when none).
+std::pair<std::string, std::string> cgroup2_mount(std::string_view mountinfo);
+// The lowest CPU quota (cpu.max, in millionths of a CPU) on the way from the cgroup that
+// /proc/self/cgroup's text `self` names up to the mount, with the mount at `dir` showing the
+// cgroup path `root`; 0 when none sets one. `at` gets the cgroup that sets it.
+uint64_t cgroup_quota_micros(const std::string& dir, std::string_view root, std::string_view self, std::string* at);
 
 }  // namespace dmx

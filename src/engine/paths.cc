@@ -2,8 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <thread>
-
+#include "core/sys.h"
 #include "core/units.h"
 #include "engine/transports.h"
 #include "memory/backend.h"
@@ -22,12 +21,14 @@ std::vector<Capability> probe_engine_paths(const Config& c) {
   bool default_poll = false;
   for (const auto& item : c.items())
     if (item.entry->name == "busy_poll") default_poll = item.source == "default";
-  unsigned cpus = std::thread::hardware_concurrency();
+  std::string cpus_found;
+  unsigned cpus = usable_cpus(&cpus_found);
   std::string poll = default_poll && cpus < 8
                          ? fmt::format("0 (default adapted: {} CPUs; spinning would starve other threads)", cpus)
                          : fmt::format("{} us", c.get_duration("busy_poll").count());
   streams.facts = {{"auth", c.get_bool("insecure") ? "off (insecure)" : "HMAC-SHA256 shared key"},
                    {"busy_poll", poll},
+                   {"cpus", cpus_found},
                    {"transport_setting", c.get_string("transport")}};
   out.push_back(std::move(streams));
   // The transports, in the registry's order: whether this host offers each

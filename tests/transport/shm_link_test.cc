@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/config.h"
+#include "core/sys.h"
 #include "memory/backend.h"
 #include "transport/transport_test_util.h"
 
@@ -322,7 +323,7 @@ TEST(ShmLink, AutomaticCopyThreadsFollowTheCpus) {
   EXPECT_EQ(link_options(*c)->copy_threads, 3);
   c = Config::resolve(Options());
   ASSERT_TRUE(c.ok());
-  EXPECT_EQ(link_options(*c)->copy_threads, CopyCrew::automatic_threads(std::thread::hardware_concurrency()));
+  EXPECT_EQ(link_options(*c)->copy_threads, CopyCrew::automatic_threads(usable_cpus()));
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // The public handles of an endpoint and of an operation (include/dmx/endpoint.h): thin wrappers
 // of EndpointImpl and OpState; an empty handle fails every call with the reason.
 #include <chrono>
-#include <thread>
 
+#include "core/sys.h"
 #include "core/trace.h"
 #include "engine/endpoint/endpoint_impl.h"
 #include "stream/workers.h"
@@ -90,7 +90,7 @@ Status Request::wait(Duration timeout) const {
   // the completing worker needs (measured on 2 cores), nor once the operation is known to be
   // large, as it outlasts the spin: a waiter spinning through a stream of 1 MiB messages cost a
   // core (docs/performance.md). A receive counts as small until its message is matched.
-  static const auto kSpin = std::chrono::microseconds(std::thread::hardware_concurrency() >= 8 ? 100 : 0);
+  static const auto kSpin = std::chrono::microseconds(usable_cpus() >= 8 ? 100 : 0);
   constexpr uint64_t kSpinMaxBytes = 64 << 10;
   auto spin_until = std::chrono::steady_clock::now() + kSpin;
   while (!op_->completed.load(std::memory_order_acquire) &&

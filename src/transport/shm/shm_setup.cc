@@ -15,10 +15,10 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <thread>
 
 #include "core/config.h"
 #include "core/log.h"
+#include "core/sys.h"
 #include "transport/shm/link_impl.h"
 
 namespace dmx::shm {
@@ -107,8 +107,7 @@ Result<LinkOptions> link_options(const Config& config) {
   if (threads < 0 || threads > kMaxCopyThreads)
     return Status(Code::kInvalidArgument,
                   fmt::format("shm_copy_threads = {}: allowed 0 (automatic) or 1-{}", threads, kMaxCopyThreads));
-  o.copy_threads =
-      threads != 0 ? static_cast<int>(threads) : CopyCrew::automatic_threads(std::thread::hardware_concurrency());
+  o.copy_threads = threads != 0 ? static_cast<int>(threads) : CopyCrew::automatic_threads(usable_cpus());
   DMX_RETURN_IF_ERROR(compute_layout(o.slots, o.slot_size).status());
   return o;
 }
