@@ -24,7 +24,7 @@ std::vector<Capability> probe_engine_paths(const Config& c) {
   std::string cpus_found;
   unsigned cpus = usable_cpus(&cpus_found);
   std::string poll = default_poll && cpus < 8
-                         ? fmt::format("0 (default adapted: {} CPUs; spinning would starve other threads)", cpus)
+                         ? fmt::format("0 (default adapted: {} usable CPUs; spinning would starve other threads)", cpus)
                          : fmt::format("{} us", c.get_duration("busy_poll").count());
   streams.facts = {{"auth", c.get_bool("insecure") ? "off (insecure)" : "HMAC-SHA256 shared key"},
                    {"busy_poll", poll},
