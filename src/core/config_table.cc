@@ -171,11 +171,11 @@ constexpr ConfigEntry kTable[] = {
     {"shm_spin", ConfigType::kDuration, "50us", "shm link: how long a waiter spins before sleeping on its eventfd"},
     {"shm_copy_threads", ConfigType::kInt, "0",
      "shm link: threads that share each copy of 512 KiB or more into or out of a slot (1-8; 1: the path's "
-     "own thread alone; 0: 4 with 16 usable CPUs or more, 2 with 4 or more, else 1); the helpers "
+     "own thread alone; 0: 4 with 8 usable CPUs or more, 2 with 4 or more, else 1); the helpers "
      "are one set per context, shared by its shm links"},
     {"list_threads", ConfigType::kInt, "0",
      "threads that check and lay out a vectored write or read list of 16,384 entries or more, and fill a "
-     "read's request tables (1-8; 1: the posting thread alone; 0: 4 with 16 usable CPUs or more, 2 with 4 or "
+     "read's request tables (1-8; 1: the posting thread alone; 0: 4 with 8 usable CPUs or more, 2 with 4 or "
      "more, else 1); one set per context"},
     {"cuda_ipc_streams", ConfigType::kInt, "2", "cuda_ipc: copy streams per local GPU (1-16), used round-robin"},
     {"cuda_ipc_chunk", ConfigType::kSize, "256M",

@@ -61,8 +61,9 @@ bool CopyCrew::claim(uint32_t gen, uint32_t* piece) {
 int CopyCrew::automatic_threads(unsigned cpus) {
   // On two CPUs a helper took 1 MiB shm messages from 38 to 16 GB/s. Four a side moved 1 MiB at
   // 1.05-1.55x a memcpy on 32 CPUs (2xH200) and 1.33-2.17x on 16 (1xH200), where two moved
-  // 0.72-0.76x and 0.66-0.87x (docs/performance.md).
-  return cpus >= 16 ? 4 : cpus >= 4 ? 2 : 1;
+  // 0.72-0.76x and 0.66-0.87x; on 8 of the H200's CPUs 1.4-1.5x two's rate, on 4 no better
+  // (docs/performance.md).
+  return cpus >= 8 ? 4 : cpus >= 4 ? 2 : 1;
 }
 
 void CopyCrew::copy_piece(uint32_t piece) {

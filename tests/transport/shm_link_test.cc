@@ -316,8 +316,8 @@ TEST(ShmLink, OptionsFromTheConfigTable) {
 // shm_copy_threads = 0: the link's thread alone on a small machine, a crew where cores are spare.
 TEST(ShmLink, AutomaticCopyThreadsFollowTheCpus) {
   for (unsigned cpus : {0u, 1u, 3u}) EXPECT_EQ(CopyCrew::automatic_threads(cpus), 1) << cpus;
-  for (unsigned cpus : {4u, 15u}) EXPECT_EQ(CopyCrew::automatic_threads(cpus), 2) << cpus;
-  for (unsigned cpus : {16u, 32u, 128u}) EXPECT_EQ(CopyCrew::automatic_threads(cpus), 4) << cpus;
+  for (unsigned cpus : {4u, 7u}) EXPECT_EQ(CopyCrew::automatic_threads(cpus), 2) << cpus;
+  for (unsigned cpus : {8u, 16u, 32u, 128u}) EXPECT_EQ(CopyCrew::automatic_threads(cpus), 4) << cpus;
   auto c = Config::resolve(Options().set("shm_copy_threads", "3"));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(link_options(*c)->copy_threads, 3);
