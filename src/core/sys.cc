@@ -52,9 +52,12 @@ namespace {
 
 std::string read_small_file(const std::string& path, size_t max = 64 << 10) {
   std::ifstream in(path);
-  std::string text(max, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
+  std::string text;
+  char buf[4096];
+  while (in && text.size() < max) {
+    in.read(buf, sizeof buf);
+    text.append(buf, static_cast<size_t>(in.gcount()));
+  }
   return text;
 }
 

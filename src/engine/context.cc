@@ -108,20 +108,21 @@ Result<EngineParams> params_from(const Config& c) {
   p.nics = c.get_string("nics");
   p.reconnect_timeout = c.get_duration("reconnect_timeout");
   if (p.reconnect_timeout.count() < 0) return Status(Code::kInvalidArgument, "reconnect_timeout must not be negative");
+  const unsigned cpus = usable_cpus();
   p.busy_poll = c.get_duration("busy_poll");
   for (const auto& item : c.items())  // an explicit value is always honoured; the default adapts
-    if (item.entry->name == "busy_poll" && item.source == "default" && usable_cpus() < 8)
+    if (item.entry->name == "busy_poll" && item.source == "default" && cpus < 8)
       p.busy_poll = std::chrono::microseconds(0);
   if (p.busy_poll > std::chrono::milliseconds(100)) return Status(Code::kInvalidArgument, "busy_poll must be at most 100ms");
   int64_t workers = c.get_int("stream_workers");
   if (workers < 0 || workers > 1024) return Status(Code::kInvalidArgument, "stream_workers must be 0-1024");
-  p.stream_workers = workers > 0 ? static_cast<int>(workers) : static_cast<int>(std::clamp(usable_cpus(), 1u, 16u));
+  p.stream_workers = workers > 0 ? static_cast<int>(workers) : static_cast<int>(std::clamp(cpus, 1u, 16u));
   p.workers_per_endpoint = c.get_string("stream_worker_scope") == "endpoint";
   int64_t list_threads = c.get_int("list_threads");
   if (list_threads < 0 || list_threads > 8)
     return Status(Code::kInvalidArgument, fmt::format("setting list_threads ({}): {} is not 0 (automatic) or 1-8",
                                                       c.source("list_threads"), list_threads));
-  p.list_threads = list_threads > 0 ? static_cast<int>(list_threads) : CopyCrew::automatic_threads(usable_cpus());
+  p.list_threads = list_threads > 0 ? static_cast<int>(list_threads) : CopyCrew::automatic_threads(cpus);
   DMX_ASSIGN_OR_RETURN(topo::PushMode push, topo::parse_push_mode(c.get_string("gpu_push")));
   uint64_t push_max = c.get_size("gpu_push_max");
   p.push_tx = topo::plan_gpu_push(push, push_max, topo::push_facts(topo::PushLink::kHostWrite));
