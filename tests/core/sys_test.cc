@@ -1,14 +1,22 @@
 // usable_cpus: the affinity mask and the cgroup v2 CPU quota, through their seams on a made-up
-// cgroup tree, and the real mask narrowed on a thread.
+// cgroup tree, the real mask narrowed on a thread, and a real quota where the test may set one
+// (the soft-RoCE guest of scripts/rxe-check.sh, which must).
 #include "core/sys.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
+#include <vector>
 
 namespace dmx {
 namespace {
@@ -110,6 +118,76 @@ TEST(UsableCpus, FollowTheAffinityMask) {
   ASSERT_EQ(rc, 0);
   EXPECT_EQ(narrowed, 1u);
   EXPECT_NE(why.find("affinity 1 of"), std::string::npos) << why;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Writes `text` to a cgroup file; "" when it took it, else why not (the kernel's errno).
+std::string put(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY);
+  if (fd < 0) return path + ": open: " + std::strerror(errno);
+  ssize_t n = ::write(fd, text.data(), text.size());
+  std::string e =
+      n == static_cast<ssize_t>(text.size()) ? "" : path + ": write '" + text + "': " + std::strerror(errno);
+  ::close(fd);
+  return e;
+}
+
+// The guest mounts no cgroup2; elsewhere the test uses the one mounted, when it may.
+TEST(UsableCpus, ObeyARealCgroupQuota) {
+  const bool guest = std::getenv("DMX_RXE_GUEST") != nullptr;
+  const auto refuse = [&](const std::string& why) {
+    if (guest) FAIL() << why;
+    GTEST_SKIP() << "no cgroup v2 quota can be set here: " << why;
+  };
+  auto [dir, root] = cgroup2_mount(slurp("/proc/self/mountinfo"));
+  struct Mounted {
+    std::string at;
+    ~Mounted() {
+      if (!at.empty()) ::umount2(at.c_str(), MNT_DETACH), ::rmdir(at.c_str());
+    }
+  } mounted;
+  if (dir.empty()) {
+    if (!guest) return refuse("no cgroup2 mount");
+    char tmpl[] = "/tmp/dmx-cg-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    ASSERT_EQ(::mount("none", tmpl, "cgroup2", 0, nullptr), 0) << std::strerror(errno);
+    mounted.at = dir = tmpl;
+    root = "/";
+  }
+  std::string self = slurp("/proc/self/cgroup"), path;
+  for (std::istringstream lines(self); std::getline(lines, path);)
+    if (path.starts_with("0::")) break;
+  if (!path.starts_with("0::") || root != "/") return refuse("this process's cgroup is not under the mount's root");
+  path = path.substr(3) == "/" ? "" : path.substr(3);
+  const std::string base = dir + path, q = base + "/dmx-quota-" + std::to_string(::getpid()), r = q + "/r";
+  // Half a CPU on the parent, none on the child the process joins: the lowest on the way up binds.
+  if (std::string e = put(base + "/cgroup.subtree_control", "+cpu"); !e.empty()) return refuse(e);
+  ASSERT_TRUE(std::filesystem::create_directories(r)) << r;
+  struct Removed {
+    std::string q, r, back;
+    ~Removed() {
+      put(back + "/cgroup.procs", std::to_string(::getpid()));  // a cgroup with a process stays
+      ::rmdir(r.c_str());
+      ::rmdir(q.c_str());
+    }
+  } removed{q, r, base};
+  const std::string pid = std::to_string(::getpid());
+  for (const auto& [file, text] :
+       std::vector<std::pair<std::string, std::string>>{{q + "/cgroup.subtree_control", "+cpu"},
+                                                        {q + "/cpu.max", "50000 100000"},
+                                                        {r + "/cpu.max", "max 100000"},
+                                                        {r + "/cgroup.procs", pid}})
+    if (std::string e = put(file, text); !e.empty()) return refuse(e);
+  std::string why;
+  const unsigned cpus = usable_cpus(&why);
+  EXPECT_EQ(cpus, 1u) << why;
+  EXPECT_NE(why.find("cgroup cpu.max 0.50 CPUs at " + path + "/dmx-quota-"), std::string::npos) << why;
 }
 
 }  // namespace
