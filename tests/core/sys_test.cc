@@ -18,31 +18,15 @@
 #include <thread>
 #include <vector>
 
+#include "temp_dir.h"
+#include "test_env.h"
+
 namespace dmx {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/dmx-cgroup-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-void write(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::trunc) << text;
-}
+using test::TempDir;
 
 TEST(UsableCpus, FindsTheCgroup2Mount) {
   const std::string info =
@@ -57,14 +41,14 @@ TEST(UsableCpus, FindsTheCgroup2Mount) {
 
 TEST(UsableCpus, TakesTheLowestQuotaOnTheWayUp) {
   TempDir d;
-  write(d.path() + "/a/cpu.max", "max 100000\n");
-  write(d.path() + "/a/b/cpu.max", "350000 100000\n");
-  write(d.path() + "/a/b/c/cpu.max", "max 100000\n");
+  test::write_file(d.path() + "/a/cpu.max", "max 100000\n");
+  test::write_file(d.path() + "/a/b/cpu.max", "350000 100000\n");
+  test::write_file(d.path() + "/a/b/c/cpu.max", "max 100000\n");
   std::string at;
   EXPECT_EQ(cgroup_quota_micros(d.path(), "/", "0::/a/b/c\n", &at), 3'500'000u);
   EXPECT_EQ(at, "/a/b");
   // A parent's lower quota binds its children.
-  write(d.path() + "/a/cpu.max", "50000 100000\n");
+  test::write_file(d.path() + "/a/cpu.max", "50000 100000\n");
   EXPECT_EQ(cgroup_quota_micros(d.path(), "/", "0::/a/b/c\n", &at), 500'000u);
   EXPECT_EQ(at, "/a");
   // The v1 controllers' lines are not the unified hierarchy's.
@@ -77,8 +61,8 @@ TEST(UsableCpus, TakesTheLowestQuotaOnTheWayUp) {
 
 TEST(UsableCpus, ReadsAMountOfAnotherCgroupRoot) {
   TempDir d;  // a container: its cgroup is the mount's root, its own cpu.max at the top
-  write(d.path() + "/cpu.max", "200000 100000\n");
-  write(d.path() + "/sub/cpu.max", "max 100000\n");
+  test::write_file(d.path() + "/cpu.max", "200000 100000\n");
+  test::write_file(d.path() + "/sub/cpu.max", "max 100000\n");
   std::string at;
   EXPECT_EQ(cgroup_quota_micros(d.path(), "/pod1", "0::/pod1/sub\n", &at), 2'000'000u);
   EXPECT_EQ(at, "/");
@@ -92,10 +76,10 @@ TEST(UsableCpus, IgnoresWhatIsNotAQuota) {
   std::string at;
   for (const char* text : {"", "max", "max 100000", "100000 0", "0 100000", "-5 100000", "abc 100000",
                            "100000 100000 7", "18446744073709551615 100000", "1e5 100000"}) {
-    write(d.path() + "/a/cpu.max", text);
+    test::write_file(d.path() + "/a/cpu.max", text);
     EXPECT_EQ(cgroup_quota_micros(d.path(), "/", "0::/a\n", &at), 0u) << "'" << text << "'";
   }
-  write(d.path() + "/a/cpu.max", "1 1000000");  // a millionth of a CPU still counts as one
+  test::write_file(d.path() + "/a/cpu.max", "1 1000000");  // a millionth of a CPU still counts as one
   EXPECT_EQ(cgroup_quota_micros(d.path(), "/", "0::/a\n", &at), 1u);
 }
 
@@ -143,7 +127,7 @@ TEST(UsableCpus, ObeyARealCgroupQuota) {
   const bool guest = std::getenv("DMX_RXE_GUEST") != nullptr;
   const auto refuse = [&](const std::string& why) {
     if (guest) FAIL() << why;
-    GTEST_SKIP() << "no cgroup v2 quota can be set here: " << why;
+    DMX_SKIP(test::kNoCapability) << "no cgroup v2 CPU quota can be set here: " << why;
   };
   auto [dir, root] = cgroup2_mount(slurp("/proc/self/mountinfo"));
   struct Mounted {

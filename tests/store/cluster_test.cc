@@ -24,11 +24,6 @@ namespace {
 using testing::EtcdServer;
 using test::kEventually;
 
-#define NEED_ETCD(server)                                                                                           \
-  if (!EtcdServer::available()) DMX_SKIP("no etcd") << EtcdServer::kBinary << " is absent (apt-get install etcd-server)"; \
-  EtcdServer server;                                                                                                \
-  ASSERT_TRUE(server.start()) << "etcd did not start"
-
 Context make(const EtcdServer& etcd, const std::string& name, const std::string& key = "cluster-test-key-123") {
   Options o;
   o.set("store", etcd.url()).set("store_job", "t").set("auth_key", key).set("store_watch_interval", "200ms");
@@ -77,7 +72,7 @@ std::unique_ptr<Server> serve(const EtcdServer& etcd, const std::string& name) {
 }
 
 TEST(Cluster, ConnectByNameWriteIntoAPublishedRegion) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   auto a = serve(etcd, "a");
   EXPECT_GT(a->ctx.epoch(), 0u);
   Context b = make(etcd, "");
@@ -106,7 +101,7 @@ TEST(Cluster, ConnectByNameWriteIntoAPublishedRegion) {
 }
 
 TEST(Cluster, RestartedPeerFailsItsPartnersAndItsOldRegionsAreRefused) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   auto a = serve(etcd, "a");
   uint64_t old_epoch = a->ctx.epoch();
   Context b = make(etcd, "b");
@@ -155,7 +150,7 @@ TEST(Cluster, RestartedPeerFailsItsPartnersAndItsOldRegionsAreRefused) {
 }
 
 TEST(Cluster, EndedLeaseFailsThePartners) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   auto a = serve(etcd, "a");
   Context b = make(etcd, "");
   auto ep = b.connect("dmx://t/a");
@@ -172,7 +167,7 @@ TEST(Cluster, EndedLeaseFailsThePartners) {
 }
 
 TEST(Cluster, StaleEntryPointingAtAnotherProcessIsRefusedInTheHandshake) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   auto a = serve(etcd, "a");
   auto c = serve(etcd, "c");
   // Someone with the key points a's entry at c's address: the handshake says c is not a.
@@ -194,7 +189,7 @@ TEST(Cluster, StaleEntryPointingAtAnotherProcessIsRefusedInTheHandshake) {
 }
 
 TEST(Cluster, StoreAwayKeepsEndpointsFailsLookupsAndComesBack) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   auto a = serve(etcd, "a");
   Context b = make(etcd, "");
   auto ep = b.connect("dmx://t/a");
@@ -229,7 +224,7 @@ TEST(Cluster, StoreAwayKeepsEndpointsFailsLookupsAndComesBack) {
 // 0.0.0.0 (a peer would dial itself); the port is the listener's. Looked up only: connecting to
 // a non-loopback address stays for tests/netns (scripts/soak-cluster.sh with SOAK_LINKS=2).
 TEST(Cluster, AWildcardListenerPublishesTheHostsAddresses) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   Context a = make(etcd, "wild-" + std::to_string(std::random_device{}()));
   auto l = a.listen("tcp://0.0.0.0:0");
   ASSERT_TRUE(l.ok()) << l.status().to_string();
@@ -252,7 +247,7 @@ TEST(Cluster, AWildcardListenerPublishesTheHostsAddresses) {
 // pool per GPU (03:00.0 on node 0, 83:00.0 on node 1; no CUDA overlay: ordinals in PCI order) and
 // the NVMe's published p2pmem (05:00.0, node 0).
 TEST(Cluster, TheEnginePublishesItsPoolsWithTheirPlacement) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   const char* base = std::getenv("DMX_TEST_FIXTURES");
   std::string root = std::string(base ? base : "tests/fixtures") + "/topo/dual-socket-icelake";
   Options o;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "store/store.h"
+#include "test_env.h"
 
 namespace dmx::testing {
 
@@ -98,3 +99,13 @@ class EtcdServer {
 };
 
 }  // namespace dmx::testing
+
+// A test of the etcd store: skips where the build has no etcd client (cpp-httplib) or the host no
+// etcd, else starts one as `server`.
+#define DMX_NEED_ETCD(server)                                                                                      \
+  if (!DMX_TEST_HAVE_HTTPLIB) DMX_SKIP(::dmx::test::kNotBuilt) << "the etcd store (no cpp-httplib in this build)"; \
+  if (!::dmx::testing::EtcdServer::available())                                                                    \
+    DMX_SKIP(::dmx::test::kNotInstalled) << ::dmx::testing::EtcdServer::kBinary                                    \
+                                         << " is absent (apt-get install etcd-server)";                            \
+  ::dmx::testing::EtcdServer server;                                                                               \
+  ASSERT_TRUE(server.start()) << "etcd did not start"

@@ -20,11 +20,6 @@ namespace {
 using testing::EtcdServer;
 using test::kEventually;
 
-#define NEED_ETCD(server)                                                        \
-  if (!EtcdServer::available()) DMX_SKIP("no etcd") << EtcdServer::kBinary << " is absent (apt-get install etcd-server)"; \
-  EtcdServer server;                                                             \
-  ASSERT_TRUE(server.start()) << "etcd did not start"
-
 store::Secret secret(const std::string& k) { return store::Secret{false, std::vector<unsigned char>(k.begin(), k.end())}; }
 
 store::DirectoryOptions options(const EtcdServer& s, const std::string& key, std::chrono::seconds ttl = std::chrono::seconds(10)) {
@@ -38,7 +33,7 @@ store::DirectoryOptions options(const EtcdServer& s, const std::string& key, std
 }
 
 TEST(EtcdStore, PutGetListLeaseAndEpochs) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   auto s = store::open_store(etcd.url(), std::chrono::milliseconds(2000));
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   auto& st = **s;
@@ -70,6 +65,7 @@ TEST(EtcdStore, PutGetListLeaseAndEpochs) {
 }
 
 TEST(EtcdStore, UnreachableStoreSaysSoWithinTheDeadline) {
+  if (!DMX_TEST_HAVE_HTTPLIB) DMX_SKIP(test::kNotBuilt) << "the etcd store (no cpp-httplib in this build)";
   auto s = store::open_store("etcd://127.0.0.1:" + std::to_string(testing::free_port()), std::chrono::milliseconds(500));
   ASSERT_TRUE(s.ok());
   auto g = (*s)->get("x");
@@ -82,7 +78,8 @@ TEST(EtcdStore, UnreachableStoreSaysSoWithinTheDeadline) {
 // report) takes its etcd with it, and etcd never held the test's output: ctest, which reads that
 // output until every holder has closed it, returns at once instead of at its timeout.
 TEST(EtcdServer, DiesWithItsTestProcessAndLeavesItsOutputClosed) {
-  if (!EtcdServer::available()) DMX_SKIP("no etcd") << EtcdServer::kBinary << " is absent (apt-get install etcd-server)";
+  if (!EtcdServer::available())
+    DMX_SKIP(test::kNotInstalled) << EtcdServer::kBinary << " is absent (apt-get install etcd-server)";
   int out[2];
   ASSERT_EQ(::pipe(out), 0);
   // Forked with this test's one thread (ctest runs it alone); the child is the "test process".
@@ -128,7 +125,7 @@ TEST(EtcdServer, DiesWithItsTestProcessAndLeavesItsOutputClosed) {
 }
 
 TEST(Directory, AnnounceLookupAndNewEpochOnRestart) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   uint64_t first = 0;
   {
     auto d = store::Directory::open(options(etcd, "key-1"));
@@ -151,7 +148,7 @@ TEST(Directory, AnnounceLookupAndNewEpochOnRestart) {
 }
 
 TEST(Directory, ForgedAlteredCopiedAndStaleEntriesAreRefused) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   auto d = store::Directory::open(options(etcd, "the-job-key"));
   ASSERT_TRUE(d.ok());
   ASSERT_TRUE((*d)->announce(store::PeerEntry{.name = "owner", .addresses = {"tcp://10.0.0.1:7000"}}).ok());
@@ -198,7 +195,7 @@ TEST(Directory, ForgedAlteredCopiedAndStaleEntriesAreRefused) {
 }
 
 TEST(Directory, ReRegistersWhenTheStoreComesBackWithoutItsData) {
-  NEED_ETCD(etcd);
+  DMX_NEED_ETCD(etcd);
   auto d = store::Directory::open(options(etcd, "k", std::chrono::seconds(2)));
   ASSERT_TRUE(d.ok());
   auto e = (*d)->announce(store::PeerEntry{.name = "w", .addresses = {"tcp://10.0.0.1:7000"}});

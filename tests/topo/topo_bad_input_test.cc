@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "temp_dir.h"
 #include "topo/distance.h"
 #include "topo/report.h"
 #include "topo/sysfs.h"
@@ -18,26 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/dmx-topo-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-void write(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::trunc) << text;
-}
+using test::TempDir;
 
 TEST(TopoBadInput, MissingRootIsNotFound) {
   auto t = discover(std::string("/nonexistent/dmx/sysfs"));
@@ -48,7 +30,7 @@ TEST(TopoBadInput, MissingRootIsNotFound) {
 
 TEST(TopoBadInput, NotASysfsTree) {
   TempDir d;
-  write(fs::path(d.path()) / "hello.txt", "not sysfs");
+  test::write_file(fs::path(d.path()) / "hello.txt", "not sysfs");
   auto t = discover(d.path());
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
@@ -76,20 +58,20 @@ TEST(TopoBadInput, GarbageMissingAndUnreadableAttributes) {
   fs::path root(d.path());
   fs::path gpu0 = root / "devices/pci0000:00/0000:00:06.0";
   fs::path gpu1 = root / "devices/pci0000:00/0000:00:07.0";
-  write(gpu0 / "vendor", "zzz-not-hex");
-  write(gpu0 / "numa_node", "banana");
-  write(gpu0 / "max_link_width", "99999999999999999999");
-  write(gpu0 / "config", "short");
+  test::write_file(gpu0 / "vendor", "zzz-not-hex");
+  test::write_file(gpu0 / "numa_node", "banana");
+  test::write_file(gpu0 / "max_link_width", "99999999999999999999");
+  test::write_file(gpu0 / "config", "short");
   fs::remove(gpu1 / "class");
   fs::create_directories(gpu1 / "class");  // read() fails with EISDIR
   fs::remove(gpu1 / "config");
   fs::create_directories(gpu1 / "config");
-  write(root / "devices/system/cpu/modalias", "garbage");
+  test::write_file(root / "devices/system/cpu/modalias", "garbage");
   fs::create_symlink("../../devices/nowhere/net/eth9", root / "class/net/eth9");  // dangling
   fs::create_symlink("/etc", root / "class/net/eth8");                            // outside the root
   fs::create_directories(root / "devices/pci0000:00/0000:00:1f.7");               // no files at all
   fs::create_directories(root / "devices/pci0000:00/not-a-bdf");
-  write(root / "devices/system/node/node0/distance", "10 x 99999");
+  test::write_file(root / "devices/system/node/node0/distance", "10 x 99999");
   auto t = discover(d.path());
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   int g0 = t->find("0000:00:06.0"), g1 = t->find("0000:00:07.0"), empty = t->find("0000:00:1f.7");
