@@ -11,7 +11,6 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
-#include <vector>
 
 namespace dmx {
 
