@@ -106,7 +106,7 @@ constexpr ConfigEntry kTable[] = {
     {"busy_poll", ConfigType::kDuration, "50us",
      "after activity, stream workers poll this long before sleeping (latency vs. idle CPU), except after "
      "32 KiB or more of bulk data; the default applies with 8 or more usable CPUs (the affinity mask, "
-     "capped by a cgroup v2 CPU quota: dmx probe's cpus), below that it is 0 (spinning starves the other threads)"},
+     "capped by a cgroup CPU quota: dmx probe's cpus), below that it is 0 (spinning starves the other threads)"},
     {"stream_workers", ConfigType::kInt, "0",
      "threads that run the streams of this context's endpoints, each an event loop over many streams "
      "(docs/threading.md); 0: one per usable CPU, at most 16"},

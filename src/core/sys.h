@@ -59,17 +59,24 @@ Status random_bytes(void* out, size_t n);
 uint64_t random_u64();
 
 // The CPUs this process may run on: its affinity mask (taskset, a cpuset), capped by the CPU
-// quota of its cgroup v2 and every parent's (cpu.max, rounded up). Sizes thread counts and
-// spinning, where std::thread::hardware_concurrency counts every CPU of the host. `why`, when
-// given, gets how the number was found: "4 (affinity 16 of 128; cgroup cpu.max 3.5 CPUs at /x)".
+// quota of its cgroup and every parent's (cgroup v2's cpu.max, or v1's cpu.cfs_quota_us where the
+// cpu controller is on a v1 hierarchy; rounded up). Sizes thread counts and spinning, where
+// std::thread::hardware_concurrency counts every CPU of the host. `why`, when given, gets how the
+// number was found: "4 (affinity 16 of 128; cgroup cpu.max 3.50 CPUs at /x)".
 unsigned usable_cpus(std::string* why = nullptr);
 
-// The seams of usable_cpus, for tests. The cgroup v2 mount in /proc/self/mountinfo's text: its
-// mount point and the cgroup path it shows as its root ("" and "" when none).
-std::pair<std::string, std::string> cgroup2_mount(std::string_view mountinfo);
-// The lowest CPU quota (cpu.max, in millionths of a CPU) on the way from the cgroup that
-// /proc/self/cgroup's text `self` names up to the mount, with the mount at `dir` showing the
-// cgroup path `root`; 0 when none sets one. `at` gets the cgroup that sets it.
-uint64_t cgroup_quota_micros(const std::string& dir, std::string_view root, std::string_view self, std::string* at);
+// The seams of usable_cpus, for tests.
+struct CgroupMount {
+  std::string dir;   // where it is mounted; empty: none
+  std::string root;  // the cgroup path it shows as its root
+  bool v1 = false;   // a cgroup v1 hierarchy with the cpu controller, else cgroup v2
+};
+// The mount that holds the cpu controller, from /proc/self/mountinfo's text: a v1 hierarchy with
+// `cpu` among its options (the controller is then not v2's), else the v2 mount.
+CgroupMount cpu_cgroup_mount(std::string_view mountinfo);
+// The lowest CPU quota (in millionths of a CPU) on the way from this process's cgroup, named in
+// /proc/self/cgroup's text `self`, up to the mount's root; 0 when none sets one. `at` gets the
+// cgroup that sets it.
+uint64_t cgroup_quota_micros(const CgroupMount& m, std::string_view self, std::string* at);
 
 }  // namespace dmx
