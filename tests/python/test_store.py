@@ -37,7 +37,12 @@ def etcd():
         try:
             probe.cluster()
             break
-        except dmx.Error:
+        except dmx.Error as e:
+            if "no cpp-httplib" in str(e):  # the module's build has no etcd client
+                proc.kill()
+                proc.wait()
+                shutil.rmtree(d, ignore_errors=True)
+                pytest.skip(f"not built: the etcd store ({e})")
             time.sleep(0.2)
     yield url
     proc.kill()
